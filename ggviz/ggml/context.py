@@ -1,0 +1,218 @@
+"""struct ggml_context: one arena, a linked list of objects in it.
+
+Mirrors (ggml.c): ``ggml_init``, ``ggml_free``, ``ggml_reset``, ``ggml_used_mem``, ``ggml_get_mem_buffer``,
+``ggml_get_mem_size``, ``ggml_get_no_alloc``/``ggml_set_no_alloc``, ``ggml_get_max_tensor_size``, ``ggml_new_object``,
+``ggml_new_tensor_impl``, ``ggml_new_tensor(_1d.._4d)``, ``ggml_new_buffer``, ``ggml_dup_tensor``,
+``ggml_view_tensor``, ``ggml_get_first_tensor``/``ggml_get_next_tensor``, ``ggml_get_tensor``, ``ggml_set_name``,
+``ggml_format_name``, ``ggml_get_name``, ``ggml_tensor_overhead``, ``ggml_set_input``/``ggml_set_output``.
+
+Layout rule (``ggml_new_object``): each object is a 32-byte ``ggml_object`` header followed by its payload, the
+payload size rounded up to GGML_MEM_ALIGN (16). A tensor's payload is the 336-byte struct, then (unless ``no_alloc``
+or it is a view) its data, so ``t->data == (char *)(t + 1)``.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from .. import trace
+from . import consts as C
+from . import memory
+from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes, row_size, GGML_PAD
+
+
+class GGMLError(RuntimeError):
+    """A ggml assertion that C would abort on: ggviz raises instead, naming what was wrong."""
+
+
+class ContextOutOfMemory(GGMLError, MemoryError):
+    pass
+
+
+OBJECT_TYPE_NAMES = {C.GGML_OBJECT_TYPE_TENSOR: "tensor", C.GGML_OBJECT_TYPE_GRAPH: "graph",
+                     C.GGML_OBJECT_TYPE_WORK_BUFFER: "work_buffer"}
+
+
+class Object:
+    """A view of one ``struct ggml_object`` header in the arena (plus what it holds, for Python)."""
+    __slots__ = ("hdr_offs", "rec", "payload")
+
+    def __init__(self, hdr_offs, rec, payload=None):
+        self.hdr_offs = hdr_offs   # where the 32-byte header starts in the arena
+        self.rec = rec             # structured view of the header bytes
+        self.payload = payload     # the Tensor / cgraph / None for a work buffer
+
+    offs = property(lambda s: int(s.rec["offs"]))
+    size = property(lambda s: int(s.rec["size"]))
+    type = property(lambda s: int(s.rec["type"]))
+    next = property(lambda s: int(s.rec["next"]))
+
+    def __repr__(self):
+        return f"<ggml_object {OBJECT_TYPE_NAMES.get(self.type)} offs={self.offs} size={self.size}>"
+
+
+class Context:
+    """``struct ggml_context``. ``mem_buffer`` is the arena as a NumPy uint8 array."""
+
+    def __init__(self, mem_size: int, mem_buffer=None, no_alloc: bool = False):
+        if mem_size < 0:
+            raise ValueError(f"ggml_init: mem_size must be >= 0, got {mem_size}")
+        # allow ggml_init with 0 size
+        if mem_size == 0:
+            mem_size = C.GGML_MEM_ALIGN
+        if mem_buffer is not None:
+            buf = np.asarray(mem_buffer)
+            if buf.dtype != np.uint8:
+                buf = buf.reshape(-1).view(np.uint8)
+            buf = buf.reshape(-1)
+            if buf.nbytes < mem_size:
+                raise ValueError(f"ggml_init: mem_buffer has {buf.nbytes} bytes, mem_size asks for {mem_size}")
+            if buf.ctypes.data % C.GGML_MEM_ALIGN:
+                raise ValueError(f"ggml_init: mem_buffer at 0x{buf.ctypes.data:x} is not {C.GGML_MEM_ALIGN}-byte aligned")
+            self.mem_size = mem_size
+            self.mem_buffer = buf[:mem_size]
+            self.mem_buffer_owned = False
+            try:
+                memory.resolve(self.mem_buffer.ctypes.data, mem_size)
+                self._registered = False      # caller's buffer already addressable (e.g. a slice of ours)
+            except ValueError:
+                memory.register(self.mem_buffer, "ctx (caller buffer)")
+                self._registered = True
+        else:
+            self.mem_size = GGML_PAD(mem_size, C.GGML_MEM_ALIGN)
+            self.mem_buffer = memory.aligned_malloc(self.mem_size, "ctx")
+            self.mem_buffer_owned = True
+            self._registered = True
+        self.no_alloc = bool(no_alloc)
+        self.n_objects = 0
+        self.objects: list[Object] = []     # objects_begin .. objects_end, in list order
+        self.freed = False
+        # when the context is garbage-collected without ggml_free, release its arena's address range anyway
+        self._finalizer = weakref.finalize(self, memory.unregister, self.mem_buffer.ctypes.data) \
+            if self._registered else None
+        if trace.active:
+            trace.emit("ctx.init", ctx=id(self), mem_size=self.mem_size, no_alloc=self.no_alloc,
+                       base=self.mem_buffer.ctypes.data)
+
+    # ---- struct fields as in C
+    @property
+    def objects_begin(self):
+        return self.objects[0] if self.objects else None
+
+    @property
+    def objects_end(self):
+        return self.objects[-1] if self.objects else None
+
+    @property
+    def base(self) -> int:
+        return self.mem_buffer.ctypes.data
+
+    def _check(self):
+        if self.freed:
+            raise GGMLError("ggml context used after ggml_free")
+
+    def new_object(self, type_: int, size: int) -> Object:
+        """ggml_new_object: append an object at the end of the arena."""
+        self._check()
+        cur = self.objects_end
+        cur_end = 0 if cur is None else cur.offs + cur.size
+        size_needed = GGML_PAD(size, C.GGML_MEM_ALIGN)
+        need = cur_end + size_needed + C.GGML_OBJECT_SIZE
+        if need > self.mem_size:
+            raise ContextOutOfMemory(
+                f"ggml_new_object: not enough space in the context's memory pool (needed {need}, available "
+                f"{self.mem_size}) while adding a {OBJECT_TYPE_NAMES.get(type_, type_)} object of {size} bytes")
+        hdr = self.mem_buffer[cur_end:cur_end + C.GGML_OBJECT_SIZE].view(OBJECT_DTYPE)[0]
+        hdr["offs"] = cur_end + C.GGML_OBJECT_SIZE
+        hdr["size"] = size_needed
+        hdr["next"] = 0
+        hdr["type"] = type_
+        obj = Object(cur_end, hdr)
+        if cur is not None:
+            cur.rec["next"] = self.base + cur_end     # obj_cur->next = obj_new (a real pointer)
+        self.objects.append(obj)
+        if trace.active:
+            trace.emit("ctx.object", ctx=id(self), hdr_offs=cur_end, offs=cur_end + C.GGML_OBJECT_SIZE,
+                       size=size_needed, requested=size, type=OBJECT_TYPE_NAMES.get(type_, str(type_)))
+        return obj
+
+    def new_tensor_impl(self, type_: int, n_dims: int, ne, view_src=None, view_offs: int = 0) -> Tensor:
+        """ggml_new_tensor_impl."""
+        if type_ not in C.TYPE_TRAITS or C.TYPE_TRAITS[type_][2] == 0:
+            raise GGMLError(f"ggml_new_tensor: invalid ggml_type {type_}")
+        if not 1 <= n_dims <= C.GGML_MAX_DIMS:
+            raise GGMLError(f"ggml_new_tensor: n_dims must be in 1..{C.GGML_MAX_DIMS}, got {n_dims}")
+        ne = [int(x) for x in ne[:n_dims]]
+        if any(x < 0 for x in ne):
+            raise GGMLError(f"ggml_new_tensor: negative dimension in ne={ne}")
+        # find the base tensor and absolute offset
+        if view_src is not None and view_src.view_src is not None:
+            view_offs += view_src.view_offs
+            view_src = view_src.view_src
+        data_size = row_size(type_, ne[0])
+        for i in range(1, n_dims):
+            data_size *= ne[i]
+        if view_src is not None and data_size != 0 and data_size + view_offs > nbytes(view_src):
+            raise GGMLError(
+                f"view of {data_size} bytes at offset {view_offs} exceeds its source {view_src.name!r} "
+                f"({nbytes(view_src)} bytes)")
+        data = view_src.data if view_src is not None else 0
+        if data:
+            data += view_offs
+        obj_alloc_size = data_size if (view_src is None and not self.no_alloc) else 0
+
+        obj = self.new_object(C.GGML_OBJECT_TYPE_TENSOR, C.GGML_TENSOR_SIZE + obj_alloc_size)
+        raw = self.mem_buffer[obj.offs:obj.offs + C.GGML_TENSOR_SIZE]
+        raw[:] = 0
+        t = Tensor(raw, self)
+        obj.payload = t
+        t.type = type_
+        t.ne[:] = 1
+        t.ne[:n_dims] = ne
+        t.view_src = view_src
+        t.view_offs = view_offs
+        t.data = (t.addr + C.GGML_TENSOR_SIZE) if obj_alloc_size > 0 else data
+        ts = C.TYPE_TRAITS[type_][2]
+        bs = C.TYPE_TRAITS[type_][1]
+        t.nb[0] = ts
+        t.nb[1] = ts * (int(t.ne[0]) // bs)
+        for i in range(2, C.GGML_MAX_DIMS):
+            t.nb[i] = t.nb[i - 1] * t.ne[i - 1]
+        self.n_objects += 1
+        if trace.active:
+            trace.emit("tensor.new", ctx=id(self), addr=t.addr, offs=obj.offs, type=type_, ne=t.shape,
+                       view_src=view_src.addr if view_src is not None else 0, view_offs=view_offs,
+                       data=t.data, data_size=obj_alloc_size)
+        return t
+
+    def tensors(self):
+        """ggml_get_first_tensor / ggml_get_next_tensor as a Python iterator."""
+        for o in self.objects:
+            if o.type == C.GGML_OBJECT_TYPE_TENSOR:
+                yield o.payload
+
+    def used_mem(self) -> int:
+        end = self.objects_end
+        return 0 if end is None else end.offs + end.size
+
+    def free(self):
+        if self.freed:
+            return
+        for t in self.tensors():
+            forget(t)
+        if self._finalizer is not None:
+            self._finalizer()      # unregisters the arena (once)
+        self.freed = True
+        if trace.active:
+            trace.emit("ctx.free", ctx=id(self))
+
+    def reset(self):
+        for t in self.tensors():
+            forget(t)
+        self.objects = []
+        self.n_objects = 0
+
+    def __repr__(self):
+        return (f"<ggml_context mem_size={self.mem_size} used={self.used_mem()} objects={len(self.objects)} "
+                f"no_alloc={self.no_alloc}>")

@@ -1,0 +1,332 @@
+"""The CPU backend's graph executor: plan, threads, barrier, dispatch.
+
+Mirrors ggml-cpu.c: ``ggml_get_n_tasks``, ``ggml_graph_plan`` (n_threads = max n_tasks, work size per op plus one
+cache line per thread), ``struct ggml_cplan``, ``ggml_graph_compute`` (a disposable threadpool when none is given),
+``ggml_graph_compute_thread`` (every thread walks every node; a barrier after each node), ``ggml_barrier``,
+``ggml_cpu_try_fuse_ops`` (RMS_NORM + MUL) and ``ggml_graph_compute_with_ctx`` (the work buffer becomes a
+WORK_BUFFER object in the context).
+
+Threads are real Python threads: NumPy releases the GIL inside its kernels. A worker's exception stops the others at
+their next barrier and reaches the caller, naming the node.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from ... import trace
+from .. import consts as C
+from ..context import Context, GGMLError
+from ..graph import CGraph
+from ..tensor import (Tensor, get_glu_op, get_unary_op, is_empty, is_quantized, nelements, nrows, op_desc,
+                      row_size, type_size)
+from .common import CACHE_LINE_SIZE, ComputeParams
+
+GGML_STATUS_SUCCESS = C.GGML_STATUS_SUCCESS
+GGML_STATUS_ABORTED = C.GGML_STATUS_ABORTED
+
+
+def vec_dot_type(t: int) -> int:
+    from .quants import VEC_DOT_TYPE
+    return VEC_DOT_TYPE[t]
+
+
+_N_THREADS_OPS = {C.GGML_OP_CPY, C.GGML_OP_DUP, C.GGML_OP_CONT, C.GGML_OP_ADD, C.GGML_OP_ADD_ID, C.GGML_OP_ADD1,
+                  C.GGML_OP_ACC, C.GGML_OP_CUMSUM, C.GGML_OP_TRI, C.GGML_OP_FILL, C.GGML_OP_COUNT_EQUAL,
+                  C.GGML_OP_SILU_BACK, C.GGML_OP_MUL, C.GGML_OP_DIV, C.GGML_OP_NORM, C.GGML_OP_RMS_NORM,
+                  C.GGML_OP_RMS_NORM_BACK, C.GGML_OP_L2_NORM, C.GGML_OP_GROUP_NORM, C.GGML_OP_CONCAT,
+                  C.GGML_OP_MUL_MAT, C.GGML_OP_MUL_MAT_ID, C.GGML_OP_OUT_PROD, C.GGML_OP_DIAG_MASK_ZERO,
+                  C.GGML_OP_DIAG_MASK_INF, C.GGML_OP_SOFT_MAX_BACK, C.GGML_OP_ROPE, C.GGML_OP_ROPE_BACK,
+                  C.GGML_OP_ADD_REL_POS, C.GGML_OP_IM2COL, C.GGML_OP_IM2COL_BACK, C.GGML_OP_CONV_2D,
+                  C.GGML_OP_CONV_2D_DW, C.GGML_OP_CONV_TRANSPOSE_1D, C.GGML_OP_CONV_TRANSPOSE_2D,
+                  C.GGML_OP_UPSCALE, C.GGML_OP_PAD, C.GGML_OP_PAD_REFLECT_1D, C.GGML_OP_ROLL, C.GGML_OP_ARANGE,
+                  C.GGML_OP_TIMESTEP_EMBEDDING, C.GGML_OP_ARGSORT, C.GGML_OP_TOP_K, C.GGML_OP_FLASH_ATTN_EXT,
+                  C.GGML_OP_FLASH_ATTN_BACK, C.GGML_OP_SSM_CONV, C.GGML_OP_SSM_SCAN}
+_ONE_TASK_OPS = {C.GGML_OP_SUB, C.GGML_OP_SQR, C.GGML_OP_SQRT, C.GGML_OP_LOG, C.GGML_OP_SIN, C.GGML_OP_COS,
+                 C.GGML_OP_SUM, C.GGML_OP_SUM_ROWS, C.GGML_OP_MEAN, C.GGML_OP_ARGMAX, C.GGML_OP_REPEAT,
+                 C.GGML_OP_REPEAT_BACK, C.GGML_OP_LEAKY_RELU, C.GGML_OP_GET_ROWS, C.GGML_OP_SET_ROWS,
+                 C.GGML_OP_SCALE, C.GGML_OP_SET, C.GGML_OP_RESHAPE, C.GGML_OP_VIEW, C.GGML_OP_PERMUTE,
+                 C.GGML_OP_TRANSPOSE, C.GGML_OP_GET_ROWS_BACK, C.GGML_OP_DIAG, C.GGML_OP_CLAMP,
+                 C.GGML_OP_POOL_1D, C.GGML_OP_POOL_2D, C.GGML_OP_POOL_2D_BACK, C.GGML_OP_WIN_PART,
+                 C.GGML_OP_WIN_UNPART, C.GGML_OP_GET_REL_POS, C.GGML_OP_NONE}
+_UNARY_MULTI = {C.GGML_UNARY_OP_GELU, C.GGML_UNARY_OP_GELU_ERF, C.GGML_UNARY_OP_GELU_QUICK, C.GGML_UNARY_OP_SILU,
+                C.GGML_UNARY_OP_XIELU}
+
+
+def get_n_tasks(node: Tensor, n_threads: int) -> int:
+    """ggml_get_n_tasks: how many threads the planner counts for this node."""
+    if is_empty(node):
+        return 1     # no need to multi-thread a no-op
+    op = node.op
+    if op == C.GGML_OP_UNARY:
+        return n_threads if get_unary_op(node) in _UNARY_MULTI else 1
+    if op == C.GGML_OP_GLU:
+        return n_threads
+    if op == C.GGML_OP_SOFT_MAX:
+        return min(n_threads, nrows(node.src[0]))
+    if op in (C.GGML_OP_RWKV_WKV6, C.GGML_OP_GATED_LINEAR_ATTN, C.GGML_OP_RWKV_WKV7):
+        return min(n_threads, int(node.src[1].ne[1]))
+    if op in _N_THREADS_OPS:
+        return n_threads
+    if op in _ONE_TASK_OPS:
+        return 1
+    # custom ops and anything ggviz has no kernel for: ggml's default is to count all threads
+    return n_threads
+
+
+def _work_size(node: Tensor, n_tasks: int, n_threads: int) -> int:
+    """The per-op work-buffer need of ggml_graph_plan's switch."""
+    op, s0, s1 = node.op, node.src[0], node.src[1]
+    f32 = 4
+    if op in (C.GGML_OP_CPY, C.GGML_OP_DUP):
+        t0 = s0.type
+        t1 = s1.type if s1 is not None else None
+        if (is_quantized(node.type)
+                or (t0 == C.GGML_TYPE_F16 and t1 == C.GGML_TYPE_BF16)
+                or (t0 == C.GGML_TYPE_BF16 and t1 == C.GGML_TYPE_F16)
+                or (t0 == C.GGML_TYPE_F32 and t1 == C.GGML_TYPE_I32)
+                or (t0 == C.GGML_TYPE_I32 and t1 == C.GGML_TYPE_F32)):
+            return f32 * int(node.ne[0]) * n_tasks
+        return 0
+    if op in (C.GGML_OP_ADD, C.GGML_OP_ADD_ID, C.GGML_OP_ADD1):
+        return f32 * int(s0.ne[0]) * n_tasks if is_quantized(s0.type) else 0
+    if op == C.GGML_OP_ACC:
+        return f32 * int(s1.ne[0]) * n_tasks if is_quantized(s0.type) else 0
+    if op == C.GGML_OP_COUNT_EQUAL:
+        return type_size(node.type) * n_tasks
+    if op == C.GGML_OP_MUL_MAT:
+        vdt = vec_dot_type(s0.type)
+        return row_size(vdt, nelements(s1)) if s1.type != vdt else 0
+    if op == C.GGML_OP_OUT_PROD:
+        return f32 * int(s0.ne[0]) * n_tasks if (is_quantized(s0.type) or s0.type == C.GGML_TYPE_F16) else 0
+    if op == C.GGML_OP_SET_ROWS:
+        return f32 * int(s0.ne[0]) * n_tasks if (s0.type == C.GGML_TYPE_F16 and node.type != C.GGML_TYPE_F16) else 0
+    if op in (C.GGML_OP_SOFT_MAX, C.GGML_OP_ROPE, C.GGML_OP_ROPE_BACK):
+        return f32 * int(node.ne[0]) * n_tasks
+    if op == C.GGML_OP_TOP_K:
+        return 4 * int(s0.ne[0]) * n_tasks
+    if op == C.GGML_OP_CROSS_ENTROPY_LOSS:
+        return type_size(node.type) * (n_tasks + int(s0.ne[0]) * n_tasks)
+    return 0
+
+
+class Cplan:
+    """struct ggml_cplan."""
+
+    def __init__(self, work_size=0, n_threads=1, threadpool=None):
+        self.work_size = work_size
+        self.work_data: np.ndarray | None = None
+        self.n_threads = n_threads
+        self.threadpool = threadpool
+        self.abort_callback = None
+        self.abort_callback_data = None
+        self.use_ref = False
+        self.n_tasks: list[int] = []     # ggviz: the per-node n_tasks the planner computed (for the views)
+
+    def __repr__(self):
+        return f"<ggml_cplan n_threads={self.n_threads} work_size={self.work_size}>"
+
+
+def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
+    """ggml_graph_plan."""
+    if n_threads <= 0:
+        n_threads = threadpool.n_threads if threadpool is not None else C.GGML_DEFAULT_N_THREADS
+    work_size = 0
+    max_tasks = 1
+    per_node = []
+    for node in cgraph.nodes:
+        n_tasks = get_n_tasks(node, n_threads)
+        per_node.append(n_tasks)
+        max_tasks = max(max_tasks, n_tasks)
+        work_size = max(work_size, _work_size(node, n_tasks, n_threads))
+    if work_size > 0:
+        # one cache line per thread so per-thread scratch slices never share a line
+        work_size += CACHE_LINE_SIZE * n_threads
+    plan = Cplan(work_size, min(max_tasks, n_threads), threadpool)
+    plan.n_tasks = per_node
+    if trace.active:
+        trace.emit("cpu.plan", graph=id(cgraph), n_threads=plan.n_threads, work_size=work_size, n_tasks=per_node)
+    return plan
+
+
+_EMPTY_OPS = {C.GGML_OP_NONE, C.GGML_OP_RESHAPE, C.GGML_OP_TRANSPOSE, C.GGML_OP_VIEW, C.GGML_OP_PERMUTE}
+
+
+class _Stop(Exception):
+    """Raised inside workers when another worker failed: unwinds them out of barriers."""
+
+
+class DisposableThreadpool:
+    """The part of ``struct ggml_threadpool`` a graph compute needs: n_threads, barrier, current_chunk, abort.
+
+    ggml_barrier is a counter barrier (n_barrier, n_barrier_passed); this one is the same counter protected by a
+    condition variable, so waiting threads sleep instead of spinning (Python threads share one interpreter).
+    """
+
+    def __init__(self, n_threads: int):
+        self.n_threads = n_threads
+        self.n_barrier = 0
+        self.n_barrier_passed = 0
+        self.current_chunk = 0
+        self.abort = -1
+        self.ec = GGML_STATUS_SUCCESS
+        self.error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._chunk_lock = threading.Lock()
+
+    def barrier(self, ith: int = 0):
+        if self.n_threads == 1:
+            return
+        t0 = time.perf_counter_ns() if trace.active else 0
+        with self._cv:
+            if self.error is not None:
+                raise _Stop()
+            passed = self.n_barrier_passed
+            self.n_barrier += 1
+            if self.n_barrier == self.n_threads:
+                # last thread in: release everybody
+                self.n_barrier = 0
+                self.n_barrier_passed += 1
+                self._cv.notify_all()
+            else:
+                while self.n_barrier_passed == passed and self.error is None:
+                    self._cv.wait()
+                if self.error is not None:
+                    raise _Stop()
+        if trace.active:
+            trace.emit("cpu.barrier", ith=ith, t_enter=t0, t_exit=time.perf_counter_ns())
+
+    def chunk_fetch_add(self, n: int = 1) -> int:
+        """atomic_fetch_add(&current_chunk, n)."""
+        with self._chunk_lock:
+            v = self.current_chunk
+            self.current_chunk += n
+            return v
+
+    def fail(self, exc: BaseException):
+        with self._cv:
+            if self.error is None:
+                self.error = exc
+            self._cv.notify_all()
+
+
+def _dispatch():
+    from . import ops as cpu_ops
+    from . import mul_mat
+    table = dict(cpu_ops.FORWARD)
+    table[C.GGML_OP_MUL_MAT] = mul_mat.forward_mul_mat
+    return table, cpu_ops
+
+
+def _can_fuse_rms_norm_mul(cgraph: CGraph, i: int) -> Tensor | None:
+    """ggml_cpu_try_fuse_ops' test: ggml_can_fuse(RMS_NORM, MUL) plus the MUL's operand checks."""
+    if i + 1 >= cgraph.n_nodes or cgraph.use_counts is None:
+        return None
+    node, mul_node = cgraph.nodes[i], cgraph.nodes[i + 1]
+    # ggml_can_fuse_ext: ops match, both are computed, the first has exactly one use (ggml_node_has_n_uses:
+    # and is neither a view nor an output), the second reads the first and has its shape
+    if mul_node.op != C.GGML_OP_MUL:
+        return None
+    if not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE) or not (mul_node.flags & C.GGML_TENSOR_FLAG_COMPUTE):
+        return None
+    if cgraph.use_count(node) != 1 or node.view_src is not None or (node.flags & C.GGML_TENSOR_FLAG_OUTPUT):
+        return None
+    a0, a1 = mul_node.src[0], mul_node.src[1]
+    if not ((a0 is not None and a0.addr == node.addr) or (a1 is not None and a1.addr == node.addr)):
+        return None
+    if mul_node.shape != node.shape:
+        return None
+    w = a1 if (a0 is not None and a0.addr == node.addr) else a0
+    if (node.src[0].type == C.GGML_TYPE_F32 and mul_node.type == C.GGML_TYPE_F32 and w.type == C.GGML_TYPE_F32
+            and w.ne[0] == node.ne[0] and w.nb[0] == 4):
+        return mul_node
+    return None
+
+
+def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: DisposableThreadpool, table, cpu_ops):
+    params = ComputeParams(ith, nth, cplan.work_data, tp, cplan.use_ref)
+    n = cgraph.n_nodes
+    node_n = 0
+    while node_n < n and tp.abort != node_n:
+        node = cgraph.nodes[node_n]
+        if node.op in _EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE):
+            node_n += 1
+            continue
+        t0 = time.perf_counter_ns() if trace.active else 0
+        try:
+            fused = None if cplan.use_ref or node.op != C.GGML_OP_RMS_NORM else _can_fuse_rms_norm_mul(cgraph, node_n)
+            if fused is not None:
+                cpu_ops.forward_rms_norm_mul_fused(params, node, fused)
+            elif not is_empty(node):
+                fn = table.get(node.op)
+                if fn is None:
+                    raise GGMLError(f"ggviz CPU backend has no kernel for op {op_desc(node)}")
+                fn(params, node)
+        except _Stop:
+            raise
+        except BaseException as exc:   # noqa: BLE001 - re-raised in the caller with the node's name
+            raise GGMLError(f"thread {ith}: computing node {node_n} {node.name!r} ({op_desc(node)}) failed: "
+                            f"{type(exc).__name__}: {exc}") from exc
+        if trace.active:
+            trace.emit("cpu.node", ith=ith, node_n=node_n, addr=node.addr, name=node.name, op=op_desc(node),
+                       t_start=t0, t_end=time.perf_counter_ns(), fused=fused is not None)
+        if fused is not None:
+            node_n += 1
+        if ith == 0 and cplan.abort_callback is not None and cplan.abort_callback(cplan.abort_callback_data):
+            tp.abort = node_n + 1
+            tp.ec = GGML_STATUS_ABORTED
+        if node_n + 1 < n:
+            params.barrier()
+        node_n += 1
+
+
+def graph_compute(cgraph: CGraph, cplan: Cplan) -> int:
+    """ggml_graph_compute: run every node on cplan.n_threads threads; returns a ggml_status."""
+    if cplan is None or cplan.n_threads <= 0:
+        raise GGMLError("ggml_graph_compute: cplan.n_threads must be > 0")
+    if cplan.work_size > 0 and (cplan.work_data is None or cplan.work_data.nbytes < cplan.work_size):
+        raise GGMLError(f"ggml_graph_compute: cplan needs a work buffer of {cplan.work_size} bytes "
+                        f"(got {0 if cplan.work_data is None else cplan.work_data.nbytes})")
+    table, cpu_ops = _dispatch()
+    n_threads = cplan.n_threads
+    tp = cplan.threadpool if cplan.threadpool is not None else DisposableThreadpool(n_threads)
+    tp.current_chunk = 0
+    tp.abort = -1
+    tp.ec = GGML_STATUS_SUCCESS
+    tp.error = None
+    if trace.active:
+        trace.emit("cpu.compute.start", graph=id(cgraph), n_threads=n_threads, n_nodes=cgraph.n_nodes)
+
+    def worker(ith):
+        try:
+            _compute_thread(ith, n_threads, cgraph, cplan, tp, table, cpu_ops)
+        except _Stop:
+            pass
+        except BaseException as exc:  # noqa: BLE001
+            tp.fail(exc)
+
+    if n_threads == 1:
+        worker(0)
+    else:
+        threads = [threading.Thread(target=worker, args=(i,), name=f"ggml-cpu-{i}", daemon=True)
+                   for i in range(1, n_threads)]
+        for t in threads:
+            t.start()
+        worker(0)     # the main thread is worker 0, as in ggml
+        for t in threads:
+            t.join()
+    if tp.error is not None:
+        raise tp.error
+    if trace.active:
+        trace.emit("cpu.compute.end", graph=id(cgraph), status=tp.ec)
+    return tp.ec
+
+
+def graph_compute_with_ctx(ctx: Context, cgraph: CGraph, n_threads: int) -> int:
+    """ggml_graph_compute_with_ctx: the work buffer is a WORK_BUFFER object in ``ctx`` (even when 0 bytes)."""
+    cplan = graph_plan(cgraph, n_threads, None)
+    obj = ctx.new_object(C.GGML_OBJECT_TYPE_WORK_BUFFER, cplan.work_size)
+    cplan.work_data = ctx.mem_buffer[obj.offs:obj.offs + cplan.work_size]
+    return graph_compute(cgraph, cplan)

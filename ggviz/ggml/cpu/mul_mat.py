@@ -1,0 +1,144 @@
+"""MUL_MAT on the CPU, the way ggml-cpu.c does it.
+
+Mirrors ``ggml_compute_forward_mul_mat`` and ``ggml_compute_forward_mul_mat_one_chunk``:
+
+1. src1 (F32 activations) is converted to src0's ``vec_dot_type`` (Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_1 for
+   Q4_1/Q5_1, Q8_K for K-quants, F16 for F16 ...) into the work buffer; thread ``ith`` converts its share of the
+   *blocks of every row*, as ggml does, then all threads meet at a barrier.
+2. The result ``nr0 x nr1`` (src0 rows x src1 columns) is cut into chunks (16, or 64 when one side is 1; re-chunked
+   per thread when there are fewer than 4 chunks per thread); each thread starts at chunk ``ith`` and claims more
+   from the pool's shared ``current_chunk`` counter.
+3. Inside a chunk every dst element is one ``vec_dot`` of a src0 row with a src1 column: block-wise integer dots
+   scaled by the block scales (ggviz.ggml.cpu.quants.vec_dot), so results match ggml up to float summation order.
+
+ggml runs the chunk as 16x16 tiles; the tiles only change the order in which independent dot products are taken,
+so ggviz computes a whole chunk's dots in one vectorised call.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import trace
+from .. import consts as C
+from ..context import GGMLError
+from ..tensor import blck_size, is_contiguous, row_size, type_size
+from .common import ComputeParams, tensor_bytes
+from . import quants as cq
+
+
+def _rows(t, i2: int, i3: int, r0: int, r1: int, rb: int) -> np.ndarray:
+    """Rows r0..r1 of matrix (i2, i3) of ``t`` as raw bytes (M, rb): zero-copy, strided by nb1."""
+    arr, off = tensor_bytes(t)
+    nb = t.strides
+    start = off + i2 * nb[2] + i3 * nb[3] + r0 * nb[1]
+    return np.ndarray(shape=(r1 - r0, rb), dtype=np.uint8, buffer=arr, offset=start, strides=(nb[1], 1))
+
+
+def forward_mul_mat(params: ComputeParams, dst) -> None:
+    src0, src1 = dst.src[0], dst.src[1]
+    ne00, ne01, ne02, ne03 = src0.shape
+    ne10, ne11, ne12, ne13 = src1.shape
+    ne0, ne1, ne2, ne3 = dst.shape
+    nb0, nb1, nb2, nb3 = dst.strides
+    nb10, nb11, nb12, nb13 = src1.strides
+    ith, nth = params.ith, params.nth
+
+    vdt = cq.VEC_DOT_TYPE[src0.type]
+    if not (ne0 == ne01 and ne1 == ne11 and ne2 == ne12 and ne3 == ne13):
+        raise GGMLError(f"mul_mat: dst {dst.shape} does not match src0 {src0.shape} x src1 {src1.shape}")
+    # we don't support permuted src0 or src1 (as ggml)
+    if src0.nb[0] != type_size(src0.type) or nb10 != type_size(src1.type):
+        raise GGMLError("mul_mat: src0/src1 must have contiguous rows (nb[0] == type size)")
+    if not (nb0 == 4 and nb0 <= nb1 <= nb2 <= nb3):
+        raise GGMLError("mul_mat: dst cannot be transposed or permuted")
+
+    wdata = params.wdata
+    row_vd = row_size(vdt, ne10)
+    if src1.type != vdt:
+        if src1.type != C.GGML_TYPE_F32:
+            raise GGMLError(f"mul_mat: src1 must be F32 when it needs conversion to {vdt}")
+        bs = blck_size(vdt)
+        nbw0 = type_size(vdt)
+        blk0 = (ith * ne10 // bs) // nth
+        blk1 = ((ith + 1) * ne10 // bs) // nth
+        if blk1 > blk0:
+            arr, off = tensor_bytes(src1)
+            # this thread's block range of every row of src1
+            x = np.ndarray(shape=(ne13, ne12, ne11, (blk1 - blk0) * bs), dtype=np.float32, buffer=arr,
+                           offset=off + blk0 * bs * nb10, strides=(nb13, nb12, nb11, nb10))
+            q = cq.from_float(vdt, np.ascontiguousarray(x).reshape(-1, (blk1 - blk0) * bs))
+            w = wdata[:ne13 * ne12 * ne11 * row_vd].reshape(ne13 * ne12 * ne11, row_vd)
+            w[:, blk0 * nbw0:blk1 * nbw0] = q.reshape(ne13 * ne12 * ne11, -1)
+    tp = params.threadpool
+    if ith == 0 and tp is not None:
+        # every thread starts at its own chunk ith, so the first unclaimed chunk is nth
+        tp.current_chunk = nth
+    params.barrier()
+
+    nr0 = ne0
+    nr1 = ne1 * ne2 * ne3
+    chunk_size = 64 if (nr0 == 1 or nr1 == 1) else 16
+    nchunk0 = (nr0 + chunk_size - 1) // chunk_size
+    nchunk1 = (nr1 + chunk_size - 1) // chunk_size
+    if nchunk0 * nchunk1 < nth * 4:
+        # poor chunking for this many threads: chunk by thread along the larger side
+        nchunk0 = nth if nr0 > nr1 else 1
+        nchunk1 = 1 if nr0 > nr1 else nth
+    dr0 = (nr0 + nchunk0 - 1) // nchunk0
+    dr1 = (nr1 + nchunk1 - 1) // nchunk1
+
+    current_chunk = ith
+    while current_chunk < nchunk0 * nchunk1:
+        ith0 = current_chunk % nchunk0
+        ith1 = current_chunk // nchunk0
+        ir0_start = dr0 * ith0
+        ir0_end = min(ir0_start + dr0, nr0)
+        ir1_start = dr1 * ith1
+        ir1_end = min(ir1_start + dr1, nr1)
+        if trace.active:
+            trace.emit("cpu.chunk", ith=ith, node=dst.name, chunk=current_chunk, ir0=(ir0_start, ir0_end),
+                       ir1=(ir1_start, ir1_end))
+        _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_start, ir1_end)
+        if nth >= nchunk0 * nchunk1:
+            break
+        current_chunk = tp.chunk_fetch_add(1) if tp is not None else current_chunk + nth
+
+
+def _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_start, ir1_end):
+    if ir0_start >= ir0_end or ir1_start >= ir1_end:
+        return
+    ne00, ne01, ne02, ne03 = src0.shape
+    ne10, ne11, ne12, ne13 = src1.shape
+    ne1 = dst.ne[1]
+    nb1, nb2, nb3 = dst.strides[1:]
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    rb0 = row_size(src0.type, ne00)
+    converted = src1.type != vdt
+    src1_cont = is_contiguous(src1)
+    if converted:
+        w_arr, w_off = params.wdata, 0
+    else:
+        w_arr, w_off = tensor_bytes(src1)
+    d_arr, d_off = tensor_bytes(dst)
+
+    # walk the src1 columns of the chunk, grouped by the (i12, i13) matrix they belong to
+    ir1 = ir1_start
+    while ir1 < ir1_end:
+        i13 = ir1 // (ne12 * ne1)
+        i12 = (ir1 - i13 * ne12 * ne1) // ne1
+        i11 = ir1 - i13 * ne12 * ne1 - i12 * ne1
+        n_cols = min(ir1_end - ir1, ne1 - i11)       # stay inside this (i12, i13) matrix
+        i03, i02 = i13 // r3, i12 // r2
+        x = _rows(src0, i02, i03, ir0_start, ir0_end, rb0)
+        if converted or src1_cont:
+            start = w_off + (i11 + i12 * ne11 + i13 * ne12 * ne11) * row_vd
+            y = np.ndarray(shape=(n_cols, row_vd), dtype=np.uint8, buffer=w_arr, offset=start, strides=(row_vd, 1))
+        else:
+            nb = src1.strides
+            y = np.ndarray(shape=(n_cols, row_vd), dtype=np.uint8, buffer=w_arr,
+                           offset=w_off + i11 * nb[1] + i12 * nb[2] + i13 * nb[3], strides=(nb[1], 1))
+        res = cq.vec_dot(src0.type, x, y)          # (n_cols, ir0_end - ir0_start) float32
+        out = np.ndarray(shape=(n_cols, ir0_end - ir0_start), dtype=np.float32, buffer=d_arr,
+                         offset=d_off + i11 * nb1 + i12 * nb2 + i13 * nb3 + ir0_start * 4, strides=(nb1, 4))
+        out[...] = res
+        ir1 += n_cols

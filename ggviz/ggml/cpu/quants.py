@@ -1,0 +1,397 @@
+"""The CPU backend's side of the quant types: from_float, vec_dot and vec_dot_type.
+
+Mirrors, from ggml 0.20.2 ``src/ggml-cpu``:
+
+* ``ggml-cpu.c``: ``type_traits_cpu`` (``from_float``, ``vec_dot``, ``vec_dot_type``,
+  ``nrows``), ``ggml_cpu_fp32_to_fp16``, ``ggml_cpu_fp32_to_bf16``, ``ggml_cpu_fp32_to_fp32``;
+* ``arch/x86/quants.c`` as built for AVX2+FMA+F16C (the oracle's build):
+  ``quantize_row_q8_0``, ``quantize_row_q8_1``, ``quantize_row_q8_K`` and
+  ``ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0``, ``ggml_vec_dot_{q4_1,q5_1}_q8_1``,
+  ``ggml_vec_dot_q{2,3,4,5,6}_K_q8_K``;
+* ``quants.c``: ``quantize_row_q4_0`` ... ``quantize_row_q6_K`` (thin wrappers of the
+  ``_ref`` quantisers);
+* ``vec.cpp``: ``ggml_vec_dot_f32``, ``ggml_vec_dot_f16``, ``ggml_vec_dot_bf16``.
+
+from_float is bit-exact with the AVX2 library.  The SIMD quantisers differ from the
+reference ones of ggml-quants.c in ways that show in the bits: they scale by
+``127/amax`` instead of ``1/(amax/127)``, round half to even (``_mm256_round_ps``)
+instead of ``roundf``'s half away from zero, saturate when packing to int8, convert
+scales with F16C, and q8_1's ``s`` is ``d * sum(q)`` computed from the int32 sums.
+
+vec_dot reproduces the AVX2 kernels' arithmetic structure: the int8 products of a
+block (or sub-block) are summed exactly as integers, multiplied by the float32 block
+scale ``d_x*d_y``, and the blocks are summed in float32.  Only the order of the
+float32 additions differs from the library's 8-lane accumulators, so results agree to
+a few float32 ulps (relative ~1e-7 of the sum of |terms|), not bit for bit.
+
+How it is fast: all rows are done at once.  The integer quant levels of src0 (M rows)
+and src1 (N rows) are unpacked to float32 matrices; for each block b one BLAS sgemm
+gives the (N, M) matrix of exact integer block sums ``S_b = Y_b @ X_b.T`` (exact
+because every partial sum stays below 2^24: the sub-block scales of the K-quants are
+folded into X and the depth of each product is chosen so that this holds), then
+``out += (d_y[:, b] outer d_x[:, b]) * S_b``.  Memory is O(M*n + N*n + N*M) float32
+(4 bytes per weight, versus 0.5-1 byte in the packed format); time is one
+(N x n) @ (n x M) sgemm split into thin pieces of depth 32..256, plus 3 passes over an
+(N, M) array per block.  Use :func:`prepare` to unpack a weight matrix once when the
+same src0 is multiplied many times.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import quants as Q
+from ..consts import (
+    GGML_TYPE_BF16,
+    GGML_TYPE_F16,
+    GGML_TYPE_F32,
+    GGML_TYPE_I32,
+    GGML_TYPE_IQ1_M,
+    GGML_TYPE_IQ1_S,
+    GGML_TYPE_IQ2_S,
+    GGML_TYPE_IQ2_XS,
+    GGML_TYPE_IQ2_XXS,
+    GGML_TYPE_IQ3_S,
+    GGML_TYPE_IQ3_XXS,
+    GGML_TYPE_IQ4_NL,
+    GGML_TYPE_IQ4_XS,
+    GGML_TYPE_MXFP4,
+    GGML_TYPE_NVFP4,
+    GGML_TYPE_Q1_0,
+    GGML_TYPE_Q2_0,
+    GGML_TYPE_Q2_K,
+    GGML_TYPE_Q3_K,
+    GGML_TYPE_Q4_0,
+    GGML_TYPE_Q4_1,
+    GGML_TYPE_Q4_K,
+    GGML_TYPE_Q5_0,
+    GGML_TYPE_Q5_1,
+    GGML_TYPE_Q5_K,
+    GGML_TYPE_Q6_K,
+    GGML_TYPE_Q8_0,
+    GGML_TYPE_Q8_1,
+    GGML_TYPE_Q8_K,
+    GGML_TYPE_TQ1_0,
+    GGML_TYPE_TQ2_0,
+    TYPE_TRAITS,
+)
+
+__all__ = [
+    "VEC_DOT_TYPE", "HAS_VEC_DOT", "HAS_FROM_FLOAT", "NROWS",
+    "cpu_fp32_to_fp16", "from_float", "prepare", "PreparedRows", "vec_dot",
+]
+
+_F32 = np.float32
+
+# type_traits_cpu[].vec_dot_type.  Entries the C table leaves out (Q8_K, I32, F64, ...)
+# are zero-initialised, i.e. GGML_TYPE_F32, as in C.
+_VEC_DOT_TYPE_SET = {
+    GGML_TYPE_F32: GGML_TYPE_F32,
+    GGML_TYPE_F16: GGML_TYPE_F16,
+    GGML_TYPE_BF16: GGML_TYPE_BF16,
+    GGML_TYPE_Q1_0: GGML_TYPE_Q8_0,
+    GGML_TYPE_Q2_0: GGML_TYPE_Q8_0,
+    GGML_TYPE_Q4_0: GGML_TYPE_Q8_0,
+    GGML_TYPE_Q4_1: GGML_TYPE_Q8_1,
+    GGML_TYPE_Q5_0: GGML_TYPE_Q8_0,
+    GGML_TYPE_Q5_1: GGML_TYPE_Q8_1,
+    GGML_TYPE_Q8_0: GGML_TYPE_Q8_0,
+    GGML_TYPE_Q8_1: GGML_TYPE_Q8_1,
+    GGML_TYPE_MXFP4: GGML_TYPE_Q8_0,
+    GGML_TYPE_NVFP4: GGML_TYPE_Q8_0,
+    GGML_TYPE_Q2_K: GGML_TYPE_Q8_K,
+    GGML_TYPE_Q3_K: GGML_TYPE_Q8_K,
+    GGML_TYPE_Q4_K: GGML_TYPE_Q8_K,
+    GGML_TYPE_Q5_K: GGML_TYPE_Q8_K,
+    GGML_TYPE_Q6_K: GGML_TYPE_Q8_K,
+    GGML_TYPE_IQ2_XXS: GGML_TYPE_Q8_K,
+    GGML_TYPE_IQ2_XS: GGML_TYPE_Q8_K,
+    GGML_TYPE_IQ3_XXS: GGML_TYPE_Q8_K,
+    GGML_TYPE_IQ3_S: GGML_TYPE_Q8_K,
+    GGML_TYPE_IQ2_S: GGML_TYPE_Q8_K,
+    GGML_TYPE_IQ1_S: GGML_TYPE_Q8_K,
+    GGML_TYPE_IQ1_M: GGML_TYPE_Q8_K,
+    GGML_TYPE_IQ4_NL: GGML_TYPE_Q8_0,
+    GGML_TYPE_IQ4_XS: GGML_TYPE_Q8_K,
+    GGML_TYPE_TQ1_0: GGML_TYPE_Q8_K,
+    GGML_TYPE_TQ2_0: GGML_TYPE_Q8_K,
+}
+VEC_DOT_TYPE: dict[int, int] = {t: _VEC_DOT_TYPE_SET.get(t, GGML_TYPE_F32)
+                                for t, tr in TYPE_TRAITS.items() if tr is not None}
+
+# types whose type_traits_cpu has a vec_dot / a from_float at all (C: non-NULL pointers)
+HAS_VEC_DOT = frozenset(t for t in _VEC_DOT_TYPE_SET if t != GGML_TYPE_Q8_1)
+HAS_FROM_FLOAT = frozenset({
+    GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q1_0, GGML_TYPE_Q2_0,
+    GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
+    GGML_TYPE_Q8_1, GGML_TYPE_MXFP4, GGML_TYPE_NVFP4, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
+    GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
+    GGML_TYPE_Q8_K, GGML_TYPE_TQ1_0, GGML_TYPE_TQ2_0, GGML_TYPE_I32,
+})
+# type_traits_cpu[].nrows: 2 only with __ARM_FEATURE_MATMUL_INT8, so 1 on x86
+NROWS: dict[int, int] = {t: (1 if t in HAS_VEC_DOT or t == GGML_TYPE_Q8_1 else 0) for t in VEC_DOT_TYPE}
+
+
+# ---------------------------------------------------------------------------------
+# from_float
+# ---------------------------------------------------------------------------------
+
+
+def cpu_fp32_to_fp16(x) -> np.ndarray:
+    """GGML_CPU_FP32_TO_FP16 / ggml_cpu_fp32_to_fp16 with F16C (vcvtps2ph, round to nearest even).
+
+    Same as ggml-base's conversion except for NaN: the hardware keeps the sign and the
+    top 10 payload bits and sets the quiet bit, where ggml-base returns a bare 0x7E00.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    h = Q.fp32_to_fp16(x)
+    nan = np.isnan(x)
+    if nan.any():
+        u = x.view(np.uint32)
+        hw = ((u >> 16) & 0x8000) | 0x7E00 | ((u >> 13) & 0x3FF)
+        h = np.where(nan, hw.astype(np.uint16), h)
+    return h
+
+
+def _maxps(a, b):
+    # _mm_max_ps(a, b) is "a > b ? a : b": with a NaN in either operand it returns b
+    return np.where(a > b, a, b)
+
+
+def _avx_absmax32(x: np.ndarray) -> np.ndarray:
+    """max |x| of each 32-block (nb, 32) reduced exactly as the AVX code does (NaN-faithful)."""
+    a = np.abs(x).reshape(-1, 4, 8)  # four __m256 of 8 lanes
+    m = _maxps(_maxps(_maxps(a[:, 0], a[:, 1]), a[:, 2]), a[:, 3])
+    m4 = _maxps(m[:, 4:], m[:, :4])  # _mm_max_ps(extract hi, cast lo)
+    m2 = _maxps(m4[:, :2], m4[:, 2:])  # with _mm_movehl_ps(max4, max4)
+    return _maxps(m2[:, 0], m2[:, 1])  # _mm_max_ss with _mm_movehdup_ps
+
+
+def _cvtps_epi32(v: np.ndarray) -> np.ndarray:
+    # _mm256_cvtps_epi32 on already rounded values: NaN / out of range -> 0x80000000
+    with np.errstate(invalid="ignore"):
+        ok = np.abs(v) < _F32(2147483648.0)
+        return np.where(ok, np.where(ok, v, _F32(0)).astype(np.int32), np.int32(-2147483648))
+
+
+def _quantize_q8_avx2(x: np.ndarray, with_sum: bool) -> np.ndarray:
+    """quantize_row_q8_0 / quantize_row_q8_1 of arch/x86/quants.c (AVX2) on blocks x (nb, 32)."""
+    t = GGML_TYPE_Q8_1 if with_sum else GGML_TYPE_Q8_0
+    y = np.zeros(x.shape[0], Q.BLOCK_DTYPES[t])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        amax = _avx_absmax32(x)
+        d = amax / _F32(127)
+        idv = np.where(amax != 0, _F32(127) / amax, _F32(0))
+        i32 = _cvtps_epi32(np.rint(x * idv[:, None]))  # _mm256_round_ps(_MM_ROUND_NEAREST)
+    y["d"] = cpu_fp32_to_fp16(d).view(np.float16)
+    # packs_epi32 then packs_epi16: signed saturation to int8
+    y["qs"] = np.clip(i32, -128, 127).astype(np.int8)
+    if with_sum:
+        # hsum of the int32 lanes (wrapping), converted to float, times d
+        s = (i32.astype(np.int64).sum(1) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+        y["s"] = cpu_fp32_to_fp16(d * s.astype(np.float32)).view(np.float16)
+    return y
+
+
+def from_float(t: int, x) -> np.ndarray:
+    """type_traits_cpu[t].from_float on float32 rows (..., n) -> uint8 (..., row_size).
+
+    This is what ggml's CPU mul_mat applies to src1 (with t = VEC_DOT_TYPE[src0.type]).
+    Q8_0/Q8_1 follow the AVX2 kernels; Q8_K and the weight types call their ``_ref``
+    quantiser; F16 uses F16C; BF16 ggml_compute_fp32_to_bf16; F32 is a copy.
+    """
+    if t not in HAS_FROM_FLOAT:
+        raise NotImplementedError(f"type_traits_cpu[{Q.type_name(t)}].from_float is NULL")
+    x = np.asarray(x, dtype=np.float32)
+    lead, n = x.shape[:-1], x.shape[-1]
+    x2 = np.ascontiguousarray(x.reshape(-1, n))
+    if t == GGML_TYPE_F16:
+        out = cpu_fp32_to_fp16(x2).view(np.uint8)
+    elif t in (GGML_TYPE_Q8_0, GGML_TYPE_Q8_1):
+        if n % 32:
+            raise ValueError(f"row length {n} is not a multiple of 32")
+        out = _quantize_q8_avx2(x2.reshape(-1, 32), t == GGML_TYPE_Q8_1).view(np.uint8)
+    elif t in Q.BLOCK_DTYPES:
+        # F32 copy, BF16 (same rounding as the reference), Q8_K and the weight types
+        # (quantize_row_q4_0 ... q6_K just call the _ref quantisers)
+        out = Q.quantize_row_ref(t, x2)
+    else:
+        raise NotImplementedError(f"from_float for {Q.type_name(t)} is not implemented in ggviz")
+    return out.reshape(*lead, Q.row_size(t, n))
+
+
+# ---------------------------------------------------------------------------------
+# vec_dot
+# ---------------------------------------------------------------------------------
+
+
+class PreparedRows(NamedTuple):
+    """Rows of one type unpacked for vec_dot (see :func:`prepare`).
+
+    q: (rows, n) float32 integer levels, sub-block integer scales folded in;
+    d: (rows, nblocks) float32 block scale; mq, md: the optional second integer
+    product of the K-quants' mins (mq (rows, nblocks*k), md (rows, nblocks));
+    bias: optional (rows, nblocks) float32 per-block additive term (q4_1/q5_1 m, q8_1 s).
+    """
+    type: int
+    n: int
+    q: np.ndarray
+    d: np.ndarray
+    mq: np.ndarray | None = None
+    md: np.ndarray | None = None
+    bias: np.ndarray | None = None
+
+
+def _lf(a):
+    return a.astype(np.float32)
+
+
+def _as_rows(t: int, x) -> np.ndarray:
+    """Raw bytes (rows, row_bytes) of rows given as bytes or as typed F32/F16/BF16 values."""
+    a = np.asarray(x)
+    if a.dtype != np.uint8:
+        if t == GGML_TYPE_F32:
+            a = a.astype(np.float32, copy=False)
+        elif t in (GGML_TYPE_F16, GGML_TYPE_BF16) and a.dtype.kind == "f" and a.dtype != np.float16:
+            # a float32 array is ambiguous here (values? bits?): make the caller convert
+            raise TypeError(f"{Q.type_name(t)} rows must be given as bits (uint16/uint8)"
+                            + (" or float16" if t == GGML_TYPE_F16 else "")
+                            + f", not {a.dtype}; convert with from_float")
+        elif t == GGML_TYPE_BF16 and a.dtype == np.float16:
+            raise TypeError("bf16 rows must be given as bits (uint16/uint8), not float16")
+        # typed values / bit patterns / structured blocks: reinterpret as row bytes
+        a = np.ascontiguousarray(a).view(np.uint8)
+    if a.ndim == 1:
+        a = a[None]
+    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]))
+
+
+def prepare(t: int, rows) -> PreparedRows:
+    """Unpack rows of type t (uint8 (R, row_bytes), or typed F32/F16/BF16 (R, n)) for vec_dot."""
+    raw = _as_rows(t, rows)
+    R = raw.shape[0]
+    if t in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16):
+        v = Q.dequantize_row(t, raw)
+        return PreparedRows(t, v.shape[1], v, np.ones((R, 0), np.float32))
+    if t not in Q.BLOCK_DTYPES:
+        raise NotImplementedError(f"vec_dot with {Q.type_name(t)} is not implemented in ggviz")
+    blocks = Q.as_blocks(t, raw)
+    nb = blocks.shape[1]
+    u = Q.unpack_blocks(t, blocks.reshape(-1))
+    q = u["q"]
+    n = nb * Q.blck_size(t)
+
+    def rs(a):
+        return a.reshape(R, -1)
+
+    if t in (GGML_TYPE_Q4_0, GGML_TYPE_Q5_0):
+        off = 8 if t == GGML_TYPE_Q4_0 else 16  # nibble - 8 / 5-bit value - 16, as signed int8
+        return PreparedRows(t, n, rs(_lf(q - off)), rs(u["d"]))
+    if t in (GGML_TYPE_Q4_1, GGML_TYPE_Q5_1):
+        return PreparedRows(t, n, rs(_lf(q)), rs(u["d"]), bias=rs(u["m"]))
+    if t == GGML_TYPE_Q8_0:
+        return PreparedRows(t, n, rs(_lf(q)), rs(u["d"]))
+    if t == GGML_TYPE_Q8_1:
+        return PreparedRows(t, n, rs(_lf(q)), rs(u["d"]), bias=rs(u["s"]))
+    if t == GGML_TYPE_Q8_K:
+        # bsums are used for the K-quants' mins exactly as the AVX2 kernels do
+        bs = u["bsums"]
+        return PreparedRows(t, n, rs(_lf(q)), rs(u["d"]), mq=rs(_lf(bs)))
+    def fold(sc, levels, k):
+        # sub-block scale * level, both small integers: exact in float32
+        return _lf(levels).reshape(-1, sc.shape[1], k) * _lf(sc)[:, :, None]
+
+    if t == GGML_TYPE_Q2_K:  # 16 sub-blocks of 16: scale 4 bits, min 4 bits
+        qs = fold(u["sc"], q, 16)
+        return PreparedRows(t, n, rs(qs), rs(u["d"]), mq=rs(_lf(u["mn"])), md=rs(u["dmin"]))
+    if t == GGML_TYPE_Q3_K:  # 16 sub-blocks of 16, signed 6-bit scales, q in [-4, 3]
+        qs = fold(u["sc"], q, 16)
+        return PreparedRows(t, n, rs(qs), rs(u["d"]))
+    if t in (GGML_TYPE_Q4_K, GGML_TYPE_Q5_K):  # 8 sub-blocks of 32, 6-bit scales and mins
+        qs = fold(u["sc"], q, 32)
+        return PreparedRows(t, n, rs(qs), rs(u["d"]), mq=rs(_lf(u["mn"])), md=rs(u["dmin"]))
+    if t == GGML_TYPE_Q6_K:  # 16 sub-blocks of 16, int8 scales, q - 32 in [-32, 31]
+        qs = fold(u["sc"], q - np.int16(32), 16)
+        return PreparedRows(t, n, rs(qs), rs(u["d"]))
+    raise NotImplementedError(f"vec_dot with {Q.type_name(t)} is not implemented in ggviz")
+
+
+# Depth of the integer sgemm pieces per src0 type, so that every partial sum of
+# |sub-block scale * level| * |q8| (<= 128) stays <= 2^24 and float32 holds it exactly:
+#   q4_0..q8_0: <= 128*128*32;  q2_K: 45*128*256;  q3_K: 128*128*256;
+#   q4_K: 945*128*128;  q5_K: 1953*128*64;  q6_K: 4096*128*32 = 2^24.
+_DEPTH = {
+    GGML_TYPE_Q4_0: 32, GGML_TYPE_Q4_1: 32, GGML_TYPE_Q5_0: 32, GGML_TYPE_Q5_1: 32,
+    GGML_TYPE_Q8_0: 32, GGML_TYPE_Q2_K: 256, GGML_TYPE_Q3_K: 256, GGML_TYPE_Q4_K: 128,
+    GGML_TYPE_Q5_K: 64, GGML_TYPE_Q6_K: 32,
+}
+
+
+def _scaled_block_dot(X, Y, dx, dy, blk, depth):
+    """sum_b (dy[:, b] outer dx[:, b]) * (Y_b @ X_b.T): (N, M) float32.
+
+    X (M, nb*blk), Y (N, nb*blk) hold small integers, so each Y_b @ X_b.T of depth
+    <= ``depth`` is exact in float32 BLAS whatever its summation order.
+    """
+    M, N, nb = X.shape[0], Y.shape[0], dx.shape[1]
+    out = np.zeros((N, M), np.float32)
+    for b in range(nb):
+        s = None
+        for c in range(b * blk, (b + 1) * blk, depth):
+            p = Y[:, c:c + depth] @ X[:, c:c + depth].T
+            s = p if s is None else s + p
+        coef = np.multiply.outer(dy[:, b], dx[:, b])  # the block's d_x*d_y, one float32 rounding
+        np.multiply(coef, s, out=coef)
+        out += coef
+    return out
+
+
+def vec_dot(t: int, x, y) -> np.ndarray:
+    """All row-by-row dot products of type_traits_cpu[t].vec_dot: returns float32 (N, M).
+
+    x: M rows of src0 of type t, as uint8 (M, row_bytes) (or typed (M, n) for
+    F32/F16/BF16), or a :class:`PreparedRows`; y: N rows already converted to
+    VEC_DOT_TYPE[t] (e.g. by :func:`from_float`), same conventions.  out[j, i] is
+    x[i] . y[j], the layout of ggml's mul_mat dst (ne0 = M).
+
+    Formulas (per block b, S_b the exact integer dot product of the levels):
+      q4_0, q5_0, q8_0 . q8_0:  sum_b d_x d_y S_b  (levels q-8, q-16, q)
+      q4_1, q5_1 . q8_1:        sum_b d_x d_y S_b + sum_b m_x s_y
+      q2_K . q8_K:  sum_b d_y d_x sum_j sc_j S_bj  - d_y dmin_x sum_j m_j bsums_j
+      q3_K . q8_K:  sum_b d_y d_x sum_j sc_j S_bj  (levels in [-4, 3])
+      q4_K, q5_K . q8_K:  as q2_K with 8 sub-blocks of 32 (mins use bsum pairs)
+      q6_K . q8_K:  sum_b d_y d_x sum_j sc_j S_bj  (levels q-32; the AVX2 kernel
+                    subtracts 32*sc_j*bsums_j instead, equal when bsums are consistent)
+      f32/f16/bf16: one float32 sgemm of the (exactly converted) values.
+    """
+    if t not in HAS_VEC_DOT:
+        raise NotImplementedError(f"type_traits_cpu[{Q.type_name(t)}].vec_dot is NULL")
+    vt = VEC_DOT_TYPE[t]
+    px = x if isinstance(x, PreparedRows) else prepare(t, x)
+    py = y if isinstance(y, PreparedRows) else prepare(vt, y)
+    if px.type != t or py.type != vt:
+        raise ValueError(f"vec_dot({Q.type_name(t)}): got {Q.type_name(px.type)} . {Q.type_name(py.type)}")
+    if px.n != py.n:
+        raise ValueError(f"row lengths differ: {px.n} vs {py.n}")
+
+    if t in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16):
+        # products of fp16/bf16 values are exact in float32; ggml accumulates them in
+        # float32 lanes (f16, bf16 finish in double); one sgemm is the same up to order
+        return (py.q @ px.q.T).astype(np.float32, copy=False)
+
+    blk = Q.blck_size(t)
+    out = _scaled_block_dot(px.q, py.q, px.d, py.d, blk, _DEPTH[t])
+    if t in (GGML_TYPE_Q4_1, GGML_TYPE_Q5_1):
+        # summs = sum_b m_x * s_y, added after the horizontal sum
+        out += py.bias @ px.bias.T
+    elif t in (GGML_TYPE_Q2_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K):
+        nb = px.d.shape[1]
+        bs = py.mq.reshape(-1, nb, 16)
+        if t != GGML_TYPE_Q2_K:
+            # one min per 32 values: the kernels add the bsums (of 16) in pairs
+            bs = bs.reshape(-1, nb, 8, 2).sum(-1)
+        k = bs.shape[2]
+        # dmin = -y.d * x.dmin; the integer sum_j m_j*bsums_j is exact (<= 15*2048*16)
+        out += _scaled_block_dot(px.mq, bs.reshape(-1, nb * k), px.md, -py.d, k, k)
+    return out

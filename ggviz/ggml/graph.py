@@ -1,0 +1,361 @@
+"""struct ggml_cgraph: nodes, leafs, use counts and the visited hash set, laid out in the arena like ggml does.
+
+Mirrors (ggml.c / ggml-impl.h): ``ggml_hash_size`` (the prime table), ``ggml_hash``/``ggml_hash_find``/
+``ggml_hash_insert`` (address-based hash, linear probing, bitset of used slots), ``ggml_graph_nbytes``,
+``ggml_graph_overhead(_custom)``, ``ggml_new_graph(_custom)``, ``ggml_visit_parents_graph``,
+``ggml_build_forward_expand``, ``ggml_graph_n_nodes``, ``ggml_graph_node``, ``ggml_graph_size``,
+``ggml_graph_get_tensor``, ``ggml_graph_view``, ``ggml_graph_reset``/``ggml_graph_clear``, ``ggml_graph_add_node``.
+
+The graph object is one arena object of ``ggml_graph_nbytes(size, grads)`` bytes: the 96-byte struct, then the
+nodes and leafs pointer arrays, the per-slot use counts, the hash keys, (grads,) and the used-bitset. ggviz writes
+the same arrays there (as NumPy views), so the graph's bytes are inspectable like any other object.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import trace
+from . import consts as C
+from .context import Context, GGMLError
+from .tensor import Tensor, tensor_at
+
+GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = 0
+GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT = 1
+CGRAPH_STRUCT_SIZE = 96          # sizeof(struct ggml_cgraph) on LP64
+GGML_HASHSET_FULL = -1           # ((size_t)-1) in C
+GGML_HASHSET_ALREADY_EXISTS = -2
+
+_PRIMES = [2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411, 32771, 65537, 131101, 262147,
+           524309, 1048583, 2097169, 4194319, 8388617, 16777259, 33554467, 67108879, 134217757, 268435459,
+           536870923, 1073741827, 2147483659]
+
+
+def hash_size(min_sz: int) -> int:
+    """ggml_hash_size: the smallest prime of the table >= min_sz (next primes after powers of two)."""
+    lo, hi = 0, len(_PRIMES)
+    while lo < hi:
+        m = (lo + hi) // 2
+        if _PRIMES[m] < min_sz:
+            lo = m + 1
+        else:
+            hi = m
+    return _PRIMES[lo] if lo < len(_PRIMES) else (min_sz | 1)
+
+
+def bitset_size(n: int) -> int:
+    return (n + 31) >> 5
+
+
+def _incr_aligned(p: int, size: int, align: int):
+    p = (p + align - 1) // align * align
+    return p, p + size
+
+
+def _layout(size: int, grads: bool):
+    """Offsets of each array inside the graph object (relative to the struct), and the total: ggml_graph_nbytes."""
+    hs = hash_size(size * 2)
+    p = CGRAPH_STRUCT_SIZE
+    lay = {}
+    lay["nodes"], p = _incr_aligned(p, size * 8, 8)
+    lay["leafs"], p = _incr_aligned(p, size * 8, 8)
+    lay["use_counts"], p = _incr_aligned(p, hs * 4, 4)
+    lay["keys"], p = _incr_aligned(p, hs * 8, 8)
+    if grads:
+        lay["grads"], p = _incr_aligned(p, hs * 8, 8)
+        lay["grad_accs"], p = _incr_aligned(p, hs * 8, 8)
+    lay["used"], p = _incr_aligned(p, bitset_size(hs) * 4, 4)
+    return lay, p, hs
+
+
+def graph_nbytes(size: int, grads: bool = False) -> int:
+    return _layout(size, grads)[1]
+
+
+def graph_overhead_custom(size: int, grads: bool = False) -> int:
+    return C.GGML_OBJECT_SIZE + (graph_nbytes(size, grads) + C.GGML_MEM_ALIGN - 1) // C.GGML_MEM_ALIGN * C.GGML_MEM_ALIGN
+
+
+def graph_overhead() -> int:
+    return graph_overhead_custom(C.GGML_DEFAULT_GRAPH_SIZE, False)
+
+
+class HashSet:
+    """struct ggml_hash_set {size, used (bitset), keys}: open addressing keyed by tensor address."""
+    __slots__ = ("size", "used", "keys")
+
+    def __init__(self, size, used, keys):
+        self.size, self.used, self.keys = size, used, keys
+
+    def get_used(self, i: int) -> bool:
+        return bool((int(self.used[i >> 5]) >> (i & 31)) & 1)
+
+    def set_used(self, i: int):
+        self.used[i >> 5] |= np.uint32(1 << (i & 31))
+
+    def find(self, addr: int) -> int:
+        """ggml_hash_find: slot of ``addr`` or the first free slot on its probe path; FULL if neither."""
+        h = (addr >> 4) % self.size      # ggml_hash: the low 4 bits of a tensor pointer are always zero
+        i = h
+        while self.get_used(i) and int(self.keys[i]) != addr:
+            i = (i + 1) % self.size
+            if i == h:
+                return GGML_HASHSET_FULL
+        return i
+
+    def contains(self, addr: int) -> bool:
+        i = self.find(addr)
+        return i != GGML_HASHSET_FULL and self.get_used(i)
+
+    def insert(self, addr: int) -> int:
+        h = (addr >> 4) % self.size
+        i = h
+        while True:
+            if not self.get_used(i):
+                self.set_used(i)
+                self.keys[i] = addr
+                return i
+            if int(self.keys[i]) == addr:
+                return GGML_HASHSET_ALREADY_EXISTS
+            i = (i + 1) % self.size
+            if i == h:
+                raise GGMLError("ggml_hash_insert: hash set is full")
+
+    def reset(self):
+        self.used[:] = 0
+
+
+class CGraph:
+    """``struct ggml_cgraph``. ``nodes``/``leafs`` are Python lists mirroring the pointer arrays in the arena."""
+
+    def __init__(self, ctx: Context | None, size: int, grads: bool = False, _view=False):
+        self.ctx = ctx
+        self.size = int(size)
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self.order = GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT
+        self.uid = 0
+        self.obj = None
+        if _view:
+            return
+        lay, nbytes, hs = _layout(self.size, grads)
+        obj = ctx.new_object(C.GGML_OBJECT_TYPE_GRAPH, nbytes)
+        obj.payload = self
+        self.obj = obj
+        base = obj.offs
+        buf = ctx.mem_buffer
+        self.raw = buf[base:base + nbytes]
+        self.addr = self.raw.ctypes.data
+
+        def arr(name, count, dt):
+            o = base + lay[name]
+            return buf[o:o + count * np.dtype(dt).itemsize].view(dt)
+
+        self._nodes_ptr = arr("nodes", self.size, np.uint64)
+        self._leafs_ptr = arr("leafs", self.size, np.uint64)
+        self.use_counts = arr("use_counts", hs, np.int32)
+        self.visited_hash_set = HashSet(hs, arr("used", bitset_size(hs), np.uint32), arr("keys", hs, np.uint64))
+        self.grads = arr("grads", hs, np.uint64) if grads else None
+        self.grad_accs = arr("grad_accs", hs, np.uint64) if grads else None
+        self.visited_hash_set.reset()
+        if grads:
+            self.grads[:] = 0
+            self.grad_accs[:] = 0
+        # the struct itself: int size, n_nodes, n_leafs; then the pointers; the hash set; order; uid
+        w = self.raw[:CGRAPH_STRUCT_SIZE].view(np.int32)
+        q = self.raw[:CGRAPH_STRUCT_SIZE].view(np.uint64)
+        w[0] = self.size
+        self._w = w
+        q[2] = self._nodes_ptr.ctypes.data
+        q[3] = self.grads.ctypes.data if grads else 0
+        q[4] = self.grad_accs.ctypes.data if grads else 0
+        q[5] = self._leafs_ptr.ctypes.data
+        q[6] = self.use_counts.ctypes.data
+        q[7] = hs
+        q[8] = self.visited_hash_set.used.ctypes.data
+        q[9] = self.visited_hash_set.keys.ctypes.data
+        w[20] = self.order
+        q[11] = 0
+        self._sync_counts()
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def n_leafs(self) -> int:
+        return len(self.leafs)
+
+    def _sync_counts(self):
+        if self.obj is not None:
+            self._w[1] = len(self.nodes)
+            self._w[2] = len(self.leafs)
+
+    def _append_node(self, t: Tensor):
+        if len(self.nodes) >= self.size:
+            raise GGMLError(f"graph is full: it holds {self.size} nodes (ggml_new_graph_custom size); "
+                            f"cannot add {t.name!r}")
+        if self.obj is not None:
+            self._nodes_ptr[len(self.nodes)] = t.addr
+        self.nodes.append(t)
+
+    def _append_leaf(self, t: Tensor):
+        if len(self.leafs) >= self.size:
+            raise GGMLError(f"graph is full: it holds {self.size} leafs (ggml_new_graph_custom size); "
+                            f"cannot add {t.name!r}")
+        if self.obj is not None:
+            self._leafs_ptr[len(self.leafs)] = t.addr
+        self.leafs.append(t)
+
+    def use_count(self, t: Tensor) -> int:
+        """ggml_node_get_use_count: how many graph nodes read ``t``."""
+        pos = self.visited_hash_set.find(t.addr)
+        if pos < 0 or not self.visited_hash_set.get_used(pos):
+            return 0
+        return int(self.use_counts[pos])
+
+    def __repr__(self):
+        return f"<ggml_cgraph size={self.size} n_nodes={self.n_nodes} n_leafs={self.n_leafs}>"
+
+
+def new_graph_custom(ctx: Context, size: int, grads: bool = False) -> CGraph:
+    return CGraph(ctx, size, grads)
+
+
+def new_graph(ctx: Context) -> CGraph:
+    return CGraph(ctx, C.GGML_DEFAULT_GRAPH_SIZE, False)
+
+
+def _visit(cg: CGraph, node: Tensor, compute: bool):
+    """ggml_visit_parents_graph, written as a generator so the DFS needs no Python recursion.
+
+    Each ``yield (src, compute)`` is the recursive call in C; the value sent back is that call's return value.
+    """
+    if node.op != C.GGML_OP_NONE and compute:
+        node.flags = node.flags | C.GGML_TENSOR_FLAG_COMPUTE
+    hs = cg.visited_hash_set
+    pos = hs.find(node.addr)
+    if pos == GGML_HASHSET_FULL:
+        raise GGMLError(f"graph hash set is full ({hs.size} slots) while visiting {node.name!r}")
+    if hs.get_used(pos):
+        # already visited: only propagate the compute flag
+        if trace.active:
+            trace.emit("graph.visit", graph=id(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=True)
+        if compute:
+            for src in node.src:
+                if src is not None and not (src.flags & C.GGML_TENSOR_FLAG_COMPUTE):
+                    yield (src, True)
+        return pos
+    # first time we see this node in the current graph
+    hs.keys[pos] = node.addr
+    hs.set_used(pos)
+    cg.use_counts[pos] = 0
+    if trace.active:
+        trace.emit("graph.visit", graph=id(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=False)
+    for i in range(C.GGML_MAX_SRC):
+        k = (C.GGML_MAX_SRC - 1 - i) if cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT else i
+        src = node.src[k]
+        if src is not None:
+            src_pos = yield (src, compute)
+            cg.use_counts[src_pos] += 1
+    if node.op == C.GGML_OP_NONE and not (node.flags & C.GGML_TENSOR_FLAG_PARAM):
+        # a leaf: constant data, not computed by the graph
+        if not node.name:
+            node.name = f"leaf_{cg.n_leafs}"
+        cg._append_leaf(node)
+        where = ("leaf", cg.n_leafs - 1)
+    else:
+        if not node.name:
+            node.name = f"node_{cg.n_nodes}"
+        cg._append_node(node)
+        where = ("node", cg.n_nodes - 1)
+    cg._sync_counts()
+    if trace.active:
+        trace.emit("graph.add", graph=id(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=where[0],
+                   index=where[1])
+    return pos
+
+
+def visit_parents(cg: CGraph, node: Tensor, compute: bool = True) -> int:
+    stack = [_visit(cg, node, compute)]
+    val = None
+    while stack:
+        try:
+            sub = stack[-1].send(val)
+        except StopIteration as stop:
+            stack.pop()
+            val = stop.value
+            continue
+        stack.append(_visit(cg, *sub))
+        val = None
+    return val
+
+
+def build_forward_expand(cg: CGraph, tensor: Tensor) -> None:
+    n_old = cg.n_nodes
+    visit_parents(cg, tensor, True)
+    if cg.n_nodes - n_old > 0 and cg.nodes[-1] is not tensor:
+        raise GGMLError("ggml_build_forward_expand: the last added node should be the requested tensor")
+
+
+def build_forward_order(cg: CGraph, tensor: Tensor) -> None:
+    visit_parents(cg, tensor, False)
+
+
+def build_forward_select(cg: CGraph, tensors, idx: int) -> Tensor:
+    for i, t in enumerate(tensors):
+        visit_parents(cg, t, i == idx)
+    return tensors[idx]
+
+
+def graph_n_nodes(cg: CGraph) -> int:
+    return cg.n_nodes
+
+
+def graph_node(cg: CGraph, i: int) -> Tensor:
+    """ggml_graph_node: negative i counts from the end, like the C function."""
+    if i < 0:
+        if cg.n_nodes + i < 0:
+            raise IndexError(f"graph node {i} out of range (n_nodes = {cg.n_nodes})")
+        return cg.nodes[cg.n_nodes + i]
+    if i >= cg.n_nodes:
+        raise IndexError(f"graph node {i} out of range (n_nodes = {cg.n_nodes})")
+    return cg.nodes[i]
+
+
+def graph_nodes(cg: CGraph) -> list:
+    return list(cg.nodes)
+
+
+def graph_size(cg: CGraph) -> int:
+    return cg.size
+
+
+def graph_get_tensor(cg: CGraph, name: str):
+    for t in cg.leafs:
+        if t.name == name:
+            return t
+    for t in cg.nodes:
+        if t.name == name:
+            return t
+    return None
+
+
+def graph_add_node(cg: CGraph, t: Tensor) -> None:
+    cg._append_node(t)
+    cg._sync_counts()
+
+
+def graph_clear(cg: CGraph) -> None:
+    cg.nodes.clear()
+    cg.leafs.clear()
+    cg._sync_counts()
+    cg.visited_hash_set.reset()
+
+
+def graph_view(cg: CGraph, i0: int, i1: int) -> CGraph:
+    """ggml_graph_view: nodes [i0, i1) of a graph, with no leafs and no hash set (used by the scheduler's splits)."""
+    v = CGraph(None, i1 - i0, _view=True)
+    v.nodes = cg.nodes[i0:i1]
+    v.visited_hash_set = HashSet(0, np.zeros(0, np.uint32), np.zeros(0, np.uint64))
+    v.use_counts = None
+    return v

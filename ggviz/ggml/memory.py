@@ -1,0 +1,74 @@
+"""Host memory as ggml sees it: raw addresses into byte buffers.
+
+ggml stores pointers (``tensor->data``, ``tensor->src[i]``, ``obj->next``) inside its structs. ggviz keeps them real:
+every byte buffer ggviz allocates (a context's arena, a backend buffer) is a NumPy uint8 array, and the address
+written into a struct is that array's actual address. This module maps an address back to (buffer, offset), which is
+what ``ggml_get_data`` needs to hand out a zero-copy NumPy view, and what a hexdump needs to decode a pointer.
+
+Mirrors nothing in ggml by name (C has a flat address space for free); ``aligned_malloc`` mirrors
+``ggml_aligned_malloc`` (64-byte alignment, as ggml uses for its own allocations).
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+
+import numpy as np
+
+TENSOR_ALIGNMENT = 64   # ggml_aligned_malloc's alignment (ggml-impl.h / ggml.c)
+
+_lock = threading.Lock()
+_bases: list[int] = []       # sorted start addresses
+_regions: list[tuple] = []   # (base, size, array, label) in the same order
+
+
+def aligned_malloc(size: int, label: str = "buffer", alignment: int = TENSOR_ALIGNMENT) -> np.ndarray:
+    """Allocate ``size`` zeroed bytes whose first byte sits on an ``alignment`` boundary, and register them."""
+    raw = np.zeros(size + alignment, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % alignment
+    arr = raw[shift:shift + size]
+    register(arr, label)
+    return arr
+
+
+def register(arr: np.ndarray, label: str = "buffer") -> int:
+    """Make ``arr``'s bytes addressable; returns its base address."""
+    arr = np.asarray(arr)
+    if arr.dtype != np.uint8 or arr.ndim != 1:
+        arr = arr.reshape(-1).view(np.uint8)
+    base = arr.ctypes.data
+    with _lock:
+        i = bisect.bisect_left(_bases, base)
+        # an address re-used after a free replaces the stale entry
+        if i < len(_bases) and _bases[i] == base:
+            _regions[i] = (base, arr.nbytes, arr, label)
+        else:
+            _bases.insert(i, base)
+            _regions.insert(i, (base, arr.nbytes, arr, label))
+    return base
+
+
+def unregister(arr_or_base) -> None:
+    base = arr_or_base if isinstance(arr_or_base, int) else arr_or_base.ctypes.data
+    with _lock:
+        i = bisect.bisect_left(_bases, base)
+        if i < len(_bases) and _bases[i] == base:
+            del _bases[i]
+            del _regions[i]
+
+
+def resolve(addr: int, nbytes: int = 0):
+    """Return (array, offset, label) of the registered buffer holding [addr, addr+nbytes)."""
+    with _lock:
+        i = bisect.bisect_right(_bases, addr) - 1
+        if i >= 0:
+            base, size, arr, label = _regions[i]
+            if addr + nbytes <= base + size and (addr < base + size or (nbytes == 0 and addr == base + size)):
+                return arr, addr - base, label
+    raise ValueError(f"address 0x{addr:x} (+{nbytes} bytes) is not inside any ggviz buffer")
+
+
+def regions():
+    """Snapshot of the registered buffers: list of (base, size, label)."""
+    with _lock:
+        return [(b, s, l) for (b, s, _a, l) in _regions]

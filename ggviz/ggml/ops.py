@@ -1,0 +1,639 @@
+"""Graph-building operators: each call creates the result tensor and records op, op_params and src[] in it.
+
+Mirrors the operator section of ggml.c (``ggml_dup`` ... ``ggml_glu``): names, argument order, shape rules,
+assertions (``ggml_can_mul_mat``, ``ggml_can_repeat`` ...), op_params encoding and result-name suffixes are ggml's.
+Nothing is computed here: computing is the CPU backend's job (``ggviz.ggml.cpu``).
+"""
+from __future__ import annotations
+
+import struct
+
+from . import consts as C
+from .context import Context, GGMLError
+from .tensor import (Tensor, are_same_shape, can_mul_mat, can_out_prod, can_repeat, is_contiguous,
+                     is_contiguous_1, is_contiguous_rows, is_empty, is_matrix, is_padded_1d, is_scalar,
+                     is_transposed, is_vector, nelements, nrows, set_op_params, set_op_params_i32, type_name)
+
+
+def _desc(t: Tensor) -> str:
+    return f"{t.name or '<unnamed>'} ({type_name(t.type)} ne={list(t.shape)})"
+
+
+def _require(cond, op: str, msg: str, *tensors):
+    if not cond:
+        detail = ", ".join(_desc(t) for t in tensors if t is not None)
+        raise GGMLError(f"ggml_{op}: {msg}" + (f" [{detail}]" if detail else ""))
+
+
+# ---------------------------------------------------------------- tensor creation
+
+def new_tensor(ctx: Context, type: int, n_dims: int, ne) -> Tensor:
+    return ctx.new_tensor_impl(type, n_dims, list(ne), None, 0)
+
+
+def new_tensor_1d(ctx, type, ne0):
+    return ctx.new_tensor_impl(type, 1, [ne0])
+
+
+def new_tensor_2d(ctx, type, ne0, ne1):
+    return ctx.new_tensor_impl(type, 2, [ne0, ne1])
+
+
+def new_tensor_3d(ctx, type, ne0, ne1, ne2):
+    return ctx.new_tensor_impl(type, 3, [ne0, ne1, ne2])
+
+
+def new_tensor_4d(ctx, type, ne0, ne1, ne2, ne3):
+    return ctx.new_tensor_impl(type, 4, [ne0, ne1, ne2, ne3])
+
+
+def dup_tensor(ctx, src: Tensor) -> Tensor:
+    return ctx.new_tensor_impl(src.type, C.GGML_MAX_DIMS, src.shape)
+
+
+def set_name(t: Tensor, name: str) -> Tensor:
+    t.name = name
+    return t
+
+
+def format_name(t: Tensor, fmt: str, *args) -> Tensor:
+    """ggml_format_name: printf-style formatting, truncated to GGML_MAX_NAME - 1 bytes like vsnprintf."""
+    t.name = (fmt % args) if args else fmt
+    return t
+
+
+def get_name(t: Tensor) -> str:
+    return t.name
+
+
+def set_input(t: Tensor) -> None:
+    t.flags = t.flags | C.GGML_TENSOR_FLAG_INPUT
+
+
+def set_output(t: Tensor) -> None:
+    t.flags = t.flags | C.GGML_TENSOR_FLAG_OUTPUT
+
+
+def set_param(t: Tensor) -> None:
+    _require(t.op == C.GGML_OP_NONE, "set_param", "only leaf tensors can be parameters", t)
+    t.flags = t.flags | C.GGML_TENSOR_FLAG_PARAM
+
+
+def view_tensor(ctx, src: Tensor) -> Tensor:
+    result = ctx.new_tensor_impl(src.type, C.GGML_MAX_DIMS, src.shape, src, 0)
+    format_name(result, "%s (view)", src.name)
+    result.nb[:] = src.nb
+    return result
+
+
+# ---------------------------------------------------------------- helpers
+
+def _unary_like(ctx, a, inplace):
+    return view_tensor(ctx, a) if inplace else dup_tensor(ctx, a)
+
+
+def _f32_params(*vals) -> bytes:
+    return struct.pack(f"<{len(vals)}f", *vals)
+
+
+# ---------------------------------------------------------------- element-wise
+
+def dup(ctx, a):
+    r = _unary_like(ctx, a, False)
+    r.op, r.src[0] = C.GGML_OP_DUP, a
+    return r
+
+
+def dup_inplace(ctx, a):
+    r = _unary_like(ctx, a, True)
+    r.op, r.src[0] = C.GGML_OP_DUP, a
+    return r
+
+
+def _binary(ctx, a, b, op, opname, inplace):
+    _require(can_repeat(b, a), opname, "b cannot be broadcast (repeated) to a's shape", a, b)
+    r = _unary_like(ctx, a, inplace)
+    r.op = op
+    r.src[0], r.src[1] = a, b
+    return r
+
+
+def add(ctx, a, b):
+    return _binary(ctx, a, b, C.GGML_OP_ADD, "add", False)
+
+
+def add_inplace(ctx, a, b):
+    return _binary(ctx, a, b, C.GGML_OP_ADD, "add", True)
+
+
+def sub(ctx, a, b):
+    return _binary(ctx, a, b, C.GGML_OP_SUB, "sub", False)
+
+
+def sub_inplace(ctx, a, b):
+    return _binary(ctx, a, b, C.GGML_OP_SUB, "sub", True)
+
+
+def mul(ctx, a, b):
+    return _binary(ctx, a, b, C.GGML_OP_MUL, "mul", False)
+
+
+def mul_inplace(ctx, a, b):
+    return _binary(ctx, a, b, C.GGML_OP_MUL, "mul", True)
+
+
+def div(ctx, a, b):
+    return _binary(ctx, a, b, C.GGML_OP_DIV, "div", False)
+
+
+def div_inplace(ctx, a, b):
+    return _binary(ctx, a, b, C.GGML_OP_DIV, "div", True)
+
+
+def _add1(ctx, a, b, inplace):
+    _require(is_scalar(b), "add1", "b must be a scalar", b)
+    _require(is_padded_1d(a), "add1", "a must be padded 1d (contiguous rows)", a)
+    r = _unary_like(ctx, a, inplace)
+    r.op = C.GGML_OP_ADD1
+    r.src[0], r.src[1] = a, b
+    return r
+
+
+def add1(ctx, a, b):
+    return _add1(ctx, a, b, False)
+
+
+def add1_inplace(ctx, a, b):
+    return _add1(ctx, a, b, True)
+
+
+def _simple_unary_op(ctx, a, op, inplace):
+    r = _unary_like(ctx, a, inplace)
+    r.op, r.src[0] = op, a
+    return r
+
+
+def sqr(ctx, a):
+    return _simple_unary_op(ctx, a, C.GGML_OP_SQR, False)
+
+
+def sqr_inplace(ctx, a):
+    return _simple_unary_op(ctx, a, C.GGML_OP_SQR, True)
+
+
+def sqrt(ctx, a):
+    return _simple_unary_op(ctx, a, C.GGML_OP_SQRT, False)
+
+
+def sqrt_inplace(ctx, a):
+    return _simple_unary_op(ctx, a, C.GGML_OP_SQRT, True)
+
+
+def sum_rows(ctx, a):
+    r = new_tensor(ctx, a.type, C.GGML_MAX_DIMS, [1] + list(a.shape[1:]))
+    r.op, r.src[0] = C.GGML_OP_SUM_ROWS, a
+    return r
+
+
+def mean(ctx, a):
+    r = new_tensor(ctx, C.GGML_TYPE_F32, 4, [1] + list(a.shape[1:]))
+    r.op, r.src[0] = C.GGML_OP_MEAN, a
+    return r
+
+
+def argmax(ctx, a):
+    _require(is_matrix(a), "argmax", "a must be a matrix (ne2 == ne3 == 1)", a)
+    _require(a.ne[0] <= 2**31 - 1, "argmax", "rows longer than INT32_MAX", a)
+    r = new_tensor_1d(ctx, C.GGML_TYPE_I32, int(a.ne[1]))
+    r.op, r.src[0] = C.GGML_OP_ARGMAX, a
+    return r
+
+
+def repeat(ctx, a, b):
+    _require(can_repeat(a, b), "repeat", "a cannot be repeated to b's shape", a, b)
+    r = new_tensor(ctx, a.type, C.GGML_MAX_DIMS, b.shape)
+    r.op, r.src[0] = C.GGML_OP_REPEAT, a
+    return r
+
+
+def concat(ctx, a, b, dim):
+    _require(0 <= dim < C.GGML_MAX_DIMS, "concat", f"dim {dim} out of range", a, b)
+    _require(a.type == b.type, "concat", "a and b must have the same type", a, b)
+    ne = []
+    for d in range(C.GGML_MAX_DIMS):
+        if d == dim:
+            ne.append(int(a.ne[d] + b.ne[d]))
+            continue
+        _require(a.ne[d] == b.ne[d], "concat", f"shapes differ in dim {d}", a, b)
+        ne.append(int(a.ne[d]))
+    r = new_tensor(ctx, a.type, C.GGML_MAX_DIMS, ne)
+    set_op_params_i32(r, 0, dim)
+    r.op = C.GGML_OP_CONCAT
+    r.src[0], r.src[1] = a, b
+    return r
+
+
+# ---------------------------------------------------------------- normalisation
+
+def _norm(ctx, a, eps, op, inplace):
+    r = _unary_like(ctx, a, inplace)
+    set_op_params(r, _f32_params(eps))
+    r.op, r.src[0] = op, a
+    return r
+
+
+def norm(ctx, a, eps):
+    return _norm(ctx, a, eps, C.GGML_OP_NORM, False)
+
+
+def norm_inplace(ctx, a, eps):
+    return _norm(ctx, a, eps, C.GGML_OP_NORM, True)
+
+
+def rms_norm(ctx, a, eps):
+    return _norm(ctx, a, eps, C.GGML_OP_RMS_NORM, False)
+
+
+def rms_norm_inplace(ctx, a, eps):
+    return _norm(ctx, a, eps, C.GGML_OP_RMS_NORM, True)
+
+
+# ---------------------------------------------------------------- matrix products
+
+def mul_mat(ctx, a, b):
+    _require(can_mul_mat(a, b), "mul_mat",
+             "shapes do not match: need a.ne[0] == b.ne[0] and b.ne[2], b.ne[3] multiples of a's", a, b)
+    _require(not is_transposed(a), "mul_mat", "a must not be transposed (nb[0] > nb[1])", a)
+    ne = [int(a.ne[1]), int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
+    r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
+    r.op = C.GGML_OP_MUL_MAT
+    r.src[0], r.src[1] = a, b
+    return r
+
+
+def out_prod(ctx, a, b):
+    _require(can_out_prod(a, b), "out_prod",
+             "shapes do not match: need a.ne[1] == b.ne[1] and b.ne[2], b.ne[3] multiples of a's", a, b)
+    _require(not is_transposed(a), "out_prod", "a must not be transposed", a)
+    ne = [int(a.ne[0]), int(b.ne[0]), int(b.ne[2]), int(b.ne[3])]
+    r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
+    r.op = C.GGML_OP_OUT_PROD
+    r.src[0], r.src[1] = a, b
+    return r
+
+
+# ---------------------------------------------------------------- scale
+
+def _scale(ctx, a, s, b, inplace):
+    _require(is_padded_1d(a), "scale", "a must be padded 1d", a)
+    r = _unary_like(ctx, a, inplace)
+    set_op_params(r, _f32_params(s, b))
+    r.op, r.src[0] = C.GGML_OP_SCALE, a
+    return r
+
+
+def scale(ctx, a, s):
+    return _scale(ctx, a, s, 0.0, False)
+
+
+def scale_inplace(ctx, a, s):
+    return _scale(ctx, a, s, 0.0, True)
+
+
+def scale_bias(ctx, a, s, b):
+    return _scale(ctx, a, s, b, False)
+
+
+# ---------------------------------------------------------------- copies and layout
+
+def cpy(ctx, a, b):
+    _require(nelements(a) == nelements(b), "cpy", "a and b must have the same number of elements", a, b)
+    r = view_tensor(ctx, b)   # a view of the destination
+    if b.name:
+        format_name(r, "%s (copy of %s)", b.name, a.name)
+    else:
+        format_name(r, "%s (copy)", a.name)
+    r.op = C.GGML_OP_CPY
+    r.src[0], r.src[1] = a, b
+    return r
+
+
+def cast(ctx, a, type):
+    r = new_tensor(ctx, type, C.GGML_MAX_DIMS, a.shape)
+    format_name(r, "%s (copy)", a.name)
+    r.op = C.GGML_OP_CPY
+    r.src[0], r.src[1] = a, r
+    return r
+
+
+def cont(ctx, a):
+    r = dup_tensor(ctx, a)
+    format_name(r, "%s (cont)", a.name)
+    r.op, r.src[0] = C.GGML_OP_CONT, a
+    return r
+
+
+def cont_4d(ctx, a, ne0, ne1, ne2, ne3):
+    _require(nelements(a) == ne0 * ne1 * ne2 * ne3, "cont_4d", "element count mismatch", a)
+    r = new_tensor_4d(ctx, a.type, ne0, ne1, ne2, ne3)
+    format_name(r, "%s (cont)", a.name)
+    r.op, r.src[0] = C.GGML_OP_CONT, a
+    return r
+
+
+def cont_1d(ctx, a, ne0):
+    return cont_4d(ctx, a, ne0, 1, 1, 1)
+
+
+def cont_2d(ctx, a, ne0, ne1):
+    return cont_4d(ctx, a, ne0, ne1, 1, 1)
+
+
+def cont_3d(ctx, a, ne0, ne1, ne2):
+    return cont_4d(ctx, a, ne0, ne1, ne2, 1)
+
+
+def _reshape_nd(ctx, a, ne, fn):
+    _require(is_contiguous(a), fn, "a must be contiguous (use ggml_cont first)", a)
+    prod = 1
+    for x in ne:
+        prod *= x
+    _require(nelements(a) == prod, fn, f"cannot reshape {nelements(a)} elements to {list(ne)}", a)
+    r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, 0)
+    format_name(r, "%s (reshaped)", a.name)
+    r.op, r.src[0] = C.GGML_OP_RESHAPE, a
+    return r
+
+
+def reshape(ctx, a, b):
+    _require(is_contiguous(a), "reshape", "a must be contiguous", a)
+    _require(nelements(a) == nelements(b), "reshape", "a and b must have the same number of elements", a, b)
+    r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, b.shape, a, 0)
+    format_name(r, "%s (reshaped)", a.name)
+    r.op, r.src[0] = C.GGML_OP_RESHAPE, a
+    return r
+
+
+def reshape_1d(ctx, a, ne0):
+    return _reshape_nd(ctx, a, (ne0,), "reshape_1d")
+
+
+def reshape_2d(ctx, a, ne0, ne1):
+    return _reshape_nd(ctx, a, (ne0, ne1), "reshape_2d")
+
+
+def reshape_3d(ctx, a, ne0, ne1, ne2):
+    return _reshape_nd(ctx, a, (ne0, ne1, ne2), "reshape_3d")
+
+
+def reshape_4d(ctx, a, ne0, ne1, ne2, ne3):
+    return _reshape_nd(ctx, a, (ne0, ne1, ne2, ne3), "reshape_4d")
+
+
+def _view_impl(ctx, a, ne, offset):
+    r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, offset)
+    format_name(r, "%s (view)", a.name)
+    set_op_params(r, struct.pack("<Q", offset))
+    r.op, r.src[0] = C.GGML_OP_VIEW, a
+    return r
+
+
+def view_1d(ctx, a, ne0, offset):
+    return _view_impl(ctx, a, (ne0,), offset)
+
+
+def view_2d(ctx, a, ne0, ne1, nb1, offset):
+    r = _view_impl(ctx, a, (ne0, ne1), offset)
+    r.nb[1] = nb1
+    r.nb[2] = nb1 * ne1
+    r.nb[3] = r.nb[2]
+    return r
+
+
+def view_3d(ctx, a, ne0, ne1, ne2, nb1, nb2, offset):
+    r = _view_impl(ctx, a, (ne0, ne1, ne2), offset)
+    r.nb[1] = nb1
+    r.nb[2] = nb2
+    r.nb[3] = nb2 * ne2
+    return r
+
+
+def view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
+    r = _view_impl(ctx, a, (ne0, ne1, ne2, ne3), offset)
+    r.nb[1] = nb1
+    r.nb[2] = nb2
+    r.nb[3] = nb3
+    return r
+
+
+def permute(ctx, a, axis0, axis1, axis2, axis3):
+    axes = (axis0, axis1, axis2, axis3)
+    _require(all(0 <= x < C.GGML_MAX_DIMS for x in axes) and len(set(axes)) == 4, "permute",
+             f"axes {list(axes)} must be a permutation of 0..3", a)
+    r = view_tensor(ctx, a)
+    format_name(r, "%s (permuted)", a.name)
+    ne, nb = [0] * 4, [0] * 4
+    for i, ax in enumerate(axes):
+        ne[ax] = int(a.ne[i])
+        nb[ax] = int(a.nb[i])
+    r.ne[:] = ne
+    r.nb[:] = nb
+    r.op, r.src[0] = C.GGML_OP_PERMUTE, a
+    set_op_params(r, struct.pack("<4i", *axes))
+    return r
+
+
+def transpose(ctx, a):
+    r = view_tensor(ctx, a)
+    format_name(r, "%s (transposed)", a.name)
+    r.ne[0], r.ne[1] = a.ne[1], a.ne[0]
+    r.nb[0], r.nb[1] = a.nb[1], a.nb[0]
+    r.op, r.src[0] = C.GGML_OP_TRANSPOSE, a
+    return r
+
+
+# ---------------------------------------------------------------- rows
+
+def get_rows(ctx, a, b):
+    _require(a.ne[2] == b.ne[1], "get_rows", "a.ne[2] must equal b.ne[1]", a, b)
+    _require(a.ne[3] == b.ne[2], "get_rows", "a.ne[3] must equal b.ne[2]", a, b)
+    _require(b.ne[3] == 1, "get_rows", "b.ne[3] must be 1", b)
+    _require(b.type == C.GGML_TYPE_I32, "get_rows", "row indices b must be I32", b)
+    type_ = C.GGML_TYPE_I32 if a.type == C.GGML_TYPE_I32 else C.GGML_TYPE_F32
+    r = new_tensor_4d(ctx, type_, int(a.ne[0]), int(b.ne[0]), int(b.ne[1]), int(b.ne[2]))
+    r.op = C.GGML_OP_GET_ROWS
+    r.src[0], r.src[1] = a, b
+    return r
+
+
+def set_rows(ctx, a, b, c):
+    """ggml_set_rows: write rows of b into a at the row indices c; returns a view of a."""
+    _require(a.ne[0] == b.ne[0], "set_rows", "a.ne[0] must equal b.ne[0]", a, b)
+    _require(a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3], "set_rows", "a and b must agree in ne[2], ne[3]", a, b)
+    _require(b.ne[1] == c.ne[0], "set_rows", "b.ne[1] must equal the number of indices c.ne[0]", b, c)
+    _require(b.ne[2] % c.ne[1] == 0 and b.ne[3] % c.ne[2] == 0, "set_rows", "c must broadcast over b", b, c)
+    _require(c.ne[3] == 1, "set_rows", "c.ne[3] must be 1", c)
+    _require(b.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16), "set_rows", "b must be F32 or F16", b)
+    _require(c.type in (C.GGML_TYPE_I64, C.GGML_TYPE_I32), "set_rows", "indices c must be I64 or I32", c)
+    _require(is_contiguous_rows(a) and is_contiguous_rows(b), "set_rows", "rows must be contiguous", a, b)
+    r = view_tensor(ctx, a)
+    r.op = C.GGML_OP_SET_ROWS
+    # order is ggml's (legacy): src0 = the rows, src1 = the indices, src2 = the destination
+    r.src[0], r.src[1], r.src[2] = b, c, a
+    return r
+
+
+# ---------------------------------------------------------------- attention pieces
+
+def _soft_max(ctx, a, mask, scale_, max_bias, inplace):
+    _require(is_contiguous(a), "soft_max", "a must be contiguous", a)
+    if mask is not None:
+        _require(mask.type in (C.GGML_TYPE_F16, C.GGML_TYPE_F32), "soft_max", "mask must be F16 or F32", mask)
+        _require(is_contiguous(mask), "soft_max", "mask must be contiguous", mask)
+        _require(mask.ne[0] == a.ne[0], "soft_max", "mask.ne[0] must equal a.ne[0]", a, mask)
+        _require(mask.ne[1] >= a.ne[1], "soft_max", "mask.ne[1] must be >= a.ne[1]", a, mask)
+        _require(a.ne[2] % mask.ne[2] == 0 and a.ne[3] % mask.ne[3] == 0, "soft_max",
+                 "mask must broadcast over a in ne[2], ne[3]", a, mask)
+    if max_bias > 0.0:
+        _require(mask is not None, "soft_max", "max_bias (ALiBi) needs a mask", a)
+    r = _unary_like(ctx, a, inplace)
+    set_op_params(r, _f32_params(scale_, max_bias))
+    r.op = C.GGML_OP_SOFT_MAX
+    r.src[0], r.src[1] = a, mask
+    return r
+
+
+def soft_max(ctx, a):
+    return _soft_max(ctx, a, None, 1.0, 0.0, False)
+
+
+def soft_max_inplace(ctx, a):
+    return _soft_max(ctx, a, None, 1.0, 0.0, True)
+
+
+def soft_max_ext(ctx, a, mask, scale, max_bias):
+    return _soft_max(ctx, a, mask, scale, max_bias, False)
+
+
+def _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+               beta_fast, beta_slow, inplace):
+    _require((mode & 1) == 0, "rope", "mode & 1 == 1 is no longer supported", a)
+    _require(is_vector(b), "rope", "positions b must be a vector", b)
+    _require(b.type == C.GGML_TYPE_I32, "rope", "positions b must be I32", b)
+    mrope = bool(mode & C.GGML_ROPE_TYPE_MROPE)
+    if mrope:
+        _require(a.ne[2] * 4 == b.ne[0], "rope", "mrope expects 4 positions per token", a, b)
+    else:
+        _require(a.ne[2] == b.ne[0], "rope", "need one position per token: a.ne[2] == b.ne[0]", a, b)
+    if c is not None:
+        _require(c.type == C.GGML_TYPE_F32, "rope", "freq factors c must be F32", c)
+        _require(c.ne[0] >= n_dims // 2, "rope", "freq factors c must hold n_dims/2 values", c)
+    r = _unary_like(ctx, a, inplace)
+    secs = list(sections) if (mrope and sections) else [0, 0, 0, 0]
+    params = struct.pack("<5i6f4i", 0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                         beta_fast, beta_slow, *secs)
+    set_op_params(r, params)
+    r.op = C.GGML_OP_ROPE
+    r.src[0], r.src[1], r.src[2] = a, b, c
+    return r
+
+
+def rope_ext(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
+             beta_slow):
+    return _rope_impl(ctx, a, b, c, n_dims, None, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                      beta_fast, beta_slow, False)
+
+
+def rope_ext_inplace(ctx, a, b, c, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                     beta_fast, beta_slow):
+    return _rope_impl(ctx, a, b, c, n_dims, None, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                      beta_fast, beta_slow, True)
+
+
+def rope(ctx, a, b, n_dims, mode):
+    return _rope_impl(ctx, a, b, None, n_dims, None, mode, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0, False)
+
+
+# ---------------------------------------------------------------- activations
+
+def _unary(ctx, a, uop, inplace):
+    _require(is_contiguous_rows(a), "unary", "a must have contiguous rows", a)
+    r = _unary_like(ctx, a, inplace)
+    set_op_params_i32(r, 0, uop)
+    r.op, r.src[0] = C.GGML_OP_UNARY, a
+    return r
+
+
+def unary(ctx, a, op):
+    return _unary(ctx, a, op, False)
+
+
+def unary_inplace(ctx, a, op):
+    return _unary(ctx, a, op, True)
+
+
+def silu(ctx, a):
+    return _unary(ctx, a, C.GGML_UNARY_OP_SILU, False)
+
+
+def silu_inplace(ctx, a):
+    return _unary(ctx, a, C.GGML_UNARY_OP_SILU, True)
+
+
+def gelu(ctx, a):
+    return _unary(ctx, a, C.GGML_UNARY_OP_GELU, False)
+
+
+def gelu_inplace(ctx, a):
+    return _unary(ctx, a, C.GGML_UNARY_OP_GELU, True)
+
+
+def relu(ctx, a):
+    return _unary(ctx, a, C.GGML_UNARY_OP_RELU, False)
+
+
+def relu_inplace(ctx, a):
+    return _unary(ctx, a, C.GGML_UNARY_OP_RELU, True)
+
+
+def _glu(ctx, a, b, gop, swapped):
+    _require(is_contiguous_1(a), "glu", "a must be contiguous in dims >= 1", a)
+    if b is not None:
+        _require(is_contiguous_1(b), "glu", "b must be contiguous in dims >= 1", b)
+        _require(are_same_shape(a, b), "glu", "a and b must have the same shape", a, b)
+        _require(a.type == b.type, "glu", "a and b must have the same type", a, b)
+    ne = a.shape if b is not None else (int(a.ne[0]) // 2,) + a.shape[1:]
+    r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, ne, None, 0)
+    set_op_params_i32(r, 0, gop)
+    set_op_params_i32(r, 1, int(swapped))
+    r.op = C.GGML_OP_GLU
+    r.src[0], r.src[1] = a, b
+    return r
+
+
+def glu(ctx, a, op, swapped):
+    return _glu(ctx, a, None, op, swapped)
+
+
+def glu_split(ctx, a, b, op):
+    return _glu(ctx, a, b, op, False)
+
+
+def swiglu(ctx, a):
+    return _glu(ctx, a, None, C.GGML_GLU_OP_SWIGLU, False)
+
+
+def swiglu_swapped(ctx, a):
+    return _glu(ctx, a, None, C.GGML_GLU_OP_SWIGLU, True)
+
+
+def swiglu_split(ctx, a, b):
+    return _glu(ctx, a, b, C.GGML_GLU_OP_SWIGLU, False)
+
+
+def geglu(ctx, a):
+    return _glu(ctx, a, None, C.GGML_GLU_OP_GEGLU, False)
+
+
+def geglu_split(ctx, a, b):
+    return _glu(ctx, a, b, C.GGML_GLU_OP_GEGLU, False)

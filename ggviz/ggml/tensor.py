@@ -1,0 +1,477 @@
+"""struct ggml_tensor and struct ggml_object, byte for byte, plus ggml.c's tensor queries.
+
+Mirrors (ggml.h / ggml.c): ``struct ggml_tensor`` (336 bytes), ``struct ggml_object`` (32 bytes), ``ggml_nbytes``,
+``ggml_nbytes_pad``, ``ggml_row_size``, ``ggml_nelements``, ``ggml_nrows``, ``ggml_type_size``, ``ggml_blck_size``,
+``ggml_type_name``, ``ggml_op_name``, ``ggml_op_desc``, ``ggml_is_contiguous*``, ``ggml_is_transposed``,
+``ggml_is_permuted``, ``ggml_are_same_shape``, ``ggml_can_repeat`` ... and ``ggml_get_data``.
+
+A ``Tensor`` is a *handle* on 336 bytes inside a context's arena. Every field lives in those bytes (written in the
+layout gcc gives the C struct on x86-64), so a hexdump of the arena decodes like gdb's ``p *t``. Pointers (``src``,
+``view_src``, ``data``) are stored as real addresses of ggviz's NumPy buffers; ``memory.resolve`` and the registry
+below turn them back into objects.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from . import consts as C
+from . import memory
+
+# ---- struct ggml_object { size_t offs; size_t size; struct ggml_object * next; enum ggml_object_type type; char padding[4]; }
+OBJECT_DTYPE = np.dtype({"names": ["offs", "size", "next", "type", "padding"],
+                         "formats": ["<u8", "<u8", "<u8", "<i4", "V4"],
+                         "offsets": [0, 8, 16, 24, 28], "itemsize": C.GGML_OBJECT_SIZE})
+
+# ---- struct ggml_tensor (see ggml.h): field -> byte offset, as the C compiler lays it out on LP64
+TENSOR_DTYPE = np.dtype({
+    "names": ["type", "buffer", "ne", "nb", "op", "op_params", "flags", "src", "view_src", "view_offs", "data",
+              "name", "extra", "padding"],
+    "formats": ["<i4", "<u8", ("<i8", 4), ("<u8", 4), "<i4", ("<i4", 16), "<i4", ("<u8", 10), "<u8", "<u8", "<u8",
+                "S64", "<u8", "V8"],
+    "offsets": [0, 8, 16, 48, 80, 84, 148, 152, 232, 240, 248, 256, 320, 328],
+    "itemsize": C.GGML_TENSOR_SIZE,
+})
+assert TENSOR_DTYPE.itemsize == 336
+
+# word indices into the struct viewed as int32 (w) / uint64 (q)
+_W_TYPE, _Q_BUFFER, _W_OP, _W_FLAGS = 0, 1, 20, 37
+_Q_SRC, _Q_VIEW_SRC, _Q_VIEW_OFFS, _Q_DATA, _Q_EXTRA = 19, 29, 30, 31, 40
+
+# address -> Tensor: ggml hands out pointers, ggviz needs the object behind them. Weak, so that a context nobody
+# references any more (its tensors included) is collected and its arena released, as ggml_free would.
+_registry: "weakref.WeakValueDictionary[int, Tensor]" = weakref.WeakValueDictionary()
+
+
+def tensor_at(addr: int):
+    """The Tensor whose struct starts at ``addr`` (None for NULL)."""
+    if not addr:
+        return None
+    t = _registry.get(int(addr))
+    if t is None:
+        raise ValueError(f"no ggml_tensor at address 0x{int(addr):x}")
+    return t
+
+
+class _SrcArray:
+    """``tensor->src[i]``: reads and writes the pointer array inside the struct."""
+    __slots__ = ("_q",)
+
+    def __init__(self, q):
+        self._q = q
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [tensor_at(a) for a in self._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC][i]]
+        if not -C.GGML_MAX_SRC <= i < C.GGML_MAX_SRC:
+            raise IndexError(f"src index {i} out of range (GGML_MAX_SRC = {C.GGML_MAX_SRC})")
+        return tensor_at(self._q[_Q_SRC + (i % C.GGML_MAX_SRC)])
+
+    def __setitem__(self, i, t):
+        self._q[_Q_SRC + (i % C.GGML_MAX_SRC)] = 0 if t is None else t.addr
+
+    def __len__(self):
+        return C.GGML_MAX_SRC
+
+    def __iter__(self):
+        return (tensor_at(a) for a in self._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC])
+
+    def __repr__(self):
+        return repr([s.name if s is not None else None for s in self])
+
+
+class Tensor:
+    """Handle on a ``struct ggml_tensor`` living in an arena. Attribute names are the C field names."""
+    __slots__ = ("addr", "raw", "_w", "_q", "ne", "nb", "op_params", "ctx", "py_extra", "__weakref__")
+
+    def __init__(self, raw: np.ndarray, ctx=None):
+        self.raw = raw                      # the 336 struct bytes (a view into the arena)
+        self.addr = raw.ctypes.data
+        self._w = raw.view(np.int32)
+        self._q = raw.view(np.uint64)
+        # ne/nb/op_params are live views: `t.ne[1] = 3` writes the struct, exactly like `t->ne[1] = 3`
+        self.ne = raw[16:48].view(np.int64)
+        self.nb = raw[48:80].view(np.int64)   # size_t in C; int64 here so stride arithmetic stays signed
+        self.op_params = raw[84:148].view(np.int32)
+        self.ctx = ctx
+        self.py_extra = None                # Python-side annotations (backend, trace ids); not part of the struct
+        _registry[self.addr] = self
+
+    # -- scalar fields
+    type = property(lambda s: int(s._w[_W_TYPE]), lambda s, v: s._w.__setitem__(_W_TYPE, v))
+    op = property(lambda s: int(s._w[_W_OP]), lambda s, v: s._w.__setitem__(_W_OP, v))
+    flags = property(lambda s: int(s._w[_W_FLAGS]), lambda s, v: s._w.__setitem__(_W_FLAGS, v))
+    view_offs = property(lambda s: int(s._q[_Q_VIEW_OFFS]), lambda s, v: s._q.__setitem__(_Q_VIEW_OFFS, v))
+    data = property(lambda s: int(s._q[_Q_DATA]), lambda s, v: s._q.__setitem__(_Q_DATA, 0 if v is None else v))
+    buffer = property(lambda s: int(s._q[_Q_BUFFER]), lambda s, v: s._q.__setitem__(_Q_BUFFER, 0 if v is None else v))
+    extra = property(lambda s: int(s._q[_Q_EXTRA]), lambda s, v: s._q.__setitem__(_Q_EXTRA, 0 if v is None else v))
+
+    @property
+    def view_src(self):
+        return tensor_at(self._q[_Q_VIEW_SRC])
+
+    @view_src.setter
+    def view_src(self, t):
+        self._q[_Q_VIEW_SRC] = 0 if t is None else t.addr
+
+    @property
+    def src(self):
+        return _SrcArray(self._q)
+
+    @property
+    def name(self) -> str:
+        b = self.raw[256:320].tobytes()
+        return b[:b.index(b"\0")].decode("utf-8", "replace") if b"\0" in b else b.decode("utf-8", "replace")
+
+    @name.setter
+    def name(self, value: str):
+        # char name[GGML_MAX_NAME]: at most 63 bytes plus the terminating NUL, like ggml_set_name's copy loop (and
+        # vsnprintf in ggml_format_name). The bytes after the NUL are left alone, as in C: renaming to a shorter
+        # name keeps the tail of the old one in the struct.
+        b = value.encode("utf-8")[:C.GGML_MAX_NAME - 1]
+        self.raw[256:256 + len(b)] = np.frombuffer(b, dtype=np.uint8)
+        self.raw[256 + len(b)] = 0
+
+    # -- conveniences (not C fields)
+    @property
+    def shape(self) -> tuple:
+        """ne as a tuple of Python ints (ne0, ne1, ne2, ne3)."""
+        return tuple(int(x) for x in self.ne)
+
+    @property
+    def strides(self) -> tuple:
+        return tuple(int(x) for x in self.nb)
+
+    def struct(self) -> dict:
+        """The struct decoded from its bytes, like gdb's ``p *t``."""
+        rec = self.raw.view(TENSOR_DTYPE)[0]
+        return {
+            "type": int(rec["type"]), "buffer": int(rec["buffer"]), "ne": [int(x) for x in rec["ne"]],
+            "nb": [int(x) for x in rec["nb"]], "op": int(rec["op"]), "op_params": [int(x) for x in rec["op_params"]],
+            "flags": int(rec["flags"]), "src": [int(x) for x in rec["src"]], "view_src": int(rec["view_src"]),
+            "view_offs": int(rec["view_offs"]), "data": int(rec["data"]), "name": self.name,
+            "extra": int(rec["extra"]),
+        }
+
+    def __repr__(self):
+        return (f"<ggml_tensor {self.name!r} {type_name(self.type)} ne={list(self.shape)} "
+                f"op={op_desc(self)} @0x{self.addr:x}>")
+
+    def __eq__(self, other):
+        return isinstance(other, Tensor) and other.addr == self.addr
+
+    def __hash__(self):
+        return self.addr
+
+
+def forget(t: Tensor) -> None:
+    """Drop a tensor from the address registry (its context was freed)."""
+    if _registry.get(t.addr) is t:
+        _registry.pop(t.addr, None)
+
+
+# ---------------------------------------------------------------- type traits (ggml.c: type_traits[])
+
+def _traits(type_):
+    tr = C.TYPE_TRAITS.get(int(type_))
+    if tr is None or tr[2] == 0:
+        raise ValueError(f"ggml type {type_} is not a supported ggml_type")
+    return tr
+
+
+def type_name(type_) -> str:
+    tr = C.TYPE_TRAITS.get(int(type_))
+    return tr[0] if tr else "NONE"
+
+
+def blck_size(type_) -> int:
+    return _traits(type_)[1]
+
+
+def type_size(type_) -> int:
+    return _traits(type_)[2]
+
+
+def is_quantized(type_) -> bool:
+    return _traits(type_)[3]
+
+
+def type_sizef(type_) -> float:
+    return type_size(type_) / blck_size(type_)
+
+
+def row_size(type_, ne: int) -> int:
+    bs = blck_size(type_)
+    if ne % bs != 0:
+        raise ValueError(f"row of {ne} elements is not a multiple of {type_name(type_)}'s block size {bs}")
+    return type_size(type_) * ne // bs
+
+
+def op_name(op: int) -> str:
+    return C.OP_NAMES[op]
+
+
+def op_symbol(op: int) -> str:
+    return C.OP_SYMBOLS[op]
+
+
+def unary_op_name(op: int) -> str:
+    return C.UNARY_OP_NAMES[op]
+
+
+def glu_op_name(op: int) -> str:
+    return C.GLU_OP_NAMES[op]
+
+
+def get_op_params_i32(t: Tensor, i: int) -> int:
+    return int(t.op_params[i])
+
+
+def get_op_params_f32(t: Tensor, i: int) -> float:
+    return float(t.op_params[i:i + 1].view(np.float32)[0])
+
+
+def set_op_params_i32(t: Tensor, i: int, v: int) -> None:
+    t.op_params[i] = v
+
+
+def set_op_params_f32(t: Tensor, i: int, v: float) -> None:
+    t.op_params[i:i + 1].view(np.float32)[0] = v
+
+
+def set_op_params(t: Tensor, values: bytes) -> None:
+    """ggml_set_op_params: memcpy of up to GGML_MAX_OP_PARAMS bytes."""
+    if len(values) > C.GGML_MAX_OP_PARAMS:
+        raise ValueError(f"op params of {len(values)} bytes exceed GGML_MAX_OP_PARAMS ({C.GGML_MAX_OP_PARAMS})")
+    t.raw[84:84 + len(values)] = np.frombuffer(values, dtype=np.uint8)
+
+
+def get_unary_op(t: Tensor) -> int:
+    return int(t.op_params[0])
+
+
+def get_glu_op(t: Tensor) -> int:
+    return int(t.op_params[0])
+
+
+def op_desc(t: Tensor) -> str:
+    if t.op == C.GGML_OP_UNARY:
+        return unary_op_name(get_unary_op(t))
+    if t.op == C.GGML_OP_GLU:
+        return glu_op_name(get_glu_op(t))
+    return op_name(t.op)
+
+
+# ---------------------------------------------------------------- shape queries (ggml.c)
+
+def nelements(t: Tensor) -> int:
+    ne = t.ne
+    return int(ne[0] * ne[1] * ne[2] * ne[3])
+
+
+def nrows(t: Tensor) -> int:
+    ne = t.ne
+    return int(ne[1] * ne[2] * ne[3])
+
+
+def nbytes(t: Tensor) -> int:
+    ne, nb = t.shape, t.strides
+    if any(x <= 0 for x in ne):
+        return 0
+    bs = blck_size(t.type)
+    if bs == 1:
+        n = type_size(t.type)
+        for i in range(4):
+            n += (ne[i] - 1) * nb[i]
+    else:
+        n = ne[0] * nb[0] // bs
+        for i in range(1, 4):
+            n += (ne[i] - 1) * nb[i]
+    return n
+
+
+def GGML_PAD(x: int, n: int) -> int:
+    return (x + n - 1) & ~(n - 1)
+
+
+def nbytes_pad(t: Tensor) -> int:
+    return GGML_PAD(nbytes(t), C.GGML_MEM_ALIGN)
+
+
+def element_size(t: Tensor) -> int:
+    return type_size(t.type)
+
+
+def is_scalar(t):
+    ne = t.ne
+    return ne[0] == 1 and ne[1] == 1 and ne[2] == 1 and ne[3] == 1
+
+
+def is_vector(t):
+    ne = t.ne
+    return ne[1] == 1 and ne[2] == 1 and ne[3] == 1
+
+
+def is_matrix(t):
+    return t.ne[2] == 1 and t.ne[3] == 1
+
+
+def is_3d(t):
+    return t.ne[3] == 1
+
+
+def n_dims(t) -> int:
+    for i in range(3, 0, -1):
+        if t.ne[i] > 1:
+            return i + 1
+    return 1
+
+
+def is_empty(t) -> bool:
+    return any(int(x) == 0 for x in t.ne)
+
+
+def is_transposed(t) -> bool:
+    return t.nb[0] > t.nb[1]
+
+
+def is_permuted(t) -> bool:
+    nb = t.nb
+    return nb[0] > nb[1] or nb[1] > nb[2] or nb[2] > nb[3]
+
+
+def _is_contiguous_m_n(t, m: int, n: int) -> bool:
+    ne, nb = t.shape, t.strides
+    ts, bs = type_size(t.type), blck_size(t.type)
+    next_nb = ts
+    if ne[0] != bs and nb[0] != next_nb:
+        return False
+    next_nb *= ne[0] // bs
+    for i in range(1, n):
+        if i > m:
+            if ne[i] != 1 and nb[i] != next_nb:
+                return False
+            next_nb *= ne[i]
+        else:
+            # this dimension does not need to be contiguous
+            next_nb = ne[i] * nb[i]
+    return True
+
+
+def is_contiguous(t) -> bool:
+    return _is_contiguous_m_n(t, 0, C.GGML_MAX_DIMS)
+
+
+is_contiguous_0 = is_contiguous
+
+
+def is_contiguous_1(t) -> bool:
+    return _is_contiguous_m_n(t, 1, C.GGML_MAX_DIMS)
+
+
+def is_contiguous_2(t) -> bool:
+    return _is_contiguous_m_n(t, 2, C.GGML_MAX_DIMS)
+
+
+def is_contiguous_rows(t) -> bool:
+    return t.ne[0] == blck_size(t.type) or t.nb[0] == type_size(t.type)
+
+
+def is_contiguously_allocated(t) -> bool:
+    return nbytes(t) == nelements(t) * type_size(t.type) // blck_size(t.type)
+
+
+def is_padded_1d(t) -> bool:
+    ne, nb = t.ne, t.nb
+    return nb[0] == type_size(t.type) and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
+
+
+def are_same_shape(a, b) -> bool:
+    return a.shape == b.shape
+
+
+def are_same_stride(a, b) -> bool:
+    return a.strides == b.strides
+
+
+def is_view(t) -> bool:
+    # ggml_impl_is_view: a view is anything that has a view_src
+    return t.view_src is not None
+
+
+def can_repeat(t0, t1) -> bool:
+    if is_empty(t0):
+        return is_empty(t1)
+    a, b = t0.shape, t1.shape
+    return all(b[i] % a[i] == 0 for i in range(4))
+
+
+def can_repeat_rows(t0, t1) -> bool:
+    return t0.ne[0] == t1.ne[0] and can_repeat(t0, t1)
+
+
+def can_mul_mat(t0, t1) -> bool:
+    return t0.ne[0] == t1.ne[0] and t1.ne[2] % t0.ne[2] == 0 and t1.ne[3] % t0.ne[3] == 0
+
+
+def can_out_prod(t0, t1) -> bool:
+    return t0.ne[1] == t1.ne[1] and t1.ne[2] % t0.ne[2] == 0 and t1.ne[3] % t0.ne[3] == 0
+
+
+# ---------------------------------------------------------------- data access
+
+# element types NumPy can show directly; BF16 is shown as its raw uint16 bits (ggml_bf16_t is a struct of uint16)
+NP_DTYPES = {
+    C.GGML_TYPE_F32: np.float32, C.GGML_TYPE_F16: np.float16, C.GGML_TYPE_BF16: np.uint16,
+    C.GGML_TYPE_I8: np.int8, C.GGML_TYPE_I16: np.int16, C.GGML_TYPE_I32: np.int32,
+    C.GGML_TYPE_I64: np.int64, C.GGML_TYPE_F64: np.float64,
+}
+
+
+def get_data(t: Tensor) -> np.ndarray:
+    """ggml_get_data as a zero-copy NumPy view of the tensor's bytes.
+
+    Element types come back typed with shape (ne3, ne2, ne1, ne0) and byte strides (nb3, nb2, nb1, nb0), so views,
+    permutes and transposes show exactly the bytes they share with their source. Quantized types come back as raw
+    block bytes with shape (ne3, ne2, ne1, row_bytes). Raises if the tensor has no data yet (a ``no_alloc`` tensor
+    before allocation).
+    """
+    if not t.data:
+        raise ValueError(f"tensor {t.name!r} has no data (data == NULL: no_alloc context, not allocated yet)")
+    ne, nb = t.shape, t.strides
+    n = nbytes(t)
+    arr, off, _ = memory.resolve(t.data, n)
+    dt = NP_DTYPES.get(t.type)
+    if dt is not None:
+        return np.ndarray(shape=ne[::-1], dtype=dt, buffer=arr, offset=off, strides=nb[::-1])
+    rb = row_size(t.type, ne[0])
+    return np.ndarray(shape=(ne[3], ne[2], ne[1], rb), dtype=np.uint8, buffer=arr, offset=off,
+                      strides=(nb[3], nb[2], nb[1], 1))
+
+
+def get_data_f32(t: Tensor) -> np.ndarray:
+    """Values as float32 (a copy): element types converted, quantized types dequantized (ggml's to_float)."""
+    if t.type in NP_DTYPES:
+        v = get_data(t)
+        if t.type == C.GGML_TYPE_BF16:
+            return (v.astype(np.uint32) << 16).view(np.float32)
+        return v.astype(np.float32)
+    from . import quants
+    return quants.dequantize_row(t.type, np.ascontiguousarray(get_data(t)))
+
+
+def set_data(t: Tensor, values) -> None:
+    """Write values into the tensor (convenience for notebooks/tests; ggml code writes through get_data)."""
+    dst = get_data(t)
+    v = np.asarray(values)
+    if t.type in NP_DTYPES:
+        if t.type == C.GGML_TYPE_BF16 and v.dtype != np.uint16:
+            from . import quants
+            v = quants.fp32_to_bf16(np.asarray(v, dtype=np.float32))
+        dst[...] = v.reshape(dst.shape) if v.size == dst.size else v
+    else:
+        if v.dtype != np.uint8:
+            from . import quants
+            v = quants.quantize_row_ref(t.type, np.asarray(v, dtype=np.float32).reshape(dst.shape[:3] + (-1,)))
+        dst[...] = v.reshape(dst.shape)

@@ -1,0 +1,808 @@
+"""llama.cpp's tokenizer for byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``), in Python.
+
+This mirrors ``src/llama-vocab.cpp`` and ``src/unicode.cpp`` of llama.cpp for the vocabularies ggviz runs
+(SmolLM2: pre-tokenizer ``smollm``; the plain ``gpt-2`` family uses the same machinery):
+
+``tokenize(text, add_special, parse_special)`` = ``llama_tokenize``:
+
+1. **special-token partition** (``tokenizer_st_partition``): the raw text is cut around every occurrence of a
+   special token (attribute CONTROL, USER_DEFINED or UNKNOWN), longest token text first.  With
+   ``parse_special=False`` only USER_DEFINED tokens are cut out; ``"<|im_start|>"`` then stays plain text.
+2. **pre-tokenization** (``unicode_regex_split``) of each text fragment into *words*.  For ``smollm`` two
+   regexes run one after the other: ``\\p{N}`` (every digit becomes its own piece) and then GPT-2's
+   ``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)``, which llama.cpp runs with a
+   hand-written matcher (``unicode_regex_split_custom_gpt2``) reproduced here step by step.
+3. **byte-level encoding**: each word's UTF-8 bytes are mapped to printable code points (GPT-2's
+   ``bytes_to_unicode``: a space becomes ``Ġ``, a newline ``Ċ``).
+4. **BPE** (``llm_tokenizer_bpe_session``): the word starts as one symbol per code point; a priority queue
+   repeatedly merges the adjacent pair with the lowest merge rank (ties: leftmost), until no pair is in
+   ``tokenizer.ggml.merges``.  Every final symbol is looked up in the vocabulary.
+5. BOS/EOS are added when ``add_special`` and the GGUF flags ``tokenizer.ggml.add_bos_token`` /
+   ``add_eos_token`` ask for them (SmolLM2: neither).
+
+``token_to_piece`` / ``detokenize`` invert this (``llama_token_to_piece`` / ``llama_detokenize``).
+
+Character classes (letter / number / whitespace) come from Python's ``unicodedata``; llama.cpp compiles the same
+classes from (a possibly newer version of) the Unicode database, so code points assigned only in a newer Unicode
+version than Python's may be classified differently.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import heapq
+import os
+import unicodedata
+from typing import Iterable, Sequence
+
+__all__ = [
+    "TokenType", "TokenAttr", "Vocab", "BpeMerge", "PreToken",
+    "BYTE_TO_UNICODE", "UNICODE_TO_BYTE", "byte_encode", "byte_decode", "cpts_from_utf8",
+    "read_tokenizer_kv",
+]
+
+TOKEN_NULL = -1  # LLAMA_TOKEN_NULL
+
+
+class TokenType(enum.IntEnum):
+    """Values of the GGUF array ``tokenizer.ggml.token_type`` (``enum llama_token_type``)."""
+    UNDEFINED = 0
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+class TokenAttr(enum.IntFlag):
+    """Per-token attribute bits (``enum llama_token_attr``)."""
+    UNDEFINED = 0
+    UNKNOWN = 1 << 0
+    UNUSED = 1 << 1
+    NORMAL = 1 << 2
+    CONTROL = 1 << 3
+    USER_DEFINED = 1 << 4
+    BYTE = 1 << 5
+    NORMALIZED = 1 << 6
+    LSTRIP = 1 << 7
+    RSTRIP = 1 << 8
+    SINGLE_WORD = 1 << 9
+
+
+_TYPE_TO_ATTR = {
+    TokenType.UNKNOWN: TokenAttr.UNKNOWN,
+    TokenType.UNUSED: TokenAttr.UNUSED,
+    TokenType.NORMAL: TokenAttr.NORMAL,
+    TokenType.CONTROL: TokenAttr.CONTROL,
+    TokenType.USER_DEFINED: TokenAttr.USER_DEFINED,
+    TokenType.BYTE: TokenAttr.BYTE,
+    TokenType.UNDEFINED: TokenAttr.UNDEFINED,
+}
+
+# --------------------------------------------------------------------------------------------------------------
+# byte <-> unicode mapping (unicode_byte_to_utf8_map): printable Latin-1 bytes map to themselves, the other 68
+# bytes (controls, space, DEL, NBSP, soft hyphen, ...) to U+0100.. in byte order.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _build_byte_map() -> dict[int, str]:
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(0x100 + extra)
+            extra += 1
+    return mapping
+
+
+BYTE_TO_UNICODE: dict[int, str] = _build_byte_map()
+UNICODE_TO_BYTE: dict[str, int] = {c: b for b, c in BYTE_TO_UNICODE.items()}
+_BYTE_TABLE = [BYTE_TO_UNICODE[b] for b in range(256)]
+
+
+def byte_encode(word: str) -> str:
+    """GPT-2 byte-level encoding of a word: its UTF-8 bytes as printable code points (``" a"`` -> ``"Ġa"``)."""
+    return "".join([_BYTE_TABLE[b] for b in word.encode("utf-8", "surrogatepass")])
+
+
+def byte_decode(text: str) -> bytes:
+    """Inverse of :func:`byte_encode` as llama.cpp's ``llama_decode_text`` does it (unknown code points are
+    rendered as ``[UNK_BYTE_0x..<text>]``)."""
+    out = bytearray()
+    for ch in text:
+        b = UNICODE_TO_BYTE.get(ch)
+        if b is not None:
+            out.append(b)
+        else:
+            raw = ch.encode("utf-8", "surrogatepass")
+            out += b"[UNK_BYTE_0x" + raw.hex().encode() + text.encode("utf-8", "surrogatepass") + b"]"
+    return bytes(out)
+
+
+def cpts_from_utf8(data: bytes) -> str:
+    """Decode UTF-8 the lenient way llama.cpp does (``unicode_cpts_from_utf8``): a byte that does not start a
+    complete sequence becomes U+FFFD and decoding resumes at the next byte."""
+    out = []
+    i, n = 0, len(data)
+    while i < n:
+        b0 = data[i]
+        if b0 < 0x80:
+            out.append(chr(b0)); i += 1; continue
+        if b0 & 0x40 == 0:                   # stray continuation byte
+            out.append("\ufffd"); i += 1; continue
+        if b0 & 0x20 == 0:
+            need, cp = 1, b0 & 0x1F
+        elif b0 & 0x10 == 0:
+            need, cp = 2, b0 & 0x0F
+        elif b0 & 0x08 == 0:
+            need, cp = 3, b0 & 0x07
+        else:
+            out.append("\ufffd"); i += 1; continue
+        if i + need >= n:                    # truncated sequence
+            out.append("\ufffd"); i += 1; continue
+        ok = all(data[i + k] & 0xC0 == 0x80 for k in range(1, need + 1))
+        if not ok:
+            out.append("\ufffd"); i += 1; continue
+        for k in range(1, need + 1):
+            cp = (cp << 6) | (data[i + k] & 0x3F)
+        out.append(chr(cp) if cp <= 0x10FFFF else "\ufffd")
+        i += need + 1
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# code point classes (unicode_cpt_flags: is_letter = \p{L}, is_number = \p{N}, is_whitespace = \s)
+# --------------------------------------------------------------------------------------------------------------
+
+_LETTER, _NUMBER, _WS, _OTHER = 1, 2, 4, 8
+# the White_Space code points (unicode_set_whitespace)
+_WHITESPACE = frozenset(map(chr, [0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+                                  0x2028, 0x2029, 0x202F, 0x205F, 0x3000]))
+_CLASS_CACHE: dict[str, int] = {}
+
+
+def _char_class(ch: str) -> int:
+    c = _CLASS_CACHE.get(ch)
+    if c is None:
+        if ch in _WHITESPACE:
+            c = _WS
+        else:
+            cat = unicodedata.category(ch)[0]
+            c = _LETTER if cat == "L" else _NUMBER if cat == "N" else _OTHER
+        _CLASS_CACHE[ch] = c
+    return c
+
+
+for _i in range(128):
+    _char_class(chr(_i))
+
+
+def _split_digits(text: str) -> list[str]:
+    """The ``\\p{N}`` regex pass: every number code point is a piece of its own; the text between stays whole."""
+    pieces: list[str] = []
+    start = 0
+    for i, ch in enumerate(text):
+        if _char_class(ch) == _NUMBER:
+            if i > start:
+                pieces.append(text[start:i])
+            pieces.append(ch)
+            start = i + 1
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+def _split_gpt2(piece: str) -> list[str]:
+    """GPT-2's pre-tokenizer regex exactly as llama.cpp's ``unicode_regex_split_custom_gpt2`` matches it.
+
+    Positions outside ``piece`` have no class (0): a match never extends past the piece it started in."""
+    n = len(piece)
+    if n == 0:
+        return []
+    cls = [_char_class(ch) for ch in piece]
+    cls.append(0)  # OUT_OF_RANGE sentinel
+    words: list[str] = []
+    pos = 0
+    while pos < n:
+        start = pos
+        ch = piece[pos]
+        # 's|'t|'re|'ve|'m|'ll|'d
+        if ch == "'" and pos + 1 < n:
+            c1 = piece[pos + 1]
+            if c1 in "stmd":
+                words.append(piece[pos:pos + 2]); pos += 2; continue
+            if pos + 2 < n and c1 + piece[pos + 2] in ("re", "ve", "ll"):
+                words.append(piece[pos:pos + 3]); pos += 3; continue
+        f2 = cls[pos + 1] if ch == " " else cls[pos]
+        if f2 == _LETTER or f2 == _NUMBER:          # <space>?\p{L}+  and  <space>?\p{N}+
+            if ch == " ":
+                pos += 1
+            while cls[pos] == f2:
+                pos += 1
+            words.append(piece[start:pos]); continue
+        if f2 == _OTHER:                             # <space>?[^\s\p{L}\p{N}]+
+            if ch == " ":
+                pos += 1
+            while cls[pos] == _OTHER:
+                pos += 1
+            words.append(piece[start:pos]); continue
+        n_ws = 0
+        while cls[pos + n_ws] == _WS:
+            n_ws += 1
+        if n_ws > 1 and pos + n_ws < n:              # \s+(?!\S): leave the last space for the next word
+            pos += n_ws - 1
+        elif n_ws > 0:                               # \s+
+            pos += n_ws
+        else:                                        # no match: one code point
+            pos += 1
+        words.append(piece[start:pos])
+    return words
+
+
+# pre-tokenizer name -> (regex passes, clean_spaces); only the byte-level families ggviz supports
+_PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {}
+for _name in ("smollm", "command-r"):
+    _PRE_TOKENIZERS[_name] = (("digits", "gpt2"), False)
+for _name in ("starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"):
+    _PRE_TOKENIZERS[_name] = (("digits", "gpt2"), True)
+for _name in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
+              "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "exaone4"):
+    _PRE_TOKENIZERS[_name] = (("gpt2",), True)
+for _name in ("trillion", "granite-docling"):
+    _PRE_TOKENIZERS[_name] = (("gpt2",), False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# GGUF metadata
+# --------------------------------------------------------------------------------------------------------------
+
+
+def read_tokenizer_kv(path_or_reader) -> dict:
+    """The ``tokenizer.*`` (and ``general.name`` / ``general.architecture``) metadata of a GGUF file as a plain
+    dict of Python values, read with ``gguf.GGUFReader`` (pass a path, or a reader you already opened: opening
+    one parses the whole file's metadata, which takes seconds for a 49k-token vocabulary)."""
+    if isinstance(path_or_reader, (str, os.PathLike)):
+        import gguf
+
+        reader = gguf.GGUFReader(os.fspath(path_or_reader))
+    else:
+        reader = path_or_reader
+    kv = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.") or key in ("general.name", "general.architecture"):
+            if key == "tokenizer.chat_template":
+                continue
+            kv[key] = field.contents()
+    return kv
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the vocabulary
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BpeMerge:
+    """One BPE merge: symbols ``left`` + ``right`` (adjacent, at ``index`` / ``index + 1``) became ``merged``.
+
+    ``rank`` is the merge's line number in ``tokenizer.ggml.merges`` (lower = learnt earlier = merged first);
+    ``symbols`` is the word's symbol list after the merge."""
+    step: int
+    rank: int
+    left: str
+    right: str
+    merged: str
+    index: int
+    symbols: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PreToken:
+    """One unit of a tokenized text before BPE: a special token (``token`` set) or a pre-tokenized word
+    (``text`` = the raw word, ``encoded`` = its byte-level form, ``ids`` = its BPE tokens)."""
+    text: str
+    encoded: str | None
+    ids: tuple[int, ...]
+    special: bool
+
+
+class Vocab:
+    """A llama.cpp BPE vocabulary (``struct llama_vocab``) loaded from GGUF metadata."""
+
+    def __init__(self, *, model: str, pre: str, tokens: Sequence[str], token_types: Sequence[int] | None = None,
+                 scores: Sequence[float] | None = None, merges: Sequence[str] = (),
+                 bos_id: int | None = None, eos_id: int | None = None, unk_id: int | None = None,
+                 sep_id: int | None = None, pad_id: int | None = None, mask_id: int | None = None,
+                 eot_id: int | None = None, eom_id: int | None = None,
+                 add_bos: bool | None = None, add_eos: bool | None = None, add_sep: bool | None = None,
+                 add_space_prefix: bool | None = None, model_name: str = "", arch: str = ""):
+        if model != "gpt2":
+            raise NotImplementedError(f"tokenizer model {model!r}: only byte-level BPE ('gpt2') is implemented")
+        pre = pre or "default"
+        if pre not in _PRE_TOKENIZERS:
+            raise NotImplementedError(f"pre-tokenizer {pre!r} is not implemented (have: {sorted(_PRE_TOKENIZERS)})")
+        self.model = model
+        self.pre = pre
+        self.model_name = model_name
+        self.regex_passes, self.clean_spaces = _PRE_TOKENIZERS[pre]
+        self.add_space_prefix = False
+        self.escape_whitespaces = False
+        self.ignore_merges = False
+        self.add_bos = False
+        self.add_eos = False
+        self.add_sep = False
+        if add_space_prefix is not None:
+            self.add_space_prefix = bool(add_space_prefix)
+
+        # tokens, attributes
+        n = len(tokens)
+        self.tokens: list[str] = []
+        self.token_to_id: dict[str, int] = {}
+        for i, t in enumerate(tokens):
+            if t == "":
+                t = f"[EMPTY_{i}]"
+            if t in self.token_to_id:
+                raise ValueError(f"duplicate token in vocabulary: {t!r} has ids {self.token_to_id[t]} and {i}")
+            self.token_to_id[t] = i
+            self.tokens.append(t)
+        self.scores = [float(s) for s in scores] if scores is not None else [0.0] * n
+        self.token_types: list[TokenType] = []
+        self.attrs: list[TokenAttr] = []
+        for i in range(n):
+            if token_types is None:
+                tt = TokenType.NORMAL
+            else:
+                v = int(token_types[i])
+                tt = TokenType(v) if v in TokenType._value2member_map_ else TokenType.UNDEFINED
+            self.token_types.append(tt)
+            self.attrs.append(_TYPE_TO_ATTR[tt] if token_types is not None else TokenAttr.NORMAL)
+        self.max_token_len = max((len(t.encode("utf-8", "surrogatepass")) for t in self.tokens), default=0)
+
+        # merges: "a b" -> rank (split at the first space after the first byte, like word.find(' ', 1))
+        self.bpe_ranks: dict[tuple[str, str], int] = {}
+        for rank, m in enumerate(merges):
+            p = m.find(" ", 1)
+            pair = (m[:p], m[p + 1:]) if p >= 0 else ("", "")
+            self.bpe_ranks.setdefault(pair, rank)
+
+        # special token ids: BPE defaults, then the GGUF keys (ids out of range are ignored / disabled)
+        def _pick(default, given):
+            if default is not None and default >= n:
+                default = TOKEN_NULL
+            if given is None:
+                return default
+            return int(given) if 0 <= int(given) < n else default
+
+        self.bos_id = _pick(11, bos_id)
+        self.eos_id = _pick(11, eos_id)
+        self.unk_id = _pick(TOKEN_NULL, unk_id)
+        self.sep_id = _pick(TOKEN_NULL, sep_id)
+        self.pad_id = _pick(TOKEN_NULL, pad_id)
+        self.mask_id = _pick(TOKEN_NULL, mask_id)
+        self.eot_id = _pick(TOKEN_NULL, eot_id)
+        self.eom_id = _pick(TOKEN_NULL, eom_id)
+        self.fim_pre_id = self.fim_suf_id = self.fim_mid_id = TOKEN_NULL
+        self.fim_pad_id = self.fim_rep_id = self.fim_sep_id = TOKEN_NULL
+        if add_bos is not None:
+            self.add_bos = bool(add_bos)
+        if add_eos is not None:
+            self.add_eos = bool(add_eos)
+        if add_sep is not None:
+            self.add_sep = bool(add_sep)
+        for flag, tid, what in ((self.add_bos, self.bos_id, "bos"), (self.add_eos, self.eos_id, "eos"),
+                                (self.add_sep, self.sep_id, "sep")):
+            if flag and tid == TOKEN_NULL:
+                raise ValueError(f"add_{what}_token is true, but {what}_token_id is not set")
+
+        self._detect_special_tokens()
+
+        # special-token cache for the partition: CONTROL | USER_DEFINED | UNKNOWN, longest text first
+        special = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
+        self.special_tokens: list[int] = sorted((i for i in range(n) if self.attrs[i] & special),
+                                                key=lambda i: (-len(self.tokens[i].encode("utf-8", "surrogatepass")), i))
+        # token -> piece cache (llama_token_to_piece with special=true), built lazily
+        self._piece_cache: dict[int, bytes] = {}
+        self._bpe_cache: dict[str, tuple[int, ...]] = {}
+        # newline token: tokenize("\n") without specials
+        nl = self.tokenize("\n", add_special=False, parse_special=False)
+        self.nl_id = nl[0] if nl else self.pad_id
+
+    # ---------------------------------------------------------------------------------------------- loading
+
+    @classmethod
+    def from_gguf_kv(cls, kv: dict) -> "Vocab":
+        """Build from GGUF metadata given as ``{key: python value}`` (``tokenizer.ggml.*`` keys)."""
+        def get(key, default=None):
+            v = kv.get(key, default)
+            if hasattr(v, "tolist"):
+                v = v.tolist()
+            return v
+
+        p = "tokenizer.ggml."
+        return cls(model=get(p + "model"), pre=get(p + "pre", ""), tokens=get(p + "tokens"),
+                   token_types=get(p + "token_type"), scores=get(p + "scores"), merges=get(p + "merges", []) or [],
+                   bos_id=get(p + "bos_token_id"), eos_id=get(p + "eos_token_id"),
+                   unk_id=get(p + "unknown_token_id"), sep_id=get(p + "seperator_token_id"),
+                   pad_id=get(p + "padding_token_id"), mask_id=get(p + "mask_token_id"),
+                   eot_id=get(p + "eot_token_id"), eom_id=get(p + "eom_token_id"),
+                   add_bos=get(p + "add_bos_token"), add_eos=get(p + "add_eos_token"),
+                   add_sep=get(p + "add_sep_token"), add_space_prefix=get(p + "add_space_prefix"),
+                   model_name=get("general.name", "") or "", arch=get("general.architecture", "") or "")
+
+    @classmethod
+    def from_gguf(cls, path_or_reader) -> "Vocab":
+        """Load the tokenizer of a GGUF file (a path or an open ``gguf.GGUFReader``)."""
+        return cls.from_gguf_kv(read_tokenizer_kv(path_or_reader))
+
+    def _detect_special_tokens(self) -> None:
+        """llama.cpp's load-time heuristics: find EOT / FIM tokens by their text (marking them CONTROL) and build
+        the end-of-generation set.  (llama.cpp walks an unordered_map here; we walk in id order.)"""
+        def mark(tid):
+            if not self.attrs[tid] & TokenAttr.CONTROL:
+                self.attrs[tid] |= TokenAttr.CONTROL
+
+        candidates = {
+            "eot_id": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+                       "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"),
+            "eom_id": ("<|eom_id|>",),
+            "fim_pre_id": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                           "<|code_prefix|>", "<|prefix|>"),
+            "fim_suf_id": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                           "<|code_suffix|>", "<|suffix|>"),
+            "fim_mid_id": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                           "<|code_middle|>", "<|middle|>"),
+            "fim_pad_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+            "fim_rep_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+            "fim_sep_id": ("<|file_sep|>",),
+        }
+        for tid, text in enumerate(self.tokens):
+            for attr_name, texts in candidates.items():
+                if getattr(self, attr_name) == TOKEN_NULL and text in texts:
+                    setattr(self, attr_name, tid)
+                    mark(tid)
+        for tid, text in enumerate(self.tokens):   # control tokens named "unused..." are unused
+            if self.attrs[tid] & TokenAttr.CONTROL and "unused" in text:
+                self.attrs[tid] |= TokenAttr.UNUSED
+        eog = {t for t in (self.fim_pad_id, self.fim_rep_id, self.fim_sep_id) if t != TOKEN_NULL}
+        eog_texts = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                     "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+                     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+                     "<｜end▁of▁sentence｜>", "[e~["}
+        for tid, text in enumerate(self.tokens):
+            if text in eog_texts:
+                eog.add(tid)
+                mark(tid)
+            if text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
+                self.attrs[tid] = TokenAttr.USER_DEFINED
+        for t in (self.eos_id, self.eot_id, self.eom_id):
+            if t != TOKEN_NULL:
+                eog.add(t)
+        texts = {self.tokens[t]: t for t in eog}
+        if "<|end|>" in texts and (("<|return|>" in texts and ("<|call|>" in texts or "<|calls|>" in texts))
+                                   or ("<|flush|>" in texts and ("<|call|>" in texts or "<|calls|>" in texts))):
+            eog.discard(texts["<|end|>"])
+            self.attrs[texts["<|end|>"]] = TokenAttr.USER_DEFINED
+        if "<|tool_response>" in texts and "</s>" in texts:
+            eog.discard(texts["</s>"])
+            self.attrs[texts["</s>"]] = TokenAttr.NORMAL
+        self.eog_ids: frozenset[int] = frozenset(eog)
+
+    # ---------------------------------------------------------------------------------------------- queries
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def token_get_text(self, tid: int) -> str:
+        return self.tokens[tid]
+
+    def token_get_attr(self, tid: int) -> TokenAttr:
+        return self.attrs[tid]
+
+    def token_get_type(self, tid: int) -> TokenType:
+        return self.token_types[tid]
+
+    def is_normal(self, tid: int) -> bool:
+        return bool(self.attrs[tid] & TokenAttr.NORMAL)
+
+    def is_control(self, tid: int) -> bool:
+        return bool(self.attrs[tid] & TokenAttr.CONTROL)
+
+    def is_user_defined(self, tid: int) -> bool:
+        return bool(self.attrs[tid] & TokenAttr.USER_DEFINED)
+
+    def is_unknown(self, tid: int) -> bool:
+        return bool(self.attrs[tid] & TokenAttr.UNKNOWN)
+
+    def is_unused(self, tid: int) -> bool:
+        return bool(self.attrs[tid] & TokenAttr.UNUSED)
+
+    def is_byte(self, tid: int) -> bool:
+        return bool(self.attrs[tid] & TokenAttr.BYTE)
+
+    def is_eog(self, tid: int) -> bool:
+        return tid in self.eog_ids
+
+    def text_to_token(self, text: str) -> int:
+        """The id of a token given its (byte-encoded) text, or -1."""
+        return self.token_to_id.get(text, TOKEN_NULL)
+
+    def find_bpe_rank(self, left: str, right: str) -> int:
+        """Rank of the merge ``left right`` in ``tokenizer.ggml.merges``, or -1."""
+        return self.bpe_ranks.get((left, right), -1)
+
+    # ---------------------------------------------------------------------------------------------- tokenize
+
+    def partition_special(self, text: str | bytes, parse_special: bool) -> list[str | bytes | int]:
+        """``tokenizer_st_partition``: split ``text`` into raw-text fragments and special-token ids.
+
+        Special tokens are tried longest first; each one cuts every remaining text fragment at all of its
+        occurrences (left to right).  Without ``parse_special``, CONTROL and UNKNOWN tokens are not matched."""
+        is_bytes = isinstance(text, (bytes, bytearray))
+        frags: list[str | bytes | int] = [bytes(text) if is_bytes else text] if len(text) else []
+        for tid in self.special_tokens:
+            attr = self.attrs[tid]
+            if not parse_special and attr & (TokenAttr.CONTROL | TokenAttr.UNKNOWN):
+                continue
+            needle = self.tokens[tid]
+            if is_bytes:
+                needle = needle.encode("utf-8", "surrogatepass")
+            out: list[str | bytes | int] = []
+            for frag in frags:
+                if isinstance(frag, int) or needle not in frag:
+                    out.append(frag)
+                    continue
+                start, end = 0, len(frag)
+                while True:
+                    m = frag.find(needle, start, end)
+                    if m < 0:
+                        break
+                    left_end = m
+                    if attr & TokenAttr.LSTRIP:
+                        while left_end > start and _is_c_space(frag[left_end - 1]):
+                            left_end -= 1
+                    if left_end > start:
+                        out.append(frag[start:left_end])
+                    out.append(tid)
+                    start = m + len(needle)
+                    if attr & TokenAttr.RSTRIP:
+                        while start < end and _is_c_space(frag[start]):
+                            start += 1
+                    if start >= end:
+                        break
+                if start < end:
+                    out.append(frag[start:end])
+            frags = out
+        return frags
+
+    def pretokenize(self, text: str) -> list[str]:
+        """``unicode_regex_split`` without the byte encoding: the raw words of one text fragment."""
+        pieces = [text] if text else []
+        for kind in self.regex_passes:
+            split = _split_digits if kind == "digits" else _split_gpt2
+            pieces = [w for p in pieces for w in split(p)]
+        return pieces
+
+    def _bpe_symbols(self, encoded: str, trace: list | None = None) -> list[str]:
+        """Run the BPE merge loop of ``llm_tokenizer_bpe_session::tokenize`` on one byte-encoded word."""
+        if self.ignore_merges and encoded in self.token_to_id:
+            return [encoded]
+        text = list(encoded)                       # symbol texts ('' once merged away)
+        n = len(text)
+        nxt = list(range(1, n)) + [-1]
+        prv = list(range(-1, n - 1))
+        ranks = self.bpe_ranks
+        heap: list[tuple[int, int, int, str]] = []
+
+        def add_bigram(left: int, right: int) -> None:
+            if left == -1 or right == -1:
+                return
+            rank = ranks.get((text[left], text[right]))
+            if rank is not None:
+                heapq.heappush(heap, (rank, left, right, text[left] + text[right]))
+
+        for i in range(1, n):
+            add_bigram(i - 1, i)
+        step = 0
+        while heap:
+            rank, left, right, merged = heapq.heappop(heap)
+            lt, rt = text[left], text[right]
+            if not lt or not rt or lt + rt != merged:
+                continue                            # outdated bigram
+            text[left] = merged
+            text[right] = ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prv[nxt[right]] = left
+            if trace is not None:
+                step += 1
+                symbols = tuple(t for t in text if t)
+                index = sum(1 for t in text[:left] if t)
+                trace.append(BpeMerge(step, rank, lt, rt, merged, index, symbols))
+            add_bigram(prv[left], left)
+            add_bigram(left, nxt[left])
+        return [t for t in text if t]
+
+    def _symbols_to_ids(self, symbols: Iterable[str]) -> tuple[int, ...]:
+        ids: list[int] = []
+        for sym in symbols:
+            tid = self.token_to_id.get(sym)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            # not in the vocabulary: try each UTF-8 byte of the symbol as a one-byte token text
+            for b in sym.encode("utf-8", "surrogatepass"):
+                tid = self.token_to_id.get(bytes([b]).decode("utf-8", "surrogateescape"))
+                if tid is not None:
+                    ids.append(tid)
+        return tuple(ids)
+
+    def bpe(self, encoded: str) -> tuple[int, ...]:
+        """Token ids of one byte-encoded word (cached)."""
+        ids = self._bpe_cache.get(encoded)
+        if ids is None:
+            ids = self._symbols_to_ids(self._bpe_symbols(encoded))
+            if len(self._bpe_cache) > 200_000:
+                self._bpe_cache.clear()
+            self._bpe_cache[encoded] = ids
+        return ids
+
+    def bpe_trace(self, word: str, encoded: bool = False) -> list[BpeMerge]:
+        """The merges BPE performs on one pre-tokenized word, in order.
+
+        ``word`` is raw text (byte-encoded first) unless ``encoded``.  The starting symbols are the code points of
+        the byte-encoded word; ``trace[-1].symbols`` (or the start, when there is no merge) are the final tokens."""
+        enc = word if encoded else byte_encode(word)
+        trace: list[BpeMerge] = []
+        self._bpe_symbols(enc, trace)
+        return trace
+
+    def _fragment_text(self, frag: str | bytes) -> str:
+        return cpts_from_utf8(frag) if isinstance(frag, bytes) else frag
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """``llama_tokenize(vocab, text, ..., add_special, parse_special)``."""
+        out: list[int] = []
+        if add_special and self.add_bos:
+            out.append(self.bos_id)
+        for frag in self.partition_special(text, parse_special):
+            if isinstance(frag, int):
+                out.append(frag)
+                continue
+            for word in self.pretokenize(self._fragment_text(frag)):
+                out.extend(self.bpe(byte_encode(word)))
+        if add_special and self.add_eos:
+            out.append(self.eos_id)
+        return out
+
+    def tokenize_words(self, text: str | bytes, add_special: bool = True,
+                       parse_special: bool = False) -> list[PreToken]:
+        """Like :meth:`tokenize` but keeps the intermediate units (special tokens and pre-tokenized words with
+        their byte-level form and ids) for display; ``[i for u in units for i in u.ids] == tokenize(...)``."""
+        units: list[PreToken] = []
+        if add_special and self.add_bos:
+            units.append(PreToken(self.tokens[self.bos_id], None, (self.bos_id,), True))
+        for frag in self.partition_special(text, parse_special):
+            if isinstance(frag, int):
+                units.append(PreToken(self.tokens[frag], None, (frag,), True))
+                continue
+            for word in self.pretokenize(self._fragment_text(frag)):
+                enc = byte_encode(word)
+                units.append(PreToken(word, enc, self.bpe(enc), False))
+        if add_special and self.add_eos:
+            units.append(PreToken(self.tokens[self.eos_id], None, (self.eos_id,), True))
+        return units
+
+    # ---------------------------------------------------------------------------------------------- detokenize
+
+    def _piece(self, tid: int) -> bytes:
+        """``token_to_piece_for_cache(tid, special=true)``."""
+        p = self._piece_cache.get(tid)
+        if p is None:
+            attr = self.attrs[tid]
+            text = self.tokens[tid]
+            if attr & (TokenAttr.UNKNOWN | TokenAttr.CONTROL | TokenAttr.USER_DEFINED):
+                p = text.encode("utf-8", "surrogatepass")
+            elif attr & TokenAttr.NORMAL:
+                p = byte_decode(text)
+            elif attr & TokenAttr.BYTE:
+                p = bytes([int(text[3:5], 16)])
+            else:
+                p = b""
+            self._piece_cache[tid] = p
+        return p
+
+    def token_to_piece(self, tid: int, special: bool = True, lstrip: int = 0) -> bytes:
+        """``llama_token_to_piece``: the bytes a token stands for.  CONTROL/UNKNOWN tokens render as their text
+        only with ``special``; ``lstrip`` removes up to that many leading spaces."""
+        if not 0 <= tid < len(self.tokens):
+            raise IndexError(f"token id {tid} out of range [0, {len(self.tokens)})")
+        if not special and self.attrs[tid] & (TokenAttr.UNKNOWN | TokenAttr.CONTROL):
+            return b""
+        p = self._piece(tid)
+        i = 0
+        while i < lstrip and i < len(p) and p[i] == 0x20:
+            i += 1
+        return p[i:]
+
+    def detokenize_bytes(self, ids: Sequence[int], remove_special: bool = False,
+                         unparse_special: bool = False) -> bytes:
+        """``llama_detokenize``: concatenated pieces (+ llama.cpp's optional clean-up of spaces)."""
+        ids = list(ids)
+        remove_space = self.add_space_prefix
+        if remove_special and self.add_bos and ids and ids[0] == self.bos_id:
+            remove_space = False
+            ids = ids[1:]
+        if remove_special and self.add_eos and ids and ids[-1] == self.eos_id:
+            ids = ids[:-1]
+        buf = bytearray()
+        for tid in ids:
+            buf += self.token_to_piece(tid, unparse_special, int(remove_space))
+            remove_space = False
+        if self.clean_spaces:
+            buf = _clean_spaces(buf)
+        return bytes(buf)
+
+    def detokenize(self, ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False) -> str:
+        """:meth:`detokenize_bytes` decoded as UTF-8 (invalid sequences become U+FFFD)."""
+        return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        return (f"Vocab(model={self.model!r}, pre={self.pre!r}, n_tokens={len(self.tokens)}, "
+                f"n_merges={len(self.bpe_ranks)}, bos={self.bos_id}, eos={self.eos_id}, "
+                f"add_bos={self.add_bos}, add_eos={self.add_eos})")
+
+
+def _is_c_space(c) -> bool:
+    """C's isspace() on one char (str) or byte (int)."""
+    if isinstance(c, str):
+        return c in " \t\n\v\f\r"
+    return c in b" \t\n\v\f\r"
+
+
+def _clean_spaces(text: bytearray) -> bytearray:
+    """The three in-place clean-up passes of ``llama_detokenize`` (``clean_spaces``), byte for byte."""
+    t = bytearray(text)
+    # first pass: " ?", " !", " .", " ,"  -> drop the space
+    total1 = len(t)
+    total = 1 if total1 else 0
+    for i in range(1, total1):
+        x = t[i]
+        if t[i - 1] == 0x20 and x in b"?!.,":
+            total -= 1
+        t[total] = x
+        total += 1
+    # second pass: a single apostrophe between spaces " ' " -> "'"
+    total2 = total
+    total = 1 if total2 else 0
+    i = 1
+    while i < total2:
+        x = t[i]
+        if x == 0x27 and i + 1 < total2 and t[i - 1] == 0x20 and t[i + 1] == 0x20:
+            total -= 1
+            i += 1
+            t[i] = 0
+        t[total] = x
+        total += 1
+        i += 1
+    # third pass: " 's", " 'm", " 're", " 've" -> drop the space
+    total3 = total
+    total = 1 if total3 else 0
+    for i in range(1, total3):
+        x = t[i]
+        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < total3:
+            x1 = t[i + 1]
+            if x1 in b"sm":
+                total -= 1
+            elif x1 not in b"td" and i + 2 < total3:
+                x2 = t[i + 2]
+                if (x1, x2) in ((0x72, 0x65), (0x76, 0x65)):
+                    total -= 1
+        t[total] = x
+        total += 1
+    return t[:total]
