@@ -353,9 +353,11 @@ def graph_clear(cg: CGraph) -> None:
 
 
 def graph_view(cg: CGraph, i0: int, i1: int) -> CGraph:
-    """ggml_graph_view: nodes [i0, i1) of a graph, with no leafs and no hash set (used by the scheduler's splits)."""
-    v = CGraph(None, i1 - i0, _view=True)
+    """ggml_graph_view: nodes [i0, i1) of a graph; no leafs, but the parent's use counts and hash set are shared
+    (the scheduler computes its splits, and the eval callback its node ranges, through such views)."""
+    v = CGraph(None, 0, _view=True)
     v.nodes = cg.nodes[i0:i1]
-    v.visited_hash_set = HashSet(0, np.zeros(0, np.uint32), np.zeros(0, np.uint64))
-    v.use_counts = None
+    v.use_counts = cg.use_counts
+    v.visited_hash_set = cg.visited_hash_set
+    v.order = cg.order
     return v

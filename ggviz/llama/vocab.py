@@ -22,17 +22,17 @@ This mirrors ``src/llama-vocab.cpp`` and ``src/unicode.cpp`` of llama.cpp for th
 
 ``token_to_piece`` / ``detokenize`` invert this (``llama_token_to_piece`` / ``llama_detokenize``).
 
-Character classes (letter / number / whitespace) come from Python's ``unicodedata``; llama.cpp compiles the same
-classes from (a possibly newer version of) the Unicode database, so code points assigned only in a newer Unicode
-version than Python's may be classified differently.
+Character classes (letter / number / whitespace) come from llama.cpp's own Unicode table (``_unicode_classes.py``,
+generated from its ``unicode-data.cpp``), not from Python's ``unicodedata``, whose Unicode version depends on the
+Python version.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 import heapq
 import os
-import unicodedata
 from typing import Iterable, Sequence
 
 __all__ = [
@@ -123,7 +123,8 @@ def byte_decode(text: str) -> bytes:
 
 def cpts_from_utf8(data: bytes) -> str:
     """Decode UTF-8 the lenient way llama.cpp does (``unicode_cpts_from_utf8``): a byte that does not start a
-    complete sequence becomes U+FFFD and decoding resumes at the next byte."""
+    complete sequence becomes U+FFFD and decoding resumes at the next byte.  (A 4-byte sequence above U+10FFFF
+    also becomes U+FFFD here; llama.cpp aborts on it.)"""
     out = []
     i, n = 0, len(data)
     while i < n:
@@ -157,20 +158,31 @@ def cpts_from_utf8(data: bytes) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 _LETTER, _NUMBER, _WS, _OTHER = 1, 2, 4, 8
-# the White_Space code points (unicode_set_whitespace)
-_WHITESPACE = frozenset(map(chr, [0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
-                                  0x2028, 0x2029, 0x202F, 0x205F, 0x3000]))
+
+
+def _load_classes() -> tuple[list[int], list[int], frozenset[str]]:
+    from . import _unicode_classes as uc
+
+    starts, classes = [], []
+    for item in "".join(uc.RANGES).split(","):
+        start, cls = item.split(":")
+        starts.append(int(start, 16))
+        classes.append(int(cls))
+    return starts, classes, frozenset(map(chr, uc.WHITESPACE))
+
+
+_RANGE_STARTS, _RANGE_CLASSES, _WHITESPACE = _load_classes()
 _CLASS_CACHE: dict[str, int] = {}
 
 
 def _char_class(ch: str) -> int:
+    """letter / number / whitespace / other, from llama.cpp's own Unicode table (see _unicode_classes.py)."""
     c = _CLASS_CACHE.get(ch)
     if c is None:
         if ch in _WHITESPACE:
             c = _WS
         else:
-            cat = unicodedata.category(ch)[0]
-            c = _LETTER if cat == "L" else _NUMBER if cat == "N" else _OTHER
+            c = _RANGE_CLASSES[bisect.bisect_right(_RANGE_STARTS, ord(ch)) - 1]
         _CLASS_CACHE[ch] = c
     return c
 
@@ -326,6 +338,7 @@ class Vocab:
         self.model = model
         self.pre = pre
         self.model_name = model_name
+        self.arch = arch
         self.regex_passes, self.clean_spaces = _PRE_TOKENIZERS[pre]
         self.add_space_prefix = False
         self.escape_whitespaces = False
