@@ -14,4 +14,7 @@ def __getattr__(name):
     if name in ("GGUFError", "load_gguf"):
         from . import gguf_file
         return getattr(gguf_file, name)
+    if name in ("generate", "Generation"):
+        from . import run as _g
+        return getattr(_g, name)
     raise AttributeError(f"module 'ggviz' has no attribute {name!r}")

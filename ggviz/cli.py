@@ -18,6 +18,8 @@ import sys
 # command -> (module under ggviz, one-line help)
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ggviz.demo", "run the ggviz demo (arguments are passed to it; try `ggviz demo --help`)"),
+    "run": ("ggviz.run", "generate text with the default model (`ggviz run -p PROMPT -n 64 [--chat]`)"),
+    "bench": ("ggviz.bench", "decode/prefill speed vs a plain NumPy reference (and llama.cpp if importable)"),
 }
 
 

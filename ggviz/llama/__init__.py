@@ -1,0 +1,175 @@
+"""ggviz.llama: llama.h, mirrored in Python.
+
+Names follow llama.h without the ``llama_`` prefix and keep its argument order::
+
+    from ggviz import llama
+    llama.backend_init()
+    model = llama.model_load_from_file(path, llama.model_default_params())
+    ctx = llama.init_from_model(model, llama.context_default_params())
+    vocab = llama.model_get_vocab(model)
+    ids = llama.tokenize(vocab, "Hello", add_special=True, parse_special=True)
+    llama.decode(ctx, llama.batch_get_one(ids))
+    logits = llama.get_logits_ith(ctx, -1)
+
+The modules behind it follow llama.cpp's sources: ``model`` (llama-model), ``vocab`` (llama-vocab), ``kv_cache``
+(llama-kv-cache), ``graph`` (llama-graph + models/llama), ``context`` (llama-context), ``batch`` (llama-batch),
+``sampling`` (llama-sampling), ``chat`` (chat templates).
+"""
+from __future__ import annotations
+
+from .batch import LlamaBatch, batch_add, batch_free, batch_get_one, batch_init  # noqa: F401
+from .chat import ChatMessage, ChatTemplateError, chat_apply_template  # noqa: F401
+from .context import (LLAMA_FLASH_ATTN_TYPE_AUTO, LLAMA_FLASH_ATTN_TYPE_DISABLED,  # noqa: F401
+                      LLAMA_FLASH_ATTN_TYPE_ENABLED, DecodeError, LlamaContext, LlamaContextParams,
+                      context_default_params, init_from_model)
+from .model import LlamaModel, LlamaModelParams, model_default_params, model_free, model_load_from_file  # noqa: F401
+from .sampling import (LLAMA_DEFAULT_SEED, TokenDataArray, sampler_accept, sampler_apply,  # noqa: F401
+                       sampler_chain_add, sampler_chain_init, sampler_free, sampler_init_dist, sampler_init_greedy,
+                       sampler_init_min_p, sampler_init_temp, sampler_init_top_k, sampler_init_top_p, sampler_reset,
+                       sampler_sample)
+
+_backend_ready = False
+
+
+def backend_init() -> None:
+    """llama_backend_init: nothing to set up for NumPy, kept so llama.cpp programs translate line by line."""
+    global _backend_ready
+    _backend_ready = True
+
+
+def backend_free() -> None:
+    global _backend_ready
+    _backend_ready = False
+
+
+def free(ctx: LlamaContext) -> None:
+    ctx.kv.ctx.free()
+
+
+def model_get_vocab(model: LlamaModel):
+    return model.vocab
+
+
+def model_chat_template(model: LlamaModel, name: str | None = None):
+    from .chat import model_chat_template as _t
+    return _t(model, name)
+
+
+def model_n_ctx_train(model):
+    return model.hparams.n_ctx_train
+
+
+def model_n_embd(model):
+    return model.hparams.n_embd
+
+
+def model_n_layer(model):
+    return model.hparams.n_layer
+
+
+def model_n_head(model):
+    return model.hparams.n_head
+
+
+def model_desc(model) -> str:
+    return model.desc()
+
+
+def model_size(model) -> int:
+    return model.size()
+
+
+def model_n_params(model) -> int:
+    return model.n_params()
+
+
+def n_ctx(ctx: LlamaContext) -> int:
+    return ctx.n_ctx
+
+
+def n_batch(ctx: LlamaContext) -> int:
+    return ctx.n_batch
+
+
+def n_ubatch(ctx: LlamaContext) -> int:
+    return ctx.n_ubatch
+
+
+def get_model(ctx: LlamaContext):
+    return ctx.model
+
+
+# ---- vocabulary
+def vocab_n_tokens(vocab) -> int:
+    return vocab.n_tokens
+
+
+def vocab_bos(vocab) -> int:
+    return vocab.bos_id
+
+
+def vocab_eos(vocab) -> int:
+    return vocab.eos_id
+
+
+def vocab_is_eog(vocab, token: int) -> bool:
+    return vocab.is_eog(token)
+
+
+def vocab_is_control(vocab, token: int) -> bool:
+    return vocab.is_control(token)
+
+
+def vocab_get_text(vocab, token: int) -> str:
+    return vocab.token_get_text(token)
+
+
+def tokenize(vocab, text, add_special: bool = True, parse_special: bool = False) -> list:
+    """llama_tokenize: returns the ids (the C API's n_tokens_max/negative-count protocol is not needed here)."""
+    return vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+
+def token_to_piece(vocab, token: int, lstrip: int = 0, special: bool = False) -> bytes:
+    return vocab.token_to_piece(token, special=special, lstrip=lstrip)
+
+
+def detokenize(vocab, tokens, remove_special: bool = False, unparse_special: bool = False) -> str:
+    return vocab.detokenize(tokens, remove_special=remove_special, unparse_special=unparse_special)
+
+
+# ---- decoding
+def decode(ctx: LlamaContext, batch: LlamaBatch) -> int:
+    return ctx.decode(batch)
+
+
+def get_logits_ith(ctx: LlamaContext, i: int):
+    return ctx.get_logits_ith(i)
+
+
+def get_logits(ctx: LlamaContext):
+    return ctx.get_logits()
+
+
+def get_memory(ctx: LlamaContext):
+    return ctx
+
+
+def memory_clear(mem, data: bool = True) -> None:
+    mem.memory_clear(data)
+
+
+def memory_seq_rm(mem, seq_id: int, p0: int, p1: int) -> bool:
+    return mem.memory_seq_rm(seq_id, p0, p1)
+
+
+def memory_seq_pos_max(mem, seq_id: int) -> int:
+    return mem.memory_seq_pos_max(seq_id)
+
+
+def perf_context(ctx: LlamaContext):
+    return ctx.perf
+
+
+def set_n_threads(ctx: LlamaContext, n_threads: int, n_threads_batch: int) -> None:
+    ctx.cparams.n_threads = n_threads
+    ctx.cparams.n_threads_batch = n_threads_batch

@@ -9,6 +9,7 @@ with the data; returning False stops the decode).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -99,6 +100,11 @@ class LlamaContext:
         self.graph_hook = None            # optional callable(GraphResult) before compute (step-through views)
         self._compute_buf = None
         self._galloc = None
+        # llama.cpp reuses the previous graph when the new ubatch has the same topology (llm_graph_result::can_reuse);
+        # LLAMA_GRAPH_REUSE_DISABLE turns that off, as there
+        self.graph_reuse = os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None
+        self._prev_key = None
+        self.n_reused = 0
 
     # ---- cparams view used by the graph builder
     @property
@@ -108,6 +114,7 @@ class LlamaContext:
     # ---- memory
     def memory_clear(self, data: bool = True):
         self.kv.clear()
+        self._prev_key = None
 
     def memory_seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         return self.kv.seq_rm(seq_id, p0, p1)
@@ -186,8 +193,16 @@ class LlamaContext:
             return 1
         self.kv.apply_ubatch(idxs, pos, seq_ids)
         n_kv = self.kv.get_n_kv()
-        res = self.build_graph(n_tokens, n_outputs, n_kv)
-        self._allocate(res)
+        key = (n_tokens, n_outputs, n_kv)
+        if self.graph_reuse and self._prev_key == key and self.last_graph is not None:
+            res = self.last_graph             # same shapes: only the inputs change
+            self.n_reused += 1
+            if trace.active:
+                trace.emit("llama.graph_reuse", n_tokens=n_tokens, n_kv=n_kv)
+        else:
+            res = self.build_graph(n_tokens, n_outputs, n_kv)
+            self._allocate(res)
+            self._prev_key = key
         self._set_inputs(res, tokens, pos, seq_ids, out_mask, idxs, n_kv)
         self.last_graph = res
         if self.graph_hook is not None:
