@@ -328,6 +328,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pos", type=int, default=0, help="the token's position (default 0: the first token)")
     ap.add_argument("--threads", type=int, default=1, help="threads for graph_compute_with_ctx (default 1)")
     ap.add_argument("--quiet", action="store_true", help="print only the file list")
+    ap.add_argument("-p", "--prompt", default="The ggml library is",
+                    help="prompt for the real generation that ends the demo")
+    ap.add_argument("-n", "--n-predict", type=int, default=24, help="tokens to generate (0: skip generation)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     t_start = time.perf_counter()
 
@@ -355,6 +358,22 @@ def main(argv=None) -> int:
         print("files")
     for p in files:
         print(f"  {os.path.relpath(p)}")
+    if args.n_predict > 0:
+        # the real thing: llama.cpp's decode path on the whole model (ggviz.llama), token by token
+        from .run import generate, load_model
+        print(f"\ngenerate  {args.n_predict} tokens with the full model (greedy, {max(args.threads, 2)} threads):")
+        sys.stdout.write(args.prompt)
+        sys.stdout.flush()
+        lm = load_model(str(model))
+
+        def out(piece):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+        g = generate(args.prompt, args.n_predict, model=lm, threads=max(args.threads, 2), n_ctx=512, stream=out)
+        g.t_load_ms += lm.t_load_us / 1e3
+        print("\n")
+        print(g.timings())
     return 0
 
 

@@ -71,7 +71,12 @@ def set_input(t: Tensor) -> None:
 
 
 def set_output(t: Tensor) -> None:
-    t.flags = t.flags | C.GGML_TENSOR_FLAG_OUTPUT
+    # the flag goes down the view_src chain too: a view's bytes are its source's, so the source must not be freed
+    # or reused in place by the graph allocator either
+    cur = t
+    while cur is not None:
+        cur.flags = cur.flags | C.GGML_TENSOR_FLAG_OUTPUT
+        cur = cur.view_src
 
 
 def set_param(t: Tensor) -> None:

@@ -1,0 +1,1118 @@
+"""ggml-alloc: placing tensors in backend buffers, mirrored from ggml-alloc.c (ggml 0.20.2).
+
+Three allocators, as in C:
+
+* ``ggml_tallocr`` (``tallocr_new`` / ``tallocr_alloc``): a bump allocator over one existing buffer; every tensor
+  gets the next aligned offset, nothing is ever freed. ``backend_alloc_ctx_tensors_from_buft`` uses it to put all
+  tensors of a ``no_alloc`` context (model weights, a KV cache) into one buffer, or several when the buffer type
+  has a maximum size.
+* ``ggml_dyn_tallocr``: the *planning* allocator behind the graph allocator. It hands out (chunk, offset) pairs
+  from sorted lists of free blocks with a best-fit search, merges neighbouring blocks on free, and only records how
+  large each chunk would have to be (``max_size``); no memory exists while it runs. A chunk is one backend buffer:
+  a buffer type with a maximum buffer size gets several (up to ``GGML_VBUFFER_MAX_CHUNKS``), together a "vbuffer".
+* ``ggml_gallocr`` (``gallocr_new`` / ``gallocr_reserve`` / ``gallocr_alloc_graph``): walks a graph in
+  execution order, gives each node memory just before it is computed and frees its parents after their last
+  consumer, reusing a dying parent's memory in place when the op allows it. ``reserve`` plans and allocates the
+  buffers; ``alloc_graph`` replays the plan onto a graph of the same shape (re-planning first if it does not fit).
+
+Function names are C's without the ``ggml_`` prefix, static ones included (``ggml_dyn_tallocr_alloc`` is
+``dyn_tallocr_alloc``, ``ggml_gallocr_allocate_node`` is ``gallocr_allocate_node``), so a grep for the C name finds
+the Python. Python additions (not in C): trace events (``alloc.alloc``, ``alloc.reuse``, ``alloc.free``,
+``alloc.view``, ``alloc.needs_realloc``, ``alloc.reserve``) and ``galloc.last_alloc``, a plain-data record of the
+last plan (per tensor: chunk, offset, size, the node index where it was allocated and freed, what it reused).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import trace
+from . import backend as B
+from . import consts as C
+from .context import GGMLError
+from .graph import GGML_HASHSET_FULL, HashSet, bitset_size, hash_size
+from .tensor import Tensor, GGML_PAD
+
+SIZE_MAX = (1 << 64) - 1
+INT64_MIN = -(1 << 63)
+MAX_FREE_BLOCKS = 256
+GGML_VBUFFER_MAX_CHUNKS = 16
+
+
+def GGML_ASSERT(cond, msg: str = ""):
+    if not cond:
+        raise GGMLError(msg or "GGML_ASSERT failed")
+
+
+# ops that return true for this function must not use restrict pointers for their backend implementations
+_INPLACE_OPS = frozenset((
+    C.GGML_OP_FILL, C.GGML_OP_SCALE, C.GGML_OP_DIAG_MASK_ZERO, C.GGML_OP_DIAG_MASK_INF, C.GGML_OP_ADD,
+    C.GGML_OP_ADD_ID, C.GGML_OP_ADD1, C.GGML_OP_SUB, C.GGML_OP_MUL, C.GGML_OP_DIV, C.GGML_OP_SQR, C.GGML_OP_SQRT,
+    C.GGML_OP_LOG, C.GGML_OP_UNARY, C.GGML_OP_ROPE, C.GGML_OP_ROPE_BACK, C.GGML_OP_SILU_BACK, C.GGML_OP_RMS_NORM,
+    C.GGML_OP_RMS_NORM_BACK, C.GGML_OP_SOFT_MAX, C.GGML_OP_SOFT_MAX_BACK,
+))
+
+
+def op_can_inplace(op: int) -> bool:
+    """ggml_op_can_inplace: may this op write its result over one of its inputs? (element-wise-like ops only)"""
+    return op in _INPLACE_OPS
+
+
+def aligned_offset(buffer: int, offset: int, alignment: int) -> int:
+    """The first offset >= ``offset`` whose address ``buffer + offset`` is a multiple of ``alignment``.
+    With ``buffer == 0`` (NULL) this is GGML_PAD(offset, alignment)."""
+    assert alignment and not (alignment & (alignment - 1))   # power of 2
+    align = (alignment - ((buffer + offset) % alignment)) % alignment
+    return offset + align
+
+
+def _is_view(t: Tensor) -> bool:
+    # ggml_impl_is_view
+    return t.view_src is not None
+
+
+def _are_same_layout(a: Tensor, b: Tensor) -> bool:
+    # ggml_are_same_layout (ggml-impl.h): same type, ne and nb
+    return a.type == b.type and a.shape == b.shape and a.strides == b.strides
+
+
+# ==================================================================================================
+# tallocr: a bump allocator over one buffer
+# ==================================================================================================
+
+class ggml_tallocr:
+    """``struct ggml_tallocr { buffer; base; alignment; offset; }``."""
+    __slots__ = ("buffer", "base", "alignment", "offset")
+
+    def __init__(self, buffer, base, alignment, offset):
+        self.buffer, self.base, self.alignment, self.offset = buffer, base, alignment, offset
+
+    def __repr__(self):
+        return f"<ggml_tallocr offset={self.offset} alignment={self.alignment} size={B.backend_buffer_get_size(self.buffer)}>"
+
+
+def tallocr_new(buffer) -> ggml_tallocr:
+    base = B.backend_buffer_get_base(buffer)
+    align = B.backend_buffer_get_alignment(buffer)
+    assert align and not (align & (align - 1))   # power of 2
+    return ggml_tallocr(buffer, base, align, aligned_offset(base, 0, align))
+
+
+def tallocr_alloc(talloc: ggml_tallocr, tensor: Tensor) -> int:
+    size = B.backend_buffer_get_alloc_size(talloc.buffer, tensor)
+    size = GGML_PAD(size, talloc.alignment)
+    if talloc.offset + size > B.backend_buffer_get_size(talloc.buffer):
+        raise GGMLError(f"ggml_tallocr_alloc: not enough space in the buffer to allocate {tensor.name} (needed "
+                        f"{size}, available {B.backend_buffer_get_size(talloc.buffer) - talloc.offset})")
+    addr = B.backend_buffer_get_base(talloc.buffer) + talloc.offset
+    if trace.active:
+        trace.emit("alloc.tallocr", buffer=talloc.buffer.addr, name=tensor.name, addr=tensor.addr,
+                   offset=talloc.offset, size=size)
+    talloc.offset += size
+    assert addr % talloc.alignment == 0
+    return B.backend_tensor_alloc(talloc.buffer, tensor, addr)
+
+
+# ==================================================================================================
+# dynamic tensor allocator (planning only: offsets, no memory)
+# ==================================================================================================
+
+class buffer_address(NamedTuple):
+    """Relative memory address within an allocation that can be split into multiple buffers (chunks).
+    Immutable, like the C struct passed by value."""
+    chunk: int      # index of a backend buffer
+    offset: int     # local memory offset within the buffer
+
+
+GGML_BUFFER_ADDRESS_INVALID = buffer_address(-1, SIZE_MAX)
+
+
+def buffer_address_less(a: buffer_address, b: buffer_address) -> bool:
+    return a.chunk < b.chunk if a.chunk != b.chunk else a.offset < b.offset
+
+
+class free_block:
+    __slots__ = ("offset", "size")
+
+    def __init__(self, offset: int, size: int):
+        self.offset, self.size = offset, size
+
+    def __repr__(self):
+        return f"free_block(offset={self.offset}, size={self.size})"
+
+
+class tallocr_chunk:
+    """``struct tallocr_chunk``: the free blocks of one chunk, sorted by offset, and its high-water mark.
+
+    The last free block always runs to the end of the chunk's (virtual) space: allocating from it grows the
+    chunk (``max_size``); every other block is a hole left by a freed tensor."""
+    __slots__ = ("free_blocks", "max_size")
+
+    def __init__(self):
+        self.free_blocks: list[free_block] = []     # free_blocks[MAX_FREE_BLOCKS], n_free_blocks = len()
+        self.max_size = 0
+
+    @property
+    def n_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    def __repr__(self):
+        return f"<tallocr_chunk max_size={self.max_size} free={[(b.offset, b.size) for b in self.free_blocks]}>"
+
+
+class ggml_dyn_tallocr:
+    """``struct ggml_dyn_tallocr { alignment; max_chunk_size; chunks[GGML_VBUFFER_MAX_CHUNKS]; n_chunks; }``."""
+    __slots__ = ("alignment", "max_chunk_size", "chunks")
+
+    def __init__(self, alignment: int, max_chunk_size: int):
+        self.alignment = alignment
+        self.max_chunk_size = max_chunk_size
+        self.chunks: list[tallocr_chunk] = []
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.chunks)
+
+    def __repr__(self):
+        return f"<ggml_dyn_tallocr alignment={self.alignment} chunks={[c.max_size for c in self.chunks]}>"
+
+
+def dyn_tallocr_insert_block(chunk: tallocr_chunk, offset: int, size: int) -> None:
+    GGML_ASSERT(chunk.n_free_blocks < MAX_FREE_BLOCKS, "out of free blocks")
+    # insert the new block in the correct position to keep the array sorted by address (to make merging blocks faster)
+    insert_pos = 0
+    while insert_pos < chunk.n_free_blocks and chunk.free_blocks[insert_pos].offset < offset:
+        insert_pos += 1
+    # shift all blocks from insert_pos onward to make room for the new block, and insert it
+    chunk.free_blocks.insert(insert_pos, free_block(offset, size))
+
+
+def dyn_tallocr_remove_block(chunk: tallocr_chunk, idx: int) -> None:
+    # shift all elements after idx by 1 to the left, overwriting the element at idx
+    del chunk.free_blocks[idx]
+
+
+def dyn_tallocr_new_chunk(alloc: ggml_dyn_tallocr, min_size: int) -> int:
+    if alloc.n_chunks >= GGML_VBUFFER_MAX_CHUNKS:
+        return -1
+    chunk = tallocr_chunk()
+    # available space in a chunk is limited to max_chunk_size, but can be higher if:
+    # 1. a single tensor exceeds the maximum, and cannot fit any other way
+    # 2. we are running out of chunks
+    # backends will either manage to allocate the larger size, or report an error.
+    size = max(min_size, alloc.max_chunk_size)
+    if alloc.n_chunks == GGML_VBUFFER_MAX_CHUNKS - 1:
+        size = SIZE_MAX // 2
+    chunk.free_blocks.append(free_block(0, size))
+    alloc.chunks.append(chunk)
+    return alloc.n_chunks - 1
+
+
+def dyn_tallocr_alloc(alloc: ggml_dyn_tallocr, size: int, tensor: Tensor | None = None) -> buffer_address:
+    size = aligned_offset(0, size, alloc.alignment)
+
+    best_fit_chunk = -1
+    best_fit_block = -1
+    max_avail = 0
+
+    # find the best fitting free block besides the last block, within any chunk
+    for c in range(alloc.n_chunks):
+        chunk = alloc.chunks[c]
+        best_fit_size = SIZE_MAX
+        for i in range(chunk.n_free_blocks - 1):
+            block = chunk.free_blocks[i]
+            max_avail = max(max_avail, block.size)
+            # "<=": among equal sizes the later block wins
+            if block.size >= size and block.size <= best_fit_size:
+                best_fit_chunk = c
+                best_fit_block = i
+                best_fit_size = block.size
+
+    if best_fit_block == -1:
+        # no suitable block found, try the last block (this may grow a chunks size)
+        best_reuse = INT64_MIN
+        for c in range(alloc.n_chunks):
+            chunk = alloc.chunks[c]
+            if chunk.n_free_blocks > 0:
+                block = chunk.free_blocks[chunk.n_free_blocks - 1]
+                max_avail = max(max_avail, block.size)
+                reuse_factor = chunk.max_size - block.offset - size
+                # reuse_factor < 0 : amount of extra memory that needs to be allocated
+                # reuse_factor = 0 : allocated free space exactly matches tensor size
+                # reuse_factor > 0 : superfluous memory that will remain unused
+                better_reuse = best_reuse < 0 and reuse_factor > best_reuse
+                better_fit = reuse_factor >= 0 and reuse_factor < best_reuse
+                if block.size >= size and (better_reuse or better_fit):
+                    best_fit_chunk = c
+                    best_fit_block = chunk.n_free_blocks - 1
+                    best_reuse = reuse_factor
+
+    if best_fit_block == -1:
+        # none of the existing chunks have enough space left
+        best_fit_chunk = dyn_tallocr_new_chunk(alloc, size)
+        best_fit_block = 0
+    if best_fit_chunk == -1:
+        # since the last chunk always has virtually endless memory, this should never happen
+        raise GGMLError(f"ggml_dyn_tallocr_alloc: not enough space in the buffer to allocate {size} bytes, largest "
+                        f"block available {max_avail} bytes: graph allocation: failed to reserve memory")
+
+    chunk = alloc.chunks[best_fit_chunk]
+    block = chunk.free_blocks[best_fit_block]
+    addr = buffer_address(best_fit_chunk, block.offset)
+    block.offset += size
+    block.size -= size
+    if block.size == 0:
+        # remove block if empty
+        dyn_tallocr_remove_block(chunk, best_fit_block)
+
+    chunk.max_size = max(chunk.max_size, addr.offset + size)
+    return addr
+
+
+def dyn_tallocr_free_bytes(alloc: ggml_dyn_tallocr, addr: buffer_address, size: int) -> None:
+    """Give [offset, offset+size) of a chunk back. This is a very naive implementation, but for our case the number of
+    free blocks should be very small."""
+    size = aligned_offset(0, size, alloc.alignment)
+    chunk = alloc.chunks[addr.chunk]
+
+    # see if we can merge with an existing block
+    for i in range(chunk.n_free_blocks):
+        block = chunk.free_blocks[i]
+        # check if ptr is at the end of the block
+        if block.offset + block.size == addr.offset:
+            block.size += size
+            # check if we can merge with the next block
+            if i < chunk.n_free_blocks - 1:
+                nxt = chunk.free_blocks[i + 1]
+                if block.offset + block.size == nxt.offset:
+                    block.size += nxt.size
+                    dyn_tallocr_remove_block(chunk, i + 1)
+            return
+        # check if ptr is at the beginning of the block
+        if addr.offset + size == block.offset:
+            block.offset = addr.offset
+            block.size += size
+            # check if we can merge with the previous block
+            if i > 0:
+                prev = chunk.free_blocks[i - 1]
+                if prev.offset + prev.size == block.offset:
+                    prev.size += block.size
+                    dyn_tallocr_remove_block(chunk, i)
+            return
+    # otherwise, add a new block
+    dyn_tallocr_insert_block(chunk, addr.offset, size)
+
+
+def dyn_tallocr_reset(alloc: ggml_dyn_tallocr) -> None:
+    alloc.chunks = []
+
+
+def dyn_tallocr_new(alignment: int, max_buffer_size: int) -> ggml_dyn_tallocr:
+    alloc = ggml_dyn_tallocr(alignment, min(max_buffer_size, SIZE_MAX // 2))   # clamp to avoid overflows
+    dyn_tallocr_reset(alloc)
+    return alloc
+
+
+def dyn_tallocr_free(alloc: ggml_dyn_tallocr) -> None:
+    alloc.chunks = []
+
+
+def dyn_tallocr_max_size(alloc: ggml_dyn_tallocr, chunk: int) -> int:
+    return alloc.chunks[chunk].max_size if chunk < alloc.n_chunks else 0
+
+
+# ==================================================================================================
+# virtual buffer with contiguous memory range, split into multiple backend buffers (chunks)
+# ==================================================================================================
+
+class vbuffer:
+    """``struct vbuffer { ggml_backend_buffer_t chunks[GGML_VBUFFER_MAX_CHUNKS]; }``."""
+    __slots__ = ("chunks",)
+
+    def __init__(self):
+        self.chunks = [None] * GGML_VBUFFER_MAX_CHUNKS
+
+    def __repr__(self):
+        return f"<vbuffer chunks={[B.backend_buffer_get_size(c) for c in self.chunks if c is not None]}>"
+
+
+def vbuffer_free(buf: vbuffer | None) -> None:
+    if buf is None:
+        return
+    for i in range(GGML_VBUFFER_MAX_CHUNKS):
+        B.backend_buffer_free(buf.chunks[i])
+        buf.chunks[i] = None
+
+
+def vbuffer_chunk_size(buf: vbuffer, chunk: int) -> int:
+    return B.backend_buffer_get_size(buf.chunks[chunk]) if buf.chunks[chunk] is not None else 0
+
+
+def vbuffer_size(buf: vbuffer) -> int:
+    size = 0
+    for c in buf.chunks:
+        if c is None:
+            break
+        size += B.backend_buffer_get_size(c)
+    return size
+
+
+def vbuffer_alloc(buft, talloc: ggml_dyn_tallocr, usage: int) -> vbuffer | None:
+    buf = vbuffer()
+    for n in range(talloc.n_chunks):
+        chunk_size = talloc.chunks[n].max_size
+        buf.chunks[n] = B.backend_buft_alloc_buffer(buft, chunk_size)
+        if buf.chunks[n] is None:
+            vbuffer_free(buf)
+            return None
+        B.backend_buffer_set_usage(buf.chunks[n], usage)
+    return buf
+
+
+def vbuffer_tensor_alloc(buf: vbuffer, tensor: Tensor, buf_addr: buffer_address) -> None:
+    base = B.backend_buffer_get_base(buf.chunks[buf_addr.chunk])
+    addr = base + buf_addr.offset
+    B.backend_tensor_alloc(buf.chunks[buf_addr.chunk], tensor, addr)
+
+
+def vbuffer_reset(buf: vbuffer) -> None:
+    for c in buf.chunks:
+        if c is None:
+            break
+        B.backend_buffer_reset(c)
+
+
+# ==================================================================================================
+# graph allocator
+# ==================================================================================================
+
+class hash_node:
+    """Per-tensor planning state (``struct hash_node``): how many graph nodes still read it (``n_children``), how
+    many views of it are still alive (``n_views``), and where it lives once allocated."""
+    __slots__ = ("n_children", "n_views", "buffer_id", "addr", "allocated")
+
+    def __init__(self):
+        self.n_children = 0
+        self.n_views = 0
+        self.buffer_id = 0
+        self.addr = buffer_address(0, 0)
+        self.allocated = False
+
+    def __repr__(self):
+        return (f"hash_node(n_children={self.n_children}, n_views={self.n_views}, buffer_id={self.buffer_id}, "
+                f"addr={tuple(self.addr)}, allocated={self.allocated})")
+
+
+class tensor_alloc:
+    __slots__ = ("buffer_id", "addr", "size_max")
+
+    def __init__(self, buffer_id=0, addr=buffer_address(0, 0), size_max=0):
+        self.buffer_id = buffer_id
+        self.addr = addr
+        self.size_max = size_max     # 0 = pre-allocated, unused, or view
+
+    def __repr__(self):
+        return f"tensor_alloc(buffer_id={self.buffer_id}, addr={tuple(self.addr)}, size_max={self.size_max})"
+
+
+class leaf_alloc:
+    __slots__ = ("leaf",)
+
+    def __init__(self):
+        self.leaf = tensor_alloc()
+
+
+class node_alloc:
+    __slots__ = ("dst", "src")
+
+    def __init__(self):
+        self.dst = tensor_alloc()
+        self.src = [tensor_alloc() for _ in range(C.GGML_MAX_SRC)]
+
+
+def _hash_set_new(size: int) -> HashSet:
+    """ggml_hash_set_new: a table of ggml_hash_size(size) slots (a prime), keys + used-bitset."""
+    size = hash_size(size)
+    return HashSet(size, np.zeros(bitset_size(size), np.uint32), np.zeros(size, np.uint64))
+
+
+class ggml_gallocr:
+    """``struct ggml_gallocr``: one buffer type, dynamic allocator and vbuffer per buffer id, the hash table of
+    per-tensor planning state, and the plan of the last reserve (``node_allocs`` / ``leaf_allocs``).
+
+    ggviz addition: ``last_alloc``, plain data describing the last plan (see ``gallocr_alloc_graph_impl``)."""
+
+    def __init__(self):
+        self.bufts = []            # [n_buffers]
+        self.buffers = []          # [n_buffers] vbuffer or None
+        self.buf_tallocs = []      # [n_buffers]
+        self.n_buffers = 0
+        self.hash_set = HashSet(0, np.zeros(0, np.uint32), np.zeros(0, np.uint64))
+        self.hash_values: list[hash_node] = []     # [hash_set.size]
+        self.node_allocs: list[node_alloc] = []    # [n_nodes]
+        self.n_nodes = 0
+        self.leaf_allocs: list[leaf_alloc] = []    # [n_leafs]
+        self.n_leafs = 0
+        # ggviz: plain-data record of the last plan, and the bookkeeping that builds it
+        self.last_alloc: dict | None = None
+        self._phase = "leafs"
+        self._index = -1
+        self._rec: dict[int, dict] = {}
+
+    def __repr__(self):
+        return (f"<ggml_gallocr n_buffers={self.n_buffers} sizes="
+                f"{[gallocr_get_buffer_size(self, i) for i in range(self.n_buffers)]}>")
+
+
+def gallocr_new_n(bufts, n_bufs: int | None = None) -> ggml_gallocr:
+    if n_bufs is None:
+        n_bufs = len(bufts)
+    galloc = ggml_gallocr()
+    galloc.bufts = [None] * n_bufs
+    galloc.buffers = [None] * n_bufs
+    galloc.buf_tallocs = [None] * n_bufs
+    for i in range(n_bufs):
+        galloc.bufts[i] = bufts[i]
+        galloc.buffers[i] = None
+        # check if the same buffer type is used multiple times and reuse the same allocator
+        for j in range(i):
+            if bufts[i] is bufts[j]:
+                galloc.buf_tallocs[i] = galloc.buf_tallocs[j]
+                break
+        if galloc.buf_tallocs[i] is None:
+            alignment = B.backend_buft_get_alignment(bufts[i])
+            max_size = B.backend_buft_get_max_size(bufts[i])
+            galloc.buf_tallocs[i] = dyn_tallocr_new(alignment, max_size)
+    galloc.n_buffers = n_bufs
+    return galloc
+
+
+def gallocr_new(buft) -> ggml_gallocr:
+    return gallocr_new_n([buft], 1)
+
+
+def gallocr_free(galloc: ggml_gallocr | None) -> None:
+    if galloc is None:
+        return
+    for i in range(galloc.n_buffers):
+        # skip if already freed (the same buffer type used multiple times shares one vbuffer and one allocator)
+        if not any(galloc.buffers[j] is galloc.buffers[i] for j in range(i)):
+            vbuffer_free(galloc.buffers[i])
+        if not any(galloc.buf_tallocs[j] is galloc.buf_tallocs[i] for j in range(i)):
+            dyn_tallocr_free(galloc.buf_tallocs[i])
+    galloc.buffers = [None] * galloc.n_buffers
+    galloc.hash_values = []
+    galloc.node_allocs = []
+    galloc.leaf_allocs = []
+
+
+def gallocr_hash_get(galloc: ggml_gallocr, t: Tensor) -> hash_node:
+    """ggml_hash_find_or_insert on the tensor's address, then its hash_node."""
+    hs = galloc.hash_set
+    addr = t.addr
+    h = (addr >> 4) % hs.size     # ggml_hash: the last 4 bits are always zero due to alignment
+    i = h
+    while True:                   # linear probing
+        if not hs.get_used(i):
+            hs.set_used(i)
+            hs.keys[i] = addr
+            return galloc.hash_values[i]
+        if int(hs.keys[i]) == addr:
+            return galloc.hash_values[i]
+        i = (i + 1) % hs.size
+        if i == h:
+            raise GGMLError("ggml_hash_find_or_insert: hash set is full")
+
+
+def gallocr_is_own(galloc: ggml_gallocr, t: Tensor) -> bool:
+    return gallocr_hash_get(galloc, t).allocated
+
+
+def gallocr_is_allocated(galloc: ggml_gallocr, t: Tensor) -> bool:
+    return (t.data != 0                        # tensor data already set externally
+            or t.buffer != 0                   # tensor on external buffer (but not yet allocated)
+            or gallocr_is_own(galloc, t))      # tensor will be allocated by galloc
+
+
+# ---- ggviz: the plan record and trace events (no C counterpart) -----------------------------------
+
+def _record(galloc, t: Tensor, **fields) -> dict:
+    rec = galloc._rec.get(t.addr)
+    if rec is None:
+        rec = dict(name=t.name, addr=t.addr, op=t.op, phase=galloc._phase, buffer_id=None, chunk=None, offset=None, size=0, alloc_size=0, alloc_node=None, free_node=None,
+                   reused_from=None, reused_by=None, view_src=None, view_offs=0, extra_freed=0,
+                   output=bool(t.flags & C.GGML_TENSOR_FLAG_OUTPUT), input=bool(t.flags & C.GGML_TENSOR_FLAG_INPUT))
+        galloc._rec[t.addr] = rec
+    rec.update(fields)
+    return rec
+
+
+def _node_index(galloc) -> int:
+    # leafs and graph inputs are placed before node 0 runs: they sit at -1 on a node-index axis
+    return galloc._index if galloc._phase == "nodes" else -1
+
+
+def _note_alloc(galloc, node, hn, size, padded):
+    _record(galloc, node, buffer_id=hn.buffer_id, chunk=hn.addr.chunk, offset=hn.addr.offset, size=size,
+            alloc_size=padded, alloc_node=_node_index(galloc))
+    if trace.active:
+        trace.emit("alloc.alloc", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
+                   node=_node_index(galloc), name=node.name, addr=node.addr, buffer_id=hn.buffer_id,
+                   chunk=hn.addr.chunk, offset=hn.addr.offset, size=size, alloc_size=padded)
+
+
+def _note_reuse(galloc, node, parent, hn, size, via=None):
+    """``node`` takes over ``parent``'s memory (``via``: the view of ``parent`` it actually reads, if any)."""
+    _record(galloc, parent, reused_by=node.name, free_node=_node_index(galloc))
+    padded = aligned_offset(0, size, galloc.buf_tallocs[hn.buffer_id].alignment)
+    _record(galloc, node, buffer_id=hn.buffer_id, chunk=hn.addr.chunk, offset=hn.addr.offset, size=size,
+            alloc_size=padded, alloc_node=_node_index(galloc), reused_from=parent.name)
+    if trace.active:
+        trace.emit("alloc.reuse", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
+                   node=_node_index(galloc), name=node.name, addr=node.addr, parent=parent.name,
+                   parent_addr=parent.addr, via=via.name if via is not None else None, buffer_id=hn.buffer_id,
+                   chunk=hn.addr.chunk, offset=hn.addr.offset, size=size)
+
+
+def _note_free(galloc, node, addr, size, extra=False):
+    if extra:
+        _record(galloc, node)["extra_freed"] += size
+    else:
+        _record(galloc, node, free_node=_node_index(galloc))
+    if trace.active:
+        trace.emit("alloc.free", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
+                   node=_node_index(galloc), name=node.name, addr=node.addr, chunk=addr.chunk, offset=addr.offset,
+                   size=size, extra=extra)
+
+
+def _note_view(galloc, node):
+    if node.addr in galloc._rec:
+        return
+    src = node.view_src
+    # where the source was planned (None when it is external: already has data, or not planned yet)
+    src_rec = galloc._rec.get(src.addr)
+    chunk = src_rec["chunk"] if src_rec is not None else None
+    offset = src_rec["offset"] + node.view_offs if src_rec is not None and src_rec["offset"] is not None else None
+    _record(galloc, node, view_src=src.name, view_offs=node.view_offs,
+            buffer_id=src_rec["buffer_id"] if src_rec is not None else None, chunk=chunk, offset=offset,
+            alloc_node=_node_index(galloc))
+    if trace.active:
+        trace.emit("alloc.view", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
+                   node=_node_index(galloc), name=node.name, addr=node.addr, view_src=src.name,
+                   view_src_addr=src.addr, view_offs=node.view_offs, chunk=chunk, offset=offset)
+
+
+# ---------------------------------------------------------------------------------------------------
+
+def gallocr_free_extra_space(galloc: ggml_gallocr, node: Tensor, parent: Tensor) -> None:
+    """Free the extra space at the end if the new tensor is smaller (in-place reuse of a larger parent)."""
+    hn = gallocr_hash_get(galloc, node)
+    p_hn = gallocr_hash_get(galloc, parent)
+
+    parent_size = B.backend_buft_get_alloc_size(galloc.bufts[p_hn.buffer_id], parent)
+    node_size = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node)
+
+    GGML_ASSERT(parent_size >= node_size, f"{parent.name!r} is smaller than {node.name!r} reusing it")
+
+    # note: we want after the freeing the chunks to continue to be aligned
+    p_alloc = galloc.buf_tallocs[p_hn.buffer_id]
+    parent_size = aligned_offset(0, parent_size, p_alloc.alignment)
+    node_size = aligned_offset(0, node_size, p_alloc.alignment)
+
+    if parent_size > node_size:
+        p_addr = buffer_address(p_hn.addr.chunk, p_hn.addr.offset + node_size)
+        extra_size = parent_size - node_size
+        dyn_tallocr_free_bytes(p_alloc, p_addr, extra_size)
+        _note_free(galloc, node, p_addr, extra_size, extra=True)
+
+
+def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int) -> None:
+    GGML_ASSERT(buffer_id >= 0, "buffer_id >= 0")
+    hn = gallocr_hash_get(galloc, node)
+
+    if not gallocr_is_allocated(galloc, node) and not _is_view(node):
+        hn.allocated = True
+        assert hn.addr.offset == 0
+
+        # try to reuse a parent's buffer (inplace)
+        if op_can_inplace(node.op):
+            for i in range(C.GGML_MAX_SRC):
+                parent = node.src[i]
+                if parent is None:
+                    continue
+
+                # if the node's data is external, then we cannot re-use it
+                if not gallocr_is_own(galloc, parent):
+                    continue
+
+                # outputs cannot be reused
+                if (parent.flags & C.GGML_TENSOR_FLAG_OUTPUT or
+                        (parent.view_src is not None and parent.view_src.flags & C.GGML_TENSOR_FLAG_OUTPUT)):
+                    continue
+
+                if not _are_same_layout(node, parent):
+                    continue
+
+                p_hn = gallocr_hash_get(galloc, parent)
+                if p_hn.n_children == 1 and p_hn.n_views == 0:
+                    if _is_view(parent):
+                        view_src = parent.view_src
+                        view_src_hn = gallocr_hash_get(galloc, view_src)
+                        if view_src_hn.n_views == 1 and view_src_hn.n_children == 0 and view_src.data == parent.data:
+                            # reusing view parent (and with it its view_src) for node
+                            assert view_src_hn.addr == p_hn.addr
+                            hn.buffer_id = p_hn.buffer_id
+                            hn.addr = p_hn.addr
+                            p_hn.allocated = False   # avoid freeing the parent
+                            view_src_hn.allocated = False
+                            _note_reuse(galloc, node, view_src, hn,
+                                        B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node), via=parent)
+                            gallocr_free_extra_space(galloc, node, view_src)
+                            return
+                    else:
+                        # reusing parent for node
+                        hn.buffer_id = p_hn.buffer_id
+                        hn.addr = p_hn.addr
+                        p_hn.allocated = False   # avoid freeing the parent
+                        _note_reuse(galloc, node, parent, hn,
+                                    B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node))
+                        gallocr_free_extra_space(galloc, node, parent)
+                        return
+        # allocate tensor from the buffer
+        alloc = galloc.buf_tallocs[buffer_id]
+        buft = galloc.bufts[buffer_id]
+        size = B.backend_buft_get_alloc_size(buft, node)
+        hn.buffer_id = buffer_id
+        hn.addr = dyn_tallocr_alloc(alloc, size, node)
+        _note_alloc(galloc, node, hn, size, aligned_offset(0, size, alloc.alignment))
+    elif _is_view(node):
+        _note_view(galloc, node)
+
+
+def gallocr_free_node(galloc: ggml_gallocr, node: Tensor) -> None:
+    # graph outputs are never freed
+    if node.flags & C.GGML_TENSOR_FLAG_OUTPUT:
+        return
+
+    hn = gallocr_hash_get(galloc, node)
+    buffer_id = hn.buffer_id
+    alloc = galloc.buf_tallocs[buffer_id]
+    buft = galloc.bufts[buffer_id]
+    size = B.backend_buft_get_alloc_size(buft, node)
+
+    dyn_tallocr_free_bytes(alloc, hn.addr, size)
+    hn.allocated = False
+    _note_free(galloc, node, hn.addr, size)
+
+
+def get_node_buffer_id(node_buffer_ids, i: int) -> int:
+    return node_buffer_ids[i] if node_buffer_ids is not None else 0
+
+
+def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> None:
+    """Plan the graph: every tensor's (buffer id, chunk, offset), kept in the hash table."""
+    # clear hash tables
+    galloc.hash_set.reset()
+    galloc.hash_values = [hash_node() for _ in range(galloc.hash_set.size)]
+    galloc._rec = {}
+
+    # allocate leafs
+    # these may be tensors that the application is not using in the graph, but may still want to allocate for other purposes
+    galloc._phase = "leafs"
+    for i in range(graph.n_leafs):
+        galloc._index = i
+        leaf = graph.leafs[i]
+        gallocr_allocate_node(galloc, leaf, get_node_buffer_id(leaf_buffer_ids, i))
+
+    # count number of children and views
+    # allocate other graph inputs and leafs first to avoid overwriting them
+    galloc._phase = "inputs"
+    for i in range(graph.n_nodes):
+        galloc._index = i
+        node = graph.nodes[i]
+
+        # TODO: better way to add external dependencies
+        # GGML_OP_NONE does not appear normally in the graph nodes, but is used by ggml-backend to add dependencies to
+        # control when some tensors are allocated and freed. in this case, the dependencies are in `src`, but the node
+        # itself is never used and should not be considered a dependency
+        if _is_view(node) and node.op != C.GGML_OP_NONE:
+            view_src = node.view_src
+            gallocr_hash_get(galloc, view_src).n_views += 1
+
+        if node.flags & C.GGML_TENSOR_FLAG_INPUT:
+            gallocr_allocate_node(galloc, graph.nodes[i], get_node_buffer_id(node_buffer_ids, i))
+
+        for j in range(C.GGML_MAX_SRC):
+            src = node.src[j]
+            if src is None:
+                continue
+            gallocr_hash_get(galloc, src).n_children += 1
+
+            # allocate explicit inputs
+            if src.flags & C.GGML_TENSOR_FLAG_INPUT:
+                gallocr_allocate_node(galloc, src, get_node_buffer_id(node_buffer_ids, i))
+
+    # allocate tensors
+    galloc._phase = "nodes"
+    for i in range(graph.n_nodes):
+        galloc._index = i
+        node = graph.nodes[i]
+        buffer_id = get_node_buffer_id(node_buffer_ids, i)
+        srcs = [s for s in node.src if s is not None]
+
+        # allocate parents (only leafs need to be allocated at this point)
+        for parent in srcs:
+            gallocr_allocate_node(galloc, parent, buffer_id)
+
+        # allocate node
+        gallocr_allocate_node(galloc, node, buffer_id)
+
+        # update parents
+        for parent in srcs:
+            p_hn = gallocr_hash_get(galloc, parent)
+            p_hn.n_children -= 1
+
+            if p_hn.n_children == 0 and p_hn.n_views == 0:
+                if _is_view(parent):
+                    view_src = parent.view_src
+                    view_src_hn = gallocr_hash_get(galloc, view_src)
+                    view_src_hn.n_views -= 1
+                    if view_src_hn.n_views == 0 and view_src_hn.n_children == 0 and view_src_hn.allocated:
+                        gallocr_free_node(galloc, view_src)
+                elif p_hn.allocated:
+                    gallocr_free_node(galloc, parent)
+
+
+def _invalid_alloc(ta: tensor_alloc) -> None:
+    ta.buffer_id = -1
+    ta.addr = GGML_BUFFER_ADDRESS_INVALID
+    ta.size_max = 0
+
+
+def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, no_alloc: bool) -> bool:
+    min_hash_size = graph.n_nodes + graph.n_leafs
+    # add 25% margin to avoid hash collisions
+    min_hash_size += min_hash_size // 4
+
+    # initialize hash table
+    if galloc.hash_set.size < min_hash_size:
+        galloc.hash_set = _hash_set_new(min_hash_size)
+        galloc.hash_values = [hash_node() for _ in range(galloc.hash_set.size)]
+
+    # reset allocators
+    for i in range(galloc.n_buffers):
+        dyn_tallocr_reset(galloc.buf_tallocs[i])
+
+    # allocate in hash table
+    gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
+
+    # set the node_allocs from the hash table
+    if galloc.n_nodes < graph.n_nodes:
+        galloc.node_allocs = [node_alloc() for _ in range(graph.n_nodes)]
+    galloc.n_nodes = graph.n_nodes
+    for i in range(graph.n_nodes):
+        node = graph.nodes[i]
+        na = galloc.node_allocs[i]
+        if node.view_src is not None or node.data:
+            _invalid_alloc(na.dst)
+        else:
+            hn = gallocr_hash_get(galloc, node)
+            na.dst.buffer_id = hn.buffer_id
+            na.dst.addr = hn.addr
+            na.dst.size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node)
+        for j in range(C.GGML_MAX_SRC):
+            src = node.src[j]
+            if src is None or src.view_src is not None or src.data:
+                _invalid_alloc(na.src[j])
+            else:
+                hn = gallocr_hash_get(galloc, src)
+                na.src[j].buffer_id = hn.buffer_id
+                na.src[j].addr = hn.addr
+                na.src[j].size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], src)
+    if galloc.n_leafs < graph.n_leafs:
+        galloc.leaf_allocs = [leaf_alloc() for _ in range(graph.n_leafs)]
+    galloc.n_leafs = graph.n_leafs
+    for i in range(graph.n_leafs):
+        leaf = graph.leafs[i]
+        hn = gallocr_hash_get(galloc, leaf)
+        la = galloc.leaf_allocs[i].leaf
+        if leaf.view_src is not None or leaf.data:
+            _invalid_alloc(la)
+        else:
+            la.buffer_id = hn.buffer_id
+            la.addr = hn.addr
+            la.size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], leaf)
+
+    # reallocate buffers if needed
+    reallocated = []
+    for i in range(galloc.n_buffers):
+        # if the buffer type is used multiple times, we reuse the same buffer
+        for j in range(i):
+            if galloc.buf_tallocs[j] is galloc.buf_tallocs[i]:
+                galloc.buffers[i] = galloc.buffers[j]
+                break
+
+        # even if there are no tensors allocated in this buffer, we still need to allocate it to initialize views
+        realloc = galloc.buffers[i] is None
+        new_size = 0
+        for c in range(galloc.buf_tallocs[i].n_chunks):
+            cur_chunk_size = vbuffer_chunk_size(galloc.buffers[i], c) if galloc.buffers[i] is not None else 0
+            new_chunk_size = dyn_tallocr_max_size(galloc.buf_tallocs[i], c)
+            new_size += new_chunk_size
+            if new_chunk_size > cur_chunk_size:
+                realloc = True
+        if realloc:
+            cur_size = vbuffer_size(galloc.buffers[i]) if galloc.buffers[i] is not None else 0
+            reallocated.append((i, cur_size, new_size))
+            vbuffer_free(galloc.buffers[i])
+            if no_alloc:
+                galloc.buffers[i] = None
+            else:
+                galloc.buffers[i] = vbuffer_alloc(galloc.bufts[i], galloc.buf_tallocs[i],
+                                                  B.GGML_BACKEND_BUFFER_USAGE_COMPUTE)
+                if galloc.buffers[i] is None:
+                    return False
+
+    # ggviz: the plan as plain data
+    galloc.last_alloc = dict(
+        n_nodes=graph.n_nodes, n_leafs=graph.n_leafs, hash_size=galloc.hash_set.size,
+        chunk_sizes=[[ch.max_size for ch in galloc.buf_tallocs[i].chunks] for i in range(galloc.n_buffers)],
+        reallocated=reallocated,
+        tensors=list(galloc._rec.values()),
+    )
+    galloc._rec = {}
+    if trace.active:
+        trace.emit("alloc.reserve", galloc=id(galloc), n_nodes=graph.n_nodes, n_leafs=graph.n_leafs,
+                   chunk_sizes=galloc.last_alloc["chunk_sizes"], reallocated=reallocated, no_alloc=no_alloc)
+    return True
+
+
+def gallocr_reserve_n_size(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, sizes=None) -> list:
+    """The buffer sizes ``gallocr_reserve_n`` would allocate, written into ``sizes`` (also returned)."""
+    GGML_ASSERT(gallocr_reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc=True))
+    if sizes is None:
+        sizes = [0] * galloc.n_buffers
+    for i in range(galloc.n_buffers):
+        sizes[i] = 0
+        for c in range(galloc.buf_tallocs[i].n_chunks):
+            sizes[i] += galloc.buf_tallocs[i].chunks[c].max_size
+    return sizes
+
+
+def gallocr_reserve_n(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids) -> bool:
+    return gallocr_reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc=False)
+
+
+def gallocr_reserve(galloc: ggml_gallocr, graph) -> bool:
+    """Plan ``graph`` (a worst-case graph) and allocate the buffers; tensors of ``graph`` are not touched."""
+    return gallocr_reserve_n(galloc, graph, None, None)
+
+
+def gallocr_init_tensor(galloc: ggml_gallocr, tensor: Tensor, ta: tensor_alloc) -> None:
+    buffer_id = ta.buffer_id
+    assert (tensor.data or tensor.view_src is not None
+            or B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], tensor) <= ta.size_max)
+
+    if tensor.view_src is not None:
+        if tensor.buffer == 0:
+            assert ta.addr.offset == SIZE_MAX
+            if tensor.view_src.buffer == 0:
+                # this tensor was allocated without ggml-backend
+                return
+            B.backend_view_init(tensor)
+    else:
+        if tensor.data == 0:
+            assert ta.addr.offset != SIZE_MAX
+            assert B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], tensor) <= ta.size_max
+            vbuffer_tensor_alloc(galloc.buffers[buffer_id], tensor, ta.addr)
+        else:
+            if tensor.buffer == 0:
+                # this tensor was allocated without ggml-backend
+                return
+
+
+def gallocr_node_needs_realloc(galloc: ggml_gallocr, node: Tensor, talloc: tensor_alloc) -> bool:
+    """Despite its name, True when the planned slot still fits ``node`` (the tensor is *valid*)."""
+    node_size = 0
+    if not node.data and node.view_src is None:
+        # If we previously had data but don't now then reallocate
+        if talloc.buffer_id < 0:
+            return False
+        node_size = B.backend_buft_get_alloc_size(galloc.bufts[talloc.buffer_id], node)
+    return talloc.size_max >= node_size
+
+
+def _realloc_reason(galloc: ggml_gallocr, graph) -> str | None:
+    if galloc.n_nodes != graph.n_nodes:
+        return "graph has different number of nodes"
+    if galloc.n_leafs != graph.n_leafs:
+        return "graph has different number of leafs"
+    for i in range(graph.n_nodes):
+        node = graph.nodes[i]
+        na = galloc.node_allocs[i]
+        if not gallocr_node_needs_realloc(galloc, node, na.dst):
+            return f"node {node.name} is not valid"
+        for j in range(C.GGML_MAX_SRC):
+            src = node.src[j]
+            if src is None:
+                continue
+            if not gallocr_node_needs_realloc(galloc, src, na.src[j]):
+                return f"src {j} ({src.name}) of node {node.name} is not valid"
+    return None
+
+
+def gallocr_needs_realloc(galloc: ggml_gallocr, graph) -> bool:
+    """Does ``graph`` not fit the last plan? (different node/leaf counts, or a tensor larger than its slot)"""
+    reason = _realloc_reason(galloc, graph)
+    if reason is not None and trace.active:
+        trace.emit("alloc.needs_realloc", galloc=id(galloc), reason=reason)   # GGML_LOG_DEBUG in C
+    return reason is not None
+
+
+def gallocr_alloc_graph(galloc: ggml_gallocr, graph) -> bool:
+    """Give every tensor of ``graph`` its memory from the plan (planning again first if the graph does not fit)."""
+    if gallocr_needs_realloc(galloc, graph):
+        if galloc.n_buffers == 1:
+            # reallocating buffers automatically
+            if not gallocr_reserve(galloc, graph):
+                return False
+        else:
+            # cannot reallocate multi buffer graph automatically, call reserve
+            return False
+
+    # reset buffers
+    for i in range(galloc.n_buffers):
+        if galloc.buffers[i] is not None:
+            vbuffer_reset(galloc.buffers[i])
+
+    # allocate the graph tensors from the previous assignments
+    # leafs
+    for i in range(graph.n_leafs):
+        gallocr_init_tensor(galloc, graph.leafs[i], galloc.leaf_allocs[i].leaf)
+    # nodes
+    for i in range(graph.n_nodes):
+        node = graph.nodes[i]
+        na = galloc.node_allocs[i]
+        for j in range(C.GGML_MAX_SRC):
+            src = node.src[j]
+            if src is None:
+                continue
+            gallocr_init_tensor(galloc, src, na.src[j])
+        gallocr_init_tensor(galloc, node, na.dst)
+    return True
+
+
+def gallocr_get_buffer_size(galloc: ggml_gallocr, buffer_id: int) -> int:
+    GGML_ASSERT(0 <= buffer_id < galloc.n_buffers, "buffer_id >= 0 && buffer_id < galloc->n_buffers")
+    if galloc.buffers[buffer_id] is None:
+        return 0
+    for i in range(buffer_id):
+        if galloc.buffers[i] is galloc.buffers[buffer_id]:
+            # this buffer is the same as a previous one due to the same buffer type being used multiple times
+            # only return the buffer size the first time it appears to avoid double counting
+            return 0
+    return vbuffer_size(galloc.buffers[buffer_id])
+
+
+# ==================================================================================================
+# utils: every tensor of a context in one (or a few) buffers
+# ==================================================================================================
+
+def _free_buffers(buffers: list) -> None:
+    for b in buffers:
+        B.backend_buffer_free(b)
+    buffers.clear()
+
+
+def _alloc_tensor_range(tensors: list, first: int, last: int, buft, size: int, buffers: list) -> bool:
+    """Allocate one buffer of ``size`` bytes and place tensors[first:last] in it with a tallocr."""
+    buffer = B.backend_buft_alloc_buffer(buft, size)
+    if buffer is None:
+        _free_buffers(buffers)
+        return False
+    buffers.append(buffer)
+
+    tallocr = tallocr_new(buffer)
+    for t in tensors[first:last]:
+        status = C.GGML_STATUS_SUCCESS
+        if t.data == 0:
+            if t.view_src is None:
+                status = tallocr_alloc(tallocr, t)
+            elif t.buffer == 0:
+                status = B.backend_view_init(t)
+        else:
+            if t.view_src is not None and t.buffer == 0:
+                # view of a pre-allocated tensor
+                status = B.backend_view_init(t)
+        if status != C.GGML_STATUS_SUCCESS:
+            _free_buffers(buffers)
+            return False
+    return True
+
+
+def _backend_alloc_ctx_tensors_from_buft_impl(ctx, buft, no_alloc: bool):
+    """Returns (buffer or None, nbytes_total)."""
+    GGML_ASSERT(ctx.no_alloc, "ggml_backend_alloc_ctx_tensors_from_buft: the context must be no_alloc")
+
+    alignment = B.backend_buft_get_alignment(buft)
+    max_size = B.backend_buft_get_max_size(buft)
+
+    buffers: list = []
+    nbytes_total = 0
+
+    tensors = list(ctx.tensors())       # ggml_get_first_tensor / ggml_get_next_tensor
+    cur_buf_size = 0
+    first = 0
+    for k, t in enumerate(tensors):
+        this_size = 0
+        if t.data == 0 and t.view_src is None:
+            this_size = GGML_PAD(B.backend_buft_get_alloc_size(buft, t), alignment)
+
+        if cur_buf_size > 0 and (cur_buf_size + this_size) > max_size:
+            # allocate tensors in the current buffer
+            if not no_alloc and not _alloc_tensor_range(tensors, first, k, buft, cur_buf_size, buffers):
+                return None, nbytes_total
+            first = k
+            nbytes_total += cur_buf_size
+            cur_buf_size = this_size
+        else:
+            cur_buf_size += this_size
+
+    # allocate remaining tensors
+    if cur_buf_size > 0:
+        nbytes_total += cur_buf_size
+        if not no_alloc and not _alloc_tensor_range(tensors, first, len(tensors), buft, cur_buf_size, buffers):
+            return None, nbytes_total
+
+    if no_alloc:
+        return None, nbytes_total
+
+    if len(buffers) == 0:
+        # all tensors in the context are already allocated
+        return None, nbytes_total
+
+    if len(buffers) == 1:
+        buffer = buffers[0]
+    else:
+        buffer = B.backend_multi_buffer_alloc_buffer(buffers, len(buffers))
+    return buffer, nbytes_total
+
+
+def backend_alloc_ctx_tensors_from_buft_size(ctx, buft) -> int:
+    """The size ``backend_alloc_ctx_tensors_from_buft`` would allocate (all buffers together)."""
+    buf, nbytes_total = _backend_alloc_ctx_tensors_from_buft_impl(ctx, buft, no_alloc=True)
+    GGML_ASSERT(buf is None)
+    return nbytes_total
+
+
+def backend_alloc_ctx_tensors_from_buft(ctx, buft):
+    """Create a buffer and place every not-yet-allocated tensor of the ``no_alloc`` context ``ctx`` in it, in context
+    order, each padded to the buffer type's alignment; views get their source's memory. Several buffers (returned
+    as one multi-buffer) when the total exceeds the buffer type's max size. None if there was nothing to allocate.
+    (C first checks for a "meta" buffer type, which ggviz does not have.)"""
+    return _backend_alloc_ctx_tensors_from_buft_impl(ctx, buft, no_alloc=False)[0]
+
+
+def backend_alloc_ctx_tensors(ctx, backend):
+    return backend_alloc_ctx_tensors_from_buft(ctx, B.backend_get_default_buffer_type(backend))
