@@ -4,9 +4,10 @@
     ggviz demo ...   the main demo (ggviz/demo.py)
     ggviz version    print versions
 
-Commands backed by a module (`demo`, later `run`, `bench`, `graph`, `trace`, `report`) hand
-all their remaining arguments to `ggviz.<module>.main(argv)`, which parses its own options:
-to add one, write the module and add a line to MODULE_COMMANDS.
+Commands backed by a module (`demo`, `run`, `bench`, `graph`, `trace`, `report`) hand
+all their remaining arguments to `ggviz.<module>.main(argv)` (or to the function named after a colon,
+"ggviz.export:graph_main"), which parses its own options: to add one, write the module and add a line to
+MODULE_COMMANDS.
 """
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ggviz.demo", "run the ggviz demo (arguments are passed to it; try `ggviz demo --help`)"),
     "run": ("ggviz.run", "generate text with the default model (`ggviz run -p PROMPT -n 64 [--chat]`)"),
     "bench": ("ggviz.bench", "decode/prefill speed vs a plain NumPy reference (and llama.cpp if importable)"),
+    "graph": ("ggviz.export:graph_main",
+              "draw the decode graph (`ggviz graph [--layer N | --full] [--format dot|svg|png] -o FILE`)"),
+    "trace": ("ggviz.export:trace_main", "Chrome/Perfetto trace JSON of one decode compute (`ggviz trace -o FILE`)"),
+    "report": ("ggviz.report", "standalone HTML walkthrough of one decode step (`ggviz report -o report.html`)"),
 }
 
 
@@ -55,13 +60,13 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_module(name: str, argv: list[str]) -> int:
-    module_name = MODULE_COMMANDS[name][0]
+    module_name, _, func = MODULE_COMMANDS[name][0].partition(":")
     if importlib.util.find_spec(module_name) is None:
         print(f"ggviz {name}: not available yet ({module_name} does not exist in this checkout).",
               file=sys.stderr)
         return 2
     module = importlib.import_module(module_name)
-    rc = module.main(argv)
+    rc = getattr(module, func or "main")(argv)
     return rc if isinstance(rc, int) else 0
 
 

@@ -331,6 +331,8 @@ def main(argv=None) -> int:
     ap.add_argument("-p", "--prompt", default="The ggml library is",
                     help="prompt for the real generation that ends the demo")
     ap.add_argument("-n", "--n-predict", type=int, default=24, help="tokens to generate (0: skip generation)")
+    ap.add_argument("--no-report", action="store_true",
+                    help="do not write report.html (the HTML walkthrough of one decode step, `ggviz report`)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     t_start = time.perf_counter()
 
@@ -374,6 +376,13 @@ def main(argv=None) -> int:
         g.t_load_ms += lm.t_load_us / 1e3
         print("\n")
         print(g.timings())
+    if not args.no_report:
+        # the walkthrough of one decode step of the full model, as a standalone page (ggviz/report.py)
+        from .report import write_report
+        from .run import load_model
+        path = write_report(pathlib.Path(args.out) / "report.html", args.prompt, max(args.threads, 2),
+                            load_model(str(model)))
+        print(f"\nreport    {os.path.relpath(path)}: one decode step, section by section (open it in a browser)")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Generate notebooks/01_tensors_and_views.ipynb and notebooks/02_context_arena.ipynb (without outputs).
+"""Generate the notebooks in notebooks/ (without outputs): 00_quickstart, 01_tensors_and_views, 02_context_arena,
+03_cgraph, 06_threadpool, 07_decode_walkthrough.
 
     python tools/make_notebooks.py            # (re)write the notebooks
     python tools/make_notebooks.py --check    # exit 1 if a committed notebook differs from what this script writes
@@ -429,6 +430,443 @@ ggml.free(small); ggml.free(meta); ggml.free(ctx)"""),
 ]
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# 00 · quickstart
+NB00 = [
+    ("md", """\
+# 00 · Quickstart: a language model, run the ggml way
+
+ggviz runs **SmolLM2-135M-Instruct** (a llama-architecture model, 30 layers, weights quantized to Q4_1) with a
+Python/NumPy mirror of **ggml** and **llama.cpp**: the same data structures, the same functions, the same order of
+operations, only slow enough to watch. This notebook runs it end to end, then opens three windows onto what happened:
+
+1. generate a few tokens (`ggviz.generate`, the `llama-simple` loop);
+2. the compute graph of one decode step;
+3. the memory: the model file, the KV cache, the compute buffer.
+
+> **Teacher note.** Everything below is a real run: the numbers come from the model file, not from a drawing.
+> The other notebooks zoom in: 01–02 tensors and the context arena, 03 the graph, 06 the threadpool,
+> 07 one decode step from text to token. `ggviz report` writes the same walkthrough as one HTML page."""),
+    ("code", """\
+import shutil
+import numpy as np
+import ggviz
+from ggviz import llama, viz
+from ggviz.run import load_model
+
+model = load_model()            # llama_model_load_from_file: parse the GGUF, map the weights, build the vocabulary
+hp = model.hparams
+print(model.desc(), f"| {hp.n_layer} layers, n_embd={hp.n_embd}, n_head={hp.n_head} (kv {hp.n_head_kv}), "
+      f"n_vocab={hp.n_vocab}, {model.n_params() / 1e6:.0f} M parameters, {model.size() / 2**20:.0f} MiB")"""),
+    ("md", """\
+## 1. Generate
+
+`ggviz.generate` does what llama.cpp's `llama-simple` example does with the llama.h API: `llama_tokenize` the
+prompt, `llama_decode` it as one batch, then repeat *sample a token → decode that one token* until `n_predict`.
+Greedy sampling (the most likely token each time) makes the output reproducible."""),
+    ("code", """\
+g = ggviz.generate("The ggml library is", n_predict=8, model=model, threads=2, n_ctx=256)
+print(g.prompt + g.text)
+print()
+print(g.timings())"""),
+    ("code", """\
+vocab = llama.model_get_vocab(model)
+print("prompt tokens :", [(t, vocab.token_to_piece(t, True).decode()) for t in g.prompt_tokens])
+print("new tokens    :", [(t, vocab.token_to_piece(t, True).decode()) for t in g.tokens])"""),
+    ("md", """\
+## 2. The graph of one decode step
+
+Each `llama_decode` builds a **compute graph** (`llm_build_llama`): a DAG of ggml operations from the token id to
+the 49152 logits. For one token it has 1086 nodes. Drawn with one box per layer it fits on a screen; the widget
+below opens a layer when you click its box (`GraphView`)."""),
+    ("code", """\
+from ggviz.export import decode_graph, graph_dot
+
+res = decode_graph(model)          # llama_context::build_graph for n_tokens = 1 (built, not computed)
+gf = res.gf
+print(gf, "| first nodes:", [t.name for t in gf.nodes[:6]], "| last:", gf.nodes[-1].name)
+graph_dot(gf) if shutil.which("dot") else print("graphviz's dot is missing: no picture")"""),
+    ("code", """\
+from ggviz.viz.widgets import GraphView
+
+view = GraphView(gf)
+view.expand(0)                     # layer 0 opened up: the attention block, then the feed-forward block
+view"""),
+    ("md", """\
+## 3. Memory
+
+Three kinds of memory take part in a decode:
+
+* the **weights**: mapped from the GGUF file (never copied); the file map shows where each tensor's bytes are;
+* the **KV cache**: K and V of every token seen so far, per layer;
+* the **compute buffer**: the graph's intermediate results, placed by the graph allocator, which reuses memory
+  as soon as a result is no longer needed."""),
+    ("code", """\
+from ggviz.viz.widgets import GGUFMapWidget
+
+GGUFMapWidget(model.gguf, selected="blk.0.attn_q.weight")"""),
+    ("code", """\
+import matplotlib.pyplot as plt
+from ggviz.export import decode_step
+
+step = decode_step("The ggml library is", threads=2, model=model, record=False)   # prompt + one decode step
+kv = step.ctx.kv
+fig, ax = plt.subplots(figsize=(13, 2.2))
+viz.plot_arena(kv.ctx, ax=ax, scale="sqrt", max_labels=12,
+               title=f"KV cache context: {len(kv.k_l)} K and {len(kv.v_l)} V tensors of {kv.size} cells, "
+                     f"{kv.ctx.used_mem():,} bytes; {kv.cells.used} cells used")
+plt.show()
+from ggviz.ggml import alloc
+galloc = step.ctx.sched.galloc if hasattr(step.ctx, "sched") else step.ctx._galloc   # the graph allocator
+plan = galloc.last_alloc
+total = sum(t["size"] for t in plan["tensors"] if t["offset"] is not None and not t["view_src"])
+buf = sum(alloc.gallocr_get_buffer_size(galloc, i) for i in range(galloc.n_buffers))
+print(f"compute buffer: {len(plan['tensors'])} tensors placed for a {plan['n_nodes']}-node graph; "
+      f"sum of their sizes {total:,} bytes, in a buffer of {buf:,} bytes")"""),
+    ("md", """\
+> **Teacher note.** The compute buffer is tiny next to the sum of the tensors it holds: `ggml_gallocr` frees a
+> tensor after its last consumer and hands the bytes to the next node (often *in place*). Notebook 04 (the
+> allocator) shows the plan tensor by tensor. Next: **03 · the compute graph**."""),
+]
+
+# --------------------------------------------------------------------------------------------------------------------
+# 03 · the compute graph
+NB03 = [
+    ("md", """\
+# 03 · The compute graph: nodes, leafs, and the order of evaluation
+
+ggml never computes while you *describe* a computation. `ggml_add(ctx, a, b)` only creates a tensor with
+`op = GGML_OP_ADD` and `src = {a, b}`. `ggml_build_forward_expand(gf, out)` then walks the sources of `out`
+depth-first (`ggml_visit_parents`) and fills two lists of the `ggml_cgraph`:
+
+* **nodes**: tensors with an op, in an order where every source comes before its consumers: the order the CPU
+  backend will compute them;
+* **leafs**: tensors without an op (weights, inputs, constants): their data must be there before computing.
+
+A hash set (`visited_hash_set`) remembers which tensors were already visited, so a tensor read by several nodes is
+added once; `use_counts` counts its readers. This notebook records the walk (`graph.visit` / `graph.add` trace
+events), replays it, and then looks at the 1086-node graph of one decode step."""),
+    ("code", """\
+import shutil
+import numpy as np
+from ggviz import ggml, trace, viz
+
+ctx = ggml.init(4 * 1024 * 1024)
+x = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4), "x")
+W = ggml.set_name(ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F32, 4, 4), "W")
+b = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4), "b")
+u = ggml.set_name(ggml.mul_mat(ctx, W, x), "u")        # u = W x
+v = ggml.set_name(ggml.mul(ctx, u, u), "v")            # v = u * u   (u read twice)
+z = ggml.set_name(ggml.add(ctx, v, b), "z")            # z = v + b
+out = ggml.set_name(ggml.add(ctx, z, u), "out")        # out = z + u (u read a third time)
+
+with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec:
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, out)
+print("nodes:", [t.name for t in gf.nodes])
+print("leafs:", [t.name for t in gf.leafs])"""),
+    ("md", """\
+## The walk, event by event
+
+`ggml_visit_parents(cgraph, node)`: if `node` is in the hash set, stop (a **hit**); otherwise insert it, visit
+`src[0]`, `src[1]`, ... recursively, and only *then* append `node` to `nodes` (or to `leafs` if it has no op).
+Appending after the sources is what makes the list a valid evaluation order (a post-order DFS)."""),
+    ("code", """\
+rows = []
+for k, e in enumerate(rec.events):
+    if e["kind"] == "graph.visit":
+        what = "hit: already in the graph" if e["hit"] else "visit: insert into the hash set"
+    else:
+        what = f"append to {e['kind_']}s[{e['index']}]"
+    rows.append({"step": k, "tensor": e["name"], "hash slot": e["hash_pos"], "what": what})
+viz.Table(rows, title="ggml_visit_parents, recorded")"""),
+    ("code", """\
+from collections import Counter
+hits = Counter(e["name"] for e in rec.events if e["kind"] == "graph.visit" and e["hit"])
+print(f"{len(rec.of('graph.visit'))} visits, {sum(hits.values())} of them hash-set hits: {dict(hits)}")
+print("use counts:", {t.name: gf.use_count(t) for t in list(gf.nodes) + list(gf.leafs)})
+assert gf.use_count(u) == 3 and hits == {"u": 2, "W": 2, "x": 2}"""),
+    ("md", """\
+`u` has three readers (`v` twice, through `src[0]` and `src[1]`, and `out`), so its use count is 3, and the walk
+met it three times: one visit, two hits. Why are `W` and `x` hit too? On a hit, `ggml_visit_parents` still walks
+into the sources that are not yet flagged `GGML_TENSOR_FLAG_COMPUTE` ("update the compute flag regardless"), and a
+leaf never gets that flag, so `u`'s leafs are met again each time. The graph allocator (notebook 04) uses the use
+counts to know when `u`'s memory can be reused. Step through the walk with the widget (each click: one event; the
+hash set on the right):"""),
+    ("code", """\
+from ggviz.viz.widgets import VisitAnimation
+
+anim = VisitAnimation(rec, gf)
+anim.goto(5)
+anim"""),
+    ("md", """\
+## The graph of one decode step
+
+Now the real thing: the graph `llama_decode` builds for one new token (`llm_build_llama`). We record its
+construction the same way."""),
+    ("code", """\
+from collections import Counter
+from ggviz.run import load_model
+from ggviz.export import decode_graph, graph_dot
+
+model = load_model()
+with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec_dec:
+    res = decode_graph(model)
+gfd = res.gf
+visits = [e for e in rec_dec.events if e["kind"] == "graph.visit" and e["graph"] == id(gfd)]
+print(f"{gfd.n_nodes} nodes, {gfd.n_leafs} leafs; ggml_visit_parents entered {len(visits)} times, "
+      f"{sum(e['hit'] for e in visits)} hash-set hits")
+print("ops:", dict(Counter(ggml.op_desc(t).split(' ')[0] for t in gfd.nodes).most_common()))
+for name in ("inp_pos", "attn_inp_kq_mask", "token_embd.weight", "blk.0.attn_q.weight"):
+    leafs = [t for t in gfd.leafs if t.name == name]
+    readers = [[n.name for n in gfd.nodes if any(s is t for s in n.src)] for t in leafs]
+    print(f"{name!r}: {len(leafs)} leaf(s), use counts {[gfd.use_count(t) for t in leafs]}, "
+          f"read by {[r[:3] + (['...'] if len(r) > 3 else []) for r in readers]}")"""),
+    ("md", """\
+> **Teacher note.** `inp_pos` is read by 60 ROPE nodes (Q and K of 30 layers), the mask by 30 softmaxes. This
+> model ties its output head to the token embeddings: llama.cpp loads `token_embd.weight` a second time as the
+> output matrix (`TENSOR_DUPLICATED`), so the graph has two leafs of that name, one read by the first GET_ROWS
+> (the embedding), one by the last MUL_MAT (the logits). Views (RESHAPE, VIEW, PERMUTE, TRANSPOSE) are nodes too, but they compute nothing: they are a
+> new header over the same bytes.
+
+Collapsed per layer, the graph is a chain of 30 identical blocks; below it, layer 0 opened:"""),
+    ("code", """\
+graph_dot(gfd) if shutil.which("dot") else print("graphviz's dot is missing")"""),
+    ("code", """\
+from ggviz.viz.widgets import GraphView
+
+view = GraphView(gfd)
+view.expand(0)
+view"""),
+]
+
+# --------------------------------------------------------------------------------------------------------------------
+# 06 · the threadpool
+NB06 = [
+    ("md", """\
+# 06 · The CPU threadpool: plan, threads, barriers, chunks
+
+How does ggml's CPU backend spread one graph over several threads?
+
+1. **plan** (`ggml_graph_plan`): for every node, how many threads can share it (`ggml_get_n_tasks`) and how much
+   scratch memory it needs; the work buffer is the largest need (plus a cache line per thread);
+2. **compute** (`ggml_graph_compute`): all threads walk the node list together; for each node every thread calls
+   the kernel with its index `ith` of `nth`, then waits in `ggml_barrier` for the others;
+3. **chunks**: mul_mat does not split its rows by `ith` once and for all; threads *claim* chunks of rows from a
+   shared counter (`current_chunk`), so a thread that finishes early takes more work.
+
+Every timeline below is recorded from a real decode step (the `cpu.node`, `cpu.chunk` and `cpu.barrier` events)."""),
+    ("code", """\
+import json
+import tempfile
+import numpy as np
+from collections import defaultdict
+from ggviz import ggml, viz
+from ggviz.ggml.cpu import ggml_cpu
+from ggviz.run import load_model
+from ggviz.export import decode_graph, decode_step, chrome_trace
+
+model = load_model()
+gf = decode_graph(model).gf        # the graph of one decode step, built (not computed)"""),
+    ("md", """\
+## 1. The plan for 1 to 4 threads"""),
+    ("code", """\
+rows = {}
+for node in gf.nodes:
+    op = ggml.op_desc(node).split(" ")[0]
+    r = rows.setdefault(op, {"op": op, "nodes": 0})
+    r["nodes"] += 1
+    for n in (1, 2, 3, 4):
+        nt = ggml_cpu.get_n_tasks(node, n)                   # ggml_get_n_tasks
+        r[f"n_tasks@{n}"] = max(r.get(f"n_tasks@{n}", 0), nt)
+        r[f"work@{n}"] = max(r.get(f"work@{n}", 0), ggml_cpu._work_size(node, nt, n))
+viz.Table(sorted(rows.values(), key=lambda r: -r["nodes"]), title="per op: the most threads and work bytes any node asks")"""),
+    ("code", """\
+for n in (1, 2, 3, 4):
+    p = ggml_cpu.graph_plan(gf, n)                           # ggml_graph_plan
+    print(f"{n} thread(s): plan.n_threads = {p.n_threads}, work_size = {p.work_size:,} bytes")"""),
+    ("md", """\
+> **Teacher note.** Views have `n_tasks = 1` (nothing to do); a softmax gets at most one thread per row. The work
+> buffer is small: a mul_mat converts its F32 input vector to the weights' dot-product type (q8 blocks) once, and
+> ROPE/SOFT_MAX need one row of scratch per thread.
+
+## 2. A real compute, thread by thread"""),
+    ("code", """\
+step = decode_step("The ggml library is", threads=2, model=model)   # prompt, then one recorded decode step
+tl = step.timeline                                                    # ggviz.trace.ComputeTimeline
+c = tl.last
+print(f"{c['n_nodes']} nodes on {c['n_threads']} threads, {(c['t_end'] - c['t_start']) / 1e6:.1f} ms")
+rows = []
+for ith, lane in c["threads"].items():
+    rows.append({"thread": ith, "node calls": len(lane["nodes"]),
+                 "in kernels (ms)": round(sum(s["t_end"] - s["t_start"] for s in lane["nodes"]) / 1e6, 1),
+                 "barriers": len(lane["barriers"]),
+                 "waiting (ms)": round(sum(b["t_exit"] - b["t_enter"] for b in lane["barriers"]) / 1e6, 1),
+                 "chunks claimed": len(lane["chunks"])})
+viz.Table(rows)"""),
+    ("code", """\
+from ggviz.viz.widgets import ThreadTimeline
+
+tt = ThreadTimeline(step.events, window=40)
+tt.select(next(i for i, t in enumerate(gf.nodes) if t.name == "ffn_up-0"))
+tt"""),
+    ("md", """\
+## 3. Barrier waits and chunk claims
+
+A barrier wait is time a thread had nothing to do because another thread was still busy with the same node. Where
+did the threads wait the most?"""),
+    ("code", """\
+wait = defaultdict(float)
+for ith, lane in c["threads"].items():
+    for b in lane["barriers"]:
+        wait[b["name"]] += (b["t_exit"] - b["t_enter"]) / 1e3
+top = sorted(wait.items(), key=lambda kv: -kv[1])[:8]
+viz.Table([{"after node": k, "waiting, all threads (µs)": round(v)} for k, v in top])"""),
+    ("code", """\
+name = "ffn_up-0"
+claims = []
+for ith, lane in c["threads"].items():
+    for ch in lane["chunks"]:
+        if ch["node"] == name:
+            claims.append({"thread": ith, "chunk": ch["chunk"], "rows": f"{ch['ir0'][0]}..{ch['ir0'][1] - 1}",
+                           "t (µs)": round((ch["t_start"] - c["t_start"]) / 1e3, 1)})
+claims.sort(key=lambda r: r["t (µs)"])
+print(f"{name}: {len(claims)} chunks of rows, claimed in this order:")
+viz.Table(claims)"""),
+    ("md", """\
+> **Teacher note.** Each thread starts with chunk `ith`; the shared counter then hands out the next chunk to
+> whichever thread asks first: dynamic load balancing. Here the threads are Python threads sharing one interpreter
+> lock, so often one thread takes most chunks before the other gets going; in C the claims interleave.
+
+The whole timeline also exports as a Chrome trace-event file (`ggviz trace -o trace.json` does this from the
+command line); open it in https://ui.perfetto.dev to zoom and pan:"""),
+    ("code", """\
+doc = chrome_trace(step)
+path = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+with open(path, "w") as f:
+    json.dump(doc, f)
+kinds = defaultdict(int)
+for e in doc["traceEvents"]:
+    kinds[(e["ph"], e.get("cat"))] += 1
+print(path, dict(kinds))"""),
+]
+
+# --------------------------------------------------------------------------------------------------------------------
+# 07 · the decode walkthrough
+NB07 = [
+    ("md", """\
+# 07 · One decode, step by step
+
+The classroom walkthrough of one `llama_decode`: from the prompt's text to the next token, through every stage
+llama.cpp goes through, with the values the model really computed.
+
+1. tokenize (`llama_tokenize`, byte-pair encoding);
+2. embeddings: each token's row of `token_embd.weight`;
+3. layer 0, node by node, values copied out by the eval callback (`cb_eval`);
+4. attention: which earlier tokens each head looks at;
+5. logits → sampler → the chosen token;
+6. and round again: the chosen token is decoded alone, using the KV cache."""),
+    ("code", """\
+import numpy as np
+from ggviz import ggml, llama, viz
+from ggviz.run import load_model, make_sampler
+from ggviz.viz import model_views as MV
+
+model = load_model()
+vocab = llama.model_get_vocab(model)
+prompt = "The ggml library is"
+piece = lambda t: vocab.token_to_piece(int(t), True).decode("utf-8", "replace")"""),
+    ("md", """\
+## 1. Tokenize
+
+`llama_tokenize` cuts the text into words with the pre-tokenizer's regex, writes each byte as a printable symbol
+(a space becomes `Ġ`) and runs **byte-pair encoding** on each word: repeatedly merge the adjacent pair with the
+lowest rank in `tokenizer.ggml.merges` until no pair is in the list. A BOS token is put first only when the model
+asks for it (`tokenizer.ggml.add_bos_token`)."""),
+    ("code", """\
+ids = llama.tokenize(vocab, prompt, add_special=True, parse_special=True)
+print(ids, [piece(t) for t in ids], "| add_bos:", vocab.add_bos)
+MV.bpe_table(vocab, " library")"""),
+    ("md", """\
+## 2 and 3. One decode, node by node
+
+`DecodeStepper` runs `llama_decode` on the prompt (one batch of 6 tokens) with llama.cpp's eval callback asking for
+**every** node: the scheduler then computes the graph one node at a time, and the callback copies each result before
+a later node can reuse its memory. Stepping is free afterwards. Node 0 is the embedding lookup: `GET_ROWS` picks
+each token's row of `token_embd.weight` (dequantizing Q8_0 to F32)."""),
+    ("code", """\
+from ggviz.viz.widgets import DecodeStepper
+
+st = DecodeStepper(prompt, tokens=ids, model=model)
+print(f"{st.n_steps} nodes recorded in {st.decode_s:.1f} s")
+emb = ggml.get_data_f32(model.tok_embd).reshape(model.hparams.n_vocab, -1)[ids]
+s0 = st.goto(0).state()
+print(s0["name"], s0["op"], s0["ne"], "== the tokens' rows of token_embd.weight:",
+      np.allclose(st.values().reshape(len(ids), -1), emb))"""),
+    ("md", """\
+> **Teacher note.** Layer 0 then runs, in this order: `norm-0` (RMS_NORM: divide by the root mean square),
+> `attn_norm-0` (MUL by the learned weights), `Qcur-0`/`Kcur-0`/`Vcur-0` (three MUL_MATs with Q4_1 weights),
+> ROPE on Q and K (a rotation by the position), SET_ROWS into the KV cache, `kq-0` (K·Q per head),
+> `kq_soft_max-0`, `kqv-0` (weights · V), `attn_out-0`, the residual ADD `ffn_inp-0`, the feed-forward block
+> (`ffn_norm`, gate and up, SWIGLU, down) and the second residual `l_out-0`. Step with the buttons, or jump by
+> name:"""),
+    ("code", """\
+rows = []
+for name in ["norm-0", "attn_norm-0", "Qcur-0", "kq-0", "kq_soft_max-0", "kqv_out-0", "ffn_inp-0", "ffn_swiglu-0",
+             "l_out-0"]:
+    s = st.goto(name).state()
+    rows.append({"node": s["index"], "name": s["name"], "op": s["op"], "ne": s["ne"],
+                 "min": s["stats"]["min"], "max": s["stats"]["max"], "mean": s["stats"]["mean"]})
+viz.Table(rows, title="layer 0 of one decode (first node of each name)")"""),
+    ("code", """\
+st.goto("attn_norm-0")
+st"""),
+    ("md", """\
+## 4. Attention in layer 0
+
+The eval callback can also ask for just the softmax nodes (`capture_attention`): for each head, how much each token
+attends to each earlier token. Rows are queries, columns the KV cells; the causal mask leaves the upper triangle
+empty."""),
+    ("code", """\
+cp = llama.context_default_params()
+cp.n_ctx, cp.n_threads, cp.n_threads_batch = 256, 2, 2
+ctx = llama.init_from_model(model, cp)
+att = MV.capture_attention(ctx, ids, layers=[0])          # this is the decode of the prompt on ctx
+MV.attention_figure(att, 0);"""),
+    ("md", """\
+> **Teacher note.** 9 query heads share 3 K/V heads (grouped-query attention). Heads differ: some put most of their
+> weight on the first token (an "attention sink"), others on the token itself or the one before.
+
+## 5. Logits → sampler → token
+
+The last node, `result_output`, gives one logit per vocabulary entry, for the last token only (the batch's output).
+`llama_sampler_sample` runs a chain of samplers over them: top-k, top-p, min-p, temperature, then a seeded random
+draw."""),
+    ("code", """\
+logits = llama.get_logits_ith(ctx, -1)
+# the stepper's decode (cut into 1086 one-node computes) and this one (cut at the 30 softmaxes) pick the same token
+assert int(np.argmax(logits)) == int(np.argmax(st.logits))
+print(f"max |logits - stepper's logits| = {np.abs(logits - st.logits).max():.3g}")
+chain = make_sampler(temp=0.8, seed=1234)             # top_k 40 -> top_p 0.95 -> min_p 0.05 -> temp -> dist
+nxt = llama.sampler_sample(chain, ctx, -1)
+print(f"chosen: {nxt} {piece(nxt)!r} (greedy: {piece(int(np.argmax(logits)))!r}); text: {prompt + piece(nxt)!r}")
+MV.sampler_figure(chain.history, vocab);"""),
+    ("md", """\
+## 6. Round again: decode the chosen token
+
+The chosen token is the next batch, of one token. Its K and V go into the next free KV cell; the earlier tokens' K
+and V are already there, so nothing of the prompt is recomputed. The mask lets it see every earlier cell."""),
+    ("code", """\
+with MV.capture_inputs(ctx) as snaps:
+    assert llama.decode(ctx, llama.batch_get_one([nxt])) == 0
+MV.kv_cache_figure(snaps[-1], vocab);"""),
+    ("md", """\
+> **Teacher note.** This loop (sample, decode one token, repeat) is `ggviz.generate` (notebook 00) and llama.cpp's
+> `llama-simple`. `ggviz report` writes this walkthrough, for one such single-token step, as a standalone web
+> page."""),
+]
+
+
 def build(cells, name: str):
     nb = new_notebook()
     nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
@@ -440,7 +878,8 @@ def build(cells, name: str):
     return nb
 
 
-NOTEBOOKS = {"01_tensors_and_views.ipynb": NB01, "02_context_arena.ipynb": NB02}
+NOTEBOOKS = {"00_quickstart.ipynb": NB00, "01_tensors_and_views.ipynb": NB01, "02_context_arena.ipynb": NB02,
+             "03_cgraph.ipynb": NB03, "06_threadpool.ipynb": NB06, "07_decode_walkthrough.ipynb": NB07}
 
 
 def main(argv=None) -> int:

@@ -102,4 +102,9 @@ def __getattr__(name):
     if name in ("graph_plan", "graph_compute", "graph_compute_with_ctx", "Cplan", "get_n_tasks"):
         from .cpu import ggml_cpu
         return getattr(ggml_cpu, name)
+    if name in ("threadpool_new", "threadpool_free", "threadpool_pause", "threadpool_resume",
+                "threadpool_params_default", "threadpool_params_init", "threadpool_params_match",
+                "threadpool_get_n_threads"):
+        from .cpu import threadpool
+        return getattr(threadpool, name)
     raise AttributeError(f"module 'ggviz.ggml' has no attribute {name!r}")

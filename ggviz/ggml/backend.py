@@ -436,22 +436,6 @@ def backend_multi_buffer_set_usage(buffer, usage: int) -> None:
 
 
 # ==================================================================================================
-# backend / device: only what ggml_backend_alloc_ctx_tensors needs (the backend layer proper comes later)
-# ==================================================================================================
-
-def backend_dev_buffer_type(device):
-    """ggml_backend_dev_buffer_type: the device's default buffer type (``device->iface.get_buffer_type``)."""
-    GGML_ASSERT(device is not None, "device")
-    return device.iface.get_buffer_type(device)
-
-
-def backend_get_default_buffer_type(backend):
-    """ggml_backend_get_default_buffer_type: the buffer type of the backend's device."""
-    GGML_ASSERT(backend is not None, "backend")
-    return backend_dev_buffer_type(backend.device)
-
-
-# ==================================================================================================
 # CPU backend - buffer
 # ==================================================================================================
 
@@ -594,3 +578,986 @@ def backend_cpu_buffer_from_ptr(ptr, size: int) -> ggml_backend_buffer:
     except ValueError:
         memory.register(arr, "CPU_Mapped buffer")
     return backend_buffer_init(_backend_cpu_buffer_from_ptr_type(), _cpu_buffer_from_ptr_i, arr, size)
+
+
+# ==================================================================================================
+# logging (GGML_LOG_*): ggml prints through a log callback; ggviz keeps the last messages and logs them
+# ==================================================================================================
+
+import collections as _collections
+import logging as _logging
+
+_log = _logging.getLogger("ggviz.ggml")
+log_messages: "collections.deque[tuple[str, str]]" = _collections.deque(maxlen=64)   # (level, message)
+
+
+def GGML_LOG(level: str, msg: str) -> None:
+    """GGML_LOG_ERROR / GGML_LOG_WARN / GGML_LOG_DEBUG: kept in ``log_messages`` and sent to ``logging``."""
+    log_messages.append((level, msg))
+    if trace.active:
+        trace.emit("ggml.log", level=level, message=msg)
+    {"error": _log.error, "warn": _log.warning, "info": _log.info}.get(level, _log.debug)(msg)
+
+
+def last_log_error() -> str:
+    """The last GGML_LOG_ERROR message ('' if none): what a failed allocation printed."""
+    for level, msg in reversed(log_messages):
+        if level == "error":
+            return msg
+    return ""
+
+
+# ==================================================================================================
+# backend (stream), device, registry: struct ggml_backend / ggml_backend_device / ggml_backend_reg / ggml_backend_event
+# ==================================================================================================
+
+GGML_BACKEND_API_VERSION = 2
+
+# enum ggml_backend_dev_type
+GGML_BACKEND_DEVICE_TYPE_CPU = 0     # CPU device using system memory
+GGML_BACKEND_DEVICE_TYPE_GPU = 1     # GPU device using dedicated memory
+GGML_BACKEND_DEVICE_TYPE_IGPU = 2    # integrated GPU device using host memory
+GGML_BACKEND_DEVICE_TYPE_ACCEL = 3   # accelerator devices intended to be used together with the CPU backend (BLAS, AMX)
+GGML_BACKEND_DEVICE_TYPE_META = 4    # "meta" device wrapping multiple other devices for tensor parallelism
+DEVICE_TYPE_NAMES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL", 4: "META"}
+
+BACKEND_STRUCT_SIZE = 152   # guid*, iface (16 pointers), device*, context*
+DEVICE_STRUCT_SIZE = 136    # iface (15 pointers), reg*, context*
+REG_STRUCT_SIZE = 48        # int api_version (+pad), iface (4 pointers), context*
+EVENT_STRUCT_SIZE = 16      # device*, context*
+
+
+def _struct_bytes(size: int, label: str):
+    raw = memory.aligned_malloc(size, label)
+    return raw, raw.ctypes.data
+
+
+@dataclass
+class ggml_backend_i:
+    get_name: Callable                                # (backend) -> str
+    free: Callable                                    # (backend)
+    set_tensor_async: Optional[Callable] = None       # (optional) asynchronous tensor data access
+    get_tensor_async: Optional[Callable] = None
+    set_tensor_2d_async: Optional[Callable] = None
+    get_tensor_2d_async: Optional[Callable] = None
+    cpy_tensor_async: Optional[Callable] = None       # (backend_src, backend_dst, src, dst) -> bool
+    synchronize: Optional[Callable] = None            # (optional) complete all pending operations
+    graph_plan_create: Optional[Callable] = None      # (optional) graph plans
+    graph_plan_free: Optional[Callable] = None
+    graph_plan_update: Optional[Callable] = None
+    graph_plan_compute: Optional[Callable] = None
+    graph_compute: Optional[Callable] = None          # (backend, cgraph) -> ggml_status
+    event_record: Optional[Callable] = None           # (optional) event synchronization
+    event_wait: Optional[Callable] = None
+    graph_optimize: Optional[Callable] = None         # (optional) sort/optimize the nodes in the graph
+
+
+class ggml_backend:
+    """``struct ggml_backend { guid; iface; device; context; }``: one stream on a device."""
+    __slots__ = ("guid", "iface", "device", "context", "raw", "addr", "__weakref__")
+
+    def __init__(self, guid: bytes, iface: ggml_backend_i, device, context):
+        self.guid, self.iface, self.device, self.context = guid, iface, device, context
+        self.raw, self.addr = _struct_bytes(BACKEND_STRUCT_SIZE, "ggml_backend")
+        self.raw.view(np.uint64)[17] = getattr(device, "addr", 0) or 0
+
+    def __repr__(self):
+        return f"<ggml_backend {backend_name(self)!r} @0x{self.addr:x}>"
+
+
+@dataclass
+class ggml_backend_dev_caps:
+    async_: bool = False                 # asynchronous operations ("async" in C)
+    host_buffer: bool = False            # pinned host buffer
+    buffer_from_host_ptr: bool = False   # creating buffers from host ptr
+    events: bool = False                 # event synchronization
+    mmap_support: bool = False           # mmap is supported for loading
+
+
+@dataclass
+class ggml_backend_dev_props:
+    name: str = ""
+    description: str = ""
+    memory_free: int = 0
+    memory_total: int = 0
+    type: int = GGML_BACKEND_DEVICE_TYPE_CPU
+    device_id: Optional[str] = None
+    caps: ggml_backend_dev_caps = None
+
+
+@dataclass
+class ggml_backend_device_i:
+    get_name: Callable                                  # (dev) -> str
+    get_description: Callable                           # (dev) -> str
+    get_memory: Callable                                # (dev) -> (free, total)
+    get_type: Callable                                  # (dev) -> enum ggml_backend_dev_type
+    get_props: Callable                                 # (dev, props)
+    init_backend: Callable                              # (dev, params) -> backend
+    get_buffer_type: Callable                           # (dev) -> buft: preferred buffer type
+    get_host_buffer_type: Optional[Callable] = None     # (optional) host buffer type (pinned memory)
+    buffer_from_host_ptr: Optional[Callable] = None     # (optional) buffer from a host pointer
+    supports_op: Callable = None                        # (dev, op) -> bool: can the device compute this op
+    supports_buft: Callable = None                      # (dev, buft) -> bool: can it use a buffer of this type
+    offload_op: Optional[Callable] = None               # (optional) (dev, op) -> bool: worth copying weights
+    event_new: Optional[Callable] = None                # (optional) events
+    event_free: Optional[Callable] = None
+    event_synchronize: Optional[Callable] = None
+
+
+class ggml_backend_device:
+    """``struct ggml_backend_device { iface; reg; context; }``."""
+    __slots__ = ("iface", "reg", "context", "raw", "addr", "__weakref__")
+
+    def __init__(self, iface: ggml_backend_device_i, reg, context):
+        self.iface, self.reg, self.context = iface, reg, context
+        self.raw, self.addr = _struct_bytes(DEVICE_STRUCT_SIZE, "ggml_backend_device")
+        self.raw.view(np.uint64)[15] = getattr(reg, "addr", 0) or 0
+
+    def __repr__(self):
+        return f"<ggml_backend_device {backend_dev_name(self)!r} ({DEVICE_TYPE_NAMES.get(backend_dev_type(self))})>"
+
+
+@dataclass
+class ggml_backend_reg_i:
+    get_name: Callable                                  # (reg) -> str
+    get_device_count: Callable                          # (reg) -> int
+    get_device: Callable                                # (reg, index) -> device
+    get_proc_address: Optional[Callable] = None         # (optional) (reg, name) -> function or None
+
+
+class ggml_backend_reg:
+    """``struct ggml_backend_reg { api_version; iface; context; }``: a backend library and its devices."""
+    __slots__ = ("api_version", "iface", "context", "raw", "addr", "__weakref__")
+
+    def __init__(self, iface: ggml_backend_reg_i, context=None, api_version: int = GGML_BACKEND_API_VERSION):
+        self.api_version, self.iface, self.context = api_version, iface, context
+        self.raw, self.addr = _struct_bytes(REG_STRUCT_SIZE, "ggml_backend_reg")
+        self.raw.view(np.int32)[0] = api_version
+
+    def __repr__(self):
+        return f"<ggml_backend_reg {backend_reg_name(self)!r} ({backend_reg_dev_count(self)} devices)>"
+
+
+class ggml_backend_event:
+    """``struct ggml_backend_event { device; context; }``."""
+    __slots__ = ("device", "context", "raw", "addr")
+
+    def __init__(self, device, context=None):
+        self.device, self.context = device, context
+        self.raw, self.addr = _struct_bytes(EVENT_STRUCT_SIZE, "ggml_backend_event")
+
+    def __repr__(self):
+        return f"<ggml_backend_event on {backend_dev_name(self.device)!r}>"
+
+
+# ---- backend
+
+def backend_guid(backend):
+    return None if backend is None else backend.guid
+
+
+def backend_name(backend) -> str:
+    if backend is None:
+        return "NULL"
+    return backend.iface.get_name(backend)
+
+
+def backend_free(backend) -> None:
+    if backend is None:
+        return
+    backend.iface.free(backend)
+
+
+def backend_get_default_buffer_type(backend):
+    """ggml_backend_get_default_buffer_type: the buffer type of the backend's device."""
+    GGML_ASSERT(backend is not None, "backend")
+    return backend_dev_buffer_type(backend.device)
+
+
+def backend_alloc_buffer(backend, size: int):
+    return backend_buft_alloc_buffer(backend_get_default_buffer_type(backend), size)
+
+
+def backend_get_alignment(backend) -> int:
+    return backend_buft_get_alignment(backend_get_default_buffer_type(backend))
+
+
+def backend_get_max_size(backend) -> int:
+    return backend_buft_get_max_size(backend_get_default_buffer_type(backend))
+
+
+def backend_tensor_set_async(backend, tensor: Tensor, data, offset: int, size: int) -> None:
+    GGML_ASSERT(backend is not None, "backend")
+    GGML_ASSERT(tensor is not None, "tensor")
+    GGML_ASSERT(tensor.data != 0, "tensor not allocated")
+    GGML_ASSERT(offset + size <= nbytes(tensor), "tensor write out of bounds")
+    if backend.iface.set_tensor_async is None:
+        backend_synchronize(backend)
+        backend_tensor_set(tensor, data, offset, size)
+    else:
+        backend.iface.set_tensor_async(backend, tensor, data, offset, size)
+
+
+def backend_tensor_get_async(backend, tensor: Tensor, data, offset: int, size: int):
+    GGML_ASSERT(backend is not None, "backend")
+    GGML_ASSERT(tensor is not None, "tensor")
+    GGML_ASSERT(tensor.data != 0, "tensor not allocated")
+    GGML_ASSERT(offset + size <= nbytes(tensor), "tensor read out of bounds")
+    if backend.iface.get_tensor_async is None:
+        backend_synchronize(backend)
+        return backend_tensor_get(tensor, data, offset, size)
+    if data is None:
+        data = np.empty(size, dtype=np.uint8)
+    backend.iface.get_tensor_async(backend, tensor, data, offset, size)
+    return data
+
+
+def backend_tensor_set_2d(tensor: Tensor, data, offset: int, size: int, n_copies: int, stride_tensor: int,
+                          stride_data: int) -> None:
+    """``n_copies`` rows of ``size`` bytes: row i from ``data[i*stride_data:]`` to ``offset + i*stride_tensor``."""
+    src = _as_bytes(data)
+    for i in range(n_copies):
+        backend_tensor_set(tensor, src[i * stride_data:i * stride_data + size], offset + i * stride_tensor, size)
+
+
+def backend_tensor_get_2d(tensor: Tensor, data, offset: int, size: int, n_copies: int, stride_tensor: int,
+                          stride_data: int):
+    out = data.reshape(-1).view(np.uint8) if data is not None else np.empty(max(0, (n_copies - 1) * stride_data + size), np.uint8)
+    for i in range(n_copies):
+        backend_tensor_get(tensor, out[i * stride_data:i * stride_data + size], offset + i * stride_tensor, size)
+    return out
+
+
+def backend_synchronize(backend) -> None:
+    GGML_ASSERT(backend is not None, "backend")
+    if backend.iface.synchronize is None:
+        return
+    backend.iface.synchronize(backend)
+
+
+def backend_graph_plan_create(backend, cgraph):
+    GGML_ASSERT(backend is not None, "backend")
+    GGML_ASSERT(backend.iface.graph_plan_create is not None, "graph_plan_create")
+    return backend.iface.graph_plan_create(backend, cgraph)
+
+
+def backend_graph_plan_free(backend, plan) -> None:
+    GGML_ASSERT(backend is not None, "backend")
+    GGML_ASSERT(backend.iface.graph_plan_free is not None, "graph_plan_free")
+    backend.iface.graph_plan_free(backend, plan)
+
+
+def backend_graph_plan_compute(backend, plan) -> int:
+    GGML_ASSERT(backend is not None, "backend")
+    GGML_ASSERT(backend.iface.graph_plan_compute is not None, "graph_plan_compute")
+    return backend.iface.graph_plan_compute(backend, plan)
+
+
+def backend_graph_compute(backend, cgraph) -> int:
+    err = backend_graph_compute_async(backend, cgraph)
+    backend_synchronize(backend)
+    return err
+
+
+def backend_graph_compute_async(backend, cgraph) -> int:
+    GGML_ASSERT(backend is not None, "backend")
+    return backend.iface.graph_compute(backend, cgraph)
+
+
+def backend_supports_op(backend, op: Tensor) -> bool:
+    GGML_ASSERT(backend is not None, "backend")
+    return backend_dev_supports_op(backend.device, op)
+
+
+def backend_supports_buft(backend, buft) -> bool:
+    GGML_ASSERT(backend is not None, "backend")
+    return backend_dev_supports_buft(backend.device, buft)
+
+
+def backend_offload_op(backend, op: Tensor) -> bool:
+    GGML_ASSERT(backend is not None, "backend")
+    return backend_dev_offload_op(backend.device, op)
+
+
+def backend_get_device(backend):
+    GGML_ASSERT(backend is not None, "backend")
+    return backend.device
+
+
+def backend_graph_optimize(backend, cgraph) -> None:
+    """(static in C) let the backend reorder a split's nodes before the scheduler copies the graph."""
+    GGML_ASSERT(backend is not None, "backend")
+    if backend.iface.graph_optimize is not None:
+        backend.iface.graph_optimize(backend, cgraph)
+
+
+# ---- backend copy
+
+def _same_layout(a: Tensor, b: Tensor) -> bool:
+    # ggml_are_same_layout: same type, ne and nb
+    return a.type == b.type and a.shape == b.shape and a.strides == b.strides
+
+
+def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
+    """ggml_backend_tensor_copy: host source -> tensor_set, host destination -> tensor_get, else the destination
+    buffer's cpy_tensor, else a bounce through host memory ("slow copy")."""
+    GGML_ASSERT(_same_layout(src, dst), "cannot copy tensors with different layouts")
+    if src.addr == dst.addr:
+        return
+    n = nbytes(src)
+    if trace.active:
+        trace.emit("backend.tensor_copy", src=src.name, dst=dst.name, nbytes=n,
+                   src_buft=backend_buffer_name(buffer_at(src.buffer)), dst_buft=backend_buffer_name(buffer_at(dst.buffer)))
+    if backend_buffer_is_host(buffer_at(src.buffer)):
+        backend_tensor_set(dst, _bytes_at(src.data, n), 0, n)
+    elif backend_buffer_is_host(buffer_at(dst.buffer)):
+        backend_tensor_get(src, _bytes_at(dst.data, n), 0, n)
+    elif not backend_buffer_copy_tensor(src, dst):
+        GGML_LOG("debug", f"ggml_backend_tensor_copy: warning: slow copy from {backend_buffer_name(buffer_at(src.buffer))} "
+                          f"to {backend_buffer_name(buffer_at(dst.buffer))}")
+        data = backend_tensor_get(src, None, 0, n)
+        backend_tensor_set(dst, data, 0, n)
+
+
+def backend_tensor_copy_async(backend_src, backend_dst, src: Tensor, dst: Tensor) -> None:
+    GGML_ASSERT(_same_layout(src, dst), "cannot copy tensors with different layouts")
+    if src.addr == dst.addr:
+        return
+    GGML_ASSERT(backend_dst is not None, "backend_dst")
+    if backend_dst.iface.cpy_tensor_async is not None:
+        if backend_dst.iface.cpy_tensor_async(backend_src, backend_dst, src, dst):
+            return
+    # an async copy would normally happen after all the queued operations on both backends are completed
+    # to simulate the same behavior, we need to synchronize both backends first, and do a blocking copy
+    backend_synchronize(backend_src)
+    backend_synchronize(backend_dst)
+    backend_tensor_copy(src, dst)
+
+
+# ---- events
+
+def backend_event_new(device):
+    # null device is allowed for the transition period to the device interface
+    if device is None or device.iface.event_new is None:
+        return None
+    return device.iface.event_new(device)
+
+
+def backend_event_free(event) -> None:
+    if event is None:
+        return
+    event.device.iface.event_free(event.device, event)
+
+
+def backend_event_record(event, backend) -> None:
+    GGML_ASSERT(backend is not None, "backend")
+    GGML_ASSERT(backend.iface.event_record is not None, "event_record")
+    backend.iface.event_record(backend, event)
+
+
+def backend_event_synchronize(event) -> None:
+    GGML_ASSERT(event is not None, "event")
+    GGML_ASSERT(event.device.iface.event_synchronize is not None, "event_synchronize")
+    event.device.iface.event_synchronize(event.device, event)
+
+
+def backend_event_wait(backend, event) -> None:
+    GGML_ASSERT(backend is not None, "backend")
+    GGML_ASSERT(backend.iface.event_wait is not None, "event_wait")
+    backend.iface.event_wait(backend, event)
+
+
+# ---- device
+
+def backend_dev_name(device) -> str:
+    GGML_ASSERT(device is not None, "device")
+    return device.iface.get_name(device)
+
+
+def backend_dev_description(device) -> str:
+    GGML_ASSERT(device is not None, "device")
+    return device.iface.get_description(device)
+
+
+def backend_dev_memory(device):
+    """ggml_backend_dev_memory: returns (free, total) in bytes (C writes them through two pointers)."""
+    GGML_ASSERT(device is not None, "device")
+    return device.iface.get_memory(device)
+
+
+def backend_dev_type(device) -> int:
+    GGML_ASSERT(device is not None, "device")
+    return device.iface.get_type(device)
+
+
+def backend_dev_get_props(device, props: ggml_backend_dev_props | None = None) -> ggml_backend_dev_props:
+    GGML_ASSERT(device is not None, "device")
+    if props is None:
+        props = ggml_backend_dev_props()
+    # memset(props, 0, sizeof(*props))
+    props.__init__()
+    props.caps = ggml_backend_dev_caps()
+    device.iface.get_props(device, props)
+    return props
+
+
+def backend_dev_backend_reg(device):
+    GGML_ASSERT(device is not None, "device")
+    return device.reg
+
+
+def backend_dev_init(device, params: str | None = None):
+    GGML_ASSERT(device is not None, "device")
+    return device.iface.init_backend(device, params)
+
+
+def backend_dev_buffer_type(device):
+    """ggml_backend_dev_buffer_type: the device's default buffer type (``device->iface.get_buffer_type``)."""
+    GGML_ASSERT(device is not None, "device")
+    return device.iface.get_buffer_type(device)
+
+
+def backend_dev_host_buffer_type(device):
+    GGML_ASSERT(device is not None, "device")
+    if device.iface.get_host_buffer_type is None:
+        return None
+    return device.iface.get_host_buffer_type(device)
+
+
+def backend_dev_buffer_from_host_ptr(device, ptr, size: int, max_tensor_size: int):
+    GGML_ASSERT(device is not None, "device")
+    return device.iface.buffer_from_host_ptr(device, ptr, size, max_tensor_size)
+
+
+def backend_dev_supports_op(device, op: Tensor) -> bool:
+    GGML_ASSERT(device is not None, "device")
+    return bool(device.iface.supports_op(device, op))
+
+
+def backend_dev_supports_buft(device, buft) -> bool:
+    GGML_ASSERT(device is not None, "device")
+    return bool(device.iface.supports_buft(device, buft))
+
+
+def backend_dev_offload_op(device, op: Tensor) -> bool:
+    GGML_ASSERT(device is not None, "device")
+    if device.iface.offload_op is not None:
+        return bool(device.iface.offload_op(device, op))
+    return False
+
+
+# ---- reg
+
+def backend_reg_name(reg) -> str:
+    GGML_ASSERT(reg is not None, "reg")
+    return reg.iface.get_name(reg)
+
+
+def backend_reg_dev_count(reg) -> int:
+    GGML_ASSERT(reg is not None, "reg")
+    return reg.iface.get_device_count(reg)
+
+
+def backend_reg_dev_get(reg, index: int):
+    GGML_ASSERT(reg is not None, "reg")
+    return reg.iface.get_device(reg, index)
+
+
+def backend_reg_get_proc_address(reg, name: str):
+    """The function the backend exports under ``name`` (a Python callable), or None."""
+    GGML_ASSERT(reg is not None, "reg")
+    if reg.iface.get_proc_address is None:
+        return None
+    return reg.iface.get_proc_address(reg, name)
+
+
+# ==================================================================================================
+# the registry (ggml-backend-reg.cpp): the backends ggviz is "built" with, and their devices
+# ==================================================================================================
+
+class _BackendRegistry:
+    """``struct ggml_backend_registry``: registered backends (regs) and devices, in registration order.
+
+    ggml registers its compiled-in backends in a fixed order (CUDA, Metal, ..., BLAS, ..., CPU); ggviz is "built"
+    with BLAS (unless ``GGVIZ_NO_BLAS=1``, like a build without GGML_BLAS) and the CPU. The simulated accelerator
+    (``ggviz.ggml.accel``) is not compiled in: ``backend_register(accel.backend_accel_reg())`` or
+    ``backend_load("accel")`` adds it, like loading a backend library at run time."""
+
+    def __init__(self):
+        import os
+        self.backends: list = []     # registered regs
+        self.devices: list = []
+        if os.environ.get("GGVIZ_NO_BLAS", "") in ("", "0"):
+            from . import blas
+            self.register_backend(blas.backend_blas_reg())
+        self.register_backend(backend_cpu_reg())
+
+    def register_backend(self, reg) -> None:
+        if reg is None:
+            return
+        if any(r is reg for r in self.backends):
+            return
+        GGML_LOG("debug", f"ggml_backend_register: registered backend {backend_reg_name(reg)} "
+                          f"({backend_reg_dev_count(reg)} devices)")
+        self.backends.append(reg)
+        for i in range(backend_reg_dev_count(reg)):
+            self.register_device(backend_reg_dev_get(reg, i))
+
+    def register_device(self, device) -> None:
+        if any(d is device for d in self.devices):
+            return
+        GGML_LOG("debug", f"ggml_backend_register_device: registered device {backend_dev_name(device)} "
+                          f"({backend_dev_description(device)})")
+        self.devices.append(device)
+
+    def unload_backend(self, reg) -> None:
+        if not any(r is reg for r in self.backends):
+            GGML_LOG("error", f"ggml_backend_unload: backend not found")
+            return
+        # remove devices
+        self.devices = [d for d in self.devices if d.reg is not reg]
+        # remove backend
+        self.backends = [r for r in self.backends if r is not reg]
+
+
+_registry: _BackendRegistry | None = None
+
+
+def _get_reg() -> _BackendRegistry:
+    global _registry
+    if _registry is None:
+        _registry = _BackendRegistry()
+    return _registry
+
+
+def backend_register(reg) -> None:
+    _get_reg().register_backend(reg)
+
+
+def backend_device_register(device) -> None:
+    _get_reg().register_device(device)
+
+
+def backend_load(name: str):
+    """ggml_backend_load: ggviz has no shared libraries; ``name`` picks one of its optional backends ("accel")."""
+    if name.lower() in ("accel", "ggml-accel", "libggml-accel.so"):
+        from . import accel
+        reg = accel.backend_accel_reg()
+        _get_reg().register_backend(reg)
+        return reg
+    GGML_LOG("error", f"ggml_backend_load: no ggviz backend named {name!r}")
+    return None
+
+
+def backend_unload(reg) -> None:
+    _get_reg().unload_backend(reg)
+
+
+def _striequals(a: str, b: str) -> bool:
+    return a.lower() == b.lower()
+
+
+def backend_reg_count() -> int:
+    return len(_get_reg().backends)
+
+
+def backend_reg_get(index: int):
+    GGML_ASSERT(0 <= index < backend_reg_count(), "index < ggml_backend_reg_count()")
+    return _get_reg().backends[index]
+
+
+def backend_reg_by_name(name: str):
+    for i in range(backend_reg_count()):
+        reg = backend_reg_get(i)
+        if _striequals(backend_reg_name(reg), name):
+            return reg
+    return None
+
+
+def backend_dev_count() -> int:
+    return len(_get_reg().devices)
+
+
+def backend_dev_get(index: int):
+    GGML_ASSERT(0 <= index < backend_dev_count(), "index < ggml_backend_dev_count()")
+    return _get_reg().devices[index]
+
+
+def backend_dev_by_name(name: str):
+    for i in range(backend_dev_count()):
+        dev = backend_dev_get(i)
+        if _striequals(backend_dev_name(dev), name):
+            return dev
+    return None
+
+
+def backend_dev_by_type(type_: int):
+    for i in range(backend_dev_count()):
+        dev = backend_dev_get(i)
+        if backend_dev_type(dev) == type_:
+            return dev
+    return None
+
+
+def backend_init_by_name(name: str, params: str | None = None):
+    dev = backend_dev_by_name(name)
+    if dev is None:
+        return None
+    return backend_dev_init(dev, params)
+
+
+def backend_init_by_type(type_: int, params: str | None = None):
+    dev = backend_dev_by_type(type_)
+    if dev is None:
+        return None
+    return backend_dev_init(dev, params)
+
+
+def backend_init_best():
+    dev = backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU)
+    dev = dev if dev is not None else backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU)
+    dev = dev if dev is not None else backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    if dev is None:
+        return None
+    return backend_dev_init(dev, None)
+
+
+# ==================================================================================================
+# CPU backend (ggml-cpu.cpp): backend (stream), device, reg
+# ==================================================================================================
+
+def _cpu_extra_buffer_types() -> list:
+    """ggml_backend_cpu_get_extra_buffer_types: ggviz.ggml.cpu.repack's list (CPU_REPACK) when that module exists."""
+    try:
+        from .cpu import repack
+    except ImportError:
+        return []
+    get = getattr(repack, "get_extra_buffer_types", None)
+    return list(get()) if get is not None else []
+
+
+def backend_cpu_is_extra_buffer_type(buft) -> bool:
+    return buft is not None and any(extra is buft for extra in _cpu_extra_buffer_types())
+
+
+class ggml_backend_cpu_context:
+    """``struct ggml_backend_cpu_context``."""
+
+    def __init__(self):
+        self.n_threads = C.GGML_DEFAULT_N_THREADS
+        self.threadpool = None
+        self.work_data: np.ndarray | None = None
+        self.work_size = 0
+        self.abort_callback = None
+        self.abort_callback_data = None
+        self.use_ref = False        # use reference implementation
+
+    def __repr__(self):
+        return f"<ggml_backend_cpu_context n_threads={self.n_threads} work_size={self.work_size}>"
+
+
+class ggml_backend_plan_cpu:
+    __slots__ = ("cplan", "cgraph")
+
+    def __init__(self, cplan, cgraph):
+        self.cplan, self.cgraph = cplan, cgraph
+
+
+def _cpu_get_name(backend) -> str:
+    return "CPU"
+
+
+def _cpu_free(backend) -> None:
+    ctx = backend.context
+    ctx.work_data = None
+    ctx.work_size = 0
+
+
+def _cpu_graph_plan_create(backend, cgraph):
+    from .cpu import ggml_cpu
+    ctx = backend.context
+    cplan = ggml_cpu.graph_plan(cgraph, ctx.n_threads, ctx.threadpool)
+    if cplan.work_size > 0:
+        cplan.work_data = np.zeros(cplan.work_size, dtype=np.uint8)
+    cplan.abort_callback = ctx.abort_callback
+    cplan.abort_callback_data = ctx.abort_callback_data
+    cplan.use_ref = ctx.use_ref
+    return ggml_backend_plan_cpu(cplan, cgraph)     # FIXME in C: a shallow copy of the graph
+
+
+def _cpu_graph_plan_free(backend, plan) -> None:
+    plan.cplan.work_data = None
+
+
+def _cpu_graph_plan_compute(backend, plan) -> int:
+    from .cpu import ggml_cpu
+    return ggml_cpu.graph_compute(plan.cgraph, plan.cplan)
+
+
+def _cpu_graph_compute(backend, cgraph) -> int:
+    from .cpu import ggml_cpu
+    ctx = backend.context
+    cplan = ggml_cpu.graph_plan(cgraph, ctx.n_threads, ctx.threadpool)
+    if ctx.work_size < cplan.work_size:
+        ctx.work_data = np.zeros(cplan.work_size, dtype=np.uint8)
+        ctx.work_size = cplan.work_size
+    cplan.work_data = ctx.work_data
+    cplan.abort_callback = ctx.abort_callback
+    cplan.abort_callback_data = ctx.abort_callback_data
+    cplan.use_ref = ctx.use_ref
+    return ggml_cpu.graph_compute(cgraph, cplan)
+
+
+_cpu_backend_i = ggml_backend_i(
+    get_name=_cpu_get_name,
+    free=_cpu_free,
+    set_tensor_async=None,
+    get_tensor_async=None,
+    cpy_tensor_async=None,
+    synchronize=None,
+    graph_plan_create=_cpu_graph_plan_create,
+    graph_plan_free=_cpu_graph_plan_free,
+    graph_plan_update=None,
+    graph_plan_compute=_cpu_graph_plan_compute,
+    graph_compute=_cpu_graph_compute,
+    event_record=None,
+    event_wait=None,
+    graph_optimize=None,
+)
+
+_CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a, 0xe3, 0xaf, 0xea, 0x92, 0x36, 0xbc, 0xfc, 0x89])
+
+
+def backend_cpu_init():
+    """ggml_backend_cpu_init: a CPU backend (stream) with GGML_DEFAULT_N_THREADS threads and no threadpool."""
+    return ggml_backend(_CPU_GUID, _cpu_backend_i, backend_reg_dev_get(backend_cpu_reg(), 0),
+                        ggml_backend_cpu_context())
+
+
+def backend_is_cpu(backend) -> bool:
+    return backend is not None and backend.guid == _CPU_GUID
+
+
+def backend_cpu_set_n_threads(backend_cpu, n_threads: int) -> None:
+    GGML_ASSERT(backend_is_cpu(backend_cpu), "ggml_backend_is_cpu(backend_cpu)")
+    backend_cpu.context.n_threads = n_threads
+
+
+def backend_cpu_set_threadpool(backend_cpu, threadpool) -> None:
+    GGML_ASSERT(backend_is_cpu(backend_cpu), "ggml_backend_is_cpu(backend_cpu)")
+    ctx = backend_cpu.context
+    if ctx.threadpool is not None and ctx.threadpool is not threadpool:
+        # already had a different threadpool, pause/suspend it before switching
+        from .cpu import threadpool as _tp
+        _tp.threadpool_pause(ctx.threadpool)
+    ctx.threadpool = threadpool
+
+
+def backend_cpu_set_abort_callback(backend_cpu, abort_callback, abort_callback_data=None) -> None:
+    GGML_ASSERT(backend_is_cpu(backend_cpu), "ggml_backend_is_cpu(backend_cpu)")
+    backend_cpu.context.abort_callback = abort_callback
+    backend_cpu.context.abort_callback_data = abort_callback_data
+
+
+def backend_cpu_set_use_ref(backend_cpu, use_ref: bool) -> None:
+    GGML_ASSERT(backend_is_cpu(backend_cpu), "ggml_backend_is_cpu(backend_cpu)")
+    backend_cpu.context.use_ref = bool(use_ref)
+
+
+# ---- CPU device
+
+def _cpu_description() -> str:
+    """The "model name" line of /proc/cpuinfo, as ggml_backend_cpu_device_context reads it ("CPU" otherwise)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    p = line.find(":")
+                    if p >= 0:
+                        return line[p + 1:].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "CPU"
+
+
+class ggml_backend_cpu_device_context:
+    def __init__(self):
+        self.description = _cpu_description()
+
+
+def _cpu_dev_get_name(dev) -> str:
+    return "CPU"
+
+
+def _cpu_dev_get_description(dev) -> str:
+    return dev.context.description
+
+
+def _cpu_dev_get_memory(dev):
+    import os
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        total = 0
+    # "free" system memory is ill-defined, for practical purposes assume that all of it is free
+    return total, total
+
+
+def _cpu_dev_get_type(dev) -> int:
+    return GGML_BACKEND_DEVICE_TYPE_CPU
+
+
+def _cpu_dev_get_props(dev, props) -> None:
+    props.name = _cpu_dev_get_name(dev)
+    props.description = _cpu_dev_get_description(dev)
+    props.type = _cpu_dev_get_type(dev)
+    props.memory_free, props.memory_total = _cpu_dev_get_memory(dev)
+    props.caps = ggml_backend_dev_caps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False,
+                                       mmap_support=True)
+
+
+def _cpu_dev_init_backend(dev, params):
+    return backend_cpu_init()
+
+
+def _cpu_dev_get_buffer_type(dev):
+    return backend_cpu_buffer_type()
+
+
+def _cpu_dev_buffer_from_host_ptr(dev, ptr, size, max_tensor_size):
+    return backend_cpu_buffer_from_ptr(ptr, size)
+
+
+_CPU_NO_FROM_FLOAT = {C.GGML_TYPE_IQ3_XXS, C.GGML_TYPE_IQ3_S, C.GGML_TYPE_IQ2_XXS, C.GGML_TYPE_IQ2_XS,
+                      C.GGML_TYPE_IQ2_S, C.GGML_TYPE_IQ1_S, C.GGML_TYPE_IQ1_M}   # missing type_traits.from_float
+_VIEW_OPS = (C.GGML_OP_NONE, C.GGML_OP_RESHAPE, C.GGML_OP_VIEW, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE)
+
+
+def _cpu_dev_supports_op(dev, op: Tensor) -> bool:
+    """ggml_backend_cpu_device_supports_op."""
+    src0, src1 = op.src[0], op.src[1]
+    if op.op in _VIEW_OPS:
+        return True
+    # check extra buffer types
+    # note: only the first sources are checked for extra buffer types to reduce overhead, increase if necessary
+    for i in range(4):
+        s = op.src[i]
+        if s is not None and s.buffer and backend_cpu_is_extra_buffer_type(buffer_at(s.buffer).buft):
+            buf_extra = buffer_at(s.buffer).buft.context
+            return bool(buf_extra.supports_op(dev, op))
+    o = op.op
+    if o in (C.GGML_OP_CPY, C.GGML_OP_SET_ROWS):
+        return op.type not in _CPU_NO_FROM_FLOAT
+    if o == C.GGML_OP_MUL_MAT:
+        from .cpu.quants import VEC_DOT_TYPE
+        return src1.type == C.GGML_TYPE_F32 or src1.type == VEC_DOT_TYPE.get(src0.type)
+    if o == C.GGML_OP_SOFT_MAX_BACK:
+        if op.src[0].type != C.GGML_TYPE_F32 or op.src[1].type != C.GGML_TYPE_F32:
+            return False
+        max_bias = float(op.op_params[1:2].view(np.float32)[0])
+        return max_bias == 0.0
+    if o == C.GGML_OP_IM2COL_BACK:
+        return src0.type == C.GGML_TYPE_F32 and src1.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16)
+    if o == C.GGML_OP_GET_ROWS_BACK:
+        return src0.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16)
+    if o == C.GGML_OP_OUT_PROD:
+        from .tensor import is_quantized
+        return ((src0.type == C.GGML_TYPE_F32
+                 or ((src0.type == C.GGML_TYPE_F16 or is_quantized(src0.type))
+                     and src0.ne[2] == src1.ne[2] and src0.ne[3] == src1.ne[3]))
+                and src1.type == C.GGML_TYPE_F32 and op.type == C.GGML_TYPE_F32)
+    if o == C.GGML_OP_CONV_2D:
+        from .tensor import is_contiguous
+        return is_contiguous(op.src[0])
+    if o == C.GGML_OP_SSM_SCAN:
+        return int(op.op_params[0]) == 1 or op.src[3].ne[0] == 1
+    return True
+
+
+def _cpu_dev_supports_buft(dev, buft) -> bool:
+    return backend_buft_is_host(buft) or backend_cpu_is_extra_buffer_type(buft)
+
+
+_cpu_device_i = ggml_backend_device_i(
+    get_name=_cpu_dev_get_name,
+    get_description=_cpu_dev_get_description,
+    get_memory=_cpu_dev_get_memory,
+    get_type=_cpu_dev_get_type,
+    get_props=_cpu_dev_get_props,
+    init_backend=_cpu_dev_init_backend,
+    get_buffer_type=_cpu_dev_get_buffer_type,
+    get_host_buffer_type=None,
+    buffer_from_host_ptr=_cpu_dev_buffer_from_host_ptr,
+    supports_op=_cpu_dev_supports_op,
+    supports_buft=_cpu_dev_supports_buft,
+    offload_op=None,
+    event_new=None,
+    event_free=None,
+    event_synchronize=None,
+)
+
+
+# ---- CPU reg
+
+def _cpu_reg_get_name(reg) -> str:
+    return "CPU"
+
+
+def _cpu_reg_get_device_count(reg) -> int:
+    return 1
+
+
+_cpu_device = None
+
+
+def _cpu_reg_get_device(reg, index: int):
+    global _cpu_device
+    GGML_ASSERT(index == 0, "index == 0")
+    if _cpu_device is None:
+        _cpu_device = ggml_backend_device(_cpu_device_i, reg, ggml_backend_cpu_device_context())
+    return _cpu_device
+
+
+def _cpu_get_extra_bufts(device) -> list:
+    """ggml_backend_dev_get_extra_bufts_t for the CPU: the extra buffer types, NULL-terminated as in C."""
+    return _cpu_extra_buffer_types() + [None]
+
+
+def _cpu_get_features(reg) -> list:
+    feats = []
+    if _cpu_extra_buffer_types():
+        feats.append(("REPACK", "1"))
+    feats.append((None, None))
+    return feats
+
+
+def _cpu_get_proc_address(reg, name: str):
+    from .cpu import threadpool as _tp
+    table = {
+        "ggml_backend_set_n_threads": backend_cpu_set_n_threads,
+        "ggml_backend_dev_get_extra_bufts": _cpu_get_extra_bufts,
+        "ggml_backend_get_features": _cpu_get_features,
+        "ggml_backend_set_abort_callback": backend_cpu_set_abort_callback,
+        "ggml_backend_cpu_set_use_ref": backend_cpu_set_use_ref,
+        "ggml_threadpool_new": getattr(_tp, "threadpool_new", None),
+        "ggml_threadpool_free": getattr(_tp, "threadpool_free", None),
+        "ggml_backend_cpu_set_threadpool": backend_cpu_set_threadpool,
+    }
+    return table.get(name)
+
+
+_cpu_reg = None
+
+
+def backend_cpu_reg():
+    """ggml_backend_cpu_reg: the CPU backend's registration entry (one static object)."""
+    global _cpu_reg
+    if _cpu_reg is None:
+        _cpu_reg = ggml_backend_reg(ggml_backend_reg_i(
+            get_name=_cpu_reg_get_name,
+            get_device_count=_cpu_reg_get_device_count,
+            get_device=_cpu_reg_get_device,
+            get_proc_address=_cpu_get_proc_address,
+        ))
+    return _cpu_reg

@@ -6,6 +6,12 @@ batch, split it into ubatches of ``n_ubatch`` tokens, for each: ``find_slot``/``
 ``set_inputs``, compute, copy the output rows of the logits), ``get_logits_ith``, and the scheduler's eval callback
 (``cb_eval(tensor, ask) -> bool``: asked once per node; the nodes up to one it wants are computed, then it is called
 with the data; returning False stops the decode).
+
+The graph runs through ``ggml_backend_sched`` as in llama.cpp: the context's backends are one per offload device of
+the model (``n_gpu_layers``), then the ACCEL-type devices of the registry (BLAS), then the CPU; every new graph is
+``backend_sched_reset`` + build (whose callback pins each layer's ``norm`` to its layer's device for small batches,
+``llama_context::graph_get_cb``) + ``backend_sched_alloc_graph``, and ``backend_sched_graph_compute_async`` runs
+the splits (``ctx.sched.last_plan`` holds the last split plan).
 """
 from __future__ import annotations
 
@@ -16,8 +22,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ggml, trace
-from ..ggml import memory
-from ..ggml.cpu import ggml_cpu
 from .graph import LlamaGraphBuilder, graph_max_nodes
 from .kv_cache import KVCache
 
@@ -50,6 +54,8 @@ class LlamaContextParams:
     no_perf: bool = False
     abort_callback: object = None
     abort_callback_data: object = None
+    offload_kqv: bool = True         # KV cache of offloaded layers on their device
+    op_offload: bool = True          # let offload devices take large-batch ops whose weights are in host memory
 
 
 def context_default_params() -> LlamaContextParams:
@@ -91,20 +97,56 @@ class LlamaContext:
         self.yarn_attn_factor = 1.0 if p.yarn_attn_factor < 0.0 else p.yarn_attn_factor
         self.yarn_beta_fast = 32.0 if p.yarn_beta_fast < 0.0 else p.yarn_beta_fast
         self.yarn_beta_slow = 1.0 if p.yarn_beta_slow < 0.0 else p.yarn_beta_slow
-        self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True)
+        self._init_backends(model, p)
+        # the KV cache of each layer lives on the layer's device when offload_kqv (llama_kv_cache's buft per layer)
+        from ..ggml import backend as gb
+        kv_bufts = [gb.backend_dev_buffer_type(d) if (p.offload_kqv and d is not None) else gb.backend_cpu_buffer_type()
+                    for d in (model.dev_layer or [None] * hp.n_layer)]
+        self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts)
         self.logits = np.zeros((0, hp.n_vocab), dtype=np.float32)
         self.output_ids: dict[int, int] = {}
         self.n_outputs = 0
         self.perf = _Perf(t_start_us=int(time.perf_counter() * 1e6), t_load_us=model.t_load_us)
         self.last_graph = None            # the GraphResult of the last ubatch (for the visual layer)
         self.graph_hook = None            # optional callable(GraphResult) before compute (step-through views)
-        self._compute_buf = None
-        self._galloc = None
+        self._cb_stopped = False
         # llama.cpp reuses the previous graph when the new ubatch has the same topology (llm_graph_result::can_reuse);
         # LLAMA_GRAPH_REUSE_DISABLE turns that off, as there
         self.graph_reuse = os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None
         self._prev_key = None
         self.n_reused = 0
+
+    def _init_backends(self, model, p):
+        """llama_context's constructor: the backends (offload devices, ACCEL devices such as BLAS, the CPU), their
+        buffer types, the set_n_threads functions, and the scheduler over them."""
+        from ..ggml import backend as gb
+        from ..ggml import sched as gs
+        self.backends = [gb.backend_dev_init(dev, None) for dev in model.devices]
+        # add ACCEL backends (such as BLAS)
+        for i in range(gb.backend_dev_count()):
+            dev = gb.backend_dev_get(i)
+            if gb.backend_dev_type(dev) == gb.GGML_BACKEND_DEVICE_TYPE_ACCEL:
+                self.backends.append(gb.backend_dev_init(dev, None))
+        # add CPU backend
+        self.backend_cpu = gb.backend_init_by_type(gb.GGML_BACKEND_DEVICE_TYPE_CPU, None)
+        self.backends.append(self.backend_cpu)
+        self.set_n_threads_fns = []
+        for b in self.backends:
+            reg = gb.backend_dev_backend_reg(gb.backend_get_device(b))
+            fn = gb.backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads")
+            if fn is not None:
+                self.set_n_threads_fns.append((b, fn))
+        bufts = []
+        for b in self.backends:
+            buft = gb.backend_get_default_buffer_type(b)
+            if gb.backend_dev_type(gb.backend_get_device(b)) == gb.GGML_BACKEND_DEVICE_TYPE_CPU and model.devices:
+                # use the host buffer of the first device CPU for faster transfer of the intermediate state
+                host_buft = gb.backend_dev_host_buffer_type(model.devices[0])
+                if host_buft is not None:
+                    buft = host_buft
+            bufts.append(buft)
+        self.sched = gs.backend_sched_new(self.backends, bufts, len(self.backends), graph_max_nodes(model), False,
+                                          p.op_offload)
 
     # ---- cparams view used by the graph builder
     @property
@@ -181,8 +223,22 @@ class LlamaContext:
         return 0
 
     def build_graph(self, n_tokens: int, n_outputs: int, n_kv: int):
-        b = LlamaGraphBuilder(self.model, self.kv, self, n_tokens, n_outputs, n_kv)
+        b = LlamaGraphBuilder(self.model, self.kv, self, n_tokens, n_outputs, n_kv,
+                              cb_name=lambda t, name, il: self._graph_cb(t, name, il, n_tokens))
         return b.build()
+
+    def _graph_cb(self, cur, name: str, il: int, n_tokens: int) -> None:
+        """llama_context::graph_get_cb (after naming): "norm may be automatically assigned to the backend of the
+        previous layer, increasing data transfer between backends" -- so for small batches (or a full offload) each
+        layer's norm is pinned to its layer's device (``ggml_backend_sched_set_tensor_backend``: cause "usr")."""
+        from ..ggml import backend as gb
+        from ..ggml import sched as gs
+        full_offload = self.model.params.n_gpu_layers > self.model.hparams.n_layer
+        if (n_tokens < 32 or full_offload) and il != -1 and name == "norm" and self.model.dev_layer:
+            dev_layer = self.model.dev_layer[il]
+            for backend in self.backends:
+                if gb.backend_get_device(backend) is dev_layer and gb.backend_supports_op(backend, cur):
+                    gs.backend_sched_set_tensor_backend(self.sched, cur, backend)
 
     def _decode_ubatch(self, tokens, pos, seq_ids, out_mask, out_offset) -> int:
         n_tokens = len(tokens)
@@ -200,6 +256,9 @@ class LlamaContext:
             if trace.active:
                 trace.emit("llama.graph_reuse", n_tokens=n_tokens, n_kv=n_kv)
         else:
+            from ..ggml import sched as gs
+            gs.backend_sched_reset(self.sched)
+            self._prev_key = None
             res = self.build_graph(n_tokens, n_outputs, n_kv)
             self._allocate(res)
             self._prev_key = key
@@ -212,40 +271,20 @@ class LlamaContext:
         if status != ggml.GGML_STATUS_SUCCESS:
             return 2
         if n_outputs:
-            out = ggml.get_data(res.t_logits)          # (1, 1, n_outputs, n_vocab)
-            self.logits[out_offset:out_offset + n_outputs] = out.reshape(n_outputs, -1)
+            # ggml_backend_tensor_get_async(backend_res, t_logits, ...): the logits may be in device memory
+            from ..ggml import backend as gb
+            out = self.logits[out_offset:out_offset + n_outputs]
+            gb.backend_tensor_get(res.t_logits, out, 0, ggml.nbytes(res.t_logits))
         return 0
 
     def _allocate(self, res):
-        """Give every graph tensor memory. With ggml-alloc available: the graph allocator with in-place reuse."""
-        gf = res.gf
-        try:
-            from ..ggml import alloc as galloc_mod
-            from ..ggml import backend as backend_mod
-        except ImportError:
-            galloc_mod = None
-        if galloc_mod is not None:
-            if self._galloc is None:
-                self._galloc = galloc_mod.gallocr_new(backend_mod.backend_cpu_buffer_type())
-            if not galloc_mod.gallocr_alloc_graph(self._galloc, gf):
-                raise DecodeError("ggml_gallocr_alloc_graph failed")
-            return
-        # fallback: one fresh buffer, every tensor without data gets its own aligned slice (no reuse)
-        need = []
-        for t in list(gf.leafs) + list(gf.nodes):
-            if t.data == 0 and t.view_src is None:
-                need.append(t)
-        total = sum(ggml.GGML_PAD(ggml.nbytes(t), 64) for t in need) + 64
-        buf = memory.aligned_malloc(total, "compute")
-        self._compute_buf = buf
-        off = 0
-        base = buf.ctypes.data
-        for t in need:
-            t.data = base + off
-            off += ggml.GGML_PAD(ggml.nbytes(t), 64)
-        for t in list(gf.leafs) + list(gf.nodes):
-            if t.data == 0 and t.view_src is not None:
-                t.data = t.view_src.data + t.view_offs
+        """ggml_backend_sched_alloc_graph: split the graph over the backends and allocate its compute buffers."""
+        from ..ggml import backend as gb
+        from ..ggml import sched as gs
+        if not gs.backend_sched_alloc_graph(self.sched, res.gf):
+            sizes = {gb.backend_name(b): gs.backend_sched_get_buffer_size(self.sched, b) for b in self.backends}
+            raise DecodeError(f"ggml_backend_sched_alloc_graph failed: could not allocate the compute buffers "
+                              f"({gb.last_log_error() or 'allocation failed'}; allocated now: {sizes})")
 
     def _set_inputs(self, res, tokens, pos, seq_ids, out_mask, idxs, n_kv):
         inp = res.inputs
@@ -258,33 +297,34 @@ class LlamaContext:
             ggml.get_data(inp.out_ids)[...] = np.nonzero(out_mask)[0].astype(np.int32).reshape(1, 1, 1, -1)
 
     def _compute(self, gf, n_threads: int) -> int:
-        cb = self.cparams.cb_eval
-        if cb is None:
-            return self._compute_range(gf, n_threads)
-        # ggml_backend_sched_compute_splits with callback_eval: compute up to each node the callback asks for
-        j = 0
-        n = gf.n_nodes
-        while j < n:
-            j1 = j
-            need = cb(gf.nodes[j1], True)
-            while not need and j1 < n - 1:
-                j1 += 1
-                need = cb(gf.nodes[j1], True)
-            st = self._compute_range(ggml.graph_view(gf, j, j1 + 1), n_threads)
-            if st != ggml.GGML_STATUS_SUCCESS:
-                return st
-            if need and not cb(gf.nodes[j1], False):
-                return ggml.GGML_STATUS_ABORTED
-            j = j1 + 1
-        return ggml.GGML_STATUS_SUCCESS
+        """llama_context::graph_compute: set the thread counts, then ggml_backend_sched_graph_compute_async (the eval
+        callback goes through the scheduler: per split, per node range)."""
+        from ..ggml import backend as gb
+        from ..ggml import sched as gs
+        for backend, fn in self.set_n_threads_fns:
+            fn(backend, n_threads)
+        gb.backend_cpu_set_abort_callback(self.backend_cpu, self.cparams.abort_callback,
+                                          self.cparams.abort_callback_data)
+        self._cb_stopped = False
+        gs.backend_sched_set_eval_callback(self.sched, self._eval_cb if self.cparams.cb_eval is not None else None,
+                                           self.cparams.cb_eval_user_data)
+        status = gs.backend_sched_graph_compute_async(self.sched, gf)
+        gs.backend_sched_synchronize(self.sched)
+        if status == ggml.GGML_STATUS_ALLOC_FAILED:
+            raise DecodeError(f"ggml_backend_sched_graph_compute: allocation failed ({gb.last_log_error()})")
+        if status == ggml.GGML_STATUS_SUCCESS and self._cb_stopped:
+            return ggml.GGML_STATUS_ABORTED
+        return status
 
-    def _compute_range(self, gf, n_threads: int) -> int:
-        plan = ggml_cpu.graph_plan(gf, n_threads)
-        plan.abort_callback = self.cparams.abort_callback
-        plan.abort_callback_data = self.cparams.abort_callback_data
-        if plan.work_size:
-            plan.work_data = np.zeros(plan.work_size, dtype=np.uint8)
-        return ggml_cpu.graph_compute(gf, plan)
+    def _eval_cb(self, t, ask: bool, user_data=None) -> bool:
+        """The scheduler's eval callback -> ``cparams.cb_eval(t, ask)``. Once it has returned False the decode is
+        over for the caller: ggml still runs the remaining splits, but the callback is not asked again."""
+        if self._cb_stopped:
+            return False
+        r = bool(self.cparams.cb_eval(t, ask))
+        if not ask and not r:
+            self._cb_stopped = True
+        return r
 
     # ---- outputs
     def get_logits_ith(self, i: int) -> np.ndarray:

@@ -51,7 +51,7 @@ class KVCells:
 
 class KVCache:
     def __init__(self, hparams, kv_size: int, type_k=ggml.GGML_TYPE_F16, type_v=ggml.GGML_TYPE_F16,
-                 v_trans: bool = True, n_pad: int = N_PAD):
+                 v_trans: bool = True, n_pad: int = N_PAD, bufts=None):
         self.hparams = hparams
         self.size = kv_size
         self.type_k, self.type_v = type_k, type_v
@@ -60,20 +60,35 @@ class KVCache:
         self.cells = KVCells(kv_size)
         self.head = 0
         n_layer = hparams.n_layer
-        # one context for the cache tensors, allocated in one buffer like llama.cpp's ctx_map per buffer type
-        size = n_layer * 2 * ggml.tensor_overhead() + 64
-        for il in range(n_layer):
-            size += ggml.row_size(type_k, hparams.n_embd_k_gqa) * kv_size + 16
-            size += ggml.row_size(type_v, hparams.n_embd_v_gqa) * kv_size + 16
-        self.ctx = ggml.init(size)
+        # llama.cpp's ctx_map: one no_alloc context per buffer type (bufts[il]: the layer's device buffer type when
+        # the KV cache is offloaded, else the CPU's), each allocated in one backend buffer and cleared
+        from ..ggml import alloc as galloc, backend as gb
+        if bufts is None:
+            bufts = [gb.backend_cpu_buffer_type()] * n_layer
+        ctx_map: dict = {}
         self.k_l, self.v_l = [], []
         for il in range(n_layer):
-            k = ggml.new_tensor_3d(self.ctx, type_k, hparams.n_embd_k_gqa, kv_size, 1)
-            v = ggml.new_tensor_3d(self.ctx, type_v, hparams.n_embd_v_gqa, kv_size, 1)
+            buft = bufts[il]
+            if id(buft) not in ctx_map:
+                ctx_map[id(buft)] = (buft, ggml.init(2 * n_layer * ggml.tensor_overhead(), no_alloc=True))
+            ctx = ctx_map[id(buft)][1]
+            k = ggml.new_tensor_3d(ctx, type_k, hparams.n_embd_k_gqa, kv_size, 1)
+            v = ggml.new_tensor_3d(ctx, type_v, hparams.n_embd_v_gqa, kv_size, 1)
             ggml.format_name(k, "cache_k_l%d", il)
             ggml.format_name(v, "cache_v_l%d", il)
             self.k_l.append(k)
             self.v_l.append(v)
+        self.ctxs, self.bufs = [], []
+        for buft, ctx in ctx_map.values():
+            buf = galloc.backend_alloc_ctx_tensors_from_buft(ctx, buft)
+            if buf is None:
+                raise RuntimeError(f"llama_kv_cache: failed to allocate buffer for kv cache "
+                                   f"({gb.backend_buft_name(buft)}: {gb.last_log_error() or 'allocation failed'})")
+            # clear the buffer to avoid NaNs in the padding
+            gb.backend_buffer_clear(buf, 0)
+            self.ctxs.append(ctx)
+            self.bufs.append(buf)
+        self.ctx = self.ctxs[0]
 
     # ---- bookkeeping
     def clear(self):

@@ -77,6 +77,8 @@ class LlamaModelParams:
     use_mlock: bool = False
     vocab_only: bool = False
     check_tensors: bool = False
+    use_extra_bufts: bool = True     # weights of MUL_MATs go to the CPU's extra buffer types (CPU_REPACK) if any
+    devices: list | None = None      # devices to offload to (None: every GPU-type device in the registry)
 
 
 def model_default_params() -> LlamaModelParams:
@@ -99,6 +101,12 @@ class LlamaModel:
     layers: list = field(default_factory=list)
     t_load_us: int = 0
     params: LlamaModelParams = field(default_factory=LlamaModelParams)
+    bufs: list = field(default_factory=list)   # backend buffers the weights were loaded into (extra buffer types)
+    devices: list = field(default_factory=list)     # the offload devices (llama_model::devices)
+    dev_input: object = None                        # device of the input layer (always the CPU)
+    dev_layer: list = field(default_factory=list)   # device of each repeating layer
+    dev_output: object = None                       # device of the output layer (norm + output)
+    ctx_extra: list = field(default_factory=list)   # contexts of duplicated tensors (a tied output on a device)
 
     def n_params(self) -> int:
         return sum(ggml.nelements(t) for t in self.tensors.values())
@@ -188,8 +196,145 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
     m = LlamaModel(path=str(path), gguf=gf, arch=gf.arch, name=str(gf.kv.get("general.name", "")), hparams=hp,
                    vocab=vocab, ctx_w=ctx_w, tensors=tensors, tok_embd=tok_embd, output_norm=output_norm,
                    output=output, layers=layers, params=params)
+    cpu_dev = _assign_devices(m, params)
+    _duplicate_tied_output(m)
+    _offload_weights(m)
+    if params.use_extra_bufts:
+        # weights used by MUL_MAT go to the first extra buffer type that takes them (repacked at load)
+        from ..ggml.cpu import repack
+        if repack.get_extra_buffer_types():
+            mm = [w for il, ly in enumerate(layers) if m.dev_layer[il] is cpu_dev
+                  for w in (ly.wq, ly.wk, ly.wv, ly.wo, ly.ffn_gate, ly.ffn_up, ly.ffn_down)]
+            if m.dev_output is cpu_dev:
+                if m.output is m.tok_embd and repack.get_optimal_repack_type(m.output) is not None:
+                    # a tied output is duplicated (TENSOR_DUPLICATED): GET_ROWS keeps the mapped token_embd, the
+                    # output MUL_MAT gets a copy in the extra buffer type (which only takes MUL_MAT)
+                    cx = ggml.init(2 * ggml.tensor_overhead(), no_alloc=True)
+                    out = ggml.dup_tensor(cx, m.tok_embd)
+                    ggml.set_name(out, m.tok_embd.name)
+                    out.data = m.tok_embd.data
+                    m.ctx_extra.append(cx)
+                    m.output = out
+                mm.append(m.output)
+            buf = repack.place_weights(mm)
+            if buf is not None:
+                m.bufs.append(buf)
+    _map_host_weights(m, cpu_dev)
     m.t_load_us = int((time.perf_counter() - t0) * 1e6)
     return m
+
+
+def _layer_weights(ly: LlamaLayer) -> list:
+    return [w for w in (ly.attn_norm, ly.wq, ly.wk, ly.wv, ly.wo, ly.ffn_norm, ly.ffn_gate, ly.ffn_up, ly.ffn_down)
+            if w is not None]
+
+
+def _assign_devices(m: LlamaModel, params: LlamaModelParams):
+    """llama_model::load_tensors' device assignment: the input layer on the CPU, the last ``n_gpu_layers``
+    repeating layers on the offload devices (split by free memory, like the default ``tensor_split``), the output
+    layer too when ``n_gpu_layers > n_layer``. Returns the CPU device."""
+    import bisect
+
+    from ..ggml import backend as B
+    cpu_dev = B.backend_dev_by_type(B.GGML_BACKEND_DEVICE_TYPE_CPU)
+    if params.devices is not None:
+        devs = [B.backend_dev_by_name(d) if isinstance(d, str) else d for d in params.devices]
+        if any(d is None for d in devs):
+            raise ValueError(f"llama_model_load: unknown device in {params.devices!r}")
+    else:
+        devs = [B.backend_dev_get(i) for i in range(B.backend_dev_count())
+                if B.backend_dev_type(B.backend_dev_get(i)) in (B.GGML_BACKEND_DEVICE_TYPE_GPU,
+                                                                B.GGML_BACKEND_DEVICE_TYPE_IGPU)]
+    m.devices = devs
+    n_layer = m.hparams.n_layer
+    n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else n_layer + 1
+    i_gpu_start = max(n_layer - n_gpu_layers, 0)
+    act_gpu_layers = 0 if not devs else min(n_gpu_layers, n_layer + 1)
+    # default tensor_split: proportional to each device's free memory
+    free = [max(B.backend_dev_memory(d)[0], 1) for d in devs]
+    splits, acc = [], 0.0
+    for f in free:
+        acc += f
+        splits.append(acc / sum(free))
+
+    def layer_dev(il: int):
+        if il < i_gpu_start or (il - i_gpu_start) >= act_gpu_layers:
+            return cpu_dev
+        return devs[min(bisect.bisect_right(splits, float(il - i_gpu_start) / act_gpu_layers), len(devs) - 1)]
+
+    # there is very little benefit to offloading the input layer, so always keep it on the CPU
+    m.dev_input = cpu_dev
+    m.dev_layer = [layer_dev(il) for il in range(n_layer)]
+    m.dev_output = layer_dev(n_layer)
+    return cpu_dev
+
+
+def _duplicate_tied_output(m: LlamaModel) -> None:
+    """Without ``output.weight`` llama.cpp creates the output tensor as a duplicate of ``token_embd.weight``
+    (TENSOR_DUPLICATED: another tensor of the output layer's context, same name, same file bytes), so the output
+    can live in another buffer (CPU_REPACK, a device) than the embedding table, which GET_ROWS reads."""
+    from .. import ggml
+    if m.output is not m.tok_embd:
+        return
+    cx = ggml.init(2 * ggml.tensor_overhead(), no_alloc=True)
+    out = ggml.dup_tensor(cx, m.tok_embd)
+    ggml.set_name(out, m.tok_embd.name)
+    out.data = m.tok_embd.data
+    m.ctx_extra.append(cx)
+    m.output = out
+
+
+def _offload_weights(m: LlamaModel) -> None:
+    """Load the weights of offloaded layers into their device's buffer type (one WEIGHTS buffer per device; llama.cpp
+    fails with "unable to allocate <buft> buffer" when it does not fit)."""
+    from .. import ggml
+    from ..ggml import alloc as galloc
+    from ..ggml import backend as B
+    from ..ggml import memory
+    per_dev: dict = {}
+    for il, ly in enumerate(m.layers):
+        if B.backend_dev_type(m.dev_layer[il]) != B.GGML_BACKEND_DEVICE_TYPE_CPU:
+            per_dev.setdefault(id(m.dev_layer[il]), (m.dev_layer[il], []))[1].extend(_layer_weights(ly))
+    if B.backend_dev_type(m.dev_output) != B.GGML_BACKEND_DEVICE_TYPE_CPU:
+        per_dev.setdefault(id(m.dev_output), (m.dev_output, []))[1].extend([m.output_norm, m.output])
+    for dev, ts in per_dev.values():
+        buft = B.backend_dev_buffer_type(dev)
+        align = B.backend_buft_get_alignment(buft)
+        size = sum(ggml.GGML_PAD(B.backend_buft_get_alloc_size(buft, t), align) for t in ts)
+        buf = B.backend_buft_alloc_buffer(buft, size)
+        if buf is None:
+            raise MemoryError(f"llama_model_load: unable to allocate {B.backend_buft_name(buft)} buffer for the "
+                              f"weights of {len(ts)} tensors ({size} bytes): {B.last_log_error()}")
+        B.backend_buffer_set_usage(buf, B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        talloc = galloc.tallocr_new(buf)
+        for t in ts:
+            n = ggml.nbytes(t)
+            arr, off, _ = memory.resolve(t.data, n)
+            src = arr[off:off + n]
+            t.data = 0
+            galloc.tallocr_alloc(talloc, t)
+            B.backend_tensor_set(t, src, 0, n)
+        m.bufs.append(buf)
+
+
+def _map_host_weights(m: LlamaModel, cpu_dev) -> None:
+    """The weights still in the file mapping get a "CPU_Mapped" buffer over it (llama.cpp's mmap path:
+    ggml_backend_dev_buffer_from_host_ptr + ggml_backend_tensor_alloc at each tensor's address), usage WEIGHTS."""
+    from .. import ggml
+    from ..ggml import backend as B
+    rest = [t for t in list(m.tensors.values()) + [m.output] if t.buffer == 0 and t.data != 0]
+    rest = list({t.addr: t for t in rest}.values())
+    if not rest:
+        return
+    lo = min(t.data for t in rest)
+    hi = max(t.data + ggml.nbytes(t) for t in rest)
+    buf = B.backend_dev_buffer_from_host_ptr(cpu_dev, lo, hi - lo, max(ggml.nbytes(t) for t in rest))
+    B.backend_buffer_set_usage(buf, B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    for t in rest:
+        addr = t.data
+        t.data = 0
+        B.backend_tensor_alloc(buf, t, addr)
+    m.bufs.append(buf)
 
 
 def model_free(model: LlamaModel) -> None:

@@ -171,11 +171,14 @@ def _display_widths(sizes, scale):
 
 
 def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, include_free: bool = False,
-               labels: bool = True, max_labels: int = 40, title: str | None = None):
+               labels: bool = True, max_labels: int = 40, title: str | None = None, gid_prefix: str | None = None,
+               highlight: int | None = None):
     """Draw the arena as a horizontal byte map: one coloured span per region, objects labelled by name.
 
     ``scale="linear"`` keeps widths proportional to bytes; ``"log"``/``"sqrt"`` widen small regions so 32-byte
     headers stay visible next to megabytes of data (tick labels always show real byte offsets).
+    ``gid_prefix``: each region's patch gets the SVG id ``<gid_prefix>o<object index>r<region index>`` (for click
+    handling); ``highlight``: an object index outlined in red.
     Returns the matplotlib Axes.
     """
     import matplotlib.pyplot as plt
@@ -190,9 +193,19 @@ def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, includ
         return ax
     w = _display_widths([r["size"] for r in rows], scale)
     x = np.concatenate([[0.0], np.cumsum(w)])
-    for r, x0, wi in zip(rows, x[:-1], w):
-        ax.add_patch(Rectangle((x0, 0), wi, 1, facecolor=KIND_COLORS.get(r["kind"], "#cccccc"),
-                               edgecolor="#424242", linewidth=0.4))
+    for k, (r, x0, wi) in enumerate(zip(rows, x[:-1], w)):
+        p = ax.add_patch(Rectangle((x0, 0), wi, 1, facecolor=KIND_COLORS.get(r["kind"], "#cccccc"),
+                                   edgecolor="#424242", linewidth=0.4))
+        if gid_prefix is not None:
+            p.set_gid(f"{gid_prefix}o{r['obj'] if r['obj'] is not None else 'x'}r{k}")
+    if highlight is not None:
+        xs = [(x0, x0 + wi) for r, x0, wi in zip(rows, x[:-1], w) if r["obj"] == highlight]
+        if xs:
+            a, b = min(v[0] for v in xs), max(v[1] for v in xs)
+            ax.add_patch(Rectangle((a, 0), b - a, 1, facecolor="none", edgecolor="#d50000", linewidth=2.5,
+                                   zorder=5, clip_on=False))
+            ax.add_patch(Rectangle((a, -0.09), b - a, 0.06, facecolor="#d50000", edgecolor="none", zorder=5,
+                                   clip_on=False))
     total = x[-1]
     ax.set_xlim(0, total)
     ax.set_ylim(0, 1)

@@ -2,9 +2,9 @@
 
 Mirrors ggml-cpu.c: ``ggml_get_n_tasks``, ``ggml_graph_plan`` (n_threads = max n_tasks, work size per op plus one
 cache line per thread), ``struct ggml_cplan``, ``ggml_graph_compute`` (a disposable threadpool when none is given),
-``ggml_graph_compute_thread`` (every thread walks every node; a barrier after each node), ``ggml_barrier``,
-``ggml_cpu_try_fuse_ops`` (RMS_NORM + MUL) and ``ggml_graph_compute_with_ctx`` (the work buffer becomes a
-WORK_BUFFER object in the context).
+``ggml_graph_compute_thread`` (every thread walks every node; a barrier after each node), ``ggml_barrier``
+(ggviz.ggml.cpu.threadpool: ``struct ggml_threadpool``, persistent or disposable), ``ggml_cpu_try_fuse_ops``
+(RMS_NORM + MUL) and ``ggml_graph_compute_with_ctx`` (the work buffer becomes a WORK_BUFFER object in the context).
 
 Threads are real Python threads: NumPy releases the GIL inside its kernels. A worker's exception stops the others at
 their next barrier and reaches the caller, naming the node.
@@ -23,6 +23,9 @@ from ..graph import CGraph
 from ..tensor import (Tensor, get_glu_op, get_unary_op, is_empty, is_quantized, nelements, nrows, op_desc,
                       row_size, type_size)
 from .common import CACHE_LINE_SIZE, ComputeParams
+from . import threadpool as _tp
+from . import repack as _repack
+from .threadpool import GGML_THREADPOOL_N_THREADS_MASK, _Stop  # noqa: F401 - _Stop: raised out of barriers
 
 GGML_STATUS_SUCCESS = C.GGML_STATUS_SUCCESS
 GGML_STATUS_ABORTED = C.GGML_STATUS_ABORTED
@@ -124,6 +127,7 @@ class Cplan:
         self.abort_callback_data = None
         self.use_ref = False
         self.n_tasks: list[int] = []     # ggviz: the per-node n_tasks the planner computed (for the views)
+        self.extra = None                # ggviz: the graph compiled for the CPU_REPACK fast path (repack.FastGraph)
 
     def __repr__(self):
         return f"<ggml_cplan n_threads={self.n_threads} work_size={self.work_size}>"
@@ -136,16 +140,23 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
     work_size = 0
     max_tasks = 1
     per_node = []
-    for node in cgraph.nodes:
+    fast = _repack.plan_graph(cgraph, n_threads)   # ggviz: the compiled graph (cached while the graph is unchanged)
+    if fast is not None and n_threads in fast.plan_cache:
+        work_size, max_tasks, per_node = fast.plan_cache[n_threads]
+    for node in (cgraph.nodes if not per_node else ()):
         n_tasks = get_n_tasks(node, n_threads)
         per_node.append(n_tasks)
         max_tasks = max(max_tasks, n_tasks)
-        work_size = max(work_size, _work_size(node, n_tasks, n_threads))
+        extra = _repack.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
+        work_size = max(work_size, extra if extra is not None else _work_size(node, n_tasks, n_threads))
+    if fast is not None:
+        fast.plan_cache[n_threads] = (work_size, max_tasks, list(per_node))
     if work_size > 0:
         # one cache line per thread so per-thread scratch slices never share a line
         work_size += CACHE_LINE_SIZE * n_threads
     plan = Cplan(work_size, min(max_tasks, n_threads), threadpool)
-    plan.n_tasks = per_node
+    plan.n_tasks = list(per_node)
+    plan.extra = fast
     if trace.active:
         trace.emit("cpu.plan", graph=id(cgraph), n_threads=plan.n_threads, work_size=work_size, n_tasks=per_node)
     return plan
@@ -154,62 +165,9 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
 _EMPTY_OPS = {C.GGML_OP_NONE, C.GGML_OP_RESHAPE, C.GGML_OP_TRANSPOSE, C.GGML_OP_VIEW, C.GGML_OP_PERMUTE}
 
 
-class _Stop(Exception):
-    """Raised inside workers when another worker failed: unwinds them out of barriers."""
-
-
-class DisposableThreadpool:
-    """The part of ``struct ggml_threadpool`` a graph compute needs: n_threads, barrier, current_chunk, abort.
-
-    ggml_barrier is a counter barrier (n_barrier, n_barrier_passed); this one is the same counter protected by a
-    condition variable, so waiting threads sleep instead of spinning (Python threads share one interpreter).
-    """
-
-    def __init__(self, n_threads: int):
-        self.n_threads = n_threads
-        self.n_barrier = 0
-        self.n_barrier_passed = 0
-        self.current_chunk = 0
-        self.abort = -1
-        self.ec = GGML_STATUS_SUCCESS
-        self.error: BaseException | None = None
-        self._cv = threading.Condition()
-        self._chunk_lock = threading.Lock()
-
-    def barrier(self, ith: int = 0):
-        if self.n_threads == 1:
-            return
-        t0 = time.perf_counter_ns() if trace.active else 0
-        with self._cv:
-            if self.error is not None:
-                raise _Stop()
-            passed = self.n_barrier_passed
-            self.n_barrier += 1
-            if self.n_barrier == self.n_threads:
-                # last thread in: release everybody
-                self.n_barrier = 0
-                self.n_barrier_passed += 1
-                self._cv.notify_all()
-            else:
-                while self.n_barrier_passed == passed and self.error is None:
-                    self._cv.wait()
-                if self.error is not None:
-                    raise _Stop()
-        if trace.active:
-            trace.emit("cpu.barrier", ith=ith, t_enter=t0, t_exit=time.perf_counter_ns())
-
-    def chunk_fetch_add(self, n: int = 1) -> int:
-        """atomic_fetch_add(&current_chunk, n)."""
-        with self._chunk_lock:
-            v = self.current_chunk
-            self.current_chunk += n
-            return v
-
-    def fail(self, exc: BaseException):
-        with self._cv:
-            if self.error is None:
-                self.error = exc
-            self._cv.notify_all()
+def DisposableThreadpool(n_threads: int):
+    """The threadpool ggml_graph_compute makes when cplan.threadpool is NULL (freed after the compute)."""
+    return _tp.threadpool_new_impl(_tp.threadpool_params_default(n_threads))
 
 
 def _dispatch():
@@ -245,21 +203,26 @@ def _can_fuse_rms_norm_mul(cgraph: CGraph, i: int) -> Tensor | None:
     return None
 
 
-def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: DisposableThreadpool, table, cpu_ops):
+def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: _tp.Threadpool, table, cpu_ops):
     params = ComputeParams(ith, nth, cplan.work_data, tp, cplan.use_ref)
+    state = tp.workers[ith]
     n = cgraph.n_nodes
     node_n = 0
+    if cplan.extra is not None and not trace.active and not cplan.use_ref and cplan.abort_callback is None:
+        cplan.extra.compute_thread(ith, nth, cplan.work_data)   # ggviz fast path: all nodes compiled (repack.py)
+        node_n = n
     while node_n < n and tp.abort != node_n:
         node = cgraph.nodes[node_n]
         if node.op in _EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE):
             node_n += 1
             continue
+        state.node_n = node_n
         t0 = time.perf_counter_ns() if trace.active else 0
         try:
             fused = None if cplan.use_ref or node.op != C.GGML_OP_RMS_NORM else _can_fuse_rms_norm_mul(cgraph, node_n)
             if fused is not None:
                 cpu_ops.forward_rms_norm_mul_fused(params, node, fused)
-            elif not is_empty(node):
+            elif not is_empty(node) and not _repack.extra_compute_forward(params, node):
                 fn = table.get(node.op)
                 if fn is None:
                     raise GGMLError(f"ggviz CPU backend has no kernel for op {op_desc(node)}")
@@ -271,15 +234,34 @@ def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: Dispos
                             f"{type(exc).__name__}: {exc}") from exc
         if trace.active:
             trace.emit("cpu.node", ith=ith, node_n=node_n, addr=node.addr, name=node.name, op=op_desc(node),
-                       t_start=t0, t_end=time.perf_counter_ns(), fused=fused is not None)
+                       t_start=t0, t_end=time.perf_counter_ns(), fused=fused is not None, pool=tp.serial,
+                       n_graph=tp.n_graph)
         if fused is not None:
             node_n += 1
+            state.node_n = node_n
         if ith == 0 and cplan.abort_callback is not None and cplan.abort_callback(cplan.abort_callback_data):
             tp.abort = node_n + 1
             tp.ec = GGML_STATUS_ABORTED
-        if node_n + 1 < n:
-            params.barrier()
+            if trace.active:
+                trace.emit("cpu.abort", ith=ith, node_n=node_n, abort=node_n + 1, name=node.name, pool=tp.serial,
+                           n_graph=tp.n_graph)
+        if node_n + 1 < n and nth > 1:
+            tp.barrier(ith, "node")
         node_n += 1
+    # every thread waits for the others before leaving the graph (ggml_graph_compute_thread's last ggml_barrier)
+    state.node_n = n
+    if nth > 1:
+        tp.barrier(ith, "final")
+
+
+def graph_compute_thread(state) -> None:
+    """ggml_graph_compute_thread: thread ``state.ith``'s walk over the pool's current graph.
+
+    nth is the number of threads that take part, from the low bits of ``n_graph`` (set by the kickoff)."""
+    tp = state.threadpool
+    nth = tp.n_graph & GGML_THREADPOOL_N_THREADS_MASK
+    table, cpu_ops = tp.dispatch
+    _compute_thread(state.ith, nth, tp.cgraph, tp.cplan, tp, table, cpu_ops)
 
 
 def graph_compute(cgraph: CGraph, cplan: Cplan) -> int:
@@ -289,38 +271,38 @@ def graph_compute(cgraph: CGraph, cplan: Cplan) -> int:
     if cplan.work_size > 0 and (cplan.work_data is None or cplan.work_data.nbytes < cplan.work_size):
         raise GGMLError(f"ggml_graph_compute: cplan needs a work buffer of {cplan.work_size} bytes "
                         f"(got {0 if cplan.work_data is None else cplan.work_data.nbytes})")
-    table, cpu_ops = _dispatch()
     n_threads = cplan.n_threads
-    tp = cplan.threadpool if cplan.threadpool is not None else DisposableThreadpool(n_threads)
-    tp.current_chunk = 0
-    tp.abort = -1
-    tp.ec = GGML_STATUS_SUCCESS
-    tp.error = None
+    tp = cplan.threadpool
+    disposable = tp is None
+    if disposable:
+        # no threadpool given: a disposable one, freed below (its workers start now and wait for the kickoff)
+        tp = _tp.threadpool_new_impl(_tp.threadpool_params_default(n_threads), cgraph, cplan)
+    _tp.threadpool_claim(tp)     # ggviz: one caller at a time (raises if the pool is busy, freed or broken)
+    try:
+        if not disposable:
+            # reset some of the parameters that need resetting (no worker is in a graph at this point)
+            tp.cgraph = cgraph
+            tp.cplan = cplan
+            tp.current_chunk = 0
+            tp.abort = -1
+            tp.ec = GGML_STATUS_SUCCESS
+        tp.dispatch = _dispatch()
+        if n_threads > tp.n_threads:
+            import warnings
+            warnings.warn(f"cplan requested more threads ({n_threads}) than available ({tp.n_threads})")
+            n_threads = tp.n_threads
+        if trace.active:
+            trace.emit("cpu.compute.start", graph=id(cgraph), n_threads=n_threads, n_nodes=cgraph.n_nodes,
+                       pool=tp.serial, disposable=disposable)
+        # kick all threads to start the new graph; this is a work thread too (worker 0)
+        _tp.graph_compute_kickoff(tp, n_threads)
+        _tp.run_thread0(tp)      # raises the first worker error, once every worker has left the graph
+    finally:
+        _tp.threadpool_release(tp)
+        if disposable:
+            _tp.threadpool_free(tp)
     if trace.active:
-        trace.emit("cpu.compute.start", graph=id(cgraph), n_threads=n_threads, n_nodes=cgraph.n_nodes)
-
-    def worker(ith):
-        try:
-            _compute_thread(ith, n_threads, cgraph, cplan, tp, table, cpu_ops)
-        except _Stop:
-            pass
-        except BaseException as exc:  # noqa: BLE001
-            tp.fail(exc)
-
-    if n_threads == 1:
-        worker(0)
-    else:
-        threads = [threading.Thread(target=worker, args=(i,), name=f"ggml-cpu-{i}", daemon=True)
-                   for i in range(1, n_threads)]
-        for t in threads:
-            t.start()
-        worker(0)     # the main thread is worker 0, as in ggml
-        for t in threads:
-            t.join()
-    if tp.error is not None:
-        raise tp.error
-    if trace.active:
-        trace.emit("cpu.compute.end", graph=id(cgraph), status=tp.ec)
+        trace.emit("cpu.compute.end", graph=id(cgraph), status=tp.ec, pool=tp.serial)
     return tp.ec
 
 

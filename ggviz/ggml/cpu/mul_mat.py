@@ -16,6 +16,8 @@ so ggviz computes a whole chunk's dots in one vectorised call.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ... import trace
@@ -95,10 +97,11 @@ def forward_mul_mat(params: ComputeParams, dst) -> None:
         ir0_end = min(ir0_start + dr0, nr0)
         ir1_start = dr1 * ith1
         ir1_end = min(ir1_start + dr1, nr1)
-        if trace.active:
-            trace.emit("cpu.chunk", ith=ith, node=dst.name, chunk=current_chunk, ir0=(ir0_start, ir0_end),
-                       ir1=(ir1_start, ir1_end))
+        t0 = time.perf_counter_ns() if trace.active else 0
         _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_start, ir1_end)
+        if trace.active:
+            trace.emit("cpu.chunk", ith=ith, node=dst.name, chunk=current_chunk, nchunk=(nchunk0, nchunk1),
+                       ir0=(ir0_start, ir0_end), ir1=(ir1_start, ir1_end), t_start=t0, t_end=time.perf_counter_ns())
         if nth >= nchunk0 * nchunk1:
             break
         current_chunk = tp.chunk_fetch_add(1) if tp is not None else current_chunk + nth

@@ -1,0 +1,310 @@
+"""Files out of a real run: the decode graph as DOT/SVG/PNG, one decode compute as a Chrome trace.
+
+    ggviz graph [--layer N | --full] [--format dot|svg|png] [-o FILE]
+    ggviz trace [-o trace.json] [-t THREADS] [-p PROMPT]
+
+``ggviz graph`` builds (without computing) the graph llama.cpp's ``llama_decode`` builds for one new token of the
+default model -- ``llm_build_llama`` through ``llama_context::build_graph``, 1086 nodes for SmolLM2-135M -- and
+draws it with ``ggviz.viz.graph_dot``: by default every layer folded into one box, ``--layer N`` with layer N opened
+up, ``--full`` every node (slow to lay out: a tall picture). ``--format dot`` needs nothing but Python; svg/png need
+Graphviz's ``dot`` program.
+
+``ggviz trace`` decodes the prompt, then one more token under ``ggviz.trace.ComputeTimeline`` and writes the
+Chrome trace-event JSON of that one ``ggml_graph_compute``: per thread, a span per node (``cpu.node``), the
+mul_mat chunks it claimed (``cpu.chunk``) and its waits in ``ggml_barrier`` (``cpu.barrier``). Open it in
+https://ui.perfetto.dev or chrome://tracing.
+
+The functions behind both (``decode_graph``, ``decode_step``, ``graph_dot``, ``chrome_trace``) are used by
+``ggviz.report`` and the notebooks as well.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import pathlib
+import sys
+import time
+from dataclasses import dataclass, field
+
+DEFAULT_PROMPT = "The ggml library is"
+
+
+# ====================================================================================================================
+# a real decode step
+# ====================================================================================================================
+
+@dataclass
+class DecodeStep:
+    """What ``decode_step`` ran: the llama context after prompt + one token, and what was recorded.
+
+    ``graph`` is the ``GraphResult`` of the decode (``graph.gf`` the cgraph, ``graph.inputs`` its input leafs);
+    ``prompt_ids`` the prompt's tokens, ``token`` the token decoded (the greedy pick after the prompt), ``pos`` its
+    position; ``events`` every trace event of the decode (when ``record=True``); ``timeline`` the
+    ``trace.ComputeTimeline`` (or None when that class is not available); ``masks`` the KQ masks set for each
+    decode (prompt first), read through ``graph_hook`` just before each compute, and ``snapshots`` the same moments
+    as ``ggviz.viz.model_views.DecodeSnapshot`` (inputs and KV cells; empty without that module);
+    ``t_decode_ms`` the decode's wall time."""
+    model: object
+    ctx: object
+    prompt: str
+    prompt_ids: list
+    token: int
+    pos: int
+    n_threads: int
+    graph: object = None
+    events: list = field(default_factory=list)
+    timeline: object = None
+    masks: list = field(default_factory=list)
+    snapshots: list = field(default_factory=list)
+    t_prompt_ms: float = 0.0
+    t_decode_ms: float = 0.0
+
+
+def new_context(model=None, n_ctx: int = 256, threads: int = 2, cb_eval=None):
+    """``llama_init_from_model`` with a small KV cache (n_ctx cells) and ``threads`` threads."""
+    from . import llama
+    from .run import load_model
+
+    model = model if model is not None else load_model()
+    cp = llama.context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.cb_eval = cb_eval
+    return model, llama.init_from_model(model, cp)
+
+
+def decode_step(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ctx: int = 256, record: bool = True,
+                cb_eval=None, cb_eval_prompt=None) -> DecodeStep:
+    """Decode ``prompt`` (one ubatch), pick the greedy next token, then decode that token alone: one decode step.
+
+    With ``record`` the second ``llama_decode`` runs under ``trace.Recorder`` (every event) and, when available,
+    ``trace.ComputeTimeline``. ``cb_eval(tensor, ask)`` (llama.cpp's ``cb_eval``) is installed for the decode step,
+    ``cb_eval_prompt`` for the prompt; either splits that compute at the nodes it asks for."""
+    from . import llama, trace
+
+    model, ctx = new_context(model, n_ctx, threads, cb_eval_prompt)
+    vocab = llama.model_get_vocab(model)
+    ids = llama.tokenize(vocab, prompt, add_special=True, parse_special=True)
+    if not ids:
+        raise ValueError("the prompt tokenized to zero tokens")
+    masks = []
+
+    def hook(res):
+        masks.append(ggml_data(res.inputs.kq_mask).reshape(res.n_tokens, -1).copy())
+
+    ctx.graph_hook = hook
+    stack = contextlib.ExitStack()
+    snapshots = []
+    try:                                    # ggviz.viz.model_views' snapshots of the inputs and KV cells, if there
+        from .viz.model_views import capture_inputs
+        snapshots = stack.enter_context(capture_inputs(ctx))
+    except ImportError:
+        pass
+    t0 = time.perf_counter()
+    if llama.decode(ctx, llama.batch_get_one(ids)) != 0:
+        stack.close()
+        raise RuntimeError("llama_decode failed on the prompt")
+    t_prompt = (time.perf_counter() - t0) * 1e3
+    token = int(ctx.get_logits_ith(-1).argmax())
+    step = DecodeStep(model=model, ctx=ctx, prompt=prompt, prompt_ids=list(ids), token=token, pos=len(ids),
+                      n_threads=threads, masks=masks, snapshots=snapshots, t_prompt_ms=t_prompt)
+    ctx.cparams.cb_eval = cb_eval
+    recorders = []
+    if record:
+        rec = trace.Recorder()
+        recorders.append(rec)
+        tl_cls = getattr(trace, "ComputeTimeline", None)
+        if tl_cls is not None:
+            step.timeline = tl_cls()
+            recorders.append(step.timeline)
+    for r in recorders:
+        trace.listen(r)
+    try:
+        t0 = time.perf_counter()
+        st = llama.decode(ctx, llama.batch_get_one([token]))
+        step.t_decode_ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        for r in recorders:
+            trace.unlisten(r)
+        stack.close()
+        ctx.graph_hook = None
+    if st != 0:
+        raise RuntimeError(f"llama_decode failed on the decode step (status {st})")
+    if record:
+        step.events = recorders[0].events
+    step.graph = ctx.last_graph
+    return step
+
+
+def ggml_data(t):
+    from . import ggml
+    return ggml.get_data(t)
+
+
+# ====================================================================================================================
+# the decode graph
+# ====================================================================================================================
+
+def decode_graph(model=None, n_kv: int = 256):
+    """The graph ``llama_decode`` builds for one token (n_tokens = 1, one output, ``n_kv`` attended cells), built
+    but neither allocated nor computed. Returns the ``GraphResult`` (``.gf`` is the cgraph)."""
+    model, ctx = new_context(model, n_ctx=max(n_kv, 256), threads=1)
+    return ctx.build_graph(1, 1, n_kv)
+
+
+def graph_dot(gf, layer: int | None = None, full: bool = False, title: str | None = None, legend: bool = True):
+    """A ``graphviz.Digraph`` of ``gf``: layers folded into boxes, except ``layer`` (or all of them, ``full``)."""
+    from .viz import graph_dot as G
+
+    layers = sorted({il for il in G.node_layers(gf) if il is not None})
+    if full:
+        collapse = ()
+    elif layer is not None:
+        if layer not in layers:
+            raise ValueError(f"layer {layer} is not in the graph (layers {layers[0]}..{layers[-1]})")
+        collapse = [il for il in layers if il != layer]
+    else:
+        collapse = "all"
+    if title is None:
+        what = "every node" if full else (f"layer {layer} expanded" if layer is not None else "one box per layer")
+        title = f"llama_decode graph, one token: {gf.n_nodes} nodes, {gf.n_leafs} leafs ({what})"
+    dot, _info = G.graph_to_dot_grouped(gf, collapse=collapse, title=title, legend=legend)
+    return dot
+
+
+def write_graph(path, gf, fmt: str | None = None, layer: int | None = None, full: bool = False) -> pathlib.Path:
+    """Write ``gf`` as DOT source, SVG or PNG (``fmt``; default from the file's extension, else svg)."""
+    path = pathlib.Path(path)
+    if fmt is None:
+        fmt = path.suffix.lstrip(".").lower() if path.suffix.lstrip(".").lower() in ("dot", "gv", "svg", "png") \
+            else "svg"
+    fmt = "dot" if fmt == "gv" else fmt
+    if fmt not in ("dot", "svg", "png"):
+        raise ValueError(f"unknown format {fmt!r} (dot, svg or png)")
+    dot = graph_dot(gf, layer=layer, full=full)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "dot":
+        path.write_text(dot.source, encoding="utf-8")
+    else:
+        path.write_bytes(dot.pipe(format=fmt))
+    return path
+
+
+# ====================================================================================================================
+# Chrome trace-event JSON
+# ====================================================================================================================
+
+def chrome_trace(step_or_events, which: int = -1) -> dict:
+    """The Chrome trace-event JSON (a dict) of one recorded graph compute (``which``: -1 = the last).
+
+    Takes a ``DecodeStep``, a ``trace.ComputeTimeline`` or a list of trace events. Uses
+    ``ComputeTimeline.to_chrome_trace`` when there is one; otherwise builds the same kind of file from the raw
+    ``cpu.node`` / ``cpu.chunk`` / ``cpu.barrier`` events."""
+    tl = getattr(step_or_events, "timeline", None) if isinstance(step_or_events, DecodeStep) else step_or_events
+    if tl is not None and hasattr(tl, "to_chrome_trace"):
+        n = len(tl.computes)
+        if n == 0:
+            raise ValueError("no graph compute was recorded")
+        return tl.to_chrome_trace(which % n)
+    events = step_or_events.events if isinstance(step_or_events, DecodeStep) else list(
+        getattr(step_or_events, "events", step_or_events))
+    return chrome_trace_from_events(events, which)
+
+
+def chrome_trace_from_events(events, which: int = -1) -> dict:
+    """Chrome trace-event JSON from raw events (the fallback of ``chrome_trace``): complete events ("X") per
+    thread for node spans, chunk claims and barrier waits, in µs from the compute's start."""
+    starts = [k for k, e in enumerate(events) if e["kind"] == "cpu.compute.start"]
+    if not starts:
+        raise ValueError("no cpu.compute.start event recorded")
+    s = starts[which]
+    end = next((k for k in range(s + 1, len(events)) if events[k]["kind"] == "cpu.compute.end"), len(events))
+    t0 = events[s]["t"]
+    us = 1e-3
+    out, tids = [], {0}
+    for e in events[s + 1:end]:
+        k = e["kind"]
+        if k == "cpu.node" and e.get("t_start"):
+            tids.add(e["ith"])
+            out.append({"ph": "X", "name": e["name"] or f"node_{e['node_n']}", "cat": "node", "pid": 0,
+                        "tid": e["ith"], "ts": (e["t_start"] - t0) * us, "dur": (e["t_end"] - e["t_start"]) * us,
+                        "args": {"node_n": e["node_n"], "op": e["op"]}})
+        elif k == "cpu.barrier" and e.get("t_enter"):
+            tids.add(e["ith"])
+            out.append({"ph": "X", "name": "barrier", "cat": "barrier", "pid": 0, "tid": e["ith"],
+                        "ts": (e["t_enter"] - t0) * us, "dur": (e["t_exit"] - e["t_enter"]) * us,
+                        "args": {"where": e.get("where")}})
+        elif k == "cpu.chunk":
+            tids.add(e["ith"])
+            a, b = e.get("t_start", e["t"]), e.get("t_end", e["t"])
+            out.append({"ph": "X", "name": f"chunk {e['chunk']}", "cat": "chunk", "pid": 0, "tid": e["ith"],
+                        "ts": (a - t0) * us, "dur": max(b - a, 0) * us,
+                        "args": {"node": e["node"], "ir0": list(e["ir0"]), "ir1": list(e["ir1"])}})
+    meta = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "ggml threadpool"}}]
+    for tid in sorted(tids):
+        meta.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": f"ggml-cpu-{tid}"}})
+    return {"traceEvents": meta + sorted(out, key=lambda x: (x["tid"], x["ts"], -x["dur"])), "displayTimeUnit": "ms"}
+
+
+# ====================================================================================================================
+# command lines
+# ====================================================================================================================
+
+def _model(path):
+    from .run import load_model
+    return load_model(path)
+
+
+def graph_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="ggviz graph", description="draw the decode graph of the default model "
+                                 "(one token): one box per layer, one layer opened up, or every node")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--layer", type=int, default=None, help="open up this layer (others stay folded)")
+    g.add_argument("--full", action="store_true", help="draw every node (slow layout, a very tall picture)")
+    ap.add_argument("--format", choices=("dot", "svg", "png"), default=None,
+                    help="output format (default: from the file extension, else svg)")
+    ap.add_argument("-o", "--out", default=None, help="output file (default: decode_graph.<format>)")
+    ap.add_argument("-m", "--model", default=None, help="GGUF path (default: the default model)")
+    ap.add_argument("--n-kv", type=int, default=256, help="attended KV cells (default 256, one padded block)")
+    a = ap.parse_args(argv)
+    fmt = a.format or (pathlib.Path(a.out).suffix.lstrip(".").lower() if a.out else "svg")
+    if fmt not in ("dot", "svg", "png"):
+        fmt = "svg"
+    out = pathlib.Path(a.out or f"decode_graph.{fmt}")
+    res = decode_graph(_model(a.model), a.n_kv)
+    try:
+        write_graph(out, res.gf, fmt, layer=a.layer, full=a.full)
+    except ValueError as e:
+        print(f"ggviz graph: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - graphviz's dot missing or failing
+        print(f"ggviz graph: cannot render {fmt} ({type(e).__name__}: {e}); --format dot needs no Graphviz",
+              file=sys.stderr)
+        return 1
+    print(f"{out}  ({res.gf.n_nodes} nodes, {res.gf.n_leafs} leafs, {fmt})")
+    return 0
+
+
+def trace_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="ggviz trace", description="Chrome trace-event JSON of one decode compute "
+                                 "(per-thread node spans, mul_mat chunks, barrier waits); open it in "
+                                 "ui.perfetto.dev or chrome://tracing")
+    ap.add_argument("-o", "--out", default="trace.json", help="output file (default: trace.json)")
+    ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help="prompt decoded before the traced step")
+    ap.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
+    ap.add_argument("-m", "--model", default=None, help="GGUF path (default: the default model)")
+    a = ap.parse_args(argv)
+    step = decode_step(a.prompt, a.threads, _model(a.model))
+    doc = chrome_trace(step)
+    out = pathlib.Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc), encoding="utf-8")
+    ev = doc["traceEvents"]
+    cats = {}
+    for e in ev:
+        if e["ph"] == "X":
+            cats[e.get("cat")] = cats.get(e.get("cat"), 0) + 1
+    print(f"{out}  ({len(ev)} events: " + ", ".join(f"{n} {c}" for c, n in sorted(cats.items()))
+          + f"; {a.threads} threads, {step.t_decode_ms:.0f} ms decode) -- open it in https://ui.perfetto.dev")
+    return 0

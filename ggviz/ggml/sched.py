@@ -1,0 +1,1293 @@
+"""ggml_backend_sched: run one graph on several backends -- assign, split, copy, allocate, compute.
+
+Mirrors the scheduler part of ggml-backend.cpp (ggml 0.20.2) function by function, names without ``ggml_``
+(``ggml_backend_sched_split_graph`` is ``backend_sched_split_graph``; static helpers keep their names too:
+``backend_sched_backend_id_from_cur``, ``backend_sched_buffer_supported``, ``backend_sched_set_if_supported``,
+``backend_sched_alloc_splits``, ``backend_sched_compute_splits``).
+
+The scheduler is given backends in priority order (accelerators first, the CPU last) and a buffer type per backend.
+``backend_sched_split_graph`` assigns every tensor of a graph a backend in five passes:
+
+1. **pre-allocated tensors** (weights, KV cache: anything already in a buffer) go to the highest-priority backend
+   that supports their buffer type and the op ("1.dst", through a view's source "1.vsrc"); graph inputs go to the
+   CPU ("1.inp"); an op reading a weight runs where the weight is ("1.wgt<i>"), unless a higher-priority backend
+   wants to offload it ("1.off": ``offload_op``, e.g. a large batch with host weights). User assignments
+   (``set_tensor_backend``: "usr") are kept.
+2. **expansion**: assigned non-CPU backends spread to unassigned neighbours, down then up the node list, then any
+   backend down then up ("2.sup": only where the backend supports the op; view ops are skipped).
+3. **upgrade**: an assigned node moves to a higher-priority backend that has the *same buffer type* and supports the
+   op and all its sources' buffers ("3.upg": CPU -> BLAS); a still unassigned node goes to the backend that supports
+   it with the most supported inputs ("3.best").
+4. **views and sources**: views take their source's backend ("4.vsrc"), unassigned sources their consumer's
+   ("4.cur"), still unassigned nodes the first backend that supports them.
+5. **splits**: consecutive nodes on one backend form a split; a source on another backend whose buffer the split's
+   backend cannot use becomes an *input* of the split, and a copy of it (``"{backend}#{name}#{copy}"``, "4.cpy") is
+   made in the split backend's memory (``n_copies`` of them with pipeline parallelism); the node's ``src[j]`` is
+   rewritten to the copy. A new split also starts when a weight is on an incompatible backend or the split's input
+   list is full.
+
+Then the scheduler builds ``sched.graph``: per split, each input (a view depending on it, on its backend) and its copy
+(on the split's backend), then the split's nodes -- and ``ggml_gallocr_reserve_n`` / ``alloc_graph`` allocate it
+with one buffer per backend (node/leaf buffer ids = backend ids). ``compute_splits`` copies each split's inputs and
+runs the split's graph view on its backend (with the eval callback, per node range).
+
+SET_CAUSE / GET_CAUSE are ggml's debug-build records: here they are always kept (``sched.causes``, per hash slot
+as in C; ``backend_sched_get_tensor_cause``). Python additions (no C counterpart): trace events ``sched.pass``,
+``sched.assign`` (tensor, backend, cause), ``sched.split``, ``sched.copy`` (a copy created / an input copied),
+``sched.alloc``, ``sched.compute_split``, ``sched.eval``; and ``sched.last_plan``, the last split as plain data
+(per node: backend and cause; per split: backend, node range, inputs and their copies).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from .. import trace
+from . import alloc as A
+from . import backend as B
+from . import consts as C
+from . import memory
+from .context import GGMLError
+from .graph import GGML_HASHSET_FULL, CGraph, HashSet, bitset_size, graph_overhead_custom, graph_view, hash_size
+from .tensor import Tensor, nbytes, op_desc
+
+GGML_SCHED_MAX_BACKENDS = 16
+GGML_SCHED_MAX_SPLIT_INPUTS = 30
+GGML_SCHED_MAX_COPIES = 4
+GGML_SCHED_MAX_SPLITS_DEBUG = 4096
+
+import numpy as np   # noqa: E402
+
+GGML_ASSERT = B.GGML_ASSERT
+
+
+def is_view_op(op: int) -> bool:
+    """ggml_is_view_op."""
+    return op in (C.GGML_OP_VIEW, C.GGML_OP_RESHAPE, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE)
+
+
+_graph_uid = 0
+
+
+def graph_next_uid() -> int:
+    """ggml_graph_next_uid."""
+    global _graph_uid
+    _graph_uid += 1
+    return _graph_uid
+
+
+def _dup_tensor_layout(ctx, tensor: Tensor) -> Tensor:
+    """ggml_dup_tensor_layout: a copy of the tensor with the same memory layout."""
+    from .ops import dup_tensor
+    dup = dup_tensor(ctx, tensor)
+    dup.nb[:] = tensor.nb
+    return dup
+
+
+class ggml_backend_sched_split:
+    """``struct ggml_backend_sched_split { backend_id; i_start; i_end; inputs; n_inputs; inputs_capacity; graph; }``."""
+    __slots__ = ("backend_id", "i_start", "i_end", "inputs", "inputs_capacity", "graph")
+
+    def __init__(self):
+        self.backend_id = 0
+        self.i_start = 0
+        self.i_end = 0
+        self.inputs: list[Tensor] = []
+        self.inputs_capacity = 0
+        self.graph: CGraph | None = None     # graph view of this split
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.inputs)
+
+    def __repr__(self):
+        return (f"<sched split backend={self.backend_id} nodes [{self.i_start}, {self.i_end}) "
+                f"inputs={[t.name for t in self.inputs]}>")
+
+
+class ggml_backend_sched:
+    """``struct ggml_backend_sched``."""
+
+    def __init__(self):
+        self.is_reset = False        # true if the scheduler has been reset since the last graph split
+        self.is_alloc = False
+        self.n_backends = 0
+        self.backends: list = []
+        self.bufts: list = []
+        self.galloc = None
+        # hash map of the nodes in the graph
+        self.hash_set: HashSet | None = None
+        self.hv_tensor_backend_ids: list[int] = []     # [hash_set.size]
+        self.hv_tensor_copies: list = []               # [hash_set.size][n_backends][n_copies]
+        self.node_backend_ids: list[int] = []          # [graph_size]
+        self.leaf_backend_ids: list[int] = []
+        self.prev_node_backend_ids: list[int] = []
+        self.prev_leaf_backend_ids: list[int] = []
+        # copy of the graph with modified inputs
+        self.graph = CGraph(None, 0, _view=True)
+        # graph splits
+        self.splits: list[ggml_backend_sched_split] = []
+        self.n_splits = 0
+        self.splits_capacity = 0
+        # pipeline parallelism support
+        self.n_copies = 1
+        self.cur_copy = 0
+        self.next_copy = 0
+        self.events = []             # [n_backends][GGML_SCHED_MAX_COPIES]
+        self.graph_inputs: list[Tensor] = []
+        self.n_graph_inputs = 0
+        self.graph_inputs_capacity = 0
+        self.ctx = None
+        self.callback_eval = None
+        self.callback_eval_user_data = None
+        self.context_buffer = None
+        self.context_buffer_size = 0
+        self.op_offload = True
+        self.debug = 0
+        self.debug_realloc = 0
+        self.debug_graph_size = 0
+        self.debug_prev_graph_size = 0
+        # ggviz: the hash slot of each tensor address (ggml_hash_find_or_insert, memoized), SET_CAUSE records, the
+        # pass now running (for trace events) and the last split plan as plain data
+        self._slot: dict[int, int] = {}
+        self.causes: dict[int, str] = {}
+        self._pass = ""
+        self.last_plan: dict | None = None
+
+    def __repr__(self):
+        names = [B.backend_name(b) for b in self.backends]
+        return f"<ggml_backend_sched backends={names} n_splits={self.n_splits} n_copies={self.n_copies}>"
+
+
+# ---- hash helpers (the macros hash_id / tensor_backend_id / tensor_id_copy / tensor_copy)
+
+def _hash_set_new(size: int) -> HashSet:
+    n = hash_size(size)
+    return HashSet(n, np.zeros(bitset_size(n), np.uint32), np.zeros(n, np.uint64))
+
+
+def _hash_id(sched: ggml_backend_sched, t: Tensor) -> int:
+    """hash_id(tensor): ggml_hash_find_or_insert(&sched->hash_set, tensor)."""
+    addr = t.addr
+    i = sched._slot.get(addr)
+    if i is None:
+        hs = sched.hash_set
+        i = hs.find(addr)
+        if i == GGML_HASHSET_FULL:
+            raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
+        if not hs.get_used(i):
+            hs.set_used(i)
+            hs.keys[i] = addr
+        sched._slot[addr] = i
+    return i
+
+
+def _tbid(sched, t) -> int:
+    """tensor_backend_id(tensor) (read); -1 for NULL."""
+    if t is None:
+        return -1
+    return sched.hv_tensor_backend_ids[_hash_id(sched, t)]
+
+
+def _set_tbid(sched, t, backend_id: int) -> None:
+    sched.hv_tensor_backend_ids[_hash_id(sched, t)] = backend_id
+
+
+def _copy_index(sched, id_: int, backend_id: int, copy_id: int) -> int:
+    return id_ * sched.n_backends * sched.n_copies + backend_id * sched.n_copies + copy_id
+
+
+def _tensor_id_copy(sched, id_: int, backend_id: int, copy_id: int):
+    return sched.hv_tensor_copies[_copy_index(sched, id_, backend_id, copy_id)]
+
+
+def _set_tensor_id_copy(sched, id_: int, backend_id: int, copy_id: int, t) -> None:
+    sched.hv_tensor_copies[_copy_index(sched, id_, backend_id, copy_id)] = t
+
+
+def _tensor_copy(sched, t, backend_id: int, copy_id: int):
+    return _tensor_id_copy(sched, _hash_id(sched, t), backend_id, copy_id)
+
+
+def _bname(sched, backend_id: int):
+    return B.backend_name(sched.backends[backend_id]) if 0 <= backend_id < sched.n_backends else None
+
+
+def SET_CAUSE(sched, t: Tensor, cause: str, backend_id: int = -1) -> None:
+    sched.causes[_hash_id(sched, t)] = cause
+    if trace.active:
+        trace.emit("sched.assign", sched=id(sched), name=t.name, addr=t.addr, op=op_desc(t), cause=cause,
+                   backend=_bname(sched, backend_id), backend_id=backend_id, **{"pass": sched._pass})
+
+
+def GET_CAUSE(sched, t: Tensor) -> str:
+    return sched.causes.get(_hash_id(sched, t), "")
+
+
+def backend_sched_get_tensor_cause(sched, t: Tensor) -> str:
+    """Why the last split put ``t`` where it is (ggml's debug-build GET_CAUSE): "1.dst", "2.sup", "3.upg" ..."""
+    return GET_CAUSE(sched, t)
+
+
+def _pass(sched, name: str, what: str) -> None:
+    sched._pass = name
+    if trace.active:
+        trace.emit("sched.pass", sched=id(sched), what=what, **{"pass": name})
+
+
+# ---- capacity growth
+
+def backend_sched_split_inputs_grow(split: ggml_backend_sched_split) -> None:
+    new_cap = GGML_SCHED_MAX_SPLIT_INPUTS
+    if split.inputs_capacity > 0:
+        new_cap = 2 * split.inputs_capacity
+        B.GGML_LOG("warn", f"ggml_backend_sched_split_inputs_grow: increasing split inputs capacity from "
+                           f"{split.inputs_capacity} to {new_cap}")
+    split.inputs_capacity = new_cap
+
+
+def backend_sched_graph_inputs_grow(sched) -> None:
+    new_cap = GGML_SCHED_MAX_SPLIT_INPUTS
+    if sched.graph_inputs_capacity > 0:
+        new_cap = 2 * sched.graph_inputs_capacity
+        B.GGML_LOG("warn", f"ggml_backend_sched_graph_inputs_grow: increasing graph inputs capacity from "
+                           f"{sched.graph_inputs_capacity} to {new_cap}")
+    sched.graph_inputs_capacity = new_cap
+
+
+# ---- assignment helpers
+
+def backend_sched_backend_id(sched, backend) -> int:
+    """The priority of the backend, lower id is higher priority (-1: not in the scheduler)."""
+    for i in range(sched.n_backends):
+        if sched.backends[i] is backend:
+            return i
+    return -1
+
+
+def _buffer_of(t: Tensor):
+    return B.buffer_at(t.view_src.buffer if t.view_src is not None else t.buffer)
+
+
+def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
+    buffer = _buffer_of(tensor)
+    if buffer is None:
+        return -1
+    # find highest prio backend that supports the buffer type and the op
+    for i in range(sched.n_backends):
+        if B.backend_supports_buft(sched.backends[i], buffer.buft) and B.backend_supports_op(sched.backends[i], op):
+            return i
+    if sched.debug:
+        B.GGML_LOG("debug", f"ggml_backend_sched_backend_from_buffer: warning: no backend supports op {op_desc(tensor)} "
+                            f"with a weight with buffer type {B.backend_buffer_name(buffer)} used in tensor "
+                            f"{tensor.name}, the weight will need to be copied")
+    return -1
+
+
+def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
+    """The backend that should be used for the node based on the current locations (pass 1)."""
+    # assign pre-allocated nodes to their backend
+    cur_backend_id = backend_sched_backend_from_buffer(sched, tensor, tensor)
+    if cur_backend_id != -1:
+        SET_CAUSE(sched, tensor, "1.dst", cur_backend_id)
+        return cur_backend_id
+
+    # view_src
+    if tensor.view_src is not None:
+        cur_backend_id = backend_sched_backend_from_buffer(sched, tensor.view_src, tensor)
+        if cur_backend_id != -1:
+            SET_CAUSE(sched, tensor, "1.vsrc", cur_backend_id)
+            return cur_backend_id
+
+    if tensor.buffer or (tensor.view_src is not None and tensor.view_src.buffer):
+        # since the tensor is pre-allocated, it cannot be moved to another backend
+        buffer = _buffer_of(tensor)
+        raise GGMLError(f"pre-allocated tensor ({tensor.name}) in a buffer ({B.backend_buffer_name(buffer)}) that "
+                        f"cannot run the operation ({op_desc(tensor)})")
+
+    # graph input
+    if tensor.flags & C.GGML_TENSOR_FLAG_INPUT:
+        cur_backend_id = sched.n_backends - 1      # last backend (assumed CPU)
+        SET_CAUSE(sched, tensor, "1.inp", cur_backend_id)
+        return cur_backend_id
+
+    # operations with weights are preferably run on the same backend as the weights
+    allow = True
+    # skip ROPE since the rope freqs tensor is too small to choose a backend based on it
+    allow = allow and tensor.op != C.GGML_OP_ROPE
+    # skip FLASH_ATTN_EXT since the sinks tensor is too small to choose a based based on it
+    allow = allow and tensor.op != C.GGML_OP_FLASH_ATTN_EXT
+
+    if allow:
+        for i in range(C.GGML_MAX_SRC):
+            src = tensor.src[i]
+            if src is None:
+                continue
+            src_buf = B.buffer_at(src.buffer) if src.buffer else None
+            if src_buf is not None and src_buf.usage == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
+                src_backend_id = backend_sched_backend_from_buffer(sched, src, tensor)
+                # check if a backend with higher prio wants to offload the op
+                if (sched.op_offload and src_backend_id == sched.n_backends - 1
+                        and B.backend_buffer_is_host(src_buf)):
+                    for b in range(src_backend_id):
+                        if (B.backend_supports_op(sched.backends[b], tensor)
+                                and B.backend_offload_op(sched.backends[b], tensor)):
+                            SET_CAUSE(sched, tensor, "1.off", b)
+                            return b
+                SET_CAUSE(sched, tensor, f"1.wgt{i}", src_backend_id)
+                return src_backend_id
+    return -1
+
+
+def backend_sched_buffer_supported(sched, t: Tensor, backend_id: int) -> bool:
+    buf = _buffer_of(t)
+    buft = None
+    if buf is not None:
+        # the tensor is already allocated
+        buft = buf.buft
+    else:
+        # see if the tensor already has a backend assigned, and use the buffer type of that backend
+        tensor_backend_id = _tbid(sched, t)
+        if tensor_backend_id == -1 and t.view_src is not None:
+            tensor_backend_id = _tbid(sched, t.view_src)
+        if tensor_backend_id != -1:
+            buft = sched.bufts[tensor_backend_id]
+    return buft is not None and B.backend_supports_buft(sched.backends[backend_id], buft)
+
+
+def backend_sched_set_if_supported(sched, node: Tensor, cur_backend_id: int) -> bool:
+    """Assign ``cur_backend_id`` to ``node`` if the backend supports the op ("2.sup"); returns whether it did."""
+    if B.backend_supports_op(sched.backends[cur_backend_id], node):
+        _set_tbid(sched, node, cur_backend_id)
+        SET_CAUSE(sched, node, "2.sup", cur_backend_id)
+        return True
+    return False
+
+
+# ==================================================================================================
+# split
+# ==================================================================================================
+
+def backend_sched_split_graph(sched, graph: CGraph) -> None:
+    """Assign backends to ops and split the graph into subgraphs that can be computed on the same backend."""
+    # reset splits
+    sched.n_splits = 0
+    sched.n_graph_inputs = 0
+    sched.graph_inputs = []
+    sched.is_reset = False
+
+    from . import free as ggml_free, init as ggml_init
+    if sched.ctx is not None:
+        _check_not_split_before(sched, graph)
+        ggml_free(sched.ctx)
+    sched.ctx = ggml_init(sched.context_buffer_size, sched.context_buffer, True)
+    graph.uid = graph_next_uid()
+    n_nodes, n_leafs = graph.n_nodes, graph.n_leafs
+    nodes, leafs = graph.nodes, graph.leafs
+    tbid = sched.hv_tensor_backend_ids
+    cpu_id = sched.n_backends - 1
+
+    # pass 1: assign backends to ops with pre-allocated inputs
+    _pass(sched, "1", "assign backends to ops with pre-allocated inputs (weights, KV cache), graph inputs")
+    for leaf in leafs:
+        h = _hash_id(sched, leaf)
+        # do not overwrite user assignments
+        if tbid[h] == -1:
+            tbid[h] = backend_sched_backend_id_from_cur(sched, leaf)
+    for node in nodes:
+        h = _hash_id(sched, node)
+        # do not overwrite user assignments
+        if tbid[h] == -1:
+            tbid[h] = backend_sched_backend_id_from_cur(sched, node)
+
+    # pass 2: expand current backend assignments
+    # assign the same backend to adjacent nodes
+    # expand gpu backends (i.e. non last prio) up and down, ignoring cpu (the lowest priority backend)
+    # thus, cpu will never be used unless weights are on cpu, or there are no gpu ops between cpu ops
+    # ops unsupported by the backend being expanded will be left unassigned so that they can be assigned later when
+    # the locations of its inputs are known
+    for name, order, skip_cpu, what in (("2.1", range(n_nodes), True, "expand gpu down"),
+                                        ("2.2", range(n_nodes - 1, -1, -1), True, "expand gpu up"),
+                                        ("2.3", range(n_nodes), False, "expand rest down"),
+                                        ("2.4", range(n_nodes - 1, -1, -1), False, "expand rest up")):
+        _pass(sched, name, what)
+        cur_backend_id = -1
+        for i in order:
+            node = nodes[i]
+            if is_view_op(node.op):
+                continue
+            node_backend_id = tbid[_hash_id(sched, node)]
+            if node_backend_id != -1:
+                if skip_cpu and node_backend_id == cpu_id:
+                    # skip cpu (lowest prio backend)
+                    cur_backend_id = -1
+                else:
+                    cur_backend_id = node_backend_id
+            elif cur_backend_id != -1:
+                backend_sched_set_if_supported(sched, node, cur_backend_id)
+
+    # pass 3: upgrade nodes to higher prio backends with compatible buffer types
+    # if the tensor is already in the same buffer type (*) as another higher priority backend, we should move it there
+    # however, we also need to verify that the sources are in compatible buffer types
+    # (*) the actual requirement is more relaxed, the buffer type of the backend should be supported by all the users
+    # of this tensor further down the graph; however, this is slow to verify, so we have a more strict requirement
+    # that the buffer type is the same. this is not uncommon since multiple backends can use host memory, with the
+    # same buffer type (eg. BLAS and CPU)
+    # additionally, set remaining unassigned nodes to the backend with the most supported inputs
+    # only nodes that could not be assigned during expansion due to the backend not supporting the op should be
+    # unassigned at this point
+    _pass(sched, "3", "upgrade to higher-priority backends with the same buffer type; assign the rest")
+    for node in nodes:
+        if is_view_op(node.op):
+            continue
+        h = _hash_id(sched, node)
+        if tbid[h] == -1:
+            # unassigned node: find the backend with the most supported inputs
+            n_supported_best = -1
+            for b in range(sched.n_backends):
+                if B.backend_supports_op(sched.backends[b], node):
+                    n_supported = 0
+                    for j in range(C.GGML_MAX_SRC):
+                        src = node.src[j]
+                        if src is None:
+                            continue
+                        if ((_tbid(sched, src) != -1 or _tbid(sched, src.view_src) != -1)
+                                and backend_sched_buffer_supported(sched, src, b)):
+                            n_supported += 1
+                    if n_supported > n_supported_best:
+                        n_supported_best = n_supported
+                        tbid[h] = b
+                        SET_CAUSE(sched, node, "3.best", b)
+        else:
+            # assigned node: upgrade to higher prio backend if possible
+            for b in range(tbid[h]):
+                if sched.bufts[b] is sched.bufts[tbid[h]] and B.backend_supports_op(sched.backends[b], node):
+                    supported = True
+                    for j in range(C.GGML_MAX_SRC):
+                        src = node.src[j]
+                        if src is None:
+                            continue
+                        if not backend_sched_buffer_supported(sched, src, b):
+                            supported = False
+                            break
+                    if supported:
+                        tbid[h] = b
+                        SET_CAUSE(sched, node, "3.upg", b)
+                        break
+
+    # pass 4: assign backends to remaining src from dst and view_src
+    _pass(sched, "4", "views take their source's backend, sources their consumer's")
+    for node in nodes:
+        h = _hash_id(sched, node)
+        if node.view_src is not None and tbid[h] == -1:
+            tbid[h] = _tbid(sched, node.view_src)
+            SET_CAUSE(sched, node, "4.vsrc", tbid[h])
+        for j in range(C.GGML_MAX_SRC):
+            src = node.src[j]
+            if src is None:
+                continue
+            hs = _hash_id(sched, src)
+            if tbid[hs] == -1:
+                if src.view_src is not None:
+                    # views are always on the same backend as the source
+                    tbid[hs] = _tbid(sched, src.view_src)
+                    SET_CAUSE(sched, src, "4.vsrc", tbid[hs])
+                else:
+                    tbid[hs] = tbid[h]
+                    SET_CAUSE(sched, src, "4.cur", tbid[hs])
+        # if the node is still unassigned, assign it to the first backend that supports it
+        b = 0
+        while b < sched.n_backends and tbid[h] == -1:
+            backend_sched_set_if_supported(sched, node, b)
+            b += 1
+        GGML_ASSERT(tbid[h] != -1, f"GGML_ASSERT(*cur_backend_id != -1): no backend supports node {node.name!r} "
+                                   f"({op_desc(node)})")
+
+    # pass 5: split graph, find tensors that need to be copied
+    _pass(sched, "5", "split the graph, find the tensors that need to be copied")
+    i_split = 0
+    split = _get_split(sched, 0)
+    # find the backend of the first split, skipping view ops
+    i = 0
+    while i < n_nodes:
+        node = nodes[i]
+        if not is_view_op(node.op):
+            split.backend_id = tbid[_hash_id(sched, node)]
+            break
+        i += 1
+    split.i_start = 0
+    split.inputs = []
+    cur_backend_id = split.backend_id
+    while i < n_nodes:
+        node = nodes[i]
+        if is_view_op(node.op):
+            i += 1
+            continue
+        node_backend_id = tbid[_hash_id(sched, node)]
+        # all nodes should be assigned by now, this can happen if there is no CPU fallback
+        GGML_ASSERT(node_backend_id != -1, f"node {node.name!r} has no backend (no CPU fallback?)")
+
+        # check if we should start a new split based on the sources of the current node
+        need_new_split = False
+        if node_backend_id == cur_backend_id and split.n_inputs > 0:
+            for j in range(C.GGML_MAX_SRC):
+                src = node.src[j]
+                if src is None:
+                    continue
+                # check if a weight is on a different and incompatible backend
+                # by starting a new split, the memory of the previously offloaded weights can be reused
+                src_buf = B.buffer_at(src.buffer) if src.buffer else None
+                if src_buf is not None and src_buf.usage == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
+                    src_backend_id = _tbid(sched, src)
+                    if src_backend_id != cur_backend_id and not backend_sched_buffer_supported(sched, src, cur_backend_id):
+                        need_new_split = True
+                        break
+                # check if the split has too many inputs
+                # FIXME: count the number of inputs instead of only checking when full
+                if split.n_inputs >= split.inputs_capacity:
+                    id_ = _hash_id(sched, src)
+                    src_backend_id = tbid[id_]
+                    supported = backend_sched_buffer_supported(sched, src, cur_backend_id)
+                    if (src_backend_id != cur_backend_id and _tensor_id_copy(sched, id_, cur_backend_id, 0) is None
+                            and not supported):
+                        need_new_split = True
+                        break
+
+        if node_backend_id != cur_backend_id or need_new_split:
+            split.i_end = i
+            _emit_split(sched, i_split, split)
+            i_split += 1
+            split = _get_split(sched, i_split)
+            split.backend_id = node_backend_id
+            split.i_start = i
+            split.inputs = []
+            cur_backend_id = node_backend_id
+
+        # find inputs that are not on the same backend
+        for j in range(C.GGML_MAX_SRC):
+            src = node.src[j]
+            if src is None:
+                continue
+            src_id = _hash_id(sched, src)
+            src_backend_id = tbid[src_id]
+            GGML_ASSERT(src_backend_id != -1, f"source {src.name!r} of {node.name!r} has no backend")
+
+            if (src.flags & C.GGML_TENSOR_FLAG_INPUT) and sched.n_copies > 1:
+                if _tensor_id_copy(sched, src_id, src_backend_id, 0) is None:
+                    backend = sched.backends[src_backend_id]
+                    for c in range(sched.n_copies):
+                        if c == sched.cur_copy:
+                            tensor_copy = src     # use the original tensor as the current copy
+                        else:
+                            tensor_copy = _dup_tensor_layout(sched.ctx, src)
+                            tensor_copy.name = f"{B.backend_name(backend)}#{src.name}#{c}"
+                        tensor_copy.flags = tensor_copy.flags | C.GGML_TENSOR_FLAG_INPUT
+                        _set_output(tensor_copy)     # prevent ggml-alloc from overwriting the tensor
+                        _set_tensor_id_copy(sched, src_id, src_backend_id, c, tensor_copy)
+                        SET_CAUSE(sched, tensor_copy, "4.cpy", src_backend_id)
+                    n_graph_inputs = sched.n_graph_inputs
+                    sched.n_graph_inputs += 1
+                    if n_graph_inputs >= sched.graph_inputs_capacity:
+                        backend_sched_graph_inputs_grow(sched)
+                    sched.graph_inputs.append(src)
+
+            if src_backend_id != cur_backend_id and not backend_sched_buffer_supported(sched, src, cur_backend_id):
+                # create a copy of the input in the split's backend
+                if _tensor_id_copy(sched, src_id, cur_backend_id, 0) is None:
+                    backend = sched.backends[cur_backend_id]
+                    for c in range(sched.n_copies):
+                        tensor_copy = _dup_tensor_layout(sched.ctx, src)
+                        tensor_copy.name = f"{B.backend_name(backend)}#{src.name}#{c}"
+                        if sched.n_copies > 1:
+                            tensor_copy.flags = tensor_copy.flags | C.GGML_TENSOR_FLAG_INPUT
+                            _set_output(tensor_copy)    # prevent ggml-alloc from overwriting the tensor
+                        _set_tensor_id_copy(sched, src_id, cur_backend_id, c, tensor_copy)
+                        SET_CAUSE(sched, tensor_copy, "4.cpy", cur_backend_id)
+                        if trace.active:
+                            trace.emit("sched.copy", sched=id(sched), phase="split", split=i_split, input=src.name,
+                                       copy=tensor_copy.name, from_backend=_bname(sched, src_backend_id),
+                                       to_backend=_bname(sched, cur_backend_id), copy_id=c, nbytes=nbytes(src),
+                                       node=node.name)
+                    n_inputs = split.n_inputs
+                    if n_inputs >= split.inputs_capacity:
+                        backend_sched_split_inputs_grow(split)
+                    split.inputs.append(src)
+                node.src[j] = _tensor_id_copy(sched, src_id, cur_backend_id, sched.cur_copy)
+        i += 1
+    split.i_end = n_nodes
+    _emit_split(sched, i_split, split)
+    sched.n_splits = i_split + 1
+
+    if sched.debug:
+        sys.stderr.write(backend_sched_print_assignments(sched, graph))
+
+    # swap node_backend_ids and leaf _backend_ids with prevs
+    sched.node_backend_ids, sched.prev_node_backend_ids = sched.prev_node_backend_ids, sched.node_backend_ids
+    sched.leaf_backend_ids, sched.prev_leaf_backend_ids = sched.prev_leaf_backend_ids, sched.leaf_backend_ids
+
+    total_inputs = sched.n_graph_inputs
+    for k in range(sched.n_splits):
+        total_inputs += sched.splits[k].n_inputs
+    graph_size = max(n_nodes, n_leafs) + total_inputs * 2 * sched.n_copies
+
+    # remember the actual graph_size for performing reallocation checks later [GGML_SCHED_DEBUG_REALLOC]
+    sched.debug_prev_graph_size = sched.debug_graph_size
+    sched.debug_graph_size = graph_size
+
+    if sched.graph.size < graph_size:
+        sched.graph.size = graph_size
+    gc_nodes: list[Tensor] = []
+    gc_leafs: list[Tensor] = []
+    node_ids = sched.node_backend_ids
+    leaf_ids = sched.leaf_backend_ids
+    _ensure_len(node_ids, graph_size)
+    _ensure_len(leaf_ids, graph_size)
+
+    from .ops import view_tensor
+    for k in range(sched.n_splits):
+        split = sched.splits[k]
+        split.graph = graph_view(graph, split.i_start, split.i_end)
+        # ggviz: the view knows its graph's context, so the CPU backend can cache its compiled form between computes
+        split.graph.ctx = graph.ctx
+
+        # Optimize this split of the graph. This needs to happen before we make graph_copy, so they are in sync.
+        B.backend_graph_optimize(sched.backends[split.backend_id], split.graph)
+
+        # add inputs to the graph copy so that they are allocated by ggml-alloc at the start of the split
+        for inp in split.inputs:
+            input_id = _hash_id(sched, inp)
+            input_cpy = _tensor_id_copy(sched, input_id, split.backend_id, sched.cur_copy)
+
+            # add a dependency to the input source so that it is not freed before the copy is done
+            input_dep = view_tensor(sched.ctx, inp)
+            input_dep.src[0] = inp
+            node_ids[len(gc_nodes)] = tbid[input_id]
+            gc_nodes.append(input_dep)
+
+            # add a dependency to the input copy so that it is allocated at the start of the split
+            node_ids[len(gc_nodes)] = split.backend_id
+            gc_nodes.append(input_cpy)
+
+        for j in range(split.i_start, split.i_end):
+            node_ids[len(gc_nodes)] = tbid[_hash_id(sched, nodes[j])]
+            gc_nodes.append(nodes[j])
+
+    if sched.n_copies > 1:
+        # add input copies as leafs so that they are allocated first
+        for inp in sched.graph_inputs:
+            id_ = _hash_id(sched, inp)
+            backend_id = tbid[id_]
+            for c in range(sched.n_copies):
+                input_cpy = _tensor_id_copy(sched, id_, backend_id, c)
+                leaf_ids[len(gc_leafs)] = backend_id
+                gc_leafs.append(input_cpy)
+        for k in range(sched.n_splits):
+            split = sched.splits[k]
+            backend_id = split.backend_id
+            for inp in split.inputs:
+                id_ = _hash_id(sched, inp)
+                for c in range(sched.n_copies):
+                    input_cpy = _tensor_id_copy(sched, id_, backend_id, c)
+                    leaf_ids[len(gc_leafs)] = backend_id
+                    gc_leafs.append(input_cpy)
+
+    # add leafs from the original graph
+    for leaf in leafs:
+        leaf_ids[len(gc_leafs)] = tbid[_hash_id(sched, leaf)]
+        gc_leafs.append(leaf)
+
+    sched.graph.nodes = gc_nodes
+    sched.graph.leafs = gc_leafs
+
+    # set ids for all splits
+    for k in range(sched.n_splits):
+        sched.splits[k].graph.uid = graph_next_uid()
+
+    sched.last_plan = _make_plan(sched, graph)
+    sched._pass = ""
+
+
+def _check_not_split_before(sched, graph) -> None:
+    """Splitting rewrites node sources to the copies in ``sched->ctx``, which the next split frees: a graph split
+    once must not be split again (C would read freed tensors; ggviz says so)."""
+    old = {t.addr for t in sched.ctx.tensors()}
+    if not old:
+        return
+    from .tensor import _Q_SRC
+    for node in graph.nodes:
+        for a in node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC]:
+            if a and int(a) in old:
+                raise GGMLError(f"ggml_backend_sched_split_graph: node {node.name!r} reads a tensor copy made when this "
+                                f"graph was split before (its sources were rewritten to the copies of that split); "
+                                f"build the graph again before allocating it again")
+
+
+def _ensure_len(ids: list, n: int) -> None:
+    if len(ids) < n:
+        ids.extend([0] * (n - len(ids)))
+
+
+def _set_output(t: Tensor) -> None:
+    # ggml_set_output: only the flag of this tensor (the copies are not views)
+    t.flags = t.flags | C.GGML_TENSOR_FLAG_OUTPUT
+
+
+def _get_split(sched, i_split: int) -> ggml_backend_sched_split:
+    if i_split >= sched.splits_capacity:
+        old_cap = sched.splits_capacity
+        sched.splits_capacity = max(16, 2 * sched.splits_capacity)
+        for _ in range(old_cap, sched.splits_capacity):
+            sched.splits.append(ggml_backend_sched_split())
+    return sched.splits[i_split]
+
+
+def _emit_split(sched, i_split: int, split) -> None:
+    if trace.active:
+        trace.emit("sched.split", sched=id(sched), split=i_split, backend=_bname(sched, split.backend_id),
+                   backend_id=split.backend_id, i_start=split.i_start, i_end=split.i_end,
+                   inputs=[t.name for t in split.inputs])
+
+
+def _make_plan(sched, graph) -> dict:
+    """The split as plain data (for the visual layer): per node its backend and cause, per split its node range and
+    inputs (with the copy each input got), per backend the number of copies made into it."""
+    names = [B.backend_name(b) for b in sched.backends]
+    tbid = sched.hv_tensor_backend_ids
+    causes = sched.causes
+    node_split = []
+    for k in range(sched.n_splits):
+        s = sched.splits[k]
+        node_split.extend([k] * (s.i_end - s.i_start))
+    nodes = []
+    for i, t in enumerate(graph.nodes):
+        h = _hash_id(sched, t)
+        b = tbid[h]
+        nodes.append(dict(index=i, name=t.name, op=op_desc(t), backend=names[b] if b >= 0 else None, backend_id=b,
+                          cause=causes.get(h, ""), split=node_split[i] if i < len(node_split) else None,
+                          view_op=is_view_op(t.op), srcs=[s.name for s in t.src if s is not None]))
+    leafs = []
+    for t in graph.leafs:
+        h = _hash_id(sched, t)
+        b = tbid[h]
+        buf = _buffer_of(t)
+        leafs.append(dict(name=t.name, backend=names[b] if b >= 0 else None, backend_id=b, cause=causes.get(h, ""),
+                          buft=B.backend_buft_name(buf.buft) if buf is not None else None))
+    splits = []
+    copies_per_backend = {n: 0 for n in names}
+    for k in range(sched.n_splits):
+        s = sched.splits[k]
+        ins = []
+        for t in s.inputs:
+            h = _hash_id(sched, t)
+            cpy = _tensor_id_copy(sched, h, s.backend_id, sched.cur_copy)
+            ins.append(dict(name=t.name, backend=names[tbid[h]] if tbid[h] >= 0 else None,
+                            copy=cpy.name if cpy is not None else None, nbytes=nbytes(t),
+                            is_input=bool(t.flags & C.GGML_TENSOR_FLAG_INPUT)))
+        copies_per_backend[names[s.backend_id]] += len(s.inputs) * sched.n_copies
+        splits.append(dict(index=k, backend=names[s.backend_id], backend_id=s.backend_id, i_start=s.i_start,
+                           i_end=s.i_end, n_nodes=s.i_end - s.i_start, inputs=ins))
+    return dict(backends=names, bufts=[B.backend_buft_name(b) for b in sched.bufts], n_copies=sched.n_copies,
+                cur_copy=sched.cur_copy, n_splits=sched.n_splits, nodes=nodes, leafs=leafs, splits=splits,
+                n_inputs=sum(len(s["inputs"]) for s in splits), copies_per_backend=copies_per_backend,
+                graph_inputs=[t.name for t in sched.graph_inputs])
+
+
+def _fmt_size(size: int) -> str:
+    if size >= 1024 * 1024:
+        return f"{size // 1024 // 1024}M"
+    return f"{size // 1024}K"
+
+
+def backend_sched_print_assignments(sched, graph) -> str:
+    """ggml_backend_sched_print_assignments (GGML_SCHED_DEBUG=1 / 2): the splits, and with 2 every node's backend,
+    cause and sources. Returned as text (ggml prints it with GGML_LOG_DEBUG)."""
+    out = []
+    cur_split = 0
+    for i in range(graph.n_nodes):
+        if cur_split < sched.n_splits and i == sched.splits[cur_split].i_start:
+            s = sched.splits[cur_split]
+            line = f"\n## SPLIT #{cur_split}: {B.backend_name(sched.backends[s.backend_id])} # {s.n_inputs} inputs"
+            if s.n_inputs:
+                line += ": " + " ".join(f"[{t.name} ({_fmt_size(nbytes(t)):>5.5})]" for t in s.inputs)
+            out.append(line + "\n")
+            cur_split += 1
+        node = graph.nodes[i]
+        if is_view_op(node.op):
+            continue
+        if sched.debug > 1 or sched.debug == 0:
+            tb = backend_sched_get_tensor_backend(sched, node)
+            line = (f"node #{i:3d} ({op_desc(node)[:10]:>10.10}): {node.name[:20]:>20.20} ({_fmt_size(nbytes(node)):>5.5}) "
+                    f"[{(B.backend_name(tb) if tb else 'NULL'):>5.5} {GET_CAUSE(sched, node):>8.8}] "
+                    f"use={graph.use_count(node) if graph.use_counts is not None else 0},"
+                    f"c={1 if node.flags & C.GGML_TENSOR_FLAG_COMPUTE else 0}:")
+            for src in node.src:
+                if src is None:
+                    continue
+                sb = backend_sched_get_tensor_backend(sched, src)
+                line += (f" {src.name[:20]:>20.20} ({_fmt_size(nbytes(src)):>5.5}) "
+                         f"[{(B.backend_name(sb) if sb else 'NULL'):>5.5} {GET_CAUSE(sched, src):>8.8}]")
+            out.append(line + "\n")
+    return "".join(out)
+
+
+# ==================================================================================================
+# allocation and compute
+# ==================================================================================================
+
+def _buft_of_id(sched, i: int):
+    """sched->bufts[i]. A backend id of -1 (a leaf that no pass assigned: ggml leaves a leaf unassigned when the
+    first node reading it is a view op) reads bufts[-1] in C, i.e. backends[GGML_SCHED_MAX_BACKENDS - 1]: NULL."""
+    if i < 0:
+        return sched.backends[GGML_SCHED_MAX_BACKENDS - 1] if sched.n_backends == GGML_SCHED_MAX_BACKENDS else None
+    return sched.bufts[i]
+
+
+def backend_sched_alloc_splits(sched) -> bool:
+    backend_ids_changed = False
+    g = sched.graph
+    for i in range(g.n_nodes):
+        if (sched.node_backend_ids[i] != sched.prev_node_backend_ids[i]
+                and _buft_of_id(sched, sched.node_backend_ids[i]) is not _buft_of_id(sched, sched.prev_node_backend_ids[i])):
+            backend_ids_changed = True
+            break
+    if not backend_ids_changed:
+        for i in range(g.n_leafs):
+            if (sched.leaf_backend_ids[i] != sched.prev_leaf_backend_ids[i]
+                    and _buft_of_id(sched, sched.leaf_backend_ids[i]) is not _buft_of_id(sched, sched.prev_leaf_backend_ids[i])):
+                backend_ids_changed = True
+                break
+
+    reserved = False
+    # allocate graph
+    if backend_ids_changed or not A.gallocr_alloc_graph(sched.galloc, g):
+        if sched.debug:
+            B.GGML_LOG("debug", f"ggml_backend_sched_alloc_splits: failed to allocate graph, reserving "
+                                f"(backend_ids_changed = {int(backend_ids_changed)})")
+        if sched.debug_realloc > 0:
+            # we are interested only in situations where the graph was reallocated even though its size remained
+            # the same [GGML_SCHED_DEBUG_REALLOC]
+            unexpected = not backend_ids_changed and sched.debug_prev_graph_size == sched.debug_graph_size
+            if unexpected or sched.debug_realloc > 1:
+                raise GGMLError(f"ggml_backend_sched_alloc_splits: unexpected graph reallocation (graph size = "
+                                f"{sched.debug_graph_size}, nodes = {g.n_nodes}, leafs = {g.n_leafs}), "
+                                f"debug_realloc = {sched.debug_realloc}")
+        # the re-allocation may cause the split inputs to be moved to a different address
+        # synchronize without ggml_backend_sched_synchronize to avoid changing cur_copy
+        for b in sched.backends:
+            B.backend_synchronize(b)
+        reserved = True
+        ok = A.gallocr_reserve_n(sched.galloc, g, sched.node_backend_ids, sched.leaf_backend_ids)
+        if not ok or not A.gallocr_alloc_graph(sched.galloc, g):
+            B.GGML_LOG("error", f"ggml_backend_sched_alloc_splits: failed to allocate graph"
+                                + (f" ({B.last_log_error()})" if not ok and B.last_log_error() else ""))
+            if trace.active:
+                trace.emit("sched.alloc", sched=id(sched), ok=False, reserved=True,
+                           backend_ids_changed=backend_ids_changed)
+            return False
+    if trace.active:
+        trace.emit("sched.alloc", sched=id(sched), ok=True, reserved=reserved, backend_ids_changed=backend_ids_changed,
+                   sizes={B.backend_name(sched.backends[i]): A.gallocr_get_buffer_size(sched.galloc, i)
+                          for i in range(sched.n_backends)})
+    return True
+
+
+def backend_sched_compute_splits(sched) -> int:
+    GGML_ASSERT(sched is not None, "sched")
+    splits = sched.splits
+    prev_ids_tensor = None
+    ids = None
+    used_ids: set = set()
+
+    for split_id in range(sched.n_splits):
+        split = splits[split_id]
+        split_backend_id = split.backend_id
+        split_backend = sched.backends[split_backend_id]
+        event = sched.events[split_backend_id][sched.cur_copy] if sched.events else None
+        t0 = time.perf_counter_ns() if trace.active else 0
+
+        # copy the input tensors to the split backend
+        for input_id in range(split.n_inputs):
+            input_backend = backend_sched_get_tensor_backend(sched, split.inputs[input_id])
+            inp = split.inputs[input_id]
+            input_cpy = _tensor_copy(sched, inp, split_backend_id, sched.cur_copy)
+
+            if inp.flags & C.GGML_TENSOR_FLAG_INPUT:
+                # inputs from the user must be copied immediately to prevent the user overwriting the data before
+                # the copy is done
+                if event is not None:
+                    B.backend_event_synchronize(event)
+                else:
+                    B.backend_synchronize(split_backend)
+                B.backend_tensor_copy(inp, input_cpy)
+            else:
+                # wait for the split backend to finish using the input before overwriting it
+                if event is not None:
+                    B.backend_event_wait(split_backend, event)
+                else:
+                    B.backend_synchronize(split_backend)
+
+                # when offloading MoE weights, we can reduce the amount of data copied by copying only the experts
+                # that are used
+                node = split.graph.nodes[0] if split.graph.n_nodes > 0 else None
+                inp_buf = B.buffer_at(inp.buffer) if inp.buffer else None
+                if (node is not None and inp_buf is not None
+                        and B.backend_buffer_get_usage(inp_buf) == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+                        and B.backend_buffer_is_host(inp_buf)
+                        and node.src[0] is input_cpy and node.op == C.GGML_OP_MUL_MAT_ID):
+                    prev_ids_tensor, ids, used_ids = _copy_used_experts(
+                        sched, split, input_id, inp, input_cpy, input_backend, split_backend, node, prev_ids_tensor,
+                        ids, used_ids)
+                else:
+                    # try async copy, but if not possible, we can still use a sync copy without synchronizing the dst
+                    # backend, since we handle the synchronization here with multiple copies and events
+                    if (split_backend.iface.cpy_tensor_async is None
+                            or not split_backend.iface.cpy_tensor_async(input_backend, split_backend, inp, input_cpy)):
+                        B.backend_synchronize(input_backend)
+                        if event is not None:
+                            B.backend_event_synchronize(event)
+                        else:
+                            B.backend_synchronize(split_backend)
+                        B.backend_tensor_copy(inp, input_cpy)
+            if trace.active:
+                trace.emit("sched.copy", sched=id(sched), phase="compute", split=split_id, input=inp.name,
+                           copy=input_cpy.name, from_backend=B.backend_name(input_backend),
+                           to_backend=B.backend_name(split_backend), nbytes=nbytes(inp))
+
+        if sched.callback_eval is None:
+            ec = B.backend_graph_compute_async(split_backend, split.graph)
+            if trace.active:
+                _emit_compute(sched, split_id, split, t0)
+            if ec != C.GGML_STATUS_SUCCESS:
+                return ec
+        else:
+            # similar to ggml_backend_compare_graph_backend
+            j0 = 0
+            n = split.graph.n_nodes
+            stop = False
+            while j0 < n:
+                t = split.graph.nodes[j0]
+                # check if the user needs data from this node
+                need = sched.callback_eval(t, True, sched.callback_eval_user_data)
+                j1 = j0
+                # determine the range [j0, j1] of nodes that can be computed together
+                while not need and j1 < n - 1:
+                    j1 += 1
+                    t = split.graph.nodes[j1]
+                    need = sched.callback_eval(t, True, sched.callback_eval_user_data)
+                gv = graph_view(split.graph, j0, j1 + 1)
+                ec = B.backend_graph_compute_async(split_backend, gv)
+                if ec != C.GGML_STATUS_SUCCESS:
+                    return ec
+                # TODO: pass backend to the callback, then the user can decide if they want to synchronize
+                B.backend_synchronize(split_backend)
+                if trace.active:
+                    trace.emit("sched.eval", sched=id(sched), split=split_id, j0=split.i_start + j0,
+                               j1=split.i_start + j1, name=t.name, need=bool(need))
+                if need and not sched.callback_eval(t, False, sched.callback_eval_user_data):
+                    # as in ggml: this split stops here, the next splits still run
+                    stop = True
+                    break
+                j0 = j1 + 1
+            if trace.active:
+                _emit_compute(sched, split_id, split, t0)
+                if stop:
+                    trace.emit("sched.eval_stop", sched=id(sched), split=split_id, name=t.name)
+
+        # record the event of this copy
+        if split.n_inputs > 0:
+            if event is not None:
+                B.backend_event_record(event, split_backend)
+    return C.GGML_STATUS_SUCCESS
+
+
+def _emit_compute(sched, split_id, split, t0):
+    trace.emit("sched.compute_split", sched=id(sched), split=split_id,
+               backend=B.backend_name(sched.backends[split.backend_id]), i_start=split.i_start, i_end=split.i_end,
+               n_inputs=split.n_inputs, t_start=t0, t_end=time.perf_counter_ns())
+
+
+def _copy_used_experts(sched, split, input_id, inp, input_cpy, input_backend, split_backend, node, prev_ids_tensor,
+                       ids, used_ids):
+    """The MUL_MAT_ID branch of compute_splits: copy only the experts the ids select, grouped in ranges."""
+    n_expert = int(inp.ne[2])
+    expert_size = int(inp.nb[2])
+    B.backend_synchronize(input_backend)
+    # get the ids
+    ids_tensor = node.src[2]
+    ids_backend = split_backend
+    # if the ids tensor is also an input of the split, it may not have been copied yet to the split backend
+    # in that case, we use the original ids tensor
+    for i in range(input_id + 1, split.n_inputs):
+        if ids_tensor is _tensor_copy(sched, split.inputs[i], split.backend_id, sched.cur_copy):
+            ids_tensor = split.inputs[i]
+            ids_backend = backend_sched_get_tensor_backend(sched, split.inputs[i])
+            break
+    if ids_tensor is not prev_ids_tensor:
+        raw = B.backend_tensor_get_async(ids_backend, ids_tensor, None, 0, nbytes(ids_tensor))
+        B.backend_synchronize(ids_backend)
+        ids = raw.view(np.int32)
+        # find the used experts
+        used_ids = set()
+        for i1 in range(int(ids_tensor.ne[1])):
+            for i0 in range(int(ids_tensor.ne[0])):
+                id_ = int(ids[i1 * int(ids_tensor.nb[1]) // 4 + i0 * int(ids_tensor.nb[0]) // 4])
+                GGML_ASSERT(0 <= id_ < n_expert, "id >= 0 && id < n_expert")
+                used_ids.add(id_)
+        prev_ids_tensor = ids_tensor
+
+    def copy_experts(first_id, last_id):
+        expert_offset = first_id * expert_size
+        expert_size_copy = (last_id - first_id + 1) * expert_size
+        padding = min(expert_size, 512)
+        padding_end = padding if last_id < n_expert - 1 else 0
+        # copy a bit extra at the to ensure there are no NaNs in the padding of the last expert
+        B.backend_tensor_set_async(split_backend, input_cpy, B._bytes_at(inp.data + expert_offset,
+                                                                         expert_size_copy + padding_end),
+                                   expert_offset, expert_size_copy + padding_end)
+
+    used = sorted(used_ids)
+    first_id = last_id = used[0]
+    for id_ in used[1:]:
+        if id_ == last_id + 1:
+            last_id = id_
+            continue
+        copy_experts(first_id, last_id)
+        first_id = last_id = id_
+    copy_experts(first_id, last_id)
+    return prev_ids_tensor, ids, used_ids
+
+
+# ==================================================================================================
+# public API
+# ==================================================================================================
+
+def backend_sched_new(backends, bufts=None, n_backends: int | None = None, graph_size: int = C.GGML_DEFAULT_GRAPH_SIZE,
+                      parallel: bool = False, op_offload: bool = True) -> ggml_backend_sched:
+    """ggml_backend_sched_new(backends, bufts, n_backends, graph_size, parallel, op_offload): ``backends`` in priority
+    order, the last one the CPU; ``bufts`` one buffer type per backend (None: each backend's default)."""
+    backends = list(backends)
+    if n_backends is None:
+        n_backends = len(backends)
+    GGML_ASSERT(n_backends > 0, "n_backends > 0")
+    GGML_ASSERT(n_backends <= GGML_SCHED_MAX_BACKENDS, "n_backends <= GGML_SCHED_MAX_BACKENDS")
+    GGML_ASSERT(B.backend_dev_type(B.backend_get_device(backends[n_backends - 1])) == B.GGML_BACKEND_DEVICE_TYPE_CPU,
+                "the last backend of a scheduler must be the CPU")
+
+    sched = ggml_backend_sched()
+    env = os.environ.get("GGML_SCHED_DEBUG")
+    sched.debug = int(env) if env else 0
+    sched.debug_realloc = 0
+    env = os.environ.get("GGML_SCHED_DEBUG_REALLOC")
+    sched.debug_realloc = int(env) if env else sched.debug_realloc
+
+    sched.n_backends = n_backends
+    sched.n_copies = GGML_SCHED_MAX_COPIES if parallel else 1
+
+    # initialize hash table
+    # FIXME: needs to be size*2 to account for leafs (do it in graph_split instead)
+    sched.hash_set = _hash_set_new(graph_size)
+    sched.hv_tensor_backend_ids = [-1] * sched.hash_set.size
+    sched.hv_tensor_copies = [None] * (sched.hash_set.size * sched.n_backends * sched.n_copies)
+
+    ggml_sched_max_splits = graph_size      # at most there is one split for each node in the graph
+    nodes_size = graph_size + ggml_sched_max_splits * GGML_SCHED_MAX_SPLIT_INPUTS * 2
+    sched.node_backend_ids = [0] * nodes_size
+    sched.leaf_backend_ids = [0] * nodes_size
+    sched.prev_node_backend_ids = [0] * nodes_size
+    sched.prev_leaf_backend_ids = [0] * nodes_size
+
+    sched.debug_graph_size = 0
+    sched.debug_prev_graph_size = 0
+
+    sched.context_buffer_size = (ggml_sched_max_splits * GGML_SCHED_MAX_SPLIT_INPUTS * 2 * C.GGML_TENSOR_SIZE
+                                 + graph_overhead_custom(graph_size, False))
+    # (pages are only touched as the copies and their views are created)
+    sched.context_buffer = memory.aligned_malloc(sched.context_buffer_size, "ggml_backend_sched context buffer")
+
+    initial_splits_capacity = 16
+    sched.splits = [ggml_backend_sched_split() for _ in range(initial_splits_capacity)]
+    sched.splits_capacity = initial_splits_capacity
+
+    sched.graph_inputs_capacity = GGML_SCHED_MAX_SPLIT_INPUTS
+    sched.graph_inputs = []
+
+    sched.backends = backends[:n_backends]
+    sched.bufts = []
+    sched.events = [[None] * GGML_SCHED_MAX_COPIES for _ in range(n_backends)]
+    for b in range(n_backends):
+        buft = bufts[b] if bufts is not None and bufts[b] is not None else B.backend_get_default_buffer_type(backends[b])
+        sched.bufts.append(buft)
+        GGML_ASSERT(B.backend_supports_buft(backends[b], buft),
+                    f"backend {B.backend_name(backends[b])} does not support buffer type {B.backend_buft_name(buft)}")
+        if sched.n_copies > 1:
+            for c in range(sched.n_copies):
+                sched.events[b][c] = B.backend_event_new(backends[b].device)
+
+    sched.galloc = A.gallocr_new_n(sched.bufts, n_backends)
+    sched.op_offload = bool(op_offload)
+
+    backend_sched_reset(sched)
+    if trace.active:
+        trace.emit("sched.new", sched=id(sched), backends=[B.backend_name(b) for b in sched.backends],
+                   bufts=[B.backend_buft_name(b) for b in sched.bufts], n_copies=sched.n_copies,
+                   graph_size=graph_size, hash_size=sched.hash_set.size, op_offload=sched.op_offload)
+    return sched
+
+
+def backend_sched_free(sched) -> None:
+    if sched is None:
+        return
+    for b in range(sched.n_backends):
+        for c in range(sched.n_copies):
+            B.backend_event_free(sched.events[b][c])
+    A.gallocr_free(sched.galloc)
+    if sched.ctx is not None:
+        from . import free as ggml_free
+        ggml_free(sched.ctx)
+        sched.ctx = None
+    sched.splits = []
+    sched.graph_inputs = []
+    if sched.context_buffer is not None:
+        memory.unregister(sched.context_buffer)
+        sched.context_buffer = None
+
+
+def backend_sched_reset(sched) -> None:
+    GGML_ASSERT(sched is not None, "sched")
+    # reset state for the next run
+    if not sched.is_reset:
+        sched.hash_set.reset()
+        sched._slot.clear()
+        sched.causes.clear()
+        n = sched.hash_set.size
+        sched.hv_tensor_backend_ids[:] = [-1] * n
+        sched.hv_tensor_copies[:] = [None] * (n * sched.n_backends * sched.n_copies)
+        sched.is_reset = True
+    sched.is_alloc = False
+
+
+def backend_sched_reserve_size(sched, measure_graph, sizes=None) -> list:
+    """The buffer size per backend that reserving ``measure_graph`` would allocate (nothing is allocated)."""
+    GGML_ASSERT(sched is not None, "sched")
+    GGML_ASSERT(sched.hash_set.size >= measure_graph.n_nodes + measure_graph.n_leafs, "hash_set.size")
+    backend_sched_reset(sched)
+    backend_sched_synchronize(sched)
+    backend_sched_split_graph(sched, measure_graph)
+    return A.gallocr_reserve_n_size(sched.galloc, sched.graph, sched.node_backend_ids, sched.leaf_backend_ids, sizes)
+
+
+def backend_sched_reserve(sched, measure_graph) -> bool:
+    GGML_ASSERT(sched is not None, "sched")
+    GGML_ASSERT(sched.hash_set.size >= measure_graph.n_nodes + measure_graph.n_leafs, "hash_set.size")
+    backend_sched_synchronize(sched)
+    backend_sched_split_graph(sched, measure_graph)
+    if not A.gallocr_reserve_n(sched.galloc, sched.graph, sched.node_backend_ids, sched.leaf_backend_ids):
+        return False
+    backend_sched_reset(sched)
+    return True
+
+
+def backend_sched_alloc_graph(sched, graph) -> bool:
+    GGML_ASSERT(sched is not None, "sched")
+    GGML_ASSERT(sched.hash_set.size >= graph.n_nodes + graph.n_leafs,
+                f"hash_set.size ({sched.hash_set.size}) >= n_nodes + n_leafs ({graph.n_nodes + graph.n_leafs}): "
+                f"graph_size of the scheduler too small")
+    GGML_ASSERT(not sched.is_alloc, "!sched->is_alloc (reset the scheduler before allocating another graph)")
+    sched.cur_copy = sched.next_copy
+    sched.next_copy = (sched.next_copy + 1) % sched.n_copies
+    backend_sched_split_graph(sched, graph)
+    if not backend_sched_alloc_splits(sched):
+        return False
+    sched.is_alloc = True
+    return True
+
+
+def backend_sched_graph_compute(sched, graph) -> int:
+    err = backend_sched_graph_compute_async(sched, graph)
+    backend_sched_synchronize(sched)
+    return err
+
+
+def backend_sched_graph_compute_async(sched, graph) -> int:
+    GGML_ASSERT(sched is not None, "sched")
+    if not sched.is_reset and not sched.is_alloc:
+        backend_sched_reset(sched)
+    if not sched.is_alloc:
+        if not backend_sched_alloc_graph(sched, graph):
+            return C.GGML_STATUS_ALLOC_FAILED
+    return backend_sched_compute_splits(sched)
+
+
+def backend_sched_synchronize(sched) -> None:
+    GGML_ASSERT(sched is not None, "sched")
+    for b in sched.backends:
+        B.backend_synchronize(b)
+    if not sched.is_alloc:
+        # if the graph is not already allocated, always use copy 0 after a synchronization
+        # this ensures that during generation the same copy is used every time,
+        # which avoids changes in the graph that could cause CUDA or other graphs to be disabled
+        sched.next_copy = 0
+
+
+def backend_sched_set_eval_callback(sched, callback, user_data=None) -> None:
+    """``callback(t, ask, user_data) -> bool``: asked (``ask`` True) for every node whether the user wants its data;
+    the nodes up to the first wanted one are computed, then it is called again (``ask`` False) with the data ready;
+    returning False stops."""
+    GGML_ASSERT(sched is not None, "sched")
+    sched.callback_eval = callback
+    sched.callback_eval_user_data = user_data
+
+
+def backend_sched_get_n_splits(sched) -> int:
+    GGML_ASSERT(sched is not None, "sched")
+    return sched.n_splits
+
+
+def backend_sched_get_n_copies(sched) -> int:
+    GGML_ASSERT(sched is not None, "sched")
+    return sched.n_copies
+
+
+def backend_sched_get_n_backends(sched) -> int:
+    GGML_ASSERT(sched is not None, "sched")
+    return sched.n_backends
+
+
+def backend_sched_get_backend(sched, i: int):
+    GGML_ASSERT(sched is not None, "sched")
+    GGML_ASSERT(0 <= i < sched.n_backends, "i >= 0 && i < sched->n_backends")
+    return sched.backends[i]
+
+
+def backend_sched_get_buffer_type(sched, backend):
+    GGML_ASSERT(sched is not None, "sched")
+    backend_index = backend_sched_backend_id(sched, backend)
+    GGML_ASSERT(0 <= backend_index < sched.n_backends, "backend not in the scheduler")
+    return sched.bufts[backend_index]
+
+
+def backend_sched_get_buffer_size(sched, backend) -> int:
+    GGML_ASSERT(sched is not None, "sched")
+    backend_index = backend_sched_backend_id(sched, backend)
+    GGML_ASSERT(0 <= backend_index < sched.n_backends, "backend not in the scheduler")
+    return A.gallocr_get_buffer_size(sched.galloc, backend_index)
+
+
+def backend_sched_set_tensor_backend(sched, node: Tensor, backend) -> None:
+    GGML_ASSERT(sched is not None, "sched")
+    backend_index = backend_sched_backend_id(sched, backend)
+    GGML_ASSERT(0 <= backend_index < sched.n_backends, "backend not in the scheduler")
+    _set_tbid(sched, node, backend_index)
+    sched._pass = "usr"
+    SET_CAUSE(sched, node, "usr", backend_index)
+    sched._pass = ""
+    sched.is_reset = False
+
+
+def backend_sched_get_tensor_backend(sched, node: Tensor):
+    GGML_ASSERT(sched is not None, "sched")
+    backend_index = _tbid(sched, node)
+    if backend_index == -1:
+        return None
+    return sched.backends[backend_index]

@@ -1,0 +1,446 @@
+"""Views of a running llama model: KV cache and mask, attention per head, the sampler chain, BPE merges.
+
+Everything is recorded from a real ``ggviz.llama`` run, never recomputed:
+
+- ``capture_inputs(ctx)``: a context manager; for every ubatch decoded inside it, a ``DecodeSnapshot`` of what the
+  context wrote into the graph's inputs just before compute (tokens, positions, the KQ mask) and of the KV cells
+  (``ctx.graph_hook``). ``kv_cache_figure(snapshot)`` draws the cells and the mask; ``KVCacheView`` steps through
+  snapshots.
+- ``capture_attention(ctx, tokens)``: decodes ``tokens`` with an eval callback that asks for the
+  ``kq_soft_max-<il>`` nodes (the attention weights after the mask and softmax) and copies them;
+  ``attention_figure(rec, layer)`` draws one heatmap per head; ``AttentionView`` has a layer slider.
+- ``sampler_figure(chain.history)``: the candidates after each sampler of a chain (logits -> top-k -> ... ->
+  selected token) as bar charts; ``SamplerView``.
+- ``bpe_table(vocab, word)`` / ``BPEView``: the merges BPE made on each word of a prompt (``Vocab.bpe_trace``).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .table import Table
+from .widgets._base import VizWidget, esc, fig_to_png, html_table, png_img
+
+
+def _piece(vocab, tid: int) -> str:
+    try:
+        s = vocab.token_to_piece(int(tid), special=True).decode("utf-8", "replace")
+    except Exception:      # noqa: BLE001 - a label only
+        s = f"<{tid}>"
+    return s.replace("\n", "\\n")
+
+
+def _label(vocab, tid) -> str:
+    p = _piece(vocab, tid)
+    return repr(p)[1:-1] if p.strip() == p and p else repr(p)
+
+
+# ------------------------------------------------------------------------------------------------------- KV cache
+
+@dataclass
+class DecodeSnapshot:
+    """One ubatch as the context prepared it: its inputs and the KV cells (copies, taken before compute)."""
+    n_tokens: int
+    n_kv: int
+    tokens: np.ndarray
+    pos: np.ndarray
+    kq_mask: np.ndarray           # (n_tokens, n_kv): 0 = may attend, -inf = masked
+    cells_pos: np.ndarray         # pos of cells 0..kv_size-1 (-1 = empty)
+    cells_seq: list               # seq ids of each of the first n_kv cells
+    k_idxs: np.ndarray            # the cell each token's K is written to
+    kv_size: int
+    head: int
+
+
+@contextmanager
+def capture_inputs(ctx):
+    """Record a ``DecodeSnapshot`` for every ubatch decoded inside the block (yields the list)."""
+    from ..ggml import get_data
+
+    snaps: list[DecodeSnapshot] = []
+    prev = ctx.graph_hook
+
+    def hook(res):
+        inp = res.inputs
+        mask = np.array(get_data(inp.kq_mask)).reshape(res.n_tokens if res.n_tokens else -1, -1)
+        kv = ctx.kv
+        snaps.append(DecodeSnapshot(
+            n_tokens=int(res.n_tokens), n_kv=int(res.n_kv), tokens=np.array(get_data(inp.tokens)).reshape(-1),
+            pos=np.array(get_data(inp.pos)).reshape(-1), kq_mask=mask[:res.n_tokens, :res.n_kv],
+            cells_pos=kv.cells.pos.copy(), cells_seq=[sorted(s) for s in kv.cells.seq[:res.n_kv]],
+            k_idxs=np.array(get_data(inp.k_idxs)).reshape(-1), kv_size=int(kv.size), head=int(kv.head)))
+        if prev is not None:
+            prev(res)
+
+    ctx.graph_hook = hook
+    try:
+        yield snaps
+    finally:
+        ctx.graph_hook = prev
+
+
+def kv_cache_figure(snap: DecodeSnapshot, vocab=None, max_cells: int | None = None, title: str | None = None):
+    """Top: the KV cells (position stored in each, the cells this ubatch writes outlined); bottom: the KQ mask,
+    one row per token of the ubatch, one column per cell of the attended window n_kv (green: may attend)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Rectangle
+
+    used = int(np.max(np.nonzero(snap.cells_pos >= 0)[0], initial=-1)) + 1
+    nc = max_cells or min(snap.n_kv, max(16, used + 4))
+    nt = snap.n_tokens
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(min(16, 2.5 + 0.42 * nc), 1.9 + 0.36 * nt + 0.6),
+                                   gridspec_kw={"height_ratios": [0.45, max(0.9, 0.36 * nt)]})
+    for c in range(nc):
+        p = int(snap.cells_pos[c])
+        ax1.add_patch(Rectangle((c, 0), 1, 1, facecolor="#a5d6a7" if p >= 0 else "#f5f5f5", edgecolor="#757575",
+                                linewidth=0.6))
+        ax1.text(c + 0.5, 0.5, str(p) if p >= 0 else "·", ha="center", va="center", fontsize=9)
+    for c in snap.k_idxs:
+        if c < nc:
+            ax1.add_patch(Rectangle((c, 0), 1, 1, fill=False, edgecolor="#d50000", linewidth=2.2))
+    ax1.set_xlim(0, nc)
+    ax1.set_ylim(0, 1)
+    ax1.set_yticks([])
+    ax1.set_xticks(np.arange(nc) + 0.5)
+    ax1.set_xticklabels([str(c) for c in range(nc)], fontsize=7)
+    ax1.set_title(title or f"KV cells 0..{nc - 1} of {snap.kv_size} (number = position stored; red = written by "
+                           f"this ubatch of {nt} tokens); n_kv = {snap.n_kv} cells attended", fontsize=10,
+                  loc="left")
+    m = np.isfinite(snap.kq_mask[:, :nc]).astype(float)
+    ax2.imshow(m, cmap=ListedColormap(["#37474f", "#c8e6c9"]), vmin=0, vmax=1, aspect="auto",
+               extent=(0, nc, nt, 0))
+    for r in range(nt):
+        for c in range(nc):
+            ax2.text(c + 0.5, r + 0.5, "0" if m[r, c] else "-∞", ha="center", va="center", fontsize=7,
+                     color="#212121" if m[r, c] else "#eceff1")
+    ax2.set_xticks(np.arange(nc) + 0.5)
+    ax2.set_xticklabels([str(c) for c in range(nc)], fontsize=7)
+    ax2.set_yticks(np.arange(nt) + 0.5)
+    labels = [f"pos {int(p)}" + (f"  {_label(vocab, t)}" if vocab is not None else "")
+              for p, t in zip(snap.pos, snap.tokens)]
+    ax2.set_yticklabels(labels, fontsize=8)
+    ax2.set_xlabel("KV cell", fontsize=9)
+    ax2.set_title("kq_mask (attn_inp_kq_mask): added to KQ before softmax; a token sees the cells whose position "
+                  "is ≤ its own", fontsize=10, loc="left")
+    fig.tight_layout()
+    return fig
+
+
+class KVCacheView(VizWidget):
+    """Step through recorded ``DecodeSnapshot``s (prompt, then each generated token)."""
+
+    def __init__(self, snapshots, vocab=None):
+        self.snaps = list(snapshots)
+        if not self.snaps:
+            raise ValueError("no snapshot recorded (decode inside `with capture_inputs(ctx) as snaps:`)")
+        self.vocab = vocab
+        self.pos = len(self.snaps) - 1
+
+    def goto(self, k: int):
+        self.pos = int(np.clip(k, 0, len(self.snaps) - 1))
+        self._changed()
+        return self
+
+    def state(self) -> dict:
+        s = self.snaps[self.pos]
+        return {"snapshot": self.pos, "n_snapshots": len(self.snaps), "n_tokens": s.n_tokens, "n_kv": s.n_kv,
+                "tokens": s.tokens.tolist(), "pos": s.pos.tolist(), "cells_pos": s.cells_pos[:s.n_kv].tolist(),
+                "written_cells": s.k_idxs.tolist(), "mask_allowed": np.isfinite(s.kq_mask).tolist(),
+                "n_used": int((s.cells_pos >= 0).sum())}
+
+    def figure(self):
+        return kv_cache_figure(self.snaps[self.pos], self.vocab)
+
+    def to_html(self) -> str:
+        return png_img(fig_to_png(self.figure()), "max-width:100%")
+
+    def _build(self):
+        import ipywidgets as W
+
+        self._w = W.IntSlider(value=self.pos, min=0, max=len(self.snaps) - 1, description="ubatch")
+        self._w.observe(lambda ch: self.goto(ch["new"]), "value")
+        self._img = W.HTML()
+        return W.VBox([self._w, self._img])
+
+    def _refresh(self):
+        self._img.value = self.to_html()
+
+
+# ------------------------------------------------------------------------------------------------------ attention
+
+@dataclass
+class AttentionRecord:
+    """``kq_soft_max-<il>`` of every layer as recorded by the eval callback: (n_head, n_tokens, n_kv) each."""
+    tokens: list
+    pos: list
+    layers: dict = field(default_factory=dict)        # il -> ndarray (n_head, n_tokens, n_kv)
+    cells_pos: np.ndarray | None = None
+    pieces: list = field(default_factory=list)
+
+
+def capture_attention(ctx, tokens, layers=None) -> AttentionRecord:
+    """Decode ``tokens`` on ``ctx`` and copy the attention weights of ``layers`` (default: all).
+
+    The eval callback answers yes only for ``kq_soft_max-<il>`` nodes, so the scheduler computes the graph in
+    ranges ending at those nodes and the callback sees each softmax before later nodes can reuse its memory.
+    """
+    from .. import llama
+    from ..ggml import get_data_f32
+    from .graph_dot import layer_of
+
+    want = None if layers is None else {int(x) for x in layers}
+    rec = AttentionRecord(tokens=list(tokens), pos=[])
+    prev = ctx.cparams.cb_eval
+
+    def cb(t, ask):
+        if not t.name.startswith("kq_soft_max-"):
+            return False if ask else True
+        il = layer_of(t.name)
+        if want is not None and il not in want:
+            return False if ask else True
+        if ask:
+            return True
+        a = get_data_f32(t)                     # (1, n_head, n_tokens, n_kv)
+        rec.layers[il] = np.array(a[0])
+        return True
+
+    with capture_inputs(ctx) as snaps:
+        ctx.cparams.cb_eval = cb
+        try:
+            ret = llama.decode(ctx, llama.batch_get_one(list(tokens)))
+        finally:
+            ctx.cparams.cb_eval = prev
+    if ret != 0:
+        raise RuntimeError(f"llama_decode returned {ret}")
+    s = snaps[-1]
+    rec.pos = s.pos.tolist()
+    rec.cells_pos = s.cells_pos[:s.n_kv].copy()
+    vocab = llama.model_get_vocab(ctx.model)
+    rec.pieces = [_label(vocab, t) for t in tokens]
+    return rec
+
+
+def attention_figure(rec: AttentionRecord, layer: int, heads=None, cols: int = 3):
+    """One heatmap per head of layer ``layer``: rows = query tokens, columns = the KV cells that hold a token
+    (labelled with that token), colour = softmax weight."""
+    import matplotlib.pyplot as plt
+
+    a = rec.layers[layer]
+    n_head = a.shape[0]
+    heads = list(range(n_head)) if heads is None else list(heads)
+    used = np.nonzero(rec.cells_pos >= 0)[0] if rec.cells_pos is not None else np.arange(a.shape[2])
+    nc = int(used.max()) + 1 if len(used) else a.shape[2]
+    rows = -(-len(heads) // cols)
+    nt = a.shape[1]
+    cell_piece = {}
+    for p, piece in zip(rec.pos, rec.pieces):
+        for c in np.nonzero(rec.cells_pos == p)[0]:
+            cell_piece[int(c)] = piece
+    fig, axs = plt.subplots(rows, cols, figsize=(4.6 * cols, 0.8 + rows * (2.0 + 0.36 * max(nt, 4))), squeeze=False,
+                            constrained_layout=True)
+    for k, ax in enumerate(axs.flat):
+        if k >= len(heads):
+            ax.set_axis_off()
+            continue
+        h = heads[k]
+        im = ax.imshow(a[h, :, :nc], cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        ax.set_title(f"head {h}", fontsize=10)
+        ax.set_yticks(range(nt))
+        ax.set_yticklabels(rec.pieces[-nt:] if len(rec.pieces) >= nt else range(nt), fontsize=8)
+        ax.set_xticks(range(nc))
+        ax.set_xticklabels([cell_piece.get(c, str(c)) for c in range(nc)], rotation=60, ha="right", fontsize=8)
+        if nt * nc <= 120:
+            for r in range(nt):
+                for c in range(nc):
+                    v = a[h, r, c]
+                    if v >= 0.005:
+                        ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=6.5,
+                                color="white" if v < 0.6 else "black")
+    fig.colorbar(im, ax=axs, shrink=0.6, label="attention weight (softmax of masked KQ)")
+    fig.suptitle(f"layer {layer}: kq_soft_max-{layer}, {n_head} heads (rows: query token, columns: KV cell "
+                 f"holding that key)", fontsize=11)
+    return fig
+
+
+class AttentionView(VizWidget):
+    """Attention weights per head, one layer at a time (``select(layer, head=None)``)."""
+
+    def __init__(self, rec: AttentionRecord, layer: int | None = None):
+        if not rec.layers:
+            raise ValueError("the record holds no layer")
+        self.rec = rec
+        self.layer = min(rec.layers) if layer is None else int(layer)
+        self.head = None
+
+    def select(self, layer: int, head: int | None = None):
+        if int(layer) not in self.rec.layers:
+            raise KeyError(f"layer {layer} was not recorded")
+        self.layer, self.head = int(layer), head
+        self._changed()
+        return self
+
+    def state(self) -> dict:
+        a = self.rec.layers[self.layer]
+        return {"layer": self.layer, "head": self.head, "n_head": a.shape[0], "n_tokens": a.shape[1],
+                "n_kv": a.shape[2], "tokens": self.rec.tokens, "pieces": self.rec.pieces,
+                "weights": (a if self.head is None else a[self.head]).tolist(),
+                "row_sums": a.sum(axis=-1).tolist()}
+
+    def figure(self):
+        return attention_figure(self.rec, self.layer, None if self.head is None else [self.head],
+                                cols=3 if self.head is None else 1)
+
+    def to_html(self) -> str:
+        return png_img(fig_to_png(self.figure()), "max-width:100%")
+
+    def _build(self):
+        import ipywidgets as W
+
+        ls = sorted(self.rec.layers)
+        self._w_l = W.SelectionSlider(options=ls, value=self.layer, description="layer", continuous_update=False)
+        n_head = self.rec.layers[self.layer].shape[0]
+        self._w_h = W.Dropdown(options=[("all heads", -1)] + [(f"head {h}", h) for h in range(n_head)], value=-1,
+                               description="head")
+        self._w_l.observe(lambda ch: self.select(ch["new"], self.head), "value")
+        self._w_h.observe(lambda ch: self.select(self.layer, None if ch["new"] < 0 else ch["new"]), "value")
+        self._img = W.HTML()
+        return W.VBox([W.HBox([self._w_l, self._w_h]), self._img])
+
+    def _refresh(self):
+        self._img.value = self.to_html()
+
+
+# ------------------------------------------------------------------------------------------------------- sampling
+
+def sampler_figure(history, vocab=None, title: str | None = None):
+    """One panel per entry of ``SamplerChain.history``: the top candidates left after that step (their logits, as
+    the step left them) and how many remain; the selected token in red."""
+    import matplotlib.pyplot as plt
+
+    hist = list(history)
+    if not hist:
+        raise ValueError("empty sampler history: sample a token first (llama.sampler_sample)")
+    sel = next((h.get("selected") for h in reversed(hist) if h.get("selected") is not None), None)
+    n = len(hist)
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig, axs = plt.subplots(rows, cols, figsize=(4.4 * cols, 2.9 * rows + 0.5), squeeze=False)
+    for ax in axs.flat[n:]:
+        ax.set_axis_off()
+    for ax, h in zip(axs.flat, hist):
+        top = h["top"]
+        ids = [t for t, _ in top]
+        vals = [v for _, v in top]
+        y = np.arange(len(top))
+        fin = [v if np.isfinite(v) else np.nan for v in vals]
+        ax.barh(y, fin, color=["#e53935" if t == sel else "#90caf9" for t in ids], edgecolor="#424242")
+        ax.set_yticks(y)
+        ax.set_yticklabels([(_label(vocab, t) if vocab is not None else str(t)) + f"  ({t})" for t in ids],
+                           fontsize=9)
+        ax.invert_yaxis()
+        for yi, v in zip(y, vals):
+            ax.text(0 if not np.isfinite(v) else v, yi, f" {v:.3g}", va="center", fontsize=8)
+        ax.set_title(f"after {h['step']}\n{h['n']} candidates", fontsize=10)
+        ax.set_xlabel("logit", fontsize=8)
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(title or ("sampler chain: top candidates after each step" +
+                           (f" → selected {_label(vocab, sel) if vocab is not None else sel} ({sel})"
+                            if sel is not None else "")), fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+class SamplerView(VizWidget):
+    """The chain's last run (``SamplerChain.history``) as bar charts; ``state()`` is the history itself."""
+
+    def __init__(self, chain_or_history, vocab=None):
+        self.history = [dict(h) for h in getattr(chain_or_history, "history", chain_or_history)]
+        self.vocab = vocab
+
+    def state(self) -> dict:
+        sel = next((h.get("selected") for h in reversed(self.history) if h.get("selected") is not None), None)
+        return {"steps": [h["step"] for h in self.history], "n": [h["n"] for h in self.history],
+                "top": [h["top"] for h in self.history], "selected": sel,
+                "selected_piece": _piece(self.vocab, sel) if (self.vocab is not None and sel is not None) else None}
+
+    def figure(self):
+        return sampler_figure(self.history, self.vocab)
+
+    def to_html(self) -> str:
+        return png_img(fig_to_png(self.figure()), "max-width:100%")
+
+    def _build(self):
+        import ipywidgets as W
+
+        self._img = W.HTML()
+        return W.VBox([self._img])
+
+    def _refresh(self):
+        self._img.value = self.to_html()
+
+
+# ------------------------------------------------------------------------------------------------------------ BPE
+
+def bpe_table(vocab, word: str) -> Table:
+    """The merges BPE performs on one pre-tokenized ``word`` (``Vocab.bpe_trace``), one row per merge."""
+    tr = vocab.bpe_trace(word)
+    rows = [{"step": m.step, "rank": m.rank, "merge": f"{m.left!r} + {m.right!r}", "merged": m.merged,
+             "at": m.index, "symbols": " ".join(m.symbols)} for m in tr]
+    return Table(rows, ["step", "rank", "merge", "merged", "at", "symbols"],
+                 title=f"BPE of {word!r}: {len(rows)} merges (rank = line in tokenizer.ggml.merges)")
+
+
+class BPEView(VizWidget):
+    """A prompt split into words (pre-tokenizer) and each word's merges; ``select(k)`` picks word ``k``."""
+
+    def __init__(self, vocab, text: str, add_special: bool = True, parse_special: bool = True):
+        self.vocab = vocab
+        self.text = text
+        self.units = vocab.tokenize_words(text, add_special=add_special, parse_special=parse_special)
+        self.words = [k for k, u in enumerate(self.units) if not u.special]
+        self.sel = self.words[0] if self.words else 0
+
+    def select(self, k: int):
+        if not 0 <= k < len(self.units):
+            raise IndexError(f"unit {k} out of range ({len(self.units)})")
+        self.sel = int(k)
+        self._changed()
+        return self
+
+    def state(self) -> dict:
+        u = self.units[self.sel]
+        merges = [] if u.special else [dict(r) for r in bpe_table(self.vocab, u.text)]
+        return {"units": [{"text": x.text, "encoded": x.encoded, "ids": list(x.ids), "special": x.special}
+                          for x in self.units], "selected": self.sel, "word": u.text, "merges": merges,
+                "ids": list(u.ids), "pieces": [_piece(self.vocab, t) for t in u.ids],
+                "all_ids": [t for x in self.units for t in x.ids]}
+
+    def words_html(self) -> str:
+        chips = []
+        for k, u in enumerate(self.units):
+            bg = "#ffe082" if k == self.sel else ("#e0e0e0" if u.special else "#e3f2fd")
+            toks = " | ".join(esc(_piece(self.vocab, t)) for t in u.ids)
+            chips.append(f"<span style='display:inline-block;margin:2px;padding:3px 6px;background:{bg};"
+                         f"border:1px solid #90a4ae;border-radius:4px;font-family:monospace'>{esc(repr(u.text))}"
+                         f"<br/><span style='font-size:10px'>{toks} = {list(u.ids)}</span></span>")
+        return "<div>" + "".join(chips) + "</div>"
+
+    def to_html(self) -> str:
+        st = self.state()
+        tab = html_table(bpe_table(self.vocab, st["word"])) if st["merges"] else "<i>special token: no BPE</i>"
+        return self.words_html() + tab
+
+    def _build(self):
+        import ipywidgets as W
+
+        self._w = W.Dropdown(options=[(repr(self.units[k].text), k) for k in range(len(self.units))],
+                             value=self.sel, description="word")
+        self._w.observe(lambda ch: self.select(ch["new"]), "value")
+        self._html = W.HTML()
+        return W.VBox([self._w, self._html])
+
+    def _refresh(self):
+        self._html.value = self.to_html()

@@ -1,0 +1,20 @@
+"""ggviz.viz.widgets: interactive views (ipywidgets) of recorded ggml / llama.cpp runs.
+
+Every widget is a plain object with ``state()`` (plain data of what is shown), action methods (``select``, ``step``,
+``goto`` ...), a lazily built ``.widget`` (ipywidgets; Jupyter displays the object as it) and a static
+``to_html()`` (and ``figure()`` where it is a matplotlib drawing) for reports.
+
+- ``GGUFMapWidget``: a GGUF file as a byte map (header, KV pairs, tensor infos, padding, data); select a tensor.
+- ``ArenaWidget``: a ggml context's arena; select an object -> its header fields decoded + hexdump.
+- ``TensorExplorer``: ne/nb, index -> byte offset, the source bytes a view touches.
+- ``QuantBlockExplorer``: one block of Q4_0/Q4_1/Q8_0/Q4_K/Q6_K: bytes -> scales, mins, quants -> values.
+- ``GraphView``: the cgraph DAG, collapsible per layer; ``VisitAnimation``: ggml_visit_parents replayed.
+- ``ThreadTimeline``: per-thread Gantt of one graph compute (nodes, mul_mat chunks, barrier waits).
+- ``DecodeStepper``: one llama decode, node by node: DAG, values, memory.
+"""
+from .arena import ArenaWidget  # noqa: F401
+from .gguf import GGUFMapWidget  # noqa: F401
+from .graph import GraphView, VisitAnimation  # noqa: F401
+from .stepper import DecodeStepper  # noqa: F401
+from .tensor import QuantBlockExplorer, TensorExplorer  # noqa: F401
+from .timeline import ThreadTimeline  # noqa: F401

@@ -1,0 +1,342 @@
+"""What every ggviz widget shares: plain state first, an ipywidgets view second, a static rendering third.
+
+A widget class here is a plain Python object:
+
+- ``state()`` returns plain data (dicts, lists, numbers) describing exactly what is shown; tests compare it with the
+  engine's own objects, and no browser is needed for that;
+- ``.widget`` builds (once, lazily) the ipywidgets view; every state change (``select``, ``step``, ``goto`` ...)
+  refreshes it if it exists;
+- ``to_html()`` returns a self-contained HTML fragment (inline SVG/PNG) of the current state, for reports;
+  ``figure()`` returns a matplotlib Figure where the view is a matplotlib drawing.
+
+``SVGCanvas`` is the one browser-side piece: an anywidget that shows an SVG, restyles it with a CSS string (so a
+highlight moves without re-sending or re-laying-out the picture) and reports clicks on elements whose id starts
+with the canvas prefix (matplotlib ``gid``s, Graphviz ``id``s).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import itertools
+import re
+
+import numpy as np
+
+_uid = itertools.count(1)
+
+
+def new_prefix(kind: str = "g") -> str:
+    """A document-unique id prefix, so several SVGs on one page never share element ids or CSS rules."""
+    return f"ggv{next(_uid)}{kind}-"
+
+
+def esc(s) -> str:
+    return html.escape(str(s), quote=True)
+
+
+# ---------------------------------------------------------------------------------------------------------- figures
+
+def fig_to_svg(fig, close: bool = True) -> str:
+    """A matplotlib Figure as SVG text (text kept as <text>, so it stays small and selectable)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+    if close:
+        plt.close(fig)
+    s = buf.getvalue()
+    return s[s.index("<svg"):]          # drop the XML prolog / DOCTYPE: the SVG is inlined into HTML
+
+
+def fig_to_png(fig, dpi: int = 110, close: bool = True) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    if close:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def png_img(png: bytes, style: str = "") -> str:
+    return f"<img style='{style}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/>"
+
+
+def array_png(a, cmap: str = "RdBu_r", vmin=None, vmax=None, scale: int = 1, symmetric: bool = True,
+              yscale: int | None = None) -> bytes:
+    """A 2-D array as a PNG, one pixel block per value: fast (no matplotlib figure), for per-step updates.
+
+    Non-finite values are drawn black (-inf) / magenta (+inf, NaN).
+    """
+    from matplotlib import colormaps
+    from PIL import Image
+
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[None, :]
+    a = a.reshape(a.shape[0], -1) if a.ndim == 2 else a.reshape(-1, a.shape[-1])
+    fin = np.isfinite(a)
+    if vmin is None or vmax is None:
+        if fin.any():
+            lo, hi = float(a[fin].min()), float(a[fin].max())
+        else:
+            lo, hi = 0.0, 1.0
+        if symmetric:
+            m = max(abs(lo), abs(hi)) or 1.0
+            lo, hi = -m, m
+        vmin = lo if vmin is None else vmin
+        vmax = hi if vmax is None else vmax
+    span = (vmax - vmin) or 1.0
+    norm = np.clip((np.where(fin, a, vmin) - vmin) / span, 0.0, 1.0)
+    rgba = (colormaps[cmap](norm) * 255).astype(np.uint8)
+    rgba[np.isneginf(a)] = (0, 0, 0, 255)
+    rgba[np.isposinf(a) | np.isnan(a)] = (255, 0, 255, 255)
+    img = Image.fromarray(rgba, "RGBA")
+    ys = scale if yscale is None else yscale
+    if scale > 1 or ys > 1:
+        img = img.resize((img.width * scale, img.height * ys), Image.NEAREST)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def svg_size(svg: str) -> tuple[float, float]:
+    """(width, height) of an SVG in its own units (pt for Graphviz and matplotlib)."""
+    m = re.search(r'<svg[^>]*?width="([\d.]+)(?:pt|px)?"[^>]*?height="([\d.]+)(?:pt|px)?"', svg, re.S)
+    return (float(m.group(1)), float(m.group(2))) if m else (0.0, 0.0)
+
+
+def svg_element_center(svg: str, elem_id: str):
+    """Centre (x, y) of element ``elem_id`` of a Graphviz SVG, in the SVG's viewBox coordinates (None if absent)."""
+    gid = re.escape(elem_id).replace("\\-", "(?:-|&#45;)")
+    m = re.search(r'<g id="' + gid + r'" class="node">(.*?)</g>\s*(?:</g>\s*)?(?:<!--|</g>|<g id=)', svg, re.S)
+    if not m:
+        return None
+    body = m.group(1)
+    xs, ys = [], []
+    for pts in re.findall(r'\s(?:points|d)="([^"]+)"', body):
+        nums = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", pts)]
+        xs += nums[0::2]
+        ys += nums[1::2]
+    for cx, cy in re.findall(r'<ellipse[^>]*cx="([-\d.]+)" cy="([-\d.]+)"', body):
+        xs.append(float(cx))
+        ys.append(float(cy))
+    if not xs:
+        return None
+    t = re.search(r'<g id="graph0" class="graph" transform="scale\(([\d.]+) ([\d.]+)\) rotate\(0\) '
+                  r'translate\(([-\d.]+) ([-\d.]+)\)"', svg)
+    sx, sy, tx, ty = (float(v) for v in t.groups()) if t else (1.0, 1.0, 0.0, 0.0)
+    cx, cy = (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2
+    return (cx + tx) * sx, (cy + ty) * sy
+
+
+def svg_window(svg: str, elem_id: str, width: float = 760, height: float = 620) -> str:
+    """The SVG cropped (through its viewBox) to a ``width`` x ``height`` pt window centred on ``elem_id``: a static
+    picture zoomed onto one node of a big graph, at its natural size."""
+    c = svg_element_center(svg, elem_id)
+    m = re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"\s+viewBox="([-\d. ]+)"', svg)
+    if c is None or m is None:
+        return svg
+    vb = [float(v) for v in m.group(3).split()]
+    W, H = vb[2], vb[3]
+    w, h = min(width, W), min(height, H)
+    x0 = min(max(c[0] - w / 2, 0.0), W - w)
+    y0 = min(max(c[1] - h / 2, 0.0), H - h)
+    head = f'<svg width="{w:.0f}pt" height="{h:.0f}pt" viewBox="{x0:.2f} {y0:.2f} {w:.2f} {h:.2f}"'
+    return svg[:m.start()] + head + svg[m.end():]
+
+
+def html_table(rows, columns=None, title=None, max_rows: int = 400) -> str:
+    """A compact HTML table of row dicts (or of a ggviz ``Table``, which keeps its own formats)."""
+    if hasattr(rows, "_repr_html_") and hasattr(rows, "columns"):
+        return rows._repr_html_()
+    rows = list(rows)
+    if columns is None:
+        columns = list(rows[0].keys()) if rows else []
+    head = "".join(f"<th style='text-align:left;padding:1px 8px'>{esc(c)}</th>" for c in columns)
+    body = []
+    for r in rows[:max_rows]:
+        body.append("<tr>" + "".join(f"<td style='text-align:left;font-family:monospace;padding:1px 8px'>"
+                                     f"{esc(_cell(r.get(c)))}</td>"
+                                     for c in columns) + "</tr>")
+    more = (f"<tr><td colspan={len(columns)}>… {len(rows) - max_rows} more rows</td></tr>"
+            if len(rows) > max_rows else "")
+    cap = f"<caption style='text-align:left'><b>{esc(title)}</b></caption>" if title else ""
+    return (f"<table style='border-collapse:collapse'>{cap}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}{more}</tbody></table>")
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.6g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_cell(x) for x in v) + "]"
+    if isinstance(v, np.ndarray):
+        return np.array2string(v, threshold=24, max_line_width=120)
+    return str(v)
+
+
+def pre(text: str) -> str:
+    return f"<pre style='font-size:11px;line-height:1.25;margin:2px 0'>{esc(text)}</pre>"
+
+
+# ---------------------------------------------------------------------------------------------------------- canvas
+
+_CANVAS_ESM = r"""
+function render({ model, el }) {
+  const style = document.createElement("style");
+  const box = document.createElement("div");
+  box.style.overflow = "auto";
+  box.style.border = "1px solid #ddd";
+  el.appendChild(style);
+  el.appendChild(box);
+  const scroll = () => {
+    const f = model.get("focus");
+    if (!f) return;
+    const n = box.querySelector('[id="' + f + '"]');
+    if (!n) return;
+    const b = box.getBoundingClientRect(), r = n.getBoundingClientRect();
+    if (r.top < b.top || r.bottom > b.bottom) box.scrollTop += (r.top + r.bottom) / 2 - (b.top + b.bottom) / 2;
+    if (r.left < b.left || r.right > b.right) box.scrollLeft += (r.left + r.right) / 2 - (b.left + b.right) / 2;
+  };
+  const draw = () => {
+    box.innerHTML = model.get("svg");
+    box.style.maxHeight = model.get("max_height");
+    box.style.maxWidth = model.get("max_width");
+    const svg = box.querySelector("svg");
+    if (svg && model.get("fit_width")) { svg.style.maxWidth = "100%"; svg.style.height = "auto"; }
+    requestAnimationFrame(scroll);
+  };
+  const restyle = () => { style.textContent = model.get("css"); requestAnimationFrame(scroll); };
+  box.addEventListener("click", (e) => {
+    const p = model.get("prefix");
+    let n = e.target;
+    while (n && n !== box) {
+      if (n.id && p && n.id.startsWith(p)) {
+        model.set("clicked", n.id.slice(p.length));
+        model.set("n_clicks", model.get("n_clicks") + 1);
+        model.save_changes();
+        return;
+      }
+      n = n.parentNode;
+    }
+  });
+  box.style.cursor = "pointer";
+  model.on("change:svg", draw);
+  model.on("change:max_height", draw);
+  model.on("change:max_width", draw);
+  model.on("change:css", restyle);
+  model.on("change:focus", scroll);
+  draw();
+  restyle();
+}
+export default { render };
+"""
+
+_canvas_cls = None
+
+
+def svg_canvas(svg: str = "", prefix: str = "", css: str = "", max_height: str = "600px", fit_width: bool = False,
+               max_width: str = "none"):
+    """An ``SVGCanvas`` widget (anywidget) or, if anywidget is missing, an ``ipywidgets.HTML`` stand-in."""
+    global _canvas_cls
+    if _canvas_cls is None:
+        try:
+            import anywidget
+            import traitlets
+
+            class SVGCanvas(anywidget.AnyWidget):
+                """Shows ``svg``; ``css`` restyles it; a click on an element with id ``prefix + key`` sets
+                ``clicked = key`` (and bumps ``n_clicks``); ``focus`` (an element id) is scrolled into view."""
+                _esm = _CANVAS_ESM
+                svg = traitlets.Unicode("").tag(sync=True)
+                css = traitlets.Unicode("").tag(sync=True)
+                prefix = traitlets.Unicode("").tag(sync=True)
+                clicked = traitlets.Unicode("").tag(sync=True)
+                n_clicks = traitlets.Int(0).tag(sync=True)
+                focus = traitlets.Unicode("").tag(sync=True)
+                max_height = traitlets.Unicode("600px").tag(sync=True)
+                max_width = traitlets.Unicode("none").tag(sync=True)
+                fit_width = traitlets.Bool(False).tag(sync=True)
+
+            _canvas_cls = SVGCanvas
+        except ImportError:      # pragma: no cover - anywidget is a dependency
+            _canvas_cls = False
+    if _canvas_cls:
+        return _canvas_cls(svg=svg, prefix=prefix, css=css, max_height=max_height, fit_width=fit_width,
+                           max_width=max_width)
+    import ipywidgets as W
+
+    class _HTMLCanvas(W.HTML):      # pragma: no cover
+        def __init__(self, **kw):
+            self._svg, self._css = kw.get("svg", ""), kw.get("css", "")
+            super().__init__(value=self._compose())
+
+        def _compose(self):
+            return f"<style>{self._css}</style><div style='overflow:auto;max-height:600px'>{self._svg}</div>"
+
+    return _HTMLCanvas(svg=svg, css=css)
+
+
+def on_click(canvas, fn) -> None:
+    """Call ``fn(key)`` whenever the canvas reports a click (also on a repeated click of the same element)."""
+    if hasattr(canvas, "n_clicks"):
+        canvas.observe(lambda ch: fn(canvas.clicked), "n_clicks")
+
+
+# ---------------------------------------------------------------------------------------------------------- base
+
+class VizWidget:
+    """Base of the ggviz widgets: lazy ``.widget``, ``state()``, ``to_html()``, Jupyter display of the widget."""
+
+    _widget = None
+
+    @property
+    def widget(self):
+        if self._widget is None:
+            self._widget = self._build()
+            self._refresh()
+        return self._widget
+
+    def _build(self):             # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _refresh(self):
+        """Push the current state into the widget's children (only if the widget was built)."""
+
+    _in_refresh = False
+
+    def _changed(self):
+        # a refresh that moves a control (slider, dropdown) triggers its observer, which calls back here with the
+        # state already current: ignore that echo instead of drawing twice
+        if self._widget is not None and not self._in_refresh:
+            self._in_refresh = True
+            try:
+                self._refresh()
+            finally:
+                self._in_refresh = False
+
+    def state(self) -> dict:      # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def to_html(self) -> str:     # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        w = self.widget
+        if hasattr(w, "_repr_mimebundle_"):
+            return w._repr_mimebundle_(include=include, exclude=exclude)
+        return {"text/html": self.to_html()}
+
+    def save_html(self, path) -> str:
+        """Write ``to_html()`` into a minimal standalone HTML page."""
+        page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(type(self).__name__)}</title></head>"
+                f"<body style='font-family:sans-serif'>{self.to_html()}</body></html>")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(page)
+        return str(path)

@@ -1,0 +1,312 @@
+"""DecodeStepper: one ``llama_decode`` of the default model, replayed node by node like a debugger.
+
+The decode runs once, for real, with llama.cpp's eval callback (``cb_eval(tensor, ask)``): asked about every node,
+it says yes, so the scheduler computes the graph one node at a time and hands each result over before the next node
+runs (and possibly overwrites that memory: the graph allocator reuses buffers in place). Each result is copied then
+(a tensor of more than ``copy_limit`` values keeps its statistics and a slice). Stepping is then free: ``step()`` /
+``goto(i)`` move through the recorded nodes, and the views follow: the DAG (the current layer open, the node
+outlined), the node's values (statistics and a heatmap), and where its bytes live (buffer, offset, the other nodes
+that use the same bytes).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ...ggml import memory
+from ...ggml.tensor import get_data_f32, nbytes, nelements, op_desc, type_name
+from .. import graph_dot as G
+from ._base import VizWidget, array_png, esc, png_img, svg_window
+from .graph import GraphView
+
+
+def _stats(a: np.ndarray) -> dict:
+    a = np.asarray(a, dtype=np.float64).reshape(-1)
+    fin = np.isfinite(a)
+    f = a[fin]
+    if f.size == 0:
+        return {"n": int(a.size), "n_nonfinite": int((~fin).sum()), "min": None, "max": None, "mean": None,
+                "std": None, "absmax": None}
+    return {"n": int(a.size), "n_nonfinite": int((~fin).sum()), "min": float(f.min()), "max": float(f.max()),
+            "mean": float(f.mean()), "std": float(f.std()), "absmax": float(np.abs(f).max())}
+
+
+def _as_rows(a: np.ndarray) -> np.ndarray:
+    """(ne3, ne2, ne1, ne0) -> 2-D rows x ne0."""
+    return a.reshape(-1, a.shape[-1]) if a.ndim > 1 else a.reshape(1, -1)
+
+
+def faithful_model_params():
+    """``llama.model_default_params()`` with extra buffer types off (``use_extra_bufts``, when the engine has it):
+    the weights stay in the file's mapping, as a plain CPU build of llama.cpp keeps them."""
+    from ... import llama
+
+    p = llama.model_default_params()
+    if hasattr(p, "use_extra_bufts"):
+        p.use_extra_bufts = False
+    return p
+
+
+class DecodeStepper(VizWidget):
+    """Step through the nodes of one decode.
+
+    ``prompt`` (or ``tokens``): what is decoded (one ubatch); ``model``: a loaded model (default: the default
+    model, loaded with ``faithful_model_params()``); ``extra_cb``: another eval callback to call with every
+    result as well (tests use it to check that the stepper shows exactly what the callback saw).
+    """
+
+    def __init__(self, prompt: str = "The capital of France is", model=None, tokens=None, n_threads: int = 2,
+                 n_ctx: int = 256, copy_limit: int = 65536, slice_rows: int = 16, slice_cols: int = 2048,
+                 extra_cb=None, max_height: str = "640px"):
+        from ... import llama
+
+        if model is None:
+            from ...run import load_model
+            p = faithful_model_params()
+            kw = {"use_extra_bufts": False} if hasattr(p, "use_extra_bufts") else {}
+            model = load_model(**kw)
+        self.model = model
+        self.vocab = llama.model_get_vocab(model)
+        self.prompt = prompt
+        self.tokens = list(tokens) if tokens is not None else llama.tokenize(self.vocab, prompt, add_special=True,
+                                                                             parse_special=True)
+        self.copy_limit = copy_limit
+        self.slice_rows, self.slice_cols = slice_rows, slice_cols
+        self.records: list[dict] = []
+        self.gf = None
+        cp = llama.context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_threads = cp.n_threads_batch = n_threads
+        if len(self.tokens) > cp.n_ubatch:
+            raise ValueError(f"DecodeStepper records one ubatch: at most {cp.n_ubatch} tokens")
+
+        def hook(res):
+            self.gf = res.gf
+            self.graph_result = res
+            self.records = []
+
+        def cb(t, ask):
+            if ask:
+                if extra_cb is not None:
+                    extra_cb(t, True)
+                return True
+            self._record(t)
+            return extra_cb(t, False) if extra_cb is not None else True
+
+        cp.cb_eval = cb
+        self.ctx = llama.init_from_model(model, cp)
+        self.ctx.graph_hook = hook
+        t0 = time.perf_counter()
+        ret = llama.decode(self.ctx, llama.batch_get_one(self.tokens))
+        self.decode_s = time.perf_counter() - t0
+        if ret != 0:
+            raise RuntimeError(f"llama_decode returned {ret}")
+        self.ctx.graph_hook = None
+        if len(self.records) != self.gf.n_nodes:
+            raise RuntimeError(f"recorded {len(self.records)} of {self.gf.n_nodes} nodes")
+        self.logits = np.array(llama.get_logits_ith(self.ctx, -1))
+        self.view = GraphView(self.gf, collapse="auto", max_open=1, max_height=max_height)
+        self._node_index = {t.addr: i for i, t in enumerate(self.gf.nodes)}
+        self.pos = 0
+        self.last_step_ms = 0.0
+        self.step_ms: list[float] = []
+        self._sync_graph()
+
+    # ---------------------------------------------------------------- recording
+    def _record(self, t):
+        i = len(self.records)
+        n = nelements(t)
+        vals = get_data_f32(t)                       # (ne3, ne2, ne1, ne0), a copy
+        r = {"index": i, "name": t.name, "op": op_desc(t), "type": type_name(t.type), "ne": list(t.shape),
+             "nb": list(t.strides), "layer": G.layer_of(t.name), "addr": t.addr,
+             "view_src": t.view_src.name if t.view_src is not None else None, "view_offs": t.view_offs,
+             "src": [s.name for s in t.src if s is not None], "data": t.data, "nbytes": nbytes(t),
+             "stats": _stats(vals), "full": n <= self.copy_limit}
+        try:
+            arr, off, label = memory.resolve(t.data, 0)
+            base = arr.ctypes.data
+            r.update(buffer=label, buffer_base=base, offset=off, buffer_size=int(arr.nbytes))
+        except ValueError:
+            r.update(buffer="(unregistered)", buffer_base=None, offset=None, buffer_size=None)
+        if r["full"]:
+            r["values"] = vals
+        else:
+            rows = _as_rows(vals)
+            r["slice"] = np.array(rows[:self.slice_rows, :self.slice_cols])
+            r["slice_of"] = list(rows.shape)
+        self.records.append(r)
+
+    # ---------------------------------------------------------------- navigation
+    @property
+    def n_steps(self) -> int:
+        return len(self.records)
+
+    def goto(self, i):
+        """Go to node ``i`` (index or name; a name goes to its first node)."""
+        t0 = time.perf_counter()
+        if isinstance(i, str):
+            names = [r["name"] for r in self.records]
+            if i not in names:
+                raise KeyError(f"no node named {i!r}")
+            i = names.index(i)
+        self.pos = int(np.clip(int(i), 0, self.n_steps - 1))
+        self._sync_graph()
+        self._changed()
+        self.last_step_ms = (time.perf_counter() - t0) * 1e3
+        self.step_ms.append(self.last_step_ms)
+        return self
+
+    def step(self, n: int = 1):
+        return self.goto(self.pos + n)
+
+    def back(self, n: int = 1):
+        return self.goto(self.pos - n)
+
+    def _sync_graph(self):
+        il = self.records[self.pos]["layer"]
+        v = self.view
+        want = set(v.all_layers) - ({il} if il is not None else set())
+        v.collapsed = want
+        v.highlight = [self.pos]
+
+    # ---------------------------------------------------------------- data
+    def values(self, i: int | None = None) -> np.ndarray:
+        """What was recorded for node ``i``: all values (ne3, ne2, ne1, ne0), or the slice (rows x ne0) kept for a
+        big tensor."""
+        r = self.records[self.pos if i is None else i]
+        return r["values"] if r["full"] else r["slice"]
+
+    def sharing(self, i: int | None = None) -> list:
+        """Other nodes whose bytes overlap node ``i``'s (same buffer): in-place ops, views, and memory the
+        allocator handed out again after its previous owner's last use."""
+        r = self.records[self.pos if i is None else i]
+        if r["offset"] is None:
+            return []
+        a, b = r["offset"], r["offset"] + r["nbytes"]
+        out = []
+        for q in self.records:
+            if q is r or q["buffer_base"] != r["buffer_base"] or q["offset"] is None:
+                continue
+            if q["offset"] < b and a < q["offset"] + q["nbytes"]:
+                out.append({"index": q["index"], "name": q["name"], "op": q["op"], "offset": q["offset"],
+                            "nbytes": q["nbytes"], "view": q["view_src"] is not None})
+        return out
+
+    def state(self) -> dict:
+        r = self.records[self.pos]
+        info = self.view.layout()[1]
+        return {"index": self.pos, "n_nodes": self.n_steps, "name": r["name"], "op": r["op"], "type": r["type"],
+                "ne": r["ne"], "nb": r["nb"], "layer": r["layer"], "src": r["src"], "view_src": r["view_src"],
+                "buffer": r["buffer"], "offset": r["offset"], "nbytes": r["nbytes"], "buffer_size": r["buffer_size"],
+                "stats": r["stats"], "full": r["full"], "open_layers": [x for x in self.view.all_layers
+                                                                         if x not in self.view.collapsed],
+                "vertex": info["vertex_of_node"][self.pos], "n_nodes_drawn": info["n_nodes_drawn"],
+                "n_sharing": len(self.sharing()), "tokens": list(self.tokens)}
+
+    # ---------------------------------------------------------------- rendering
+    def heatmap_png(self, i: int | None = None, max_rows: int = 48, max_cols: int = 512) -> bytes:
+        """The recorded values as an image: rows = ne[1..3], columns = ne[0] (diverging colours around 0, or
+        viridis when no value is negative, e.g. a softmax)."""
+        v = _as_rows(np.asarray(self.values(i)))
+        v = v[:max_rows, :max_cols]
+        xs = max(1, min(8, 640 // max(v.shape[1], 1)))
+        ys = max(1, min(24, 240 // max(v.shape[0], 1)))       # rows at least a few pixels tall
+        fin = np.isfinite(v)
+        nonneg = bool(fin.any() and np.min(v[fin]) >= 0)
+        return array_png(v, cmap="viridis" if nonneg else "RdBu_r", symmetric=not nonneg, scale=xs, yscale=ys)
+
+    def memory_svg(self, i: int | None = None, width: int = 640) -> str:
+        """The buffer holding node ``i`` as a bar: its bytes red, the other nodes' spans in that buffer grey."""
+        r = self.records[self.pos if i is None else i]
+        if r["offset"] is None or not r["buffer_size"]:
+            return "<i>not in a registered buffer</i>"
+        size = r["buffer_size"]
+        sx = width / size
+        spans = []
+        for q in self.records:
+            if q["buffer_base"] == r["buffer_base"] and q["offset"] is not None and q is not r:
+                spans.append(f"<rect x='{q['offset'] * sx:.2f}' y='14' width='{max(q['nbytes'] * sx, 0.5):.2f}' "
+                             f"height='22' fill='#b0bec5' fill-opacity='0.35'/>")
+        x, w = r["offset"] * sx, max(r["nbytes"] * sx, 1.5)
+        return (f"<svg width='{width + 10}' height='58' xmlns='http://www.w3.org/2000/svg' "
+                f"style='font-family:sans-serif;font-size:11px'>"
+                f"<rect x='0' y='14' width='{width}' height='22' fill='#f5f5f5' stroke='#616161'/>{''.join(spans)}"
+                f"<rect x='{x:.2f}' y='10' width='{w:.2f}' height='30' fill='#e53935' stroke='#b71c1c'/>"
+                f"<text x='0' y='10'>{esc(r['buffer'])}: {size} bytes</text>"
+                f"<text x='0' y='52'>this node: bytes {r['offset']}..{r['offset'] + r['nbytes']} "
+                f"({r['nbytes']} bytes); grey: other nodes of this graph in the same buffer</text></svg>")
+
+    def panel_html(self) -> str:
+        st = self.state()
+        r = self.records[self.pos]
+        s = st["stats"]
+        stat = ("all non-finite" if s["min"] is None else
+                f"min {s['min']:.4g} · max {s['max']:.4g} · mean {s['mean']:.4g} · std {s['std']:.4g}"
+                + (f" · {s['n_nonfinite']} non-finite" if s["n_nonfinite"] else ""))
+        kept = ("all values recorded" if r["full"] else
+                f"big tensor: statistics + the first {r['slice'].shape[0]}×{r['slice'].shape[1]} of "
+                f"{r['slice_of'][0]}×{r['slice_of'][1]} recorded")
+        share = self.sharing()
+        share_txt = (", ".join(f"#{q['index']} {esc(q['name'])}" for q in share[:10])
+                     + (" …" if len(share) > 10 else ""))
+        src_links = ", ".join(esc(x) for x in st["src"])
+        return (f"<div style='font-size:14px;max-width:680px'>"
+                f"<div style='font-size:18px'><b>node #{st['index']} / {st['n_nodes'] - 1}: {esc(st['name'])}</b> "
+                f"= {esc(st['op'])}({src_links})</div>"
+                f"{esc(st['type'])} ne={st['ne']} nb={st['nb']}"
+                + (f" — view of {esc(st['view_src'])}" if st["view_src"] else "") +
+                f"<br/><b>values</b>: {stat}<br/><span style='font-size:11px'>{kept}; heatmap rows = ne[1..3], "
+                f"columns = ne[0] (blue &lt; 0 &lt; red; viridis if none &lt; 0)</span><br/>"
+                f"{png_img(self.heatmap_png(), 'max-width:660px')}"
+                f"<br/><b>memory</b>: {self.memory_svg()}<br/>"
+                + (f"<b>same bytes also used by</b>: {share_txt}" if share else "") + "</div>")
+
+    def to_html(self, window=(560, 500)) -> str:
+        """The current step as static HTML: the DAG cropped to a window around the node, and the panel."""
+        css = self.view.css()
+        vert = self.view.prefix + self.view.layout()[1]["vertex_of_node"][self.pos]
+        svg = svg_window(self.view.svg(), vert, *window) if window else self.view.svg()
+        return (f"<div style='display:flex;gap:14px;align-items:flex-start'><div><style>{css}</style>{svg}</div>"
+                f"{self.panel_html()}</div>")
+
+    def _build(self):
+        import ipywidgets as W
+
+        from ._base import on_click, svg_canvas
+
+        self._canvas = svg_canvas(prefix=self.view.prefix, max_height=self.view.max_height, max_width="720px")
+
+        def clicked(key):
+            if key.startswith("n"):
+                self.goto(int(key[1:]))
+            elif key.startswith("L"):
+                first = next(r["index"] for r in self.records if r["layer"] == int(key[1:]))
+                self.goto(first)
+
+        on_click(self._canvas, clicked)
+        self._slider = W.IntSlider(value=self.pos, min=0, max=self.n_steps - 1, description="node",
+                                   continuous_update=False, layout=W.Layout(width="640px"))
+        self._slider.observe(lambda ch: ch["new"] != self.pos and self.goto(ch["new"]), "value")
+        prev = W.Button(description="◀ step back", layout=W.Layout(width="110px"))
+        nxt = W.Button(description="step ▶", layout=W.Layout(width="90px"))
+        prev.on_click(lambda _: self.back())
+        nxt.on_click(lambda _: self.step())
+        names = sorted({r["name"] for r in self.records})
+        self._w_find = W.Combobox(options=names, placeholder="go to node name", layout=W.Layout(width="220px"))
+        self._w_find.observe(lambda ch: ch["new"] in names and self.goto(ch["new"]), "value")
+        self._panel = W.HTML()
+        head = W.HTML(f"<b>decode of {len(self.tokens)} tokens</b> {esc(self.prompt)!s} — "
+                      f"{self.n_steps} nodes recorded in {self.decode_s:.1f} s")
+        return W.VBox([head, W.HBox([prev, nxt, self._slider, self._w_find]),
+                       W.HBox([self._canvas, self._panel])])
+
+    def _refresh(self):
+        svg = self.view.svg()
+        if self._canvas.svg != svg:
+            self._canvas.svg = svg
+        self._canvas.css = self.view.css()
+        self._canvas.focus = self.view.prefix + self.view.layout()[1]["vertex_of_node"][self.pos]
+        if self._slider.value != self.pos:
+            self._slider.value = self.pos
+        self._panel.value = self.panel_html()

@@ -1,0 +1,360 @@
+"""The views in a real browser: headless Chromium (Debian's package) driven by Selenium.
+
+(a) the standalone HTML report (``ggviz report``): the figures rendered (SVGs with a size, images decoded), the
+    step sliders step (the highlighted graph node moves, the frame changes);
+(b) live widgets: a small notebook served by Voilà on 127.0.0.1, whose ipywidgets Button computes the next node of
+    a real ggml graph; clicking it must change what the page shows.
+
+Screenshots go to tests/_artifacts/browser/ (git-ignored). ``./dev setup`` installs chromium and chromium-driver
+with apt-get when they are missing; without them this test fails under CI (CI=true) and is skipped elsewhere.
+Selenium is pointed at the system driver (no Selenium Manager download). Override the paths with GGVIZ_CHROMIUM /
+GGVIZ_CHROMEDRIVER.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "tests" / "_artifacts" / "browser"
+IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+HAVE_DOT = shutil.which("dot") is not None
+RED = "rgb(213, 0, 0)"          # #d50000: the highlight colour of the graph views
+
+
+def _unavailable(msg: str):
+    if IN_CI:
+        pytest.fail(f"{msg}. The browser test must run in CI: `./dev setup` installs it with apt-get "
+                    f"(apt-get install -y chromium chromium-driver; pip install selenium voila)", pytrace=False)
+    pytest.skip(msg + " (CI is not set: skipped)")
+
+
+def _find(env: str, *candidates: str):
+    p = os.environ.get(env)
+    if p:
+        return p if os.path.isfile(p) and os.access(p, os.X_OK) else None
+    for c in candidates:
+        q = c if os.path.isabs(c) else shutil.which(c)
+        if q and os.path.isfile(q) and os.access(q, os.X_OK):
+            return q
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _unavailable("the Python package selenium is not installed")
+    chromium = _find("GGVIZ_CHROMIUM", "/usr/bin/chromium", "chromium", "chromium-browser")
+    driver_path = _find("GGVIZ_CHROMEDRIVER", "/usr/bin/chromedriver", "chromedriver")
+    if chromium is None or driver_path is None:
+        _unavailable(f"Chromium is not installed (browser: {chromium or 'missing'}, driver: "
+                     f"{driver_path or 'missing'})")
+    os.environ.setdefault("SE_OFFLINE", "true")          # Selenium Manager must never download a driver
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--window-size=1280,2000", "--hide-scrollbars", "--no-first-run", "--disable-extensions"):
+        opts.add_argument(a)
+    try:
+        drv = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
+    except Exception as e:  # noqa: BLE001
+        _unavailable(f"Chromium did not start ({type(e).__name__}: {e})")
+    drv.set_page_load_timeout(90)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+
+
+def _wait(drv, cond, timeout: float, what: str):
+    from selenium.webdriver.support.ui import WebDriverWait
+    try:
+        return WebDriverWait(drv, timeout, poll_frequency=0.1).until(lambda d: cond(d))
+    except Exception as e:  # noqa: BLE001 - a timeout, or the condition raised
+        shot = ARTIFACTS / f"timeout_{what.replace(' ', '_')}.png"
+        drv.save_screenshot(str(shot))
+        raise AssertionError(f"timed out after {timeout} s waiting for {what} (screenshot: {shot})") from e
+
+
+def _click(drv, el) -> None:
+    drv.execute_script("arguments[0].scrollIntoView({block: 'center'})", el)
+    el.click()
+
+
+def _shot(drv, el, name: str) -> pathlib.Path:
+    drv.execute_script("arguments[0].scrollIntoView({block: 'start'})", el)
+    path = ARTIFACTS / name
+    el.screenshot(str(path))
+    assert path.stat().st_size > 5000, f"{name}: an empty screenshot"
+    return path
+
+
+# ================================================================================================= (a) the report
+
+JS_STEPPER = """
+const st = document.getElementById(arguments[0]);
+const frames = st.querySelectorAll('.ggv-frames > .ggv-frame');
+const vis = [...frames].map((f, i) => [i, getComputedStyle(f).display !== 'none']).filter(x => x[1]).map(x => x[0]);
+const k = parseInt(st.getAttribute('data-step'), 10);
+const focus = frames[k].getAttribute('data-focus');
+const el = focus ? document.getElementById(focus) : null;
+const shape = el ? el.querySelector('path, polygon, ellipse') : null;
+const r = el ? el.getBoundingClientRect() : null;
+return {step: k, n: frames.length, visible: vis, label: st.querySelector('.ggv-label').textContent,
+        range: st.querySelector('.ggv-range').value, focus: focus,
+        stroke: shape ? getComputedStyle(shape).stroke : null, css: st.querySelector('style.ggv-style').textContent,
+        focus_in_box: r ? (() => { const b = st.querySelector('.ggv-scroll').getBoundingClientRect();
+                                   return r.top >= b.top - 1 && r.bottom <= b.bottom + 1; })() : null};
+"""
+
+
+def test_report_renders_and_steps(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from ggviz import report
+
+    t0 = time.perf_counter()
+    path = report.write_report(tmp_path / "report.html")          # the recording is shared with test_report.py
+    drv = browser
+    drv.get(path.as_uri())
+    _wait(drv, lambda d: d.execute_script("return document.body.getAttribute('data-ggv-ready')") == "1", 30,
+          "the report's script")
+    # every image decoded, every top-level SVG laid out with a size
+    imgs = drv.execute_script("return [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight,"
+                              " i.alt])")
+    assert len(imgs) >= 8, imgs
+    bad = [i for i in imgs if not (i[0] and i[1] > 0 and i[2] > 0)]
+    assert not bad, f"images that did not load: {bad}"
+    svgs = drv.execute_script("return [...document.querySelectorAll('svg')].filter(s => !s.parentElement.closest("
+                              "'svg')).map(s => {const r = s.getBoundingClientRect(); return [r.width, r.height,"
+                              " s.querySelectorAll('g.node').length]})")
+    graphs = [s for s in svgs if s[2] > 0]
+    assert len(graphs) >= 2, svgs
+    assert all(w > 50 and h > 50 for w, h, _ in graphs), graphs
+    assert sum(n for *_, n in graphs) > 60                        # the boxes and the expanded layer's nodes
+    sections = drv.execute_script("return [...document.querySelectorAll('section')].map(s => [s.id,"
+                                  " s.getBoundingClientRect().height])")
+    assert len(sections) >= 11 and all(h > 80 for _, h in sections), sections
+    assert "this view failed" not in drv.page_source
+
+    # ---- the layer-0 stepper: the highlighted node and the frame follow the button and the slider
+    st = drv.find_element(By.ID, "layer0-stepper")
+    s0 = drv.execute_script(JS_STEPPER, "layer0-stepper")
+    assert s0["step"] == 0 and s0["visible"] == [0] and s0["n"] > 30
+    assert s0["stroke"] == RED and s0["focus_in_box"], s0
+    _shot(drv, st, "report_layer0_step0.png")
+    _click(drv, st.find_element(By.CSS_SELECTOR, ".ggv-next"))
+    _wait(drv, lambda d: d.execute_script(JS_STEPPER, "layer0-stepper")["step"] == 1, 5, "step 1")
+    s1 = drv.execute_script(JS_STEPPER, "layer0-stepper")
+    assert s1["visible"] == [1] and s1["label"] != s0["label"] and s1["focus"] != s0["focus"]
+    assert s1["stroke"] == RED and s1["focus_in_box"], s1
+    old = drv.execute_script("const e = document.getElementById(arguments[0]).querySelector('path, polygon');"
+                             " return getComputedStyle(e).stroke", s0["focus"])
+    assert old != RED                                             # the previous node is no longer highlighted
+    k = min(12, s0["n"] - 1)
+    drv.execute_script("const r = document.querySelector('#layer0-stepper .ggv-range'); r.value = arguments[0];"
+                       " r.dispatchEvent(new Event('input'))", k)
+    s2 = drv.execute_script(JS_STEPPER, "layer0-stepper")
+    assert s2["step"] == k and s2["visible"] == [k] and s2["stroke"] == RED and s2["focus_in_box"], s2
+    _shot(drv, st, f"report_layer0_step{k}.png")
+    _click(drv, st.find_element(By.CSS_SELECTOR, ".ggv-prev"))
+    assert drv.execute_script(JS_STEPPER, "layer0-stepper")["step"] == k - 1
+
+    # ---- the BPE stepper: merges, one by one
+    bpe = drv.find_element(By.ID, "bpe-stepper")
+    b0 = drv.execute_script(JS_STEPPER, "bpe-stepper")
+    for _ in range(3):
+        _click(drv, bpe.find_element(By.CSS_SELECTOR, ".ggv-next"))
+    b3 = drv.execute_script(JS_STEPPER, "bpe-stepper")
+    assert b3["step"] == 3 and b3["visible"] == [3] and b3["label"] != b0["label"]
+    assert drv.execute_script("return document.querySelectorAll('#bpe-stepper .ggv-frame[data-k=\"3\"] .sym')"
+                              ".length") > 0
+    _shot(drv, bpe, "report_bpe_step3.png")
+    for sid in ("overview", "memory", "timeline", "attention", "logits"):
+        _shot(drv, drv.find_element(By.ID, sid), f"report_{sid}.png")
+    print(f"report in the browser: {time.perf_counter() - t0:.1f} s")
+
+
+# ================================================================================================= (b) live widgets
+
+NOTEBOOK_CELLS = [
+    '''\
+# A real ggml graph, computed one node at a time by a button (ggml_graph_view + ggml_graph_compute)
+import html
+import numpy as np
+import ipywidgets as W
+from ggviz import ggml
+from ggviz.viz import graph_dot as G
+
+ctx = ggml.init(8 * 1024 * 1024)
+rng = np.random.default_rng(0)
+x = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 8), "x")
+w = ggml.set_name(ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F32, 8, 4), "W")
+b = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4), "b")
+for t in (x, w, b):
+    ggml.set_data(t, rng.standard_normal(ggml.nelements(t)).astype(np.float32))
+h = ggml.set_name(ggml.mul_mat(ctx, w, x), "Wx")
+h = ggml.set_name(ggml.add(ctx, h, b), "Wx_b")
+h = ggml.set_name(ggml.rms_norm(ctx, h, 1e-6), "norm")
+p = ggml.set_name(ggml.soft_max(ctx, h), "probs")
+gf = ggml.new_graph(ctx)
+ggml.build_forward_expand(gf, p)
+for t in gf.nodes:
+    ggml.get_data(t)[...] = 0.0''',
+    '''\
+state = {"done": 0}
+status = W.HTML()
+graph = W.HTML()
+button = W.Button(description="step", tooltip="compute the next node")
+node = W.IntSlider(value=0, min=0, max=gf.n_nodes, description="computed", disabled=True)
+
+def render():
+    k = state["done"]
+    rows = "".join(
+        f"<tr><td>#{i}</td><td>{html.escape(t.name)}</td><td>{ggml.op_desc(t)}</td>"
+        f"<td class='vals'>{np.array2string(ggml.get_data(t).reshape(-1), precision=3) if i < k else '(not yet)'}"
+        f"</td></tr>" for i, t in enumerate(gf.nodes))
+    cur = f"last: #{k - 1} {gf.nodes[k - 1].name}" if k else "nothing computed yet"
+    status.value = (f"<div class='ggv-status'>{k} / {gf.n_nodes} nodes computed; {cur}</div>"
+                    f"<table class='ggv-values'>{rows}</table>")
+    try:
+        dot, _ = G.graph_to_dot_grouped(gf, highlight=k - 1 if k else None, id_prefix="nb-")
+        svg = dot.pipe(format="svg").decode()
+        graph.value = "<div class='ggv-graph'>" + svg[svg.index("<svg"):] + "</div>"
+    except Exception as e:  # graphviz's dot missing
+        graph.value = f"<div class='ggv-graph'>(no graph picture: {e})</div>"
+    node.value = k
+    button.disabled = k >= gf.n_nodes
+
+def step(_):
+    k = state["done"]
+    if k < gf.n_nodes:
+        ggml.graph_compute_with_ctx(ctx, ggml.graph_view(gf, k, k + 1), 1)
+        state["done"] = k + 1
+    render()
+
+button.on_click(step)
+render()
+W.VBox([W.HBox([button, node]), status, graph])''',
+]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc, timeout: float) -> None:
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        if proc.poll() is not None:
+            raise AssertionError(f"Voilà exited early with status {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"Voilà did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+def _stop(proc) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)       # the group: Voilà and the kernel it started
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def test_voila_widgets_step(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    try:
+        import nbformat
+        import voila  # noqa: F401
+    except ImportError as e:
+        _unavailable(f"{e.name} is not installed")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS]
+    nb_path = tmp_path / "stepper.ipynb"
+    nbformat.write(nb, nb_path)
+    # kernel "python3" = this interpreter; Jupyter's per-user dirs inside tmp_path
+    spec = tmp_path / "jupyter" / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f",
+                                                           "{connection_file}"],
+                                                  "display_name": "Python 3 (ggviz tests)", "language": "python"}))
+    env = dict(os.environ, JUPYTER_PATH=str(tmp_path / "jupyter"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               JUPYTER_PLATFORM_DIRS="1", IPYTHONDIR=str(tmp_path / "ipython"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    port = _free_port()
+    log = open(tmp_path / "voila.log", "w")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "voila", str(nb_path), "--no-browser", f"--port={port}",
+                             "--Voila.ip=127.0.0.1", "--show_tracebacks=True"],
+                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    drv = browser
+    try:
+        _wait_port(port, proc, 45)
+        drv.get(f"http://127.0.0.1:{port}/")
+        button = _wait(drv, lambda d: next(iter(d.find_elements(By.XPATH, "//button[normalize-space()='step']")),
+                                            None), 60, "the widget button")
+
+        def status(d):                  # read by script: the widget replaces its HTML (no stale elements)
+            return d.execute_script("const e = document.querySelector('.ggv-status'); return e ? e.textContent"
+                                    " : null")
+
+        _wait(drv, lambda d: (status(d) or "").startswith("0 / 4"), 30, "the first render")
+        page = drv.find_element(By.CSS_SELECTOR, ".widget-vbox")
+        _shot(drv, page, "voila_step0.png")
+
+        def highlighted(d):
+            return d.execute_script("return [...document.querySelectorAll('.ggv-graph g.node')].filter(g => "
+                                    "g.querySelector('[stroke=\"#d50000\"]')).map(g => g.id)")
+
+        assert highlighted(drv) == []
+        for k in (1, 2):
+            _click(drv, button)
+            _wait(drv, lambda d, k=k: (status(d) or "").startswith(f"{k} / 4"), 30, f"step {k}")
+            vals = drv.execute_script("return [...document.querySelectorAll('.ggv-values td.vals')]"
+                                      ".map(td => td.textContent)")
+            assert [v != "(not yet)" for v in vals] == [i < k for i in range(4)], vals
+            if HAVE_DOT:
+                _wait(drv, lambda d, k=k: highlighted(d) == [f"nb-n{k - 1}"], 10, f"the highlight of node {k - 1}")
+                size = drv.execute_script("const r = document.querySelector('.ggv-graph svg')"
+                                          ".getBoundingClientRect(); return [r.width, r.height]")
+                assert size[0] > 50 and size[1] > 50, size
+        assert "Wx" in status(drv) and "last: #1 Wx_b" in status(drv)
+        _shot(drv, drv.find_element(By.CSS_SELECTOR, ".widget-vbox"), "voila_step2.png")
+        elapsed = time.perf_counter() - t0
+        print(f"voila: {elapsed:.1f} s")
+    except Exception:
+        log.flush()
+        print((tmp_path / "voila.log").read_text()[-4000:])
+        raise
+    finally:
+        t_stop = time.perf_counter()
+        _stop(proc)
+        log.close()
+        print(f"voila stopped in {time.perf_counter() - t_stop:.1f} s")

@@ -1,0 +1,433 @@
+"""The fast path: the CPU_REPACK extra buffer type (ggviz/ggml/cpu/repack.py) and the compiled kernels
+(ggviz/ggml/cpu/fast_kernels.py), checked against ggviz's own faithful kernels.
+
+* every op the compiled graph walk covers, at llama shapes (SmolLM2-135M: n_embd 576, 9 heads / 3 KV heads of 64,
+  ffn 1536, F16 KV cache), 1 and several tokens: bit-exact with the faithful kernel, except ROPE (cos/sin in double,
+  rounded once) and the MUL_MATs (float summation order), which must agree to NMSE <= 1e-10;
+* MUL_MAT with repacked Q4_0 / Q4_1 / Q8_0 weights (including the tied 49152-row output matrix): NMSE <= 1e-10
+  against the faithful MUL_MAT, identical results for 1 and 2 threads, and both dispatch routes (the executor's
+  per-node ``ggml_cpu_extra_compute_forward`` and the compiled graph);
+* the extra buffer type is used only when the weights were placed in it (``use_extra_bufts``, GGVIZ_NO_REPACK);
+* the model: teacher-forced top-1 agreement with llama.cpp on the first 32 tokens of the reference run >= 0.9,
+  and the step-through (faithful) path is what ``use_extra_bufts=False`` gives.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from ggviz import ggml  # noqa: E402
+from ggviz.ggml import consts as C  # noqa: E402
+from ggviz.ggml import quants as Q  # noqa: E402
+from ggviz.ggml.cpu import fast_kernels as fk  # noqa: E402
+from ggviz.ggml.cpu import ggml_cpu, repack  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not fk.HAVE_NUMBA, reason=f"numba unavailable: {fk.NUMBA_ERROR}")
+
+F32, F16, I32, I64 = C.GGML_TYPE_F32, C.GGML_TYPE_F16, C.GGML_TYPE_I32, C.GGML_TYPE_I64
+Q4_0, Q4_1, Q8_0 = C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0
+MODEL = os.path.join(_ROOT, "data", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+REF_NPZ = os.path.join(_ROOT, "tests", "data", "llamacpp", "smollm2_teacher_forced_seq1.npz")
+
+
+def _nmse(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    d = (b * b).sum()
+    return float(((a - b) ** 2).sum() / d) if d else float(((a - b) ** 2).sum())
+
+
+def _compute(gf, nth: int, fast: bool):
+    plan = ggml_cpu.graph_plan(gf, nth)
+    plan.extra = repack.compile_graph(gf) if fast else None
+    if fast:
+        assert plan.extra is not None, "the compiled walk does not cover this graph"
+    if plan.work_size:
+        plan.work_data = np.zeros(plan.work_size, np.uint8)
+    assert ggml_cpu.graph_compute(gf, plan) == C.GGML_STATUS_SUCCESS
+
+
+def _run_both(build, nth_list=(1, 2), seed=0):
+    """build(ctx, rng) -> (output tensor, setter) ; returns {('faithful'|'fast', nth): output copy}."""
+    out = {}
+    for mode in ("faithful", "fast"):
+        for nth in nth_list:
+            rng = np.random.default_rng(seed)
+            ctx = ggml.init(256 << 20)
+            t = build(ctx, rng)
+            gf = ggml.new_graph(ctx)
+            ggml.build_forward_expand(gf, t)
+            _compute(gf, nth, mode == "fast")
+            out[(mode, nth)] = np.array(ggml.get_data(t), copy=True)
+    return out
+
+
+def _fill(t, a):
+    ggml.get_data(t)[...] = np.asarray(a).reshape(ggml.get_data(t).shape)
+
+
+def _f32(ctx, rng, *ne, scale=1.0):
+    t = ggml.new_tensor(ctx, F32, len(ne), list(ne))
+    _fill(t, (rng.standard_normal(int(np.prod(ne))) * scale).astype(np.float32))
+    return t
+
+
+def _check(out, exact=True, tol=1e-10):
+    ref = out[("faithful", 1)]
+    for k, v in out.items():
+        if exact:
+            assert np.array_equal(v.view(np.uint8), ref.view(np.uint8)), f"{k} differs from the faithful kernel"
+        else:
+            assert _nmse(v, ref) <= tol, f"{k}: NMSE {_nmse(v, ref):.3g}"
+    # the compiled kernels give the same bits whatever the number of threads
+    fast = [v for k, v in out.items() if k[0] == "fast"]
+    for v in fast[1:]:
+        assert np.array_equal(v.view(np.uint8), fast[0].view(np.uint8))
+
+
+TOKENS = [1, 7]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# element-wise / row ops
+# ---------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_rms_norm_mul_fused(T):
+    def build(ctx, rng):
+        x = _f32(ctx, rng, 576, T)
+        w = _f32(ctx, rng, 576)
+        return ggml.mul(ctx, ggml.rms_norm(ctx, x, 1e-5), w)
+    _check(_run_both(build))
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_rms_norm_add(T):
+    def build(ctx, rng):
+        x = _f32(ctx, rng, 576, T)
+        y = _f32(ctx, rng, 576, T)
+        return ggml.add(ctx, ggml.rms_norm(ctx, x, 1e-5), y)
+    _check(_run_both(build))
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_rope(T):
+    def build(ctx, rng):
+        x = _f32(ctx, rng, 64, 9, T)
+        pos = ggml.new_tensor_1d(ctx, I32, T)
+        _fill(pos, np.arange(37, 37 + T, dtype=np.int32))
+        return ggml.rope_ext(ctx, x, pos, None, 64, 0, 8192, 100000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    _check(_run_both(build))
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_soft_max_masked(T):
+    def build(ctx, rng):
+        kq = _f32(ctx, rng, 256, T, 9, scale=4.0)
+        mask = ggml.new_tensor_2d(ctx, F32, 256, T)
+        m = np.where(np.arange(256)[None, :] <= (200 + np.arange(T))[:, None], 0.0, -np.inf).astype(np.float32)
+        _fill(mask, m)
+        return ggml.soft_max_ext(ctx, kq, mask, 0.125, 0.0)
+    _check(_run_both(build))
+
+
+@pytest.mark.parametrize("n", [1536, 1539])
+def test_swiglu(n):
+    def build(ctx, rng):
+        a = _f32(ctx, rng, n, 3, scale=3.0)
+        b = _f32(ctx, rng, n, 3)
+        return ggml.swiglu_split(ctx, a, b)
+    _check(_run_both(build))
+
+
+def test_soft_max_tail():
+    def build(ctx, rng):
+        kq = _f32(ctx, rng, 67, 5, 2, scale=4.0)
+        return ggml.soft_max_ext(ctx, kq, None, 0.3, 0.0)
+    _check(_run_both(build))
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_set_rows_f16_and_transposed(T):
+    def build(ctx, rng):
+        cache = ggml.new_tensor_2d(ctx, F16, 192, 512)
+        _fill(cache, np.zeros(192 * 512, np.float16))
+        v = _f32(ctx, rng, 192, T)
+        idx = ggml.new_tensor_1d(ctx, I64, T)
+        _fill(idx, np.array([5 + 3 * i for i in range(T)], np.int64))
+        k = ggml.set_rows(ctx, cache, v, idx)
+        # the transposed V cache: rows of one value
+        vt = ggml.new_tensor_2d(ctx, F16, 512, 192)
+        _fill(vt, np.zeros(192 * 512, np.float16))
+        view = ggml.reshape_2d(ctx, vt, 1, 512 * 192)
+        v1 = ggml.reshape_2d(ctx, ggml.cont(ctx, v), 1, 192 * T)
+        ch = np.arange(192, dtype=np.int64)
+        vidx = ggml.new_tensor_1d(ctx, I64, 192 * T)
+        _fill(vidx, (ch[None, :] * 512 + (5 + 3 * np.arange(T))[:, None]).reshape(-1))
+        s = ggml.set_rows(ctx, view, v1, vidx)
+        return ggml.add(ctx, ggml.cpy(ctx, k, ggml.new_tensor_2d(ctx, F32, 192, 512)),
+                        ggml.cpy(ctx, ggml.reshape_2d(ctx, s, 192, 512), ggml.new_tensor_2d(ctx, F32, 192, 512)))
+    _check(_run_both(build))
+
+
+def test_get_rows_q8_0_and_f32():
+    def build(ctx, rng):
+        w = ggml.new_tensor_2d(ctx, Q8_0, 576, 100)
+        raw = Q.quantize_row_ref(Q8_0, rng.standard_normal((100, 576)).astype(np.float32))
+        ggml.get_data(w).reshape(-1).view(np.uint8)[:] = np.asarray(raw).reshape(-1).view(np.uint8)
+        ids = ggml.new_tensor_1d(ctx, I32, 5)
+        _fill(ids, np.array([3, 99, 0, 3, 42], np.int32))
+        e = ggml.get_rows(ctx, w, ids)
+        ids2 = ggml.new_tensor_1d(ctx, I32, 2)
+        _fill(ids2, np.array([4, 1], np.int32))
+        return ggml.get_rows(ctx, e, ids2)
+    _check(_run_both(build))
+
+
+@pytest.mark.parametrize("T", TOKENS)
+def test_cont_permuted(T):
+    def build(ctx, rng):
+        x = _f32(ctx, rng, 64, T, 9)
+        p = ggml.permute(ctx, x, 0, 2, 1, 3)
+        return ggml.cont_2d(ctx, p, 64 * 9, T)
+    _check(_run_both(build))
+
+
+@pytest.mark.parametrize("T", TOKENS)
+@pytest.mark.parametrize("which", ["kq", "kqv"])
+def test_mul_mat_f16_kv(T, which):
+    """kq = K^T q and kqv = V^T softmax with an F16 cache, GQA broadcast 9 -> 3 heads (src1 converted to F16)."""
+    def build(ctx, rng):
+        if which == "kq":
+            kc = ggml.new_tensor_3d(ctx, F16, 64, 3, 256)
+            _fill(kc, rng.standard_normal(64 * 3 * 256).astype(np.float16))
+            k = ggml.permute(ctx, kc, 0, 2, 1, 3)                          # [64, 256, 3]
+            q = ggml.permute(ctx, _f32(ctx, rng, 64, 9, T), 0, 2, 1, 3)     # [64, T, 9]
+            return ggml.mul_mat(ctx, k, q)                                  # [256, T, 9]
+        vt = ggml.new_tensor_3d(ctx, F16, 256, 64, 3)
+        _fill(vt, rng.standard_normal(64 * 3 * 256).astype(np.float16))
+        kq = _f32(ctx, rng, 256, T, 9)
+        return ggml.mul_mat(ctx, vt, kq)                                    # [64, T, 9]
+    _check(_run_both(build), exact=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# repacked MUL_MAT
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _weight_ctx(qtype, M, K, rng, place: bool):
+    """A Q weight in a no_alloc context (data in a separate array, like the GGUF mapping), optionally placed in
+    the CPU_REPACK buffer."""
+    W = rng.standard_normal((M, K)).astype(np.float32) * 0.05
+    raw = np.asarray(Q.quantize_row_ref(qtype, W)).reshape(-1).view(np.uint8)
+    ctx_w = ggml.init(ggml.tensor_overhead() * 2, None, True)
+    w = ggml.new_tensor_2d(ctx_w, qtype, K, M)
+    store = ggml.init(raw.nbytes + ggml.tensor_overhead() + 256)
+    holder = ggml.new_tensor_1d(store, C.GGML_TYPE_I8, raw.nbytes)
+    ggml.get_data(holder).reshape(-1).view(np.uint8)[:] = raw
+    w.data = holder.data
+    buf = repack.place_weights([w]) if place else None
+    return w, (ctx_w, store, holder, buf)
+
+
+def _mm_case(qtype, M, K, T, nth, place, route, seed=1):
+    rng = np.random.default_rng(seed)
+    w, keep = _weight_ctx(qtype, M, K, rng, place)
+    ctx = ggml.init(64 << 20)
+    x = _f32(ctx, rng, K, T)
+    y = ggml.mul_mat(ctx, w, x)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, y)
+    plan = ggml_cpu.graph_plan(gf, nth)
+    if route == "node":
+        plan.extra = None                                    # executor: per-node extra_compute_forward
+    if plan.work_size:
+        plan.work_data = np.zeros(plan.work_size, np.uint8)
+    assert ggml_cpu.graph_compute(gf, plan) == C.GGML_STATUS_SUCCESS
+    return np.array(ggml.get_data(y), copy=True), plan, keep
+
+
+LLAMA_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536)]
+
+
+@pytest.mark.parametrize("qtype", [Q4_1, Q4_0, Q8_0])
+@pytest.mark.parametrize("M,K", LLAMA_SHAPES)
+@pytest.mark.parametrize("T", [1, 5])
+def test_repacked_mul_mat(qtype, M, K, T):
+    ref, plan_ref, _ = _mm_case(qtype, M, K, T, 1, place=False, route="graph")
+    assert plan_ref.extra is None
+    results = []
+    for nth in (1, 2):
+        for route in ("graph", "node"):
+            out, plan, _ = _mm_case(qtype, M, K, T, nth, place=True, route=route)
+            if route == "graph":
+                assert plan.extra is not None
+            assert _nmse(out, ref) <= 1e-10, (nth, route, _nmse(out, ref))
+            results.append(out)
+    for r in results[1:]:
+        assert np.array_equal(r, results[0])
+
+
+def _oracle():
+    try:
+        from tests.oracle.ggml_lib import RealGGML, available
+    except Exception:  # noqa: BLE001
+        return None
+    return RealGGML() if available() else None
+
+
+@pytest.mark.parametrize("qtype", [Q4_1, Q4_0, Q8_0])
+@pytest.mark.parametrize("M,K,T", [(576, 576, 1), (1536, 576, 3), (576, 1536, 2)])
+def test_repacked_mul_mat_bitexact_with_real_ggml(qtype, M, K, T):
+    """The compiled kernels do what ggml's AVX2 vec_dot does, lane for lane: same bits as the real ggml."""
+    g = _oracle()
+    if g is None or not fk.HAVE_AVX2:
+        pytest.skip("real ggml oracle (libggml-python) or AVX2 not available")
+    out, plan, _ = _mm_case(qtype, M, K, T, 2, place=True, route="graph")
+    assert plan.extra is not None
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((M, K)).astype(np.float32) * 0.05
+    raw = np.asarray(Q.quantize_row_ref(qtype, W)).reshape(-1).view(np.uint8)
+    X = rng.standard_normal((T, K)).astype(np.float32)
+    ctx = g.init(64 << 20)
+    try:
+        w = g.new_tensor_2d(ctx, qtype, K, M)
+        g.set_array(w, raw)
+        x = g.new_tensor_2d(ctx, g.GGML_TYPE_F32, K, T)
+        g.set_array(x, X)
+        y = g.mul_mat(ctx, w, x)
+        gf = g.new_graph(ctx)
+        g.build_forward_expand(gf, y)
+        g.graph_compute(gf, 1)
+        real = g.to_float(y).reshape(out.shape).copy()
+    finally:
+        g.free(ctx)
+    assert np.array_equal(out, real)
+
+
+def test_repacked_output_matrix():
+    """The tied Q8_0 output matrix: 49152 rows."""
+    ref, _, _ = _mm_case(Q8_0, 49152, 576, 2, 1, place=False, route="graph")
+    o1, _, _ = _mm_case(Q8_0, 49152, 576, 2, 1, place=True, route="graph")
+    o2, _, _ = _mm_case(Q8_0, 49152, 576, 2, 2, place=True, route="graph")
+    assert _nmse(o1, ref) <= 1e-10
+    assert np.array_equal(o1, o2)
+
+
+def test_dispatch_only_for_repacked_weights():
+    rng = np.random.default_rng(3)
+    w, keep = _weight_ctx(Q4_1, 64, 64, rng, place=True)
+    w2, keep2 = _weight_ctx(Q4_1, 64, 64, rng, place=False)
+    assert ggml.backend.backend_buft_name(ggml.backend.buffer_at(w.buffer).buft) == "CPU_REPACK"
+    assert repack.tensor_traits_of(w) is not None and w.extra != 0
+    assert w2.buffer == 0 and w2.extra == 0
+    ctx = ggml.init(1 << 20)
+    x = _f32(ctx, rng, 64, 2)
+    y1 = ggml.mul_mat(ctx, w, x)
+    y2 = ggml.mul_mat(ctx, w2, x)
+    ext = repack.repack_buffer_type().context
+    assert ext.supports_op(None, y1) and ext.get_tensor_traits(y1) is not None
+    assert not ext.supports_op(None, y2) and ext.get_tensor_traits(y2) is None
+    assert repack.extra_work_size(1, y1) is not None and repack.extra_work_size(1, y2) is None
+    # a graph with only non-repacked weights is not compiled; one with a repacked weight is
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, y2)
+    assert ggml_cpu.graph_plan(gf, 1).extra is None
+    gf1 = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf1, y1)
+    assert ggml_cpu.graph_plan(gf1, 1).extra is not None
+
+
+def test_no_repack_env():
+    code = ("import os; os.environ['GGVIZ_NO_REPACK']='1'\n"
+            "from ggviz.ggml.cpu import repack\n"
+            "assert repack.get_extra_buffer_types() == []\n"
+            "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=_ROOT))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the model
+# ---------------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ref_npz():
+    if not os.path.exists(REF_NPZ):
+        src = "/work/shared/reference/llamacpp/smollm2_teacher_forced_seq1.npz"
+        if os.path.exists(src):
+            os.makedirs(os.path.dirname(REF_NPZ), exist_ok=True)
+            import shutil
+            shutil.copy(src, REF_NPZ)
+    if not os.path.exists(REF_NPZ) or not os.path.exists(MODEL):
+        pytest.skip("model or llama.cpp reference not available")
+    return np.load(REF_NPZ)
+
+
+def _buft_name(t):
+    from ggviz.ggml import backend as B
+    return B.backend_buft_name(B.buffer_at(t.buffer).buft) if t.buffer else None
+
+
+def test_model_weights_placement():
+    if not os.path.exists(MODEL):
+        pytest.skip("model not fetched")
+    from ggviz.llama.model import model_default_params, model_load_from_file
+    mp = model_default_params()
+    assert mp.use_extra_bufts is True
+    m = model_load_from_file(MODEL, mp)
+    assert isinstance(m.layers[0].wq.py_extra, repack.RepackedWeight)
+    assert isinstance(m.output.py_extra, repack.RepackedWeight)
+    assert _buft_name(m.layers[0].ffn_down) == "CPU_REPACK"
+    assert _buft_name(m.output_norm) != "CPU_REPACK"          # norms stay in the mapping
+    mp.use_extra_bufts = False
+    m2 = model_load_from_file(MODEL, mp)
+    assert m2.layers[0].wq.py_extra is None and m2.layers[0].wq.extra == 0
+    assert _buft_name(m2.layers[0].wq) != "CPU_REPACK"
+
+
+@pytest.mark.parametrize("nth", [2])
+def test_teacher_forced_fast_path(ref_npz, nth, monkeypatch):
+    from ggviz.llama.batch import batch_add, batch_init
+    from ggviz.llama.context import context_default_params, init_from_model
+    from ggviz.llama.model import model_load_from_file
+    m = model_load_from_file(MODEL)
+    p = context_default_params()
+    p.n_ctx = 512
+    p.n_threads = p.n_threads_batch = nth
+    ctx = init_from_model(m, p)
+    ids = ref_npz["ids"][:32]
+    ref = ref_npz["logits"][:32].astype(np.float64)
+    b = batch_init(len(ids))
+    for i, t in enumerate(ids):
+        batch_add(b, int(t), i, [0], True)
+    compiled = []
+    plan_graph = repack.plan_graph
+
+    def spy(cgraph, n_threads):
+        fg = plan_graph(cgraph, n_threads)
+        compiled.append(fg is not None)
+        return fg
+    monkeypatch.setattr(repack, "plan_graph", spy)
+    assert ctx.decode(b) == 0
+    lg = ctx.get_logits().astype(np.float64)
+    top1 = float((lg.argmax(-1) == ref.argmax(-1)).mean())
+
+    def lsm(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+    lp, lq = lsm(ref), lsm(lg)
+    kl = float((np.exp(lp) * (lp - lq)).sum(-1).mean())
+    assert top1 >= 0.9, top1
+    assert kl <= 0.01, kl
+    # the graph went through the compiled walk
+    assert compiled and all(compiled)

@@ -1,0 +1,410 @@
+"""ggviz.viz.widgets and ggviz.viz.model_views, headless: what each view shows equals what the engine holds.
+
+One real decode of the default model (trace events, inputs, sampler) and one step-through decode are shared by the
+tests; every check compares a view's plain state with the engine's own objects or with an independent recording.
+"""
+import time
+
+import numpy as np
+import pytest
+
+from ggviz import ggml, llama, trace
+from ggviz.ggml import memory, quants
+from ggviz.viz import model_views as MV
+from ggviz.viz.graph_dot import layer_of
+from ggviz.viz.widgets import (ArenaWidget, DecodeStepper, GGUFMapWidget, GraphView, QuantBlockExplorer,
+                               TensorExplorer, ThreadTimeline, VisitAnimation)
+from ggviz.viz.widgets._base import fig_to_png, svg_window
+from ggviz.viz.widgets.graph import node_buffers
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def model():
+    from ggviz.run import load_model
+    from ggviz.viz.widgets.stepper import faithful_model_params
+
+    kw = {"use_extra_bufts": False} if hasattr(faithful_model_params(), "use_extra_bufts") else {}
+    return load_model(**kw)
+
+
+@pytest.fixture(scope="module")
+def run(model):
+    """One decode of the prompt on 2 threads, recording every trace event and the graph inputs, then a sample."""
+    cp = llama.context_default_params()
+    cp.n_ctx = 256
+    cp.n_threads = cp.n_threads_batch = 2
+    ctx = llama.init_from_model(model, cp)
+    ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
+    with trace.Recorder() as rec, MV.capture_inputs(ctx) as snaps:
+        assert llama.decode(ctx, llama.batch_get_one(ids)) == 0
+    chain = llama.sampler_chain_init()
+    for s in (llama.sampler_init_top_k(40), llama.sampler_init_top_p(0.95, 1), llama.sampler_init_min_p(0.05, 1),
+              llama.sampler_init_temp(0.8), llama.sampler_init_dist(1234)):
+        llama.sampler_chain_add(chain, s)
+    tok = llama.sampler_sample(chain, ctx, -1)
+    return {"ctx": ctx, "rec": rec, "snaps": snaps, "gf": ctx.last_graph.gf, "ids": ids, "chain": chain, "tok": tok}
+
+
+@pytest.fixture(scope="module")
+def stepper(model):
+    seen = []
+
+    def extra(t, ask):
+        if not ask:
+            seen.append((t.name, ggml.get_data_f32(t)))
+        return True
+
+    ds = DecodeStepper(PROMPT, model=model, extra_cb=extra)
+    ds.seen = seen
+    return ds
+
+
+def _png_ok(fig):
+    png = fig_to_png(fig, dpi=40)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+# ------------------------------------------------------------------------------------------------------------ GGUF
+
+def test_gguf_map_covers_the_file_and_selects_a_tensor(model):
+    gf = model.gguf
+    w = GGUFMapWidget(gf)
+    st = w.state()
+    regs = st["regions"]
+    assert regs[0]["start"] == 0 and regs[-1]["end"] == gf.file_size
+    assert all(a["end"] == b["start"] for a, b in zip(regs, regs[1:]))
+    assert {r["kind"] for r in regs} >= {"header", "kv", "tensor_info", "tensor_data"}
+    assert sum(s["size"] for s in st["sections"]) == gf.file_size
+
+    w.select("blk.0.attn_q.weight")
+    sel = w.state()["selected"]
+    ti = gf.tensor("blk.0.attn_q.weight")
+    assert (sel["name"], sel["ne"], sel["offset"], sel["file_offset"], sel["nbytes"]) == \
+        (ti.name, list(ti.ne), ti.offset, ti.file_offset, ti.nbytes)
+    lay = sel["layout"]
+    assert lay["offset_aligned"] and ti.offset % gf.alignment == 0
+    assert lay["n_blocks"] * lay["type_size"] == ti.nbytes and lay["blck_size"] == 32
+    rec = {r["field"]: r["value"] for r in sel["info_record"]}           # decoded again from the file's bytes
+    assert rec["name.data"] == ti.name and rec["n_dims"] == len(ti.ne) and rec["type"] == ti.type
+    assert [rec[f"ne[{d}]"] for d in range(len(ti.ne))] == list(ti.ne) and rec["offset"] == ti.offset
+    fb = sel["first_block"]
+    raw = gf.tensor_data(ti.name)[:lay["type_size"]]
+    assert np.array_equal(np.asarray(fb["values"], dtype=np.float32), quants.dequantize_row(ti.type, raw))
+    # a click on the tensor's data range selects the same tensor; KV and header selections decode their bytes
+    k = next(i for i, r in enumerate(w.layout) if r["kind"] == "tensor_data" and r["name"] == "output_norm.weight")
+    assert w.select_range(k).state()["selected"]["name"] == "output_norm.weight"
+    w.select("kv:llama.block_count")
+    assert w.state()["selected"]["value"] == repr(gf.kv["llama.block_count"])
+    hdr = {f["field"]: f["value"] for f in w.select("header").state()["selected"]["fields"]}
+    assert hdr == {"magic": "GGUF", "version": gf.version, "n_tensors": gf.n_tensors, "n_kv": gf.n_kv}
+    w.select("blk.0.attn_q.weight")
+    svg = w.svg()
+    assert svg.startswith("<svg") and f'id="{w.prefix}r{k}"' in svg
+    w.widget._repr_mimebundle_ if hasattr(w.widget, "_repr_mimebundle_") else None
+    assert w._w_pick.value == "blk.0.attn_q.weight"
+
+
+# ----------------------------------------------------------------------------------------------------------- arena
+
+def _small_ctx():
+    ctx = ggml.init(1 << 18)
+    a = ggml.set_name(ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F32, 6, 4), "a")
+    ggml.get_data(a)[...] = np.arange(24, dtype=np.float32).reshape(4, 6)
+    b = ggml.set_name(ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F32, 6, 4), "b")
+    ggml.get_data(b)[...] = 1.0
+    p = ggml.set_name(ggml.permute(ctx, a, 1, 0, 2, 3), "a_T")
+    v = ggml.set_name(ggml.view_2d(ctx, a, 3, 2, a.nb[1], 8), "a_view")
+    s = ggml.add(ctx, a, b)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, s)
+    ggml.graph_compute_with_ctx(ctx, gf, 1)
+    return ctx, dict(a=a, b=b, p=p, v=v, s=s, gf=gf)
+
+
+def test_arena_widget_decodes_the_selected_header():
+    ctx, t = _small_ctx()
+    w = ArenaWidget(ctx)
+    for name in ("a", "a_view", "a_T"):
+        sel = w.select(name).state()["selected"]
+        tt = {"a": t["a"], "a_view": t["v"], "a_T": t["p"]}[name]
+        s = tt.struct()
+        assert sel["struct"] == s
+        hdr = {r["field"]: r["value"] for r in sel["header"]}       # unpacked from the arena's bytes
+        assert hdr["type"] == s["type"] and hdr["op"] == s["op"] and hdr["name"] == s["name"]
+        assert [hdr[f"ne[{i}]"] for i in range(4)] == s["ne"] and [hdr[f"nb[{i}]"] for i in range(4)] == s["nb"]
+        assert hdr["data"] == s["data"] and hdr["view_src"] == s["view_src"] and hdr["view_offs"] == s["view_offs"]
+        assert [hdr[f"src[{i}]"] for i in range(10)] == s["src"]
+        oh = sel["object"]
+        o = ctx.objects[sel["index"]]
+        assert (oh["offs"], oh["size"], oh["type_name"]) == (o.offs, o.size, "tensor")
+    assert w.select("a").state()["selected"]["values"][:6] == [0, 1, 2, 3, 4, 5]
+    g = w.select(t["gf"]).state()["selected"]
+    assert g["kind"] == "graph" and g["graph"]["n_nodes"] == t["gf"].n_nodes
+    # the widget: picking from the dropdown selects; the map's patches carry clickable ids
+    w.widget
+    w._w_pick.value = 1
+    assert w.sel == 1
+    svg = w.svg()
+    assert svg.startswith("<svg") and f'id="{w.prefix}o1r' in svg
+    assert "struct ggml_tensor" in w.to_html()
+
+
+# ---------------------------------------------------------------------------------------------------------- tensor
+
+def test_tensor_explorer_offsets_and_shared_bytes():
+    ctx, t = _small_ctx()
+    a, v, p = t["a"], t["v"], t["p"]
+    te = TensorExplorer(v, views=[p])
+    st = te.select(2, 1).state()
+    assert st["offset"] == 2 * 4 + 1 * 24 and st["source_offset"] == 8 + st["offset"]
+    assert st["value"] == float(ggml.get_data(v)[0, 0, 1, 2]) == 10.0
+    assert st["bytes"] == np.float32(10.0).tobytes().hex(" ")
+    mask = te.touched()
+    assert mask.sum() == st["n_touched_bytes"] == ggml.nelements(v) * 4
+    # the touched bytes hold exactly the view's values
+    assert sorted(np.frombuffer(bytes(ggml.get_data(a).view(np.uint8).reshape(-1)[mask]), np.float32)) == \
+        sorted(ggml.get_data(v).reshape(-1).tolist())
+    st = te.show(p).select(1, 3).state()
+    assert st["name"] == "a_T" and st["is_view"] and not st["contiguous"]
+    assert st["offset"] == 1 * p.nb[0] + 3 * p.nb[1] and st["value"] == float(ggml.get_data(a)[0, 0, 1, 3])
+    assert st["n_touched_bytes"] == ggml.nbytes(a)
+    with pytest.raises(IndexError):
+        te.select(4, 0)
+    te.widget
+    te._w_idx[0].value = 2                       # the slider drives the state
+    assert te.index[0] == 2
+    _png_ok(te.figure())
+
+
+def test_quant_block_explorer_equals_dequantization(model):
+    t = model.tensors["blk.0.attn_q.weight"]                   # Q4_1 in the file
+    q = QuantBlockExplorer(t, row=3, block=2)
+    st = q.state()
+    assert st["type"] == "q4_1" and not st["requantized"]
+    full = ggml.get_data_f32(t)
+    assert np.array_equal(np.asarray(st["values"], np.float32), full[0, 0, 3, 64:96])
+    raw = np.asarray(ggml.get_data(t)[0, 0, 3, 2 * 20:3 * 20])
+    assert st["bytes"] == raw.tolist() and st["fields"]["d"] == float(quants.decode_block(t.type, raw)["d"])
+    e = QuantBlockExplorer(model.tensors["token_embd.weight"], row=7042, block=3)     # Q8_0 in the file
+    es = e.state()
+    row = quants.dequantize_row(ggml.GGML_TYPE_Q8_0, np.ascontiguousarray(ggml.get_data(e.t)[0, 0, 7042]))
+    assert es["type"] == "q8_0" and np.array_equal(np.asarray(es["values"], np.float32), row[96:128])
+    # formats the file lacks: the same real row, re-quantized by ggml's reference quantizer
+    d = QuantBlockExplorer(model.tensors["blk.0.ffn_down.weight"], row=5, block=1)
+    src = d._row_floats(5)
+    for ty in (ggml.GGML_TYPE_Q4_0, ggml.GGML_TYPE_Q8_0, ggml.GGML_TYPE_Q4_K, ggml.GGML_TYPE_Q6_K):
+        s = d.set_type(ty).state()
+        assert s["requantized"]
+        qrow = quants.quantize_row_ref(ty, src).reshape(-1)
+        ts, bs = ggml.type_size(ty), ggml.blck_size(ty)
+        assert s["bytes"] == qrow[ts:2 * ts].tolist()
+        assert np.array_equal(np.asarray(s["values"], np.float32), quants.dequantize_row(ty, qrow)[bs:2 * bs])
+        assert np.array_equal(np.asarray(s["source_values"], np.float32), src[bs:2 * bs])
+    assert "sub_d" in s and len(s["sub_d"]) == 16                 # Q6_K: 16 sub-blocks of 16
+    with pytest.raises(ValueError, match="multiple"):
+        q.set_type(ggml.GGML_TYPE_Q4_K)                           # rows of 576 hold no 256-blocks
+    assert [ggml.type_name(x) for x in q.compatible_types()] == ["q4_0", "q4_1", "q8_0"]
+    _png_ok(d.figure())
+
+
+# ----------------------------------------------------------------------------------------------------------- graph
+
+def test_graph_view_collapses_layers(run):
+    gf = run["gf"]
+    assert gf.n_nodes == 1086
+    t0 = time.perf_counter()
+    gv = GraphView(gf)
+    st = gv.state()
+    dt = time.perf_counter() - t0
+    print(f"\nfull decode DAG (collapsed) render: {dt * 1e3:.0f} ms")
+    assert dt < 3.0
+    boxes = st["boxes"]
+    assert sorted(boxes) == list(range(30)) and set(boxes.values()) == {36}
+    assert st["n_nodes_drawn"] == gf.n_nodes - sum(boxes.values()) + len(boxes) == 1086 - 1080 + 30
+    # every node in a box really carries that layer in its name
+    layers = [layer_of(t.name) for t in gf.nodes]
+    assert all(layers.count(il) == n for il, n in boxes.items())
+    svg = gv.svg()
+    assert svg.startswith("<svg") and f'id="{gv.prefix}L3"' in svg.replace("&#45;", "-")
+    # a click on a box opens it; selecting a node opens its layer and outlines it
+    gv.click("L3")
+    st = gv.state()
+    assert st["open"] == [3] and st["n_nodes_drawn"] == 1086 - 29 * 36 + 29
+    i = [t.name for t in gf.nodes].index("kq_soft_max-7")
+    gv.select(i)
+    st = gv.state()
+    assert st["selected"]["name"] == "kq_soft_max-7" and st["selected"]["op"] == "SOFT_MAX"
+    assert 7 in st["open"] and st["selected"]["vertex"] == f"n{i}"
+    assert f"#{gv.prefix}n{i} path" in gv.css()
+    gv.expand(12)
+    gv.expand(20)
+    assert len(gv.state()["open"]) <= gv.max_open
+    # colour by a per-node attribute: here the buffer each node's data lives in
+    where = node_buffers(gf)
+    assert where == {k: memory.resolve(t.data)[2] for k, t in enumerate(gf.nodes)}
+    gv.collapse_all()
+    gv.set_color_by(where)
+    assert set(gv.state()["colors"]) == {str(x) for x in where.values()}
+    dot = gv.dot()
+    assert "penwidth" in dot.source
+    gv.widget
+    assert gv._canvas.svg.startswith("<svg")
+
+
+def test_visit_animation_replays_the_build(run):
+    gf, rec = run["gf"], run["rec"]
+    va = VisitAnimation(rec, gf)
+    evs = [e for e in rec.events if e["kind"] in ("graph.visit", "graph.add") and e["graph"] == id(gf)]
+    assert va.n_steps == len(evs)
+    last = va.state(va.n_steps - 1)
+    assert last["n_nodes"] == gf.n_nodes and last["n_leafs"] == gf.n_leafs and last["stack"] == []
+    assert last["n_hits"] == sum(1 for e in evs if e["kind"] == "graph.visit" and e["hit"])
+    adds = [(e["addr"], e["index"]) for e in evs if e["kind"] == "graph.add" and e["kind_"] == "node"]
+    assert adds == [(t.addr, k) for k, t in enumerate(gf.nodes)]      # (names may change after the add)
+    k_hit = next(k for k, e in enumerate(evs) if e["kind"] == "graph.visit" and e["hit"])
+    st = va.goto(k_hit).state()
+    assert st["action"] == "hit" and st["hash_pos"] == evs[k_hit]["hash_pos"]
+    # before its add, a visited node is on the DFS stack; after it, in nodes[]
+    k_ins = next(k for k, e in enumerate(evs) if e["kind"] == "graph.visit" and not e["hit"] and e["name"] == "embd")
+    k_add = next(k for k, e in enumerate(evs) if e["kind"] == "graph.add" and e["name"] == "embd")
+    assert "embd" in va.state(k_ins)["stack"] and "embd" not in va.state(k_add)["stack"]
+    assert va.state(k_add)["text"].endswith("nodes[0] = 'embd'")
+    va.widget
+    va.goto(0).step(3)
+    assert va.pos == 3 and va._slider.value == 3 and "opacity" in va._canvas.css
+    assert "<svg" in va.to_html()
+
+
+# -------------------------------------------------------------------------------------------------------- timeline
+
+def test_thread_timeline_from_recorded_compute(run):
+    tl = ThreadTimeline(run["rec"])
+    d = tl.data
+    assert d["n_threads"] == 2 and d["n_tasks"] is not None and len(d["n_tasks"]) == run["gf"].n_nodes
+    for ith in range(2):
+        ns = [n for n in d["nodes"] if n["ith"] == ith]
+        assert all(a["t1"] <= b["t0"] + 1e-6 for a, b in zip(ns, ns[1:]))        # a thread runs one node at a time
+    i = [t.name for t in run["gf"].nodes].index("ffn_gate-0")
+    ni = tl.select(i).state()["node"]
+    assert ni["name"] == "ffn_gate-0" and ni["op"] == "MUL_MAT" and len(ni["threads"]) == 2
+    # the chunks of a mul_mat cover its output (rows ir0 x columns ir1) exactly once
+    ch = [c for c in d["chunks"] if c["node_n"] == i]
+    cells = sorted((r, c) for x in ch for r in range(*x["ir0"]) for c in range(*x["ir1"]))
+    ne = run["gf"].nodes[i].ne
+    assert cells == [(r, c) for r in range(int(ne[0])) for c in range(int(ne[1]))]
+    assert sum(len(t["chunks"]) for t in ni["threads"]) == ni["n_chunks"] == len(ch)
+    assert tl.state()["range"][0] <= i < tl.state()["range"][1]
+    tl.widget
+    tl._w_node.value = tl.computed[5]
+    assert tl.node == tl.computed[5]
+    _png_ok(tl.figure())
+
+
+# ----------------------------------------------------------------------------------------------------- model views
+
+def test_kv_cache_view_and_mask(run, model):
+    snaps = run["snaps"]
+    assert len(snaps) == 1
+    s = snaps[0]
+    kv = MV.KVCacheView(snaps, model.vocab)
+    st = kv.state()
+    n = len(run["ids"])
+    assert st["tokens"] == run["ids"] and st["pos"] == list(range(n)) and st["written_cells"] == list(range(n))
+    cp = np.asarray(st["cells_pos"])
+    allowed = (cp[None, :] >= 0) & (cp[None, :] <= np.asarray(st["pos"])[:, None])
+    assert np.array_equal(np.asarray(st["mask_allowed"]), allowed)              # causal mask, as recorded
+    assert np.array_equal(run["ctx"].kv.cells.pos[:s.n_kv], s.cells_pos[:s.n_kv])
+    _png_ok(kv.figure())
+
+
+def test_sampler_view_is_the_chain_history(run, model):
+    sv = MV.SamplerView(run["chain"], model.vocab)
+    st = sv.state()
+    h = run["chain"].history
+    assert st["steps"] == [x["step"] for x in h] == ["logits", "top-k", "top-p", "min-p", "temp", "dist"]
+    assert st["n"][0] == model.hparams.n_vocab and st["n"][1] == 40
+    assert st["selected"] == run["tok"]
+    top0 = h[0]["top"][0][0]
+    assert top0 == int(np.argmax(llama.get_logits_ith(run["ctx"], -1)))
+    _png_ok(sv.figure())
+
+
+def test_bpe_view(model):
+    text = "The tokenizer merges unbelievable words"
+    bv = MV.BPEView(model.vocab, text)
+    st = bv.state()
+    assert st["all_ids"] == llama.tokenize(model.vocab, text, add_special=True, parse_special=True)
+    k = next(i for i, u in enumerate(bv.units) if u.text == " unbelievable")
+    st = bv.select(k).state()
+    assert st["merges"] and st["merges"][-1]["symbols"].split(" ") == [model.vocab.tokens[i] for i in st["ids"]]
+    assert [m["rank"] for m in st["merges"]] == [m.rank for m in model.vocab.bpe_trace(" unbelievable")]
+    assert "<table" in bv.to_html()
+
+
+def test_attention_capture_matches_the_stepper(model, stepper):
+    cp = llama.context_default_params()
+    cp.n_ctx = 256
+    cp.n_threads = cp.n_threads_batch = 2
+    ctx = llama.init_from_model(model, cp)
+    rec = MV.capture_attention(ctx, stepper.tokens, layers=[0, 29])
+    assert sorted(rec.layers) == [0, 29]
+    n = len(stepper.tokens)
+    a = rec.layers[0]
+    assert a.shape == (model.hparams.n_head, n, 256)
+    assert np.allclose(a.sum(axis=-1), 1.0, atol=1e-5) and np.all(np.triu(a[:, :, :n], 1) == 0)
+    i = [r["name"] for r in stepper.records].index("kq_soft_max-0")
+    assert np.array_equal(stepper.values(i)[0], a)          # two real runs, same inputs: the same weights
+    av = MV.AttentionView(rec)
+    assert av.select(29, head=2).state()["weights"] == rec.layers[29][2].tolist()
+    _png_ok(av.select(0).figure())
+
+
+# -------------------------------------------------------------------------------------------------------- stepper
+
+def test_decode_stepper_shows_what_cb_eval_saw(stepper, model):
+    ds = stepper
+    gf = ds.gf
+    assert ds.n_steps == gf.n_nodes == len(ds.seen) == 1086
+    for i, (name, vals) in enumerate(ds.seen):
+        r = ds.records[i]
+        assert r["name"] == name == gf.nodes[i].name
+        if r["full"]:
+            assert np.array_equal(ds.values(i), vals, equal_nan=True)
+        else:
+            rows = vals.reshape(-1, vals.shape[-1])
+            assert np.array_equal(ds.values(i), rows[:ds.slice_rows, :ds.slice_cols])
+            assert r["stats"]["max"] == float(np.max(vals))
+    assert np.array_equal(ds.logits, llama.get_logits_ith(ds.ctx, -1))
+    assert int(np.argmax(ds.logits)) == 7042                  # " Paris"
+    ds.widget
+    for i in (0, 1, 37, 131, 132, 133, 600, 1085):
+        st = ds.goto(i).state()
+        t = gf.nodes[i]
+        assert st["index"] == i and st["name"] == t.name and st["op"] == ggml.op_desc(t)
+        assert st["open_layers"] == ([] if layer_of(t.name) is None else [layer_of(t.name)])
+        assert st["vertex"] == f"n{i}"
+        _, off, label = memory.resolve(t.data)
+        assert (st["buffer"], st["offset"], st["nbytes"]) == (label, off, ggml.nbytes(t))
+        assert ds._slider.value == i and ds._canvas.focus.endswith(f"n{i}")
+        assert f"n{i} path" in ds._canvas.css
+    for _ in range(40):
+        ds.step()
+    assert ds.pos == 1085                                     # clipped at the last node
+    ds.goto("kq_soft_max-3").back()
+    assert ds.state()["name"] == "kq-3"
+    print(f"\ndecode stepper: {ds.n_steps} nodes recorded in {ds.decode_s:.1f} s; step (incl. widget refresh): "
+          f"median {np.median(ds.step_ms):.1f} ms, max {max(ds.step_ms):.1f} ms")
+    # the same bytes serve several nodes: the allocator reuses memory in place
+    assert any(q["index"] != ds.pos for q in ds.sharing())
+    html = ds.to_html()
+    assert "<svg" in html and "kq-3" in html and "data:image/png;base64" in html
+
+
+def test_svg_window_crops_around_a_node(run):
+    gv = GraphView(run["gf"])
+    gv.expand(0)
+    svg = gv.svg()
+    out = svg_window(svg, gv.prefix + "n5", 400, 300)
+    assert 'width="400pt" height="300pt"' in out and out != svg
