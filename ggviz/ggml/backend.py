@@ -16,7 +16,27 @@ Mirrors (ggml-backend-impl.h / ggml-backend.h / ggml-backend.cpp, 0.20.2):
   a context's tensors need several buffers.
 
 Function names are ggml-backend.h's without the ``ggml_`` prefix (``ggml_backend_buft_alloc_buffer`` is
-``backend_buft_alloc_buffer``). Backends, devices and the scheduler will join this module later.
+``backend_buft_alloc_buffer``).
+
+And the rest of the object model (ggml-backend-impl.h / ggml-backend.cpp / ggml-backend-reg.cpp / ggml-cpu.cpp):
+
+* ``struct ggml_backend_reg`` (a backend "library": its name, devices, exported functions by name:
+  ``backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads")``), ``struct ggml_backend_device`` (name,
+  description, type CPU / GPU / IGPU / ACCEL, memory, props and caps, its buffer type, ``supports_op``,
+  ``supports_buft``, ``offload_op``, events) and ``struct ggml_backend`` (a stream on a device: ``graph_compute``,
+  async tensor access, ``synchronize``, events), with the ``ggml_backend_*`` wrappers (``backend_tensor_copy``:
+  host source -> tensor_set, host destination -> tensor_get, else the destination buffer's ``cpy_tensor``, else a
+  bounce through host memory);
+* the registry: ggviz is "built" with BLAS (``ggviz.ggml.blas``; ``GGVIZ_NO_BLAS=1`` leaves it out) and the CPU,
+  registered in ggml's order; the simulated accelerator (``ggviz.ggml.accel``) is loaded at run time
+  (``backend_load("accel")``); ``backend_reg_count/get/by_name``, ``backend_dev_count/get/by_name/by_type``,
+  ``backend_init_by_name/by_type``, ``backend_init_best``;
+* the CPU backend of ggml-cpu.cpp: ``backend_cpu_init`` (n_threads, threadpool, work buffer, abort callback,
+  use_ref; ``graph_compute`` = ``ggml_graph_plan`` + ``ggml_graph_compute`` of ``ggviz.ggml.cpu.ggml_cpu``), its
+  device (``supports_op`` with the extra buffer types of ``ggviz.ggml.cpu.repack`` when present, ``supports_buft``
+  = host or extra) and reg.
+
+The scheduler (``ggml_backend_sched``) is ``ggviz.ggml.sched``.
 
 Addresses are real. A buffer's memory comes from ``memory.aligned_malloc`` (so ``ggml.get_data`` works on its
 tensors), and each buffer / buffer type also owns the bytes of its C struct (``struct ggml_backend_buffer`` is 120
@@ -588,7 +608,7 @@ import collections as _collections
 import logging as _logging
 
 _log = _logging.getLogger("ggviz.ggml")
-log_messages: "collections.deque[tuple[str, str]]" = _collections.deque(maxlen=64)   # (level, message)
+log_messages: "_collections.deque[tuple[str, str]]" = _collections.deque(maxlen=64)   # (level, message)
 
 
 def GGML_LOG(level: str, msg: str) -> None:
@@ -1112,7 +1132,7 @@ class _BackendRegistry:
 
     def unload_backend(self, reg) -> None:
         if not any(r is reg for r in self.backends):
-            GGML_LOG("error", f"ggml_backend_unload: backend not found")
+            GGML_LOG("error", "ggml_backend_unload: backend not found")
             return
         # remove devices
         self.devices = [d for d in self.devices if d.reg is not reg]

@@ -29,7 +29,7 @@ from . import backend as B
 from . import consts as C
 from . import memory
 from .context import GGMLError
-from .tensor import Tensor, is_contiguous, is_matrix, is_transposed, nbytes, op_desc, type_size
+from .tensor import Tensor, is_contiguous, is_matrix, is_transposed, op_desc, type_size
 
 GGML_HINT_NONE = 0
 GGML_HINT_SRC0_IS_HADAMARD = 1

@@ -879,7 +879,7 @@ def backend_sched_alloc_splits(sched) -> bool:
         reserved = True
         ok = A.gallocr_reserve_n(sched.galloc, g, sched.node_backend_ids, sched.leaf_backend_ids)
         if not ok or not A.gallocr_alloc_graph(sched.galloc, g):
-            B.GGML_LOG("error", f"ggml_backend_sched_alloc_splits: failed to allocate graph"
+            B.GGML_LOG("error", "ggml_backend_sched_alloc_splits: failed to allocate graph"
                                 + (f" ({B.last_log_error()})" if not ok and B.last_log_error() else ""))
             if trace.active:
                 trace.emit("sched.alloc", sched=id(sched), ok=False, reserved=True,
