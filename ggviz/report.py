@@ -18,7 +18,6 @@ import argparse
 import base64
 import html
 import io
-import json
 import math
 import pathlib
 import platform

@@ -100,6 +100,7 @@ class KVCache:
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         p1 = np.iinfo(np.int64).max if p1 < 0 else p1
         p0 = 0 if p0 < 0 else p0
+        new_head = self.size
         for i in range(self.size):
             if self.cells.pos[i] >= 0 and (seq_id < 0 or seq_id in self.cells.seq[i]) and p0 <= self.cells.pos[i] < p1:
                 if seq_id < 0:
@@ -108,6 +109,11 @@ class KVCache:
                     self.cells.seq[i].discard(seq_id)
                     if not self.cells.seq[i]:
                         self.cells.rm(i)
+                if self.cells.is_empty(i) and new_head == self.size:
+                    new_head = i
+        # as llama.cpp: if we freed up a slot, set head to it so searching can start there
+        if new_head != self.size and new_head < self.head:
+            self.head = new_head
         return True
 
     def find_slot(self, n_tokens: int) -> list[int]:
