@@ -351,7 +351,7 @@ def main(argv=None) -> int:
 
     results = {}
     n_decode = args.decode if not args.faithful else min(args.decode, 4)
-    n_prefill = args.prefill
+    n_prefill = args.prefill if not args.faithful else min(args.prefill, 16)    # the faithful path is slow
     for nt in threads:
         results[("ggviz", nt)] = _ggviz_measure(model, nt, n_decode, n_prefill,
                                                 args.reps if not args.faithful else 1, log)

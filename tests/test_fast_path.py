@@ -119,12 +119,14 @@ def test_rms_norm_add(T):
 
 
 @pytest.mark.parametrize("T", TOKENS)
-def test_rope(T):
+@pytest.mark.parametrize("mode,ext_factor,freq_scale", [(0, 0.0, 1.0), (2, 0.0, 1.0), (0, 1.0, 0.25)])
+def test_rope(T, mode, ext_factor, freq_scale):
+    """Normal and NeoX rope, and YaRN (ext_factor != 0): glibc's cosf/sinf are reproduced, so bit-exact."""
     def build(ctx, rng):
         x = _f32(ctx, rng, 64, 9, T)
         pos = ggml.new_tensor_1d(ctx, I32, T)
-        _fill(pos, np.arange(37, 37 + T, dtype=np.int32))
-        return ggml.rope_ext(ctx, x, pos, None, 64, 0, 8192, 100000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+        _fill(pos, np.arange(37, 37 + T, dtype=np.int32) * 3)
+        return ggml.rope_ext(ctx, x, pos, None, 64, mode, 8192, 100000.0, freq_scale, ext_factor, 1.0, 32.0, 1.0)
     _check(_run_both(build))
 
 
@@ -178,11 +180,16 @@ def test_set_rows_f16_and_transposed(T):
     _check(_run_both(build))
 
 
-def test_get_rows_q8_0_and_f32():
+@pytest.mark.parametrize("wtype", [Q8_0, Q4_0, Q4_1, F16])
+def test_get_rows(wtype):
     def build(ctx, rng):
-        w = ggml.new_tensor_2d(ctx, Q8_0, 576, 100)
-        raw = Q.quantize_row_ref(Q8_0, rng.standard_normal((100, 576)).astype(np.float32))
-        ggml.get_data(w).reshape(-1).view(np.uint8)[:] = np.asarray(raw).reshape(-1).view(np.uint8)
+        w = ggml.new_tensor_2d(ctx, wtype, 576, 100)
+        vals = rng.standard_normal((100, 576)).astype(np.float32)
+        if wtype == F16:
+            _fill(w, vals.astype(np.float16))
+        else:
+            raw = Q.quantize_row_ref(wtype, vals)
+            ggml.get_data(w).reshape(-1).view(np.uint8)[:] = np.asarray(raw).reshape(-1).view(np.uint8)
         ids = ggml.new_tensor_1d(ctx, I32, 5)
         _fill(ids, np.array([3, 99, 0, 3, 42], np.int32))
         e = ggml.get_rows(ctx, w, ids)

@@ -44,7 +44,6 @@ if os.environ.get("GGVIZ_NO_NUMBA", "") not in ("", "0"):
     NUMBA_ERROR = "disabled by GGVIZ_NO_NUMBA"
 else:
     try:
-        import numba
         from numba import njit, types
         from numba.core import cgutils
         from numba.extending import intrinsic
@@ -87,6 +86,7 @@ SYNC_CHUNK = 16
 SYNC_ERROR = 24          # first error code (0 = none), SYNC_ERROR+1: node index
 SYNC_SLEEPERS = 32       # threads asleep in a barrier (futex)
 SYNC_TIMESPEC = 36       # struct timespec {0, 100 ms}: the longest single futex sleep
+SYNC_SLEEP_TICKS = 38    # timestamp ticks the threads of this compute spent asleep in barriers (after the spin)
 SYNC_LEN = 40
 BARRIER_MAX_SLEEPS = 3000                # 100 ms sleeps: a barrier gives up after about 5 minutes
 
@@ -931,8 +931,10 @@ if HAVE_NUMBA:
                 cpu_relax()
             elif HAVE_FUTEX:
                 atomic_add(p_sleepers, 1)
+                t1 = _rdtsc()
                 if atomic_load(p_passed) == n_passed:
                     futex_wait(p_passed, n_passed, sync + 8 * SYNC_TIMESPEC)    # 100 ms at most
+                atomic_add(sync + 8 * SYNC_SLEEP_TICKS, _rdtsc() - t1)          # time asleep (contention)
                 atomic_add(p_sleepers, -1)
                 n_sleeps += 1
                 if n_sleeps > BARRIER_MAX_SLEEPS:
@@ -940,7 +942,9 @@ if HAVE_NUMBA:
                     _set_error(sync, ERR_BARRIER_TIMEOUT, -1)
                     return
             else:
+                t1 = _rdtsc()
                 sched_yield()
+                atomic_add(sync + 8 * SYNC_SLEEP_TICKS, _rdtsc() - t1)
 
 
     # =================================================================================================================
@@ -1183,7 +1187,7 @@ if HAVE_NUMBA:
     def k_mul_mat_f(P, F, k, ith, nth, sync, wdata):
         t0 = P[k, X]
         src0, src1, dst = P[k, S0], P[k, S1], P[k, DST]
-        ne00, ne01, ne02, ne03 = P[k, S0 + 1], P[k, S0 + 2], P[k, S0 + 3], P[k, S0 + 4]
+        ne00, ne02, ne03 = P[k, S0 + 1], P[k, S0 + 3], P[k, S0 + 4]
         nb01, nb02, nb03 = P[k, S0 + 6], P[k, S0 + 7], P[k, S0 + 8]
         ne10, ne11, ne12, ne13 = P[k, S1 + 1], P[k, S1 + 2], P[k, S1 + 3], P[k, S1 + 4]
         nb10, nb11, nb12, nb13 = P[k, S1 + 5], P[k, S1 + 6], P[k, S1 + 7], P[k, S1 + 8]
@@ -1364,10 +1368,10 @@ if HAVE_NUMBA:
         nb0, nb1, nb2, nb3 = P[k, DST + 5], P[k, DST + 6], P[k, DST + 7], P[k, DST + 8]
         nr = ne01 * ne02 * ne03
         ir0, ir1 = _thread_range(nr, ith, nth)
-        for ir in range(ir0, ir1):
-            i03 = ir // (ne02 * ne01)
-            i02 = (ir - i03 * ne02 * ne01) // ne01
-            i01 = ir - i03 * ne02 * ne01 - i02 * ne01
+        for irow in range(ir0, ir1):
+            i03 = irow // (ne02 * ne01)
+            i02 = (irow - i03 * ne02 * ne01) // ne01
+            i01 = irow - i03 * ne02 * ne01 - i02 * ne01
             x = src0 + i01 * nb01 + i02 * nb02 + i03 * nb03
             yb = src1 + (i01 % ne11) * nb11 + (i02 % ne12) * nb12 + (i03 % ne13) * nb13
             d = dst + i01 * nb1 + i02 * nb2 + i03 * nb3
@@ -1407,13 +1411,11 @@ if HAVE_NUMBA:
         nr = ne1 * ne2 * ne3
         ir0, ir1 = _thread_range(nr, ith, nth)
         last_i2 = -1
-        mscale = attn_factor
-        if ext_factor != F32(0.0):
-            mscale = F32(attn_factor * (F32(1.0) + F32(0.1) * F32(np.log(np.float64(F32(1.0) / freq_scale)))))
-        for ir in range(ir0, ir1):
-            i3 = ir // (ne2 * ne1)
-            i2 = (ir - i3 * ne2 * ne1) // ne1
-            i1 = ir - i3 * ne2 * ne1 - i2 * ne1
+        mscale = attn_factor       # (the caller folded YaRN's 1 + 0.1*logf(1/freq_scale) in already)
+        for irow in range(ir0, ir1):
+            i3 = irow // (ne2 * ne1)
+            i2 = (irow - i3 * ne2 * ne1) // ne1
+            i1 = irow - i3 * ne2 * ne1 - i2 * ne1
             if i2 != last_i2:
                 last_i2 = i2
                 theta_base = F32(ld_i32(pos + 4 * i2))

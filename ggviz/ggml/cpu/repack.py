@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -53,7 +54,7 @@ from .. import consts as C
 from .. import memory
 from .. import quants as Q
 from ..context import GGMLError
-from ..tensor import Tensor, is_empty, n_dims, nbytes, nelements, type_name
+from ..tensor import Tensor, is_empty, n_dims, nbytes, nelements
 from . import fast_kernels as fk
 
 GGML_TYPE_F32, GGML_TYPE_F16 = C.GGML_TYPE_F32, C.GGML_TYPE_F16
@@ -409,6 +410,11 @@ class FastGraph:
         self.sync = fk.new_sync()
         self.timings = np.zeros(0, np.int64)  # per-row cycle counts when profiling (set_profiling)
         self.plan_cache = {}                  # n_threads -> what ggml_graph_plan's node loop found (same graph)
+        self.n_next = 1 << 30                 # threads for the next compute (see compute_thread)
+        self.wall = {}                        # n_use -> recent wall ns of a compute (exponential average)
+        self.n_single = 0                     # computes run on one thread since the last probe ...
+        self.single_ns = 0                    # ... and their time
+        self.probe_every, self.probe_ns, self.probing = self.PROBE_EVERY, self.PROBE_NS, False
 
     def __len__(self):
         return self.P.shape[0]
@@ -416,15 +422,59 @@ class FastGraph:
     def set_profiling(self, on: bool):
         self.timings = np.zeros(len(self) if on else 0, np.int64)
 
+    # ggviz's thread policy for the compiled walk (ggml has none: it always uses every thread it is given).
+    # With another process holding one of the cores, every one of the ~600 barriers of a decode waits for a
+    # descheduled thread and two threads become several times slower than one. So: when a compute's threads spent
+    # more than CONTENDED of its wall time asleep in barriers, the next compute runs on one thread; while on one
+    # thread, every PROBE_EVERY computes one runs on all threads again, and the faster mode (per this graph, in
+    # recent computes) is kept. Results do not depend on it (ggml's partitions give the same values).
+    CONTENDED = 0.25
+    PROBE_EVERY = 16              # computes on one thread before trying all threads again (doubles while they lose)
+    PROBE_NS = 2_000_000_000      # ... or that much time
+
+    def _choose_threads(self, n_max: int, n_use: int, wall_ns: int, wall_ticks: int) -> None:
+        slept_ticks = int(self.sync[fk.SYNC_SLEEP_TICKS])
+        self.sync[fk.SYNC_SLEEP_TICKS] = 0
+        prev = self.wall.get(n_use)
+        self.wall[n_use] = wall_ns if prev is None else (prev * 3 + wall_ns) // 4
+        if n_max <= 1:
+            return
+        if n_use > 1:
+            slept_ns = slept_ticks * wall_ns / max(wall_ticks, 1)
+            contended = slept_ns > self.CONTENDED * wall_ns * (n_use - 1)
+            single = self.wall.get(1)
+            if contended and (single is None or single < self.wall[n_use]):
+                if self.probing:              # all threads lost again: wait longer before the next try
+                    self.probe_every = min(self.probe_every * 2, 1024)
+                    self.probe_ns = min(self.probe_ns * 2, 60_000_000_000)
+                self.n_next, self.single_ns, self.n_single = 1, 0, 0
+            else:
+                self.n_next = n_max
+                self.probe_every, self.probe_ns = self.PROBE_EVERY, self.PROBE_NS
+            self.probing = False
+        else:
+            self.n_single += 1
+            self.single_ns += wall_ns
+            multi = self.wall.get(n_max)
+            if self.n_single >= self.probe_every or self.single_ns >= self.probe_ns:
+                self.n_next, self.probing = n_max, True       # try all threads again
+            elif multi is not None and multi < self.wall[1]:
+                self.n_next = n_max                           # one thread got slower than all of them were
+
     def compute_thread(self, ith: int, nth: int, work_data) -> None:
-        """Thread ith's walk over every node (ggml_graph_compute_thread, compiled). At most N_CPUS threads take
-        part (the others return at once); they split the work with ggml's ith/nth partitions."""
-        nth = min(nth, N_CPUS)
-        if ith >= nth:
+        """Thread ith's walk over every node (ggml_graph_compute_thread, compiled). ``self.n_next`` (decided by
+        thread 0 at the end of the previous compute, capped by nth and N_CPUS) threads take part, the others return
+        at once; they split the work with ggml's ith/nth partitions."""
+        n_max = min(nth, N_CPUS)
+        n_use = max(1, min(n_max, self.n_next))
+        if ith >= n_use:
             return
         w = work_data.ctypes.data if work_data is not None and work_data.nbytes else 0
-        fk.graph_compute_thread(self.P, self.F, w, self.sync.ctypes.data, ith, nth, 0, len(self), self.timings)
         if ith == 0:
+            t0, c0 = time.perf_counter_ns(), fk.time_ns()
+        fk.graph_compute_thread(self.P, self.F, w, self.sync.ctypes.data, ith, n_use, 0, len(self), self.timings)
+        if ith == 0:
+            self._choose_threads(n_max, n_use, time.perf_counter_ns() - t0, fk.time_ns() - c0)
             err = int(self.sync[fk.SYNC_ERROR])
             if err:
                 k = int(self.sync[fk.SYNC_ERROR + 1])
@@ -575,13 +625,11 @@ def _build(cgraph, require_repack: bool = True):
             elif op in (C.GGML_OP_CPY, C.GGML_OP_CONT, C.GGML_OP_DUP):
                 ok = {(GGML_TYPE_F32, GGML_TYPE_F32), (GGML_TYPE_F16, GGML_TYPE_F16), (GGML_TYPE_F32, GGML_TYPE_F16),
                       (GGML_TYPE_F16, GGML_TYPE_F32)}
-                dst = s1 if (op == C.GGML_OP_CPY and s1 is not None) else node
                 _need((s0.type, node.type) in ok)
                 P[k, 0] = fk.OP_CPY
                 P[k, fk.X] = s0.type
                 P[k, fk.X + 1] = node.type
                 _desc(P, k, fk.DST, node)
-                del dst
             elif op == C.GGML_OP_GLU:
                 from ..tensor import get_glu_op, get_op_params_i32, nrows
                 _need(get_glu_op(node) == C.GGML_GLU_OP_SWIGLU and s0.type == GGML_TYPE_F32)
@@ -620,7 +668,7 @@ def _build(cgraph, require_repack: bool = True):
 
 def _build_rope(P, F, k, node):
     from ..tensor import get_op_params_i32, get_op_params_f32
-    from .ops import powf, rope_yarn_corr_dims
+    from .ops import fma32, logf, powf, rope_yarn_corr_dims
     s0, s1, s2 = node.src[0], node.src[1], node.src[2]
     mode = get_op_params_i32(node, 2)
     _need(s0.type == GGML_TYPE_F32 and node.type == GGML_TYPE_F32 and s1.type == C.GGML_TYPE_I32)
@@ -638,6 +686,10 @@ def _build_rope(P, F, k, node):
     P[k, 0] = fk.OP_ROPE
     P[k, fk.X] = n_dims
     P[k, fk.X + 1] = 1 if mode == C.GGML_ROPE_TYPE_NEOX else 0
-    F[k, 0:7] = [freq_scale, ext_factor, attn_factor, theta_scale, corr[0], corr[1], 1.0]
+    mscale = attn_factor
+    if ext_factor != 0:
+        # rope_yarn: mscale *= 1.0f + 0.1f * logf(1.0f / freq_scale) (gcc fuses it into an FMA)
+        mscale = np.float32(mscale * fma32(np.float32(0.1), logf(np.float32(1) / freq_scale), np.float32(1)))
+    F[k, 0:7] = [freq_scale, ext_factor, mscale, theta_scale, corr[0], corr[1], 1.0]
     if s2 is None:
         P[k, fk.S2] = 0
