@@ -18,3 +18,5 @@ from .graph import GraphView, VisitAnimation  # noqa: F401
 from .stepper import DecodeStepper  # noqa: F401
 from .tensor import QuantBlockExplorer, TensorExplorer  # noqa: F401
 from .timeline import ThreadTimeline  # noqa: F401
+from .alloc_view import AllocatorView  # noqa: F401,E402
+from .sched_view import SchedulerView  # noqa: F401,E402

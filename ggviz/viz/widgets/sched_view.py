@@ -1,0 +1,475 @@
+"""SchedulerView: how ``ggml_backend_sched_split_graph`` assigned a graph's nodes to backends, pass by pass.
+
+Drawn from the scheduler's recorded trace events (``ggviz.trace``), replayed in order:
+
+- ``sched.pass``: a pass begins ("1", "2.1" .. "2.4", "3", "4", "5");
+- ``sched.assign``: ``SET_CAUSE`` -- tensor (address, name), backend, cause, and the pass it happened in ("usr":
+  ``ggml_backend_sched_set_tensor_backend`` before the split);
+- ``sched.split`` / ``sched.copy`` (phase "split"): pass 5's splits (backend, node range, inputs) and the copies it
+  made of each input in the split backend's memory ("ACCEL0#norm-0#0").
+
+Replaying the assign events between two pass events gives the assignment after every pass: a row per pass, a
+column per node, coloured by backend (saturated where that pass set it, pale where it was set earlier, grey while
+unassigned). In ggml only two rules touch a node that already has a backend: pass 3's upgrade ("3.upg", to a
+higher-priority backend with the same buffer type) and, within pass 3, "3.best" revising its own choice; everything
+else fills unassigned nodes only. The final row is checked against the scheduler's own record
+(``sched.last_plan``, ``backend_sched_get_tensor_cause``).
+
+``step_pass()`` / ``goto_pass(name)`` move through the passes, ``select_split(i)`` lists a split's inputs and their
+copies.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ggml.tensor import op_desc
+from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+
+KINDS = ("sched.pass", "sched.assign", "sched.split", "sched.copy")
+
+STAGES = ["usr", "1", "2.1", "2.2", "2.3", "2.4", "3", "4", "5"]
+STAGE_TITLES = {
+    "usr": "before pass 1: the user's pins (ggml_backend_sched_set_tensor_backend, cause \"usr\")",
+    "1": "pass 1: tensors already in a buffer (weights, KV cache) -> a backend that can use it; graph inputs -> "
+         "the CPU; ops reading a weight -> the weight's backend",
+    "2.1": "pass 2.1: expand non-CPU backends down the node list (\"2.sup\" where the backend supports the op)",
+    "2.2": "pass 2.2: expand non-CPU backends up",
+    "2.3": "pass 2.3: expand any backend down",
+    "2.4": "pass 2.4: expand any backend up",
+    "3": "pass 3: upgrade to a higher-priority backend with the same buffer type (\"3.upg\"); the rest to the "
+         "backend supporting most of its inputs (\"3.best\")",
+    "4": "pass 4: views take their source's backend (\"4.vsrc\"), unassigned sources their consumer's (\"4.cur\")",
+    "5": "pass 5: consecutive nodes on one backend form a split; inputs on an incompatible backend are copied "
+         "(\"4.cpy\")",
+}
+STAGE_SHORT = {"usr": "usr pins", "1": "pass 1", "2.1": "2.1 gpu ↓", "2.2": "2.2 gpu ↑", "2.3": "2.3 any ↓",
+               "2.4": "2.4 any ↑", "3": "pass 3", "4": "pass 4", "5": "pass 5"}
+
+_FIXED = {"CPU": "#78909c", "BLAS": "#ffa726"}
+_PALETTE = ["#43a047", "#1e88e5", "#8e24aa", "#00897b", "#e53935", "#6d4c41"]
+_UNASSIGNED = "#eeeeee"
+
+
+def backend_colors(names) -> dict:
+    """A colour per backend name: CPU blue-grey, BLAS orange, the others (accelerators) from a palette."""
+    out, k = {}, 0
+    for n in names:
+        if n in _FIXED:
+            out[n] = _FIXED[n]
+        else:
+            out[n] = _PALETTE[k % len(_PALETTE)]
+            k += 1
+    return out
+
+
+def _pale(hexcol: str, f: float = 0.62) -> tuple:
+    h = hexcol.lstrip("#")
+    rgb = np.array([int(h[i:i + 2], 16) for i in (0, 2, 4)]) / 255.0
+    return tuple(rgb + (1.0 - rgb) * f)
+
+
+def _rgb(hexcol: str) -> tuple:
+    h = hexcol.lstrip("#")
+    return tuple(int(h[i:i + 2], 16) / 255.0 for i in (0, 2, 4))
+
+
+class SchedulerView(VizWidget):
+    """The backend assignment of one ``backend_sched_split_graph``, after every pass, and its splits and copies.
+
+    ``sched``: the scheduler; ``graph``: the graph that was split (its nodes, in order, are the columns);
+    ``events``: a ``trace.Recorder`` (or list of events) that recorded ``KINDS`` while the graph was split --
+    including any ``backend_sched_set_tensor_backend`` calls made for it; ``which``: which split of ``sched`` in the
+    recording (-1: the last); ``stage``: the pass shown first (default: the last, "5").
+
+    ``SchedulerView.capture(sched, graph, setup=None)`` records ``backend_sched_alloc_graph`` for you.
+    """
+
+    KINDS = KINDS
+
+    def __init__(self, sched, graph, events, which: int = -1, stage: str = "5", max_height: str = "700px"):
+        self.sched = sched
+        self.backends = [_bname(b) for b in sched.backends]
+        from ...ggml import backend as B
+        self.bufts = [B.backend_buft_name(b) for b in sched.bufts]
+        self.colors = backend_colors(self.backends)
+        self.max_height = max_height
+        nodes = list(graph.nodes)
+        self.n_nodes = len(nodes)
+        self.node_names = [t.name for t in nodes]
+        self.node_ops = [op_desc(t) for t in nodes]
+        from ...ggml.sched import is_view_op
+        self.view_op = [bool(is_view_op(t.op)) for t in nodes]
+        self.leaf_names = [t.name for t in graph.leafs]
+        node_ix = {t.addr: i for i, t in enumerate(nodes)}
+        leaf_ix = {t.addr: i for i, t in enumerate(graph.leafs)}
+        evs = events.events if hasattr(events, "events") else list(events)
+        sid = id(sched)
+        mine = [e for e in evs if e.get("sched") == sid and e["kind"] in KINDS
+                and not (e["kind"] == "sched.copy" and e.get("phase") != "split")]
+        starts = [k for k, e in enumerate(mine) if e["kind"] == "sched.pass" and e["pass"] == "1"]
+        if not starts:
+            raise ValueError("no sched.pass event of this scheduler recorded: record the split with "
+                             "ggviz.trace.recording(SchedulerView.KINDS) (or use SchedulerView.capture)")
+        self.n_recorded = len(starts)
+        self.which = which if which >= 0 else len(starts) + which
+        s = starts[self.which]
+        e_end = starts[self.which + 1] if self.which + 1 < len(starts) else len(mine)
+        # the user's pins for this split: "usr" assignments after the previous split's last event
+        prev_end = 0
+        for k in range(s - 1, -1, -1):
+            e = mine[k]
+            if not (e["kind"] == "sched.assign" and e.get("pass") == "usr"):
+                prev_end = k + 1
+                break
+        window = mine[prev_end:s] + mine[s:e_end]
+        self.is_last = self.which == len(starts) - 1
+        # replay
+        nb = [-1] * self.n_nodes
+        nc = [""] * self.n_nodes
+        lb = [-1] * len(self.leaf_names)
+        lc = [""] * len(self.leaf_names)
+        self.snapshots: dict[str, dict] = {}
+        self.events_by_stage: dict[str, list] = {st: [] for st in STAGES}
+        split_evs, copy_evs = [], []
+        cur = "usr"
+
+        def snap(stage):
+            self.snapshots[stage] = dict(backend=list(nb), cause=list(nc), leaf_backend=list(lb),
+                                         leaf_cause=list(lc))
+
+        for e in window:
+            k = e["kind"]
+            if k == "sched.pass":
+                snap(cur)
+                cur = e["pass"]
+            elif k == "sched.assign":
+                st = e.get("pass") or cur
+                bid = e["backend_id"] if e["backend_id"] is not None else -1
+                i = node_ix.get(e["addr"])
+                if i is not None:
+                    nb[i], nc[i] = bid, e["cause"]
+                    self.events_by_stage.setdefault(st, []).append(dict(index=i, name=e["name"], backend=e["backend"],
+                                                                        cause=e["cause"], leaf=False))
+                else:
+                    j = leaf_ix.get(e["addr"])
+                    if j is not None:
+                        lb[j], lc[j] = bid, e["cause"]
+                        self.events_by_stage.setdefault(st, []).append(dict(index=j, name=e["name"],
+                                                                            backend=e["backend"], cause=e["cause"],
+                                                                            leaf=True))
+            elif k == "sched.split":
+                split_evs.append(e)
+            elif k == "sched.copy":
+                copy_evs.append(e)
+        snap(cur)
+        for st in STAGES:                          # a pass that did not run (cannot happen in ggml) keeps the last
+            if st not in self.snapshots:
+                prev = STAGES[STAGES.index(st) - 1] if st != "usr" else None
+                self.snapshots[st] = self.snapshots[prev] if prev else dict(
+                    backend=[-1] * self.n_nodes, cause=[""] * self.n_nodes,
+                    leaf_backend=[-1] * len(self.leaf_names), leaf_cause=[""] * len(self.leaf_names))
+        # pass 5: splits and the copies made for them (from the events)
+        copies: dict = {}
+        for c in copy_evs:
+            copies.setdefault((c["split"], c["input"]), []).append(c)
+        self.splits = []
+        for e in split_evs:
+            ins = []
+            for name in e["inputs"]:
+                cs = copies.get((e["split"], name), [])
+                ins.append(dict(name=name, copy=cs[0]["copy"] if cs else None, copies=[c["copy"] for c in cs],
+                                from_backend=cs[0]["from_backend"] if cs else None,
+                                nbytes=cs[0]["nbytes"] if cs else None,
+                                consumer=cs[0]["node"] if cs else None))
+            self.splits.append(dict(index=e["split"], backend=e["backend"], backend_id=e["backend_id"],
+                                    i_start=e["i_start"], i_end=e["i_end"], n_nodes=e["i_end"] - e["i_start"],
+                                    inputs=ins))
+        fin = self.snapshots["5"]
+        self.graph_inputs = sorted({self.leaf_names[j] for j, c in enumerate(fin["leaf_cause"]) if c == "1.inp"}
+                                   | {self.node_names[i] for i, c in enumerate(fin["cause"]) if c == "1.inp"})
+        self.stage = stage if stage in STAGES else "5"
+        self.split_sel: int | None = None
+
+    # ------------------------------------------------------------------------------------------------ capture
+    @classmethod
+    def capture(cls, sched, graph, setup=None, **kw):
+        """Record ``ggml_backend_sched_alloc_graph(sched, graph)`` (``setup()`` runs first, inside the recording:
+        e.g. ``backend_sched_set_tensor_backend`` pins) and view it."""
+        from ... import trace
+        from ...ggml import sched as S
+        with trace.recording(KINDS) as rec:
+            if setup is not None:
+                setup()
+            if not S.backend_sched_alloc_graph(sched, graph):
+                from ...ggml import backend as B
+                raise RuntimeError(f"ggml_backend_sched_alloc_graph failed: {B.last_log_error()}")
+        return cls(sched, graph, rec, **kw)
+
+    # ------------------------------------------------------------------------------------------------ actions
+    def goto_pass(self, stage: str):
+        stage = str(stage)
+        if stage not in STAGES:
+            raise KeyError(f"no pass {stage!r}: one of {STAGES}")
+        self.stage = stage
+        self._changed()
+        return self
+
+    def step_pass(self, n: int = 1):
+        """The next pass (``n`` = -1: the previous one); after the last it starts again from the pins."""
+        k = (STAGES.index(self.stage) + n) % len(STAGES)
+        return self.goto_pass(STAGES[k])
+
+    def select_split(self, i: int | None):
+        if i is not None and not 0 <= int(i) < len(self.splits):
+            raise IndexError(f"split {i} out of range ({len(self.splits)} splits)")
+        self.split_sel = None if i is None else int(i)
+        self._changed()
+        return self
+
+    # ------------------------------------------------------------------------------------------------ plain data
+    def _name(self, bid: int):
+        return self.backends[bid] if 0 <= bid < len(self.backends) else None
+
+    def assignment(self, stage: str | None = None) -> list[dict]:
+        st = self.stage if stage is None else stage
+        snap = self.snapshots[st]
+        prev = self.snapshots[STAGES[STAGES.index(st) - 1]] if st != "usr" else None
+        out = []
+        for i in range(self.n_nodes):
+            b, c = snap["backend"][i], snap["cause"][i]
+            changed = (prev is None and (b != -1 or c)) or (prev is not None and (b, c) != (prev["backend"][i],
+                                                                                          prev["cause"][i]))
+            out.append(dict(index=i, name=self.node_names[i], op=self.node_ops[i], backend=self._name(b),
+                            backend_id=b, cause=c, changed=bool(changed), view_op=self.view_op[i]))
+        return out
+
+    def leaf_assignment(self, stage: str | None = None) -> list[dict]:
+        snap = self.snapshots[self.stage if stage is None else stage]
+        return [dict(name=n, backend=self._name(snap["leaf_backend"][j]), backend_id=snap["leaf_backend"][j],
+                     cause=snap["leaf_cause"][j]) for j, n in enumerate(self.leaf_names)]
+
+    def split_info(self, i: int | None = None) -> dict | None:
+        i = self.split_sel if i is None else i
+        if i is None:
+            return None
+        s = self.splits[i]
+        nodes = [dict(index=j, name=self.node_names[j], op=self.node_ops[j]) for j in range(s["i_start"], s["i_end"])
+                 if not self.view_op[j]]
+        return dict(s, nodes=nodes, n_compute_nodes=len(nodes),
+                    copied_bytes=sum(x["nbytes"] or 0 for x in s["inputs"]))
+
+    def state(self) -> dict:
+        asg = self.assignment()
+        counts: dict = {}
+        for r in asg:
+            counts[r["backend"]] = counts.get(r["backend"], 0) + 1
+        changes = [r for r in asg if r["changed"]]
+        cause_counts: dict = {}
+        for r in changes:
+            cause_counts[r["cause"]] = cause_counts.get(r["cause"], 0) + 1
+        copies_per_backend = {n: 0 for n in self.backends}
+        for s in self.splits:
+            copies_per_backend[s["backend"]] += sum(len(x["copies"]) for x in s["inputs"])
+        return {"backends": list(self.backends), "bufts": list(self.bufts), "n_nodes": self.n_nodes,
+                "stages": list(STAGES), "stage": self.stage, "stage_title": STAGE_TITLES[self.stage],
+                "assignment": asg, "changed": [r["index"] for r in changes], "counts": counts,
+                "cause_counts": cause_counts, "n_unassigned": counts.get(None, 0),
+                "snapshots": {st: list(self.snapshots[st]["backend"]) for st in STAGES},
+                "leafs": self.leaf_assignment(),
+                "splits": [dict(s) for s in self.splits], "n_splits": len(self.splits),
+                "n_inputs": sum(len(s["inputs"]) for s in self.splits),
+                "n_copies": sum(len(x["copies"]) for s in self.splits for x in s["inputs"]),
+                "copies_per_backend": copies_per_backend, "graph_inputs": list(self.graph_inputs),
+                "selected_split": self.split_sel, "split": self.split_info(), "which": self.which,
+                "is_last_split_of_sched": self.is_last}
+
+    # ------------------------------------------------------------------------------------------------ drawing
+    def figure(self):
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch, Rectangle
+
+        n = self.n_nodes
+        rows = STAGES[:-1]
+        k_cur = STAGES.index(self.stage)
+        small = n <= 40
+        img = np.ones((len(rows), n, 3))
+        for r, st in enumerate(rows):
+            if r > k_cur:
+                continue
+            asg = self.assignment(st)
+            for a in asg:
+                if a["backend"] is None:
+                    img[r, a["index"]] = _rgb(_UNASSIGNED)
+                else:
+                    col = self.colors[a["backend"]]
+                    img[r, a["index"]] = _rgb(col) if a["changed"] else _pale(col)
+        h_grid = 0.42 * len(rows) + (0.8 if small else 0.2)
+        fig, (ax, axs) = plt.subplots(2, 1, figsize=(13, h_grid + 2.6), sharex=True,
+                                      gridspec_kw=dict(height_ratios=[h_grid, 1.3], hspace=0.3))
+        ax.imshow(img, aspect="auto", interpolation="nearest", extent=(-0.5, n - 0.5, len(rows) - 0.5, -0.5))
+        if small:
+            for x in range(n + 1):
+                ax.axvline(x - 0.5, color="white", linewidth=1.2)
+            for r, st in enumerate(rows):
+                if r > k_cur:
+                    continue
+                for a in self.assignment(st):
+                    if a["changed"] and a["cause"]:
+                        ax.text(a["index"], r, a["cause"], ha="center", va="center", fontsize=9,
+                                color="black" if a["backend"] else "#616161")
+        elif n > 150:
+            # one node is under a pixel wide: draw what each pass set as lines at least a pixel wide
+            for r, st in enumerate(rows):
+                if r > k_cur:
+                    continue
+                by_col: dict = {}
+                for a in self.assignment(st):
+                    if a["changed"] and a["backend"] is not None:
+                        by_col.setdefault(self.colors[a["backend"]], []).append(a["index"])
+                for col, xs in by_col.items():
+                    ax.vlines(xs, r - 0.45, r + 0.45, colors=col, linewidth=1.1, zorder=2)
+        for r in range(len(rows) + 1):
+            ax.axhline(r - 0.5, color="white", linewidth=1.5)
+        if k_cur < len(rows):
+            ax.add_patch(Rectangle((-0.5, k_cur - 0.5), n, 1, fill=False, edgecolor="#d50000", linewidth=2.2,
+                                   zorder=5))
+        for r in range(k_cur + 1, len(rows)):
+            ax.text(n / 2, r, "not run yet", ha="center", va="center", fontsize=9, color="#9e9e9e")
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([STAGE_SHORT[s] for s in rows], fontsize=10)
+        # views (skipped by passes 2 and 3): a dot under the grid
+        vx = [i for i in range(n) if self.view_op[i]]
+        ax.set_xlim(-0.5, n - 0.5)
+        ax.set_title(f"ggml_backend_sched_split_graph: {n} nodes on {', '.join(self.backends)} "
+                     f"(priority left to right) — after {STAGE_SHORT[self.stage]}", fontsize=12)
+        # the splits
+        if self.stage == "5":
+            min_w = 0 if small else n * 0.0035           # a one-node split stays visible (~3 px)
+            last_lab = -1e9
+            for s in self.splits:
+                col = self.colors.get(s["backend"], "#bdbdbd")
+                sel = self.split_sel == s["index"]
+                w = max(s["n_nodes"], min_w)
+                axs.add_patch(Rectangle((s["i_start"] - 0.5, 0.1), w, 0.8, facecolor=col,
+                                        edgecolor="#d50000" if sel else ("white" if small else "none"),
+                                        linewidth=2.5 if sel else 1.0,
+                                        zorder=4 if sel else (3 if s["n_nodes"] < min_w else 2)))
+                label = f"#{s['index']} {s['backend']}"
+                if s["n_nodes"] / n * 9.5 > 0.085 * len(label):
+                    axs.text(s["i_start"] - 0.5 + s["n_nodes"] / 2, 0.5, label, ha="center", va="center",
+                             fontsize=10 if small else 8.5, zorder=5)
+                if s["inputs"]:
+                    x = s["i_start"] - 0.5
+                    lab = f"{len(s['inputs'])}" if small or x - last_lab > n * 0.03 else ""
+                    if lab:
+                        last_lab = x
+                    axs.annotate(lab, xy=(x, 0.9), xytext=(x, 1.35), ha="center", fontsize=9,
+                                 arrowprops=dict(arrowstyle="-|>", color="#d84315", lw=1.2), color="#d84315",
+                                 zorder=5)
+            if small:
+                for s in self.splits:
+                    if s["inputs"]:
+                        txt = "\n".join(f"{x['copy']}" for x in s["inputs"])
+                        axs.text(s["i_start"] - 0.4, -0.05, txt, ha="left", va="top", fontsize=8.5, color="#bf360c")
+            n_in = sum(len(s["inputs"]) for s in self.splits)
+            gi = ", ".join(self.graph_inputs[:4]) + (f" … ({len(self.graph_inputs)})" if len(self.graph_inputs) > 4
+                                                       else "")
+            axs.set_title(f"pass 5: {len(self.splits)} splits; arrows: inputs copied into the split's backend "
+                          f"({n_in} in all)\ngraph inputs (\"1.inp\", on the CPU): {gi or 'none'}", fontsize=10.5,
+                          loc="left")
+        else:
+            axs.text(n / 2, 0.5, "splits: after pass 5", ha="center", va="center", fontsize=10, color="#9e9e9e")
+        if vx:
+            axs.scatter(vx, [0.02] * len(vx), marker="|", s=30 if small else 6, color="#9e9e9e", zorder=1)
+        axs.set_ylim(-0.9 if small else 0, 1.9)
+        axs.set_yticks([])
+        for sp in ("top", "right", "left"):
+            axs.spines[sp].set_visible(False)
+        if small:
+            axs.set_xticks(range(n))
+            axs.set_xticklabels([f"{i} {self.node_names[i][:20]}" for i in range(n)], rotation=45, ha="right",
+                                fontsize=9.5)
+        else:
+            axs.set_xlabel("node index (graph order; grey ticks: view ops, skipped by passes 2 and 3)", fontsize=10.5)
+        axs.tick_params(labelsize=10)
+        handles = [Patch(facecolor=self.colors[b], label=f"{b} (buffer type {bt})")
+                   for b, bt in zip(self.backends, self.bufts)]
+        handles += [Patch(facecolor=_pale("#78909c"), label="pale: set by an earlier pass"),
+                    Patch(facecolor=_UNASSIGNED, label="unassigned")]
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9.5, frameon=False)
+        fig.subplots_adjust(left=0.08, right=0.78, top=0.92, bottom=0.22 if small else 0.1)
+        return fig
+
+    def png(self, dpi: int = 100) -> bytes:
+        return fig_to_png(self.figure(), dpi=dpi)
+
+    def info_html(self, max_rows: int = 60) -> str:
+        st = self.state()
+        parts = [f"<b>{esc(STAGE_SHORT[self.stage])}</b>: {esc(st['stage_title'])}<br/>"
+                 f"nodes per backend: {esc({(k or 'unassigned'): v for k, v in st['counts'].items()})}"]
+        if self.stage != "5":
+            ch = [r for r in st["assignment"] if r["changed"]]
+            leafs = [dict(e) for e in self.events_by_stage.get(self.stage, []) if e["leaf"]]
+            parts.append(f"<br/>{len(ch)} nodes set in this pass, causes: {esc(st['cause_counts'])}")
+            if ch:
+                parts.append(html_table(ch, ["index", "name", "op", "backend", "cause"], max_rows=max_rows,
+                                        title="nodes assigned by this pass"))
+            if leafs:
+                parts.append(html_table(leafs, ["name", "backend", "cause"], max_rows=max_rows // 2,
+                                        title="leafs assigned by this pass (weights, KV cache, inputs)"))
+        else:
+            rows = [dict(split=s["index"], backend=s["backend"], nodes=f"[{s['i_start']}, {s['i_end']})",
+                         n_nodes=s["n_nodes"], inputs=", ".join(f"{x['name']} → {x['copy']}" for x in s["inputs"]))
+                    for s in self.splits]
+            parts.append(f"<br/>{st['n_splits']} splits, {st['n_inputs']} inputs copied "
+                         f"(copies per backend: {esc(st['copies_per_backend'])}); graph inputs: "
+                         f"{esc(', '.join(st['graph_inputs']))}")
+            parts.append(html_table(rows, ["split", "backend", "nodes", "n_nodes", "inputs"], max_rows=max_rows,
+                                    title="splits (ggml_backend_sched_split)"))
+        si = st["split"]
+        if si is not None:
+            parts.append(f"<h4 style='margin:6px 0 2px'>split #{si['index']} on {esc(si['backend'])}: nodes "
+                         f"[{si['i_start']}, {si['i_end']}), {si['n_compute_nodes']} computed, "
+                         f"{len(si['inputs'])} inputs ({si['copied_bytes']} bytes copied per run)</h4>")
+            if si["inputs"]:
+                parts.append(html_table(si["inputs"], ["name", "from_backend", "copy", "nbytes", "consumer"],
+                                        title="inputs copied into the split's backend before it runs "
+                                              "(ggml_backend_sched_compute_splits)"))
+            parts.append(html_table(si["nodes"], ["index", "name", "op"], max_rows=max_rows, title="its nodes"))
+        return "".join(parts)
+
+    def to_html(self) -> str:
+        return png_img(self.png(), "max-width:100%") + self.info_html()
+
+    def _build(self):
+        import ipywidgets as W
+
+        self._w_prev = W.Button(description="◀ pass", layout=W.Layout(width="90px"))
+        self._w_next = W.Button(description="pass ▶", layout=W.Layout(width="90px"))
+        self._w_prev.on_click(lambda _: self.step_pass(-1))
+        self._w_next.on_click(lambda _: self.step_pass(1))
+        self._w_stage = W.Dropdown(options=[(STAGE_SHORT[s], s) for s in STAGES], value=self.stage,
+                                   description="after", layout=W.Layout(width="220px"))
+        self._w_stage.observe(lambda ch: self.goto_pass(ch["new"]), "value")
+        opts = [("(none)", -1)] + [(f"#{s['index']} {s['backend']} [{s['i_start']}, {s['i_end']}) "
+                                    f"{len(s['inputs'])} inputs", s["index"]) for s in self.splits]
+        self._w_split = W.Dropdown(options=opts, value=-1, description="split", layout=W.Layout(width="380px"))
+        self._w_split.observe(lambda ch: self.select_split(None if ch["new"] < 0 else ch["new"]), "value")
+        self._w_img = W.HTML()
+        self._w_info = W.HTML(layout=W.Layout(max_height=self.max_height, overflow="auto"))
+        return W.VBox([W.HBox([self._w_prev, self._w_next, self._w_stage, self._w_split]), self._w_img,
+                       self._w_info])
+
+    def _refresh(self):
+        if self._w_stage.value != self.stage:
+            self._w_stage.value = self.stage
+        want = -1 if self.split_sel is None else self.split_sel
+        if self._w_split.value != want:
+            self._w_split.value = want
+        self._w_img.value = png_img(self.png(), "max-width:100%")
+        self._w_info.value = self.info_html()
+
+
+def _bname(backend) -> str:
+    from ...ggml import backend as B
+    return B.backend_name(backend)
