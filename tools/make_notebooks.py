@@ -878,8 +878,12 @@ def build(cells, name: str):
     return nb
 
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from nb_machinery import NB04, NB05  # noqa: E402  (notebooks 04/05: allocator, backends and scheduler)
+
 NOTEBOOKS = {"00_quickstart.ipynb": NB00, "01_tensors_and_views.ipynb": NB01, "02_context_arena.ipynb": NB02,
-             "03_cgraph.ipynb": NB03, "06_threadpool.ipynb": NB06, "07_decode_walkthrough.ipynb": NB07}
+             "03_cgraph.ipynb": NB03, "04_allocator.ipynb": NB04, "05_backends_and_scheduler.ipynb": NB05,
+             "06_threadpool.ipynb": NB06, "07_decode_walkthrough.ipynb": NB07}
 
 
 def main(argv=None) -> int:

@@ -1,23 +1,9 @@
-"""Generate notebooks/04_allocator.ipynb and notebooks/05_backends_and_scheduler.ipynb (without outputs).
+"""The cells of notebooks/04_allocator.ipynb and notebooks/05_backends_and_scheduler.ipynb.
 
-    python tools/nb_machinery.py            # (re)write the two notebooks
-    python tools/nb_machinery.py --check    # exit 1 if a notebook on disk differs from what this script writes
-
-Same conventions as tools/make_notebooks.py: the notebooks are data, this script is their source; cell ids are
-derived from the notebook name and the cell's position, so the output is byte-for-byte reproducible. Each notebook
-runs top to bottom (cwd = notebooks/) in well under a minute on two cores.
+tools/make_notebooks.py writes (or --check's) them with the other notebooks; this module only holds their source.
+Each notebook runs top to bottom (cwd = notebooks/) in well under a minute on two cores.
 """
 from __future__ import annotations
-
-import argparse
-import pathlib
-import sys
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-NB_DIR = ROOT / "notebooks"
 
 # --------------------------------------------------------------------------------------------------------------------
 NB04 = [
@@ -433,48 +419,13 @@ viz.Table([{"node": a["name"], **{f"after {st}": f"{b['backend']} ({b['cause']})
 ]
 
 
-def build(cells, name: str):
-    nb = new_notebook()
-    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                   "language_info": {"name": "python"}}
-    for i, (kind, src) in enumerate(cells):
-        c = new_markdown_cell(src) if kind == "md" else new_code_cell(src)
-        c["id"] = f"{name[:2]}-{i:02d}"
-        nb.cells.append(c)
-    return nb
-
-
 def nb_04_allocator():
     """notebooks/04_allocator.ipynb: tallocr vs gallocr, one decode's allocation, reserve vs alloc."""
+    from make_notebooks import build
     return build(NB04, "04_allocator.ipynb")
 
 
 def nb_05_backends_and_scheduler():
     """notebooks/05_backends_and_scheduler.ipynb: registry, devices, buffer types, the scheduler's passes."""
+    from make_notebooks import build
     return build(NB05, "05_backends_and_scheduler.ipynb")
-
-
-NOTEBOOKS = {"04_allocator.ipynb": nb_04_allocator, "05_backends_and_scheduler.ipynb": nb_05_backends_and_scheduler}
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="compare with the files on disk instead of writing")
-    args = ap.parse_args(argv)
-    NB_DIR.mkdir(exist_ok=True)
-    bad = 0
-    for fname, make in NOTEBOOKS.items():
-        text = nbformat.writes(make(), version=4) + "\n"
-        path = NB_DIR / fname
-        if args.check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                print(f"{path} is out of date: run python tools/nb_machinery.py", file=sys.stderr)
-                bad += 1
-        else:
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote {path.relative_to(ROOT)}")
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -206,15 +206,8 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
             mm = [w for il, ly in enumerate(layers) if m.dev_layer[il] is cpu_dev
                   for w in (ly.wq, ly.wk, ly.wv, ly.wo, ly.ffn_gate, ly.ffn_up, ly.ffn_down)]
             if m.dev_output is cpu_dev:
-                if m.output is m.tok_embd and repack.get_optimal_repack_type(m.output) is not None:
-                    # a tied output is duplicated (TENSOR_DUPLICATED): GET_ROWS keeps the mapped token_embd, the
-                    # output MUL_MAT gets a copy in the extra buffer type (which only takes MUL_MAT)
-                    cx = ggml.init(2 * ggml.tensor_overhead(), no_alloc=True)
-                    out = ggml.dup_tensor(cx, m.tok_embd)
-                    ggml.set_name(out, m.tok_embd.name)
-                    out.data = m.tok_embd.data
-                    m.ctx_extra.append(cx)
-                    m.output = out
+                # a tied output was duplicated above (_duplicate_tied_output), so the copy can take the extra
+                # buffer type while GET_ROWS keeps reading the mapped token_embd
                 mm.append(m.output)
             buf = repack.place_weights(mm)
             if buf is not None:

@@ -11,7 +11,6 @@ their next barrier and reaches the caller, naming the node.
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -20,7 +19,7 @@ from ... import trace
 from .. import consts as C
 from ..context import Context, GGMLError
 from ..graph import CGraph
-from ..tensor import (Tensor, get_glu_op, get_unary_op, is_empty, is_quantized, nelements, nrows, op_desc,
+from ..tensor import (Tensor, get_unary_op, is_empty, is_quantized, nelements, nrows, op_desc,
                       row_size, type_size)
 from .common import CACHE_LINE_SIZE, ComputeParams
 from . import threadpool as _tp
