@@ -26,6 +26,46 @@ def emit(kind: str, **fields) -> None:
         fn(fields)
 
 
+class Batch:
+    """Many events produced at once, expanded into event dicts only when somebody reads them.
+
+    The compiled CPU walk cannot call Python per node: it logs into an array, and after the compute the executor
+    hands the whole log over as one Batch (``emit_batch``). ``expand()`` returns the events (plain dicts with
+    ``kind``, as ``emit`` would have delivered them); it runs at most once."""
+
+    __slots__ = ("_expand", "_events", "n")
+
+    def __init__(self, expand, n: int):
+        self._expand = expand         # () -> list[dict]
+        self._events = None
+        self.n = n                    # how many events it holds (known before expanding)
+
+    def expand(self) -> list[dict]:
+        if self._events is None:
+            self._events = self._expand()
+            self._expand = None
+        return self._events
+
+    def __len__(self):
+        return self.n
+
+    def __repr__(self):
+        return f"<trace.Batch of {self.n} events>"
+
+
+def emit_batch(batch: Batch) -> None:
+    """Deliver a Batch: as one ``{"kind": "batch", "batch": batch}`` event to listeners that say they take them
+    (``fn.accepts_batches = True``: the recorders, which expand lazily), as its events one by one to the others.
+    Call only behind ``if trace.active``."""
+    t = time.perf_counter_ns()
+    for fn in tuple(_listeners):
+        if getattr(fn, "accepts_batches", False):
+            fn({"kind": "batch", "batch": batch, "t": t})
+        else:
+            for ev in batch.expand():
+                fn(dict(ev))
+
+
 def listen(fn) -> None:
     """Register ``fn(event_dict)``; it is called synchronously on the emitting thread."""
     global active
@@ -43,17 +83,45 @@ def unlisten(fn) -> None:
 
 
 class Recorder:
-    """Collects events as plain dicts (optionally only some kinds); use as a context manager."""
+    """Collects events as plain dicts (optionally only some kinds); use as a context manager.
+
+    ``events`` is the list of recorded events in arrival order. Batches (``emit_batch``) are kept as they come and
+    expanded the first time ``events`` is read after them, so recording a compiled compute costs one append."""
+
+    accepts_batches = True
 
     def __init__(self, kinds=None):
         self.kinds = set(kinds) if kinds else None
-        self.events: list[dict] = []
+        self._items: list = []        # event dicts and Batches, in arrival order
+        self._flat: list[dict] = []   # _items[:_n_flat] expanded
+        self._n_flat = 0
         self._lock = threading.Lock()
 
     def __call__(self, ev: dict) -> None:
-        if self.kinds is None or ev["kind"] in self.kinds:
+        if ev["kind"] == "batch":
             with self._lock:
-                self.events.append(dict(ev))
+                self._items.append(ev["batch"])
+        elif self.kinds is None or ev["kind"] in self.kinds:
+            with self._lock:
+                self._items.append(dict(ev))
+
+    @property
+    def events(self) -> list[dict]:
+        with self._lock:
+            kinds = self.kinds
+            for it in self._items[self._n_flat:]:
+                if isinstance(it, Batch):
+                    self._flat.extend(dict(e) for e in it.expand() if kinds is None or e["kind"] in kinds)
+                else:
+                    self._flat.append(it)
+            self._n_flat = len(self._items)
+            return self._flat
+
+    @property
+    def n_events(self) -> int:
+        """How many events were recorded, without expanding batches (a batch counts all of its events)."""
+        with self._lock:
+            return sum(it.n if isinstance(it, Batch) else 1 for it in self._items)
 
     def __enter__(self):
         listen(self)
@@ -69,15 +137,16 @@ class Recorder:
     def by_kind(self) -> dict[str, list[dict]]:
         """kind -> that kind's events, in arrival order (kinds in order of first arrival)."""
         out: dict[str, list[dict]] = {}
-        with self._lock:
-            events = list(self.events)
+        events = list(self.events)
         for e in events:
             out.setdefault(e["kind"], []).append(e)
         return out
 
     def clear(self) -> None:
         with self._lock:
-            self.events.clear()
+            self._items.clear()
+            self._flat = []
+            self._n_flat = 0
 
 
 @contextmanager
@@ -122,8 +191,7 @@ class ComputeTimeline(Recorder):
     # ---- the plain data ----------------------------------------------------------------------------------------
     @property
     def computes(self) -> list[dict]:
-        with self._lock:
-            events = list(self.events)
+        events = list(self.events)
         computes: list[dict] = []
         by_key: dict = {}
         cur = None

@@ -87,8 +87,18 @@ SYNC_ERROR = 24          # first error code (0 = none), SYNC_ERROR+1: node index
 SYNC_SLEEPERS = 32       # threads asleep in a barrier (futex)
 SYNC_TIMESPEC = 36       # struct timespec {0, 100 ms}: the longest single futex sleep
 SYNC_SLEEP_TICKS = 38    # timestamp ticks the threads of this compute spent asleep in barriers (after the spin)
-SYNC_LEN = 40
+SYNC_TRACE = 40          # address of the trace log (0: nobody listens, nothing is recorded), SYNC_TRACE+1: its
+                         # capacity in records per thread
+SYNC_LEN = 48
 BARRIER_MAX_SLEEPS = 3000                # 100 ms sleeps: a barrier gives up after about 5 minutes
+
+# the trace log (see ``tr_rec``): per thread, one int64 count then ``cap`` records of TR_REC int64s:
+# [kind, row, a, b, c, d, e, f, t0, t1] with t0/t1 timestamp-counter ticks
+TR_REC = 10
+TR_NODE = 1              # a program row computed: a = 0
+TR_BARRIER = 2           # a barrier: a = where (TRW_*), b = n_barrier_passed on entry (ggml's barrier sequence number)
+TR_CHUNK = 3             # a MUL_MAT chunk: a = chunk, b/c = ir0 range, d/e = ir1 range, f = nchunk0 << 32 | nchunk1
+TRW_NODE, TRW_FINAL, TRW_KERNEL = 0, 1, 2
 
 ERR_GET_ROWS_INDEX = 1
 ERR_SET_ROWS_INDEX = 2
@@ -908,6 +918,46 @@ if HAVE_NUMBA:
             atomic_store(sync + 8 * SYNC_ERROR, code)
 
     @_njit
+    def tr_rec(sync, ith, kind, k, a, b, c, d, e, f, t0, t1):
+        """Append one record to thread ith's part of the trace log (if there is one, and while it has room: a
+        full log counts the record and drops it). Each thread writes only its own part: no atomics needed."""
+        log = ld_i64(sync + 8 * SYNC_TRACE)
+        if log == 0:
+            return
+        cap = ld_i64(sync + 8 * (SYNC_TRACE + 1))
+        base = log + 8 * ith * (1 + cap * TR_REC)
+        n = ld_i64(base)
+        st_i64(base, n + 1)
+        if n >= cap:
+            return
+        r = base + 8 + 8 * TR_REC * n
+        st_i64(r, kind)
+        st_i64(r + 8, k)
+        st_i64(r + 16, a)
+        st_i64(r + 24, b)
+        st_i64(r + 32, c)
+        st_i64(r + 40, d)
+        st_i64(r + 48, e)
+        st_i64(r + 56, f)
+        st_i64(r + 64, t0)
+        st_i64(r + 72, t1)
+
+    @_njit
+    def traced(sync):
+        return ld_i64(sync + 8 * SYNC_TRACE) != 0
+
+    @_njit
+    def traced_barrier(sync, nth, ith, k, where, tr):
+        """barrier(), recorded in the trace log when ``tr``."""
+        if not tr or nth == 1:
+            barrier(sync, nth)
+            return
+        seq = atomic_load(sync + 8 * SYNC_BARRIER_PASSED)
+        t0 = _rdtsc()
+        barrier(sync, nth)
+        tr_rec(sync, ith, TR_BARRIER, k, where, seq, 0, 0, 0, 0, t0, _rdtsc())
+
+    @_njit
     def barrier(sync, nth):
         """ggml_barrier: the last thread in bumps n_barrier_passed; the others spin on it (pause), and after
         SPIN_CYCLES go to sleep on it (futex; sched_yield where there is none), so that an oversubscribed machine
@@ -1126,13 +1176,19 @@ if HAVE_NUMBA:
         nchunk1 = ne12
         if ith == 0:
             atomic_store(sync + 8 * SYNC_CHUNK, nth)
-        barrier(sync, nth)
+        tr = traced(sync)
+        traced_barrier(sync, nth, ith, k, TRW_KERNEL, tr)
         current = ith
         while current < nchunk0 * nchunk1:
             s, e = mmq_chunk_rows(current, nchunk0, dr0, ne01)
             if s < e:
+                t0 = _rdtsc() if tr else 0
                 mmq_chunk(qtype, xq, xd, xm, ne00, s, e, dst, nb1, nb2, current // nchunk0, ne11, ne10, wdata,
                           ne11 * ne12)
+                if tr:
+                    i12 = current // nchunk0
+                    tr_rec(sync, ith, TR_CHUNK, k, current, s, e, i12 * ne11, (i12 + 1) * ne11,
+                           (nchunk0 << 32) | nchunk1, t0, _rdtsc())
             current = atomic_add(sync + 8 * SYNC_CHUNK, 1)
 
     # =================================================================================================================
@@ -1212,7 +1268,8 @@ if HAVE_NUMBA:
                                 st_u16(wr + 2 * i, fp32_to_fp16(ld_f32(xr + i * nb10)))
         if ith == 0:
             atomic_store(sync + 8 * SYNC_CHUNK, nth)
-        barrier(sync, nth)
+        tr = traced(sync)
+        traced_barrier(sync, nth, ith, k, TRW_KERNEL, tr)
         nr0 = ne0
         nr1 = ne1 * ne12 * ne13
         chunk_size = 64 if (nr0 == 1 or nr1 == 1) else 16
@@ -1235,6 +1292,7 @@ if HAVE_NUMBA:
             ir0e = min(ir0s + dr0, nr0)
             ir1s = dr1 * ith1
             ir1e = min(ir1s + dr1, nr1)
+            tc = _rdtsc() if tr else 0
             for ir1 in range(ir1s, ir1e):
                 i13 = ir1 // (ne12 * ne1)
                 i12 = (ir1 - i13 * ne12 * ne1) // ne1
@@ -1259,6 +1317,9 @@ if HAVE_NUMBA:
                     else:
                         v = vec_dot_f32(ne00, xr, yr)
                     st_f32(dr + ir0 * 4, v)
+            if tr:
+                tr_rec(sync, ith, TR_CHUNK, k, current, ir0s, ir0e, ir1s, ir1e, (nchunk0 << 32) | nchunk1,
+                       tc, _rdtsc())
             if nth >= nchunk0 * nchunk1:
                 break
             current = atomic_add(sync + 8 * SYNC_CHUNK, 1)
@@ -1642,15 +1703,19 @@ if HAVE_NUMBA:
         """Every thread walks nodes k0..k1-1 of the program; a barrier after each node (not after the last).
         The work-buffer address is patched into the rows that use it (column X+4 / X+1) by the caller."""
         t = np.int64(0)
+        tr = traced(sync)
         for k in range(k0, k1):
-            if timings.shape[0] > 0 and ith == 0:
+            if (timings.shape[0] > 0 and ith == 0) or tr:
                 t = time_ns()
             compute_node(P, F, k, ith, nth, sync, wdata)
+            if tr:
+                t1 = time_ns()
+                tr_rec(sync, ith, TR_NODE, k, 0, 0, 0, 0, 0, 0, t, t1)
             if k + 1 < k1:
-                barrier(sync, nth)
+                traced_barrier(sync, nth, ith, k, TRW_NODE, tr)
             if timings.shape[0] > 0 and ith == 0:
                 timings[k] += time_ns() - t
-        barrier(sync, nth)
+        traced_barrier(sync, nth, ith, k1, TRW_FINAL, tr)
 
     @_njit
     def time_ns():

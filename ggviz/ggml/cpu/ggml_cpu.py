@@ -207,8 +207,10 @@ def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: _tp.Th
     state = tp.workers[ith]
     n = cgraph.n_nodes
     node_n = 0
-    if cplan.extra is not None and not trace.active and not cplan.use_ref and cplan.abort_callback is None:
-        cplan.extra.compute_thread(ith, nth, cplan.work_data)   # ggviz fast path: all nodes compiled (repack.py)
+    if tp.fast is not None:
+        # ggviz fast path: every node compiled (repack.py); decided once per compute by graph_compute, so that all
+        # threads take the same walk even if somebody starts listening meanwhile
+        tp.fast.compute_thread(ith, nth, cplan.work_data)
         node_n = n
     while node_n < n and tp.abort != node_n:
         node = cgraph.nodes[node_n]
@@ -290,13 +292,28 @@ def graph_compute(cgraph: CGraph, cplan: Cplan) -> int:
             import warnings
             warnings.warn(f"cplan requested more threads ({n_threads}) than available ({tp.n_threads})")
             n_threads = tp.n_threads
-        if trace.active:
+        # the compiled walk runs every node without returning to Python: not with an abort callback (ggml calls it
+        # after every node) or in reference mode
+        fast = cplan.extra if (cplan.extra is not None and not cplan.use_ref and cplan.abort_callback is None) \
+            else None
+        tp.fast = fast
+        traced = trace.active
+        if traced:
             trace.emit("cpu.compute.start", graph=id(cgraph), n_threads=n_threads, n_nodes=cgraph.n_nodes,
-                       pool=tp.serial, disposable=disposable)
-        # kick all threads to start the new graph; this is a work thread too (worker 0)
-        _tp.graph_compute_kickoff(tp, n_threads)
-        _tp.run_thread0(tp)      # raises the first worker error, once every worker has left the graph
+                       pool=tp.serial, disposable=disposable, compiled=fast is not None)
+            if fast is not None:
+                fast.trace_begin(n_threads)    # the compiled walk logs into an array; events follow the compute
+        try:
+            # kick all threads to start the new graph; this is a work thread too (worker 0)
+            _tp.graph_compute_kickoff(tp, n_threads)
+            _tp.run_thread0(tp)      # raises the first worker error, once every worker has left the graph
+        finally:
+            if traced and fast is not None:
+                batch = fast.trace_end(cgraph, tp.serial, tp.n_graph)
+                if trace.active:
+                    trace.emit_batch(batch)
     finally:
+        tp.fast = None
         _tp.threadpool_release(tp)
         if disposable:
             _tp.threadpool_free(tp)

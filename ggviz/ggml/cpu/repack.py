@@ -27,8 +27,9 @@ Where ggviz differs from ggml, and why:
   object, as in ggml.
 * Besides the per-node ``compute_forward``, a graph whose MUL_MATs all go through CPU_REPACK (and whose other ops
   have compiled kernels) is compiled once into a program that every thread walks without returning to Python
-  (``FastGraph``; see ``fast_kernels``). The executor asks for it in ``graph_plan`` and uses it when no trace,
-  abort callback or reference mode asks for the node-by-node walk.
+  (``FastGraph``; see ``fast_kernels``). The executor asks for it in ``graph_plan`` and uses it unless an abort
+  callback or reference mode asks for the node-by-node walk. Traced computes stay compiled: the threads log node
+  spans, barriers and chunk claims into an array that becomes ``trace`` events after the compute.
 
 Results differ from the faithful MUL_MAT (``cpu/mul_mat.py``) only in the order of float additions (the faithful
 path scales exact per-block integer sums; ggml, and this path, scale 8 partial sums per block in 8 float lanes):
@@ -54,7 +55,7 @@ from .. import consts as C
 from .. import memory
 from .. import quants as Q
 from ..context import GGMLError
-from ..tensor import Tensor, is_empty, n_dims, nbytes, nelements
+from ..tensor import Tensor, is_empty, n_dims, nbytes, nelements, op_desc
 from . import fast_kernels as fk
 
 GGML_TYPE_F32, GGML_TYPE_F16 = C.GGML_TYPE_F32, C.GGML_TYPE_F16
@@ -402,10 +403,16 @@ def _need(cond):
 class FastGraph:
     """A graph as a program for ``fast_kernels.graph_compute_thread``: one row per computed node."""
 
-    def __init__(self, P, F, node_index, names, wsize):
+    def __init__(self, P, F, node_index, names, wsize, meta=None, n_nodes=0):
         self.P, self.F = P, F
         self.node_index = node_index          # program row -> graph node index
         self.names = names
+        self.meta = meta or [(0, "")] * len(names)     # program row -> (node addr, op description), for the trace
+        self.n_nodes = n_nodes                # the graph's node count (a "final" barrier follows node n_nodes)
+        self._log = None                      # the trace log of the compute in flight (trace_begin/trace_end)
+        self._log_cap = 0
+        self._caps = {}                       # n_threads -> records per thread (_trace_capacity)
+        self._clock = None
         self.work_size = wsize
         self.sync = fk.new_sync()
         self.timings = np.zeros(0, np.int64)  # per-row cycle counts when profiling (set_profiling)
@@ -461,6 +468,65 @@ class FastGraph:
             elif multi is not None and multi < self.wall[1]:
                 self.n_next = n_max                           # one thread got slower than all of them were
 
+    # ---- tracing the compiled walk ------------------------------------------------------------------------------
+    # The compiled walk cannot call Python per node, so when somebody listens each thread appends fixed-size records
+    # (node spans, barrier waits, MUL_MAT chunk claims, timestamp-counter ticks) to its own part of one int64 array
+    # (fk.tr_rec); after the compute the caller hands the array over as one trace.Batch, which is turned into the
+    # same cpu.node / cpu.barrier / cpu.chunk events as the node-by-node walk's only when somebody reads them.
+
+    def _trace_capacity(self, n_threads: int) -> int:
+        """Records one thread can write in one compute: a node and a barrier per row, a kernel barrier per MUL_MAT
+        and at most every chunk of every MUL_MAT (ggml's chunking, bounded from above)."""
+        cached = self._caps.get(n_threads)
+        if cached is not None:
+            return cached
+        P = self.P
+        cap = 2 * len(P) + 8
+        for k in range(len(P)):
+            op = P[k, 0]
+            if op == fk.OP_MUL_MAT_Q:
+                cap += 1 + ((int(P[k, fk.S0 + 2]) + 7) // 8) * int(P[k, fk.S1 + 3]) + n_threads
+            elif op == fk.OP_MUL_MAT_F:
+                nr0 = int(P[k, fk.DST + 1])
+                nr1 = int(P[k, fk.DST + 2]) * int(P[k, fk.S1 + 3]) * int(P[k, fk.S1 + 4])
+                cap += 1 + ((nr0 + 15) // 16) * ((nr1 + 15) // 16) + 4 * n_threads
+        self._caps[n_threads] = cap
+        return cap
+
+    def trace_begin(self, n_threads: int) -> None:
+        """Give the compiled walk a zeroed log for ``n_threads`` threads (before the kickoff)."""
+        cap = self._trace_capacity(n_threads)
+        stride = 1 + cap * fk.TR_REC
+        if self._log is None or self._log_cap != cap or self._log.size < n_threads * stride:
+            self._log = np.zeros(n_threads * stride, np.int64)
+            self._log_cap = cap
+        else:
+            self._log[:n_threads * stride:stride] = 0          # the per-thread record counts
+        self._log_threads = n_threads
+        self.sync[fk.SYNC_TRACE + 1] = cap
+        self.sync[fk.SYNC_TRACE] = self._log.ctypes.data
+        self._clock = (time.perf_counter_ns(), fk.time_ns())
+
+    def trace_end(self, cgraph, pool: int, n_graph: int):
+        """Stop logging; the compute's records as a trace.Batch (a copy: the log is reused)."""
+        self.sync[fk.SYNC_TRACE] = 0
+        p1, c1 = time.perf_counter_ns(), fk.time_ns()
+        p0, c0 = self._clock
+        stride = 1 + self._log_cap * fk.TR_REC
+        nth = self._log_threads
+        parts = []
+        dropped = 0
+        for ith in range(nth):
+            base = ith * stride
+            n = int(self._log[base])
+            m = min(n, self._log_cap)
+            dropped += n - m
+            if m:
+                parts.append((ith, self._log[base + 1:base + 1 + m * fk.TR_REC].reshape(m, fk.TR_REC).copy()))
+        ns_per_tick = (p1 - p0) / max(c1 - c0, 1)
+        return trace.Batch(_FastTraceExpander(self, parts, p0, c0, ns_per_tick, pool, n_graph, dropped),
+                           sum(len(r) for _, r in parts) + (1 if dropped else 0))
+
     def compute_thread(self, ith: int, nth: int, work_data) -> None:
         """Thread ith's walk over every node (ggml_graph_compute_thread, compiled). ``self.n_next`` (decided by
         thread 0 at the end of the previous compute, capped by nth and N_CPUS) threads take part, the others return
@@ -485,6 +551,49 @@ class FastGraph:
                 where = (f"node {self.node_index[k]} {self.names[k]!r}" if 0 <= k < len(self.node_index)
                          else "the compiled graph")
                 raise GGMLError(f"computing {where}: {what}")
+
+
+class _FastTraceExpander:
+    """Turns one compiled compute's log into the node-by-node walk's event dicts (called lazily by trace.Batch)."""
+
+    _WHERE = {fk.TRW_NODE: "node", fk.TRW_FINAL: "final", fk.TRW_KERNEL: "kernel"}
+
+    def __init__(self, fg, parts, p0, c0, ns_per_tick, pool, n_graph, dropped):
+        self.fg, self.parts = fg, parts
+        self.p0, self.c0, self.scale = p0, c0, ns_per_tick
+        self.pool, self.n_graph, self.dropped = pool, n_graph, dropped
+
+    def __call__(self) -> list[dict]:
+        fg = self.fg
+        idx, names, meta, P = fg.node_index, fg.names, fg.meta, fg.P
+        pool, n_graph = self.pool, self.n_graph
+        out = []
+        for ith, rec in self.parts:
+            # ticks -> perf_counter ns, vectorized
+            ts = (self.p0 + (rec[:, 8:10] - self.c0) * self.scale).astype(np.int64)
+            for r, (t0, t1) in zip(rec.tolist(), ts.tolist()):
+                kind, k = r[0], r[1]
+                if kind == fk.TR_NODE:
+                    addr, op = meta[k]
+                    out.append({"kind": "cpu.node", "ith": ith, "node_n": idx[k], "addr": addr, "name": names[k],
+                                "op": op, "t_start": t0, "t_end": t1,
+                                "fused": bool(P[k, 0] == fk.OP_RMS_NORM and P[k, 2] == 1), "pool": pool,
+                                "n_graph": n_graph, "compiled": True, "t": t1})
+                elif kind == fk.TR_BARRIER:
+                    final = k >= len(idx)
+                    out.append({"kind": "cpu.barrier", "ith": ith, "pool": pool, "n_graph": n_graph, "seq": r[3],
+                                "where": self._WHERE.get(r[2], str(r[2])),
+                                "node_n": fg.n_nodes if final else idx[k], "name": None if final else names[k],
+                                "t_enter": t0, "t_exit": t1, "compiled": True, "t": t1})
+                elif kind == fk.TR_CHUNK:
+                    out.append({"kind": "cpu.chunk", "ith": ith, "node": names[k], "chunk": r[2],
+                                "nchunk": (r[7] >> 32, r[7] & 0xFFFFFFFF), "ir0": (r[3], r[4]), "ir1": (r[5], r[6]),
+                                "t_start": t0, "t_end": t1, "pool": pool, "n_graph": n_graph, "compiled": True,
+                                "t": t1})
+        if self.dropped:
+            out.append({"kind": "trace.dropped", "what": "compiled walk records", "n": self.dropped, "pool": pool,
+                        "n_graph": n_graph, "t": self.p0})
+        return out
 
 
 def _graph_signature(cgraph):
@@ -546,7 +655,7 @@ def _build(cgraph, require_repack: bool = True):
     n = len(nodes)
     P = np.zeros((n, fk.NCOL), np.int64)
     F = np.zeros((n, fk.NFCOL), np.float64)
-    idx, names = [], []
+    idx, names, meta = [], [], []
     k = 0
     wsize = 0
     any_repack = False
@@ -657,13 +766,14 @@ def _build(cgraph, require_repack: bool = True):
                     raise _Unsupported()
             idx.append(i)
             names.append(node.name)
+            meta.append((node.addr, op_desc(node)))
             k += 1
             i += 1 + skip
     except _Unsupported:
         return None
     if require_repack and not any_repack:
         return None
-    return FastGraph(P[:k].copy(), F[:k].copy(), idx, names, wsize)
+    return FastGraph(P[:k].copy(), F[:k].copy(), idx, names, wsize, meta, n)
 
 
 def _build_rope(P, F, k, node):

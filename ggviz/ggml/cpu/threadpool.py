@@ -153,6 +153,7 @@ class Threadpool:
         self.error: BaseException | None = None
         self.broken: str | None = None    # why the pool cannot be used any more (a worker stuck past the timeout)
         self.dispatch = None          # (op -> kernel table, ops module), set by graph_compute
+        self.fast = None              # the compiled graph (repack.FastGraph) this compute walks, or None: node by node
         self._bcv = threading.Condition(threading.Lock())   # barrier, errors, "worker left the graph"
         self._chunk_lock = threading.Lock()
         self._busy = threading.Lock()     # ggviz: held from threadpool_claim to threadpool_release (one caller)
