@@ -1,7 +1,7 @@
 """Differential tests of ggviz's ggml-alloc / backend buffers against the real ggml 0.20.2 (tests/oracle/ggml_lib.py).
 
 Every number is compared with what real ggml computes for the same graph (tests/graphs.py builders, built in a
-``no_alloc`` context in both engines), never with a hard-coded value:
+``no_alloc`` context in both engines: tests/pairs.py ``Pair``), never with a hard-coded value:
 
 1. ``gallocr_reserve`` + ``gallocr_get_buffer_size`` and, after ``gallocr_alloc_graph``, every graph tensor's
    (buffer id, chunk, offset from its chunk's base), tensor by tensor in graph order with the same names: the
@@ -39,8 +39,9 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from tests import graphs  # noqa: E402
-from tests.graphs import BUILDERS, LlamaHParams, graph_leafs, graph_nodes, ne, nb  # noqa: E402
-from tests.oracle.ggml_lib import RealGGML, available, unavailable_reason  # noqa: E402
+from tests.graphs import BUILDERS, LlamaHParams, graph_leafs, graph_nodes, nb  # noqa: E402
+from tests.oracle.ggml_lib import available, unavailable_reason  # noqa: E402
+from tests.pairs import Pair, buffer_place, ctx_tensors, pairs_fixture, real_ggml  # noqa: E402
 
 from ggviz import ggml as gg, trace  # noqa: E402
 from ggviz.ggml import alloc as A  # noqa: E402
@@ -51,15 +52,6 @@ pytestmark = pytest.mark.skipif(not available(), reason="real ggml oracle: " + u
 NMSE_MAX = 1e-6
 MEM = 8 * 1024 * 1024
 SIZE_MAX = (1 << 64) - 1
-
-_REAL = None
-
-
-def _g() -> RealGGML:
-    global _REAL
-    if _REAL is None:
-        _REAL = RealGGML()
-    return _REAL
 
 
 # ====================================================================================================
@@ -203,10 +195,6 @@ EXTERNAL = {"llama_block_ext": graphs.build_llama_block, "llama_sized_32_ext": b
             "llama_sized_1_ext": build_llama_sized_1}
 
 
-def _is_weight(name: str) -> bool:
-    return name.endswith(".weight") or name.startswith("cache_")
-
-
 # ====================================================================================================
 # buffer types: CPU, and CPU variants with a max size / a padded alloc size, in both engines
 # ====================================================================================================
@@ -230,7 +218,7 @@ GGML_OP_NONE = 0
 
 def real_buft(max_size=None, padded=False):
     """A real ggml buffer type: the CPU one, or a copy of it with get_max_size / get_alloc_size callbacks."""
-    g = _g()
+    g = real_ggml()
     cpu = g.backend_cpu_buffer_type()
     if max_size is None and not padded:
         return cpu
@@ -260,18 +248,6 @@ def viz_buft(max_size=None, padded=False):
     if padded:
         iface.get_alloc_size = lambda buft, t: gg.nbytes(t) + (EXTRA_PAD if t.op == GGML_OP_NONE else 0)
     return B.ggml_backend_buffer_type(iface)
-
-
-class _Tallocr(ctypes.Structure):         # struct ggml_tallocr (returned by value: bound by hand)
-    _fields_ = [("buffer", ctypes.c_void_p), ("base", ctypes.c_void_p), ("alignment", ctypes.c_size_t),
-                ("offset", ctypes.c_size_t)]
-
-
-def real_tallocr_new(buffer) -> _Tallocr:
-    f = _g().symbol("ggml_tallocr_new")
-    f.argtypes = [ctypes.c_void_p]
-    f.restype = _Tallocr
-    return f(buffer)
 
 
 def _read_ptr(addr: int) -> int:
@@ -318,13 +294,7 @@ def _placement(G, gf, chunks) -> list:
                 where_of.setdefault(p, (bi, ci))
     res = []
     for t in _graph_tensors(G, gf):
-        if graphs.is_oracle(G):
-            s = G.tensor_info(t)
-            name, buf, data = s["name"], s["buffer"], s["data"]
-            base = G.backend_buffer_get_base(buf) if buf else 0
-        else:
-            name, buf, data = t.name, t.buffer, t.data
-            base = B.backend_buffer_get_base(B.buffer_at(buf)) if buf else 0
+        name, buf, data, base = buffer_place(G, t)
         if buf in where_of:
             bi, ci = where_of[buf]
             res.append((name, (bi, ci, (data - base) if data else None)))
@@ -346,83 +316,29 @@ def _diff(want, got, label) -> str:
 
 
 # ====================================================================================================
-# one graph in both engines
+# one graph in both engines (tests/pairs.py), with a gallocr each
 # ====================================================================================================
 
-class Pair:
-    def __init__(self, build, external=False, mem=MEM):
-        g = _g()
-        self.rctx = g.init(mem, None, True)
-        self.vctx = gg.init(mem, None, True)
-        self.r = build(g, self.rctx)
-        self.v = build(gg, self.vctx)
-        self.rgalloc = None
-        self.vgalloc = None
-        self.rbufs, self.vbufs = [], []
-        if external:
-            self._place_weights()
+class AllocPair(Pair):
+    """A ``Pair`` with the graph allocator of each engine (``rgalloc`` / ``vgalloc``, freed by ``close``)."""
 
-    def _place_weights(self):
-        """Weights and KV cache: one buffer each engine, tensors placed in context order with a tallocr."""
-        g = _g()
-        rts = [t for t in _ctx_tensors(g, self.rctx)
-               if _is_weight(g.tensor_info(t)["name"]) and not g.tensor_info(t)["view_src"]]
-        vts = [t for t in self.vctx.tensors() if _is_weight(t.name) and t.view_src is None]
-        assert [g.tensor_info(t)["name"] for t in rts] == [t.name for t in vts]
-        size = sum(gg.GGML_PAD(gg.nbytes(t), 32) for t in vts)
-        rbuf = g.backend_buft_alloc_buffer(g.backend_cpu_buffer_type(), size)
-        vbuf = B.backend_buft_alloc_buffer(B.backend_cpu_buffer_type(), size)
-        g.backend_buffer_set_usage(rbuf, 1)
-        B.backend_buffer_set_usage(vbuf, B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
-        self.rbufs.append(rbuf)
-        self.vbufs.append(vbuf)
-        rta = real_tallocr_new(rbuf)
-        vta = A.tallocr_new(vbuf)
-        for rt, vt in zip(rts, vts):
-            assert g.tallocr_alloc(ctypes.addressof(rta), rt) == 0
-            assert A.tallocr_alloc(vta, vt) == 0
-            assert g.tensor_info(rt)["data"] - g.backend_buffer_get_base(rbuf) == vt.data - vbuf.context.ctypes.data
-        assert rta.offset == vta.offset == size
+    mem = MEM
+    rgalloc = None
+    vgalloc = None
 
     def close(self):
-        g = _g()
         if self.rgalloc:
-            g.gallocr_free(self.rgalloc)
+            real_ggml().gallocr_free(self.rgalloc)
         if self.vgalloc is not None:
             A.gallocr_free(self.vgalloc)
-        for b in self.rbufs:
-            g.backend_buffer_free(b)
-        for b in self.vbufs:
-            B.backend_buffer_free(b)
-        g.free(self.rctx)
-        gg.free(self.vctx)
+        super().close()
 
 
-def _ctx_tensors(g, ctx) -> list:
-    out = []
-    t = g.get_first_tensor(ctx)
-    while t:
-        out.append(t)
-        t = g.get_next_tensor(ctx, t)
-    return out
+pairs = pairs_fixture(AllocPair)
 
 
-@pytest.fixture
-def pairs():
-    made = []
-
-    def make(build, external=False):
-        p = Pair(build, external)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.close()
-
-
-def _reserve_alloc(p: Pair, rbuft=None, vbuft=None):
-    g = _g()
+def _reserve_alloc(p: AllocPair, rbuft=None, vbuft=None):
+    g = real_ggml()
     p.rgalloc = g.gallocr_new(rbuft or real_buft())
     p.vgalloc = A.gallocr_new(vbuft or viz_buft())
     assert g.gallocr_reserve(p.rgalloc, p.r["gf"])
@@ -433,8 +349,8 @@ def _reserve_alloc(p: Pair, rbuft=None, vbuft=None):
     return sizes
 
 
-def _check_placement(p: Pair, label: str, n_buffers: int = 1):
-    g = _g()
+def _check_placement(p: AllocPair, label: str, n_buffers: int = 1):
+    g = real_ggml()
     want = _placement(g, p.r["gf"], real_gallocr_chunks(p.rgalloc, n_buffers))
     got = _placement(gg, p.v["gf"], viz_gallocr_chunks(p.vgalloc))
     assert got == want, _diff(want, got, label)
@@ -454,7 +370,7 @@ def test_gallocr_matches_ggml(pairs, name):
     # the chunk sizes themselves (one CPU chunk)
     rch = [c for c in real_gallocr_chunks(p.rgalloc, 1)[0] if c]
     vch = [c for c in p.vgalloc.buffers[0].chunks if c is not None]
-    assert [_g().backend_buffer_get_size(c) for c in rch] == [B.backend_buffer_get_size(c) for c in vch]
+    assert [real_ggml().backend_buffer_get_size(c) for c in rch] == [B.backend_buffer_get_size(c) for c in vch]
     # something was planned; every planned tensor has memory. (Not every tensor of the graph: noop_heavy's
     # view_tensor leaf aliases x2, which is in no graph, so neither engine gives it data.)
     assert any(w[0] == 0 for _, w in placed)
@@ -464,7 +380,7 @@ def test_gallocr_matches_ggml(pairs, name):
 
 
 def test_buffer_type_basics():
-    g = _g()
+    g = real_ggml()
     rb, vb = real_buft(), viz_buft()
     assert B.backend_buft_name(vb) == g.backend_buft_name(rb) == "CPU"
     assert B.backend_buft_get_alignment(vb) == g.backend_buft_get_alignment(rb)
@@ -517,7 +433,7 @@ def _offsets(placed):
 def test_reserve_large_then_alloc_small_keeps_plan(pairs):
     """Reserve the 32-token graph, then allocate the 1-token graph (same topology, smaller tensors): ggml keeps the
     32-token plan, so the small graph's tensors land at the large graph's offsets, in both engines."""
-    g = _g()
+    g = real_ggml()
     big, small = pairs(build_llama_sized), pairs(build_llama_sized_1)
     big.rgalloc = rg = g.gallocr_new(real_buft())
     big.vgalloc = vg = A.gallocr_new(viz_buft())
@@ -546,7 +462,7 @@ def test_reserve_large_then_alloc_small_keeps_plan(pairs):
 def test_alloc_larger_graph_replans(pairs):
     """Reserve the 1-token graph, then allocate the 32-token one: tensors no longer fit, gallocr_alloc_graph plans
     again and grows the buffer (single buffer: automatic)."""
-    g = _g()
+    g = real_ggml()
     small, big = pairs(build_llama_sized_1), pairs(build_llama_sized)
     small.rgalloc = rg = g.gallocr_new(real_buft())
     small.vgalloc = vg = A.gallocr_new(viz_buft())
@@ -567,7 +483,7 @@ def test_alloc_larger_graph_replans(pairs):
 
 def test_different_topology_replans(pairs):
     """A graph with another node count is planned again, even when it is smaller."""
-    g = _g()
+    g = real_ggml()
     a, b = pairs(graphs.build_llama_block), pairs(_dag(2))
     a.rgalloc = rg = g.gallocr_new(real_buft())
     a.vgalloc = vg = A.gallocr_new(viz_buft())
@@ -589,7 +505,7 @@ def test_different_topology_replans(pairs):
                                            ("random_dag_1", 3000), ("llama_sized_1_ext", 8192)])
 def test_chunks_with_max_size(pairs, name, max_size):
     """A buffer type with a maximum size splits the plan over several chunks (backend buffers)."""
-    g = _g()
+    g = real_ggml()
     p = pairs(GRAPHS.get(name) or EXTERNAL[name], external=name in EXTERNAL)
     rsize, vsize = _reserve_alloc(p, real_buft(max_size=max_size), viz_buft(max_size=max_size))
     assert vsize == rsize
@@ -613,7 +529,7 @@ def test_padded_alloc_size(pairs, name):
 def test_multiple_buffers(pairs, same_buft):
     """gallocr_new_n + reserve_n: nodes of the first half in buffer 0, of the second half in buffer 1, leafs
     alternating; with the same buffer type twice the buffers share one allocator and buffer 1 reports 0 bytes."""
-    g = _g()
+    g = real_ggml()
     p = pairs(build_llama_sized)
     if same_buft:
         rb, vb = [real_buft()] * 2, [viz_buft()] * 2
@@ -646,16 +562,9 @@ def test_multiple_buffers(pairs, same_buft):
 # ====================================================================================================
 
 def _ctx_placement(G, ctx) -> list:
-    tensors = _ctx_tensors(G, ctx) if graphs.is_oracle(G) else list(ctx.tensors())
     bufs, res = {}, []
-    for t in tensors:
-        if graphs.is_oracle(G):
-            s = G.tensor_info(t)
-            name, buf, data = s["name"], s["buffer"], s["data"]
-            base = G.backend_buffer_get_base(buf) if buf else 0
-        else:
-            name, buf, data = t.name, t.buffer, t.data
-            base = B.backend_buffer_get_base(B.buffer_at(buf)) if buf else 0
+    for t in ctx_tensors(G, ctx):
+        name, buf, data, base = buffer_place(G, t)
         if buf:
             bufs.setdefault(buf, len(bufs))
         res.append((name, (bufs[buf], data - base) if buf else None))
@@ -666,7 +575,7 @@ def _ctx_placement(G, ctx) -> list:
                                            ("llama_block", 4096), ("llama_sized_1", 1 << 20),
                                            ("permute_chain", 700), ("noop_heavy", None)])
 def test_alloc_ctx_tensors_from_buft(pairs, name, max_size):
-    g = _g()
+    g = real_ggml()
     p = pairs(GRAPHS[name])
     rb, vb = real_buft(max_size=max_size), viz_buft(max_size=max_size)
     assert A.backend_alloc_ctx_tensors_from_buft_size(p.vctx, vb) == \
@@ -691,7 +600,7 @@ def test_alloc_ctx_tensors_from_buft(pairs, name, max_size):
 
 def test_alloc_ctx_tensors_backend(pairs):
     """ggml_backend_alloc_ctx_tensors(ctx, backend): the backend's default buffer type (the CPU one)."""
-    g = _g()
+    g = real_ggml()
     p = pairs(graphs.build_llama_block)
     backend = g.backend_cpu_init()
     try:
@@ -712,6 +621,9 @@ def test_alloc_ctx_tensors_backend(pairs):
 # ====================================================================================================
 
 def nmse(a, ref):
+    """NMSE over the finite values; NaNs and infinities must stand at the same places with the same values in both
+    (inf otherwise). Unlike tests/pairs.py's ``nmse``, which any non-finite value fails: a node's memory read after
+    the whole graph ran may hold bytes a later tensor left there, the same in both engines."""
     a = np.asarray(a, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     fa, fr = np.isfinite(a), np.isfinite(ref)
@@ -736,7 +648,7 @@ COMPUTE = ["simple_add", "q4_0_mul_mat", "permute_chain", "llama_block", "llama_
 
 @pytest.mark.parametrize("name", COMPUTE)
 def test_compute_on_allocated_graph(pairs, name):
-    g = _g()
+    g = real_ggml()
     p = pairs(GRAPHS.get(name) or EXTERNAL[name], external=name in EXTERNAL)
     _reserve_alloc(p)
     written = graphs.fill_leaves(g, p.r["gf"], p.r["inputs"])              # ggml quantizes with its quantizer

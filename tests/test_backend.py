@@ -29,7 +29,8 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from tests.graphs import BUILDERS, graph_nodes  # noqa: E402
-from tests.oracle.ggml_lib import RealGGML, available, unavailable_reason  # noqa: E402
+from tests.oracle.ggml_lib import available, unavailable_reason  # noqa: E402
+from tests.pairs import nmse, real_ggml  # noqa: E402
 
 from ggviz import ggml as gg  # noqa: E402
 from ggviz.ggml import accel, blas  # noqa: E402
@@ -39,20 +40,6 @@ from ggviz.ggml import quants as Q  # noqa: E402
 
 F32, F16 = gg.GGML_TYPE_F32, gg.GGML_TYPE_F16
 needs_oracle = pytest.mark.skipif(not available(), reason="real ggml oracle: " + unavailable_reason())
-_REAL = None
-
-
-def _g() -> RealGGML:
-    global _REAL
-    if _REAL is None:
-        _REAL = RealGGML()
-    return _REAL
-
-
-def nmse(a, b) -> float:
-    a = np.asarray(a, np.float64).ravel()
-    b = np.asarray(b, np.float64).ravel()
-    return float(np.sum((a - b) ** 2) / max(np.sum(b ** 2), 1e-300))
 
 
 # ====================================================================================================
@@ -103,7 +90,7 @@ class _Props(ctypes.Structure):           # struct ggml_backend_dev_props
 
 @needs_oracle
 def test_cpu_device_matches_ggml():
-    g = _g()
+    g = real_ggml()
     rreg, vreg = g.backend_cpu_reg(), B.backend_cpu_reg()
     assert B.backend_reg_name(vreg) == g.backend_reg_name(rreg) == "CPU"
     assert B.backend_reg_dev_count(vreg) == g.backend_reg_dev_count(rreg) == 1
@@ -167,7 +154,7 @@ def _special_ops(G, ctx) -> list:
 @needs_oracle
 @pytest.mark.parametrize("name", list(BUILDERS) + ["special"])
 def test_cpu_supports_op_matches_ggml(name):
-    g = _g()
+    g = real_ggml()
     rctx, vctx = g.init(8 << 20, None, True), gg.init(8 << 20, None, True)
     try:
         if name == "special":

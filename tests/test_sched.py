@@ -36,7 +36,8 @@ if _ROOT not in sys.path:
 
 from tests import graphs  # noqa: E402
 from tests.graphs import BUILDERS, graph_leafs, graph_nodes  # noqa: E402
-from tests.oracle.ggml_lib import RealGGML, available, run_in_subprocess, unavailable_reason  # noqa: E402
+from tests.oracle.ggml_lib import available, run_in_subprocess, unavailable_reason  # noqa: E402
+from tests.pairs import Pair, buffer_place, nmse, pairs_fixture, real_ggml  # noqa: E402
 
 from ggviz import ggml as gg, trace  # noqa: E402
 from ggviz.ggml import accel, blas  # noqa: E402
@@ -50,21 +51,6 @@ MODEL = os.path.join(_ROOT, "data", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DATA = os.path.join(_ROOT, "tests", "data", "llamacpp")
 
 needs_oracle = pytest.mark.skipif(not available(), reason="real ggml oracle: " + unavailable_reason())
-
-_REAL = None
-
-
-def _g() -> RealGGML:
-    global _REAL
-    if _REAL is None:
-        _REAL = RealGGML()
-    return _REAL
-
-
-def nmse(a, b) -> float:
-    a = np.asarray(a, np.float64).ravel()
-    b = np.asarray(b, np.float64).ravel()
-    return float(np.sum((a - b) ** 2) / max(np.sum(b ** 2), 1e-300))
 
 
 # ====================================================================================================
@@ -89,101 +75,40 @@ SCHED_CASES = [("simple_add", BUILDERS["simple_add"], False), ("q4_0_mul_mat", B
                ("llama_block_ext", BUILDERS["llama_block"], True), ("llama_sized_1_ext", _llama_sized_1, True)]
 
 
-def _is_weight(name: str) -> bool:
-    return name.endswith(".weight") or name.startswith("cache_")
+class SchedPair(Pair):
+    """A ``Pair`` (tests/pairs.py: one graph built in both engines, no_alloc contexts; optionally the weights and the
+    KV cache placed in a WEIGHTS buffer first with a tallocr) with the schedulers and ggml's CPU backend that
+    ``_scheds`` makes for it (freed by ``close``)."""
 
-
-class _Tallocr(ctypes.Structure):         # struct ggml_tallocr (returned by value)
-    _fields_ = [("buffer", ctypes.c_void_p), ("base", ctypes.c_void_p), ("alignment", ctypes.c_size_t),
-                ("offset", ctypes.c_size_t)]
-
-
-def _ctx_tensors_real(g, ctx) -> list:
-    out, t = [], g.get_first_tensor(ctx)
-    while t:
-        out.append(t)
-        t = g.get_next_tensor(ctx, t)
-    return out
-
-
-class Pair:
-    """One graph built in both engines (no_alloc contexts); optionally the weights and the KV cache placed in a
-    WEIGHTS buffer first with a tallocr (llama.cpp's model / cache buffers)."""
-
-    def __init__(self, build, external=False):
-        g = _g()
-        self.rctx = g.init(16 << 20, None, True)
-        self.vctx = gg.init(16 << 20, None, True)
-        self.r = build(g, self.rctx)
-        self.v = build(gg, self.vctx)
-        self.rbufs, self.vbufs = [], []
-        self.rsched = self.vsched = None
-        self.rbackend = None
-        if external:
-            rts = [t for t in _ctx_tensors_real(g, self.rctx)
-                   if _is_weight(g.tensor_info(t)["name"]) and not g.tensor_info(t)["view_src"]]
-            vts = [t for t in self.vctx.tensors() if _is_weight(t.name) and t.view_src is None]
-            size = sum(gg.GGML_PAD(gg.nbytes(t), 32) for t in vts)
-            rbuf = g.backend_buft_alloc_buffer(g.backend_cpu_buffer_type(), size)
-            vbuf = B.backend_buft_alloc_buffer(B.backend_cpu_buffer_type(), size)
-            g.backend_buffer_set_usage(rbuf, 1)
-            B.backend_buffer_set_usage(vbuf, WEIGHTS)
-            self.rbufs.append(rbuf)
-            self.vbufs.append(vbuf)
-            f = g.symbol("ggml_tallocr_new")
-            f.argtypes, f.restype = [ctypes.c_void_p], _Tallocr
-            rta, vta = f(rbuf), A.tallocr_new(vbuf)
-            for rt, vt in zip(rts, vts):
-                assert g.tallocr_alloc(ctypes.addressof(rta), rt) == 0
-                A.tallocr_alloc(vta, vt)
+    mem = 16 << 20
+    rsched = vsched = None
+    rbackend = None
 
     def close(self):
-        g = _g()
+        g = real_ggml()
         if self.rsched:
             g.backend_sched_free(self.rsched)
         if self.rbackend:
             g.backend_free(self.rbackend)
         if self.vsched is not None:
             S.backend_sched_free(self.vsched)
-        for b in self.rbufs:
-            g.backend_buffer_free(b)
-        for b in self.vbufs:
-            B.backend_buffer_free(b)
-        g.free(self.rctx)
-        gg.free(self.vctx)
+        super().close()
 
 
-@pytest.fixture
-def pairs():
-    made = []
-
-    def make(build, external=False):
-        p = Pair(build, external)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.close()
+pairs = pairs_fixture(SchedPair)
 
 
 def _offsets(G, gf) -> list:
     """(name, offset of the data in its buffer or None) for every leaf and node, in graph order."""
     out = []
     for t in list(graph_leafs(G, gf)) + list(graph_nodes(G, gf)):
-        if graphs.is_oracle(G):
-            s = G.tensor_info(t)
-            name, buf, data = s["name"], s["buffer"], s["data"]
-            base = G.backend_buffer_get_base(buf) if buf else 0
-        else:
-            name, buf, data = t.name, t.buffer, t.data
-            base = B.backend_buffer_get_base(B.buffer_at(buf)) if buf else 0
+        name, buf, data, base = buffer_place(G, t)
         out.append((name, (data - base) if buf and data else None))
     return out
 
 
-def _scheds(p: Pair, n_threads=2, graph_size=2048):
-    g = _g()
+def _scheds(p: SchedPair, n_threads=2, graph_size=2048):
+    g = real_ggml()
     p.rbackend = g.backend_cpu_init()
     g.backend_cpu_set_n_threads(p.rbackend, n_threads)
     arr = (ctypes.c_void_p * 1)(p.rbackend)
@@ -199,7 +124,7 @@ def _scheds(p: Pair, n_threads=2, graph_size=2048):
 @needs_oracle
 @pytest.mark.parametrize("name,build,external", SCHED_CASES, ids=[c[0] for c in SCHED_CASES])
 def test_cpu_sched_matches_ggml(pairs, name, build, external):
-    g = _g()
+    g = real_ggml()
     p = pairs(build, external)
     rs, vs = _scheds(p)
     assert g.backend_sched_alloc_graph(rs, p.r["gf"])
@@ -228,7 +153,7 @@ def test_unassigned_leaf_fails_like_ggml():
     reads ``bufts[-1]`` (NULL), sees the backend ids "changed", reserves, and ggml-alloc aborts on
     ``GGML_ASSERT(buffer_id >= 0)``; ggviz raises there. (llama.cpp never meets it: its leafs are weights and KV
     cache in buffers, or inputs.)"""
-    p = Pair(BUILDERS["permute_chain"])
+    p = SchedPair(BUILDERS["permute_chain"])
     _, vs = _scheds(p)
     with pytest.raises(gg.GGMLError, match="buffer_id >= 0"):
         S.backend_sched_alloc_graph(vs, p.v["gf"])
@@ -249,7 +174,7 @@ def test_unassigned_leaf_fails_like_ggml():
 @needs_oracle
 def test_reserve_then_alloc_and_reserve_size_match_ggml(pairs):
     """backend_sched_reserve on the worst case (32 tokens), then a 1-token graph allocated into that plan."""
-    g = _g()
+    g = real_ggml()
     big = pairs(lambda G, c: graphs.build_llama_block(G, c, _Sized32), external=True)
     small = pairs(_llama_sized_1, external=True)
     rs, vs = _scheds(big)
@@ -276,7 +201,7 @@ _EVAL_CB = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, ctype
 @needs_oracle
 def test_eval_callback_calls_match_ggml(pairs):
     """The callback sees the same (tensor, ask) sequence, and at ask=False the same data, as with ggml."""
-    g = _g()
+    g = real_ggml()
     p = pairs(graphs.build_llama_block, external=True)
     rs, vs = _scheds(p, n_threads=1)
     want_names = {"attn_norm-0", "kq_soft_max-0", "ffn_out-0", "result_output"}
