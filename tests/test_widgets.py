@@ -267,10 +267,14 @@ def test_visit_animation_replays_the_build(run):
     st = va.goto(k_hit).state()
     assert st["action"] == "hit" and st["hash_pos"] == evs[k_hit]["hash_pos"]
     # before its add, a visited node is on the DFS stack; after it, in nodes[]
-    k_ins = next(k for k, e in enumerate(evs) if e["kind"] == "graph.visit" and not e["hit"] and e["name"] == "embd")
-    k_add = next(k for k, e in enumerate(evs) if e["kind"] == "graph.add" and e["name"] == "embd")
+    # nodes[0] is the token embedding lookup: as in llama.cpp, build_inp_embd's ggml_build_forward_select visits it
+    # before the graph callback names it "embd", so the DFS names it "node_0" when it is added
+    a0 = gf.nodes[0].addr
+    k_ins = next(k for k, e in enumerate(evs) if e["kind"] == "graph.visit" and not e["hit"] and e["addr"] == a0)
+    k_add = next(k for k, e in enumerate(evs) if e["kind"] == "graph.add" and e["addr"] == a0)
+    assert gf.nodes[0].name == "embd"
     assert "embd" in va.state(k_ins)["stack"] and "embd" not in va.state(k_add)["stack"]
-    assert va.state(k_add)["text"].endswith("nodes[0] = 'embd'")
+    assert va.state(k_add)["text"].endswith("nodes[0] = 'node_0'")
     va.widget
     va.goto(0).step(3)
     assert va.pos == 3 and va._slider.value == 3 and "opacity" in va._canvas.css
@@ -328,7 +332,16 @@ def test_sampler_view_is_the_chain_history(run, model):
     assert st["selected"] == run["tok"]
     top0 = h[0]["top"][0][0]
     assert top0 == int(np.argmax(llama.get_logits_ith(run["ctx"], -1)))
+    # per stage: the best 20 survivors with logit / p / probability, the counts, the draw of dist
+    assert [len(x["cands"]) for x in st["stages"]] == [min(20, n) for n in st["n"]]
+    assert st["stages"][0]["cands"][0]["piece"] == MV._piece(model.vocab, top0)
+    d = st["stages"][-1]
+    assert d["draw"] is not None and d["p_valid"] and d["selected"] == run["tok"]
+    if d["draw"]["rank"] < len(d["cands"]):
+        assert d["cands"][d["draw"]["rank"]]["id"] == run["tok"]
+    assert sum(c["prob"] for c in d["cands"]) <= 1.0 + 1e-9
     _png_ok(sv.figure())
+    assert sv.to_html().count("<table") == len(h)
 
 
 def test_bpe_view(model):
@@ -400,6 +413,21 @@ def test_decode_stepper_shows_what_cb_eval_saw(stepper, model):
     assert any(q["index"] != ds.pos for q in ds.sharing())
     html = ds.to_html()
     assert "<svg" in html and "kq-3" in html and "data:image/png;base64" in html
+
+
+def test_decode_stepper_header_shows_the_given_tokens(model, stepper):
+    # the fixture's stepper: from the prompt, which is also what its tokens detokenize to
+    assert stepper.text == PROMPT and stepper.prompt == PROMPT and "The capital of France is" in stepper.header_html()
+    # only tokens: the header shows them, detokenized (special tokens written out), not the default prompt
+    ids = [1] + llama.tokenize(model.vocab, "Bonjour, le monde", add_special=False, parse_special=False)
+    ds = DecodeStepper(tokens=ids, model=model, copy_limit=0, slice_rows=1, slice_cols=4)
+    assert ds.tokens == ids and ds.state()["tokens"] == ids
+    assert ds.text == ds.prompt == "<|im_start|>Bonjour, le monde" == ds.state()["text"]
+    head = ds.header_html()
+    assert f"decode of {len(ids)} tokens" in head and "Bonjour, le monde" in head and "capital" not in head
+    assert "tokens: [" + ", ".join(map(str, ids)) + "]" in head
+    w = ds.widget                                          # built headless: the header is the first child
+    assert w.children[0].value == head
 
 
 def test_svg_window_crops_around_a_node(run):

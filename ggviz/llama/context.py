@@ -12,6 +12,13 @@ the model (``n_gpu_layers``), then the ACCEL-type devices of the registry (BLAS)
 ``backend_sched_reset`` + build (whose callback pins each layer's ``norm`` to its layer's device for small batches,
 ``llama_context::graph_get_cb``) + ``backend_sched_alloc_graph``, and ``backend_sched_graph_compute_async`` runs
 the splits (``ctx.sched.last_plan`` holds the last split plan).
+
+The compute buffers are reserved once, when the context is created (``llama_context::sched_reserve``): worst-case
+graphs are built over the *full* KV cache (``memory->init_full()``: n_kv = the cache size) and passed to
+``ggml_backend_sched_reserve`` -- a prompt-processing ubatch of ``min(n_ctx, n_ubatch)`` tokens with all of them
+output (``min(n_tokens, n_outputs_max)``), a token-generation ubatch of 1 token, then the pp graph again. The sizes
+(``ctx.backend_buf_exp_size``, ``ctx.compute_buffer_sizes()``) are what llama.cpp logs as
+``sched_reserve: CPU compute buffer size = X MiB``; decode then never grows the buffers.
 """
 from __future__ import annotations
 
@@ -56,6 +63,7 @@ class LlamaContextParams:
     abort_callback_data: object = None
     offload_kqv: bool = True         # KV cache of offloaded layers on their device
     op_offload: bool = True          # let offload devices take large-batch ops whose weights are in host memory
+    n_outputs_max: int = 0           # max outputs of a batch (0: n_batch); the pp reserve graph has min(n_ubatch, this)
 
 
 def context_default_params() -> LlamaContextParams:
@@ -89,7 +97,9 @@ class LlamaContext:
         self.cparams = p
         self.n_ctx = n_ctx
         self.n_batch = min(n_ctx, p.n_batch)
-        self.n_ubatch = min(self.n_batch, p.n_ubatch)
+        self.n_ubatch = min(self.n_batch, p.n_ubatch if p.n_ubatch > 0 else p.n_batch)
+        self.n_seq_max = max(1, p.n_seq_max)
+        self.n_outputs_max = self.n_batch if p.n_outputs_max == 0 else p.n_outputs_max
         # cparams derived from the model (llama_init_from_model)
         self.rope_freq_base = p.rope_freq_base if p.rope_freq_base != 0.0 else hp.rope_freq_base_train
         self.rope_freq_scale = p.rope_freq_scale if p.rope_freq_scale != 0.0 else hp.rope_freq_scale_train
@@ -115,12 +125,19 @@ class LlamaContext:
         self.graph_reuse = os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None
         self._prev_key = None
         self.n_reused = 0
+        # the worst-case reserve (llama_context::sched_reserve): the scheduler is created there, and the compute
+        # buffers are allocated once, before the first decode
+        self.sched = None
+        self.sched_need_reserve = True
+        self.backend_buf_exp_size = [0] * len(self.backends)   # bytes per backend after the reserve
+        self.reserve_log: list[dict] = []                      # one entry per graph_reserve, in order
+        self.reserve_stats: dict = {}
+        self.sched_reserve()
 
     def _init_backends(self, model, p):
         """llama_context's constructor: the backends (offload devices, ACCEL devices such as BLAS, the CPU), their
-        buffer types, the set_n_threads functions, and the scheduler over them."""
+        buffer types and the set_n_threads functions (the scheduler over them is created by ``sched_reserve``)."""
         from ..ggml import backend as gb
-        from ..ggml import sched as gs
         self.backends = [gb.backend_dev_init(dev, None) for dev in model.devices]
         # add ACCEL backends (such as BLAS)
         for i in range(gb.backend_dev_count()):
@@ -145,8 +162,127 @@ class LlamaContext:
                 if host_buft is not None:
                     buft = host_buft
             bufts.append(buft)
-        self.sched = gs.backend_sched_new(self.backends, bufts, len(self.backends), graph_max_nodes(model), False,
-                                          p.op_offload)
+        self.backend_buft = bufts
+
+    # ---- worst-case reserve (llama_context::sched_reserve / graph_reserve)
+    def sched_reserve(self) -> None:
+        """llama_context::sched_reserve: create the scheduler and reserve its compute buffers for the worst case.
+
+        Over the full KV cache (``memory->init_full()``: every graph attends all ``n_ctx`` cells), in llama.cpp's
+        order: the prompt-processing graph first (``n_tokens = min(n_ctx, n_ubatch)``, ``n_outputs =
+        min(n_tokens, n_outputs_max)``) "so that buffers are only allocated once", the token-generation graph
+        (1 token, 1 output; it gives the node and split counts of tg), and the pp graph again "to avoid ggml-alloc
+        reallocations during inference". The buffers keep the largest size any of them needed; the sizes per
+        backend go to ``backend_buf_exp_size`` (llama.cpp's ``sched_reserve: CPU compute buffer size = X MiB``).
+
+        Not mirrored: the fused-op probes llama.cpp runs before (``resolve_fused_ops``: flash attention when
+        ``flash_attn_type`` is AUTO, and the DeepSeek-V4 HC ops, each a 1-token graph that is only split, never
+        allocated) -- ggviz has none of those ops, and a split-only graph changes no buffer."""
+        from ..ggml import backend as gb
+        from ..ggml import sched as gs
+        if not self.sched_need_reserve:
+            return
+        self.sched_need_reserve = False
+        t0 = time.perf_counter()
+        n_seqs = self.n_seq_max
+        n_tokens = min(self.n_ctx, self.n_ubatch)
+        max_nodes = graph_max_nodes(self.model)
+        if self.sched is not None:
+            gs.backend_sched_free(self.sched)
+        self.sched = gs.backend_sched_new(self.backends, self.backend_buft, len(self.backends), max_nodes, False,
+                                          self.cparams.op_offload)
+        self._prev_key = None
+        self.last_graph = None
+        self.reserve_log = []
+        n_outputs_pp = min(n_tokens, self.n_outputs_max)
+        # reserve pp (prompt processing) graph first so that buffers are only allocated once
+        pp = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
+        n_splits_pp, n_nodes_pp = gs.backend_sched_get_n_splits(self.sched), pp.gf.n_nodes
+        # reserve with tg (token generation) graph to get the number of splits and nodes
+        tg = self.graph_reserve(n_seqs, n_seqs, n_seqs)
+        n_splits_tg, n_nodes_tg = gs.backend_sched_get_n_splits(self.sched), tg.gf.n_nodes
+        # reserve again with pp graph to avoid ggml-alloc reallocations during inference
+        self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
+        self.backend_buf_exp_size = [gs.backend_sched_get_buffer_size(self.sched, b) for b in self.backends]
+        self.reserve_stats = dict(n_tokens_pp=n_tokens, n_outputs_pp=n_outputs_pp, n_tokens_tg=n_seqs,
+                                  n_kv=self.kv.size, n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg,
+                                  n_splits_pp=n_splits_pp, n_splits_tg=n_splits_tg, max_nodes=max_nodes,
+                                  t_us=int((time.perf_counter() - t0) * 1e6))
+        if trace.active:
+            trace.emit("llama.sched_reserve", ctx=id(self), sched=id(self.sched),
+                       sizes={gb.backend_name(b): s for b, s in zip(self.backends, self.backend_buf_exp_size)},
+                       bufts=[gb.backend_buft_name(bt) for bt in self.backend_buft], **self.reserve_stats)
+
+    def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False):
+        """llama_context::graph_reserve: build the graph of a dummy ubatch (``n_tokens`` tokens, the first
+        ``n_outputs`` of them output) over the full KV cache and reserve the scheduler's buffers for it
+        (``ggml_backend_sched_reserve``), or only split it (``split_only``). The scheduler is reset first, so the
+        previous graph can no longer be reused. Returns the GraphResult (its inputs are never set)."""
+        from ..ggml import backend as gb
+        from ..ggml import sched as gs
+        if n_tokens % n_seqs != 0:
+            n_tokens = ((n_tokens + (n_seqs - 1)) // n_seqs) * n_seqs   # round to next multiple of n_seqs
+        gs.backend_sched_reset(self.sched)
+        # when the scheduler is reset, we cannot reuse old graphs
+        self._prev_key = None
+        # memory->init_full(): the graph attends the whole cache
+        res = self.build_graph(n_tokens, n_outputs, self.kv.size)
+        if split_only:
+            gs.backend_sched_split_graph(self.sched, res.gf)
+        elif not gs.backend_sched_reserve(self.sched, res.gf):
+            raise DecodeError(f"llama_context::graph_reserve: failed to allocate compute buffers "
+                              f"({gb.last_log_error() or 'allocation failed'})")
+        entry = dict(n_tokens=n_tokens, n_seqs=n_seqs, n_outputs=n_outputs, n_kv=self.kv.size,
+                     split_only=split_only, n_nodes=res.gf.n_nodes, n_leafs=res.gf.n_leafs,
+                     n_splits=gs.backend_sched_get_n_splits(self.sched),
+                     sizes={gb.backend_name(b): gs.backend_sched_get_buffer_size(self.sched, b)
+                            for b in self.backends})
+        self.reserve_log.append(entry)
+        if trace.active:
+            trace.emit("llama.graph_reserve", ctx=id(self), sched=id(self.sched), **entry)
+        return res
+
+    def compute_buffer_sizes(self) -> dict:
+        """The reserved compute buffer size per buffer type name, as llama.cpp logs it after the reserve
+        (``sched_reserve: %10s compute buffer size = %8.2f MiB``, only sizes > 1 byte). Backends that share a buffer
+        type share one buffer: the scheduler counts it once, under the first of them."""
+        from ..ggml import backend as gb
+        out: dict = {}
+        for buft, size in zip(self.backend_buft, self.backend_buf_exp_size):
+            if size > 1:
+                name = gb.backend_buft_name(buft)
+                out[name] = out.get(name, 0) + size
+        return out
+
+    def compute_buffer_log(self) -> str:
+        """llama.cpp's log lines of the reserve (``sched_reserve: ... compute buffer size = X MiB`` and the graph
+        line)."""
+        from ..ggml import backend as gb
+        lines = [f"sched_reserve: {gb.backend_buft_name(buft):>10s} compute buffer size = "
+                 f"{size / 1024.0 / 1024.0:8.2f} MiB"
+                 for buft, size in zip(self.backend_buft, self.backend_buf_exp_size) if size > 1]
+        st = self.reserve_stats
+        if st:
+            diff = st["n_nodes_pp"] != st["n_nodes_tg"] or st["n_splits_pp"] != st["n_splits_tg"]
+            if diff:
+                lines.append(f"sched_reserve: graph (pp bs={st['n_tokens_pp']}, tg bs={st['n_tokens_tg']}): "
+                             f"nodes = {st['n_nodes_pp']} / {st['n_nodes_tg']}, "
+                             f"splits = {st['n_splits_pp']} / {st['n_splits_tg']}")
+            else:
+                lines.append(f"sched_reserve: graph: nodes = {st['n_nodes_pp']}, splits = {st['n_splits_pp']}")
+        return "\n".join(lines)
+
+    def check_compute_buffers(self) -> list:
+        """~llama_context's check: is every backend's compute buffer still the size the reserve expected? Returns
+        ``(backend name, expected, actual)`` for each backend whose buffer changed (empty: none did)."""
+        from ..ggml import backend as gb
+        from ..ggml import sched as gs
+        out = []
+        for b, exp in zip(self.backends, self.backend_buf_exp_size):
+            act = gs.backend_sched_get_buffer_size(self.sched, b)
+            if act != exp:
+                out.append((gb.backend_name(b), exp, act))
+        return out
 
     # ---- cparams view used by the graph builder
     @property
@@ -169,6 +305,8 @@ class LlamaContext:
         """llama_decode: 0 on success, 1 if no KV slot was found, -1 on invalid input, 2 if aborted."""
         hp = self.model.hparams
         n = batch.n_tokens
+        if self.sched_need_reserve:
+            self.sched_reserve()
         if n <= 0:
             raise DecodeError("llama_decode: n_tokens == 0")
         if batch.token is None:

@@ -21,6 +21,7 @@ from .. import ggml
 class GraphInputs:
     """llm_graph_input_*: the leaf tensors whose data the context sets before each compute."""
     tokens: object = None        # inp_tokens   I32 [n_tokens]
+    embd: object = None          # inp_embd     F32 [n_embd, n_tokens] (vector embeddings input; unused for tokens)
     pos: object = None           # inp_pos      I32 [n_tokens]
     kq_mask: object = None       # attn_inp_kq_mask F32 [n_kv, n_tokens]
     k_idxs: object = None        # attn_inp_k_idxs  I64 [n_tokens]
@@ -77,13 +78,26 @@ class LlamaGraphBuilder:
 
     # ---- inputs
     def build_inp_embd(self, tok_embd):
+        """Two inputs, as llama.cpp (PR 18550): the token ids and a vector-embeddings input ``inp_embd``
+        F32 [n_embd, n_tokens]; ``ggml_build_forward_select`` puts both paths in the graph and marks only the token
+        path for compute. ``inp_embd`` is then a graph leaf that no node reads: it computes nothing, but the graph
+        allocator still gives it memory (it is allocated with the other leafs and never freed), so it is part of
+        the compute buffer size llama.cpp reserves (n_embd * 4 bytes per token)."""
         ctx0 = self.ctx0
         tokens = ggml.new_tensor_1d(ctx0, ggml.GGML_TYPE_I32, self.n_tokens)
         self.cb(tokens, "inp_tokens", -1)
         ggml.set_input(tokens)
         self.inputs.tokens = tokens
-        cur = ggml.get_rows(ctx0, tok_embd, tokens)
+        embd = ggml.new_tensor_2d(ctx0, ggml.GGML_TYPE_F32, self.hp.n_embd, self.n_tokens)
+        self.cb(embd, "inp_embd", -1)
+        ggml.set_input(embd)
+        self.inputs.embd = embd
+        # token embeddings path (ubatch.token != nullptr) and vector embeddings path (ubatch.embd != nullptr)
+        inps = [ggml.get_rows(ctx0, tok_embd, tokens), embd]
+        cur = ggml.build_forward_select(self.gf, inps, 0)
         self.cb(cur, "embd", -1)
+        # make sure the produced embeddings are immediately materialized in the graph (llama.cpp PR 18599)
+        ggml.build_forward_expand(self.gf, cur)
         return cur
 
     def build_inp_pos(self):

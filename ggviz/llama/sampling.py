@@ -4,7 +4,11 @@ Mirrors llama.cpp's llama-sampling.cpp: ``llama_token_data_array`` (id, logit, p
 ``llama_sampler_chain_init``/``_add``, ``llama_sampler_init_greedy``, ``_temp``, ``_top_k``, ``_top_p``,
 ``_min_p``, ``_dist(seed)``, ``llama_sampler_sample(smpl, ctx, idx)`` and ``llama_sampler_accept``.
 
-Each step records what it did (``history``), so the visual layer can draw logits -> filters -> chosen token.
+Each step records what it did (``SamplerChain.history``), so the visual layer can draw logits -> filters -> chosen
+token: per stage the candidates that survive it (the best ``history_k`` by logit, with the logit and ``p`` exactly as
+the candidate array holds them after the stage, as llama.cpp's ``llama_token_data_array`` would), how many survive,
+the probability each survivor would have if the chain drew now (a softmax over the survivors), the chosen token,
+and for ``dist`` the random draw.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ class TokenDataArray:
         self.p = np.zeros(len(logits), dtype=np.float32)
         self.selected = -1
         self.sorted = False
+        self.n_softmax = 0          # ggviz: how many times p was computed (for SamplerChain.history's p_valid)
 
     @property
     def size(self):
@@ -43,13 +48,19 @@ class TokenDataArray:
         mx = self.logit[0]
         e = np.exp((self.logit - mx).astype(np.float32))
         self.p = (e / np.float32(e.sum(dtype=np.float32))).astype(np.float32)
+        self.n_softmax += 1
 
 
 class Sampler:
     name = "base"
+    last_draw = None          # the random draw of the last apply (samplers that draw: dist)
 
     def apply(self, cur: TokenDataArray):
         raise NotImplementedError
+
+    def params(self) -> dict:
+        """The sampler's settings, for the history and the views."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, (int, float)) and not k.startswith("_")}
 
     def accept(self, token: int):
         pass
@@ -151,24 +162,55 @@ class Dist(Sampler):
         cum = np.cumsum(cur.p, dtype=np.float64)
         i = int(np.searchsorted(cum, u * cum[-1], side="right"))
         cur.selected = min(i, cur.size - 1)
+        # the draw, for the history: u in [0, 1), the target u * sum(p), and the cumulative sum that reached it
+        j = cur.selected
+        self.last_draw = {"u": float(u), "target": float(u * cum[-1]), "rank": j,
+                          "cum_before": float(cum[j - 1]) if j > 0 else 0.0, "cum_at": float(cum[j])}
+
+    def params(self) -> dict:
+        return {"seed": int(self.seed)}
+
+
+HISTORY_K = 20   # candidates kept per stage in SamplerChain.history
 
 
 class SamplerChain(Sampler):
+    """llama_sampler_chain: the samplers applied in order to one candidate array.
+
+    ``history`` (the last ``apply``) has one entry for the candidates as they came in (``step == "logits"``) and one
+    per sampler, each a dict of plain Python values:
+
+    - ``step``, ``params``: the sampler's name and settings (k, p, t, min_keep, seed);
+    - ``n``: how many candidates survive the stage (the array's size); ``n_finite``: how many of them still have a
+      finite logit (temperature 0 keeps the others at -inf); ``sorted``: whether the array is sorted by logit;
+    - ``cands``: the best ``min(n, history_k)`` survivors by logit, best first, each ``{"id", "logit", "p",
+      "prob"}``: ``logit`` and ``p`` as the array holds them after the stage (llama.cpp's token data: ``p`` is only
+      meaningful right after a stage that ran a softmax -- top-p, dist -- and keeps its stale values or 0 otherwise),
+      ``prob`` the probability of the survivor if the chain drew now (softmax over the current survivors' logits);
+      ``p_valid``: whether ``p`` was (re)computed by this stage;
+    - ``top``: ``[(id, logit)]`` of the first 5 of ``cands`` (kept for older readers);
+    - ``selected``: the chosen token id, once a stage selected one (greedy, dist), else None;
+    - ``draw``: for a stage that drew a random number (dist): ``u`` (uniform in [0, 1)), ``target`` (``u * sum
+      p``), ``rank`` (index of the chosen candidate in the sorted array) and the cumulative sums around it.
+    """
     name = "chain"
 
-    def __init__(self):
+    def __init__(self, history_k: int = HISTORY_K):
         self.samplers: list[Sampler] = []
         self.history: list[dict] = []     # what each step left, for the visual layer
+        self.history_k = int(history_k)
 
     def add(self, s: Sampler):
         self.samplers.append(s)
 
     def apply(self, cur):
-        self.history = [{"step": "logits", "n": cur.size, "top": _top(cur)}]
+        self.history = [_stage(cur, "logits", {}, self.history_k, p_valid=False)]
         for s in self.samplers:
+            n_softmax = cur.n_softmax
+            s.last_draw = None
             s.apply(cur)
-            self.history.append({"step": s.name, "n": cur.size, "top": _top(cur), "selected":
-                                 int(cur.id[cur.selected]) if cur.selected >= 0 else None})
+            self.history.append(_stage(cur, s.name, s.params(), self.history_k, p_valid=cur.n_softmax > n_softmax,
+                                       draw=s.last_draw))
 
     def accept(self, token):
         for s in self.samplers:
@@ -179,9 +221,26 @@ class SamplerChain(Sampler):
             s.reset()
 
 
-def _top(cur, n=5):
-    order = np.argsort(-cur.logit, kind="stable")[:n]
-    return [(int(cur.id[i]), float(cur.logit[i])) for i in order]
+def _stage(cur: TokenDataArray, step: str, params: dict, k: int, p_valid: bool, draw=None) -> dict:
+    """One ``SamplerChain.history`` entry: what the candidate array holds after a stage (see SamplerChain)."""
+    n = cur.size
+    logit = cur.logit.astype(np.float64)
+    fin = np.isfinite(logit)
+    n_fin = int(fin.sum())
+    # the best k by logit, best first (ties: array order, as a stable sort)
+    order = np.argsort(-logit, kind="stable")[:k] if n else np.zeros(0, dtype=np.int64)
+    # the probability of each survivor if the chain drew now: softmax over the current (finite) logits
+    prob = np.zeros(n, dtype=np.float64)
+    if n_fin:
+        mx = logit[fin].max()
+        e = np.where(fin, np.exp(np.where(fin, logit - mx, 0.0)), 0.0)
+        prob = e / e.sum()
+    cands = [{"id": int(cur.id[i]), "logit": float(cur.logit[i]), "p": float(cur.p[i]), "prob": float(prob[i])}
+             for i in order]
+    sel = int(cur.id[cur.selected]) if 0 <= cur.selected < n else None
+    return {"step": step, "params": dict(params), "n": n, "n_finite": n_fin, "sorted": bool(cur.sorted),
+            "p_valid": p_valid, "cands": cands, "top": [(c["id"], c["logit"]) for c in cands[:5]],
+            "selected": sel, "draw": dict(draw) if draw else None}
 
 
 # ---- llama.h mirror

@@ -9,8 +9,9 @@ Everything is recorded from a real ``ggviz.llama`` run, never recomputed:
 - ``capture_attention(ctx, tokens)``: decodes ``tokens`` with an eval callback that asks for the
   ``kq_soft_max-<il>`` nodes (the attention weights after the mask and softmax) and copies them;
   ``attention_figure(rec, layer)`` draws one heatmap per head; ``AttentionView`` has a layer slider.
-- ``sampler_figure(chain.history)``: the candidates after each sampler of a chain (logits -> top-k -> ... ->
-  selected token) as bar charts; ``SamplerView``.
+- ``sampler_figure(chain.history)``: the candidates that survive each sampler of a chain (logits -> top-k -> ... ->
+  selected token, with the random draw of ``dist``) as bar charts; ``sampler_stage_table`` / ``sampler_tables_html``
+  the same as one table per stage (logit, llama.cpp's ``p``, the probability if drawn now); ``SamplerView``.
 - ``bpe_table(vocab, word)`` / ``BPEView``: the merges BPE made on each word of a prompt (``Vocab.bpe_trace``).
 """
 from __future__ import annotations
@@ -315,71 +316,166 @@ class AttentionView(VizWidget):
 
 # ------------------------------------------------------------------------------------------------------- sampling
 
-def sampler_figure(history, vocab=None, title: str | None = None):
-    """One panel per entry of ``SamplerChain.history``: the top candidates left after that step (their logits, as
-    the step left them) and how many remain; the selected token in red."""
+def _stage_cands(h: dict) -> list:
+    """The candidates an entry of ``SamplerChain.history`` kept (older histories: ``top`` = [(id, logit)])."""
+    if "cands" in h:
+        return list(h["cands"])
+    return [{"id": t, "logit": v, "p": None, "prob": None} for t, v in h.get("top", [])]
+
+
+def _stage_title(h: dict, n_vocab=None) -> str:
+    params = h.get("params") or {}
+    ps = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+    name = "candidates in" if h["step"] == "logits" else f"after {h['step']}" + (f" ({ps})" if ps else "")
+    of = f" of {n_vocab}" if n_vocab else ""
+    surv = f"{h['n']}{of} candidates" + ("" if h["step"] == "logits" else " survive")
+    if h.get("n_finite") is not None and h["n_finite"] != h["n"]:
+        surv += f" ({h['n_finite']} with a finite logit)"
+    return f"{name}\n{surv}"
+
+
+def _draw_text(h: dict) -> str:
+    d = h.get("draw")
+    if not d:
+        return ""
+    return (f"draw u = {d['u']:.4f}: the target u·Σp = {d['target']:.4f} is reached at rank {d['rank']} "
+            f"(cumulative p {d['cum_before']:.4f} → {d['cum_at']:.4f})")
+
+
+def sampler_figure(history, vocab=None, title: str | None = None, show: int = 12):
+    """One panel per entry of ``SamplerChain.history`` (logits, then each sampler): the best ``show`` candidates
+    that survive the stage, as bars of the probability each would have if the chain drew now (softmax over the
+    survivors), annotated with the logit as the stage left it and ``p`` as the candidate array holds it (llama.cpp's
+    ``llama_token_data.p``; only fresh after a stage that ran a softmax, shown as "p=–" otherwise); the panel title
+    says how many candidates survive; the selected token is red, and the random draw of ``dist`` is written under
+    its panel."""
     import matplotlib.pyplot as plt
 
     hist = list(history)
     if not hist:
         raise ValueError("empty sampler history: sample a token first (llama.sampler_sample)")
     sel = next((h.get("selected") for h in reversed(hist) if h.get("selected") is not None), None)
+    n_vocab = hist[0]["n"] if hist[0].get("step") == "logits" else None
     n = len(hist)
     cols = min(n, 3)
     rows = -(-n // cols)
-    fig, axs = plt.subplots(rows, cols, figsize=(4.4 * cols, 2.9 * rows + 0.5), squeeze=False)
+    fig, axs = plt.subplots(rows, cols, figsize=(5.0 * cols, 0.26 * show * rows + 1.4 * rows + 0.6), squeeze=False)
     for ax in axs.flat[n:]:
         ax.set_axis_off()
     for ax, h in zip(axs.flat, hist):
-        top = h["top"]
-        ids = [t for t, _ in top]
-        vals = [v for _, v in top]
-        y = np.arange(len(top))
-        fin = [v if np.isfinite(v) else np.nan for v in vals]
-        ax.barh(y, fin, color=["#e53935" if t == sel else "#90caf9" for t in ids], edgecolor="#424242")
+        cands = _stage_cands(h)[:show]
+        ids = [c["id"] for c in cands]
+        probs = [c["prob"] if c.get("prob") is not None else np.nan for c in cands]
+        y = np.arange(len(cands))
+        ax.barh(y, probs, color=["#e53935" if t == sel else "#90caf9" for t in ids], edgecolor="#424242")
         ax.set_yticks(y)
         ax.set_yticklabels([(_label(vocab, t) if vocab is not None else str(t)) + f"  ({t})" for t in ids],
-                           fontsize=9)
+                           fontsize=8)
         ax.invert_yaxis()
-        for yi, v in zip(y, vals):
-            ax.text(0 if not np.isfinite(v) else v, yi, f" {v:.3g}", va="center", fontsize=8)
-        ax.set_title(f"after {h['step']}\n{h['n']} candidates", fontsize=10)
-        ax.set_xlabel("logit", fontsize=8)
-        ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(title or ("sampler chain: top candidates after each step" +
+        fin = [x for x in probs if np.isfinite(x)]
+        ax.set_xlim(0, max(fin + [1e-3]) * 1.9)
+        for yi, c, pr in zip(y, cands, probs):
+            lg = c["logit"]
+            ptxt = f"p={c['p']:.3f}" if (h.get("p_valid") and c.get("p") is not None) else "p=–"
+            ax.text(pr if np.isfinite(pr) else 0, yi, f" {pr:.3f}  logit {lg:.3g}  {ptxt}", va="center", fontsize=7)
+        more = h["n"] - len(cands)
+        ax.set_title(_stage_title(h, n_vocab), fontsize=9)
+        xl = "probability if drawn now (softmax over the survivors)"
+        if more > 0:
+            xl += f"; {more} more not shown"
+        dt = _draw_text(h)
+        if dt:
+            xl += "\n" + dt
+        ax.set_xlabel(xl, fontsize=7)
+        ax.tick_params(axis="x", labelsize=7)
+    fig.suptitle(title or ("sampler chain: the candidates that survive each stage" +
                            (f" → selected {_label(vocab, sel) if vocab is not None else sel} ({sel})"
                             if sel is not None else "")), fontsize=11)
     fig.tight_layout()
     return fig
 
 
+def sampler_stage_table(h: dict, vocab=None) -> Table:
+    """One stage of ``SamplerChain.history`` as a table: the kept survivors, best logit first, with the logit and
+    ``p`` as the candidate array holds them after the stage, the probability if drawn now, and its running sum."""
+    rows = []
+    cum = 0.0
+    for r, c in enumerate(_stage_cands(h)):
+        pr = c.get("prob")
+        cum = cum + pr if pr is not None else None
+        rows.append({"rank": r, "id": c["id"], "piece": _piece(vocab, c["id"]) if vocab is not None else "",
+                     "logit": c["logit"], "p (array)": c.get("p") if h.get("p_valid") else None,
+                     "prob if drawn now": pr, "cum prob": cum,
+                     "": "◀ selected" if c["id"] == h.get("selected") else ""})
+    title = _stage_title(h).replace("\n", ": ")
+    kept = len(rows)
+    if kept < h["n"]:
+        title += f" (the best {kept} shown)"
+    dt = _draw_text(h)
+    if dt:
+        title += "; " + dt
+    return Table(rows, ["rank", "id", "piece", "logit", "p (array)", "prob if drawn now", "cum prob", ""],
+                 title=title)
+
+
+def sampler_tables_html(history, vocab=None) -> str:
+    """Every stage of ``SamplerChain.history`` as an HTML table (``sampler_stage_table``)."""
+    return "".join(html_table(sampler_stage_table(h, vocab)) + "<br/>" for h in history)
+
+
 class SamplerView(VizWidget):
-    """The chain's last run (``SamplerChain.history``) as bar charts; ``state()`` is the history itself."""
+    """The chain's last run (``SamplerChain.history``): logits → each sampler → chosen token, as bar charts and one
+    table per stage. ``select(k)`` picks the stage whose table ``stage_html`` shows; ``state()`` is the history
+    with the token pieces."""
 
     def __init__(self, chain_or_history, vocab=None):
         self.history = [dict(h) for h in getattr(chain_or_history, "history", chain_or_history)]
         self.vocab = vocab
+        self.stage = len(self.history) - 1
+
+    def select(self, k: int):
+        if not -len(self.history) <= k < len(self.history):
+            raise IndexError(f"stage {k} out of range ({len(self.history)} stages)")
+        self.stage = k % len(self.history)
+        self._changed()
+        return self
 
     def state(self) -> dict:
         sel = next((h.get("selected") for h in reversed(self.history) if h.get("selected") is not None), None)
+        piece = (lambda t: _piece(self.vocab, t)) if self.vocab is not None else (lambda t: None)
+        stages = [{"step": h["step"], "params": dict(h.get("params") or {}), "n": h["n"],
+                   "n_finite": h.get("n_finite"), "p_valid": h.get("p_valid"), "selected": h.get("selected"),
+                   "draw": h.get("draw"), "cands": [dict(c, piece=piece(c["id"])) for c in _stage_cands(h)]}
+                  for h in self.history]
         return {"steps": [h["step"] for h in self.history], "n": [h["n"] for h in self.history],
                 "top": [h["top"] for h in self.history], "selected": sel,
-                "selected_piece": _piece(self.vocab, sel) if (self.vocab is not None and sel is not None) else None}
+                "selected_piece": _piece(self.vocab, sel) if (self.vocab is not None and sel is not None) else None,
+                "stage": self.stage, "stages": stages}
 
     def figure(self):
         return sampler_figure(self.history, self.vocab)
 
+    def stage_html(self, k: int | None = None) -> str:
+        return html_table(sampler_stage_table(self.history[self.stage if k is None else k], self.vocab))
+
     def to_html(self) -> str:
-        return png_img(fig_to_png(self.figure()), "max-width:100%")
+        return png_img(fig_to_png(self.figure()), "max-width:100%") + sampler_tables_html(self.history, self.vocab)
 
     def _build(self):
         import ipywidgets as W
 
         self._img = W.HTML()
-        return W.VBox([self._img])
+        self._w = W.Dropdown(options=[(f"{k}: {h['step']}", k) for k, h in enumerate(self.history)],
+                             value=self.stage, description="stage")
+        self._w.observe(lambda ch: self.select(ch["new"]), "value")
+        self._tab = W.HTML()
+        return W.VBox([self._img, self._w, self._tab])
 
     def _refresh(self):
-        self._img.value = self.to_html()
+        if not self._img.value:
+            self._img.value = png_img(fig_to_png(self.figure()), "max-width:100%")
+        self._w.value = self.stage
+        self._tab.value = self.stage_html()
 
 
 # ------------------------------------------------------------------------------------------------------------ BPE

@@ -51,12 +51,15 @@ def faithful_model_params():
 class DecodeStepper(VizWidget):
     """Step through the nodes of one decode.
 
-    ``prompt`` (or ``tokens``): what is decoded (one ubatch); ``model``: a loaded model (default: the default
-    model, loaded with ``faithful_model_params()``); ``extra_cb``: another eval callback to call with every
+    ``prompt`` (or ``tokens``): what is decoded (one ubatch); given ``tokens``, they are decoded as they are and
+    the header shows them detokenized (``text``), whatever ``prompt`` says; ``model``: a loaded model (default: the
+    default model, loaded with ``faithful_model_params()``); ``extra_cb``: another eval callback to call with every
     result as well (tests use it to check that the stepper shows exactly what the callback saw).
     """
 
-    def __init__(self, prompt: str = "The capital of France is", model=None, tokens=None, n_threads: int = 2,
+    DEFAULT_PROMPT = "The capital of France is"
+
+    def __init__(self, prompt: str | None = None, model=None, tokens=None, n_threads: int = 2,
                  n_ctx: int = 256, copy_limit: int = 65536, slice_rows: int = 16, slice_cols: int = 2048,
                  extra_cb=None, max_height: str = "640px"):
         from ... import llama
@@ -68,9 +71,14 @@ class DecodeStepper(VizWidget):
             model = load_model(**kw)
         self.model = model
         self.vocab = llama.model_get_vocab(model)
-        self.prompt = prompt
-        self.tokens = list(tokens) if tokens is not None else llama.tokenize(self.vocab, prompt, add_special=True,
-                                                                             parse_special=True)
+        if tokens is not None:
+            self.tokens = [int(t) for t in tokens]
+        else:
+            prompt = self.DEFAULT_PROMPT if prompt is None else prompt
+            self.tokens = llama.tokenize(self.vocab, prompt, add_special=True, parse_special=True)
+        # what is decoded, as text: the tokens detokenized (special tokens written out)
+        self.text = llama.detokenize(self.vocab, self.tokens, remove_special=False, unparse_special=True)
+        self.prompt = prompt if prompt is not None else self.text
         self.copy_limit = copy_limit
         self.slice_rows, self.slice_cols = slice_rows, slice_cols
         self.records: list[dict] = []
@@ -202,7 +210,7 @@ class DecodeStepper(VizWidget):
                 "stats": r["stats"], "full": r["full"], "open_layers": [x for x in self.view.all_layers
                                                                          if x not in self.view.collapsed],
                 "vertex": info["vertex_of_node"][self.pos], "n_nodes_drawn": info["n_nodes_drawn"],
-                "n_sharing": len(self.sharing()), "tokens": list(self.tokens)}
+                "n_sharing": len(self.sharing()), "tokens": list(self.tokens), "text": self.text}
 
     # ---------------------------------------------------------------- rendering
     def heatmap_png(self, i: int | None = None, max_rows: int = 48, max_cols: int = 512) -> bytes:
@@ -270,6 +278,13 @@ class DecodeStepper(VizWidget):
         return (f"<div style='display:flex;gap:14px;align-items:flex-start'><div><style>{css}</style>{svg}</div>"
                 f"{self.panel_html()}</div>")
 
+    def header_html(self) -> str:
+        """The line above the stepper: what was decoded -- the tokens detokenized, and their ids."""
+        ids = ", ".join(str(t) for t in self.tokens[:32]) + (", …" if len(self.tokens) > 32 else "")
+        return (f"<b>decode of {len(self.tokens)} tokens</b> <code>{esc(repr(self.text))}</code> "
+                f"<span style='font-size:11px'>tokens: [{ids}]</span> — "
+                f"{self.n_steps} nodes recorded in {self.decode_s:.1f} s")
+
     def _build(self):
         import ipywidgets as W
 
@@ -296,8 +311,7 @@ class DecodeStepper(VizWidget):
         self._w_find = W.Combobox(options=names, placeholder="go to node name", layout=W.Layout(width="220px"))
         self._w_find.observe(lambda ch: ch["new"] in names and self.goto(ch["new"]), "value")
         self._panel = W.HTML()
-        head = W.HTML(f"<b>decode of {len(self.tokens)} tokens</b> {esc(self.prompt)!s} — "
-                      f"{self.n_steps} nodes recorded in {self.decode_s:.1f} s")
+        head = W.HTML(self.header_html())
         return W.VBox([head, W.HBox([prev, nxt, self._slider, self._w_find]),
                        W.HBox([self._canvas, self._panel])])
 
