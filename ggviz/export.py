@@ -6,8 +6,10 @@
 ``ggviz graph`` builds (without computing) the graph llama.cpp's ``llama_decode`` builds for one new token of the
 default model -- ``llm_build_llama`` through ``llama_context::build_graph``, 1086 nodes for SmolLM2-135M -- and
 draws it with ``ggviz.viz.graph_dot``: by default every layer folded into one box, ``--layer N`` with layer N opened
-up, ``--full`` every node (a very tall picture; Graphviz needs 10-20 s for it). ``--format dot`` needs nothing but Python; svg/png need
-Graphviz's ``dot`` program.
+up, ``--full`` every node (a very tall picture, laid out layer by layer by ``graph_dot.layered_layout``: under a
+second, where Graphviz's ``dot`` on the whole graph needs 15-20 s; its DOT file carries every position and renders
+with ``neato -n2``). svg/png need Graphviz's ``dot`` program; ``--format dot`` needs nothing but Python (without
+Graphviz, ``--full`` writes the DOT source without positions).
 
 ``ggviz trace`` decodes the prompt, then one more token under ``ggviz.trace.ComputeTimeline`` and writes the
 Chrome trace-event JSON of that one ``ggml_graph_compute``: per thread, a span per node (``cpu.node``), the
@@ -169,10 +171,11 @@ def graph_dot(gf, layer: int | None = None, full: bool = False, title: str | Non
     if title is None:
         what = "every node" if full else (f"layer {layer} expanded" if layer is not None else "one box per layer")
         title = f"llama_decode graph, one token: {gf.n_nodes} nodes, {gf.n_leafs} leafs ({what})"
-    dot, _info = G.graph_to_dot_grouped(gf, collapse=collapse, title=title, legend=legend)
-    if full:
-        # ~1400 vertices and long edges from shared inputs (inp_pos feeds 60 ROPEs): with its default effort dot
-        # needs many minutes; fewer crossing-minimisation / network-simplex iterations and straight edges: seconds
+    dot, info = G.graph_to_dot_grouped(gf, collapse=collapse, title=title, legend=legend)
+    if full and info["layout"] == "dot":
+        # (only without the layered layout, e.g. no layer names) ~1400 vertices and long edges from shared inputs
+        # (inp_pos feeds 60 ROPEs): with its default effort dot needs many minutes; fewer crossing-minimisation /
+        # network-simplex iterations and straight edges: 15-20 s
         dot.graph_attr.update(mclimit="0.3", nslimit="1", nslimit1="1", splines="line")
     return dot
 
@@ -265,7 +268,7 @@ def graph_main(argv=None) -> int:
                                  "(one token): one box per layer, one layer opened up, or every node")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--layer", type=int, default=None, help="open up this layer (others stay folded)")
-    g.add_argument("--full", action="store_true", help="draw every node (a very tall picture; the layout takes 10-20 s)")
+    g.add_argument("--full", action="store_true", help="draw every node (a very tall picture, laid out layer by layer)")
     ap.add_argument("--format", choices=("dot", "svg", "png"), default=None,
                     help="output format (default: from the file extension, else svg)")
     ap.add_argument("-o", "--out", default=None, help="output file (default: decode_graph.<format>)")
