@@ -96,11 +96,18 @@ print(f"node {sel['node']} {sel['name']}: {sel['alive_bytes']} bytes alive;",
       "handed over:", [(r["name"], "->", r["to"]) for r in sel["handed_over"]])
 viz.Table(sel["alive"], title="alive at node 5")"""),
     ("md", """\
-## 2. One SmolLM2 decode
+## 2. The compute buffer of a SmolLM2 context, and one decode in it
 
-`llama_decode` builds the graph of the batch and hands it to the scheduler: `ggml_backend_sched_alloc_graph` splits
-it over the backends (notebook 05) and runs `ggml_gallocr_alloc_graph` on the scheduler's copy of the graph, one
-buffer per backend. BLAS and the CPU share the CPU buffer type, so here there is one compute buffer.
+When llama.cpp creates a context it reserves the compute buffers for the worst case (`sched_reserve`): it builds
+the graph of a full prompt batch (`min(n_ctx, n_ubatch)` tokens, all of them outputs, attending the whole KV cache),
+then a one-token graph, then the full batch again, and calls `ggml_backend_sched_reserve` on each. ggviz does the
+same and prints llama.cpp's log lines; the sizes are byte-equal to llama.cpp's (tests/test_reserve.py).
+
+A later `llama_decode` builds the graph of its batch and hands it to the scheduler: `ggml_backend_sched_alloc_graph`
+splits it over the backends (notebook 05) and runs `ggml_gallocr_alloc_graph` on the scheduler's copy of the graph,
+one buffer per backend. BLAS and the CPU share the CPU buffer type, so here there is one compute buffer. The
+one-token graph has as many nodes as the reserved one, so gallocr keeps the worst-case plan and puts each tensor in
+its reserved slot: no new plan, no new buffer.
 
 One token, after the BOS token of a prompt:"""),
     ("code", """\
@@ -109,10 +116,15 @@ from ggviz.run import load_model
 model = load_model(use_extra_bufts=False)             # weights stay in the file's mapping (a plain CPU build)
 cp = llama.context_default_params()
 cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = 256, 2, 2, 0
-ctx = llama.init_from_model(model, cp)
+ctx = llama.init_from_model(model, cp)                  # reserves: pp 256 tokens, tg 1 token, pp again
+print(ctx.compute_buffer_log())
+size0 = alloc.gallocr_get_buffer_size(ctx.sched.galloc, 0)
 vocab = llama.model_get_vocab(model)
 bos = llama.tokenize(vocab, "The", add_special=True, parse_special=True)[0]
-assert llama.decode(ctx, llama.batch_get_one([bos])) == 0
+with trace.recording(["alloc.reserve"]) as rec_dec:
+    assert llama.decode(ctx, llama.batch_get_one([bos])) == 0
+print(f"after the decode: buffer {alloc.gallocr_get_buffer_size(ctx.sched.galloc, 0)} bytes (was {size0}); "
+      f"new plans made by the decode: {len(rec_dec.events)}")
 dv = AllocatorView(ctx.sched.galloc, ctx.sched.graph)   # the plan of sched->galloc for sched->graph
 s = dv.state()
 print(f"{s['n_rects']} tensors in a {s['buffer_size']}-byte buffer ({s['sum_sizes']} bytes without reuse); "
@@ -121,8 +133,9 @@ print(f"{s['n_rects']} tensors in a {s['buffer_size']}-byte buffer ({s['sum_size
     ("code", """\
 dv.figure();"""),
     ("md", """\
-> **Teacher note.** The logits (`result_output`: 49152 floats) are most of the buffer, so the offset axis is broken
-> above the rest. The thirty layers look alike: the plan gives every layer the same offsets. The residual stream
+> **Teacher note.** The slots are the worst case's: `result_output` was planned for 256 tokens of 49152 logits
+> (50 MB, nearly all of the buffer), so the offset axis is broken above the rest. The one-token decode writes only
+> the start of each slot. The thirty layers look alike: the plan gives every layer the same offsets. The residual stream
 > lives in two slots: `ffn_inp-l` (the first residual ADD, written in place over `attn_out-l`) and `l_out-l` (the
 > second, in place over `ffn_out-l`), at the same two offsets in every layer. The graph inputs (`inp_pos`, the KV
 > indices, the mask) stay alive until their last reader in layer 29. Zoom into layer 0:"""),
