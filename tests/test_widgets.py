@@ -256,7 +256,7 @@ def test_graph_view_collapses_layers(run):
 def test_visit_animation_replays_the_build(run):
     gf, rec = run["gf"], run["rec"]
     va = VisitAnimation(rec, gf)
-    evs = [e for e in rec.events if e["kind"] in ("graph.visit", "graph.add") and e["graph"] == id(gf)]
+    evs = [e for e in rec.events if e["kind"] in ("graph.visit", "graph.add") and e["graph"] == ggml.graph_key(gf)]
     assert va.n_steps == len(evs)
     last = va.state(va.n_steps - 1)
     assert last["n_nodes"] == gf.n_nodes and last["n_leafs"] == gf.n_leafs and last["stack"] == []

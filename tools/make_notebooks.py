@@ -613,7 +613,7 @@ model = load_model()
 with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec_dec:
     res = decode_graph(model)
 gfd = res.gf
-visits = [e for e in rec_dec.events if e["kind"] == "graph.visit" and e["graph"] == id(gfd)]
+visits = [e for e in rec_dec.events if e["kind"] == "graph.visit" and e["graph"] == ggml.graph_key(gfd)]
 print(f"{gfd.n_nodes} nodes, {gfd.n_leafs} leafs; ggml_visit_parents entered {len(visits)} times, "
       f"{sum(e['hit'] for e in visits)} hash-set hits")
 print("ops:", dict(Counter(ggml.op_desc(t).split(' ')[0] for t in gfd.nodes).most_common()))

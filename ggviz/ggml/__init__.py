@@ -22,7 +22,7 @@ from .tensor import (Tensor, blck_size, can_mul_mat, can_out_prod, can_repeat, c
 from .ops import *  # noqa: F401,F403
 from .graph import (CGraph, build_forward_expand, build_forward_order, build_forward_select,  # noqa: F401
                     graph_add_node, graph_clear, graph_get_tensor, graph_n_nodes, graph_nbytes, graph_node,
-                    graph_nodes, graph_overhead, graph_overhead_custom, graph_size, graph_view, hash_size,
+                    graph_key, graph_nodes, graph_overhead, graph_overhead_custom, graph_size, graph_view, hash_size,
                     new_graph, new_graph_custom, visit_parents)
 
 

@@ -217,6 +217,13 @@ class CGraph:
         return f"<ggml_cgraph size={self.size} n_nodes={self.n_nodes} n_leafs={self.n_leafs}>"
 
 
+def graph_key(cg: CGraph) -> int:
+    """ggviz: the ``graph`` field of trace events: the graph's address in its context's arena (what ggml's
+    ``struct ggml_cgraph *`` is, stable while the context lives); a graph view lives outside any arena (ggml returns it
+    by value), so it gets its Python id."""
+    return getattr(cg, "addr", 0) or id(cg)
+
+
 def new_graph_custom(ctx: Context, size: int, grads: bool = False) -> CGraph:
     return CGraph(ctx, size, grads)
 
@@ -239,7 +246,7 @@ def _visit(cg: CGraph, node: Tensor, compute: bool):
     if hs.get_used(pos):
         # already visited: only propagate the compute flag
         if trace.active:
-            trace.emit("graph.visit", graph=id(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=True)
+            trace.emit("graph.visit", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=True)
         if compute:
             for src in node.src:
                 if src is not None and not (src.flags & C.GGML_TENSOR_FLAG_COMPUTE):
@@ -250,7 +257,7 @@ def _visit(cg: CGraph, node: Tensor, compute: bool):
     hs.set_used(pos)
     cg.use_counts[pos] = 0
     if trace.active:
-        trace.emit("graph.visit", graph=id(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=False)
+        trace.emit("graph.visit", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=False)
     for i in range(C.GGML_MAX_SRC):
         k = (C.GGML_MAX_SRC - 1 - i) if cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT else i
         src = node.src[k]
@@ -270,7 +277,7 @@ def _visit(cg: CGraph, node: Tensor, compute: bool):
         where = ("node", cg.n_nodes - 1)
     cg._sync_counts()
     if trace.active:
-        trace.emit("graph.add", graph=id(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=where[0],
+        trace.emit("graph.add", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=where[0],
                    index=where[1])
     return pos
 

@@ -18,7 +18,7 @@ import numpy as np
 from ... import trace
 from .. import consts as C
 from ..context import Context, GGMLError
-from ..graph import CGraph
+from ..graph import CGraph, graph_key
 from ..tensor import (Tensor, get_unary_op, is_empty, is_quantized, nelements, nrows, op_desc,
                       row_size, type_size)
 from .common import CACHE_LINE_SIZE, ComputeParams
@@ -157,7 +157,7 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
     plan.n_tasks = list(per_node)
     plan.extra = fast
     if trace.active:
-        trace.emit("cpu.plan", graph=id(cgraph), n_threads=plan.n_threads, work_size=work_size, n_tasks=per_node)
+        trace.emit("cpu.plan", graph=graph_key(cgraph), n_threads=plan.n_threads, work_size=work_size, n_tasks=per_node)
     return plan
 
 
@@ -299,7 +299,7 @@ def graph_compute(cgraph: CGraph, cplan: Cplan) -> int:
         tp.fast = fast
         traced = trace.active
         if traced:
-            trace.emit("cpu.compute.start", graph=id(cgraph), n_threads=n_threads, n_nodes=cgraph.n_nodes,
+            trace.emit("cpu.compute.start", graph=graph_key(cgraph), n_threads=n_threads, n_nodes=cgraph.n_nodes,
                        pool=tp.serial, disposable=disposable, compiled=fast is not None)
             if fast is not None:
                 fast.trace_begin(n_threads)    # the compiled walk logs into an array; events follow the compute
@@ -318,7 +318,7 @@ def graph_compute(cgraph: CGraph, cplan: Cplan) -> int:
         if disposable:
             _tp.threadpool_free(tp)
     if trace.active:
-        trace.emit("cpu.compute.end", graph=id(cgraph), status=tp.ec, pool=tp.serial)
+        trace.emit("cpu.compute.end", graph=graph_key(cgraph), status=tp.ec, pool=tp.serial)
     return tp.ec
 
 

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from ...ggml.graph import graph_key
 from ...ggml.tensor import op_desc, type_name
 from .. import graph_dot as G
 from ._base import VizWidget, esc, html_table, new_prefix, on_click, png_img, svg_canvas, svg_window
@@ -295,7 +296,7 @@ class VisitAnimation(VizWidget):
 
     def __init__(self, events, gf, graph_id: int | None = None, max_height: str = "650px"):
         evs = events.events if hasattr(events, "events") else list(events)
-        gid = id(gf) if graph_id is None else graph_id
+        gid = graph_key(gf) if graph_id is None else graph_id
         self.events = [e for e in evs if e["kind"] in ("graph.visit", "graph.add") and e.get("graph") == gid]
         if not self.events:
             raise ValueError("no graph.visit/graph.add events of this graph were recorded (record the build with "
