@@ -5,8 +5,9 @@
 Each case builds a one-node graph in both libraries from the *same bytes* (quantized weights are quantized once by
 ggviz and copied into both), plans it, then times ``graph_compute`` alone (median of repeats within the per-case time
 budget). Real ggml runs on a persistent ``ggml_threadpool`` (as in llama.cpp). mul_mat FLOPs are 2*K*N*cols; for
-the other ops the table shows time only. A script, not a test: ggviz is a teaching re-implementation in NumPy and
-is expected to be much slower than ggml's SIMD C.
+the other ops the table shows time only. F32 / F16 mul_mat reproduce ggml_vec_dot_f32 / _f16 lane by lane (max rel
+diff 0: bit-identical), which costs more than an sgemm would; the quantized ones agree to float32 noise. A script,
+not a test: ggviz is a teaching re-implementation in NumPy and is expected to be much slower than ggml's SIMD C.
 """
 from __future__ import annotations
 
@@ -30,13 +31,15 @@ except Exception as e:  # noqa: BLE001
     RealGGML, available = None, (lambda: False)
     unavailable_reason = (lambda e=e: f"tests/oracle/ggml_lib.py not importable: {e}")
 
-N_EMBD, N_FF, N_VOCAB, N_HEAD, HEAD_DIM, N_KV = 576, 1536, 49152, 9, 64, 256
+N_EMBD, N_FF, N_VOCAB, N_HEAD, N_HEAD_KV, HEAD_DIM, N_KV = 576, 1536, 49152, 9, 3, 64, 256
 
 
 def _weights(type_, k, n, rng):
-    """(raw bytes (n, row_size) for quantized types | float32 (n, k)) for a [k, n] weight."""
+    """(raw bytes (n, row_size) for quantized types | float32 / float16 (n, k)) for a [k, n] weight."""
     if type_ == ggml.GGML_TYPE_F32:
         return rng.standard_normal((n, k), dtype=np.float32) * 0.05
+    if type_ == ggml.GGML_TYPE_F16:
+        return (rng.standard_normal((n, k), dtype=np.float32) * 0.05).astype(np.float16)
     base = rng.standard_normal((min(n, 256), k), dtype=np.float32) * 0.05
     raw = quants.quantize_row_ref(type_, base)                    # (rows, row_size) uint8
     reps = -(-n // raw.shape[0])
@@ -91,6 +94,24 @@ def mul_mat_case(type_, k, n, cols, rng):
 
     tn = ggml.type_name(type_).upper()
     return Case(f"mul_mat {tn} {k}x{n} x {cols} col{'s' if cols > 1 else ''}", 2.0 * k * n * cols, None, build)
+
+
+def kq_case(n_tokens, rng):
+    """The attention scores of one layer without flash attention: F16 K cache [HEAD_DIM, N_KV, N_HEAD_KV] times
+    the queries [HEAD_DIM, n_tokens, N_HEAD] (GQA: each K head serves N_HEAD / N_HEAD_KV query heads)."""
+    k = (rng.standard_normal((N_HEAD_KV, N_KV, HEAD_DIM), dtype=np.float32)).astype(np.float16)
+    q = rng.standard_normal((N_HEAD, n_tokens, HEAD_DIM), dtype=np.float32)
+
+    def build(lib, g):
+        ctx = ggml.init(32 << 20) if lib == "v" else g.init(32 << 20)
+        a = _new(lib, g, ctx, ggml.GGML_TYPE_F16, (HEAD_DIM, N_KV, N_HEAD_KV))
+        b = _new(lib, g, ctx, ggml.GGML_TYPE_F32, (HEAD_DIM, n_tokens, N_HEAD))
+        _fill(lib, g, a, k)
+        _fill(lib, g, b, q)
+        return ctx, (ggml if lib == "v" else g).mul_mat(ctx, a, b)
+
+    return Case(f"mul_mat kq F16 [{HEAD_DIM}, {N_KV}, {N_HEAD_KV}] x {n_tokens}", 2.0 * HEAD_DIM * N_KV * n_tokens
+                * N_HEAD, None, build)
 
 
 def rms_norm_case(n_tokens, rng):
@@ -196,6 +217,8 @@ def main(argv=None) -> int:
         if not (args.quick and cols > 1):
             cases.append(mul_mat_case(ggml.GGML_TYPE_Q8_0, N_EMBD, N_VOCAB, cols, rng))
         cases.append(mul_mat_case(ggml.GGML_TYPE_F32, N_EMBD, N_EMBD, cols, rng))
+        cases.append(mul_mat_case(ggml.GGML_TYPE_F16, N_EMBD, N_EMBD, cols, rng))
+        cases.append(kq_case(cols, rng))
     for nt in (1, 128):
         cases += [rms_norm_case(nt, rng), soft_max_case(nt, rng), rope_case(nt, rng)]
 

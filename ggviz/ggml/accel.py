@@ -74,8 +74,8 @@ class ggml_backend_accel_device_context:
         self.used = 0
         self.supported_ops = frozenset(_op_id(o) for o in supported_ops)
         self.offload_min_batch = int(offload_min_batch)
-        # the CPU backend's default; llama contexts set both alike (ggml_backend_set_n_threads): ggviz's F32 kernels
-        # sum in an order that follows the per-thread chunking, so equal thread counts keep results bitwise equal
+        # the CPU backend's default; llama contexts set both alike (ggml_backend_set_n_threads). The kernels give the
+        # same bits for any thread count, so this only decides how the accelerator's work is shared
         self.n_threads = n_threads if n_threads else C.GGML_DEFAULT_N_THREADS
         self.max_size = max_size
         self.lock = threading.Lock()

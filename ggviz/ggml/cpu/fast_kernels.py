@@ -1235,8 +1235,13 @@ if HAVE_NUMBA:
             for j in range(4):
                 t0[j] = acc[j] + acc[j + 4]
             sumf = (t0[0] + t0[1]) + (t0[2] + t0[3])
-        for i in range(n32 * 32, n):
+        # the leftover loop as the compiler emits it for ggml's scalar tail: 8- and 4-wide multiplies added in order,
+        # then a fused multiply-add for the last (n % 32) % 4 elements
+        r = n - n32 * 32
+        for i in range(n32 * 32, n - r % 4):
             sumf += ld_f32(x + 4 * i) * ld_f32(y + 4 * i)
+        for i in range(n - r % 4, n):
+            sumf = fmaf(ld_f32(x + 4 * i), ld_f32(y + 4 * i), sumf)
         return sumf
 
     @_njit

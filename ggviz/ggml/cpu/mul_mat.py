@@ -8,11 +8,15 @@ Mirrors ``ggml_compute_forward_mul_mat`` and ``ggml_compute_forward_mul_mat_one_
 2. The result ``nr0 x nr1`` (src0 rows x src1 columns) is cut into chunks (16, or 64 when one side is 1; re-chunked
    per thread when there are fewer than 4 chunks per thread); each thread starts at chunk ``ith`` and claims more
    from the pool's shared ``current_chunk`` counter.
-3. Inside a chunk every dst element is one ``vec_dot`` of a src0 row with a src1 column: block-wise integer dots
-   scaled by the block scales (ggviz.ggml.cpu.quants.vec_dot), so results match ggml up to float summation order.
+3. Inside a chunk every dst element is one ``vec_dot`` of a src0 row with a src1 column (ggviz.ggml.cpu.quants):
+   for F32 / F16 / BF16 src0 ggml_vec_dot_f32 / _f16 / _bf16 lane by lane as the AVX2+FMA build computes them, so
+   the results are ggml's bits; for the quant types block-wise integer dots scaled by the block scales, which match
+   ggml up to the order of the float32 additions.
 
 ggml runs the chunk as 16x16 tiles; the tiles only change the order in which independent dot products are taken,
-so ggviz computes a whole chunk's dots in one vectorised call.
+so ggviz computes a whole chunk's dots in one vectorised call (the column groups of a chunk that crosses several
+src1 matrices together, for the float types). Each element's arithmetic is the same whatever else is computed with
+it, so the results do not depend on the chunking, i.e. on the thread count.
 """
 from __future__ import annotations
 
@@ -125,6 +129,7 @@ def _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_sta
     d_arr, d_off = tensor_bytes(dst)
 
     # walk the src1 columns of the chunk, grouped by the (i12, i13) matrix they belong to
+    xs, ys, outs = [], [], []
     ir1 = ir1_start
     while ir1 < ir1_end:
         i13 = ir1 // (ne12 * ne1)
@@ -140,8 +145,12 @@ def _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_sta
             nb = src1.strides
             y = np.ndarray(shape=(n_cols, row_vd), dtype=np.uint8, buffer=w_arr,
                            offset=w_off + i11 * nb[1] + i12 * nb[2] + i13 * nb[3], strides=(nb[1], 1))
-        res = cq.vec_dot(src0.type, x, y)          # (n_cols, ir0_end - ir0_start) float32
         out = np.ndarray(shape=(n_cols, ir0_end - ir0_start), dtype=np.float32, buffer=d_arr,
                          offset=d_off + i11 * nb1 + i12 * nb2 + i13 * nb3 + ir0_start * 4, strides=(nb1, 4))
-        out[...] = res
+        xs.append(x)
+        ys.append(y)
+        outs.append(out)
         ir1 += n_cols
+    # every element is one vec_dot: the groups are computed together where that is faster (F32 / F16 / BF16)
+    for out, res in zip(outs, cq.vec_dot_groups(src0.type, xs, ys)):     # res: (n_cols, rows) float32
+        out[...] = res

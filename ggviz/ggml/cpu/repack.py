@@ -31,9 +31,10 @@ Where ggviz differs from ggml, and why:
   callback or reference mode asks for the node-by-node walk. Traced computes stay compiled: the threads log node
   spans, barriers and chunk claims into an array that becomes ``trace`` events after the compute.
 
-Results differ from the faithful MUL_MAT (``cpu/mul_mat.py``) only in the order of float additions (the faithful
-path scales exact per-block integer sums; ggml, and this path, scale 8 partial sums per block in 8 float lanes):
-src1 is quantized bit-exactly as ggml does, and every integer sum is exact.
+For quantized weights, results differ from the faithful MUL_MAT (``cpu/mul_mat.py``) only in the order of float
+additions (the faithful path scales exact per-block integer sums; ggml, and this path, scale 8 partial sums per block
+in 8 float lanes): src1 is quantized bit-exactly as ggml does, and every integer sum is exact. F16/F32 MUL_MATs are
+ggml's bits on both paths (``ggml_vec_dot_f16/f32``: 4 x 8 FMA lanes, ggml's reduction, the compiler's tail).
 
 Which weights go here: ``llama_model_params.use_extra_bufts`` (default True) makes the model loader place the
 MUL_MAT weights in this buffer type (a tied output is duplicated, as llama.cpp's TENSOR_DUPLICATED, so GET_ROWS
