@@ -39,7 +39,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from ggviz import ggml as gg
+from tests.pairs import real_ggml  # noqa: E402
+from ggviz import ggml as gg  # noqa: E402
 from ggviz.ggml.cpu import fast_kernels as fk  # noqa: E402
 from ggviz.ggml import quants as Q  # noqa: E402
 from ggviz.ggml.cpu import quants as CQ  # noqa: E402
@@ -53,14 +54,8 @@ F32, F16, BF16 = gg.GGML_TYPE_F32, gg.GGML_TYPE_F16, gg.GGML_TYPE_BF16
 Q4_0, Q4_1, Q8_0, Q4_K = gg.GGML_TYPE_Q4_0, gg.GGML_TYPE_Q4_1, gg.GGML_TYPE_Q8_0, gg.GGML_TYPE_Q4_K
 THREADS = range(1, 9)
 
-_REAL = None
-
-
 def real() -> RealGGML:
-    global _REAL
-    if _REAL is None:
-        _REAL = RealGGML()
-    return _REAL
+    return real_ggml()
 
 
 @pytest.fixture(autouse=True)

@@ -22,11 +22,8 @@ REF = json.load(open(DATA / "smollm2_compute_buffers.json"))
 
 @pytest.fixture(scope="module")
 def model():
-    path = MODEL
-    if not path.exists():
-        from ggviz.fetch import fetch_default_model
-        path = fetch_default_model(quiet=True)
-    return llama.model_load_from_file(str(path), llama.model_default_params())
+    from ggviz.run import load_model
+    return load_model(MODEL if MODEL.exists() else None)     # llama.model_default_params(), cached per process
 
 
 def _ctx(model, n_ctx, n_batch, n_ubatch, threads=1):

@@ -481,6 +481,15 @@ def _fma_lanes(x: np.ndarray, y: np.ndarray, n32: int) -> np.ndarray:
     return acc
 
 
+def _dot_operands(x, y):
+    """(x, y as float32, row length n, the [..., cols of y, rows of x] result shape, n rounded down to 32)."""
+    x = np.asarray(x, _F32)
+    y = np.asarray(y, _F32)
+    n = x.shape[-1]
+    shape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (y.shape[-2], x.shape[-2])
+    return x, y, n, shape, n & ~(_LANES - 1)
+
+
 def vec_dot_f32_simd(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """ggml_vec_dot_f32 (AVX2+FMA) of every row of x (..., M, n) with every row of y (..., N, n): (..., N, M)
     float32 (leading dimensions batched: matrix g of x with matrix g of y).
@@ -496,11 +505,7 @@ def vec_dot_f32_simd(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     are rounded to float (vmulps) and added one by one (vaddss); the last ``(n - np) % 4``
     go through a contracted ``vfmadd231ss``, a fused multiply-add.
     """
-    x = np.asarray(x, _F32)
-    y = np.asarray(y, _F32)
-    n = x.shape[-1]
-    shape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (y.shape[-2], x.shape[-2])
-    n32 = n & ~(_LANES - 1)
+    x, y, n, shape, n32 = _dot_operands(x, y)
     with np.errstate(over="ignore", invalid="ignore"):
         if n32:
             sumf = _reduce_f32x8(_fma_lanes(x, y, n32))
@@ -525,11 +530,7 @@ def _vec_dot_exact_products(x, y, reduce, may_underflow):
     product of two fp16 (11-bit significands, >= 2^-48) is always exact in float32, so the
     FMA is a float32 add of the product.  A bf16 product can fall below float32's normal
     range and lose bits there: then (``may_underflow``) the FMA is emulated in full."""
-    x = np.asarray(x, _F32)
-    y = np.asarray(y, _F32)
-    n = x.shape[-1]
-    shape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (y.shape[-2], x.shape[-2])
-    n32 = n & ~(_LANES - 1)
+    x, y, n, shape, n32 = _dot_operands(x, y)
     with np.errstate(over="ignore", invalid="ignore"):
         if n32:
             if may_underflow and _quantum(x[..., :n32]) * _quantum(y[..., :n32]) < 2.0 ** -149:
