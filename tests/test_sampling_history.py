@@ -28,7 +28,17 @@ def _hand():
     return [1, 4, 2], [6.0, 5.0, 4.0], [1 / z, math.exp(-1) / z, math.exp(-2) / z]
 
 
-@pytest.mark.parametrize("seed", [42, 2, 19])
+def _std_mt19937_uniform(seed):
+    """std::uniform_real_distribution<double>(0, 1) on a std::mt19937(seed), as libstdc++ draws it: two 32-bit outputs
+    (NumPy's MT19937 with the legacy init_genrand seeding of RandomState), (x0 + x1 * 2^32) / 2^64 in double."""
+    _, key, pos = np.random.RandomState(seed).get_state()[:3]
+    bg = np.random.MT19937()
+    bg.state = {"bit_generator": "MT19937", "state": {"key": key, "pos": pos}}
+    x0, x1 = (int(v) for v in bg.random_raw(2))
+    return (float(x0) + float(x1) * 2.0 ** 32) / 2.0 ** 64
+
+
+@pytest.mark.parametrize("seed", [42, 2, 19, 1])
 def test_history_top_k_temp_dist_by_hand(seed):
     chain, cur = _run(seed)
     h = chain.history
@@ -54,18 +64,18 @@ def test_history_top_k_temp_dist_by_hand(seed):
     assert [(c["id"], c["logit"]) for c in h[2]["cands"]] == list(zip(ids, logits))
     assert [c["prob"] for c in h[2]["cands"]] == pytest.approx(probs)
 
-    # dist: the array's p is the softmax (float32), the draw is u from MT19937(seed), the chosen token the first
+    # dist: the array's p is the softmax (float32), the draw is u from std::mt19937(seed), the chosen token the first
     # whose cumulative p reaches u * sum(p)
     d = h[3]
     assert d["p_valid"] and [c["p"] for c in d["cands"]] == pytest.approx(probs, rel=1e-6)
-    u = np.random.Generator(np.random.MT19937(seed)).random()
+    u = _std_mt19937_uniform(seed)
     cum = np.cumsum(probs)
     rank = int(np.argmax(cum >= u))
     assert d["draw"]["u"] == pytest.approx(u) and d["draw"]["rank"] == rank
     assert d["draw"]["cum_at"] == pytest.approx(cum[rank], rel=1e-6)
     assert d["draw"]["cum_before"] == pytest.approx(cum[rank - 1] if rank else 0.0, rel=1e-6)
     assert d["selected"] == ids[rank] == int(cur.id[cur.selected])
-    assert {42: 1, 2: 4, 19: 2}[seed] == d["selected"]              # u = 0.542, 0.698, 0.981
+    assert {42: 4, 2: 1, 19: 1, 1: 2}[seed] == d["selected"]        # u = 0.797, 0.185, 0.431, 0.997 (as llama.cpp)
     # the old fields are still there
     assert d["top"] == [(i, v) for i, v in zip(ids, logits)]
 
@@ -110,12 +120,12 @@ def test_sampler_view_draws_the_stages():
     chain, _ = _run(19)
     sv = MV.SamplerView(chain)
     st = sv.state()
-    assert st["steps"] == ["logits", "top-k", "temp", "dist"] and st["selected"] == 2
-    assert st["stages"][3]["draw"]["rank"] == 2 and len(st["stages"][1]["cands"]) == 3
+    assert st["steps"] == ["logits", "top-k", "temp", "dist"] and st["selected"] == 1
+    assert st["stages"][3]["draw"]["rank"] == 0 and len(st["stages"][1]["cands"]) == 3
     tab = MV.sampler_stage_table(chain.history[3])
-    assert tab.column("id") == [1, 4, 2] and tab.column("")[2] == "◀ selected"
+    assert tab.column("id") == [1, 4, 2] and tab.column("")[0] == "◀ selected"
     assert tab.column("cum prob")[-1] == pytest.approx(1.0)
-    assert "u = 0.9810" in tab.title and "3 candidates survive" in tab.title
+    assert "u = 0.4305" in tab.title and "3 candidates survive" in tab.title
     # a stage whose p is stale shows no p
     assert all(v is None for v in MV.sampler_stage_table(chain.history[1]).column("p (array)"))
     html = sv.to_html()

@@ -1,8 +1,25 @@
 """Samplers: logits -> token, as a chain of steps over a candidate array.
 
-Mirrors llama.cpp's llama-sampling.cpp: ``llama_token_data_array`` (id, logit, p; ``selected``; ``sorted``),
-``llama_sampler_chain_init``/``_add``, ``llama_sampler_init_greedy``, ``_temp``, ``_top_k``, ``_top_p``,
-``_min_p``, ``_dist(seed)``, ``llama_sampler_sample(smpl, ctx, idx)`` and ``llama_sampler_accept``.
+Mirrors llama.cpp's llama-sampler.cpp (the one in llama-cpp-python 0.3.36): ``llama_token_data_array`` (id, logit,
+p; ``selected``; ``sorted``), ``llama_sampler_chain_init``/``_add``, ``llama_sampler_init_greedy``, ``_temp``,
+``_top_k``, ``_top_p``, ``_min_p``, ``_dist(seed)``, ``llama_sampler_sample(smpl, ctx, idx)``,
+``llama_sampler_accept``, ``llama_sampler_reset`` and ``llama_sampler_get_seed``.
+
+Seeded generation reproduces llama.cpp's token for token given the same logits:
+
+- ``dist`` owns a ``std::mt19937`` (``MT19937`` here: ``init_genrand`` seeding, 32-bit tempered outputs) seeded with
+  the seed (``LLAMA_DEFAULT_SEED`` = 0xFFFFFFFF means a fresh random seed, as ``std::random_device``), and draws
+  once per apply with ``std::uniform_real_distribution<double>(0, 1)``: libstdc++'s ``generate_canonical<double,
+  53>`` takes two 32-bit outputs, ``(x0 + x1 * 2^32) / 2^64`` in double (``uniform_01``). It then walks the array *in
+  its current order* (token-id order unless a filter sorted it): ``p_i = expf(l_i - max)`` (float, glibc's expf),
+  ``sum`` in double, the first i whose running double sum reaches ``u * sum`` is selected, and ``p_i /= sum``. A
+  one-candidate array still consumes a draw.
+- the filters keep llama.cpp's array order, which decides the walk: ``top_k`` sorts with ``std::partial_sort``
+  (k <= 128) or llama.cpp's 128-bucket partial sort + ``std::sort`` (k > 128), ``top_p`` softmaxes without sorting
+  (float sums), then sorts (adaptive: the best 256 first when more than 1024 candidates), ``min_p`` filters in place
+  when unsorted and falls back to a full sort. libstdc++'s ``std::partial_sort`` (heap select + heap sort) and
+  ``std::sort`` (introsort) are not stable; they are reproduced exactly (``cxx_partial_sort``, ``cxx_sort``), so
+  ties (common in float16 logits) come out in llama.cpp's order.
 
 Each step records what it did (``SamplerChain.history``), so the visual layer can draw logits -> filters -> chosen
 token: per stage the candidates that survive it (the best ``history_k`` by logit, with the logit and ``p`` exactly as
@@ -12,13 +29,347 @@ and for ``dist`` the random draw.
 """
 from __future__ import annotations
 
+import math
+import secrets
+
 import numpy as np
+
+from ..ggml.cpu.ops import glibc_expf, logf
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
+F32 = np.float32
+
+
+# ---- std::mt19937 and libstdc++'s uniform_real_distribution<double>
+
+class MT19937:
+    """``std::mt19937``: the 32-bit Mersenne Twister (MT19937, Matsumoto & Nishimura), as C++ <random> defines it.
+
+    ``seed(s)`` is ``init_genrand``: ``mt[0] = s``, ``mt[i] = 1812433253 * (mt[i-1] ^ (mt[i-1] >> 30)) + i``
+    (mod 2^32); ``next()`` returns the next tempered 32-bit output, twisting the 624-word state every 624 outputs.
+    Default-seeded (5489), the 10000th output is 4123659995, as the C++ standard requires.
+    """
+
+    N, M = 624, 397
+    MATRIX_A, UPPER, LOWER = 0x9908B0DF, 0x80000000, 0x7FFFFFFF
+    default_seed = 5489
+
+    def __init__(self, seed: int = default_seed):
+        self.seed(seed)
+
+    def seed(self, s: int) -> None:
+        mt = [int(s) & 0xFFFFFFFF]
+        for i in range(1, self.N):
+            prev = mt[-1]
+            mt.append((1812433253 * (prev ^ (prev >> 30)) + i) & 0xFFFFFFFF)
+        self.mt, self.mti = mt, self.N
+
+    def _twist(self) -> None:
+        mt, n, m = self.mt, self.N, self.M
+        for i in range(n):
+            y = (mt[i] & self.UPPER) | (mt[(i + 1) % n] & self.LOWER)
+            mt[i] = mt[(i + m) % n] ^ (y >> 1) ^ (self.MATRIX_A if y & 1 else 0)
+        self.mti = 0
+
+    def next(self) -> int:
+        """``operator()``: the next 32-bit output."""
+        if self.mti >= self.N:
+            self._twist()
+        y = self.mt[self.mti]
+        self.mti += 1
+        y ^= y >> 11
+        y ^= (y << 7) & 0x9D2C5680
+        y ^= (y << 15) & 0xEFC60000
+        y ^= y >> 18
+        return y
+
+    __call__ = next
+
+    def discard(self, z: int) -> None:
+        for _ in range(int(z)):
+            self.next()
+
+    def copy(self) -> "MT19937":
+        c = MT19937.__new__(MT19937)
+        c.mt, c.mti = list(self.mt), self.mti
+        return c
+
+
+def generate_canonical_f64(rng: MT19937) -> tuple[float, tuple[int, int]]:
+    """libstdc++'s ``std::generate_canonical<double, 53>(mt19937)``: k = ceil(53 / 32) = 2 outputs, summed in double
+    as ``x0 + x1 * 2^32`` (one rounding to 53 bits), divided by 2^64; a result that rounds up to 1 becomes
+    ``nextafter(1, 0)``. Returns the value and the two raw outputs."""
+    x0 = rng.next()
+    x1 = rng.next()
+    r = (float(x0) + float(x1) * 4294967296.0) / 18446744073709551616.0
+    if r >= 1.0:
+        r = math.nextafter(1.0, 0.0)
+    return r, (x0, x1)
+
+
+def uniform_01(rng: MT19937) -> float:
+    """``std::uniform_real_distribution<double>(0.0, 1.0)(rng)`` (libstdc++): ``generate_canonical * (b - a) + a``."""
+    return generate_canonical_f64(rng)[0] * (1.0 - 0.0) + 0.0
+
+
+def get_rng_seed(seed: int) -> int:
+    """llama.cpp's ``get_rng_seed``: ``LLAMA_DEFAULT_SEED`` asks for a random seed (``std::random_device``)."""
+    if int(seed) & 0xFFFFFFFF == LLAMA_DEFAULT_SEED:
+        return secrets.randbits(32)
+    return int(seed) & 0xFFFFFFFF
+
+
+# ---- libstdc++'s std::partial_sort / std::sort (GCC 12 bits/stl_heap.h, bits/stl_algo.h), with llama.cpp's
+# comparator ``a.logit > b.logit``. They work on ``a``, a list of candidate positions, comparing ``x[a[i]]`` (the
+# logits as Python floats: exact, and NaN compares false as in C). Not stable: equal logits end up in an order that
+# depends on the algorithm, reproduced here step by step.
+
+def _push_heap(a, x, f, hole, top, val):
+    xv = x[val]
+    parent = (hole - 1) // 2
+    while hole > top and x[a[f + parent]] > xv:
+        a[f + hole] = a[f + parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    a[f + hole] = val
+
+
+def _adjust_heap(a, x, f, hole, n, val):
+    top = hole
+    second = hole
+    while second < (n - 1) // 2:
+        second = 2 * (second + 1)
+        if x[a[f + second]] > x[a[f + second - 1]]:
+            second -= 1
+        a[f + hole] = a[f + second]
+        hole = second
+    if (n & 1) == 0 and second == (n - 2) // 2:
+        second = 2 * (second + 1)
+        a[f + hole] = a[f + second - 1]
+        hole = second - 1
+    _push_heap(a, x, f, hole, top, val)
+
+
+def _make_heap(a, x, f, last):
+    n = last - f
+    if n < 2:
+        return
+    parent = (n - 2) // 2
+    while True:
+        _adjust_heap(a, x, f, parent, n, a[f + parent])
+        if parent == 0:
+            return
+        parent -= 1
+
+
+def _sort_heap(a, x, f, last):
+    while last - f > 1:
+        last -= 1
+        val = a[last]                 # __pop_heap(first, last, last)
+        a[last] = a[f]
+        _adjust_heap(a, x, f, 0, last - f, val)
+
+
+def _heap_select(a, x, f, middle, last):
+    """``__heap_select``: heapify [f, middle), then every later element that beats the heap's top (its smallest
+    logit) replaces it (``__pop_heap(first, middle, i)``: the evicted one goes to position i)."""
+    _make_heap(a, x, f, middle)
+    for i in range(middle, last):
+        if x[a[i]] > x[a[f]]:
+            val = a[i]
+            a[i] = a[f]
+            _adjust_heap(a, x, f, 0, middle - f, val)
+
+
+def _partial_sort_range(a, x, f, middle, last):
+    _heap_select(a, x, f, middle, last)
+    _sort_heap(a, x, f, middle)
+
+
+def _unguarded_linear_insert(a, x, last):
+    v = a[last]
+    xv = x[v]
+    nxt = last - 1
+    while xv > x[a[nxt]]:
+        a[last] = a[nxt]
+        last = nxt
+        nxt -= 1
+    a[last] = v
+
+
+def _insertion_sort(a, x, f, last):
+    if f == last:
+        return
+    for i in range(f + 1, last):
+        if x[a[i]] > x[a[f]]:
+            v = a[i]
+            a[f + 1:i + 1] = a[f:i]
+            a[f] = v
+        else:
+            _unguarded_linear_insert(a, x, i)
+
+
+def _final_insertion_sort(a, x, f, last):
+    if last - f > 16:
+        _insertion_sort(a, x, f, f + 16)
+        for i in range(f + 16, last):
+            _unguarded_linear_insert(a, x, i)
+    else:
+        _insertion_sort(a, x, f, last)
+
+
+def _move_median_to_first(a, x, result, i, j, k):
+    xa, xb, xc = x[a[i]], x[a[j]], x[a[k]]
+    if xa > xb:
+        if xb > xc:
+            s = j
+        elif xa > xc:
+            s = k
+        else:
+            s = i
+    elif xa > xc:
+        s = i
+    elif xb > xc:
+        s = k
+    else:
+        s = j
+    a[result], a[s] = a[s], a[result]
+
+
+def _unguarded_partition(a, x, first, last, pivot):
+    xp = x[a[pivot]]
+    while True:
+        while x[a[first]] > xp:
+            first += 1
+        last -= 1
+        while xp > x[a[last]]:
+            last -= 1
+        if not first < last:
+            return first
+        a[first], a[last] = a[last], a[first]
+        first += 1
+
+
+def _introsort_loop(a, x, f, last, depth):
+    while last - f > 16:
+        if depth == 0:
+            _partial_sort_range(a, x, f, last, last)
+            return
+        depth -= 1
+        mid = f + (last - f) // 2
+        _move_median_to_first(a, x, f, f + 1, mid, last - 1)
+        cut = _unguarded_partition(a, x, f + 1, last, f)
+        _introsort_loop(a, x, cut, last, depth)
+        last = cut
+
+
+def _distinct(v: np.ndarray) -> bool:
+    """No two values compare equal (and no NaN): then every correct sort gives the same order."""
+    if v.size < 2:
+        return True
+    if np.isnan(v).any():
+        return False
+    s = np.sort(v)
+    return bool(np.all(s[1:] != s[:-1]))
+
+
+def cxx_sort(x: np.ndarray) -> np.ndarray:
+    """``std::sort(first, last, [](a, b) { return a.logit > b.logit; })``: the permutation it leaves (positions into
+    ``x``). Introsort (median of 3, depth limit 2 * floor(log2 n), heap sort past it), then insertion sort."""
+    x = np.asarray(x, F32)
+    n = x.size
+    if _distinct(x):
+        return np.argsort(-x.astype(np.float64), kind="stable")
+    xs = x.tolist()
+    a = list(range(n))
+    if n:
+        _introsort_loop(a, xs, 0, n, 2 * (n.bit_length() - 1))
+        _final_insertion_sort(a, xs, 0, n)
+    return np.asarray(a, dtype=np.int64)
+
+
+def cxx_partial_sort(x: np.ndarray, middle: int) -> np.ndarray:
+    """``std::partial_sort(first, first + middle, last, comp)`` with comp = greater logit: the positions of the first
+    ``middle`` elements it leaves, in order (the rest of the range is left in an unspecified order nobody reads)."""
+    x = np.asarray(x, F32)
+    n = x.size
+    middle = int(min(max(middle, 0), n))
+    if middle == 0:
+        return np.zeros(0, dtype=np.int64)
+    has_nan = bool(np.isnan(x).any())
+    if not has_nan:
+        top = np.argpartition(-x, middle)[:middle + 1] if middle < n else np.arange(n)
+        order = top[np.argsort(-x[top].astype(np.float64), kind="stable")]
+        head = x[order]
+        if bool(np.all(head[:-1] > head[1:])):
+            return order[:middle]   # the best `middle` are distinct and beat the rest: the result is unique
+    # __heap_select + __sort_heap. Only elements that beat the heap's top (its smallest logit) enter it; the top is
+    # never below the middle-th largest logit seen so far, so elements not above that bound (taken at doubling block
+    # starts) are skipped. An entering element replaces the top (__pop_heap(first, middle, i) moves the top to
+    # position i, which nothing reads again).
+    if has_nan:
+        cand = list(range(middle, n))
+        xs = x.tolist()
+    else:
+        blocks, b = [], middle
+        while b < n:
+            e = min(n, 2 * b)
+            bound = np.partition(x[:b], b - middle)[b - middle]
+            blocks.append(np.nonzero(x[b:e] > bound)[0] + b)
+            b = e
+        cand = np.concatenate(blocks).tolist() if blocks else []
+        pos = list(range(middle)) + cand
+        xs = dict(zip(pos, x[pos].tolist()))
+    a = list(range(middle))
+    _make_heap(a, xs, 0, middle)
+    for i in cand:
+        if xs[i] > xs[a[0]]:
+            _adjust_heap(a, xs, 0, 0, middle, i)
+    _sort_heap(a, xs, 0, middle)
+    return np.asarray(a, dtype=np.int64)
+
+
+_BUCKET_SCALE = F32(128) / (F32(10.0) - F32(-10.0))      # nbuckets / (bucket_high - bucket_low) = 6.4f
+_BUCKET_INTER = -F32(-10.0) * _BUCKET_SCALE               # -bucket_low * bucket_scale = 64.0f
+
+
+def llama_partial_sort(x: np.ndarray, npartial: int) -> np.ndarray:
+    """llama.cpp's ``llama_token_data_array_partial_sort``: 128 buckets over logits [-10, 10] (``int(6.4f * l +
+    64.0f)``, clamped), take whole buckets from the top until they hold ``npartial``, ``std::sort`` each full bucket
+    and ``std::partial_sort`` the last. Returns the positions of the first ``npartial`` results, in order."""
+    x = np.asarray(x, F32)
+    with np.errstate(all="ignore"):
+        v = x * _BUCKET_SCALE + _BUCKET_INTER                  # float32, no FMA (as compiled)
+        ok = np.isfinite(v) & (v < F32(2.0 ** 31)) & (v >= F32(-2.0 ** 31))
+        ib = np.where(ok, np.trunc(np.where(ok, v, 0)), -2.0 ** 31)   # cvttss2si: INT_MIN when out of range
+    ib = np.clip(ib, 0, 127).astype(np.int64)
+    histo = np.bincount(ib, minlength=128)
+    nhave, b = 0, 127
+    while b >= 0:
+        nhave += int(histo[b])
+        if nhave >= npartial:
+            break
+        b -= 1
+    out, ndone = [], 0
+    for j in range(127, max(b, 0) - 1, -1):
+        pos = np.nonzero(ib == j)[0]            # bucketed in array order
+        if pos.size == 0:
+            continue
+        if j > b:
+            out.append(pos[cxx_sort(x[pos])])
+            ndone += pos.size
+        else:
+            out.append(pos[cxx_partial_sort(x[pos], npartial - ndone)])
+    res = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    return res[:npartial]
+
+
+# ---- the candidate array
 
 class TokenDataArray:
-    """llama_token_data_array: parallel arrays of candidate ids, logits and probabilities."""
+    """llama_token_data_array: parallel arrays of candidate ids, logits and probabilities (``llama_sampler_sample``
+    fills them in token-id order with p = 0, unsorted)."""
 
     def __init__(self, logits: np.ndarray):
         logits = np.asarray(logits, dtype=np.float32)
@@ -36,18 +387,33 @@ class TokenDataArray:
     def keep(self, idx):
         self.id, self.logit, self.p = self.id[idx], self.logit[idx], self.p[idx]
 
-    def sort_desc(self):
-        if not self.sorted:
-            order = np.argsort(-self.logit, kind="stable")
-            self.keep(order)
-            self.sorted = True
+    def partial_sort_inplace(self, npartial: int):
+        """llama_token_data_array_partial_sort_inplace: keep the best ``npartial``, sorted by logit (descending) the
+        way llama.cpp sorts them: ``std::partial_sort`` up to 128, its bucket sort above."""
+        npartial = int(npartial)
+        order = cxx_partial_sort(self.logit, npartial) if npartial <= 128 else llama_partial_sort(self.logit, npartial)
+        self.keep(order)
+        self.sorted = True
 
-    def softmax(self):
-        """llama_sampler_softmax_impl: sort, then p = exp(l - max)/sum (sum in float, as llama.cpp)."""
-        self.sort_desc()
-        mx = self.logit[0]
-        e = np.exp((self.logit - mx).astype(np.float32))
-        self.p = (e / np.float32(e.sum(dtype=np.float32))).astype(np.float32)
+    def sort_desc(self):
+        """Sort all candidates by logit, as llama.cpp does (``partial_sort_inplace(size)``)."""
+        if not self.sorted:
+            self.partial_sort_inplace(self.size)
+
+    def max_logit(self) -> np.float32:
+        """The first logit when sorted, else the largest (the ``std::max`` loop of llama.cpp's softmaxes)."""
+        return self.logit[0] if self.sorted else np.max(self.logit)
+
+    def softmax(self, do_sort: bool = True):
+        """llama_sampler_softmax_impl(cur_p, do_sort): optionally sort, then p = expf(l - max) / sum, in float (the
+        sum accumulated in array order, one float rounding per add)."""
+        if self.size == 0:
+            raise ValueError("GGML_ASSERT(cur_p->size > 0) failed")
+        if do_sort:
+            self.sort_desc()
+        e = glibc_expf(self.logit - self.max_logit())
+        cum_sum = np.cumsum(e, dtype=F32)[-1]
+        self.p = (e / cum_sum).astype(F32)
         self.n_softmax += 1
 
 
@@ -84,14 +450,16 @@ class Temp(Sampler):
         self.t = float(t)
 
     def apply(self, cur):
-        if self.t <= 0.0:
-            # temperature 0: keep only the max logit (llama_sampler_temp_impl)
+        if cur.size == 0:
+            return
+        if F32(self.t) <= 0.0:
+            # temperature 0: keep only the (first) max logit, the rest -inf (llama_sampler_temp_impl)
             i = int(np.argmax(cur.logit))
             keep = np.full(cur.size, False)
             keep[i] = True
             cur.logit = np.where(keep, cur.logit, -np.inf).astype(np.float32)
             return
-        cur.logit = (cur.logit / np.float32(self.t)).astype(np.float32)
+        cur.logit = (cur.logit / F32(self.t)).astype(np.float32)
 
 
 class TopK(Sampler):
@@ -101,11 +469,20 @@ class TopK(Sampler):
         self.k = int(k)
 
     def apply(self, cur):
+        # llama_sampler_top_k_impl
         if self.k <= 0:
             return
         k = min(self.k, cur.size)
-        cur.sort_desc()
+        if not cur.sorted:
+            cur.partial_sort_inplace(k)
         cur.keep(slice(0, k))
+
+
+def _first_reaching(cum: np.ndarray, p, min_keep: int, start: int = 0):
+    """The first i (counting from ``start``) with ``cum[i] >= p and i + 1 >= min_keep``, or None."""
+    i = np.arange(start, start + cum.size)
+    hit = np.nonzero((cum >= p) & (i + 1 >= min_keep))[0]
+    return int(hit[0]) + start if hit.size else None
 
 
 class TopP(Sampler):
@@ -115,14 +492,31 @@ class TopP(Sampler):
         self.p, self.min_keep = float(p), int(min_keep)
 
     def apply(self, cur):
-        if self.p >= 1.0:
+        # llama_sampler_top_p_apply: softmax in array order, then the smallest prefix (by logit) whose float running
+        # sum of p reaches p (and holds min_keep)
+        p = F32(self.p)
+        if p >= F32(1.0):
             return
-        cur.softmax()
-        cum = np.cumsum(cur.p, dtype=np.float64)
-        # keep the smallest prefix whose cumulative probability reaches p (at least min_keep)
-        last = int(np.searchsorted(cum, self.p, side="left")) + 1
-        last = max(last, self.min_keep)
-        cur.keep(slice(0, min(last, cur.size)))
+        cur.softmax(do_sort=False)
+        n = cur.size
+        if not cur.sorted and n > 1024:
+            # adaptive: sort the best 256 first (into a buffer), all of them only if those do not reach p
+            k = min(256, n)
+            order = llama_partial_sort(cur.logit, k)
+            cum = np.cumsum(cur.p[order[:k]], dtype=F32)
+            i = _first_reaching(cum, p, self.min_keep)
+            if i is None:
+                order = llama_partial_sort(cur.logit, n)
+                rest = np.cumsum(np.concatenate([cum[-1:], cur.p[order[k:]]]), dtype=F32)[1:]
+                i = _first_reaching(rest, p, self.min_keep, start=k)
+            last = n if i is None else i + 1
+            cur.keep(order[:last])
+            cur.sorted = True
+            return
+        if not cur.sorted:
+            cur.partial_sort_inplace(n)
+        i = _first_reaching(np.cumsum(cur.p, dtype=F32), p, self.min_keep)
+        cur.keep(slice(0, n if i is None else i + 1))
 
 
 class MinP(Sampler):
@@ -132,40 +526,76 @@ class MinP(Sampler):
         self.p, self.min_keep = float(p), int(min_keep)
 
     def apply(self, cur):
-        if self.p <= 0.0 or cur.size == 0:
+        # llama_sampler_min_p_apply: keep the logits >= max + logf(p) (float); in place, in array order, when unsorted
+        # and at least min_keep pass; else sort and keep the prefix (at least min_keep)
+        if F32(self.p) <= 0.0 or cur.size == 0:
             return
-        mx = float(np.max(cur.logit))
-        thr = mx + np.log(self.p)
-        keep = cur.logit >= thr
-        if keep.sum() < self.min_keep:
+        log_p = logf(F32(self.p))
+        if not cur.sorted:
+            max_logit = max(np.max(cur.logit), F32(-np.finfo(F32).max))
+            keep = np.nonzero(cur.logit >= F32(max_logit) + log_p)[0]
+            if keep.size and keep.size >= self.min_keep:
+                cur.keep(keep)
+                return
             cur.sort_desc()
-            cur.keep(slice(0, self.min_keep))
-            return
-        cur.keep(np.nonzero(keep)[0])
+        min_logit = cur.logit[0] + log_p
+        i = np.arange(1, cur.size)
+        stop = np.nonzero((cur.logit[1:] < min_logit) & (i >= self.min_keep))[0]
+        cur.keep(slice(0, int(i[stop[0]]) if stop.size else cur.size))
 
 
 class Dist(Sampler):
-    """llama_sampler_init_dist: softmax, then draw with a seeded std::mt19937 (NumPy's MT19937 here)."""
+    """llama_sampler_init_dist(seed): a ``std::mt19937`` seeded with the seed; each apply draws
+    ``u = uniform_real_distribution<double>(0, 1)``, computes ``p_i = expf(l_i - max)`` in array order, and selects
+    the first candidate whose running (double) sum of p reaches ``u * sum p``; p is then normalized."""
     name = "dist"
 
     def __init__(self, seed: int = LLAMA_DEFAULT_SEED):
-        self.seed = seed
-        self.reset()
+        self.seed = int(seed) & 0xFFFFFFFF
+        self._seed_cur = get_rng_seed(self.seed)
+        self.rng = MT19937(self._seed_cur)
+
+    @property
+    def seed_cur(self) -> int:
+        """The seed actually used (a random one for LLAMA_DEFAULT_SEED): llama_sampler_get_seed."""
+        return self._seed_cur
 
     def reset(self):
-        seed = np.random.SeedSequence().entropy & 0xFFFFFFFF if self.seed == LLAMA_DEFAULT_SEED else self.seed
-        self.rng = np.random.Generator(np.random.MT19937(int(seed)))
+        self._seed_cur = get_rng_seed(self.seed)
+        self.rng.seed(self._seed_cur)
 
     def apply(self, cur):
-        cur.softmax()
-        u = self.rng.random()
-        cum = np.cumsum(cur.p, dtype=np.float64)
-        i = int(np.searchsorted(cum, u * cum[-1], side="right"))
-        cur.selected = min(i, cur.size - 1)
-        # the draw, for the history: u in [0, 1), the target u * sum(p), and the cumulative sum that reached it
-        j = cur.selected
-        self.last_draw = {"u": float(u), "target": float(u * cum[-1]), "rank": j,
-                          "cum_before": float(cum[j - 1]) if j > 0 else 0.0, "cum_at": float(cum[j])}
+        n = cur.size
+        if n == 0:
+            cur.selected = -1
+            return
+        cur.selected = 0
+        if n == 1:
+            # one candidate: it is chosen, but the draw still happens (keeps the RNG aligned with backend sampling)
+            u, raw = generate_canonical_f64(self.rng)
+            cur.p = np.ones(1, dtype=F32)
+            cur.n_softmax += 1
+            self.last_draw = {"u": u, "raw": list(raw), "sum_exp": 1.0, "target": u, "index": 0, "rank": 0,
+                              "cum_before": 0.0, "cum_at": 1.0, "sorted": bool(cur.sorted)}
+            return
+        e = glibc_expf(cur.logit - cur.max_logit())
+        cum = np.cumsum(e, dtype=np.float64)       # the running double sum, in array order
+        sum_cum = float(cum[-1])
+        u, raw = generate_canonical_f64(self.rng)
+        target = sum_cum * u
+        j = int(np.searchsorted(cum, target, side="left"))    # the first running sum >= target
+        j = min(j, n - 1)
+        cur.selected = j
+        cur.p = (e.astype(np.float64) / sum_cum).astype(F32)
+        cur.n_softmax += 1
+        # the draw, for the history: u, llama.cpp's sum of exp, and (as fractions of that sum) the target and the
+        # running sums around the chosen candidate; index = its position in the array (walk order), rank = its place
+        # by logit (the order SamplerChain.history lists candidates in)
+        lj = cur.logit[j]
+        rank = int(np.sum(cur.logit > lj) + np.sum(cur.logit[:j] == lj))
+        self.last_draw = {"u": u, "raw": list(raw), "sum_exp": sum_cum, "target": target / sum_cum, "index": j,
+                          "rank": rank, "cum_before": float(cum[j - 1]) / sum_cum if j > 0 else 0.0,
+                          "cum_at": float(cum[j]) / sum_cum, "sorted": bool(cur.sorted)}
 
     def params(self) -> dict:
         return {"seed": int(self.seed)}
@@ -190,8 +620,12 @@ class SamplerChain(Sampler):
       ``p_valid``: whether ``p`` was (re)computed by this stage;
     - ``top``: ``[(id, logit)]`` of the first 5 of ``cands`` (kept for older readers);
     - ``selected``: the chosen token id, once a stage selected one (greedy, dist), else None;
-    - ``draw``: for a stage that drew a random number (dist): ``u`` (uniform in [0, 1)), ``target`` (``u * sum
-      p``), ``rank`` (index of the chosen candidate in the sorted array) and the cumulative sums around it.
+    - ``draw``: for a stage that drew a random number (dist): ``u`` (uniform in [0, 1), from the two raw
+      ``std::mt19937`` outputs ``raw``), ``sum_exp`` (llama.cpp's double sum of ``expf(l - max)``), ``target``
+      (``u * sum p`` with p normalized, i.e. ``u``), ``index`` (the chosen candidate's position in the array, the
+      order dist walks), ``rank`` (its place by logit, as ``cands`` lists them; equal to ``index`` when the array is
+      sorted), ``sorted`` (whether the walk was in logit order) and the running sums of p around it
+      (``cum_before``, ``cum_at``).
     """
     name = "chain"
 
@@ -301,3 +735,16 @@ def sampler_reset(smpl: Sampler) -> None:
 
 def sampler_free(smpl: Sampler) -> None:
     pass
+
+
+def sampler_get_seed(smpl: Sampler) -> int:
+    """llama_sampler_get_seed: the seed dist uses (the random one it drew for LLAMA_DEFAULT_SEED); for a chain, that
+    of the last sampler with one; LLAMA_DEFAULT_SEED if none."""
+    if isinstance(smpl, Dist):
+        return smpl.seed_cur
+    if isinstance(smpl, SamplerChain):
+        for s in reversed(smpl.samplers):
+            seed = sampler_get_seed(s)
+            if seed != LLAMA_DEFAULT_SEED:
+                return seed
+    return LLAMA_DEFAULT_SEED

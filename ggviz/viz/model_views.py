@@ -338,7 +338,11 @@ def _draw_text(h: dict) -> str:
     d = h.get("draw")
     if not d:
         return ""
-    return (f"draw u = {d['u']:.4f}: the target u·Σp = {d['target']:.4f} is reached at rank {d['rank']} "
+    # llama.cpp's dist walks the candidate array in its current order: by logit after a sorting sampler (top-k ...),
+    # in token-id order otherwise; the running sum is over that order
+    where = (f"at rank {d['rank']}" if d.get("sorted", True) or "index" not in d
+             else f"at array position {d['index']} (token-id order; rank {d['rank']} by logit)")
+    return (f"draw u = {d['u']:.4f}: the target u·Σp = {d['target']:.4f} is reached {where} "
             f"(cumulative p {d['cum_before']:.4f} → {d['cum_at']:.4f})")
 
 
