@@ -25,8 +25,8 @@ from .context import (LLAMA_FLASH_ATTN_TYPE_AUTO, LLAMA_FLASH_ATTN_TYPE_DISABLED
 from .model import LlamaModel, LlamaModelParams, model_default_params, model_free, model_load_from_file  # noqa: F401
 from .sampling import (LLAMA_DEFAULT_SEED, TokenDataArray, sampler_accept, sampler_apply,  # noqa: F401
                        sampler_chain_add, sampler_chain_init, sampler_free, sampler_get_seed, sampler_init_dist,
-                       sampler_init_greedy, sampler_init_min_p, sampler_init_temp, sampler_init_top_k, sampler_init_top_p, sampler_reset,
-                       sampler_sample)
+                       sampler_init_greedy, sampler_init_min_p, sampler_init_temp, sampler_init_top_k,
+                       sampler_init_top_p, sampler_reset, sampler_sample)
 
 _backend_ready = False
 
