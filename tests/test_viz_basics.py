@@ -1,5 +1,4 @@
 """ggviz.viz: the arena map, header table, strides, DOT export, and the demo on the real model."""
-import os
 import pathlib
 import re
 import shutil

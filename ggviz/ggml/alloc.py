@@ -31,7 +31,7 @@ from .. import trace
 from . import backend as B
 from . import consts as C
 from .context import GGMLError
-from .graph import GGML_HASHSET_FULL, HashSet, bitset_size, hash_size
+from .graph import HashSet, bitset_size, hash_size
 from .tensor import Tensor, GGML_PAD
 
 SIZE_MAX = (1 << 64) - 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import consts as C
 from ..tensor import NP_DTYPES, Tensor, nbytes
 from .. import memory
 
