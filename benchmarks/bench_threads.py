@@ -93,7 +93,7 @@ def build(type_: int, layers: int, cols: int, seed: int = 0, repack: bool = Fals
     ggml.build_forward_expand(gf, cur)
     if repack:
         from ggviz.ggml.cpu import repack as rp
-        if not rp.get_extra_buffer_types():
+        if not rp.available():
             return None
         weights = [n.src[0] for n in gf.nodes]
         ctx.keep_repack_buffer = rp.place_weights(weights)

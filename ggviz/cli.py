@@ -15,6 +15,10 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from ggviz.fetch import FetchError, fetch_default_model
+import platform
+from importlib import metadata
+from ggviz import __version__
 
 # command -> (module under ggviz, one-line help)
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
@@ -48,7 +52,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from ggviz.fetch import FetchError, fetch_default_model
 
     try:
         path = fetch_default_model(dest_dir=args.dest, quiet=args.quiet)
@@ -71,10 +74,7 @@ def _cmd_module(name: str, argv: list[str]) -> int:
 
 
 def _cmd_version() -> int:
-    import platform
-    from importlib import metadata
 
-    from ggviz import __version__
 
     print(f"ggviz {__version__}")
     print(f"python {platform.python_version()}")

@@ -28,6 +28,11 @@ import pathlib
 import sys
 import time
 from dataclasses import dataclass, field
+from . import llama
+from .run import load_model
+from . import trace
+from . import ggml
+from .viz import graph_dot as G
 
 DEFAULT_PROMPT = "The ggml library is"
 
@@ -65,8 +70,6 @@ class DecodeStep:
 
 def new_context(model=None, n_ctx: int = 256, threads: int = 2, cb_eval=None):
     """``llama_init_from_model`` with a small KV cache (n_ctx cells) and ``threads`` threads."""
-    from . import llama
-    from .run import load_model
 
     model = model if model is not None else load_model()
     cp = llama.context_default_params()
@@ -83,7 +86,6 @@ def decode_step(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ct
     With ``record`` the second ``llama_decode`` runs under ``trace.Recorder`` (every event) and, when available,
     ``trace.ComputeTimeline``. ``cb_eval(tensor, ask)`` (llama.cpp's ``cb_eval``) is installed for the decode step,
     ``cb_eval_prompt`` for the prompt; either splits that compute at the nodes it asks for."""
-    from . import llama, trace
 
     model, ctx = new_context(model, n_ctx, threads, cb_eval_prompt)
     vocab = llama.model_get_vocab(model)
@@ -140,7 +142,6 @@ def decode_step(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ct
 
 
 def ggml_data(t):
-    from . import ggml
     return ggml.get_data(t)
 
 
@@ -157,7 +158,6 @@ def decode_graph(model=None, n_kv: int = 256):
 
 def graph_dot(gf, layer: int | None = None, full: bool = False, title: str | None = None, legend: bool = True):
     """A ``graphviz.Digraph`` of ``gf``: layers folded into boxes, except ``layer`` (or all of them, ``full``)."""
-    from .viz import graph_dot as G
 
     layers = sorted({il for il in G.node_layers(gf) if il is not None})
     if full:
@@ -259,7 +259,6 @@ def chrome_trace_from_events(events, which: int = -1) -> dict:
 # ====================================================================================================================
 
 def _model(path):
-    from .run import load_model
     return load_model(path)
 
 

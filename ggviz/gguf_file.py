@@ -48,6 +48,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ggml import consts as C
+from . import ggml
+import gguf
+from .ggml import memory
+from .ggml.impl import GGML_PAD   # the alignment is checked to be a power of 2 before any use
 
 __all__ = ["GGUFError", "GGUFFile", "TensorInfo", "KVInfo", "load_gguf", "create_weight_context", "require_arch",
            "GGUF_MAGIC", "GGUF_VERSION", "GGUF_DEFAULT_ALIGNMENT"]
@@ -85,10 +89,6 @@ _U32, _I32, _U64, _I64 = (struct.Struct(f) for f in ("<I", "<i", "<Q", "<q"))
 
 _REMOVED_TYPES = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8", 36: "IQ4_NL_4_4",
                   37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}
-
-
-def GGML_PAD(x: int, n: int) -> int:
-    return (x + n - 1) // n * n
 
 
 class GGUFError(ValueError):
@@ -315,7 +315,7 @@ class GGUFFile:
                 raise p.err(start, f"KV #{i} key", "a unique key", f"{key!r}, a duplicate of KV #{j}")
             tpos = p.pos
             vtype = p.scalar(_I32, f"KV {key!r} value type")
-            is_array, n, item = False, 1, None
+            is_array, n = False, 1
             if vtype == GGUF_TYPE_ARRAY:
                 is_array = True
                 tpos = p.pos
@@ -388,7 +388,7 @@ class GGUFFile:
                 raise p.err(dpos, f"{what} ne[0]", f"a multiple of {tname}'s block size {blck}", n0)
             nel = n0 * n1 * n2 * n3
             if nel // blck > SIZE_MAX // tsize:
-                raise p.err(dpos, f"{what} ne", f"a size in bytes <= SIZE_MAX", f"ne={ne} of {tname}")
+                raise p.err(dpos, f"{what} ne", "a size in bytes <= SIZE_MAX", f"ne={ne} of {tname}")
             opos = p.pos
             offset = p.scalar(_U64, f"{what} offset")
             raw.append((name, ttype, tuple(ne), offset, nel // blck * tsize, start, p.pos, opos))
@@ -469,7 +469,6 @@ class GGUFFile:
 
     def gguf_reader(self):
         """gguf-py's GGUFReader on the same file (slow on real models; for cross-checking)."""
-        import gguf
         return gguf.GGUFReader(self.path)
 
     def layout(self) -> list:
@@ -508,7 +507,6 @@ class GGUFFile:
     def _register(self) -> int:
         """Make the mapping addressable by ggml (``tensor->data`` pointers); returns its base address."""
         if self._base is None:
-            from .ggml import memory
             if self._u8.size == 0:
                 raise ValueError(f"{self.path}: empty file, nothing to map")
             self._base = memory.register(self._u8, f"mmap {os.path.basename(self.path)}")
@@ -550,7 +548,6 @@ def create_weight_context(gf: GGUFFile, names=None):
     is a zero-copy view of the file's bytes; the mapping is read-only, so writing to it raises ValueError.
     Returns ``(ctx, {name: tensor})``; ``names`` picks a subset (in that order).
     """
-    from . import ggml
     sel = list(gf.tensors) if names is None else [gf.tensor(n) for n in names]
     if len({t.name for t in sel}) != len(sel):
         raise ValueError("create_weight_context: duplicate names")

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import llama
+from .fetch import fetch_default_model
 
 _models: dict = {}
 
@@ -50,7 +51,6 @@ class Generation:
 
 
 def load_model(path=None, **model_params):
-    from .fetch import fetch_default_model
     path = str(path or fetch_default_model(quiet=True))
     key = (path, tuple(sorted(model_params.items())))
     if key not in _models:

@@ -16,22 +16,17 @@ tests/test_backend.py, tests/test_sched.py):
 from __future__ import annotations
 
 import ctypes
-import os
-import sys
 
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from tests import graphs  # noqa: E402
-from tests.oracle.ggml_lib import RealGGML  # noqa: E402
+from tests import graphs
+from tests.oracle.ggml_lib import RealGGML
 
-from ggviz import ggml as gg  # noqa: E402
-from ggviz.ggml import alloc as A  # noqa: E402
-from ggviz.ggml import backend as B  # noqa: E402
+from ggviz import ggml as gg
+from ggviz.ggml import alloc as A
+from ggviz.ggml import backend as B
 
 _REAL = None
 

@@ -27,25 +27,20 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
-import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from tests import graphs  # noqa: E402
-from tests.graphs import BUILDERS, LlamaHParams, graph_leafs, graph_nodes, nb  # noqa: E402
-from tests.oracle.ggml_lib import available, unavailable_reason  # noqa: E402
-from tests.pairs import Pair, buffer_place, ctx_tensors, pairs_fixture, real_ggml  # noqa: E402
+from tests import graphs
+from tests.graphs import BUILDERS, LlamaHParams, graph_leafs, graph_nodes, nb
+from tests.oracle.ggml_lib import available, unavailable_reason
+from tests.pairs import Pair, buffer_place, ctx_tensors, pairs_fixture, real_ggml
 
-from ggviz import ggml as gg, trace  # noqa: E402
-from ggviz.ggml import alloc as A  # noqa: E402
-from ggviz.ggml import backend as B  # noqa: E402
+from ggviz import ggml as gg, trace
+from ggviz.ggml import alloc as A
+from ggviz.ggml import backend as B
 
 pytestmark = pytest.mark.skipif(not available(), reason="real ggml oracle: " + unavailable_reason())
 

@@ -18,25 +18,22 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import os
-import sys
 
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from tests.graphs import BUILDERS, graph_nodes  # noqa: E402
-from tests.oracle.ggml_lib import available, unavailable_reason  # noqa: E402
-from tests.pairs import nmse, real_ggml  # noqa: E402
+from tests.graphs import BUILDERS, graph_nodes
+from tests.oracle.ggml_lib import available, unavailable_reason
+from tests.pairs import nmse, real_ggml
 
-from ggviz import ggml as gg  # noqa: E402
-from ggviz.ggml import accel, blas  # noqa: E402
-from ggviz.ggml import alloc as A  # noqa: E402
-from ggviz.ggml import backend as B  # noqa: E402
-from ggviz.ggml import quants as Q  # noqa: E402
+from ggviz import ggml as gg
+from ggviz.ggml import accel, blas
+from ggviz.ggml import alloc as A
+from ggviz.ggml import backend as B
+from ggviz.ggml import backend_reg, impl
+from ggviz.ggml.cpu import cpu_backend
+from ggviz.ggml import quants as Q
 
 F32, F16 = gg.GGML_TYPE_F32, gg.GGML_TYPE_F16
 needs_oracle = pytest.mark.skipif(not available(), reason="real ggml oracle: " + unavailable_reason())
@@ -47,29 +44,29 @@ needs_oracle = pytest.mark.skipif(not available(), reason="real ggml oracle: " +
 # ====================================================================================================
 
 def test_registry_lookup_and_accel_loading():
-    names = [B.backend_reg_name(B.backend_reg_get(i)) for i in range(B.backend_reg_count())]
+    names = [B.backend_reg_name(backend_reg.backend_reg_get(i)) for i in range(backend_reg.backend_reg_count())]
     assert names[-2:] == ["BLAS", "CPU"]            # ggml_backend_registry(): ..., BLAS, ..., CPU
-    assert B.backend_reg_by_name("cpu") is B.backend_cpu_reg() and B.backend_reg_by_name("nope") is None
-    cpu = B.backend_dev_by_type(B.GGML_BACKEND_DEVICE_TYPE_CPU)
-    assert B.backend_dev_name(cpu) == "CPU" and B.backend_dev_by_name("Cpu") is cpu
-    assert B.backend_dev_backend_reg(cpu) is B.backend_cpu_reg()
-    assert B.backend_dev_by_type(B.GGML_BACKEND_DEVICE_TYPE_ACCEL) is B.backend_reg_dev_get(blas.backend_blas_reg(), 0)
-    be = B.backend_init_by_name("blas")
-    assert B.backend_name(be) == "BLAS" and blas.backend_is_blas(be) and not B.backend_is_cpu(be)
-    assert B.backend_name(B.backend_init_by_type(B.GGML_BACKEND_DEVICE_TYPE_CPU)) == "CPU"
-    assert B.backend_init_by_name("ACCEL0") is None
-    n_dev = B.backend_dev_count()
+    assert backend_reg.backend_reg_by_name("cpu") is cpu_backend.backend_cpu_reg() and backend_reg.backend_reg_by_name("nope") is None
+    cpu = backend_reg.backend_dev_by_type(B.GGML_BACKEND_DEVICE_TYPE_CPU)
+    assert B.backend_dev_name(cpu) == "CPU" and backend_reg.backend_dev_by_name("Cpu") is cpu
+    assert B.backend_dev_backend_reg(cpu) is cpu_backend.backend_cpu_reg()
+    assert backend_reg.backend_dev_by_type(B.GGML_BACKEND_DEVICE_TYPE_ACCEL) is B.backend_reg_dev_get(blas.backend_blas_reg(), 0)
+    be = backend_reg.backend_init_by_name("blas")
+    assert B.backend_name(be) == "BLAS" and blas.backend_is_blas(be) and not cpu_backend.backend_is_cpu(be)
+    assert B.backend_name(backend_reg.backend_init_by_type(B.GGML_BACKEND_DEVICE_TYPE_CPU)) == "CPU"
+    assert backend_reg.backend_init_by_name("ACCEL0") is None
+    n_dev = backend_reg.backend_dev_count()
     # the accelerator is a backend "library" loaded at run time: its GPU-type device becomes the best one
-    reg = B.backend_load("accel")
+    reg = backend_reg.backend_load("accel")
     try:
-        assert B.backend_reg_by_name("ACCEL") is reg and B.backend_dev_count() == n_dev + B.backend_reg_dev_count(reg)
-        best = B.backend_init_best()
+        assert backend_reg.backend_reg_by_name("ACCEL") is reg and backend_reg.backend_dev_count() == n_dev + B.backend_reg_dev_count(reg)
+        best = backend_reg.backend_init_best()
         assert B.backend_name(best) == "ACCEL0" and accel.backend_is_accel(best)
         assert B.backend_dev_type(B.backend_get_device(best)) == B.GGML_BACKEND_DEVICE_TYPE_GPU
     finally:
-        B.backend_unload(reg)
-    assert B.backend_reg_by_name("ACCEL") is None and B.backend_dev_count() == n_dev
-    assert B.backend_name(B.backend_init_best()) == "CPU"
+        backend_reg.backend_unload(reg)
+    assert backend_reg.backend_reg_by_name("ACCEL") is None and backend_reg.backend_dev_count() == n_dev
+    assert B.backend_name(backend_reg.backend_init_best()) == "CPU"
     assert B.backend_name(None) == "NULL"
 
 
@@ -91,7 +88,7 @@ class _Props(ctypes.Structure):           # struct ggml_backend_dev_props
 @needs_oracle
 def test_cpu_device_matches_ggml():
     g = real_ggml()
-    rreg, vreg = g.backend_cpu_reg(), B.backend_cpu_reg()
+    rreg, vreg = g.backend_cpu_reg(), cpu_backend.backend_cpu_reg()
     assert B.backend_reg_name(vreg) == g.backend_reg_name(rreg) == "CPU"
     assert B.backend_reg_dev_count(vreg) == g.backend_reg_dev_count(rreg) == 1
     rdev, vdev = g.backend_reg_dev_get(rreg, 0), B.backend_reg_dev_get(vreg, 0)
@@ -121,7 +118,7 @@ def test_cpu_device_matches_ggml():
         assert (B.backend_reg_get_proc_address(vreg, name) is not None) == \
             bool(g.backend_reg_get_proc_address(rreg, name)), name
     # backends
-    rb, vb = g.backend_cpu_init(), B.backend_cpu_init()
+    rb, vb = g.backend_cpu_init(), cpu_backend.backend_cpu_init()
     assert B.backend_name(vb) == g.backend_name(rb) == "CPU"
     assert B.backend_get_default_buffer_type(vb) is vbuft
     assert B.backend_get_alignment(vb) == g.backend_get_alignment(rb)
@@ -163,7 +160,7 @@ def test_cpu_supports_op_matches_ggml(name):
             rn = graph_nodes(g, BUILDERS[name](g, rctx)["gf"])
             vn = graph_nodes(gg, BUILDERS[name](gg, vctx)["gf"])
         rdev = g.backend_reg_dev_get(g.backend_cpu_reg(), 0)
-        vdev = B.backend_reg_dev_get(B.backend_cpu_reg(), 0)
+        vdev = B.backend_reg_dev_get(cpu_backend.backend_cpu_reg(), 0)
         want = [bool(g.backend_dev_supports_op(rdev, t)) for t in rn]
         got = [B.backend_dev_supports_op(vdev, t) for t in vn]
         assert got == want
@@ -223,9 +220,9 @@ def test_cpu_backend_compute_plan_threads_abort():
     cplan.work_data = np.zeros(cplan.work_size, np.uint8)
     assert gg.graph_compute(gf, cplan) == 0
     ref = _get(y).copy()
-    be = B.backend_cpu_init()
+    be = cpu_backend.backend_cpu_init()
     assert be.context.n_threads == gg.GGML_DEFAULT_N_THREADS
-    B.backend_cpu_set_n_threads(be, 3)
+    cpu_backend.backend_cpu_set_n_threads(be, 3)
     set_inputs()
     assert B.backend_graph_compute(be, gf) == gg.GGML_STATUS_SUCCESS
     np.testing.assert_array_equal(_get(y), ref)
@@ -237,10 +234,10 @@ def test_cpu_backend_compute_plan_threads_abort():
     B.backend_graph_plan_free(be, plan)
     np.testing.assert_array_equal(_get(y), ref)
     # the abort callback stops the compute (after the first node)
-    B.backend_cpu_set_abort_callback(be, lambda data: data == "stop", "stop")
+    cpu_backend.backend_cpu_set_abort_callback(be, lambda data: data == "stop", "stop")
     assert B.backend_graph_compute(be, gf) == gg.GGML_STATUS_ABORTED
     with pytest.raises(gg.GGMLError):
-        B.backend_cpu_set_n_threads(blas.backend_blas_init(), 2)
+        cpu_backend.backend_cpu_set_n_threads(blas.backend_blas_init(), 2)
 
 
 # ====================================================================================================
@@ -312,8 +309,8 @@ def _run_blas(build):
     assert all(B.backend_supports_op(bb, n) for n in gf.nodes)
     assert B.backend_graph_compute(bb, gf) == 0
     r_blas = _get(out).reshape(tuple(reversed(out.shape))).squeeze().copy()
-    cpu = B.backend_cpu_init()
-    B.backend_cpu_set_n_threads(cpu, 2)
+    cpu = cpu_backend.backend_cpu_init()
+    cpu_backend.backend_cpu_set_n_threads(cpu, 2)
     assert B.backend_graph_compute(cpu, gf) == 0
     r_cpu = _get(out).reshape(tuple(reversed(out.shape))).squeeze().copy()
     return r_blas, r_cpu, vals
@@ -383,7 +380,7 @@ def test_accel_device_memory_and_buffers():
     b1 = B.backend_buft_alloc_buffer(buft, 6000)
     assert B.backend_dev_memory(dev) == (4000, 10_000) and not B.backend_buffer_is_host(b1)
     assert B.backend_buft_alloc_buffer(buft, 4001) is None                       # out of memory: NULL
-    assert "out of memory" in B.last_log_error() and "4001 bytes" in B.last_log_error()
+    assert "out of memory" in impl.last_log_error() and "4001 bytes" in impl.last_log_error()
     b2 = B.backend_buft_alloc_buffer(buft, 4000)
     assert B.backend_dev_memory(dev)[0] == 0
     B.backend_buffer_free(b1)
@@ -422,7 +419,7 @@ def test_accel_tensor_data_moves_through_the_backend():
     out = B.backend_tensor_get_async(acc, d, None, 0, v.nbytes)
     B.backend_synchronize(acc)
     np.testing.assert_array_equal(out.view(np.float32), v)
-    B.backend_tensor_copy_async(acc, B.backend_cpu_init(), d, h)
+    B.backend_tensor_copy_async(acc, cpu_backend.backend_cpu_init(), d, h)
     st, st2 = accel.backend_accel_stats(dev), accel.backend_accel_stats(dev2)
     assert (st["n_h2d"], st["n_d2h"], st2["n_d2d"], st2["n_d2h"]) == (2, 3, 1, 1)
     assert st["h2d_bytes"] == 2 * 256
@@ -454,7 +451,7 @@ def test_accel_ops_offload_and_events():
     B.backend_event_wait(acc, ev)
     B.backend_event_synchronize(ev)
     B.backend_event_free(ev)
-    assert B.backend_event_new(B.backend_dev_by_type(B.GGML_BACKEND_DEVICE_TYPE_CPU)) is None
+    assert B.backend_event_new(backend_reg.backend_dev_by_type(B.GGML_BACKEND_DEVICE_TYPE_CPU)) is None
 
 
 def test_accel_computes_bitwise_like_the_cpu():
@@ -468,7 +465,7 @@ def test_accel_computes_bitwise_like_the_cpu():
         _alloc(gf, buft)
         _set(w, vals["w"])
         _set(x, vals["x"])
-        be = accel.backend_accel_init(dev) if on_device else B.backend_cpu_init()
+        be = accel.backend_accel_init(dev) if on_device else cpu_backend.backend_cpu_init()
         assert B.backend_graph_compute(be, gf) == 0
         results.append(_get(y).copy())
         if on_device:

@@ -9,23 +9,20 @@ Finally the lead's executor (ggml.graph_compute_with_ctx), when present, runs a 
 """
 from __future__ import annotations
 
-import os
-import sys
 import threading
 
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from tests.oracle.ggml_lib import RealGGML, available, unavailable_reason  # noqa: E402
+from tests.oracle.ggml_lib import RealGGML, available, unavailable_reason
 
-from ggviz import ggml  # noqa: E402
-from ggviz.ggml import consts as C  # noqa: E402
-from ggviz.ggml.cpu import ops as cpu_ops  # noqa: E402
-from ggviz.ggml.cpu.common import ComputeParams  # noqa: E402
+from ggviz import ggml
+from ggviz.ggml import consts as C
+from ggviz.ggml.cpu import libm as cpu_libm, vec
+from ggviz.ggml.cpu import common as cpu_common
+from ggviz.ggml.cpu import ops as cpu_ops
+from ggviz.ggml.cpu.common import ComputeParams
 
 pytestmark = pytest.mark.skipif(not available(), reason="real ggml oracle: " + unavailable_reason())
 
@@ -139,7 +136,7 @@ def run_case(g, name, specs, build, nths=(1, 3), seed=0, exact=True, tol=1e-6, o
             if s[0] == F16:
                 g.set_array(t, d.astype(np.float16))
             elif s[0] == BF16:
-                g.set_array(t, cpu_ops.f32_to_bf16(d))
+                g.set_array(t, cpu_common.f32_to_bf16(d))
             else:
                 g.set_array(t, d)          # quantized: ggml_quantize_chunk of the floats
             raw_inputs.append(g.get_array(t))
@@ -177,7 +174,7 @@ def run_case(g, name, specs, build, nths=(1, 3), seed=0, exact=True, tol=1e-6, o
 
 def _as_f32(a, typ):
     if typ == BF16:
-        return cpu_ops.bf16_to_f32(a)
+        return cpu_common.bf16_to_f32(a)
     if typ in (F32, F16, I32, I64):
         return a.astype(np.float64)
     return a.astype(np.float64)          # raw quantized bytes: compare as numbers too
@@ -295,8 +292,8 @@ def test_unary_others(g):
 
 def test_gelu_table_matches_ggml(g):
     import ctypes
-    for sym, ours in (("ggml_table_gelu_f16", cpu_ops.gelu_table_f16()),
-                      ("ggml_table_gelu_quick_f16", cpu_ops.gelu_quick_table_f16())):
+    for sym, ours in (("ggml_table_gelu_f16", vec.gelu_table_f16()),
+                      ("ggml_table_gelu_quick_f16", vec.gelu_quick_table_f16())):
         real = np.ctypeslib.as_array((ctypes.c_uint16 * 65536).in_dll(g._cpu, sym)).copy()
         x = np.arange(65536, dtype=np.uint16).view(np.float16)
         ok = np.isnan(x.astype(np.float32)) | (real == ours.view(np.uint16))
@@ -320,7 +317,7 @@ def test_glibc_libm_emulation(fn):
                         [0.0, -0.0, np.inf, -np.inf, np.nan, 88.0, 88.72, 89, -103.0, -103.5, -104, -200, 120, -120,
                          119.99, 0.785, 0.75, 1e-4, 3e38, 32.564632, -63.09946]]).astype(np.float32)
     ref = np.array([cf(float(v)) for v in x], np.float32)
-    got = getattr(cpu_ops, "glibc_" + fn)(x)
+    got = getattr(cpu_libm, "glibc_" + fn)(x)
     same = (got.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(got) & np.isnan(ref))
     assert same.all(), f"{fn}: {np.count_nonzero(~same)} differ, e.g. x={x[~same][:3]}"
 
@@ -328,7 +325,7 @@ def test_glibc_libm_emulation(fn):
 def test_fma32():
     rng = np.random.default_rng(1)
     a, b, c = (rng.standard_normal(200000).astype(np.float32) for _ in range(3))
-    r = cpu_ops.fma32(a, b, c)
+    r = cpu_libm.fma32(a, b, c)
     exact = (a.astype(np.longdouble) * b + c)          # 64-bit mantissa: exact for these magnitudes
     ref = exact.astype(np.float32)
     assert np.array_equal(r, ref) or np.finfo(np.longdouble).nmant < 63
@@ -471,7 +468,6 @@ SOFTMAX_CASES = [
 @pytest.mark.parametrize("case", SOFTMAX_CASES, ids=lambda c: c[0])
 def test_soft_max(g, case):
     name, shape, mtype, scale, max_bias = case
-    shape4 = tuple(shape) + (1,) * (4 - len(shape))
     specs = [(F32, shape, "wide")]
     if mtype is not None:
         # causal-ish mask with -inf entries, one mask row more than there are rows (ggml allows ne11 >= ne01)
@@ -653,7 +649,6 @@ def test_out_prod_q8_0(g):
              lambda L, ctx, t: L.out_prod(ctx, t[0], t[1]))
 
 
-
 # ------------------------------------------------------------------------------------------------ more quantized paths
 
 @need_quants
@@ -701,7 +696,6 @@ def test_soft_max_short_rows(g):
     # rows shorter than one AVX2 block: only the scalar libm path
     run_case(g, "soft_max ne0=5", [(F32, (5, 9, 2), "wide")],
              lambda L, ctx, t: L.soft_max_ext(ctx, t[0], None, 1.0, 0.0))
-
 
 
 # ------------------------------------------------------------------------------------------------ per-thread fidelity

@@ -28,25 +28,23 @@ Proof here:
 from __future__ import annotations
 
 import math
-import os
-import sys
 import warnings
 
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from tests.pairs import real_ggml  # noqa: E402
-from ggviz import ggml as gg  # noqa: E402
-from ggviz.ggml.cpu import fast_kernels as fk  # noqa: E402
-from ggviz.ggml import quants as Q  # noqa: E402
-from ggviz.ggml.cpu import quants as CQ  # noqa: E402
-from tests import graphs  # noqa: E402
-from tests.oracle import quant_lib as QL  # noqa: E402
-from tests.oracle.ggml_lib import RealGGML, available, unavailable_reason  # noqa: E402
+from tests.pairs import real_ggml
+from ggviz import ggml as gg
+from ggviz.ggml import quants as Q
+from ggviz.ggml.cpu import quants as CQ
+from tests import graphs
+from tests.oracle import quant_lib as QL
+from tests.oracle.ggml_lib import RealGGML, available, unavailable_reason
+try:
+    from ggviz.ggml.cpu.fast import compiler
+except ImportError:      # no Numba: the compiled walk is not there
+    compiler = None
 
 needs_oracle = pytest.mark.skipif(not available(), reason="real ggml oracle: " + unavailable_reason())
 
@@ -233,15 +231,15 @@ def test_mul_mat_flt_threads_and_ggml_bitwise(t0, shape):
 
 
 def _run_mm_compiled(t0, K, M, N, b2, r2, A, B, n_threads):
-    """The same graph through the compiled walk (ggviz's fast path: fast_kernels' vec_dot_f16 / vec_dot_f32)."""
-    from ggviz.ggml.cpu import ggml_cpu, repack
+    """The same graph through the compiled walk (ggviz's fast path: fast.kernels' vec_dot_f16 / vec_dot_f32)."""
+    from ggviz.ggml.cpu import ggml_cpu
     ctx = gg.init(64 << 20)
     try:
         a, b, c, gf = _mm_graph(gg, ctx, t0, K, M, N, b2, r2)
         graphs.set_values(gg, a, A)
         graphs.set_values(gg, b, B)
         plan = ggml_cpu.graph_plan(gf, n_threads)
-        plan.extra = repack.compile_graph(gf)
+        plan.extra = compiler.compile_graph(gf)
         assert plan.extra is not None
         if plan.work_size:
             plan.work_data = np.zeros(plan.work_size, np.uint8)
@@ -252,7 +250,7 @@ def _run_mm_compiled(t0, K, M, N, b2, r2, A, B, n_threads):
 
 
 @needs_oracle
-@pytest.mark.skipif(not fk.HAVE_NUMBA, reason="numba unavailable")
+@pytest.mark.skipif(compiler is None, reason="numba unavailable")
 @pytest.mark.parametrize("shape", FLT_SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("t0", [F32, F16], ids=Q.type_name)
 def test_mul_mat_flt_compiled_bitwise(t0, shape):

@@ -14,24 +14,19 @@ Every assertion compares ggviz with real ggml running the same builder from test
 from __future__ import annotations
 
 import math
-import os
 import re
-import sys
 import textwrap
 from functools import lru_cache
 
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from tests import graphs  # noqa: E402
-from tests.graphs import BUILDERS, graph_leafs, graph_nodes, tensor_info  # noqa: E402
-from tests.oracle.ggml_lib import RealGGML, available, run_in_subprocess, unavailable_reason  # noqa: E402
+from tests import graphs
+from tests.graphs import BUILDERS, graph_leafs, graph_nodes, tensor_info
+from tests.oracle.ggml_lib import RealGGML, available, run_in_subprocess, unavailable_reason
 
-from ggviz import ggml as gg  # noqa: E402
+from ggviz import ggml as gg
 
 pytestmark = pytest.mark.skipif(not available(), reason="real ggml oracle: " + unavailable_reason())
 

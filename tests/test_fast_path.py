@@ -1,5 +1,5 @@
 """The fast path: the CPU_REPACK extra buffer type (ggviz/ggml/cpu/repack.py) and the compiled kernels
-(ggviz/ggml/cpu/fast_kernels.py), checked against ggviz's own faithful kernels.
+(ggviz/ggml/cpu/fast/), checked against ggviz's own faithful kernels.
 
 * every op the compiled graph walk covers, at llama shapes (SmolLM2-135M: n_embd 576, 9 heads / 3 KV heads of 64,
   ffn 1536, F16 KV cache), 1 and several tokens: bit-exact with the faithful kernel, except ROPE (cos/sin in double,
@@ -20,17 +20,16 @@ import sys
 import numpy as np
 import pytest
 
+from ggviz import ggml
+from ggviz.ggml import consts as C
+from ggviz.ggml import quants as Q
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+fk = pytest.importorskip("ggviz.ggml.cpu.fast.kernels", reason="the compiled fast path needs Numba")
+from ggviz.ggml.cpu.fast import compiler, intrinsics  # noqa: E402 - after the importorskip
+from ggviz.ggml.cpu import traits  # noqa: E402 - after the importorskip
+from ggviz.ggml.cpu import ggml_cpu, repack  # noqa: E402 - after the importorskip
 
-from ggviz import ggml  # noqa: E402
-from ggviz.ggml import consts as C  # noqa: E402
-from ggviz.ggml import quants as Q  # noqa: E402
-from ggviz.ggml.cpu import fast_kernels as fk  # noqa: E402
-from ggviz.ggml.cpu import ggml_cpu, repack  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not fk.HAVE_NUMBA, reason=f"numba unavailable: {fk.NUMBA_ERROR}")
 
 F32, F16, I32, I64 = C.GGML_TYPE_F32, C.GGML_TYPE_F16, C.GGML_TYPE_I32, C.GGML_TYPE_I64
 Q4_0, Q4_1, Q8_0 = C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0
@@ -47,7 +46,7 @@ def _nmse(a, b):
 
 def _compute(gf, nth: int, fast: bool):
     plan = ggml_cpu.graph_plan(gf, nth)
-    plan.extra = repack.compile_graph(gf) if fast else None
+    plan.extra = compiler.compile_graph(gf) if fast else None
     if fast:
         assert plan.extra is not None, "the compiled walk does not cover this graph"
     if plan.work_size:
@@ -296,7 +295,7 @@ def _oracle():
 def test_repacked_mul_mat_bitexact_with_real_ggml(qtype, M, K, T):
     """The compiled kernels do what ggml's AVX2 vec_dot does, lane for lane: same bits as the real ggml."""
     g = _oracle()
-    if g is None or not fk.HAVE_AVX2:
+    if g is None or not intrinsics.HAVE_AVX2:
         pytest.skip("real ggml oracle (libggml-python) or AVX2 not available")
     out, plan, _ = _mm_case(qtype, M, K, T, 2, place=True, route="graph")
     assert plan.extra is not None
@@ -343,7 +342,7 @@ def test_dispatch_only_for_repacked_weights():
     ext = repack.repack_buffer_type().context
     assert ext.supports_op(None, y1) and ext.get_tensor_traits(y1) is not None
     assert not ext.supports_op(None, y2) and ext.get_tensor_traits(y2) is None
-    assert repack.extra_work_size(1, y1) is not None and repack.extra_work_size(1, y2) is None
+    assert traits.extra_work_size(1, y1) is not None and traits.extra_work_size(1, y2) is None
     # a graph with only non-repacked weights is not compiled; one with a repacked weight is
     gf = ggml.new_graph(ctx)
     ggml.build_forward_expand(gf, y2)
@@ -355,8 +354,8 @@ def test_dispatch_only_for_repacked_weights():
 
 def test_no_repack_env():
     code = ("import os; os.environ['GGVIZ_NO_REPACK']='1'\n"
-            "from ggviz.ggml.cpu import repack\n"
-            "assert repack.get_extra_buffer_types() == []\n"
+            "from ggviz.ggml.cpu import traits\n"
+            "assert traits.get_extra_buffer_types() == []\n"
             "print('ok')")
     r = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=_ROOT))
@@ -418,13 +417,13 @@ def test_teacher_forced_fast_path(ref_npz, nth, monkeypatch):
     for i, t in enumerate(ids):
         batch_add(b, int(t), i, [0], True)
     compiled = []
-    plan_graph = repack.plan_graph
+    plan_graph = compiler.plan_graph
 
     def spy(cgraph, n_threads):
         fg = plan_graph(cgraph, n_threads)
         compiled.append(fg is not None)
         return fg
-    monkeypatch.setattr(repack, "plan_graph", spy)
+    monkeypatch.setattr(compiler, "plan_graph", spy)
     assert ctx.decode(b) == 0
     lg = ctx.get_logits().astype(np.float64)
     top1 = float((lg.argmax(-1) == ref.argmax(-1)).mean())

@@ -1,4 +1,4 @@
-"""Tracing the compiled CPU walk (ggviz/ggml/cpu/repack.py FastGraph + fast_kernels' trace log).
+"""Tracing the compiled CPU walk (ggviz/ggml/cpu/fast/: compiler.FastGraph + the kernels' trace log).
 
 A traced compute on the fast path stays compiled: every thread logs its node spans, barrier waits and MUL_MAT chunk
 claims into an array and the executor hands the log over as one ``trace.Batch``. These tests check that what comes
@@ -15,24 +15,19 @@ out is what the walk did, by ggml's rules rather than by the log's own word:
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from ggviz import ggml, trace  # noqa: E402
-from ggviz.ggml import consts as C  # noqa: E402
-from ggviz.ggml.cpu import fast_kernels as fk  # noqa: E402
-from ggviz.ggml.cpu import ggml_cpu, repack  # noqa: E402
+from ggviz import ggml, trace
+from ggviz.ggml import consts as C
+program = pytest.importorskip("ggviz.ggml.cpu.fast.program")
+compiler = pytest.importorskip("ggviz.ggml.cpu.fast.compiler", reason="the compiled fast path needs Numba")
+from ggviz.ggml.cpu import ggml_cpu  # noqa: E402 - after the importorskip
 
-pytestmark = pytest.mark.skipif(not fk.HAVE_NUMBA, reason=f"numba unavailable: {fk.NUMBA_ERROR}")
 
-from test_fast_path import _f32, _fill, _weight_ctx  # noqa: E402
+from test_fast_path import _f32, _fill, _weight_ctx  # noqa: E402 - after the importorskip
 
 F32, F16, Q4_1 = C.GGML_TYPE_F32, C.GGML_TYPE_F16, C.GGML_TYPE_Q4_1
 
@@ -77,17 +72,17 @@ def test_traced_compiled_walk(nth):
     assert np.array_equal(plain.view(np.uint32), np.asarray(ggml.get_data(out)).view(np.uint32))
 
     c = tl.last
-    # the compiled walk runs on at most as many threads as there are CPUs (repack.N_CPUS); a pool thread beyond
+    # the compiled walk runs on at most as many threads as there are CPUs (compiler.N_CPUS); a pool thread beyond
     # that only waits in the pool's final barrier
     lanes = {ith: ln for ith, ln in c["threads"].items() if ln["nodes"]}
     n_use = len(lanes)
-    assert 1 <= n_use <= min(nth, repack.N_CPUS)
+    assert 1 <= n_use <= min(nth, compiler.N_CPUS)
     assert sorted(lanes) == list(range(n_use))
     for ith, ln in c["threads"].items():
         if ith not in lanes:
             assert [b["where"] for b in ln["barriers"]] == ["final"] and not ln["chunks"]
     rows = len(fg)
-    mm_rows = [k for k in range(rows) if fg.P[k, 0] in (fk.OP_MUL_MAT_Q, fk.OP_MUL_MAT_F)]
+    mm_rows = [k for k in range(rows) if fg.P[k, program.OP] in (program.OP_MUL_MAT_Q, program.OP_MUL_MAT_F)]
     assert len(mm_rows) == 3
     seqs = None
     for ith, ln in lanes.items():
@@ -164,6 +159,6 @@ def test_untraced_compute_leaves_no_log():
     fg = _compute(gf, 2)
     with trace.Recorder():
         _compute(gf, 2)
-    assert fg.sync[fk.SYNC_TRACE] == 0                              # logging stops with the compute
+    assert fg.sync[program.SYNC_TRACE] == 0                              # logging stops with the compute
     _compute(gf, 2)
-    assert fg.sync[fk.SYNC_TRACE] == 0
+    assert fg.sync[program.SYNC_TRACE] == 0

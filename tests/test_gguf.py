@@ -14,17 +14,15 @@ import tracemalloc
 
 import numpy as np
 import pytest
+import gguf
+import ggviz
+from ggviz import ggml
+from ggviz.gguf_file import (GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch)
+from tests import hostile_gguf as H
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-import gguf  # noqa: E402
 
-import ggviz  # noqa: E402
-from ggviz import ggml  # noqa: E402
-from ggviz.gguf_file import (GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch)  # noqa: E402
-from tests import hostile_gguf as H  # noqa: E402
 
 MODEL = os.path.join(_ROOT, "data", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 

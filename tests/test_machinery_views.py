@@ -18,22 +18,20 @@ recorded themselves, never with numbers typed in here.
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
+from ggviz import ggml as gg, trace
+from ggviz.ggml import accel, blas
+from ggviz.ggml import alloc as A
+from ggviz.ggml import backend as B
+from ggviz.ggml.cpu import cpu_backend
+from ggviz.ggml import sched as S
+from ggviz.viz.widgets.alloc_view import AllocatorView, records_from_events
+from ggviz.viz.widgets.sched_view import STAGES, SchedulerView
+from tests.test_sched import _accel, build_mini, build_upg, place
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from ggviz import ggml as gg, trace  # noqa: E402
-from ggviz.ggml import accel, blas  # noqa: E402
-from ggviz.ggml import alloc as A  # noqa: E402
-from ggviz.ggml import backend as B  # noqa: E402
-from ggviz.ggml import sched as S  # noqa: E402
-from ggviz.viz.widgets.alloc_view import AllocatorView, records_from_events  # noqa: E402
-from ggviz.viz.widgets.sched_view import STAGES, SchedulerView  # noqa: E402
-from tests.test_sched import _accel, build_mini, build_upg, place  # noqa: E402
 
 F32 = gg.GGML_TYPE_F32
 MODEL = os.path.join(_ROOT, "data", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -283,7 +281,7 @@ def test_scheduler_view_accel_without_rms_norm(tmp_path):
     ns = build_mini()
     for il in range(2):
         place(ns, il, B.backend_dev_buffer_type(dev))
-    sched = S.backend_sched_new([acc, B.backend_cpu_init()], None, 2, 256, False, True)
+    sched = S.backend_sched_new([acc, cpu_backend.backend_cpu_init()], None, 2, 256, False, True)
     sv = SchedulerView.capture(sched, ns.gf)
     st = check_scheduler_view(sv, sched, ns.gf)
     # pass by pass (the derivation in tests/test_sched.py::test_accel_without_rms_norm_splits_around_every_rms_norm)
@@ -318,7 +316,7 @@ def test_scheduler_view_accel_without_rms_norm(tmp_path):
 def test_scheduler_view_user_pin_and_pass3_upgrade():
     # a user pin ("usr") before pass 1
     dev, acc = _accel()
-    blas_b, cpu = blas.backend_blas_init(), B.backend_cpu_init()
+    blas_b, cpu = blas.backend_blas_init(), cpu_backend.backend_cpu_init()
     ns = build_mini()
     place(ns, 0, B.backend_cpu_buffer_type())
     place(ns, 1, B.backend_dev_buffer_type(dev))
@@ -329,7 +327,7 @@ def test_scheduler_view_user_pin_and_pass3_upgrade():
     assert [(a["name"], a["cause"]) for a in sv.assignment("usr") if a["backend"]] == [("norm-1", "usr")]
     # BLAS takes a MUL_MAT by upgrading it in pass 3: the one allowed change of an assigned node
     ns2 = build_upg(B.GGML_BACKEND_BUFFER_USAGE_ANY)
-    sched2 = S.backend_sched_new([blas.backend_blas_init(), B.backend_cpu_init()], None, 2, 64, False, True)
+    sched2 = S.backend_sched_new([blas.backend_blas_init(), cpu_backend.backend_cpu_init()], None, 2, 64, False, True)
     sv2 = SchedulerView.capture(sched2, ns2.gf)
     check_scheduler_view(sv2, sched2, ns2.gf)
     h = sv2.node_names.index("h")
@@ -375,7 +373,7 @@ def test_widgets_follow_the_state():
     ns = build_mini()
     for il in range(2):
         place(ns, il, B.backend_dev_buffer_type(dev))
-    sched = S.backend_sched_new([acc, B.backend_cpu_init()], None, 2, 256, False, True)
+    sched = S.backend_sched_new([acc, cpu_backend.backend_cpu_init()], None, 2, 256, False, True)
     sv = SchedulerView.capture(sched, ns.gf, stage="usr")
     sv.widget
     sv._w_next.click()

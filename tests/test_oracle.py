@@ -3,17 +3,12 @@
 Each expectation below is derived by hand from ggml's documented layout rules,
 not read back from the library, so a wrong struct layout / signature fails.
 """
-import os
-import sys
 
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from tests.oracle.ggml_lib import RealGGML, available, run_in_subprocess, unavailable_reason  # noqa: E402
+from tests.oracle.ggml_lib import RealGGML, available, run_in_subprocess, unavailable_reason
 
 pytestmark = pytest.mark.skipif(not available(), reason="real ggml oracle: " + unavailable_reason())
 

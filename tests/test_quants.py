@@ -10,28 +10,23 @@
 * CPU vec_dot: within float32 summation noise of type_traits_cpu[t].vec_dot for every
   (type, vec_dot_type) pair.
 """
-import os
-import sys
 import time
 import warnings
 
 import numpy as np
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from ggviz.ggml import quants as Q  # noqa: E402
-from ggviz.ggml.consts import TYPE_TRAITS  # noqa: E402
-from ggviz.ggml.consts import (  # noqa: E402
+from ggviz.ggml import quants as Q
+from ggviz.ggml.consts import TYPE_TRAITS
+from ggviz.ggml.consts import (
     GGML_TYPE_BF16, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_IQ2_XS, GGML_TYPE_Q2_K,
     GGML_TYPE_Q3_K, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0,
     GGML_TYPE_Q5_1, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q8_1,
     GGML_TYPE_Q8_K,
 )
-from ggviz.ggml.cpu import quants as C  # noqa: E402
-from tests.oracle import quant_lib as L  # noqa: E402
+from ggviz.ggml.cpu import quants as C
+from tests.oracle import quant_lib as L
 
 needs_oracle = pytest.mark.skipif(not L.available(), reason="libggml (oracle) not available")
 

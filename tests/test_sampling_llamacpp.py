@@ -179,8 +179,8 @@ def model():
 
 
 def _fast_path() -> bool:
-    from ggviz.ggml.cpu import fast_kernels as fk, repack
-    return fk.HAVE_NUMBA and not repack.repack_disabled()
+    from ggviz.ggml.cpu import repack
+    return repack.available()
 
 
 # the whole generation equals llama.cpp's only where the logits are llama.cpp's bits: the compiled fast path (the

@@ -24,26 +24,25 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tests import graphs
+from tests.graphs import BUILDERS, graph_leafs, graph_nodes
+from tests.oracle.ggml_lib import available, run_in_subprocess, unavailable_reason
+from tests.pairs import Pair, buffer_place, nmse, pairs_fixture, real_ggml
+from ggviz import ggml as gg, trace
+from ggviz.ggml import accel, blas
+from ggviz.ggml import alloc as A
+from ggviz.ggml import backend as B
+from ggviz.ggml import impl
+from ggviz.ggml.cpu import cpu_backend
+from ggviz.ggml import sched as S
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 
-from tests import graphs  # noqa: E402
-from tests.graphs import BUILDERS, graph_leafs, graph_nodes  # noqa: E402
-from tests.oracle.ggml_lib import available, run_in_subprocess, unavailable_reason  # noqa: E402
-from tests.pairs import Pair, buffer_place, nmse, pairs_fixture, real_ggml  # noqa: E402
 
-from ggviz import ggml as gg, trace  # noqa: E402
-from ggviz.ggml import accel, blas  # noqa: E402
-from ggviz.ggml import alloc as A  # noqa: E402
-from ggviz.ggml import backend as B  # noqa: E402
-from ggviz.ggml import sched as S  # noqa: E402
 
 F32 = gg.GGML_TYPE_F32
 WEIGHTS = B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS
@@ -114,8 +113,8 @@ def _scheds(p: SchedPair, n_threads=2, graph_size=2048):
     arr = (ctypes.c_void_p * 1)(p.rbackend)
     p._keep = arr
     p.rsched = g.backend_sched_new(ctypes.addressof(arr), None, 1, graph_size, False, True)
-    vb = B.backend_cpu_init()
-    B.backend_cpu_set_n_threads(vb, n_threads)
+    vb = cpu_backend.backend_cpu_init()
+    cpu_backend.backend_cpu_set_n_threads(vb, n_threads)
     p.vbackend = vb
     p.vsched = S.backend_sched_new([vb], None, 1, graph_size, False, True)
     return p.rsched, p.vsched
@@ -302,7 +301,7 @@ def reference(n_tok=4, n_layer=2):
     ns = build_mini(n_layer, n_tok)
     for il in range(n_layer):
         place(ns, il, B.backend_cpu_buffer_type())
-    sched, out = run(ns, [B.backend_cpu_init()])
+    sched, out = run(ns, [cpu_backend.backend_cpu_init()])
     assert S.backend_sched_get_n_splits(sched) == 1
     return out
 
@@ -335,7 +334,7 @@ def test_accel_without_rms_norm_splits_around_every_rms_norm():
             ACCEL0 [attn_norm-1 .. out-1] copies norm-1 (out-0 is already on ACCEL0).
     """
     dev, acc = _accel(accel.DEFAULT_SUPPORTED_OPS - {gg.GGML_OP_RMS_NORM})
-    cpu = B.backend_cpu_init()
+    cpu = cpu_backend.backend_cpu_init()
     ns = build_mini()
     for il in range(2):
         place(ns, il, B.backend_dev_buffer_type(dev))
@@ -381,7 +380,7 @@ def test_weights_split_across_backends():
     pass 5: CPU [norm-0, attn_norm-0, h-0] | ACCEL0 [out-0 .. out-1], which copies h-0 and x.
     """
     dev, acc = _accel()
-    blas_b, cpu = blas.backend_blas_init(), B.backend_cpu_init()
+    blas_b, cpu = blas.backend_blas_init(), cpu_backend.backend_cpu_init()
     ns = build_mini()
     place(ns, 0, B.backend_cpu_buffer_type())
     place(ns, 1, B.backend_dev_buffer_type(dev))
@@ -410,7 +409,7 @@ def test_user_pinned_tensor():
     pass 5: CPU [norm-0 .. norm-1] | ACCEL0 [attn_norm-1 .. out-1] copying norm-1 and out-0.
     """
     dev, acc = _accel()
-    blas_b, cpu = blas.backend_blas_init(), B.backend_cpu_init()
+    blas_b, cpu = blas.backend_blas_init(), cpu_backend.backend_cpu_init()
     ns = build_mini()
     place(ns, 0, B.backend_cpu_buffer_type())
     place(ns, 1, B.backend_dev_buffer_type(dev))
@@ -458,13 +457,13 @@ def test_blas_takes_mul_mat_by_pass3_upgrade():
     pass 5: CPU [n] | BLAS [h] | CPU [out]: three splits and no copies (one buffer type).
     Then with W in a WEIGHTS buffer, pass 1 already sends h to BLAS ("1.wgt0").
     """
-    blas_b, cpu = blas.backend_blas_init(), B.backend_cpu_init()
+    blas_b, cpu = blas.backend_blas_init(), cpu_backend.backend_cpu_init()
     ns = build_upg(B.GGML_BACKEND_BUFFER_USAGE_ANY)
     sched, out = run(ns, [blas_b, cpu], graph_size=64)
     assert assignments(sched, ns) == {"n": ("CPU", "1.wgt1"), "h": ("BLAS", "3.upg"), "out": ("CPU", "2.sup")}
     assert splits(sched) == [("CPU", 0, 1, []), ("BLAS", 1, 2, []), ("CPU", 2, 3, [])]
     ref_ns = build_upg(B.GGML_BACKEND_BUFFER_USAGE_ANY)
-    _, ref = run(ref_ns, [B.backend_cpu_init()], graph_size=64)
+    _, ref = run(ref_ns, [cpu_backend.backend_cpu_init()], graph_size=64)
     assert 0 < nmse(out, ref) <= 1e-10 or np.array_equal(out, ref)
     # float64 reference of the whole thing
     x = _values("x", (32, N_EMBD), seed=1).astype(np.float64)
@@ -473,7 +472,7 @@ def test_blas_takes_mul_mat_by_pass3_upgrade():
     assert nmse(out, (x * wn) @ w.T + x) <= 1e-10
 
     ns2 = build_upg(WEIGHTS)
-    sched2, out2 = run(ns2, [blas.backend_blas_init(), B.backend_cpu_init()], graph_size=64)
+    sched2, out2 = run(ns2, [blas.backend_blas_init(), cpu_backend.backend_cpu_init()], graph_size=64)
     assert assignments(sched2, ns2)["h"] == ("BLAS", "1.wgt0")
     np.testing.assert_array_equal(out2, out)
 
@@ -489,9 +488,9 @@ def test_accel_capacity_exceeded_fails_clearly():
         place(ns, il, B.backend_dev_buffer_type(dev))
     free, total = B.backend_dev_memory(dev)
     assert total == 40000 and free == 40000 - 2 * (256 + 16384)      # norm weight + matrix, 128-aligned
-    sched = S.backend_sched_new([acc, B.backend_cpu_init()], None, 2, 256, False, True)
+    sched = S.backend_sched_new([acc, cpu_backend.backend_cpu_init()], None, 2, 256, False, True)
     assert not S.backend_sched_alloc_graph(sched, ns.gf)
-    msg = B.last_log_error()
+    msg = impl.last_log_error()
     assert "out of memory" in msg and "ACCEL0" in msg
     # the graph now reads the copies of that split: it cannot be split again ...
     with pytest.raises(gg.GGMLError, match="split before"):
@@ -505,7 +504,7 @@ def test_accel_capacity_exceeded_fails_clearly():
         place(ns2, il, B.backend_dev_buffer_type(dev))
     # (a fresh scheduler: after a failed reserve ggml's gallocr keeps the plan but not the buffer -- C would
     # dereference the NULL buffer on a retry of the same shape)
-    sched2 = S.backend_sched_new([acc, B.backend_cpu_init()], None, 2, 256, False, True)
+    sched2 = S.backend_sched_new([acc, cpu_backend.backend_cpu_init()], None, 2, 256, False, True)
     assert S.backend_sched_graph_compute(sched2, ns2.gf) == gg.GGML_STATUS_ALLOC_FAILED
     # weights that do not fit: ggml_backend_alloc_ctx_tensors_from_buft returns NULL
     dev2, _ = _accel(capacity=1000)
@@ -550,7 +549,7 @@ def test_eval_callback_order_across_splits():
         return True
 
     with trace.recording(["sched.compute_split", "sched.eval"]) as rec:
-        run(ns, [acc, B.backend_cpu_init()], cb=cb)
+        run(ns, [acc, cpu_backend.backend_cpu_init()], cb=cb)
     assert calls == [("norm-0", True), ("norm-0", False),
                      ("attn_norm-0", True), ("h-0", True), ("out-0", True), ("out-0", False),
                      ("norm-1", True),
@@ -569,7 +568,7 @@ def test_eval_callback_order_across_splits():
         ref_seen[t.name] = gg.get_data_f32(t).ravel().copy()
         return True
 
-    run(ref, [B.backend_cpu_init()], cb=rcb)
+    run(ref, [cpu_backend.backend_cpu_init()], cb=rcb)
     for k in want:
         np.testing.assert_array_equal(seen[k], ref_seen[k])
 
@@ -585,7 +584,7 @@ def test_trace_events_and_plan_record():
         place(ns, il, B.backend_dev_buffer_type(dev))
     kinds = ["sched.pass", "sched.assign", "sched.split", "sched.copy", "sched.compute_split", "sched.alloc"]
     with trace.recording(kinds) as rec:
-        sched, _ = run(ns, [acc, B.backend_cpu_init()])
+        sched, _ = run(ns, [acc, cpu_backend.backend_cpu_init()])
     assert [e["pass"] for e in rec.of("sched.pass")] == ["1", "2.1", "2.2", "2.3", "2.4", "3", "4", "5"]
     # every node's final (backend, cause) is the last assign event for it
     last = {}

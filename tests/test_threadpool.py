@@ -418,7 +418,7 @@ def test_compute_timeline_and_chrome_trace(pool4):
     c = tl.last
     assert c["status"] == 0 and c["n_threads"] == 4 and c["n_graph"] == pool4.n_graph and not c["errors"]
     assert set(c["threads"]) == {0, 1, 2, 3}
-    computed = [i for i, t in enumerate(b["gf"].nodes) if t.op not in ggml_cpu._EMPTY_OPS]
+    computed = [i for i, t in enumerate(b["gf"].nodes) if not ggml.op_is_empty(t.op)]
     for ith, ln in c["threads"].items():
         top = [(s["t_start"], s["t_end"]) for s in ln["nodes"]]
         top += [(x["t_enter"], x["t_exit"]) for x in ln["barriers"] if x["where"] != "kernel"]

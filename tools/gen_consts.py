@@ -3,10 +3,14 @@
 Run once per ggml version we mirror:  python tools/gen_consts.py path/to/ggml.h > ggviz/ggml/consts.py
 The values are ggml's own: they are read from its header and its shared library, never typed by hand.
 """
-import ctypes, os, re, sys
+import ctypes
+import os
+import re
+import sys
+
+import libggml
 
 hdr = open(sys.argv[1]).read()
-import libggml
 lib = ctypes.CDLL(os.path.join(os.path.dirname(libggml.__file__), "lib64", "libggml-base.so"))
 
 def enum_body(name):
@@ -60,7 +64,8 @@ for k, v in parse_enum("ggml_type"):
     print(f"    {v}: ({lib.ggml_type_name(v).decode()!r}, {lib.ggml_blck_size(v)}, {lib.ggml_type_size(v)}, {bool(lib.ggml_is_quantized(v))}),  # {k}")
 print("}")
 for fn, en in [("ggml_op_name", "ggml_op"), ("ggml_op_symbol", "ggml_op"), ("ggml_unary_op_name", "ggml_unary_op"), ("ggml_glu_op_name", "ggml_glu_op")]:
-    f = getattr(lib, fn); f.restype = ctypes.c_char_p
+    f = getattr(lib, fn)
+    f.restype = ctypes.c_char_p
     print(f"\n{fn.upper()[5:]}S = [")
     for k, v in parse_enum(en):
         if k.endswith("_COUNT"):

@@ -37,14 +37,16 @@ from .. import trace
 from . import backend as B
 from . import consts as C
 from . import memory
-from .context import GGMLError
+from .impl import GGML_ASSERT, GGML_LOG, GGMLError, op_is_empty
 from .tensor import Tensor, nbytes, op_desc
+from .cpu import ggml_cpu
+from .tensor import nrows
+from .cpu.quants import VEC_DOT_TYPE
 
 GGML_ACCEL_ALIGNMENT = 128
 DEFAULT_CAPACITY = 2 << 30       # 2 GiB of simulated device memory
 OFFLOAD_MIN_BATCH = 32           # ggml_backend_cuda_device_offload_op: min_batch_size
 
-_VIEW_OPS = frozenset((C.GGML_OP_NONE, C.GGML_OP_VIEW, C.GGML_OP_RESHAPE, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE))
 DEFAULT_SUPPORTED_OPS = frozenset((
     C.GGML_OP_MUL_MAT, C.GGML_OP_ADD, C.GGML_OP_MUL, C.GGML_OP_RMS_NORM, C.GGML_OP_ROPE, C.GGML_OP_SOFT_MAX,
     C.GGML_OP_GET_ROWS, C.GGML_OP_SET_ROWS, C.GGML_OP_CPY, C.GGML_OP_CONT, C.GGML_OP_GLU, C.GGML_OP_UNARY,
@@ -194,7 +196,7 @@ def _buft_alloc_buffer(buft, size: int):
             dctx.stats["peak_used"] = max(dctx.stats["peak_used"], dctx.used)
             ok = True
     if not ok:
-        B.GGML_LOG("error", f"ggml_backend_accel_buffer_type_alloc_buffer: allocating {size} bytes "
+        GGML_LOG("error", f"ggml_backend_accel_buffer_type_alloc_buffer: allocating {size} bytes "
                             f"({size / 1048576:.2f} MiB) on device {dctx.name}: out of memory ({free} bytes free of "
                             f"{dctx.capacity} = {dctx.capacity / 1048576:.2f} MiB)")
         if trace.active:
@@ -263,7 +265,7 @@ def _check_on_device(dev, cgraph) -> None:
     """A device computes only on its own memory: every operand of a computed node must be in its buffers."""
     buft = _dev_ctx(dev).buft
     for node in cgraph.nodes:
-        if node.op in _VIEW_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE):
+        if op_is_empty(node.op) or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE):
             continue
         for t in [node] + [s for s in node.src if s is not None]:
             buf = _operand_buffer(t)
@@ -275,7 +277,6 @@ def _check_on_device(dev, cgraph) -> None:
 
 
 def _backend_graph_compute(backend, cgraph) -> int:
-    from .cpu import ggml_cpu
     ctx = backend.context
     dev = ctx.device
     dctx = _dev_ctx(dev)
@@ -369,13 +370,12 @@ def _dev_get_buffer_type(dev):
 
 def _dev_supports_op(dev, op: Tensor) -> bool:
     o = op.op
-    if o in _VIEW_OPS:
+    if op_is_empty(o):
         return True
     if o not in _dev_ctx(dev).supported_ops:
         return False
     # what the CPU kernels it runs can do
     if o == C.GGML_OP_MUL_MAT:
-        from .cpu.quants import VEC_DOT_TYPE
         return op.src[1].type == C.GGML_TYPE_F32 or op.src[1].type == VEC_DOT_TYPE.get(op.src[0].type)
     if o in (C.GGML_OP_CPY, C.GGML_OP_SET_ROWS):
         return op.type not in _NO_FROM_FLOAT
@@ -394,7 +394,6 @@ def get_op_batch_size(op: Tensor) -> int:
         return int(op.ne[1])
     if op.op in (C.GGML_OP_MUL_MAT_ID, C.GGML_OP_ROPE, C.GGML_OP_ROPE_BACK):
         return int(op.ne[2])
-    from .tensor import nrows
     return nrows(op)
 
 
@@ -450,14 +449,14 @@ def _reg_get_device_count(reg) -> int:
 
 
 def _reg_get_device(reg, index: int):
-    B.GGML_ASSERT(0 <= index < len(_devices), "index < device count")
+    GGML_ASSERT(0 <= index < len(_devices), "index < device count")
     return _devices[index]
 
 
 def backend_accel_set_n_threads_backend(backend, n_threads: int) -> None:
     """ggml_backend_set_n_threads_t for the accelerator (a ggviz addition: it runs the CPU kernels, whose thread
     count matters for bitwise equality with the CPU backend)."""
-    B.GGML_ASSERT(backend_is_accel(backend), "ggml_backend_is_accel(backend)")
+    GGML_ASSERT(backend_is_accel(backend), "ggml_backend_is_accel(backend)")
     _dev_ctx(backend.device).n_threads = int(n_threads)
 
 

@@ -30,19 +30,15 @@ import numpy as np
 from .. import trace
 from . import backend as B
 from . import consts as C
-from .context import GGMLError
+from .impl import GGML_ASSERT, GGMLError
 from .graph import HashSet, bitset_size, hash_size
-from .tensor import Tensor, GGML_PAD
+from .impl import GGML_PAD
+from .tensor import Tensor
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
 MAX_FREE_BLOCKS = 256
 GGML_VBUFFER_MAX_CHUNKS = 16
-
-
-def GGML_ASSERT(cond, msg: str = ""):
-    if not cond:
-        raise GGMLError(msg or "GGML_ASSERT failed")
 
 
 # ops that return true for this function must not use restrict pointers for their backend implementations

@@ -28,8 +28,11 @@ from .. import trace
 from . import backend as B
 from . import consts as C
 from . import memory
-from .context import GGMLError
+from .impl import GGML_ASSERT, GGMLError, op_is_empty
 from .tensor import Tensor, is_contiguous, is_matrix, is_transposed, op_desc, type_size
+from .quants import dequantize_row
+from .tensor import row_size
+from .quants import _check_type
 
 GGML_HINT_NONE = 0
 GGML_HINT_SRC0_IS_HADAMARD = 1
@@ -58,8 +61,6 @@ def _f32_at(addr: int, shape, strides_bytes) -> np.ndarray:
 
 def _to_float(type_: int, addr: int, ne00: int, ne01: int, nb01: int) -> np.ndarray:
     """type_traits->to_float over ne01 rows of src0: float32 (ne01, ne00)."""
-    from .quants import dequantize_row
-    from .tensor import row_size
     rs = row_size(type_, ne00)
     span = (ne01 - 1) * nb01 + rs
     arr, off, _ = memory.resolve(addr, span)
@@ -113,16 +114,16 @@ def _mul_mat(ctx: ggml_backend_blas_context, dst: Tensor) -> None:
     nb0, nb1, nb2, nb3 = dst.strides
     type_ = src0.type
 
-    B.GGML_ASSERT(ne0 == ne01, "ne0 == ne01")
-    B.GGML_ASSERT(ne1 == ne11, "ne1 == ne11")
-    B.GGML_ASSERT(ne2 == ne12, "ne2 == ne12")
-    B.GGML_ASSERT(ne3 == ne13, "ne3 == ne13")
+    GGML_ASSERT(ne0 == ne01, "ne0 == ne01")
+    GGML_ASSERT(ne1 == ne11, "ne1 == ne11")
+    GGML_ASSERT(ne2 == ne12, "ne2 == ne12")
+    GGML_ASSERT(ne3 == ne13, "ne3 == ne13")
     # we don't support permuted src0 or src1
-    B.GGML_ASSERT(nb00 == type_size(type_), "nb00 == ggml_type_size(type)")
-    B.GGML_ASSERT(nb10 == type_size(src1.type), "nb10 == ggml_type_size(src1->type)")
+    GGML_ASSERT(nb00 == type_size(type_), "nb00 == ggml_type_size(type)")
+    GGML_ASSERT(nb10 == type_size(src1.type), "nb10 == ggml_type_size(src1->type)")
     # dst cannot be transposed or permuted
-    B.GGML_ASSERT(nb0 == 4, "nb0 == sizeof(float)")
-    B.GGML_ASSERT(nb0 <= nb1 <= nb2 <= nb3, "nb0 <= nb1 <= nb2 <= nb3")
+    GGML_ASSERT(nb0 == 4, "nb0 == sizeof(float)")
+    GGML_ASSERT(nb0 <= nb1 <= nb2 <= nb3, "nb0 <= nb1 <= nb2 <= nb3")
 
     # broadcast factors
     r2 = ne12 // ne02
@@ -165,16 +166,16 @@ def _out_prod(ctx: ggml_backend_blas_context, dst: Tensor) -> None:
     ne00, ne01, ne02, ne03 = src0.shape
     ne10, ne11, ne12, ne13 = src1.shape
     ne0, ne1, ne2, ne3 = dst.shape
-    B.GGML_ASSERT(ne0 == ne00, "ne0 == ne00")
-    B.GGML_ASSERT(ne1 == ne10, "ne1 == ne10")
-    B.GGML_ASSERT(ne2 == ne02, "ne2 == ne02")
-    B.GGML_ASSERT(ne02 == ne12, "ne02 == ne12")
-    B.GGML_ASSERT(ne3 == ne13, "ne3 == ne13")
-    B.GGML_ASSERT(ne03 == ne13, "ne03 == ne13")
+    GGML_ASSERT(ne0 == ne00, "ne0 == ne00")
+    GGML_ASSERT(ne1 == ne10, "ne1 == ne10")
+    GGML_ASSERT(ne2 == ne02, "ne2 == ne02")
+    GGML_ASSERT(ne02 == ne12, "ne02 == ne12")
+    GGML_ASSERT(ne3 == ne13, "ne3 == ne13")
+    GGML_ASSERT(ne03 == ne13, "ne03 == ne13")
     # we don't support permuted src0 or src1
-    B.GGML_ASSERT(src0.nb[0] == 4, "nb00 == sizeof(float)")
+    GGML_ASSERT(src0.nb[0] == 4, "nb00 == sizeof(float)")
     # dst cannot be transposed or permuted
-    B.GGML_ASSERT(dst.nb[0] == 4, "nb0 == sizeof(float)")
+    GGML_ASSERT(dst.nb[0] == 4, "nb0 == sizeof(float)")
     n = ne00
     k = ne01
     m = ne10
@@ -209,7 +210,7 @@ def _graph_compute(backend, cgraph) -> int:
             _mul_mat(ctx, node)
         elif op == C.GGML_OP_OUT_PROD:
             _out_prod(ctx, node)
-        elif op in (C.GGML_OP_NONE, C.GGML_OP_RESHAPE, C.GGML_OP_VIEW, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE):
+        elif op_is_empty(op):
             continue
         else:
             raise GGMLError(f"ggml_backend_blas_graph_compute: unsupported op {op_desc(node)}")
@@ -248,7 +249,7 @@ def backend_is_blas(backend) -> bool:
 
 def backend_blas_set_n_threads(backend_blas, n_threads: int) -> None:
     """Stored like ggml's (which hands it to openblas_set_num_threads); NumPy's BLAS keeps its own thread count."""
-    B.GGML_ASSERT(backend_is_blas(backend_blas), "ggml_backend_is_blas(backend_blas)")
+    GGML_ASSERT(backend_is_blas(backend_blas), "ggml_backend_is_blas(backend_blas)")
     backend_blas.context.n_threads = n_threads
 
 
@@ -299,7 +300,6 @@ def _dev_buffer_from_host_ptr(dev, ptr, size, max_tensor_size):
 
 
 def _has_to_float(type_: int) -> bool:
-    from .quants import _check_type
     try:
         _check_type(type_)
         return True
@@ -311,7 +311,7 @@ def _dev_supports_op(dev, op: Tensor) -> bool:
     """ggml_backend_blas_device_supports_op."""
     src0, src1 = op.src[0], op.src[1]
     o = op.op
-    if o in (C.GGML_OP_NONE, C.GGML_OP_RESHAPE, C.GGML_OP_VIEW, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE):
+    if op_is_empty(o):
         return True
     if o == C.GGML_OP_MUL_MAT:
         # BLAS usually is only faster for large matrices
@@ -371,7 +371,7 @@ def _reg_get_device_count(reg) -> int:
 
 def _reg_get_device(reg, index: int):
     global _device
-    B.GGML_ASSERT(index == 0, "index == 0")
+    GGML_ASSERT(index == 0, "index == 0")
     if _device is None:
         _device = B.ggml_backend_device(_blas_device_i, reg, None)
     return _device

@@ -19,11 +19,8 @@ import numpy as np
 from .. import trace
 from . import consts as C
 from . import memory
-from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes, row_size, GGML_PAD
-
-
-class GGMLError(RuntimeError):
-    """A ggml assertion that C would abort on: ggviz raises instead, naming what was wrong."""
+from .impl import GGML_PAD, GGMLError
+from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes, row_size
 
 
 class ContextOutOfMemory(GGMLError, MemoryError):
@@ -216,3 +213,76 @@ class Context:
     def __repr__(self):
         return (f"<ggml_context mem_size={self.mem_size} used={self.used_mem()} objects={len(self.objects)} "
                 f"no_alloc={self.no_alloc}>")
+
+
+# ---------------------------------------------------------------- the C API (ggml.h) over Context
+
+def init(mem_size: int, mem_buffer=None, no_alloc: bool = False) -> Context:
+    """ggml_init(params): a context whose arena is ``mem_size`` bytes (a NumPy uint8 array)."""
+    if isinstance(mem_size, dict):   # ggml_init((struct ggml_init_params){...}) spelled as a dict
+        p = mem_size
+        return Context(p.get("mem_size", 0), p.get("mem_buffer"), p.get("no_alloc", False))
+    return Context(mem_size, mem_buffer, no_alloc)
+
+
+def free(ctx: Context) -> None:
+    ctx.free()
+
+
+def reset(ctx: Context) -> None:
+    ctx.reset()
+
+
+def used_mem(ctx: Context) -> int:
+    return ctx.used_mem()
+
+
+def get_mem_buffer(ctx: Context):
+    """The arena itself (NumPy uint8, zero-copy): ``ggml_get_mem_buffer``."""
+    return ctx.mem_buffer
+
+
+def get_mem_size(ctx: Context) -> int:
+    return ctx.mem_size
+
+
+def get_no_alloc(ctx: Context) -> bool:
+    return ctx.no_alloc
+
+
+def set_no_alloc(ctx: Context, no_alloc: bool) -> None:
+    ctx.no_alloc = bool(no_alloc)
+
+
+def get_max_tensor_size(ctx: Context) -> int:
+    return max((nbytes(t) for t in ctx.tensors()), default=0)
+
+
+def tensor_overhead() -> int:
+    return C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE
+
+
+def new_buffer(ctx: Context, nbytes_: int):
+    """ggml_new_buffer: a work-buffer object in the arena; returns its bytes (NumPy view)."""
+    obj = ctx.new_object(C.GGML_OBJECT_TYPE_WORK_BUFFER, nbytes_)
+    return ctx.mem_buffer[obj.offs:obj.offs + nbytes_]
+
+
+def get_first_tensor(ctx: Context):
+    return next(ctx.tensors(), None)
+
+
+def get_next_tensor(ctx: Context, tensor: Tensor):
+    found = False
+    for t in ctx.tensors():
+        if found:
+            return t
+        found = t is tensor or t.addr == tensor.addr
+    return None
+
+
+def get_tensor(ctx: Context, name: str):
+    for t in ctx.tensors():
+        if t.name == name:
+            return t
+    return None

@@ -17,7 +17,7 @@ import numpy as np
 from .. import trace
 from . import consts as C
 from .context import Context, GGMLError
-from .tensor import Tensor, tensor_at
+from .tensor import Tensor
 
 GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = 0
 GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT = 1

@@ -52,6 +52,7 @@ from .consts import (
     GGML_TYPE_Q8_K,
     TYPE_TRAITS,
 )
+from .impl import blck_size, row_size, type_name, type_size  # ggml.c's type traits, re-exported
 
 __all__ = [
     "QK4_0", "QK4_1", "QK5_0", "QK5_1", "QK8_0", "QK8_1", "QK_K", "K_SCALE_SIZE",
@@ -111,26 +112,6 @@ def _check_type(t: int) -> None:
     if t not in BLOCK_DTYPES:
         name = TYPE_TRAITS[t][0] if TYPE_TRAITS.get(t) else f"#{t}"
         raise NotImplementedError(f"ggml type {name} is not implemented in ggviz.ggml.quants")
-
-
-def type_name(t: int) -> str:
-    return TYPE_TRAITS[t][0]
-
-
-def blck_size(t: int) -> int:
-    return TYPE_TRAITS[t][1]
-
-
-def type_size(t: int) -> int:
-    return TYPE_TRAITS[t][2]
-
-
-def row_size(t: int, n: int) -> int:
-    """ggml_row_size: bytes of a row of n elements (n must be a multiple of the block size)."""
-    bs = blck_size(t)
-    if n % bs:
-        raise ValueError(f"row of {n} elements is not a multiple of the {type_name(t)} block size {bs}")
-    return type_size(t) * (n // bs)
 
 
 for _t, _dt in BLOCK_DTYPES.items():  # the structs must have ggml's exact sizes (static_assert in C)

@@ -51,15 +51,19 @@ from . import memory
 from .context import GGMLError
 from .graph import GGML_HASHSET_FULL, CGraph, HashSet, bitset_size, graph_overhead_custom, graph_view, hash_size
 from .tensor import Tensor, nbytes, op_desc
+import numpy as np
+from .ops import dup_tensor
+from .context import free as ggml_free, init as ggml_init
+from .ops import view_tensor
+from .tensor import _Q_SRC
+from .impl import GGML_ASSERT, GGML_LOG, last_log_error
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
 GGML_SCHED_MAX_COPIES = 4
 GGML_SCHED_MAX_SPLITS_DEBUG = 4096
 
-import numpy as np   # noqa: E402
 
-GGML_ASSERT = B.GGML_ASSERT
 
 
 def is_view_op(op: int) -> bool:
@@ -79,7 +83,6 @@ def graph_next_uid() -> int:
 
 def _dup_tensor_layout(ctx, tensor: Tensor) -> Tensor:
     """ggml_dup_tensor_layout: a copy of the tensor with the same memory layout."""
-    from .ops import dup_tensor
     dup = dup_tensor(ctx, tensor)
     dup.nb[:] = tensor.nb
     return dup
@@ -242,7 +245,7 @@ def backend_sched_split_inputs_grow(split: ggml_backend_sched_split) -> None:
     new_cap = GGML_SCHED_MAX_SPLIT_INPUTS
     if split.inputs_capacity > 0:
         new_cap = 2 * split.inputs_capacity
-        B.GGML_LOG("warn", f"ggml_backend_sched_split_inputs_grow: increasing split inputs capacity from "
+        GGML_LOG("warn", f"ggml_backend_sched_split_inputs_grow: increasing split inputs capacity from "
                            f"{split.inputs_capacity} to {new_cap}")
     split.inputs_capacity = new_cap
 
@@ -251,7 +254,7 @@ def backend_sched_graph_inputs_grow(sched) -> None:
     new_cap = GGML_SCHED_MAX_SPLIT_INPUTS
     if sched.graph_inputs_capacity > 0:
         new_cap = 2 * sched.graph_inputs_capacity
-        B.GGML_LOG("warn", f"ggml_backend_sched_graph_inputs_grow: increasing graph inputs capacity from "
+        GGML_LOG("warn", f"ggml_backend_sched_graph_inputs_grow: increasing graph inputs capacity from "
                            f"{sched.graph_inputs_capacity} to {new_cap}")
     sched.graph_inputs_capacity = new_cap
 
@@ -279,7 +282,7 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
         if B.backend_supports_buft(sched.backends[i], buffer.buft) and B.backend_supports_op(sched.backends[i], op):
             return i
     if sched.debug:
-        B.GGML_LOG("debug", f"ggml_backend_sched_backend_from_buffer: warning: no backend supports op {op_desc(tensor)} "
+        GGML_LOG("debug", f"ggml_backend_sched_backend_from_buffer: warning: no backend supports op {op_desc(tensor)} "
                             f"with a weight with buffer type {B.backend_buffer_name(buffer)} used in tensor "
                             f"{tensor.name}, the weight will need to be copied")
     return -1
@@ -377,7 +380,6 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
     sched.graph_inputs = []
     sched.is_reset = False
 
-    from . import free as ggml_free, init as ggml_init
     if sched.ctx is not None:
         _check_not_split_before(sched, graph)
         ggml_free(sched.ctx)
@@ -644,7 +646,6 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
     _ensure_len(node_ids, graph_size)
     _ensure_len(leaf_ids, graph_size)
 
-    from .ops import view_tensor
     for k in range(sched.n_splits):
         split = sched.splits[k]
         split.graph = graph_view(graph, split.i_start, split.i_end)
@@ -714,7 +715,6 @@ def _check_not_split_before(sched, graph) -> None:
     old = {t.addr for t in sched.ctx.tensors()}
     if not old:
         return
-    from .tensor import _Q_SRC
     for node in graph.nodes:
         for a in node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC]:
             if a and int(a) in old:
@@ -862,7 +862,7 @@ def backend_sched_alloc_splits(sched) -> bool:
     # allocate graph
     if backend_ids_changed or not A.gallocr_alloc_graph(sched.galloc, g):
         if sched.debug:
-            B.GGML_LOG("debug", f"ggml_backend_sched_alloc_splits: failed to allocate graph, reserving "
+            GGML_LOG("debug", f"ggml_backend_sched_alloc_splits: failed to allocate graph, reserving "
                                 f"(backend_ids_changed = {int(backend_ids_changed)})")
         if sched.debug_realloc > 0:
             # we are interested only in situations where the graph was reallocated even though its size remained
@@ -879,8 +879,8 @@ def backend_sched_alloc_splits(sched) -> bool:
         reserved = True
         ok = A.gallocr_reserve_n(sched.galloc, g, sched.node_backend_ids, sched.leaf_backend_ids)
         if not ok or not A.gallocr_alloc_graph(sched.galloc, g):
-            B.GGML_LOG("error", "ggml_backend_sched_alloc_splits: failed to allocate graph"
-                                + (f" ({B.last_log_error()})" if not ok and B.last_log_error() else ""))
+            GGML_LOG("error", "ggml_backend_sched_alloc_splits: failed to allocate graph"
+                                + (f" ({last_log_error()})" if not ok and last_log_error() else ""))
             if trace.active:
                 trace.emit("sched.alloc", sched=id(sched), ok=False, reserved=True,
                            backend_ids_changed=backend_ids_changed)
@@ -1143,7 +1143,6 @@ def backend_sched_free(sched) -> None:
             B.backend_event_free(sched.events[b][c])
     A.gallocr_free(sched.galloc)
     if sched.ctx is not None:
-        from . import free as ggml_free
         ggml_free(sched.ctx)
         sched.ctx = None
     sched.splits = []

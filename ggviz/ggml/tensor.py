@@ -18,6 +18,9 @@ import numpy as np
 
 from . import consts as C
 from . import memory
+from . import quants
+from .impl import (GGML_PAD, blck_size, is_quantized, row_size, type_name, type_size,  # noqa: F401 - ggml.c's
+                   type_sizef)
 
 # ---- struct ggml_object { size_t offs; size_t size; struct ggml_object * next; enum ggml_object_type type; char padding[4]; }
 OBJECT_DTYPE = np.dtype({"names": ["offs", "size", "next", "type", "padding"],
@@ -171,43 +174,6 @@ def forget(t: Tensor) -> None:
         _registry.pop(t.addr, None)
 
 
-# ---------------------------------------------------------------- type traits (ggml.c: type_traits[])
-
-def _traits(type_):
-    tr = C.TYPE_TRAITS.get(int(type_))
-    if tr is None or tr[2] == 0:
-        raise ValueError(f"ggml type {type_} is not a supported ggml_type")
-    return tr
-
-
-def type_name(type_) -> str:
-    tr = C.TYPE_TRAITS.get(int(type_))
-    return tr[0] if tr else "NONE"
-
-
-def blck_size(type_) -> int:
-    return _traits(type_)[1]
-
-
-def type_size(type_) -> int:
-    return _traits(type_)[2]
-
-
-def is_quantized(type_) -> bool:
-    return _traits(type_)[3]
-
-
-def type_sizef(type_) -> float:
-    return type_size(type_) / blck_size(type_)
-
-
-def row_size(type_, ne: int) -> int:
-    bs = blck_size(type_)
-    if ne % bs != 0:
-        raise ValueError(f"row of {ne} elements is not a multiple of {type_name(type_)}'s block size {bs}")
-    return type_size(type_) * ne // bs
-
-
 def op_name(op: int) -> str:
     return C.OP_NAMES[op]
 
@@ -289,10 +255,6 @@ def nbytes(t: Tensor) -> int:
         for i in range(1, 4):
             n += (ne[i] - 1) * nb[i]
     return n
-
-
-def GGML_PAD(x: int, n: int) -> int:
-    return (x + n - 1) & ~(n - 1)
 
 
 def nbytes_pad(t: Tensor) -> int:
@@ -457,7 +419,6 @@ def get_data_f32(t: Tensor) -> np.ndarray:
         if t.type == C.GGML_TYPE_BF16:
             return (v.astype(np.uint32) << 16).view(np.float32)
         return v.astype(np.float32)
-    from . import quants
     return quants.dequantize_row(t.type, np.ascontiguousarray(get_data(t)))
 
 
@@ -467,11 +428,9 @@ def set_data(t: Tensor, values) -> None:
     v = np.asarray(values)
     if t.type in NP_DTYPES:
         if t.type == C.GGML_TYPE_BF16 and v.dtype != np.uint16:
-            from . import quants
             v = quants.fp32_to_bf16(np.asarray(v, dtype=np.float32))
         dst[...] = v.reshape(dst.shape) if v.size == dst.size else v
     else:
         if v.dtype != np.uint8:
-            from . import quants
             v = quants.quantize_row_ref(t.type, np.asarray(v, dtype=np.float32).reshape(dst.shape[:3] + (-1,)))
         dst[...] = v.reshape(dst.shape)

@@ -27,6 +27,7 @@ from .sampling import (LLAMA_DEFAULT_SEED, TokenDataArray, sampler_accept, sampl
                        sampler_chain_add, sampler_chain_init, sampler_free, sampler_get_seed, sampler_init_dist,
                        sampler_init_greedy, sampler_init_min_p, sampler_init_temp, sampler_init_top_k,
                        sampler_init_top_p, sampler_reset, sampler_sample)
+from .chat import model_chat_template as _t
 
 _backend_ready = False
 
@@ -51,7 +52,6 @@ def model_get_vocab(model: LlamaModel):
 
 
 def model_chat_template(model: LlamaModel, name: str | None = None):
-    from .chat import model_chat_template as _t
     return _t(model, name)
 
 

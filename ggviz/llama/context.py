@@ -31,6 +31,10 @@ import numpy as np
 from .. import ggml, trace
 from .graph import LlamaGraphBuilder, graph_max_nodes
 from .kv_cache import KVCache
+from ..ggml import backend as gb
+from ..ggml import backend_reg, impl
+from ..ggml.cpu import cpu_backend
+from ..ggml import sched as gs
 
 LLAMA_FLASH_ATTN_TYPE_AUTO = -1
 LLAMA_FLASH_ATTN_TYPE_DISABLED = 0
@@ -109,7 +113,6 @@ class LlamaContext:
         self.yarn_beta_slow = 1.0 if p.yarn_beta_slow < 0.0 else p.yarn_beta_slow
         self._init_backends(model, p)
         # the KV cache of each layer lives on the layer's device when offload_kqv (llama_kv_cache's buft per layer)
-        from ..ggml import backend as gb
         kv_bufts = [gb.backend_dev_buffer_type(d) if (p.offload_kqv and d is not None) else gb.backend_cpu_buffer_type()
                     for d in (model.dev_layer or [None] * hp.n_layer)]
         self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts)
@@ -137,15 +140,14 @@ class LlamaContext:
     def _init_backends(self, model, p):
         """llama_context's constructor: the backends (offload devices, ACCEL devices such as BLAS, the CPU), their
         buffer types and the set_n_threads functions (the scheduler over them is created by ``sched_reserve``)."""
-        from ..ggml import backend as gb
         self.backends = [gb.backend_dev_init(dev, None) for dev in model.devices]
         # add ACCEL backends (such as BLAS)
-        for i in range(gb.backend_dev_count()):
-            dev = gb.backend_dev_get(i)
+        for i in range(backend_reg.backend_dev_count()):
+            dev = backend_reg.backend_dev_get(i)
             if gb.backend_dev_type(dev) == gb.GGML_BACKEND_DEVICE_TYPE_ACCEL:
                 self.backends.append(gb.backend_dev_init(dev, None))
         # add CPU backend
-        self.backend_cpu = gb.backend_init_by_type(gb.GGML_BACKEND_DEVICE_TYPE_CPU, None)
+        self.backend_cpu = backend_reg.backend_init_by_type(gb.GGML_BACKEND_DEVICE_TYPE_CPU, None)
         self.backends.append(self.backend_cpu)
         self.set_n_threads_fns = []
         for b in self.backends:
@@ -178,8 +180,6 @@ class LlamaContext:
         Not mirrored: the fused-op probes llama.cpp runs before (``resolve_fused_ops``: flash attention when
         ``flash_attn_type`` is AUTO, and the DeepSeek-V4 HC ops, each a 1-token graph that is only split, never
         allocated) -- ggviz has none of those ops, and a split-only graph changes no buffer."""
-        from ..ggml import backend as gb
-        from ..ggml import sched as gs
         if not self.sched_need_reserve:
             return
         self.sched_need_reserve = False
@@ -218,8 +218,6 @@ class LlamaContext:
         ``n_outputs`` of them output) over the full KV cache and reserve the scheduler's buffers for it
         (``ggml_backend_sched_reserve``), or only split it (``split_only``). The scheduler is reset first, so the
         previous graph can no longer be reused. Returns the GraphResult (its inputs are never set)."""
-        from ..ggml import backend as gb
-        from ..ggml import sched as gs
         if n_tokens % n_seqs != 0:
             n_tokens = ((n_tokens + (n_seqs - 1)) // n_seqs) * n_seqs   # round to next multiple of n_seqs
         gs.backend_sched_reset(self.sched)
@@ -231,7 +229,7 @@ class LlamaContext:
             gs.backend_sched_split_graph(self.sched, res.gf)
         elif not gs.backend_sched_reserve(self.sched, res.gf):
             raise DecodeError(f"llama_context::graph_reserve: failed to allocate compute buffers "
-                              f"({gb.last_log_error() or 'allocation failed'})")
+                              f"({impl.last_log_error() or 'allocation failed'})")
         entry = dict(n_tokens=n_tokens, n_seqs=n_seqs, n_outputs=n_outputs, n_kv=self.kv.size,
                      split_only=split_only, n_nodes=res.gf.n_nodes, n_leafs=res.gf.n_leafs,
                      n_splits=gs.backend_sched_get_n_splits(self.sched),
@@ -246,7 +244,6 @@ class LlamaContext:
         """The reserved compute buffer size per buffer type name, as llama.cpp logs it after the reserve
         (``sched_reserve: %10s compute buffer size = %8.2f MiB``, only sizes > 1 byte). Backends that share a buffer
         type share one buffer: the scheduler counts it once, under the first of them."""
-        from ..ggml import backend as gb
         out: dict = {}
         for buft, size in zip(self.backend_buft, self.backend_buf_exp_size):
             if size > 1:
@@ -257,7 +254,6 @@ class LlamaContext:
     def compute_buffer_log(self) -> str:
         """llama.cpp's log lines of the reserve (``sched_reserve: ... compute buffer size = X MiB`` and the graph
         line)."""
-        from ..ggml import backend as gb
         lines = [f"sched_reserve: {gb.backend_buft_name(buft):>10s} compute buffer size = "
                  f"{size / 1024.0 / 1024.0:8.2f} MiB"
                  for buft, size in zip(self.backend_buft, self.backend_buf_exp_size) if size > 1]
@@ -275,8 +271,6 @@ class LlamaContext:
     def check_compute_buffers(self) -> list:
         """~llama_context's check: is every backend's compute buffer still the size the reserve expected? Returns
         ``(backend name, expected, actual)`` for each backend whose buffer changed (empty: none did)."""
-        from ..ggml import backend as gb
-        from ..ggml import sched as gs
         out = []
         for b, exp in zip(self.backends, self.backend_buf_exp_size):
             act = gs.backend_sched_get_buffer_size(self.sched, b)
@@ -369,8 +363,6 @@ class LlamaContext:
         """llama_context::graph_get_cb (after naming): "norm may be automatically assigned to the backend of the
         previous layer, increasing data transfer between backends" -- so for small batches (or a full offload) each
         layer's norm is pinned to its layer's device (``ggml_backend_sched_set_tensor_backend``: cause "usr")."""
-        from ..ggml import backend as gb
-        from ..ggml import sched as gs
         full_offload = self.model.params.n_gpu_layers > self.model.hparams.n_layer
         if (n_tokens < 32 or full_offload) and il != -1 and name == "norm" and self.model.dev_layer:
             dev_layer = self.model.dev_layer[il]
@@ -394,7 +386,6 @@ class LlamaContext:
             if trace.active:
                 trace.emit("llama.graph_reuse", n_tokens=n_tokens, n_kv=n_kv)
         else:
-            from ..ggml import sched as gs
             gs.backend_sched_reset(self.sched)
             self._prev_key = None
             res = self.build_graph(n_tokens, n_outputs, n_kv)
@@ -410,19 +401,16 @@ class LlamaContext:
             return 2
         if n_outputs:
             # ggml_backend_tensor_get_async(backend_res, t_logits, ...): the logits may be in device memory
-            from ..ggml import backend as gb
             out = self.logits[out_offset:out_offset + n_outputs]
             gb.backend_tensor_get(res.t_logits, out, 0, ggml.nbytes(res.t_logits))
         return 0
 
     def _allocate(self, res):
         """ggml_backend_sched_alloc_graph: split the graph over the backends and allocate its compute buffers."""
-        from ..ggml import backend as gb
-        from ..ggml import sched as gs
         if not gs.backend_sched_alloc_graph(self.sched, res.gf):
             sizes = {gb.backend_name(b): gs.backend_sched_get_buffer_size(self.sched, b) for b in self.backends}
             raise DecodeError(f"ggml_backend_sched_alloc_graph failed: could not allocate the compute buffers "
-                              f"({gb.last_log_error() or 'allocation failed'}; allocated now: {sizes})")
+                              f"({impl.last_log_error() or 'allocation failed'}; allocated now: {sizes})")
 
     def _set_inputs(self, res, tokens, pos, seq_ids, out_mask, idxs, n_kv):
         inp = res.inputs
@@ -437,11 +425,9 @@ class LlamaContext:
     def _compute(self, gf, n_threads: int) -> int:
         """llama_context::graph_compute: set the thread counts, then ggml_backend_sched_graph_compute_async (the eval
         callback goes through the scheduler: per split, per node range)."""
-        from ..ggml import backend as gb
-        from ..ggml import sched as gs
         for backend, fn in self.set_n_threads_fns:
             fn(backend, n_threads)
-        gb.backend_cpu_set_abort_callback(self.backend_cpu, self.cparams.abort_callback,
+        cpu_backend.backend_cpu_set_abort_callback(self.backend_cpu, self.cparams.abort_callback,
                                           self.cparams.abort_callback_data)
         self._cb_stopped = False
         gs.backend_sched_set_eval_callback(self.sched, self._eval_cb if self.cparams.cb_eval is not None else None,
@@ -449,7 +435,7 @@ class LlamaContext:
         status = gs.backend_sched_graph_compute_async(self.sched, gf)
         gs.backend_sched_synchronize(self.sched)
         if status == ggml.GGML_STATUS_ALLOC_FAILED:
-            raise DecodeError(f"ggml_backend_sched_graph_compute: allocation failed ({gb.last_log_error()})")
+            raise DecodeError(f"ggml_backend_sched_graph_compute: allocation failed ({impl.last_log_error()})")
         if status == ggml.GGML_STATUS_SUCCESS and self._cb_stopped:
             return ggml.GGML_STATUS_ABORTED
         return status

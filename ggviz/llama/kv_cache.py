@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ggml
+from ..ggml import alloc as galloc, backend as gb
+from ..ggml import impl
 
 N_PAD = 256   # llama_kv_cache's padding of n_kv when flash attention is off
 
@@ -62,7 +64,6 @@ class KVCache:
         n_layer = hparams.n_layer
         # llama.cpp's ctx_map: one no_alloc context per buffer type (bufts[il]: the layer's device buffer type when
         # the KV cache is offloaded, else the CPU's), each allocated in one backend buffer and cleared
-        from ..ggml import alloc as galloc, backend as gb
         if bufts is None:
             bufts = [gb.backend_cpu_buffer_type()] * n_layer
         ctx_map: dict = {}
@@ -83,7 +84,7 @@ class KVCache:
             buf = galloc.backend_alloc_ctx_tensors_from_buft(ctx, buft)
             if buf is None:
                 raise RuntimeError(f"llama_kv_cache: failed to allocate buffer for kv cache "
-                                   f"({gb.backend_buft_name(buft)}: {gb.last_log_error() or 'allocation failed'})")
+                                   f"({gb.backend_buft_name(buft)}: {impl.last_log_error() or 'allocation failed'})")
             # clear the buffer to avoid NaNs in the padding
             gb.backend_buffer_clear(buf, 0)
             self.ctxs.append(ctx)

@@ -15,6 +15,13 @@ from dataclasses import dataclass, field
 
 from .. import ggml
 from ..gguf_file import GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch
+from .vocab import Vocab
+import bisect
+from ..ggml import backend as B
+from ..ggml import backend_reg, impl
+from ..ggml import alloc as galloc
+from ..ggml import memory
+from ..ggml.cpu import repack
 
 LLAMA_ROPE_TYPE_NONE = -1
 LLAMA_ROPE_TYPE_NORM = 0
@@ -156,7 +163,6 @@ def load_hparams(gf: GGUFFile) -> LlamaHparams:
 
 def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaModel:
     """llama_model_load_from_file: parse, validate, map the weights, build the vocabulary."""
-    from .vocab import Vocab
     params = params or model_default_params()
     t0 = time.perf_counter()
     gf = load_gguf(path)
@@ -201,8 +207,7 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
     _offload_weights(m)
     if params.use_extra_bufts:
         # weights used by MUL_MAT go to the first extra buffer type that takes them (repacked at load)
-        from ..ggml.cpu import repack
-        if repack.get_extra_buffer_types():
+        if repack.available():
             mm = [w for il, ly in enumerate(layers) if m.dev_layer[il] is cpu_dev
                   for w in (ly.wq, ly.wk, ly.wv, ly.wo, ly.ffn_gate, ly.ffn_up, ly.ffn_down)]
             if m.dev_output is cpu_dev:
@@ -226,17 +231,15 @@ def _assign_devices(m: LlamaModel, params: LlamaModelParams):
     """llama_model::load_tensors' device assignment: the input layer on the CPU, the last ``n_gpu_layers``
     repeating layers on the offload devices (split by free memory, like the default ``tensor_split``), the output
     layer too when ``n_gpu_layers > n_layer``. Returns the CPU device."""
-    import bisect
 
-    from ..ggml import backend as B
-    cpu_dev = B.backend_dev_by_type(B.GGML_BACKEND_DEVICE_TYPE_CPU)
+    cpu_dev = backend_reg.backend_dev_by_type(B.GGML_BACKEND_DEVICE_TYPE_CPU)
     if params.devices is not None:
-        devs = [B.backend_dev_by_name(d) if isinstance(d, str) else d for d in params.devices]
+        devs = [backend_reg.backend_dev_by_name(d) if isinstance(d, str) else d for d in params.devices]
         if any(d is None for d in devs):
             raise ValueError(f"llama_model_load: unknown device in {params.devices!r}")
     else:
-        devs = [B.backend_dev_get(i) for i in range(B.backend_dev_count())
-                if B.backend_dev_type(B.backend_dev_get(i)) in (B.GGML_BACKEND_DEVICE_TYPE_GPU,
+        devs = [backend_reg.backend_dev_get(i) for i in range(backend_reg.backend_dev_count())
+                if B.backend_dev_type(backend_reg.backend_dev_get(i)) in (B.GGML_BACKEND_DEVICE_TYPE_GPU,
                                                                 B.GGML_BACKEND_DEVICE_TYPE_IGPU)]
     m.devices = devs
     n_layer = m.hparams.n_layer
@@ -266,7 +269,6 @@ def _duplicate_tied_output(m: LlamaModel) -> None:
     """Without ``output.weight`` llama.cpp creates the output tensor as a duplicate of ``token_embd.weight``
     (TENSOR_DUPLICATED: another tensor of the output layer's context, same name, same file bytes), so the output
     can live in another buffer (CPU_REPACK, a device) than the embedding table, which GET_ROWS reads."""
-    from .. import ggml
     if m.output is not m.tok_embd:
         return
     cx = ggml.init(2 * ggml.tensor_overhead(), no_alloc=True)
@@ -280,10 +282,6 @@ def _duplicate_tied_output(m: LlamaModel) -> None:
 def _offload_weights(m: LlamaModel) -> None:
     """Load the weights of offloaded layers into their device's buffer type (one WEIGHTS buffer per device; llama.cpp
     fails with "unable to allocate <buft> buffer" when it does not fit)."""
-    from .. import ggml
-    from ..ggml import alloc as galloc
-    from ..ggml import backend as B
-    from ..ggml import memory
     per_dev: dict = {}
     for il, ly in enumerate(m.layers):
         if B.backend_dev_type(m.dev_layer[il]) != B.GGML_BACKEND_DEVICE_TYPE_CPU:
@@ -297,7 +295,7 @@ def _offload_weights(m: LlamaModel) -> None:
         buf = B.backend_buft_alloc_buffer(buft, size)
         if buf is None:
             raise MemoryError(f"llama_model_load: unable to allocate {B.backend_buft_name(buft)} buffer for the "
-                              f"weights of {len(ts)} tensors ({size} bytes): {B.last_log_error()}")
+                              f"weights of {len(ts)} tensors ({size} bytes): {impl.last_log_error()}")
         B.backend_buffer_set_usage(buf, B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         talloc = galloc.tallocr_new(buf)
         for t in ts:
@@ -313,8 +311,6 @@ def _offload_weights(m: LlamaModel) -> None:
 def _map_host_weights(m: LlamaModel, cpu_dev) -> None:
     """The weights still in the file mapping get a "CPU_Mapped" buffer over it (llama.cpp's mmap path:
     ggml_backend_dev_buffer_from_host_ptr + ggml_backend_tensor_alloc at each tensor's address), usage WEIGHTS."""
-    from .. import ggml
-    from ..ggml import backend as B
     rest = [t for t in list(m.tensors.values()) + [m.output] if t.buffer == 0 and t.data != 0]
     rest = list({t.addr: t for t in rest}.values())
     if not rest:

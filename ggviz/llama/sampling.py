@@ -34,7 +34,7 @@ import secrets
 
 import numpy as np
 
-from ..ggml.cpu.ops import glibc_expf, logf
+from ..ggml.cpu.libm import glibc_expf, logf
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 

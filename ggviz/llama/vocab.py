@@ -34,6 +34,8 @@ import enum
 import heapq
 import os
 from typing import Iterable, Sequence
+from . import _unicode_classes as uc
+import gguf
 
 __all__ = [
     "TokenType", "TokenAttr", "Vocab", "BpeMerge", "PreToken",
@@ -130,9 +132,13 @@ def cpts_from_utf8(data: bytes) -> str:
     while i < n:
         b0 = data[i]
         if b0 < 0x80:
-            out.append(chr(b0)); i += 1; continue
+            out.append(chr(b0))
+            i += 1
+            continue
         if b0 & 0x40 == 0:                   # stray continuation byte
-            out.append("\ufffd"); i += 1; continue
+            out.append("\ufffd")
+            i += 1
+            continue
         if b0 & 0x20 == 0:
             need, cp = 1, b0 & 0x1F
         elif b0 & 0x10 == 0:
@@ -140,12 +146,18 @@ def cpts_from_utf8(data: bytes) -> str:
         elif b0 & 0x08 == 0:
             need, cp = 3, b0 & 0x07
         else:
-            out.append("\ufffd"); i += 1; continue
+            out.append("\ufffd")
+            i += 1
+            continue
         if i + need >= n:                    # truncated sequence
-            out.append("\ufffd"); i += 1; continue
+            out.append("\ufffd")
+            i += 1
+            continue
         ok = all(data[i + k] & 0xC0 == 0x80 for k in range(1, need + 1))
         if not ok:
-            out.append("\ufffd"); i += 1; continue
+            out.append("\ufffd")
+            i += 1
+            continue
         for k in range(1, need + 1):
             cp = (cp << 6) | (data[i + k] & 0x3F)
         out.append(chr(cp) if cp <= 0x10FFFF else "\ufffd")
@@ -161,7 +173,6 @@ _LETTER, _NUMBER, _WS, _OTHER = 1, 2, 4, 8
 
 
 def _load_classes() -> tuple[list[int], list[int], frozenset[str]]:
-    from . import _unicode_classes as uc
 
     starts, classes = [], []
     for item in "".join(uc.RANGES).split(","):
@@ -224,22 +235,28 @@ def _split_gpt2(piece: str) -> list[str]:
         if ch == "'" and pos + 1 < n:
             c1 = piece[pos + 1]
             if c1 in "stmd":
-                words.append(piece[pos:pos + 2]); pos += 2; continue
+                words.append(piece[pos:pos + 2])
+                pos += 2
+                continue
             if pos + 2 < n and c1 + piece[pos + 2] in ("re", "ve", "ll"):
-                words.append(piece[pos:pos + 3]); pos += 3; continue
+                words.append(piece[pos:pos + 3])
+                pos += 3
+                continue
         f2 = cls[pos + 1] if ch == " " else cls[pos]
         if f2 == _LETTER or f2 == _NUMBER:          # <space>?\p{L}+  and  <space>?\p{N}+
             if ch == " ":
                 pos += 1
             while cls[pos] == f2:
                 pos += 1
-            words.append(piece[start:pos]); continue
+            words.append(piece[start:pos])
+            continue
         if f2 == _OTHER:                             # <space>?[^\s\p{L}\p{N}]+
             if ch == " ":
                 pos += 1
             while cls[pos] == _OTHER:
                 pos += 1
-            words.append(piece[start:pos]); continue
+            words.append(piece[start:pos])
+            continue
         n_ws = 0
         while cls[pos + n_ws] == _WS:
             n_ws += 1
@@ -276,7 +293,6 @@ def read_tokenizer_kv(path_or_reader) -> dict:
     dict of Python values, read with ``gguf.GGUFReader`` (pass a path, or a reader you already opened: opening
     one parses the whole file's metadata, which takes seconds for a 49k-token vocabulary)."""
     if isinstance(path_or_reader, (str, os.PathLike)):
-        import gguf
 
         reader = gguf.GGUFReader(os.fspath(path_or_reader))
     else:

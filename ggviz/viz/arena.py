@@ -22,6 +22,8 @@ from ..ggml import memory
 from ..ggml.graph import CGraph, _layout, graph_nbytes
 from ..ggml.tensor import Tensor, nbytes, op_desc, tensor_at, type_name
 from .table import Table
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch, Rectangle
 
 KIND_COLORS = {
     "object header": "#9e9e9e",
@@ -181,8 +183,6 @@ def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, includ
     handling); ``highlight``: an object index outlined in red.
     Returns the matplotlib Axes.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
 
     rows = arena_map(ctx, detail=detail, include_free=include_free)
     if ax is None:

@@ -19,6 +19,10 @@ import numpy as np
 
 from ..ggml import consts as C
 from .table import Table
+from ..ggml import quants
+import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch, Rectangle
 
 SECTION_ORDER = ["header", "kv", "tensor_info", "padding", "tensor_data"]
 SECTION_NAMES = {"header": "header", "kv": "KV pairs (metadata)", "tensor_info": "tensor infos",
@@ -117,7 +121,6 @@ def tensor_info_record(gf, name: str) -> Table:
 
 def block_fields(type_: int) -> list:
     """The block struct of a ggml type (ggml-common.h): [(field, offset, size, C type)]."""
-    from ..ggml import quants
 
     dt = quants.BLOCK_DTYPES.get(type_)
     if dt is None:
@@ -164,9 +167,6 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
     Each range's patch has gid ``gid_prefix + "r<index in layout>"`` (for click handling in SVG).
     Returns the Figure.
     """
-    import matplotlib
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
 
     lay = gf.layout()
     secs = sections(gf)

@@ -10,6 +10,12 @@ from __future__ import annotations
 import html
 
 from ..ggml.tensor import op_desc, type_name
+import re as _re
+import graphviz
+import os
+import shutil
+import json
+import subprocess
 
 # a fixed palette so the same op gets the same colour in every picture
 _PALETTE = ["#e3f2fd", "#fff3e0", "#e8f5e9", "#fce4ec", "#ede7f6", "#e0f7fa", "#fffde7", "#efebe9", "#f1f8e9",
@@ -40,7 +46,6 @@ def graph_to_dot(gf, title: str | None = None, color_by: str | None = "op", rank
     ``color_by``: "op" (one colour per op), "type" (per tensor type) or None. Graphviz ids are ``node_<i>`` and
     ``leaf_<j>`` (their indices in ``gf.nodes`` / ``gf.leafs``), so a picture can be matched back to the graph.
     """
-    import graphviz
 
     if color_by not in ("op", "type", None):
         raise ValueError(f"color_by must be 'op', 'type' or None, got {color_by!r}")
@@ -87,7 +92,6 @@ def render(gf, path, fmt: str = "svg", title: str | None = None, color_by: str |
 
     Needs Graphviz's ``dot`` program on PATH.
     """
-    import os
 
     dot = graph_to_dot(gf, title=title, color_by=color_by)
     root, ext = os.path.splitext(str(path))
@@ -104,7 +108,6 @@ def render(gf, path, fmt: str = "svg", title: str | None = None, color_by: str |
 # Layers: llama.cpp's graph callback names a layer's tensors "<name>-<il>"; grouping by that suffix lets a
 # 1086-node decode graph be drawn as 30 boxes, with one layer opened up.
 
-import re as _re
 
 _LAYER_SUFFIX = _re.compile(r"-(\d+)(?=$|\s)")            # "Qcur-3", "Kcur-3 (view)"
 _CACHE_LAYER = _re.compile(r"^cache_[kv]_l(\d+)(?=$|\s)")  # "cache_k_l3 (view)": llama_kv_cache's names
@@ -204,7 +207,6 @@ def graph_to_dot_grouped(gf, collapse=(), color_by="op", title: str | None = Non
     stacked and how many of them ``dot`` laid out), ``band_order``, ``band_of_vertex`` (None: a shared vertex, in a
     lane) and ``positions`` ({vertex: (x, y, width, height)} in points, Graphviz's y-up coordinates).
     """
-    import graphviz
 
     if layout not in ("auto", "dot", "layers"):
         raise ValueError(f"layout must be 'auto', 'dot' or 'layers', got {layout!r}")
@@ -425,7 +427,6 @@ def graph_to_dot_grouped(gf, collapse=(), color_by="op", title: str | None = Non
 # the same labels, colours and ids.
 
 def _dot_program():
-    import shutil
 
     return shutil.which("dot")
 
@@ -442,7 +443,6 @@ def _pinned_digraph_class():
     """A ``graphviz.Digraph`` whose positions are fixed: rendered (pipe, render, Jupyter display) by ``neato -n2``."""
     global _PINNED_CLS
     if _PINNED_CLS is None:
-        import graphviz
 
         class _Pinned(graphviz.Digraph, PinnedDigraph):
             """A Digraph with every node ``pos`` and edge ``pos`` given: ``neato -n2`` draws it as laid out."""
@@ -534,12 +534,9 @@ def _lane_offset(k: int) -> float:
 
 def _run_dot_json(sources: list) -> list:
     """Lay out several graphs with one ``dot -Tjson0`` call; their JSON documents, in order."""
-    import json
-    import subprocess
 
     exe = _dot_program()
     if exe is None:
-        import graphviz
         raise graphviz.ExecutableNotFound(["dot"])
     res = subprocess.run([exe, "-Tjson0"], input="\n".join(sources).encode("utf-8"), capture_output=True)
     if res.returncode != 0:
@@ -606,7 +603,6 @@ def layered_layout(stmts, band_of: dict, graph_attr: dict, legend_spec=None, ban
     a node: its band key}, in graph order (every other vertex is placed by its readers); ``legend_spec``:
     (cluster attrs, legend node attrs) or None.
     """
-    import graphviz
 
     verts = {st[1]: st[2] for st in stmts if st[0] == "node"}
     edges = [(st[1], st[2], st[3]) for st in stmts if st[0] == "edge"]

@@ -23,6 +23,14 @@ import numpy as np
 
 from .table import Table
 from .widgets._base import VizWidget, esc, fig_to_png, html_table, png_img
+from ..ggml import get_data
+import matplotlib.pyplot as plt
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Rectangle
+from .. import llama
+from ..ggml import get_data_f32
+from .graph_dot import layer_of
+import ipywidgets as W
 
 
 def _piece(vocab, tid: int) -> str:
@@ -58,7 +66,6 @@ class DecodeSnapshot:
 @contextmanager
 def capture_inputs(ctx):
     """Record a ``DecodeSnapshot`` for every ubatch decoded inside the block (yields the list)."""
-    from ..ggml import get_data
 
     snaps: list[DecodeSnapshot] = []
     prev = ctx.graph_hook
@@ -85,9 +92,6 @@ def capture_inputs(ctx):
 def kv_cache_figure(snap: DecodeSnapshot, vocab=None, max_cells: int | None = None, title: str | None = None):
     """Top: the KV cells (position stored in each, the cells this ubatch writes outlined); bottom: the KQ mask,
     one row per token of the ubatch, one column per cell of the attended window n_kv (green: may attend)."""
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Rectangle
 
     used = int(np.max(np.nonzero(snap.cells_pos >= 0)[0], initial=-1)) + 1
     nc = max_cells or min(snap.n_kv, max(16, used + 4))
@@ -159,7 +163,6 @@ class KVCacheView(VizWidget):
         return png_img(fig_to_png(self.figure()), "max-width:100%")
 
     def _build(self):
-        import ipywidgets as W
 
         self._w = W.IntSlider(value=self.pos, min=0, max=len(self.snaps) - 1, description="ubatch")
         self._w.observe(lambda ch: self.goto(ch["new"]), "value")
@@ -188,9 +191,6 @@ def capture_attention(ctx, tokens, layers=None) -> AttentionRecord:
     The eval callback answers yes only for ``kq_soft_max-<il>`` nodes, so the scheduler computes the graph in
     ranges ending at those nodes and the callback sees each softmax before later nodes can reuse its memory.
     """
-    from .. import llama
-    from ..ggml import get_data_f32
-    from .graph_dot import layer_of
 
     want = None if layers is None else {int(x) for x in layers}
     rec = AttentionRecord(tokens=list(tokens), pos=[])
@@ -227,7 +227,6 @@ def capture_attention(ctx, tokens, layers=None) -> AttentionRecord:
 def attention_figure(rec: AttentionRecord, layer: int, heads=None, cols: int = 3):
     """One heatmap per head of layer ``layer``: rows = query tokens, columns = the KV cells that hold a token
     (labelled with that token), colour = softmax weight."""
-    import matplotlib.pyplot as plt
 
     a = rec.layers[layer]
     n_head = a.shape[0]
@@ -298,7 +297,6 @@ class AttentionView(VizWidget):
         return png_img(fig_to_png(self.figure()), "max-width:100%")
 
     def _build(self):
-        import ipywidgets as W
 
         ls = sorted(self.rec.layers)
         self._w_l = W.SelectionSlider(options=ls, value=self.layer, description="layer", continuous_update=False)
@@ -353,7 +351,6 @@ def sampler_figure(history, vocab=None, title: str | None = None, show: int = 12
     ``llama_token_data.p``; only fresh after a stage that ran a softmax, shown as "p=–" otherwise); the panel title
     says how many candidates survive; the selected token is red, and the random draw of ``dist`` is written under
     its panel."""
-    import matplotlib.pyplot as plt
 
     hist = list(history)
     if not hist:
@@ -466,7 +463,6 @@ class SamplerView(VizWidget):
         return png_img(fig_to_png(self.figure()), "max-width:100%") + sampler_tables_html(self.history, self.vocab)
 
     def _build(self):
-        import ipywidgets as W
 
         self._img = W.HTML()
         self._w = W.Dropdown(options=[(f"{k}: {h['step']}", k) for k, h in enumerate(self.history)],
@@ -534,7 +530,6 @@ class BPEView(VizWidget):
         return self.words_html() + tab
 
     def _build(self):
-        import ipywidgets as W
 
         self._w = W.Dropdown(options=[(repr(self.units[k].text), k) for k in range(len(self.units))],
                              value=self.sel, description="word")

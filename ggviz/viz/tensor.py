@@ -13,6 +13,9 @@ import numpy as np
 from ..ggml import consts as C
 from ..ggml.tensor import Tensor, blck_size, is_contiguous, is_permuted, is_transposed, type_name, type_size
 from .table import Table
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+from ..ggml import quants
 
 
 def strides_table(t: Tensor) -> Table:
@@ -56,10 +59,7 @@ def q4_0_block_figure(raw_block, x=None, fig=None):
     ``(nibble - 8) * d`` (``dequantize_row_q4_0``). If ``x`` (the 32 original floats) is given, the lower panel also
     shows them and the quantization error. Returns the matplotlib Figure.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
 
-    from ..ggml import quants
 
     raw = np.frombuffer(bytes(np.asarray(raw_block, dtype=np.uint8).reshape(-1)), dtype=np.uint8)
     blk = quants.decode_block(C.GGML_TYPE_Q4_0, raw)

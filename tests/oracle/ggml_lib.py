@@ -1136,13 +1136,11 @@ class RealGGML:
             dt = np.dtype(_TYPE_DTYPE[typ])
             shape = (ne[3], ne[2], ne[1], ne[0])
             strides = (nb[3], nb[2], nb[1], nb[0])
-            last = dt.itemsize
         else:
             dt = np.dtype(np.uint8)
             row = self.row_size(typ, ne[0])
             shape = (ne[3], ne[2], ne[1], row)
             strides = (nb[3], nb[2], nb[1], 1)
-            last = row
         if 0 in shape:
             return np.zeros(shape, dtype=dt), s
         extent = sum((n - 1) * st for n, st in zip(shape, strides)) + (

@@ -4,7 +4,7 @@ Mirrors ggml-cpu.c: ``ggml_get_n_tasks``, ``ggml_graph_plan`` (n_threads = max n
 cache line per thread), ``struct ggml_cplan``, ``ggml_graph_compute`` (a disposable threadpool when none is given),
 ``ggml_graph_compute_thread`` (every thread walks every node; a barrier after each node), ``ggml_barrier``
 (ggviz.ggml.cpu.threadpool: ``struct ggml_threadpool``, persistent or disposable), ``ggml_cpu_try_fuse_ops``
-(RMS_NORM + MUL) and ``ggml_graph_compute_with_ctx`` (the work buffer becomes a WORK_BUFFER object in the context).
+(RMS_NORM + MUL; its test is ``ops.can_fuse_rms_norm_mul``) and ``ggml_graph_compute_with_ctx`` (the work buffer becomes a WORK_BUFFER object in the context).
 
 Threads are real Python threads: NumPy releases the GIL inside its kernels. A worker's exception stops the others at
 their next barrier and reaches the caller, naming the node.
@@ -15,23 +15,35 @@ import time
 
 import numpy as np
 
+import warnings
+
 from ... import trace
 from .. import consts as C
-from ..context import Context, GGMLError
+from ..context import Context
 from ..graph import CGraph, graph_key
+from ..impl import EMPTY_OPS, GGMLError
 from ..tensor import (Tensor, get_unary_op, is_empty, is_quantized, nelements, nrows, op_desc,
                       row_size, type_size)
-from .common import CACHE_LINE_SIZE, ComputeParams
+from . import mul_mat
+from . import ops as cpu_ops
 from . import threadpool as _tp
-from . import repack as _repack
-from .threadpool import GGML_THREADPOOL_N_THREADS_MASK, _Stop  # noqa: F401 - _Stop: raised out of barriers
+from . import traits
+from .common import CACHE_LINE_SIZE, ComputeParams
+from .quants import VEC_DOT_TYPE
+from .threadpool import GGML_THREADPOOL_N_THREADS_MASK, _Stop
+
+try:    # the compiled fast path hooks in here, and only here (plan: compile the graph; compute: walk the program)
+    from .fast import compiler as fast
+    FAST_PATH_ERROR = None
+except ImportError as _exc:      # no Numba (or GGVIZ_NO_NUMBA=1): every graph takes the node-by-node walk
+    fast = None
+    FAST_PATH_ERROR = f"{type(_exc).__name__}: {_exc}"
 
 GGML_STATUS_SUCCESS = C.GGML_STATUS_SUCCESS
 GGML_STATUS_ABORTED = C.GGML_STATUS_ABORTED
 
 
 def vec_dot_type(t: int) -> int:
-    from .quants import VEC_DOT_TYPE
     return VEC_DOT_TYPE[t]
 
 
@@ -126,7 +138,7 @@ class Cplan:
         self.abort_callback_data = None
         self.use_ref = False
         self.n_tasks: list[int] = []     # ggviz: the per-node n_tasks the planner computed (for the views)
-        self.extra = None                # ggviz: the graph compiled for the CPU_REPACK fast path (repack.FastGraph)
+        self.extra = None                # ggviz: the graph compiled for the fast path (fast.compiler.FastGraph)
 
     def __repr__(self):
         return f"<ggml_cplan n_threads={self.n_threads} work_size={self.work_size}>"
@@ -139,29 +151,27 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
     work_size = 0
     max_tasks = 1
     per_node = []
-    fast = _repack.plan_graph(cgraph, n_threads)   # ggviz: the compiled graph (cached while the graph is unchanged)
-    if fast is not None and n_threads in fast.plan_cache:
-        work_size, max_tasks, per_node = fast.plan_cache[n_threads]
+    # ggviz: the compiled program of the graph (cached while the graph is unchanged), or None
+    prog = fast.plan_graph(cgraph, n_threads) if fast is not None else None
+    if prog is not None and n_threads in prog.plan_cache:
+        work_size, max_tasks, per_node = prog.plan_cache[n_threads]
     for node in (cgraph.nodes if not per_node else ()):
         n_tasks = get_n_tasks(node, n_threads)
         per_node.append(n_tasks)
         max_tasks = max(max_tasks, n_tasks)
-        extra = _repack.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
+        extra = traits.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
         work_size = max(work_size, extra if extra is not None else _work_size(node, n_tasks, n_threads))
-    if fast is not None:
-        fast.plan_cache[n_threads] = (work_size, max_tasks, list(per_node))
+    if prog is not None:
+        prog.plan_cache[n_threads] = (work_size, max_tasks, list(per_node))
     if work_size > 0:
         # one cache line per thread so per-thread scratch slices never share a line
         work_size += CACHE_LINE_SIZE * n_threads
     plan = Cplan(work_size, min(max_tasks, n_threads), threadpool)
     plan.n_tasks = list(per_node)
-    plan.extra = fast
+    plan.extra = prog
     if trace.active:
         trace.emit("cpu.plan", graph=graph_key(cgraph), n_threads=plan.n_threads, work_size=work_size, n_tasks=per_node)
     return plan
-
-
-_EMPTY_OPS = {C.GGML_OP_NONE, C.GGML_OP_RESHAPE, C.GGML_OP_TRANSPOSE, C.GGML_OP_VIEW, C.GGML_OP_PERMUTE}
 
 
 def DisposableThreadpool(n_threads: int):
@@ -170,36 +180,9 @@ def DisposableThreadpool(n_threads: int):
 
 
 def _dispatch():
-    from . import ops as cpu_ops
-    from . import mul_mat
     table = dict(cpu_ops.FORWARD)
     table[C.GGML_OP_MUL_MAT] = mul_mat.forward_mul_mat
     return table, cpu_ops
-
-
-def _can_fuse_rms_norm_mul(cgraph: CGraph, i: int) -> Tensor | None:
-    """ggml_cpu_try_fuse_ops' test: ggml_can_fuse(RMS_NORM, MUL) plus the MUL's operand checks."""
-    if i + 1 >= cgraph.n_nodes or cgraph.use_counts is None:
-        return None
-    node, mul_node = cgraph.nodes[i], cgraph.nodes[i + 1]
-    # ggml_can_fuse_ext: ops match, both are computed, the first has exactly one use (ggml_node_has_n_uses:
-    # and is neither a view nor an output), the second reads the first and has its shape
-    if mul_node.op != C.GGML_OP_MUL:
-        return None
-    if not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE) or not (mul_node.flags & C.GGML_TENSOR_FLAG_COMPUTE):
-        return None
-    if cgraph.use_count(node) != 1 or node.view_src is not None or (node.flags & C.GGML_TENSOR_FLAG_OUTPUT):
-        return None
-    a0, a1 = mul_node.src[0], mul_node.src[1]
-    if not ((a0 is not None and a0.addr == node.addr) or (a1 is not None and a1.addr == node.addr)):
-        return None
-    if mul_node.shape != node.shape:
-        return None
-    w = a1 if (a0 is not None and a0.addr == node.addr) else a0
-    if (node.src[0].type == C.GGML_TYPE_F32 and mul_node.type == C.GGML_TYPE_F32 and w.type == C.GGML_TYPE_F32
-            and w.ne[0] == node.ne[0] and w.nb[0] == 4):
-        return mul_node
-    return None
 
 
 def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: _tp.Threadpool, table, cpu_ops):
@@ -208,22 +191,22 @@ def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: _tp.Th
     n = cgraph.n_nodes
     node_n = 0
     if tp.fast is not None:
-        # ggviz fast path: every node compiled (repack.py); decided once per compute by graph_compute, so that all
+        # ggviz fast path: every node compiled (fast/); decided once per compute by graph_compute, so that all
         # threads take the same walk even if somebody starts listening meanwhile
         tp.fast.compute_thread(ith, nth, cplan.work_data)
         node_n = n
     while node_n < n and tp.abort != node_n:
         node = cgraph.nodes[node_n]
-        if node.op in _EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE):
+        if node.op in EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE):
             node_n += 1
             continue
         state.node_n = node_n
         t0 = time.perf_counter_ns() if trace.active else 0
         try:
-            fused = None if cplan.use_ref or node.op != C.GGML_OP_RMS_NORM else _can_fuse_rms_norm_mul(cgraph, node_n)
+            fused = None if cplan.use_ref or node.op != C.GGML_OP_RMS_NORM else cpu_ops.can_fuse_rms_norm_mul(cgraph, node_n)
             if fused is not None:
                 cpu_ops.forward_rms_norm_mul_fused(params, node, fused)
-            elif not is_empty(node) and not _repack.extra_compute_forward(params, node):
+            elif not is_empty(node) and not traits.extra_compute_forward(params, node):
                 fn = table.get(node.op)
                 if fn is None:
                     raise GGMLError(f"ggviz CPU backend has no kernel for op {op_desc(node)}")
@@ -288,28 +271,28 @@ def graph_compute(cgraph: CGraph, cplan: Cplan) -> int:
             tp.abort = -1
             tp.ec = GGML_STATUS_SUCCESS
         tp.dispatch = _dispatch()
+        tp.compute_thread = graph_compute_thread
         if n_threads > tp.n_threads:
-            import warnings
             warnings.warn(f"cplan requested more threads ({n_threads}) than available ({tp.n_threads})")
             n_threads = tp.n_threads
         # the compiled walk runs every node without returning to Python: not with an abort callback (ggml calls it
         # after every node) or in reference mode
-        fast = cplan.extra if (cplan.extra is not None and not cplan.use_ref and cplan.abort_callback is None) \
+        prog = cplan.extra if (cplan.extra is not None and not cplan.use_ref and cplan.abort_callback is None) \
             else None
-        tp.fast = fast
+        tp.fast = prog
         traced = trace.active
         if traced:
             trace.emit("cpu.compute.start", graph=graph_key(cgraph), n_threads=n_threads, n_nodes=cgraph.n_nodes,
-                       pool=tp.serial, disposable=disposable, compiled=fast is not None)
-            if fast is not None:
-                fast.trace_begin(n_threads)    # the compiled walk logs into an array; events follow the compute
+                       pool=tp.serial, disposable=disposable, compiled=prog is not None)
+            if prog is not None:
+                prog.trace_begin(n_threads)    # the compiled walk logs into an array; events follow the compute
         try:
             # kick all threads to start the new graph; this is a work thread too (worker 0)
             _tp.graph_compute_kickoff(tp, n_threads)
             _tp.run_thread0(tp)      # raises the first worker error, once every worker has left the graph
         finally:
-            if traced and fast is not None:
-                batch = fast.trace_end(cgraph, tp.serial, tp.n_graph)
+            if traced and prog is not None:
+                batch = prog.trace_end(cgraph, tp.serial, tp.n_graph)
                 if trace.active:
                     trace.emit_batch(batch)
     finally:

@@ -153,7 +153,10 @@ class Threadpool:
         self.error: BaseException | None = None
         self.broken: str | None = None    # why the pool cannot be used any more (a worker stuck past the timeout)
         self.dispatch = None          # (op -> kernel table, ops module), set by graph_compute
-        self.fast = None              # the compiled graph (repack.FastGraph) this compute walks, or None: node by node
+        # ggml_graph_compute_thread, set by graph_compute: in C the executor and the pool share ggml-cpu.c; here the
+        # pool (this module) sits below the executor (ggml_cpu.py), which hands it the function
+        self.compute_thread = None
+        self.fast = None              # the compiled graph (fast.compiler.FastGraph) this compute walks, or None: node by node
         self._bcv = threading.Condition(threading.Lock())   # barrier, errors, "worker left the graph"
         self._chunk_lock = threading.Lock()
         self._busy = threading.Lock()     # ggviz: held from threadpool_claim to threadpool_release (one caller)
@@ -366,8 +369,7 @@ def _run_graph(state: ComputeState) -> None:
     tp = state.threadpool
     try:
         if tp.error is None:
-            from .ggml_cpu import graph_compute_thread
-            graph_compute_thread(state)
+            tp.compute_thread(state)
     except _Stop:
         pass
     except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread by finish_graph

@@ -22,6 +22,10 @@ import itertools
 import re
 
 import numpy as np
+import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib import colormaps
+from PIL import Image
 
 _uid = itertools.count(1)
 
@@ -39,8 +43,6 @@ def esc(s) -> str:
 
 def fig_to_svg(fig, close: bool = True) -> str:
     """A matplotlib Figure as SVG text (text kept as <text>, so it stays small and selectable)."""
-    import matplotlib
-    import matplotlib.pyplot as plt
 
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none"}):
@@ -52,7 +54,6 @@ def fig_to_svg(fig, close: bool = True) -> str:
 
 
 def fig_to_png(fig, dpi: int = 110, close: bool = True) -> bytes:
-    import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
@@ -71,8 +72,6 @@ def array_png(a, cmap: str = "RdBu_r", vmin=None, vmax=None, scale: int = 1, sym
 
     Non-finite values are drawn black (-inf) / magenta (+inf, NaN).
     """
-    from matplotlib import colormaps
-    from PIL import Image
 
     a = np.asarray(a, dtype=np.float64)
     if a.ndim == 1:

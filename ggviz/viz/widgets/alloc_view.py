@@ -27,6 +27,13 @@ import numpy as np
 from ...ggml.tensor import op_desc, op_name
 from .. import graph_dot as G
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+import matplotlib.pyplot as plt
+from matplotlib.collections import PolyCollection
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+import ipywidgets as W
+from ...ggml import alloc as A
+from ...ggml import backend as B
 
 _REUSE = "#ef6c00"     # hand-over arrows and the edge of a tensor that took over its parent's memory
 _OUTPUT = "#c62828"    # outputs: never freed
@@ -141,8 +148,6 @@ class AllocatorView(VizWidget):
         names = [f"buffer {i}" for i in range(n_buf)]
         self.allocated_sizes = [None] * n_buf
         if galloc is not None:
-            from ...ggml import alloc as A
-            from ...ggml import backend as B
             for i in range(n_buf):
                 for j in range(i):
                     if galloc.buf_tallocs[j] is galloc.buf_tallocs[i]:
@@ -381,10 +386,6 @@ class AllocatorView(VizWidget):
         return top, None
 
     def figure(self, highlight="current"):
-        import matplotlib.pyplot as plt
-        from matplotlib.collections import PolyCollection
-        from matplotlib.lines import Line2D
-        from matplotlib.patches import Patch
 
         hl = self.node if highlight == "current" else highlight
         sp = self.spaces[self.space]
@@ -603,7 +604,6 @@ class AllocatorView(VizWidget):
         return png_img(self.png(), "max-width:100%") + self.info_html()
 
     def _build(self):
-        import ipywidgets as W
 
         self._w_node = W.IntSlider(value=self.node if self.node is not None else -1, min=-1, max=self.n_nodes - 1,
                                    description="node", continuous_update=False, layout=W.Layout(width="700px"))

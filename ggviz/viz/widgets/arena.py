@@ -14,6 +14,8 @@ from ...ggml.graph import CGraph
 from ...ggml.tensor import OBJECT_DTYPE, Tensor, get_data_f32, nbytes
 from ..arena import arena_map, hexdump, plot_arena, tensor_header_table
 from ._base import VizWidget, fig_to_svg, html_table, new_prefix, on_click, pre, svg_canvas
+import matplotlib.pyplot as plt
+import ipywidgets as W
 
 
 def object_header(ctx, i: int) -> dict:
@@ -112,7 +114,6 @@ class ArenaWidget(VizWidget):
                 "regions": [dict(r) for r in arena_map(ctx, detail=self.detail)], "selected": self.selected()}
 
     def figure(self):
-        import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(13, 2.8))
         plot_arena(self.ctx, ax=ax, scale=self.scale, detail=self.detail, max_labels=self.max_labels,
@@ -154,7 +155,6 @@ class ArenaWidget(VizWidget):
         return f"<div>{self.svg()}</div><div>{self.info_html()}</div>"
 
     def _build(self):
-        import ipywidgets as W
 
         self._canvas = svg_canvas(prefix=self.prefix, max_height="420px", fit_width=True)
 

@@ -9,6 +9,9 @@ from ...ggml import consts as C
 from .. import gguf_map as M
 from ..arena import hexdump
 from ._base import VizWidget, esc, fig_to_svg, html_table, new_prefix, on_click, pre, svg_canvas
+from ...gguf_file import GGUFFile, load_gguf
+from ...ggml import quants
+import ipywidgets as W
 
 
 def _short(v, n: int = 8):
@@ -25,7 +28,6 @@ class GGUFMapWidget(VizWidget):
     the header); ``state()["selected"]`` is what the info panel shows."""
 
     def __init__(self, gguf, selected: str | None = None):
-        from ...gguf_file import GGUFFile, load_gguf
 
         self.gf = gguf if isinstance(gguf, GGUFFile) else load_gguf(gguf)
         self.layout = self.gf.layout()
@@ -78,7 +80,6 @@ class GGUFMapWidget(VizWidget):
                 "hexdump": hexdump(bytes(self.gf.buffer()[k.start:min(k.end, k.start + 96)]))}
 
     def _tensor(self, name: str) -> dict:
-        from ...ggml import quants
 
         gf = self.gf
         ti = gf.tensor(name)
@@ -167,7 +168,6 @@ class GGUFMapWidget(VizWidget):
         return f"<div>{self.svg()}</div><div>{self.info_html()}</div>"
 
     def _build(self):
-        import ipywidgets as W
 
         self._canvas = svg_canvas(prefix=self.prefix, max_height="520px", fit_width=True)
         on_click(self._canvas, lambda key: self.select_range(int(key[1:])) if key.startswith("r") else None)

@@ -20,6 +20,10 @@ from ...ggml.graph import graph_key
 from ...ggml.tensor import op_desc, type_name
 from .. import graph_dot as G
 from ._base import VizWidget, esc, html_table, new_prefix, on_click, png_img, svg_canvas, svg_window
+from ...ggml import memory
+import ipywidgets as W
+from PIL import Image
+import io
 
 # Layout options that keep Graphviz fast on big pictures (network-simplex and crossing-minimisation limits).
 _FAST = {"nslimit": "2", "nslimit1": "2", "mclimit": "0.2"}
@@ -42,7 +46,6 @@ def highlight_css(prefix: str, vertices, rule: str | None = None) -> str:
 def node_buffers(gf) -> dict:
     """{node index: the buffer its data lives in} (``memory.resolve``'s label), e.g. ``GraphView(gf,
     color_by=node_buffers(gf))`` to colour the DAG by memory."""
-    from ...ggml import memory
 
     out = {}
     for i, t in enumerate(gf.nodes):
@@ -246,7 +249,6 @@ class GraphView(VizWidget):
 
     # ---------------------------------------------------------------- widget
     def _build(self):
-        import ipywidgets as W
 
         self._canvas = svg_canvas(prefix=self.prefix, max_height=self.max_height)
         on_click(self._canvas, self.click)
@@ -436,8 +438,6 @@ class VisitAnimation(VizWidget):
         img = np.full(rows * width, np.nan)
         img[:self.hash_size] = used
         img = img.reshape(rows, width)
-        from PIL import Image
-        import io
         rgba = np.zeros((rows, width, 4), dtype=np.uint8)
         rgba[...] = (235, 235, 235, 255)
         rgba[img == 1.0] = (67, 160, 71, 255)
@@ -480,7 +480,6 @@ class VisitAnimation(VizWidget):
                 f"{self.panel_html(st)}</div>")
 
     def _build(self):
-        import ipywidgets as W
 
         self._canvas = svg_canvas(prefix=self.view.prefix, max_height=self.view.max_height, max_width="720px")
         self._slider = W.IntSlider(value=self.pos, min=0, max=self.n_steps - 1, description="event",

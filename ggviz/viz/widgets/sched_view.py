@@ -24,6 +24,14 @@ import numpy as np
 
 from ...ggml.tensor import op_desc
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+from ...ggml import backend as B
+from ...ggml import impl
+from ...ggml.sched import is_view_op
+from ... import trace
+from ...ggml import sched as S
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch, Rectangle
+import ipywidgets as W
 
 KINDS = ("sched.pass", "sched.assign", "sched.split", "sched.copy")
 
@@ -89,7 +97,6 @@ class SchedulerView(VizWidget):
     def __init__(self, sched, graph, events, which: int = -1, stage: str = "5", max_height: str = "700px"):
         self.sched = sched
         self.backends = [_bname(b) for b in sched.backends]
-        from ...ggml import backend as B
         self.bufts = [B.backend_buft_name(b) for b in sched.bufts]
         self.colors = backend_colors(self.backends)
         self.max_height = max_height
@@ -97,7 +104,6 @@ class SchedulerView(VizWidget):
         self.n_nodes = len(nodes)
         self.node_names = [t.name for t in nodes]
         self.node_ops = [op_desc(t) for t in nodes]
-        from ...ggml.sched import is_view_op
         self.view_op = [bool(is_view_op(t.op)) for t in nodes]
         self.leaf_names = [t.name for t in graph.leafs]
         node_ix = {t.addr: i for i, t in enumerate(nodes)}
@@ -195,14 +201,11 @@ class SchedulerView(VizWidget):
     def capture(cls, sched, graph, setup=None, **kw):
         """Record ``ggml_backend_sched_alloc_graph(sched, graph)`` (``setup()`` runs first, inside the recording:
         e.g. ``backend_sched_set_tensor_backend`` pins) and view it."""
-        from ... import trace
-        from ...ggml import sched as S
         with trace.recording(KINDS) as rec:
             if setup is not None:
                 setup()
             if not S.backend_sched_alloc_graph(sched, graph):
-                from ...ggml import backend as B
-                raise RuntimeError(f"ggml_backend_sched_alloc_graph failed: {B.last_log_error()}")
+                raise RuntimeError(f"ggml_backend_sched_alloc_graph failed: {impl.last_log_error()}")
         return cls(sched, graph, rec, **kw)
 
     # ------------------------------------------------------------------------------------------------ actions
@@ -285,8 +288,6 @@ class SchedulerView(VizWidget):
 
     # ------------------------------------------------------------------------------------------------ drawing
     def figure(self):
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch, Rectangle
 
         n = self.n_nodes
         rows = STAGES[:-1]
@@ -442,7 +443,6 @@ class SchedulerView(VizWidget):
         return png_img(self.png(), "max-width:100%") + self.info_html()
 
     def _build(self):
-        import ipywidgets as W
 
         self._w_prev = W.Button(description="◀ pass", layout=W.Layout(width="90px"))
         self._w_next = W.Button(description="pass ▶", layout=W.Layout(width="90px"))
@@ -471,5 +471,4 @@ class SchedulerView(VizWidget):
 
 
 def _bname(backend) -> str:
-    from ...ggml import backend as B
     return B.backend_name(backend)

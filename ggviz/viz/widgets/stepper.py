@@ -19,6 +19,10 @@ from ...ggml.tensor import get_data_f32, nbytes, nelements, op_desc, type_name
 from .. import graph_dot as G
 from ._base import VizWidget, array_png, esc, png_img, svg_window
 from .graph import GraphView
+from ... import llama
+import ipywidgets as W
+from ._base import on_click, svg_canvas
+from ...run import load_model
 
 
 def _stats(a: np.ndarray) -> dict:
@@ -40,7 +44,6 @@ def _as_rows(a: np.ndarray) -> np.ndarray:
 def faithful_model_params():
     """``llama.model_default_params()`` with extra buffer types off (``use_extra_bufts``, when the engine has it):
     the weights stay in the file's mapping, as a plain CPU build of llama.cpp keeps them."""
-    from ... import llama
 
     p = llama.model_default_params()
     if hasattr(p, "use_extra_bufts"):
@@ -62,10 +65,8 @@ class DecodeStepper(VizWidget):
     def __init__(self, prompt: str | None = None, model=None, tokens=None, n_threads: int = 2,
                  n_ctx: int = 256, copy_limit: int = 65536, slice_rows: int = 16, slice_cols: int = 2048,
                  extra_cb=None, max_height: str = "640px"):
-        from ... import llama
 
         if model is None:
-            from ...run import load_model
             p = faithful_model_params()
             kw = {"use_extra_bufts": False} if hasattr(p, "use_extra_bufts") else {}
             model = load_model(**kw)
@@ -286,9 +287,7 @@ class DecodeStepper(VizWidget):
                 f"{self.n_steps} nodes recorded in {self.decode_s:.1f} s")
 
     def _build(self):
-        import ipywidgets as W
 
-        from ._base import on_click, svg_canvas
 
         self._canvas = svg_canvas(prefix=self.view.prefix, max_height=self.view.max_height, max_width="720px")
 

@@ -20,6 +20,10 @@ from ...ggml.tensor import (Tensor, blck_size, get_data, get_data_f32, is_contig
 from ..gguf_map import block_fields
 from ..tensor import element_offset, strides_table
 from ._base import VizWidget, fig_to_png, html_table, png_img
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+import ipywidgets as W
+from matplotlib.patches import Patch
 
 EXPLORER_TYPES = [C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0, C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q6_K]
 FIELD_COLORS = {"d": "#ffcc80", "m": "#ffab91", "dmin": "#ffab91", "scales": "#ce93d8", "qs": "#a5d6a7",
@@ -121,8 +125,6 @@ class TensorExplorer(VizWidget):
     def figure(self):
         """Left: the tensor's elements by index (i1 rows x i0 columns, the current one red); right: the source's
         data in memory order (one cell per element, one row per nb[1]), the cells this tensor reads shaded."""
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Rectangle
 
         t, src = self.t, self.source
         st = self.state()
@@ -202,7 +204,6 @@ class TensorExplorer(VizWidget):
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.info_html()
 
     def _build(self):
-        import ipywidgets as W
 
         self._w_pick = W.Dropdown(options=[(f"{x.name or '(unnamed)'} ne={list(x.shape)}", k)
                                            for k, x in enumerate(self.tensors)], value=self.cur,
@@ -341,8 +342,6 @@ class QuantBlockExplorer(VizWidget):
     def figure(self):
         """Top: the block's bytes coloured by struct field; middle: scales/mins (K-quants: per sub-block);
         bottom: the decoded values (bars) with the quant levels, and the source values (dots)."""
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch, Rectangle
 
         st = self.state()
         raw = np.asarray(st["bytes"], dtype=np.uint8)
@@ -424,7 +423,6 @@ class QuantBlockExplorer(VizWidget):
             [{"field": k, "value": v} for k, v in st["fields"].items()], title="fields")
 
     def _build(self):
-        import ipywidgets as W
 
         opts = [(type_name(x), x) for x in self.compatible_types()]
         if self.type not in EXPLORER_TYPES:

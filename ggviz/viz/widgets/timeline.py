@@ -16,6 +16,9 @@ import numpy as np
 
 from .. import graph_dot as G
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch, Rectangle
+import ipywidgets as W
 
 
 def timeline_data(events, which: int = -1) -> dict:
@@ -90,8 +93,6 @@ def plot_timeline(data: dict, node_range=None, highlight: int | None = None, ax=
     """Gantt chart: one row per thread; node bars coloured by op (labelled when wide enough), mul_mat chunks as
     ticks under them, barrier waits hatched grey. ``node_range=(a, b)``: only nodes a..b-1 (and the time they
     span). Returns the Figure."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
 
     nodes = data["nodes"]
     if node_range is not None:
@@ -237,7 +238,6 @@ class ThreadTimeline(VizWidget):
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.info_html()
 
     def _build(self):
-        import ipywidgets as W
 
         self._w_node = W.SelectionSlider(options=self.computed, value=self.node, description="node",
                                          continuous_update=False, layout=W.Layout(width="700px"))

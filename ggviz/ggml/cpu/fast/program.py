@@ -1,0 +1,96 @@
+"""The compiled graph program: the layout of one row per computed node, the shared sync array and the trace log.
+
+Not a ggml source file. ggml walks ``cgraph->nodes`` and reads each ``struct ggml_tensor`` in C; the compiled walk
+cannot touch Python objects, so ``compiler.py`` copies what each kernel needs out of the tensor structs into two
+arrays with one row per computed node: ``P`` (int64) and ``F`` (float64). The columns have names (below), used by
+the compiler that writes them and by the kernels that read them, e.g. ``P[k, S0 + NB1]`` is ``src[0]->nb[1]`` of
+program row k and ``P[k, ROPE_N_DIMS]`` the ``n_dims`` op param of a ROPE row.
+
+NumPy only: importable without Numba (the compiled kernels read these names as compile-time constants).
+"""
+from __future__ import annotations
+
+# ---------------------------------------------------------------------------------------------------------------------
+# op codes (column OP)
+# ---------------------------------------------------------------------------------------------------------------------
+
+OP_NOP = 0
+OP_GET_ROWS = 1
+OP_RMS_NORM = 2          # SUBOP = 1: fused with the following MUL (ggml_compute_forward_rms_norm_mul_fused)
+OP_BINARY = 3            # SUBOP = 0 add, 1 mul, 2 sub, 3 div
+OP_ROPE = 4
+OP_SET_ROWS = 5
+OP_SOFT_MAX = 6
+OP_CPY = 7               # DUP / CPY / CONT
+OP_SWIGLU = 8
+OP_MUL_MAT_F = 9         # src0 F16 / F32 (ggml_compute_forward_mul_mat with vec_dot_f16 / vec_dot_f32)
+OP_MUL_MAT_Q = 10        # src0 in CPU_REPACK (the repack tensor_traits' forward_mul_mat)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# P: int64 columns of a program row
+# ---------------------------------------------------------------------------------------------------------------------
+
+NCOL = 56                # int64 slots per program row
+NFCOL = 8                # float64 slots per program row
+
+OP = 0                   # the op code
+SUBOP = 2                # OP_BINARY: which operator; OP_RMS_NORM: 1 if fused with the next MUL
+
+# tensor descriptors: where each tensor's words start; inside one, the struct's data, ne[4] and nb[4]
+DST, S0, S1, S2 = 3, 12, 21, 30
+DATA, NE0, NE1, NE2, NE3, NB0, NB1, NB2, NB3 = range(9)
+
+# op-specific extras, from X on (X .. NCOL-1)
+X = 39
+MMQ_TYPE, MMQ_QS, MMQ_D, MMQ_M = X, X + 1, X + 2, X + 3     # OP_MUL_MAT_Q: src0 type, repacked quants/scales/mins
+MMF_TYPE = X                                                # OP_MUL_MAT_F: src0 type (F16 / F32)
+GET_ROWS_TYPE, GET_ROWS_ITYPE = X, X + 1                    # OP_GET_ROWS: src0 type, index type (I32 / I64)
+SET_ROWS_TYPE, SET_ROWS_ITYPE = X, X + 1                    # OP_SET_ROWS: dst type, index type
+SOFT_MAX_MTYPE = X                                          # OP_SOFT_MAX: mask type (F32 / F16), 0 without mask
+CPY_STYPE, CPY_DTYPE = X, X + 1                             # OP_CPY: src and dst types
+SWIGLU_NC, SWIGLU_SWAPPED, SWIGLU_NROWS = X, X + 1, X + 2   # OP_SWIGLU: row length, op param 1, rows
+ROPE_N_DIMS, ROPE_NEOX = X, X + 1                           # OP_ROPE: rotated dims, 1 for NeoX mode
+
+# ---------------------------------------------------------------------------------------------------------------------
+# F: float64 columns of a program row
+# ---------------------------------------------------------------------------------------------------------------------
+
+RMS_NORM_EPS = 0
+SOFT_MAX_SCALE, SOFT_MAX_SLOPE = 0, 1
+(ROPE_FREQ_SCALE, ROPE_EXT_FACTOR, ROPE_MSCALE, ROPE_THETA_SCALE, ROPE_CORR0, ROPE_CORR1,
+ ROPE_SIN_SIGN) = range(7)
+
+# type codes used inside kernels (ggml_type values)
+T_F32, T_F16, T_Q4_0, T_Q4_1, T_Q8_0, T_I32, T_I64 = 0, 1, 2, 3, 8, 26, 27
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the sync array (int64) a compiled graph's threads share: each counter on its own cache line
+# ---------------------------------------------------------------------------------------------------------------------
+
+SYNC_N_BARRIER = 0
+SYNC_BARRIER_PASSED = 8
+SYNC_CHUNK = 16
+SYNC_ERROR = 24          # first error code (0 = none), SYNC_ERROR+1: node index
+SYNC_SLEEPERS = 32       # threads asleep in a barrier (futex)
+SYNC_TIMESPEC = 36       # struct timespec {0, 100 ms}: the longest single futex sleep
+SYNC_SLEEP_TICKS = 38    # timestamp ticks the threads of this compute spent asleep in barriers (after the spin)
+SYNC_TRACE = 40          # address of the trace log (0: nobody listens, nothing is recorded), SYNC_TRACE+1: its
+                         # capacity in records per thread
+SYNC_LEN = 48
+BARRIER_MAX_SLEEPS = 3000                # 100 ms sleeps: a barrier gives up after about 5 minutes
+
+# the trace log (see ``sync.tr_rec``): per thread, one int64 count then ``cap`` records of TR_REC int64s:
+# [kind, row, a, b, c, d, e, f, t0, t1] with t0/t1 timestamp-counter ticks
+TR_REC = 10
+TR_NODE = 1              # a program row computed: a = 0
+TR_BARRIER = 2           # a barrier: a = where (TRW_*), b = n_barrier_passed on entry (ggml's barrier sequence number)
+TR_CHUNK = 3             # a MUL_MAT chunk: a = chunk, b/c = ir0 range, d/e = ir1 range, f = nchunk0 << 32 | nchunk1
+TRW_NODE, TRW_FINAL, TRW_KERNEL = 0, 1, 2
+
+ERR_GET_ROWS_INDEX = 1
+ERR_SET_ROWS_INDEX = 2
+ERR_BARRIER_TIMEOUT = 3
+
+# compile-time constants (Numba's cache does not key on global values: no environment overrides here)
+GEMM_COLS = 4            # src1 columns per GEMM micro-kernel call
+SPIN_CYCLES = 100000     # timestamp-counter ticks a barrier spins (~40 us) before sleeping

@@ -1,0 +1,147 @@
+"""The package's layout rules, checked: imports run one way, ggml-impl.h's helpers exist once, the code lints.
+
+* No import cycle among ggviz's modules, counting every import statement (at module level or inside functions),
+  as the README promises ("imports one way"); the engine (``ggviz.ggml``, ``ggviz.llama``, ``ggviz.trace``) never
+  imports the views (``ggviz.viz``).
+* Imports sit at the top of modules. Inside a function only where a dependency is optional (the import is guarded
+  by ``try``) or in the allow-list below, each with its reason.
+* The helpers of ggml-impl.h (and the type traits that sit beside them) are defined once, in ``ggviz/ggml/impl.py``.
+* ``ruff check`` (configured in pyproject.toml) passes on the package, the tests, the benchmarks, the tools and
+  the notebook sources.
+"""
+from __future__ import annotations
+
+import ast
+import graphlib
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PKG = ROOT / "ggviz"
+
+# module -> why an import inside a function is right there
+LAZY_IMPORTS_ALLOWED = {
+    "ggviz": "`import ggviz` stays light: its re-exports (generate, load_gguf) are loaded on first use (PEP 562)",
+}
+
+# defined in ggviz/ggml/impl.py and nowhere else in the package
+IMPL_HELPERS = ("GGML_ASSERT", "GGML_PAD", "GGMLError", "op_is_empty", "GGML_LOG", "last_log_error", "type_size",
+                "row_size", "blck_size", "type_name", "is_quantized", "type_sizef")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(ROOT).with_suffix("")
+        name = ".".join(rel.parts)
+        mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = p
+    return mods
+
+
+def _imported(mod: str, path: pathlib.Path, node, mods) -> list[str]:
+    """The ggviz modules an import statement names (``from .x import y`` may name module x or x.y)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        if node.level:
+            parts = base.split(".")
+            base = ".".join(parts[:len(parts) - node.level + 1])
+            target = base + ("." + node.module if node.module else "")
+        else:
+            target = node.module or ""
+        names = [target] + [f"{target}.{a.name}" for a in node.names]
+    return [n for n in names if n in mods]
+
+
+def _graph():
+    mods = _modules()
+    graph = {m: set() for m in mods}
+    for m, p in mods.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for t in _imported(m, p, node, mods):
+                    if t != m and not m.startswith(t + "."):      # a package's own parents are not a cycle
+                        graph[m].add(t)
+    return graph
+
+
+def test_no_import_cycles():
+    try:
+        order = list(graphlib.TopologicalSorter(_graph()).static_order())
+    except graphlib.CycleError as e:
+        pytest.fail(f"ggviz modules import each other in a circle: {' -> '.join(e.args[1])}")
+    assert len(order) == len(_modules())
+
+
+def test_engine_never_imports_the_views():
+    graph = _graph()
+    engine = [m for m in graph if m.split(".")[:2] in (["ggviz", "ggml"], ["ggviz", "llama"]) or m == "ggviz.trace"]
+    bad = sorted(f"{m} -> {t}" for m in engine for t in graph[m] if t.startswith("ggviz.viz"))
+    assert not bad, bad
+
+
+def test_imports_at_module_top():
+    """Function-level imports only for optional dependencies (inside try) or with a reason (allow-list)."""
+    bad = []
+    for mod, path in _modules().items():
+        tree = ast.parse(path.read_text())
+        parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            chain, p = [], parents.get(node)
+            while p is not None:
+                chain.append(p)
+                p = parents.get(p)
+            in_func = any(isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) for p in chain)
+            guarded = any(isinstance(p, ast.Try) for p in chain)
+            if in_func and not guarded and mod not in LAZY_IMPORTS_ALLOWED:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not bad, "imports inside functions (move them to the top of the module):\n" + "\n".join(bad)
+
+
+def test_impl_helpers_defined_once():
+    where = {name: [] for name in IMPL_HELPERS}
+    for path in PKG.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:        # module-level names (methods may share a name)
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in where:
+                where[node.name].append(str(path.relative_to(ROOT)))
+            elif isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Name) and t.id in where:
+                        where[t.id].append(f"{path.relative_to(ROOT)} (assigned)")
+    wrong = {k: v for k, v in where.items() if v != ["ggviz/ggml/impl.py"]}
+    assert not wrong, wrong
+
+
+def _ruff():
+    exe = shutil.which("ruff", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("ruff")
+    if exe is None:
+        pytest.skip("ruff is not installed (pip install -e '.[test]')")
+    return exe
+
+
+def test_ruff_clean():
+    targets = [str(ROOT / d) for d in ("ggviz", "tests", "benchmarks", "tools", "notebooks") if (ROOT / d).exists()]
+    r = subprocess.run([_ruff(), "check", "--no-cache", "--output-format", "concise", *targets], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def test_layout_checks_can_fail(tmp_path):
+    """The cycle check sees a cycle made through a function-level import, and ruff flags an unused import."""
+    g = {"a": {"b"}, "b": set()}
+    assert list(graphlib.TopologicalSorter(g).static_order()) == ["b", "a"]
+    g["b"].add("a")
+    with pytest.raises(graphlib.CycleError):
+        list(graphlib.TopologicalSorter(g).static_order())
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n")
+    r = subprocess.run([_ruff(), "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "F401" in r.stdout
