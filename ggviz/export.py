@@ -279,12 +279,14 @@ def graph_main(argv=None) -> int:
         fmt = "svg"
     out = pathlib.Path(a.out or f"decode_graph.{fmt}")
     res = decode_graph(_model(a.model), a.n_kv)
+    import graphviz
     try:
         write_graph(out, res.gf, fmt, layer=a.layer, full=a.full)
     except ValueError as e:
         print(f"ggviz graph: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 - graphviz's dot missing or failing
+    # graphviz's dot missing (ExecutableNotFound), failing (CalledProcessError), not runnable or the file not writable
+    except (graphviz.ExecutableNotFound, graphviz.CalledProcessError, OSError) as e:
         print(f"ggviz graph: cannot render {fmt} ({type(e).__name__}: {e}); --format dot needs no Graphviz",
               file=sys.stderr)
         return 1

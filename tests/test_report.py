@@ -139,6 +139,79 @@ def test_page_is_complete_and_standalone(page, rec):
     assert report.esc(vocab.token_to_piece(rec.sampled, True).decode("utf-8", "replace")) in page
 
 
+def _sections(page):
+    return dict(re.findall(r"<section id='([^']+)'>(.*?)</section>", page, re.S))
+
+
+def test_page_sections_have_their_content(page, rec):
+    """Each section keeps its heading, nav link, figures, tables and sliders (a lost piece shows up here)."""
+    secs = _sections(page)
+    assert list(secs) == SECTION_IDS == [s.sid for s in report.SECTIONS]
+    nav = page.split("<nav>")[1].split("</nav>")[0]
+    for spec in report.SECTIONS:
+        body = secs[spec.sid]
+        assert f"<h2>{report.esc(spec.title)}</h2>" in body
+        assert f"<a href='#{spec.sid}'>{report.esc(spec.title)}</a>" in nav
+        assert all(f"<code>{report.esc(m)}</code>" in body for m in spec.mirrors)
+    alts = {sid: re.findall(r"<img alt='([^']*)'", body) for sid, body in secs.items()}
+    assert {"context arenas", "gallocr plan"} <= set(alts["memory"])
+    assert alts["kv"] == ["KV cells and mask, prompt", "KV cells and mask, step"]
+    assert alts["attention"] == ["prompt attention, layer 0", "decode attention, layer 0"]
+    assert alts["logits"] == ["top logits", "sampler chain"]
+    n_values = sum(v["node_n"] is not None for v in rec.values)
+    assert len(alts["graph"]) == n_values and secs["graph"].count("<svg") == 2
+    assert "<svg" in secs["gguf"] and "Tensor data by type" in secs["gguf"]
+    assert secs["timeline"].count("data:image/png;base64,") >= 1 and "Per thread (" in secs["timeline"]
+    tables = {sid: body.count("<table class='t'>") for sid, body in secs.items()}
+    assert tables["overview"] == 1 and tables["tokenize"] == 1 and tables["plan"] == 2 and tables["sched"] == 3
+    assert tables["memory"] == 3 and tables["kv"] == 1 and tables["logits"] == 1
+    # the BPE slider: per word, its bytes, each merge, its tokens
+    words = [u for u in rec.units if not u.special]
+    n_bpe = sum(len(rec.merges[u.text]) + 2 for u in words)
+    assert f"id='bpe-stepper' data-n='{n_bpe}'" in secs["tokenize"]
+    assert f"id='layer0-stepper' data-n='{n_values}'" in secs["graph"]
+    # the page's style and script are inlined
+    assert ".ggv-stepper{" in page.split("<style>")[1].split("</style>")[0]
+    assert "data-ggv-ready" in page.split("<script>")[1].split("</script>")[0]
+
+
+def test_a_failing_view_says_what_failed(rec, monkeypatch):
+    """Graphviz's dot missing costs the graph section only, and the section says so; a bug propagates."""
+    import graphviz
+
+    def no_dot(self, *a, **k):
+        raise graphviz.ExecutableNotFound(["dot"])
+
+    monkeypatch.setattr(graphviz.Digraph, "pipe", no_dot)
+    kept = [s for s in report.SECTIONS if s.sid in ("overview", "graph", "sched")]
+    monkeypatch.setattr(report, "SECTIONS", kept)
+    with pytest.warns(UserWarning, match="'graph' section failed"):
+        page = report.build_report(rec)
+    secs = _sections(page)
+    assert list(secs) == ["overview", "graph", "sched"]
+    assert "<b>this view failed</b>: ExecutableNotFound: " in secs["graph"] and "<h2>The compute graph</h2>" in secs["graph"]
+    assert "this view failed" not in secs["overview"] + secs["sched"]
+
+    def bug(rec_):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(report, "SECTIONS", [report.SectionSpec("overview", "x", (), bug)])
+    with pytest.raises(TypeError, match="a bug"):
+        report.build_report(rec)
+
+
+def test_templates_escape_and_ship():
+    """The templates are found through the package (package data) and escape what they are given."""
+    env = report._env()
+    names = set(env.list_templates())
+    assert {"report.html.j2", "report.css", "report.js"} <= names
+    assert {f"sections/{s.sid}.html.j2" for s in report.SECTIONS} <= names
+    out = env.get_template("sections/failed.html.j2").render(sid="x", title="<t>", mirrors=("a<b",),
+                                                           error_type="E", error="<script>alert(1)</script>")
+    assert "<script>" not in out and "&lt;script&gt;" in out and "<h2>&lt;t&gt;</h2>" in out
+    assert "<code>a&lt;b</code>" in out
+
+
 def test_write_report_and_cli(tmp_path, model):
     out = tmp_path / "r.html"
     assert cli.main(["report", "-o", str(out)]) == 0
