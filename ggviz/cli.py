@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import sys
-from ggviz.fetch import FetchError, fetch_default_model
 import platform
+import sys
 from importlib import metadata
+
 from ggviz import __version__
+from ggviz.fetch import FetchError, fetch_default_model
 
 # command -> (module under ggviz, one-line help)
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {

@@ -28,10 +28,9 @@ import pathlib
 import sys
 import time
 from dataclasses import dataclass, field
-from . import llama
+
+from . import ggml, llama, trace
 from .run import load_model
-from . import trace
-from . import ggml
 from .viz import graph_dot as G
 
 DEFAULT_PROMPT = "The ggml library is"

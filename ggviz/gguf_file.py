@@ -45,13 +45,13 @@ import struct
 import weakref
 from dataclasses import dataclass
 
+import gguf
 import numpy as np
 
-from .ggml import consts as C
 from . import ggml
-import gguf
+from .ggml import consts as C
 from .ggml import memory
-from .ggml.impl import GGML_PAD   # the alignment is checked to be a power of 2 before any use
+from .ggml.impl import GGML_PAD  # the alignment is checked to be a power of 2 before any use
 
 __all__ = ["GGUFError", "GGUFFile", "TensorInfo", "KVInfo", "load_gguf", "create_weight_context", "require_arch",
            "GGUF_MAGIC", "GGUF_VERSION", "GGUF_DEFAULT_ALIGNMENT"]

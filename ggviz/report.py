@@ -34,10 +34,26 @@ from dataclasses import dataclass, field
 
 import graphviz
 import jinja2
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 from markupsafe import Markup, escape
+from matplotlib.patches import Rectangle
 
+from . import __version__, ggml, llama
 from .export import DEFAULT_PROMPT, decode_step
+from .ggml import alloc as GA
+from .ggml import backend as B
+from .ggml import consts as C
+from .ggml.cpu import ggml_cpu, traits
+from .ggml.tensor import op_desc, type_name
+from .run import load_model, make_sampler
+from .viz import arena as A
+from .viz import gguf_map as M
+from .viz import graph_dot as G
+from .viz import widgets
+from .viz.graph_dot import layer_of, node_layers, op_color
+from .viz.model_views import kv_cache_figure, sampler_figure
 
 # names whose values the eval callback copies out besides layer 0's nodes
 _EXTRA_VALUES = ("embd", "inp_embd", "result_norm", "result_output")
@@ -78,7 +94,6 @@ class Recording:
 
 
 def _copy_values(t) -> np.ndarray:
-    from . import ggml
     a = ggml.get_data(t)
     if a.dtype == np.uint8 and t.type not in (ggml.GGML_TYPE_I8,):
         return ggml.get_data_f32(t).reshape(a.shape[:3] + (-1,))
@@ -88,9 +103,6 @@ def _copy_values(t) -> np.ndarray:
 def record(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ctx: int = 256,
            temp: float = 0.8, seed: int = 1234) -> Recording:
     """Run the decode step (see the module doc) and keep what the report shows."""
-    from . import llama
-    from .run import make_sampler
-    from .viz.graph_dot import layer_of
 
     t0 = time.perf_counter()
     values: list = []
@@ -142,12 +154,10 @@ def record(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ctx: in
 
 
 def _op(t) -> str:
-    from .ggml.tensor import op_desc
     return op_desc(t)
 
 
 def _type(t) -> str:
-    from .ggml.tensor import type_name
     return type_name(t.type)
 
 
@@ -199,7 +209,6 @@ def _asset(name: str) -> Markup:
 
 
 def fig_png(fig, dpi: int = 100) -> bytes:
-    import matplotlib.pyplot as plt
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
@@ -208,7 +217,6 @@ def fig_png(fig, dpi: int = 100) -> bytes:
 
 def array_png(a, cmap: str = "RdBu_r", scale: int = 4, symmetric: bool = True) -> bytes:
     """A 2-D array as a small PNG heat map (each value ``scale`` x ``scale`` pixels)."""
-    import matplotlib
     a = np.asarray(a, dtype=np.float32)
     a = np.where(np.isfinite(a), a, np.nan)
     if a.ndim == 1:
@@ -237,11 +245,7 @@ def svg_markup(svg_bytes_or_text) -> Markup:
 
 
 def _widgets():
-    """ggviz.viz.widgets when it imports (it is optional for the report: static fallbacks exist)."""
-    try:
-        from .viz import widgets
-    except ImportError:
-        return None
+    """ggviz.viz.widgets (the report draws with the widgets' static renderings)."""
     return widgets
 
 
@@ -274,7 +278,6 @@ def section(sid: str, title: str, *mirrors: str):
 
 @section("overview", "One decode step", "llama_decode", "llama_context::decode", "llama_sampler_sample")
 def sec_overview(rec: Recording) -> dict:
-    from . import __version__
     m, st = rec.model, rec.step
     hp = m.hparams
     vocab = m.vocab
@@ -312,7 +315,6 @@ def sec_gguf(rec: Recording) -> dict:
     if W is not None and hasattr(W, "GGUFMapWidget"):
         widget = Markup(W.GGUFMapWidget(gf, selected=sel).to_html())    # the widget escapes its own text
     else:
-        from .viz import gguf_map as M
         map_png = fig_png(M.plot_gguf_map(gf, selected=sel))
         sections = [dict(r) for r in M.sections(gf)]
     kinds: dict = {}
@@ -353,15 +355,11 @@ def sec_tokenize(rec: Recording) -> dict:
 
 
 def _plot_galloc(last, n_nodes, buf_size=None):
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
 
-    from .viz.graph_dot import op_color
 
     fig, ax = plt.subplots(figsize=(13, 4.2))
     tens = [t for t in last["tensors"] if t.get("offset") is not None and t.get("size")]
     ymax = 1
-    from .ggml import consts as C
     for t in tens:
         x0 = t["alloc_node"] if t["alloc_node"] is not None else -1
         x1 = t["free_node"] if t["free_node"] is not None else n_nodes
@@ -393,12 +391,7 @@ def _alloc_info(ctx):
          "ggml_backend_alloc_ctx_tensors_from_buft", "llama_kv_cache::llama_kv_cache", "ggml_gallocr_reserve",
          "ggml_gallocr_alloc_graph", "ggml_dyn_tallocr_alloc")
 def sec_memory(rec: Recording) -> dict:
-    import matplotlib.pyplot as plt
 
-    from . import ggml
-    from .ggml import alloc as GA
-    from .ggml import backend as B
-    from .viz import arena as A
 
     m, ctx = rec.model, rec.ctx
     kv = ctx.kv
@@ -489,7 +482,6 @@ def _frame_values(v) -> dict:
 @section("graph", "The compute graph", "llm_build_llama", "ggml_build_forward_expand", "ggml_visit_parents",
          "ggml_backend_sched_eval_callback")
 def sec_graph(rec: Recording) -> dict:
-    from .viz import graph_dot as G
 
     gf = rec.gf
     dot_all, info = G.graph_to_dot_grouped(gf, collapse="all", legend=True, id_prefix="ga-",
@@ -514,14 +506,8 @@ def sec_graph(rec: Recording) -> dict:
 
 @section("plan", "The CPU plan", "ggml_graph_plan", "ggml_get_n_tasks", "ggml_cpu_extra_work_size")
 def sec_plan(rec: Recording) -> dict:
-    from .ggml.cpu import ggml_cpu
-    from .ggml.tensor import op_desc
 
     gf = rec.gf
-    try:
-        from .ggml.cpu import repack as R
-    except ImportError:                         # a build without the repacked weights: no extra work sizes
-        R = None
     by_op: dict = {}
     for node in gf.nodes:
         k = op_desc(node)
@@ -529,7 +515,7 @@ def sec_plan(rec: Recording) -> dict:
         r["nodes"] += 1
         for n in (1, 2, 3, 4):
             nt = ggml_cpu.get_n_tasks(node, n)
-            extra = R.extra_work_size(n, node) if R is not None else None
+            extra = traits.extra_work_size(n, node)
             ws = extra if extra is not None else ggml_cpu._work_size(node, nt, n)
             r[f"n_tasks@{n}"] = max(r.get(f"n_tasks@{n}", 0), nt)
             r[f"work@{n}"] = max(r.get(f"work@{n}", 0), ws)
@@ -544,9 +530,7 @@ def sec_plan(rec: Recording) -> dict:
 
 
 def _timeline_fallback(tl, node_range=None):
-    import matplotlib.pyplot as plt
 
-    from .viz.graph_dot import op_color
 
     c = tl.last
     t0 = c["t_start"]
@@ -583,7 +567,6 @@ def _timeline_fallback(tl, node_range=None):
 @section("timeline", "Threads: the compute, thread by thread", "ggml_graph_compute", "ggml_graph_compute_thread",
          "ggml_barrier", "ggml_compute_forward_mul_mat")
 def sec_timeline(rec: Recording) -> dict:
-    from .viz.graph_dot import node_layers
 
     tl = rec.timeline
     W = _widgets()
@@ -626,7 +609,6 @@ def _sched_plan(ctx):
 @section("sched", "The backend scheduler", "ggml_backend_sched_split_graph", "ggml_backend_sched_alloc_graph",
          "ggml_backend_sched_compute_splits")
 def sec_sched(rec: Recording) -> dict:
-    from .ggml.tensor import op_desc
 
     gf = rec.gf
     plan = _sched_plan(rec.ctx)
@@ -663,7 +645,6 @@ def sec_kv(rec: Recording) -> dict:
     snaps = rec.step.snapshots
     if len(snaps) >= 2:
         # export.decode_step only has snapshots when ggviz.viz.model_views imported: its figures are there
-        from .viz.model_views import kv_cache_figure
         vocab = rec.model.vocab
         figs = [(fig_png(kv_cache_figure(snaps[0], vocab, title=f"the prompt: {snaps[0].n_tokens} tokens into cells "
                                                                  f"{list(map(int, snaps[0].k_idxs))}"), 90),
@@ -681,7 +662,6 @@ def sec_kv(rec: Recording) -> dict:
 
 def _kv_masks_figure(rec: Recording):
     """The KV cells and the KQ masks from the cache and the recorded masks (without ggviz.viz.model_views)."""
-    import matplotlib.pyplot as plt
 
     kv = rec.ctx.kv
     n_kv = kv.get_n_kv()
@@ -713,7 +693,6 @@ def _kv_masks_figure(rec: Recording):
 @section("attention", "Attention in layer 0", "llm_graph_context::build_attn_mha", "ggml_soft_max_ext",
          "ggml_mul_mat")
 def sec_attention(rec: Recording) -> dict:
-    import matplotlib.pyplot as plt
 
     vocab = rec.model.vocab
     ids = rec.step.prompt_ids + [rec.step.token]
@@ -765,7 +744,6 @@ def sec_attention(rec: Recording) -> dict:
 @section("logits", "Logits, sampler, the next token", "llama_get_logits_ith", "llama_sampler_sample",
          "llama_sampler_chain_apply", "llama_sampler_top_k_impl", "llama_sampler_dist_apply")
 def sec_logits(rec: Recording) -> dict:
-    import matplotlib.pyplot as plt
 
     vocab = rec.model.vocab
     lg = rec.logits
@@ -791,12 +769,7 @@ def sec_logits(rec: Recording) -> dict:
                      "top (token: logit)": ", ".join(f"{_piece(vocab, t)!r}: {v:.2f}" for t, v in h["top"][:5]),
                      "selected": "" if h.get("selected") is None else
                      f"{h['selected']} ({_piece(vocab, h['selected'])!r})"})
-    try:
-        from .viz.model_views import sampler_figure
-    except ImportError:                         # the table above says it all
-        chain_png = None
-    else:
-        chain_png = fig_png(sampler_figure(rec.sampler_history, vocab), 80)
+    chain_png = fig_png(sampler_figure(rec.sampler_history, vocab), 80)
     st = rec.step
     return dict(top_png=top_png, rows=rows, chain_png=chain_png, sampled=rec.sampled,
                 sampled_piece=_piece(vocab, rec.sampled),
@@ -828,7 +801,6 @@ def _render_section(env: jinja2.Environment, spec: SectionSpec, rec: Recording) 
 
 def build_report(rec: Recording) -> str:
     """The standalone HTML page of a ``Recording``."""
-    import matplotlib
     if "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")
     env = _env()
@@ -847,7 +819,6 @@ _CACHE: dict = {}
 def recording(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None) -> Recording:
     """``record(prompt, threads, model)``, made once per process for the same arguments (tests, the CLI)."""
     if model is None:
-        from .run import load_model
         model = load_model()
     key = (prompt, threads, getattr(model, "path", None), id(model))
     if key not in _CACHE:
@@ -874,7 +845,6 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
     ap.add_argument("-m", "--model", default=None, help="GGUF path (default: the default model)")
     a = ap.parse_args(argv)
-    from .run import load_model
     t0 = time.perf_counter()
     path = write_report(a.out, a.prompt, a.threads, load_model(a.model))
     print(f"{path}  ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s) -- open it in a browser")

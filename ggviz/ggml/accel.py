@@ -37,11 +37,10 @@ from .. import trace
 from . import backend as B
 from . import consts as C
 from . import memory
-from .impl import GGML_ASSERT, GGML_LOG, GGMLError, op_is_empty
-from .tensor import Tensor, nbytes, op_desc
 from .cpu import ggml_cpu
-from .tensor import nrows
 from .cpu.quants import VEC_DOT_TYPE
+from .impl import GGML_ASSERT, GGML_LOG, GGMLError, op_is_empty
+from .tensor import Tensor, nbytes, nrows, op_desc
 
 GGML_ACCEL_ALIGNMENT = 128
 DEFAULT_CAPACITY = 2 << 30       # 2 GiB of simulated device memory

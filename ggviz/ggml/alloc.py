@@ -30,9 +30,8 @@ import numpy as np
 from .. import trace
 from . import backend as B
 from . import consts as C
-from .impl import GGML_ASSERT, GGMLError
 from .graph import HashSet, bitset_size, hash_size
-from .impl import GGML_PAD
+from .impl import GGML_ASSERT, GGML_PAD, GGMLError
 from .tensor import Tensor
 
 SIZE_MAX = (1 << 64) - 1

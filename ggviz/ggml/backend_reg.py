@@ -14,9 +14,18 @@ from __future__ import annotations
 import os
 
 from . import accel, blas
-from .backend import (GGML_BACKEND_DEVICE_TYPE_CPU, GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU,
-                      backend_dev_description, backend_dev_init, backend_dev_name, backend_dev_type,
-                      backend_reg_dev_count, backend_reg_dev_get, backend_reg_name)
+from .backend import (
+    GGML_BACKEND_DEVICE_TYPE_CPU,
+    GGML_BACKEND_DEVICE_TYPE_GPU,
+    GGML_BACKEND_DEVICE_TYPE_IGPU,
+    backend_dev_description,
+    backend_dev_init,
+    backend_dev_name,
+    backend_dev_type,
+    backend_reg_dev_count,
+    backend_reg_dev_get,
+    backend_reg_name,
+)
 from .cpu import cpu_backend
 from .impl import GGML_ASSERT, GGML_LOG
 

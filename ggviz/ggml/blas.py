@@ -29,10 +29,8 @@ from . import backend as B
 from . import consts as C
 from . import memory
 from .impl import GGML_ASSERT, GGMLError, op_is_empty
-from .tensor import Tensor, is_contiguous, is_matrix, is_transposed, op_desc, type_size
-from .quants import dequantize_row
-from .tensor import row_size
-from .quants import _check_type
+from .quants import _check_type, dequantize_row
+from .tensor import Tensor, is_contiguous, is_matrix, is_transposed, op_desc, row_size, type_size
 
 GGML_HINT_NONE = 0
 GGML_HINT_SRC0_IS_HADAMARD = 1

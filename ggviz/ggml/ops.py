@@ -10,9 +10,25 @@ import struct
 
 from . import consts as C
 from .context import Context, GGMLError
-from .tensor import (Tensor, are_same_shape, can_mul_mat, can_out_prod, can_repeat, is_contiguous,
-                     is_contiguous_1, is_contiguous_rows, is_matrix, is_padded_1d, is_scalar,
-                     is_transposed, is_vector, nelements, set_op_params, set_op_params_i32, type_name)
+from .tensor import (
+    Tensor,
+    are_same_shape,
+    can_mul_mat,
+    can_out_prod,
+    can_repeat,
+    is_contiguous,
+    is_contiguous_1,
+    is_contiguous_rows,
+    is_matrix,
+    is_padded_1d,
+    is_scalar,
+    is_transposed,
+    is_vector,
+    nelements,
+    set_op_params,
+    set_op_params_i32,
+    type_name,
+)
 
 
 def _desc(t: Tensor) -> str:

@@ -43,20 +43,20 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from .. import trace
 from . import alloc as A
 from . import backend as B
 from . import consts as C
 from . import memory
 from .context import GGMLError
+from .context import free as ggml_free
+from .context import init as ggml_init
 from .graph import GGML_HASHSET_FULL, CGraph, HashSet, bitset_size, graph_overhead_custom, graph_view, hash_size
-from .tensor import Tensor, nbytes, op_desc
-import numpy as np
-from .ops import dup_tensor
-from .context import free as ggml_free, init as ggml_init
-from .ops import view_tensor
-from .tensor import _Q_SRC
 from .impl import GGML_ASSERT, GGML_LOG, last_log_error
+from .ops import dup_tensor, view_tensor
+from .tensor import _Q_SRC, Tensor, nbytes, op_desc
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30

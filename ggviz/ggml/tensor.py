@@ -17,10 +17,8 @@ import weakref
 import numpy as np
 
 from . import consts as C
-from . import memory
-from . import quants
-from .impl import (GGML_PAD, blck_size, is_quantized, row_size, type_name, type_size,  # noqa: F401 - ggml.c's
-                   type_sizef)
+from . import memory, quants
+from .impl import GGML_PAD, blck_size, is_quantized, row_size, type_name, type_size, type_sizef  # noqa: F401 - ggml.c's
 
 # ---- struct ggml_object { size_t offs; size_t size; struct ggml_object * next; enum ggml_object_type type; char padding[4]; }
 OBJECT_DTYPE = np.dtype({"names": ["offs", "size", "next", "type", "padding"],

@@ -19,15 +19,36 @@ from __future__ import annotations
 
 from .batch import LlamaBatch, batch_add, batch_free, batch_get_one, batch_init  # noqa: F401
 from .chat import ChatMessage, ChatTemplateError, chat_apply_template  # noqa: F401
-from .context import (LLAMA_FLASH_ATTN_TYPE_AUTO, LLAMA_FLASH_ATTN_TYPE_DISABLED,  # noqa: F401
-                      LLAMA_FLASH_ATTN_TYPE_ENABLED, DecodeError, LlamaContext, LlamaContextParams,
-                      context_default_params, init_from_model)
-from .model import LlamaModel, LlamaModelParams, model_default_params, model_free, model_load_from_file  # noqa: F401
-from .sampling import (LLAMA_DEFAULT_SEED, TokenDataArray, sampler_accept, sampler_apply,  # noqa: F401
-                       sampler_chain_add, sampler_chain_init, sampler_free, sampler_get_seed, sampler_init_dist,
-                       sampler_init_greedy, sampler_init_min_p, sampler_init_temp, sampler_init_top_k,
-                       sampler_init_top_p, sampler_reset, sampler_sample)
 from .chat import model_chat_template as _t
+from .context import (  # noqa: F401
+    LLAMA_FLASH_ATTN_TYPE_AUTO,
+    LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    DecodeError,
+    LlamaContext,
+    LlamaContextParams,
+    context_default_params,
+    init_from_model,
+)
+from .model import LlamaModel, LlamaModelParams, model_default_params, model_free, model_load_from_file  # noqa: F401
+from .sampling import (  # noqa: F401
+    LLAMA_DEFAULT_SEED,
+    TokenDataArray,
+    sampler_accept,
+    sampler_apply,
+    sampler_chain_add,
+    sampler_chain_init,
+    sampler_free,
+    sampler_get_seed,
+    sampler_init_dist,
+    sampler_init_greedy,
+    sampler_init_min_p,
+    sampler_init_temp,
+    sampler_init_top_k,
+    sampler_init_top_p,
+    sampler_reset,
+    sampler_sample,
+)
 
 _backend_ready = False
 

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ggml, trace
-from .graph import LlamaGraphBuilder, graph_max_nodes
-from .kv_cache import KVCache
 from ..ggml import backend as gb
 from ..ggml import backend_reg, impl
-from ..ggml.cpu import cpu_backend
 from ..ggml import sched as gs
+from ..ggml.cpu import cpu_backend
+from .graph import LlamaGraphBuilder, graph_max_nodes
+from .kv_cache import KVCache
 
 LLAMA_FLASH_ATTN_TYPE_AUTO = -1
 LLAMA_FLASH_ATTN_TYPE_DISABLED = 0

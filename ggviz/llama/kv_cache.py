@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ggml
-from ..ggml import alloc as galloc, backend as gb
+from ..ggml import alloc as galloc
+from ..ggml import backend as gb
 from ..ggml import impl
 
 N_PAD = 256   # llama_kv_cache's padding of n_kv when flash attention is off

@@ -10,18 +10,17 @@ memory map (llama.cpp's mmap path, ``use_mmap = true``).
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
 from .. import ggml
+from ..ggml import alloc as galloc
+from ..ggml import backend as B
+from ..ggml import backend_reg, impl, memory
+from ..ggml.cpu import repack
 from ..gguf_file import GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch
 from .vocab import Vocab
-import bisect
-from ..ggml import backend as B
-from ..ggml import backend_reg, impl
-from ..ggml import alloc as galloc
-from ..ggml import memory
-from ..ggml.cpu import repack
 
 LLAMA_ROPE_TYPE_NONE = -1
 LLAMA_ROPE_TYPE_NORM = 0

@@ -34,8 +34,10 @@ import enum
 import heapq
 import os
 from typing import Iterable, Sequence
-from . import _unicode_classes as uc
+
 import gguf
+
+from . import _unicode_classes as uc
 
 __all__ = [
     "TokenType", "TokenAttr", "Vocab", "BpeMerge", "PreToken",

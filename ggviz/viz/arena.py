@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import struct as _struct
 
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch, Rectangle
 
 from ..ggml import consts as C
 from ..ggml import memory
 from ..ggml.graph import CGraph, _layout, graph_nbytes
 from ..ggml.tensor import Tensor, nbytes, op_desc, tensor_at, type_name
 from .table import Table
-import matplotlib.pyplot as plt
-from matplotlib.patches import Patch, Rectangle
 
 KIND_COLORS = {
     "object header": "#9e9e9e",

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
-
-from ..ggml import consts as C
-from .table import Table
-from ..ggml import quants
 import matplotlib
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.patches import Patch, Rectangle
+
+from ..ggml import consts as C
+from ..ggml import quants
+from .table import Table
 
 SECTION_ORDER = ["header", "kv", "tensor_info", "padding", "tensor_data"]
 SECTION_NAMES = {"header": "header", "kv": "KV pairs (metadata)", "tensor_info": "tensor infos",

@@ -8,14 +8,15 @@ node order then src slot order, and are labelled with the slot ``k`` when a node
 from __future__ import annotations
 
 import html
+import json
+import os
+import re as _re
+import shutil
+import subprocess
+
+import graphviz
 
 from ..ggml.tensor import op_desc, type_name
-import re as _re
-import graphviz
-import os
-import shutil
-import json
-import subprocess
 
 # a fixed palette so the same op gets the same colour in every picture
 _PALETTE = ["#e3f2fd", "#fff3e0", "#e8f5e9", "#fce4ec", "#ede7f6", "#e0f7fa", "#fffde7", "#efebe9", "#f1f8e9",

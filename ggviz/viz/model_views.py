@@ -19,18 +19,17 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from .table import Table
-from .widgets._base import VizWidget, esc, fig_to_png, html_table, png_img
-from ..ggml import get_data
+import ipywidgets as W
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Rectangle
+
 from .. import llama
-from ..ggml import get_data_f32
+from ..ggml import get_data, get_data_f32
 from .graph_dot import layer_of
-import ipywidgets as W
+from .table import Table
+from .widgets._base import VizWidget, esc, fig_to_png, html_table, png_img
 
 
 def _piece(vocab, tid: int) -> str:

@@ -8,14 +8,14 @@
 """
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Rectangle
 
 from ..ggml import consts as C
+from ..ggml import quants
 from ..ggml.tensor import Tensor, blck_size, is_contiguous, is_permuted, is_transposed, type_name, type_size
 from .table import Table
-import matplotlib.pyplot as plt
-from matplotlib.patches import Rectangle
-from ..ggml import quants
 
 
 def strides_table(t: Tensor) -> Table:

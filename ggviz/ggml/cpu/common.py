@@ -17,8 +17,7 @@ import functools
 import numpy as np
 
 from .. import consts as C
-from .. import memory
-from .. import quants
+from .. import memory, quants
 from ..tensor import NP_DTYPES, Tensor, blck_size, is_empty, nbytes, row_size, type_name, type_size
 from . import quants as cpu_quants
 

@@ -18,15 +18,25 @@ import platform
 import numpy as np
 
 from .. import consts as C
-from ..backend import (GGML_BACKEND_DEVICE_TYPE_CPU, backend_buft_is_host, backend_cpu_buffer_from_ptr,
-                       backend_cpu_buffer_type, backend_reg_dev_get, buffer_at, ggml_backend, ggml_backend_dev_caps,
-                       ggml_backend_device, ggml_backend_device_i, ggml_backend_i, ggml_backend_reg,
-                       ggml_backend_reg_i)
+from ..backend import (
+    GGML_BACKEND_DEVICE_TYPE_CPU,
+    backend_buft_is_host,
+    backend_cpu_buffer_from_ptr,
+    backend_cpu_buffer_type,
+    backend_reg_dev_get,
+    buffer_at,
+    ggml_backend,
+    ggml_backend_dev_caps,
+    ggml_backend_device,
+    ggml_backend_device_i,
+    ggml_backend_i,
+    ggml_backend_reg,
+    ggml_backend_reg_i,
+)
 from ..impl import GGML_ASSERT, op_is_empty
 from ..tensor import Tensor, is_contiguous, is_quantized
-from . import ggml_cpu
+from . import ggml_cpu, traits
 from . import threadpool as _tp
-from . import traits
 from .quants import VEC_DOT_TYPE
 
 

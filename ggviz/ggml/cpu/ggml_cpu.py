@@ -12,22 +12,19 @@ their next barrier and reaches the caller, naming the node.
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
-
-import warnings
 
 from ... import trace
 from .. import consts as C
 from ..context import Context
 from ..graph import CGraph, graph_key
 from ..impl import EMPTY_OPS, GGMLError
-from ..tensor import (Tensor, get_unary_op, is_empty, is_quantized, nelements, nrows, op_desc,
-                      row_size, type_size)
-from . import mul_mat
+from ..tensor import Tensor, get_unary_op, is_empty, is_quantized, nelements, nrows, op_desc, row_size, type_size
+from . import mul_mat, traits
 from . import ops as cpu_ops
 from . import threadpool as _tp
-from . import traits
 from .common import CACHE_LINE_SIZE, ComputeParams
 from .quants import VEC_DOT_TYPE
 from .threadpool import GGML_THREADPOOL_N_THREADS_MASK, _Stop

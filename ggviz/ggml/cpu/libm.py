@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 try:
-    from scipy.special import erf as _scipy_erf    # optional: faster than math.erf element by element
+    from scipy.special import erf as _scipy_erf  # optional: faster than math.erf element by element
 except ImportError:
     _scipy_erf = None
 

@@ -40,15 +40,53 @@ import numpy as np
 
 from .. import consts as C
 from ..impl import GGML_ASSERT
-from ..tensor import (Tensor, blck_size, get_op_params_f32, get_op_params_i32, is_contiguous,
-                      is_empty, is_quantized, nelements, nrows, row_size, type_name, type_size)
+from ..tensor import (
+    Tensor,
+    blck_size,
+    get_op_params_f32,
+    get_op_params_i32,
+    is_contiguous,
+    is_empty,
+    is_quantized,
+    nelements,
+    nrows,
+    row_size,
+    type_name,
+    type_size,
+)
 from . import binary_ops, unary_ops
-from .common import (ComputeParams, as_array, block_view, cpu_from_float, dequantize,
-                     f16_to_f32, f32_to_f16, flat_rows, from_f32, interleaved_rows, kernel, put_scratch, row_idx,
-                     rows_bytes, tensor_bytes, thread_range, to_f32)
+from .common import (
+    ComputeParams,
+    as_array,
+    block_view,
+    cpu_from_float,
+    dequantize,
+    f16_to_f32,
+    f32_to_f16,
+    flat_rows,
+    from_f32,
+    interleaved_rows,
+    kernel,
+    put_scratch,
+    row_idx,
+    rows_bytes,
+    tensor_bytes,
+    thread_range,
+    to_f32,
+)
 from .libm import erff_vec, expf_vec, fma32, glibc_cosf, glibc_sinf, logf, powf
-from .vec import (SQRT_2_INV, gelu_f32, gelu_quick_f32, gelu_quick_table_f16, gelu_table_f16, seq_sum_f64,
-                  silu_f32, vec_cvar_f32, vec_soft_max_f32, vec_sum_f32)
+from .vec import (
+    SQRT_2_INV,
+    gelu_f32,
+    gelu_quick_f32,
+    gelu_quick_table_f16,
+    gelu_table_f16,
+    seq_sum_f64,
+    silu_f32,
+    vec_cvar_f32,
+    vec_soft_max_f32,
+    vec_sum_f32,
+)
 
 F32 = np.float32
 F64 = np.float64

@@ -44,15 +44,15 @@ import threading
 import numpy as np
 
 from ... import trace
-from .. import backend
+from .. import backend, memory
 from .. import consts as C
-from .. import memory
 from .. import quants as Q
 from ..context import GGMLError
 from ..tensor import Tensor, n_dims, nbytes
 
 try:    # the compiled kernels this buffer type's layout is made for (optional: without Numba, no CPU_REPACK)
-    from .fast import intrinsics as _intrinsics, kernels as fk
+    from .fast import intrinsics as _intrinsics
+    from .fast import kernels as fk
     SCALES_F16 = _intrinsics.SCALES_F16
 except ImportError:
     fk = None

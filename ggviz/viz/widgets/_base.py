@@ -21,9 +21,9 @@ import io
 import itertools
 import re
 
-import numpy as np
 import matplotlib
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib import colormaps
 from PIL import Image
 

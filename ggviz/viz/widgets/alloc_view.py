@@ -22,18 +22,18 @@ and for a view the tensor it looks into (``view_src``).
 """
 from __future__ import annotations
 
-import numpy as np
-
-from ...ggml.tensor import op_desc, op_name
-from .. import graph_dot as G
-from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+import ipywidgets as W
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.collections import PolyCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-import ipywidgets as W
+
 from ...ggml import alloc as A
 from ...ggml import backend as B
+from ...ggml.tensor import op_desc, op_name
+from .. import graph_dot as G
+from ._base import VizWidget, esc, fig_to_png, html_table, png_img
 
 _REUSE = "#ef6c00"     # hand-over arrows and the edge of a tensor that took over its parent's memory
 _OUTPUT = "#c62828"    # outputs: never freed

@@ -6,6 +6,8 @@ graph object: its arrays (nodes, leafs, use counts, hash keys, used-bitset). For
 """
 from __future__ import annotations
 
+import ipywidgets as W
+import matplotlib.pyplot as plt
 import numpy as np
 
 from ...ggml import consts as C
@@ -14,8 +16,6 @@ from ...ggml.graph import CGraph
 from ...ggml.tensor import OBJECT_DTYPE, Tensor, get_data_f32, nbytes
 from ..arena import arena_map, hexdump, plot_arena, tensor_header_table
 from ._base import VizWidget, fig_to_svg, html_table, new_prefix, on_click, pre, svg_canvas
-import matplotlib.pyplot as plt
-import ipywidgets as W
 
 
 def object_header(ctx, i: int) -> dict:

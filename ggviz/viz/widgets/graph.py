@@ -12,18 +12,18 @@
 """
 from __future__ import annotations
 
+import io
 import time
 
+import ipywidgets as W
 import numpy as np
+from PIL import Image
 
+from ...ggml import memory
 from ...ggml.graph import graph_key
 from ...ggml.tensor import op_desc, type_name
 from .. import graph_dot as G
 from ._base import VizWidget, esc, html_table, new_prefix, on_click, png_img, svg_canvas, svg_window
-from ...ggml import memory
-import ipywidgets as W
-from PIL import Image
-import io
 
 # Layout options that keep Graphviz fast on big pictures (network-simplex and crossing-minimisation limits).
 _FAST = {"nslimit": "2", "nslimit1": "2", "mclimit": "0.2"}

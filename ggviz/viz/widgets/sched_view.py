@@ -20,18 +20,18 @@ copies.
 """
 from __future__ import annotations
 
+import ipywidgets as W
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch, Rectangle
 
-from ...ggml.tensor import op_desc
-from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+from ... import trace
 from ...ggml import backend as B
 from ...ggml import impl
-from ...ggml.sched import is_view_op
-from ... import trace
 from ...ggml import sched as S
-import matplotlib.pyplot as plt
-from matplotlib.patches import Patch, Rectangle
-import ipywidgets as W
+from ...ggml.sched import is_view_op
+from ...ggml.tensor import op_desc
+from ._base import VizWidget, esc, fig_to_png, html_table, png_img
 
 KINDS = ("sched.pass", "sched.assign", "sched.split", "sched.copy")
 

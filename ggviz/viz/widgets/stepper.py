@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import time
 
+import ipywidgets as W
 import numpy as np
 
+from ... import llama
 from ...ggml import memory
 from ...ggml.tensor import get_data_f32, nbytes, nelements, op_desc, type_name
-from .. import graph_dot as G
-from ._base import VizWidget, array_png, esc, png_img, svg_window
-from .graph import GraphView
-from ... import llama
-import ipywidgets as W
-from ._base import on_click, svg_canvas
 from ...run import load_model
+from .. import graph_dot as G
+from ._base import VizWidget, array_png, esc, on_click, png_img, svg_canvas, svg_window
+from .graph import GraphView
 
 
 def _stats(a: np.ndarray) -> dict:

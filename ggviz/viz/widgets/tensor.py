@@ -10,20 +10,17 @@
 """
 from __future__ import annotations
 
+import ipywidgets as W
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch, Rectangle
 
 from ...ggml import consts as C
-from ...ggml import memory
-from ...ggml import quants
-from ...ggml.tensor import (Tensor, blck_size, get_data, get_data_f32, is_contiguous, nbytes, type_name,
-                            type_size)
+from ...ggml import memory, quants
+from ...ggml.tensor import Tensor, blck_size, get_data, get_data_f32, is_contiguous, nbytes, type_name, type_size
 from ..gguf_map import block_fields
 from ..tensor import element_offset, strides_table
 from ._base import VizWidget, fig_to_png, html_table, png_img
-import matplotlib.pyplot as plt
-from matplotlib.patches import Rectangle
-import ipywidgets as W
-from matplotlib.patches import Patch
 
 EXPLORER_TYPES = [C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0, C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q6_K]
 FIELD_COLORS = {"d": "#ffcc80", "m": "#ffab91", "dmin": "#ffab91", "scales": "#ce93d8", "qs": "#a5d6a7",

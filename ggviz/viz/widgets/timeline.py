@@ -12,13 +12,13 @@ Drawn only from recorded events of the CPU backend (``ggml_graph_compute``):
 """
 from __future__ import annotations
 
+import ipywidgets as W
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch, Rectangle
 
 from .. import graph_dot as G
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
-import matplotlib.pyplot as plt
-from matplotlib.patches import Patch, Rectangle
-import ipywidgets as W
 
 
 def timeline_data(events, which: int = -1) -> dict:

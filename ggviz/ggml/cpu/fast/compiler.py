@@ -18,20 +18,72 @@ import numpy as np
 from .... import trace
 from ... import consts as C
 from ...impl import EMPTY_OPS, GGMLError
-from ...tensor import (Tensor, get_glu_op, get_op_params_f32, get_op_params_i32, is_empty, nelements, nrows,
-                       op_desc)
+from ...tensor import Tensor, get_glu_op, get_op_params_f32, get_op_params_i32, is_empty, nelements, nrows, op_desc
 from .. import repack
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
 from . import kernels, sync
-from .program import (CPY_DTYPE, CPY_STYPE, DATA, DST, ERR_BARRIER_TIMEOUT, ERR_GET_ROWS_INDEX, ERR_SET_ROWS_INDEX,
-                      GET_ROWS_ITYPE, GET_ROWS_TYPE, MMF_TYPE, MMQ_D, MMQ_M, MMQ_QS, MMQ_TYPE, NB3, NCOL, NE0, NE1,
-                      NE2, NE3, NFCOL, OP, OP_BINARY, OP_CPY, OP_GET_ROWS, OP_MUL_MAT_F, OP_MUL_MAT_Q, OP_RMS_NORM,
-                      OP_ROPE, OP_SET_ROWS, OP_SOFT_MAX, OP_SWIGLU, RMS_NORM_EPS, ROPE_FREQ_SCALE, ROPE_NEOX,
-                      ROPE_N_DIMS, ROPE_SIN_SIGN, S0, S1, S2, SET_ROWS_ITYPE, SET_ROWS_TYPE, SOFT_MAX_MTYPE,
-                      SOFT_MAX_SCALE, SOFT_MAX_SLOPE, SUBOP, SWIGLU_NC, SWIGLU_NROWS, SWIGLU_SWAPPED, SYNC_ERROR,
-                      SYNC_SLEEP_TICKS, SYNC_TRACE, TRW_FINAL, TRW_KERNEL, TRW_NODE, TR_BARRIER, TR_CHUNK, TR_NODE,
-                      TR_REC)
+from .program import (
+    CPY_DTYPE,
+    CPY_STYPE,
+    DATA,
+    DST,
+    ERR_BARRIER_TIMEOUT,
+    ERR_GET_ROWS_INDEX,
+    ERR_SET_ROWS_INDEX,
+    GET_ROWS_ITYPE,
+    GET_ROWS_TYPE,
+    MMF_TYPE,
+    MMQ_D,
+    MMQ_M,
+    MMQ_QS,
+    MMQ_TYPE,
+    NB3,
+    NCOL,
+    NE0,
+    NE1,
+    NE2,
+    NE3,
+    NFCOL,
+    OP,
+    OP_BINARY,
+    OP_CPY,
+    OP_GET_ROWS,
+    OP_MUL_MAT_F,
+    OP_MUL_MAT_Q,
+    OP_RMS_NORM,
+    OP_ROPE,
+    OP_SET_ROWS,
+    OP_SOFT_MAX,
+    OP_SWIGLU,
+    RMS_NORM_EPS,
+    ROPE_FREQ_SCALE,
+    ROPE_N_DIMS,
+    ROPE_NEOX,
+    ROPE_SIN_SIGN,
+    S0,
+    S1,
+    S2,
+    SET_ROWS_ITYPE,
+    SET_ROWS_TYPE,
+    SOFT_MAX_MTYPE,
+    SOFT_MAX_SCALE,
+    SOFT_MAX_SLOPE,
+    SUBOP,
+    SWIGLU_NC,
+    SWIGLU_NROWS,
+    SWIGLU_SWAPPED,
+    SYNC_ERROR,
+    SYNC_SLEEP_TICKS,
+    SYNC_TRACE,
+    TR_BARRIER,
+    TR_CHUNK,
+    TR_NODE,
+    TR_REC,
+    TRW_FINAL,
+    TRW_KERNEL,
+    TRW_NODE,
+)
 
 GGML_TYPE_F32, GGML_TYPE_F16 = C.GGML_TYPE_F32, C.GGML_TYPE_F16
 GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0 = C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0

@@ -13,15 +13,25 @@ import platform
 
 import llvmlite.binding as _llvm
 import numpy as np
-
-from .program import (GEMM_COLS, T_Q4_0, T_Q4_1, T_Q8_0)
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..libm import EXP2F_C, EXP2F_INVLN2N, EXP2F_SHIFT, EXP2F_TAB, INV_PIO4, SC_HPI, SC_HPI_INV, SC_PI63, SC_SIGN, SC_TAB
+from ..libm import (
+    EXP2F_C,
+    EXP2F_INVLN2N,
+    EXP2F_SHIFT,
+    EXP2F_TAB,
+    INV_PIO4,
+    SC_HPI,
+    SC_HPI_INV,
+    SC_PI63,
+    SC_SIGN,
+    SC_TAB,
+)
 from ..vec import EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_P0, EXP_P1, EXP_P2, EXP_P3, EXP_P4, EXP_R
+from .program import GEMM_COLS, T_Q4_0, T_Q4_1, T_Q8_0
 
 F32 = np.float32
 

@@ -11,10 +11,35 @@ from __future__ import annotations
 
 import numpy as np
 
-from .intrinsics import (HAVE_FUTEX, atomic_add, atomic_load, atomic_store, compiled, cpu_relax, futex_wait,
-                         futex_wake, ld_i64, rdtsc, sched_yield, st_i64)
-from .program import (BARRIER_MAX_SLEEPS, ERR_BARRIER_TIMEOUT, SPIN_CYCLES, SYNC_BARRIER_PASSED, SYNC_ERROR, SYNC_LEN,
-                      SYNC_N_BARRIER, SYNC_SLEEPERS, SYNC_SLEEP_TICKS, SYNC_TIMESPEC, SYNC_TRACE, TR_BARRIER, TR_REC)
+from .intrinsics import (
+    HAVE_FUTEX,
+    atomic_add,
+    atomic_load,
+    atomic_store,
+    compiled,
+    cpu_relax,
+    futex_wait,
+    futex_wake,
+    ld_i64,
+    rdtsc,
+    sched_yield,
+    st_i64,
+)
+from .program import (
+    BARRIER_MAX_SLEEPS,
+    ERR_BARRIER_TIMEOUT,
+    SPIN_CYCLES,
+    SYNC_BARRIER_PASSED,
+    SYNC_ERROR,
+    SYNC_LEN,
+    SYNC_N_BARRIER,
+    SYNC_SLEEP_TICKS,
+    SYNC_SLEEPERS,
+    SYNC_TIMESPEC,
+    SYNC_TRACE,
+    TR_BARRIER,
+    TR_REC,
+)
 
 # =================================================================================================================
 # barrier and chunk counter (ggml_barrier, ggml_threadpool_chunk_set/add)
