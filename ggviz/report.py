@@ -516,7 +516,7 @@ def sec_plan(rec: Recording) -> dict:
         for n in (1, 2, 3, 4):
             nt = ggml_cpu.get_n_tasks(node, n)
             extra = traits.extra_work_size(n, node)
-            ws = extra if extra is not None else ggml_cpu._work_size(node, nt, n)
+            ws = extra if extra is not None else ggml_cpu.node_work_size(node, nt, n)
             r[f"n_tasks@{n}"] = max(r.get(f"n_tasks@{n}", 0), nt)
             r[f"work@{n}"] = max(r.get(f"work@{n}", 0), ws)
     rows = sorted(by_op.values(), key=lambda r: -r["nodes"])

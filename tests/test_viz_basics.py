@@ -2,16 +2,12 @@
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from ggviz import ggml, viz
 from ggviz.ggml import quants
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _mixed_context():
@@ -210,12 +206,6 @@ def test_hexdump_and_plots(tmp_path):
     assert len(fig.axes) == 2
     fig.savefig(tmp_path / "q.png")
     plt.close(fig)
-
-
-def test_notebooks_are_generated_from_the_script():
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_notebooks.py"), "--check"], capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stderr
 
 
 def test_demo_on_the_real_model(tmp_path, capsys):

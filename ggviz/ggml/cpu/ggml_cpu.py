@@ -87,7 +87,7 @@ def get_n_tasks(node: Tensor, n_threads: int) -> int:
     return n_threads
 
 
-def _work_size(node: Tensor, n_tasks: int, n_threads: int) -> int:
+def node_work_size(node: Tensor, n_tasks: int, n_threads: int) -> int:
     """The per-op work-buffer need of ggml_graph_plan's switch."""
     op, s0, s1 = node.op, node.src[0], node.src[1]
     f32 = 4
@@ -157,7 +157,7 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
         per_node.append(n_tasks)
         max_tasks = max(max_tasks, n_tasks)
         extra = traits.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
-        work_size = max(work_size, extra if extra is not None else _work_size(node, n_tasks, n_threads))
+        work_size = max(work_size, extra if extra is not None else node_work_size(node, n_tasks, n_threads))
     if prog is not None:
         prog.plan_cache[n_threads] = (work_size, max_tasks, list(per_node))
     if work_size > 0:

@@ -1,0 +1,120 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · Quickstart: a language model, run the ggml way
+#
+# ggviz runs **SmolLM2-135M-Instruct** (a llama-architecture model, 30 layers, weights quantized to Q4_1) with a
+# Python/NumPy mirror of **ggml** and **llama.cpp**: the same data structures, the same functions, the same order of
+# operations, only slow enough to watch. This notebook runs it end to end, then opens three windows onto what happened:
+#
+# 1. generate a few tokens (`ggviz.generate`, the `llama-simple` loop);
+# 2. the compute graph of one decode step;
+# 3. the memory: the model file, the KV cache, the compute buffer.
+#
+# > **Teacher note.** Everything below is a real run: the numbers come from the model file, not from a drawing.
+# > The other notebooks zoom in: 01–02 tensors and the context arena, 03 the graph, 06 the threadpool,
+# > 07 one decode step from text to token. `ggviz report` writes the same walkthrough as one HTML page.
+
+# %%
+import shutil
+import ggviz
+from ggviz import llama, viz
+from ggviz.run import load_model
+
+model = load_model()            # llama_model_load_from_file: parse the GGUF, map the weights, build the vocabulary
+hp = model.hparams
+print(model.desc(), f"| {hp.n_layer} layers, n_embd={hp.n_embd}, n_head={hp.n_head} (kv {hp.n_head_kv}), "
+      f"n_vocab={hp.n_vocab}, {model.n_params() / 1e6:.0f} M parameters, {model.size() / 2**20:.0f} MiB")
+
+# %% [markdown]
+# ## 1. Generate
+#
+# `ggviz.generate` does what llama.cpp's `llama-simple` example does with the llama.h API: `llama_tokenize` the
+# prompt, `llama_decode` it as one batch, then repeat *sample a token → decode that one token* until `n_predict`.
+# Greedy sampling (the most likely token each time) makes the output reproducible.
+
+# %%
+g = ggviz.generate("The ggml library is", n_predict=8, model=model, threads=2, n_ctx=256)
+print(g.prompt + g.text)
+print()
+print(g.timings())
+
+# %%
+vocab = llama.model_get_vocab(model)
+print("prompt tokens :", [(t, vocab.token_to_piece(t, True).decode()) for t in g.prompt_tokens])
+print("new tokens    :", [(t, vocab.token_to_piece(t, True).decode()) for t in g.tokens])
+
+# %% [markdown]
+# ## 2. The graph of one decode step
+#
+# Each `llama_decode` builds a **compute graph** (`llm_build_llama`): a DAG of ggml operations from the token id to
+# the 49152 logits. For one token it has 1086 nodes. Drawn with one box per layer it fits on a screen; the widget
+# below opens a layer when you click its box (`GraphView`).
+
+# %%
+from ggviz.export import decode_graph, graph_dot
+
+res = decode_graph(model)          # llama_context::build_graph for n_tokens = 1 (built, not computed)
+gf = res.gf
+print(gf, "| first nodes:", [t.name for t in gf.nodes[:6]], "| last:", gf.nodes[-1].name)
+graph_dot(gf) if shutil.which("dot") else print("graphviz's dot is missing: no picture")
+
+# %%
+from ggviz.viz.widgets import GraphView
+
+view = GraphView(gf)
+view.expand(0)                     # layer 0 opened up: the attention block, then the feed-forward block
+view
+
+# %% [markdown]
+# ## 3. Memory
+#
+# Three kinds of memory take part in a decode:
+#
+# * the **weights**: mapped from the GGUF file (never copied); the file map shows where each tensor's bytes are;
+# * the **KV cache**: K and V of every token seen so far, per layer;
+# * the **compute buffer**: the graph's intermediate results, placed by the graph allocator, which reuses memory
+#   as soon as a result is no longer needed.
+
+# %%
+from ggviz.viz.widgets import GGUFMapWidget
+
+GGUFMapWidget(model.gguf, selected="blk.0.attn_q.weight")
+
+# %%
+import matplotlib.pyplot as plt
+from ggviz.export import decode_step
+from ggviz.ggml import alloc
+
+step = decode_step("The ggml library is", threads=2, model=model, record=False)   # prompt + one decode step
+kv = step.ctx.kv
+fig, ax = plt.subplots(figsize=(13, 2.2))
+viz.plot_arena(kv.ctx, ax=ax, scale="sqrt", max_labels=12,
+               title=f"KV cache context: {len(kv.k_l)} K and {len(kv.v_l)} V tensors of {kv.size} cells, "
+                     f"{kv.ctx.used_mem():,} bytes; {kv.cells.used} cells used")
+plt.show()
+
+galloc = step.ctx.sched.galloc if hasattr(step.ctx, "sched") else step.ctx._galloc   # the graph allocator
+plan = galloc.last_alloc
+total = sum(t["size"] for t in plan["tensors"] if t["offset"] is not None and not t["view_src"])
+buf = sum(alloc.gallocr_get_buffer_size(galloc, i) for i in range(galloc.n_buffers))
+print(f"compute buffer: {len(plan['tensors'])} tensors placed for a {plan['n_nodes']}-node graph; "
+      f"sum of their sizes {total:,} bytes, in a buffer of {buf:,} bytes")
+
+# %% [markdown]
+# > **Teacher note.** The compute buffer is tiny next to the sum of the tensors it holds: `ggml_gallocr` frees a
+# > tensor after its last consumer and hands the bytes to the next node (often *in place*). Notebook 04 (the
+# > allocator) shows the plan tensor by tensor. Next: **03 · the compute graph**.

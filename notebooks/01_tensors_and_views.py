@@ -1,0 +1,285 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Tensors and views
+#
+# ggml describes every tensor with one C struct, `struct ggml_tensor`: a type, four sizes `ne[4]`, four byte strides
+# `nb[4]`, a pointer `data`, and, for results of operations, the op and its sources `src[]`. This notebook builds tensors
+# with ggviz's re-implementation of ggml (same function names, without the `ggml_` prefix) and looks at those fields
+# and at the bytes behind them:
+#
+# 1. the *simple-add* example: a context, two tensors, a graph, a computation;
+# 2. the tensor struct, decoded from its 336 bytes;
+# 3. `ne` and `nb`, and how an index becomes a byte address;
+# 4. permute, transpose, views with offsets and reshape: new structs over the same bytes;
+# 5. a quantized block (`Q4_0`): 32 numbers in 18 bytes.
+#
+# Every cell runs the engine for real; nothing below is a drawing of what *should* happen.
+
+# %%
+import numpy as np
+
+from ggviz import ggml, viz
+from ggviz.ggml import quants
+
+np.set_printoptions(precision=4, suppress=True)
+
+# %% [markdown]
+# ## 1. The simple-add example
+#
+# The smallest complete ggml program: `ggml_init` reserves one memory arena, `ggml_new_tensor_2d` places tensors in it,
+# `ggml_add` only *records* an addition (a new tensor with `op = GGML_OP_ADD` and `src = {a, b}`),
+# `ggml_new_graph` + `ggml_build_forward_expand` collect what must be computed, and `ggml_graph_compute_with_ctx` runs it
+# on the CPU.
+#
+# Note the order of the sizes: ggml lists the *fastest-varying* dimension first. A matrix of 3 rows and 2 columns is
+# `ne = [2, 3]` (PyTorch would say `[3, 2]`).
+
+# %%
+# ggml_init(params): mem_size, mem_buffer = NULL (allocate it), no_alloc = false (tensors get data)
+ctx = ggml.init(16 * 1024 * 1024 + ggml.graph_overhead())
+
+a = ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F32, 2, 3)      # ggml_new_tensor_2d: ne0 = 2 columns, ne1 = 3 rows
+b = ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F32, 2, 3)
+ggml.set_name(a, "a")
+ggml.set_name(b, "b")
+
+a_data = np.array([1, 2,
+                   3, 4,
+                   5, 6], dtype=np.float32)
+b_data = np.ones(6, dtype=np.float32)
+# memcpy(a->data, a_data, ggml_nbytes(a)): get_data is a zero-copy NumPy view of the tensor's bytes
+ggml.get_data(a).reshape(-1)[:] = a_data
+ggml.get_data(b).reshape(-1)[:] = b_data
+
+result = ggml.add(ctx, a, b)                               # nothing is computed yet
+print("before compute:", result.name or "(unnamed)", ggml.op_desc(result), result.shape, "src =", result.src[:2])
+
+gf = ggml.new_graph(ctx)                                   # ggml_new_graph
+ggml.build_forward_expand(gf, result)                      # ggml_build_forward_expand
+print(gf, "nodes:", [t.name for t in gf.nodes], "leafs:", [t.name for t in gf.leafs])
+
+ggml.graph_compute_with_ctx(ctx, gf, 1)                    # ggml_graph_compute_with_ctx(ctx, gf, n_threads=1)
+out = ggml.get_data(result)
+print("result (ne3, ne2, ne1, ne0) =", out.shape)
+print(out[0, 0])
+
+# %%
+import shutil
+
+assert np.array_equal(ggml.get_data(result).reshape(-1), a_data + b_data)
+dot = viz.graph_to_dot(gf, title="a + b: 2 leafs (ellipses), 1 node (box)")
+dot if shutil.which("dot") else print(dot.source)      # drawing needs graphviz's `dot` program
+
+# %% [markdown]
+# ## 2. The tensor struct, byte by byte
+#
+# In C you would stop in a debugger and type `p *a`. `t.struct()` gives the same view, decoded from the bytes the
+# struct occupies in the arena. `viz.tensor_header_table(t)` goes one step further and lists every field with its
+# byte offset and size inside the 336-byte struct (as the compiler lays out `struct ggml_tensor` from `ggml.h` on
+# x86-64): `type` at 0, then a 4-byte hole so that the pointer `buffer` is 8-byte aligned, `ne` at 16, `nb` at 48,
+# `op` at 80, `op_params` at 84, `flags` at 148, `src[10]` at 152, `view_src` at 232, `view_offs` at 240, `data` at
+# 248, `name[64]` at 256, `extra` at 320, `padding[8]` at 328.
+
+# %%
+s = a.struct()
+for k in ("type", "buffer", "ne", "nb", "op", "flags", "view_src", "view_offs", "data", "name"):
+    print(f"{k:10s} = {s[k]}")
+
+# %%
+viz.tensor_header_table(a)
+
+# %% [markdown]
+# `data` points 336 bytes past the start of the struct: `ggml_new_tensor_impl` sets `data = (char *) (result + 1)`,
+# the first byte after the struct, because the data was allocated in the same arena object. The `result` tensor has
+# `op = GGML_OP_ADD` and its `src[0]`, `src[1]` are the addresses of `a` and `b`:
+
+# %%
+print("data - struct address =", a.data - a.addr, "= sizeof(struct ggml_tensor) =", ggml.GGML_TENSOR_SIZE)
+print("src of result:", [t.name for t in result.src if t is not None])
+viz.tensor_header_table(result).filter(lambda r: r["field"] in ("op", "src[0]", "src[1]", "src[2]", "data"))
+
+# %% [markdown]
+# ## 3. `ne`, `nb`, and the address of an element
+#
+# `nb[i]` is the number of bytes to skip to advance index `i` by one. For a freshly created tensor
+# (`ggml_new_tensor_impl`): `nb[0] = ggml_type_size(type)`, `nb[1] = nb[0] * ne[0] / ggml_blck_size(type)`, and
+# `nb[i] = nb[i-1] * ne[i-1]` above that. The address of element `(i0, i1, i2, i3)` is then
+#
+#     (char *) t->data + i0*nb[0] + i1*nb[1] + i2*nb[2] + i3*nb[3]
+#
+# which is exactly how ggml's CPU kernels walk tensors. `viz.element_offset` computes that sum; the NumPy view from
+# `get_data` uses the same strides, so the two agree:
+
+# %%
+viz.strides_table(a)
+
+# %%
+view = ggml.get_data(a)                     # shape (ne3, ne2, ne1, ne0), strides (nb3, nb2, nb1, nb0)
+print("numpy strides:", view.strides, " ggml nb (reversed):", a.strides[::-1])
+for (i0, i1) in [(0, 0), (1, 0), (0, 1), (1, 2)]:
+    off = viz.element_offset(a, i0, i1)
+    addr = view[0, 0, i1, i0:].ctypes.data   # address of that element in the arena
+    print(f"a[i0={i0}, i1={i1}] = {view[0, 0, i1, i0]:.0f}   offset = {i0}*4 + {i1}*8 = {off:2d}   "
+          f"address - data = {addr - a.data}")
+
+# %% [markdown]
+# Quantized types store *blocks*, not single numbers. A `Q4_0` row of 32 values is one 18-byte block, so for a
+# `[32, 6]` `Q4_0` tensor `nb = [18, 18, 108, 108]`: `nb[0]` is the size of one block and `ne[0]/blck_size = 1` block
+# per row. The smallest addressable unit is a block of 32 values.
+
+# %%
+c = ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_Q4_0, 32, 6)
+ggml.set_name(c, "c")
+print("type_size =", ggml.type_size(c.type), " blck_size =", ggml.blck_size(c.type))
+print("ne =", c.shape, " nb =", c.strides, " nbytes =", ggml.nbytes(c))
+viz.strides_table(c)
+
+# %% [markdown]
+# ## 4. Permute, transpose, views, reshape: new structs, same bytes
+#
+# `ggml_permute(ctx, a, 1, 0, 2, 3)` creates a *view*: a new struct whose `ne` and `nb` are shuffled, whose `view_src`
+# points at `a` and whose `data` is `a`'s data. No byte of data moves. Reading the permuted tensor with its own strides
+# gives the transposed matrix: element `(i0, i1)` of `after` is at `i0*8 + i1*4`, i.e. element `(i1, i0)` of `a`.
+
+# %%
+before = a
+after = ggml.permute(ctx, before, 1, 0, 2, 3)        # ggml_permute: axis i of `before` becomes axis axes[i]
+for t in (before, after):
+    s = t.struct()
+    print(f"{t.name!r:16} ne={s['ne']} nb={s['nb']} op={ggml.op_name(s['op'])} "
+          f"view_src={'a' if s['view_src'] == a.addr else s['view_src']} data=0x{s['data']:x}")
+
+v_before, v_after = ggml.get_data(before), ggml.get_data(after)
+print("same data pointer:", before.data == after.data, "  np.shares_memory:", np.shares_memory(v_before, v_after))
+print("before (3 rows of 2):\n", v_before[0, 0])
+print("after  (2 rows of 3):\n", v_after[0, 0])
+
+# %%
+# walking one row of `after` by hand: p + i0 * nb[0], with nb[0] = 8 bytes
+mem = ggml.get_mem_buffer(ctx)
+p = a.data - ctx.base                      # data as an offset into the arena
+for i0 in range(3):
+    off = p + i0 * after.nb[0]
+    print(f"after[i0={i0}, i1=0] at data + {i0 * after.nb[0]:2d}:", mem[off:off + 4].view(np.float32)[0])
+# writing through one view is visible through the other: it is the same memory
+v_after[0, 0, 1, 2] = 60.0
+print("a now:", v_before[0, 0].reshape(-1))
+v_after[0, 0, 1, 2] = 6.0
+
+# %% [markdown]
+# `ggml_transpose` is the special case that swaps dims 0 and 1. The result is not *contiguous* (`nb[0] > nb[1]`), so
+# ops that need rows in order, such as `ggml_reshape` or the left operand of `ggml_mul_mat`, refuse it; `ggml_cont`
+# adds a node that copies it into a fresh, contiguous tensor when the graph runs.
+
+# %%
+at = ggml.transpose(ctx, a)
+print("transposed:", at.shape, at.strides, " is_transposed:", ggml.is_transposed(at),
+      " is_contiguous:", ggml.is_contiguous(at))
+try:
+    ggml.reshape_2d(ctx, at, 6, 1)
+except ggml.GGMLError as e:
+    print("reshape refused:", e)
+
+atc = ggml.cont(ctx, at)                   # a new tensor with its own data, filled when the graph runs
+g2 = ggml.new_graph(ctx)
+ggml.build_forward_expand(g2, atc)
+ggml.graph_compute_with_ctx(ctx, g2, 1)
+print("cont:", atc.shape, atc.strides, " shares memory with a:",
+      np.shares_memory(ggml.get_data(atc), ggml.get_data(a)))
+print(ggml.get_data(atc)[0, 0])
+
+# %% [markdown]
+# ### Views with an offset
+#
+# `ggml_view_2d(ctx, src, ne0, ne1, nb1, offset)` picks a window of an existing tensor: `data = src->data + offset`,
+# `view_offs = offset`, with the row stride `nb1` chosen by the caller. Transformer code uses this to cut one fused
+# projection into its parts. Here a `[3*4, 5]` tensor (think: Q, K and V of 4 features each, for 5 tokens) is split
+# into three `[4, 5]` views without copying:
+
+# %%
+n, seq = 4, 5
+qkv = ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F32, 3 * n, seq)
+ggml.set_name(qkv, "qkv")
+ggml.get_data(qkv)[0, 0] = np.arange(3 * n * seq, dtype=np.float32).reshape(seq, 3 * n)
+parts = {}
+for k, name in enumerate("QKV"):
+    parts[name] = ggml.view_2d(ctx, qkv, n, seq, qkv.nb[1], k * n * 4)   # offset in bytes
+    ggml.set_name(parts[name], name)
+for name, t in parts.items():
+    print(f"{name}: ne={t.shape[:2]} nb={t.strides[:2]} view_offs={t.view_offs:3d} "
+          f"data = qkv.data + {t.data - qkv.data:3d}  "
+          f"shares memory: {np.shares_memory(ggml.get_data(t), ggml.get_data(qkv))}")
+print("K =\n", ggml.get_data(parts["K"])[0, 0])
+
+# %% [markdown]
+# ### Reshape
+#
+# `ggml_reshape_2d` keeps `data` and gives the same contiguous bytes new sizes; the strides are recomputed from the new
+# `ne`. It is a view too (`op = GGML_OP_RESHAPE`, `view_src = a`).
+
+# %%
+r = ggml.reshape_2d(ctx, a, 3, 2)
+print("a :", a.shape, a.strides)
+print("r :", r.shape, r.strides, " same data:", r.data == a.data, " view_src is a:", r.view_src == a)
+print(ggml.get_data(r)[0, 0])
+viz.plot_arena(ctx, scale="log", max_labels=12);
+
+# %% [markdown]
+# ## 5. A quantized block: `block_q4_0`
+#
+# `ggml-common.h` defines `block_q4_0` as one `ggml_half d` (the scale, an IEEE fp16) followed by `uint8_t qs[16]`:
+# 32 four-bit numbers, two per byte. `quantize_row_q4_0_ref` picks `d = max / -8`, where `max` is the value of largest
+# magnitude (sign kept), stores `q = round(x/d) + 8` clamped to 0..15, and puts element `j` in the low nibble of
+# `qs[j]` and element `j + 16` in its high nibble. `dequantize_row_q4_0` gives back `(q - 8) * d`.
+
+# %%
+rng = np.random.default_rng(0)
+x = rng.normal(0, 1, 32).astype(np.float32)
+raw = quants.quantize_row_ref(ggml.GGML_TYPE_Q4_0, x)      # quantize_row_q4_0_ref
+print(len(raw), "bytes:", raw.tobytes().hex(" "))
+print(viz.hexdump(raw))
+blk = quants.decode_block(ggml.GGML_TYPE_Q4_0, raw)
+print("d =", blk["d"], "(fp16 bytes", raw[:2].tobytes().hex(" ") + ")")
+print("qs[0] = 0x%02x -> element 0 = low nibble %d, element 16 = high nibble %d" % (raw[2], raw[2] & 15, raw[2] >> 4))
+print("signed quants:", blk["quants"])
+
+# %%
+y = quants.dequantize_row(ggml.GGML_TYPE_Q4_0, raw)         # dequantize_row_q4_0
+err = y - x
+print("x    :", x[:8])
+print("y    :", y[:8])
+print("max |error| = %.4f   (d/2 = %.4f)" % (np.abs(err).max(), abs(blk["d"]) / 2))
+viz.q4_0_block_figure(raw, x);
+
+# %% [markdown]
+# The sign of `d` follows the extreme value: `d = max / -8` sends that value exactly to level `-8` (stored nibble 0).
+# Levels run from `-8` to `+7`, so a value at the *other* end, close to `-max`, would need `+8` and is clamped to `+7`:
+# only such values can be off by more than `|d|/2`. The whole budget is 4.5 bits per value (18 bytes / 32 values).
+#
+# Filling a `Q4_0` tensor with floats quantizes row by row, and `get_data` returns the raw block bytes:
+
+# %%
+vals = rng.normal(0, 1, (6, 32)).astype(np.float32)
+ggml.set_data(c, vals)                                  # quantizes each 32-value row into one block
+rows = ggml.get_data(c)                                 # (ne3, ne2, ne1, row bytes) = (1, 1, 6, 18)
+print(rows.shape, "row 0:", rows[0, 0, 0].tobytes().hex(" "))
+print("row 1 starts", viz.element_offset(c, 0, 1), "bytes after row 0 (= nb[1])")
+back = ggml.get_data_f32(c)[0, 0]
+print("max |error| over the tensor: %.4f" % np.abs(back - vals).max())
+
+# %% [markdown]
+# **Next:** `02_context_arena.ipynb` follows the arena that all these structs and bytes live in.

@@ -1,0 +1,131 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · The compute graph: nodes, leafs, and the order of evaluation
+#
+# ggml never computes while you *describe* a computation. `ggml_add(ctx, a, b)` only creates a tensor with
+# `op = GGML_OP_ADD` and `src = {a, b}`. `ggml_build_forward_expand(gf, out)` then walks the sources of `out`
+# depth-first (`ggml_visit_parents`) and fills two lists of the `ggml_cgraph`:
+#
+# * **nodes**: tensors with an op, in an order where every source comes before its consumers: the order the CPU
+#   backend will compute them;
+# * **leafs**: tensors without an op (weights, inputs, constants): their data must be there before computing.
+#
+# A hash set (`visited_hash_set`) remembers which tensors were already visited, so a tensor read by several nodes is
+# added once; `use_counts` counts its readers. This notebook records the walk (`graph.visit` / `graph.add` trace
+# events), replays it, and then looks at the 1086-node graph of one decode step.
+
+# %%
+import shutil
+from ggviz import ggml, trace, viz
+
+ctx = ggml.init(4 * 1024 * 1024)
+x = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4), "x")
+W = ggml.set_name(ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F32, 4, 4), "W")
+b = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4), "b")
+u = ggml.set_name(ggml.mul_mat(ctx, W, x), "u")        # u = W x
+v = ggml.set_name(ggml.mul(ctx, u, u), "v")            # v = u * u   (u read twice)
+z = ggml.set_name(ggml.add(ctx, v, b), "z")            # z = v + b
+out = ggml.set_name(ggml.add(ctx, z, u), "out")        # out = z + u (u read a third time)
+
+with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec:
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, out)
+print("nodes:", [t.name for t in gf.nodes])
+print("leafs:", [t.name for t in gf.leafs])
+
+# %% [markdown]
+# ## The walk, event by event
+#
+# `ggml_visit_parents(cgraph, node)`: if `node` is in the hash set, stop (a **hit**); otherwise insert it, visit
+# `src[0]`, `src[1]`, ... recursively, and only *then* append `node` to `nodes` (or to `leafs` if it has no op).
+# Appending after the sources is what makes the list a valid evaluation order (a post-order DFS).
+
+# %%
+rows = []
+for k, e in enumerate(rec.events):
+    if e["kind"] == "graph.visit":
+        what = "hit: already in the graph" if e["hit"] else "visit: insert into the hash set"
+    else:
+        what = f"append to {e['kind_']}s[{e['index']}]"
+    rows.append({"step": k, "tensor": e["name"], "hash slot": e["hash_pos"], "what": what})
+viz.Table(rows, title="ggml_visit_parents, recorded")
+
+# %%
+from collections import Counter
+hits = Counter(e["name"] for e in rec.events if e["kind"] == "graph.visit" and e["hit"])
+print(f"{len(rec.of('graph.visit'))} visits, {sum(hits.values())} of them hash-set hits: {dict(hits)}")
+print("use counts:", {t.name: gf.use_count(t) for t in list(gf.nodes) + list(gf.leafs)})
+assert gf.use_count(u) == 3 and hits == {"u": 2, "W": 2, "x": 2}
+
+# %% [markdown]
+# `u` has three readers (`v` twice, through `src[0]` and `src[1]`, and `out`), so its use count is 3, and the walk
+# met it three times: one visit, two hits. Why are `W` and `x` hit too? On a hit, `ggml_visit_parents` still walks
+# into the sources that are not yet flagged `GGML_TENSOR_FLAG_COMPUTE` ("update the compute flag regardless"), and a
+# leaf never gets that flag, so `u`'s leafs are met again each time. The graph allocator (notebook 04) uses the use
+# counts to know when `u`'s memory can be reused. Step through the walk with the widget (each click: one event; the
+# hash set on the right):
+
+# %%
+from ggviz.viz.widgets import VisitAnimation
+
+anim = VisitAnimation(rec, gf)
+anim.goto(5)
+anim
+
+# %% [markdown]
+# ## The graph of one decode step
+#
+# Now the real thing: the graph `llama_decode` builds for one new token (`llm_build_llama`). We record its
+# construction the same way.
+
+# %%
+from collections import Counter
+from ggviz.run import load_model
+from ggviz.export import decode_graph, graph_dot
+
+model = load_model()
+with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec_dec:
+    res = decode_graph(model)
+gfd = res.gf
+visits = [e for e in rec_dec.events if e["kind"] == "graph.visit" and e["graph"] == ggml.graph_key(gfd)]
+print(f"{gfd.n_nodes} nodes, {gfd.n_leafs} leafs; ggml_visit_parents entered {len(visits)} times, "
+      f"{sum(e['hit'] for e in visits)} hash-set hits")
+print("ops:", dict(Counter(ggml.op_desc(t).split(' ')[0] for t in gfd.nodes).most_common()))
+for name in ("inp_pos", "attn_inp_kq_mask", "token_embd.weight", "blk.0.attn_q.weight"):
+    leafs = [t for t in gfd.leafs if t.name == name]
+    readers = [[n.name for n in gfd.nodes if any(s is t for s in n.src)] for t in leafs]
+    print(f"{name!r}: {len(leafs)} leaf(s), use counts {[gfd.use_count(t) for t in leafs]}, "
+          f"read by {[r[:3] + (['...'] if len(r) > 3 else []) for r in readers]}")
+
+# %% [markdown]
+# > **Teacher note.** `inp_pos` is read by 60 ROPE nodes (Q and K of 30 layers), the mask by 30 softmaxes. This
+# > model ties its output head to the token embeddings: llama.cpp loads `token_embd.weight` a second time as the
+# > output matrix (`TENSOR_DUPLICATED`), so the graph has two leafs of that name, one read by the first GET_ROWS
+# > (the embedding), one by the last MUL_MAT (the logits). Views (RESHAPE, VIEW, PERMUTE, TRANSPOSE) are nodes too, but they compute nothing: they are a
+# > new header over the same bytes.
+#
+# Collapsed per layer, the graph is a chain of 30 identical blocks; below it, layer 0 opened:
+
+# %%
+graph_dot(gfd) if shutil.which("dot") else print("graphviz's dot is missing")
+
+# %%
+from ggviz.viz.widgets import GraphView
+
+view = GraphView(gfd)
+view.expand(0)
+view

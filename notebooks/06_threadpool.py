@@ -1,0 +1,132 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · The CPU threadpool: plan, threads, barriers, chunks
+#
+# How does ggml's CPU backend spread one graph over several threads?
+#
+# 1. **plan** (`ggml_graph_plan`): for every node, how many threads can share it (`ggml_get_n_tasks`) and how much
+#    scratch memory it needs; the work buffer is the largest need (plus a cache line per thread);
+# 2. **compute** (`ggml_graph_compute`): all threads walk the node list together; for each node every thread calls
+#    the kernel with its index `ith` of `nth`, then waits in `ggml_barrier` for the others;
+# 3. **chunks**: mul_mat does not split its rows by `ith` once and for all; threads *claim* chunks of rows from a
+#    shared counter (`current_chunk`), so a thread that finishes early takes more work.
+#
+# Every timeline below is recorded from a real decode step (the `cpu.node`, `cpu.chunk` and `cpu.barrier` events).
+
+# %%
+import json
+import tempfile
+from collections import defaultdict
+from ggviz import ggml, viz
+from ggviz.ggml.cpu import ggml_cpu
+from ggviz.run import load_model
+from ggviz.export import decode_graph, decode_step, chrome_trace
+
+model = load_model()
+gf = decode_graph(model).gf        # the graph of one decode step, built (not computed)
+
+# %% [markdown]
+# ## 1. The plan for 1 to 4 threads
+
+# %%
+rows = {}
+for node in gf.nodes:
+    op = ggml.op_desc(node).split(" ")[0]
+    r = rows.setdefault(op, {"op": op, "nodes": 0})
+    r["nodes"] += 1
+    for n in (1, 2, 3, 4):
+        nt = ggml_cpu.get_n_tasks(node, n)                   # ggml_get_n_tasks
+        r[f"n_tasks@{n}"] = max(r.get(f"n_tasks@{n}", 0), nt)
+        r[f"work@{n}"] = max(r.get(f"work@{n}", 0), ggml_cpu.node_work_size(node, nt, n))
+viz.Table(sorted(rows.values(), key=lambda r: -r["nodes"]), title="per op: the most threads and work bytes any node asks")
+
+# %%
+for n in (1, 2, 3, 4):
+    p = ggml_cpu.graph_plan(gf, n)                           # ggml_graph_plan
+    print(f"{n} thread(s): plan.n_threads = {p.n_threads}, work_size = {p.work_size:,} bytes")
+
+# %% [markdown]
+# > **Teacher note.** Views have `n_tasks = 1` (nothing to do); a softmax gets at most one thread per row. The work
+# > buffer is small: a mul_mat converts its F32 input vector to the weights' dot-product type (q8 blocks) once, and
+# > ROPE/SOFT_MAX need one row of scratch per thread.
+#
+# ## 2. A real compute, thread by thread
+
+# %%
+step = decode_step("The ggml library is", threads=2, model=model)   # prompt, then one recorded decode step
+tl = step.timeline                                                    # ggviz.trace.ComputeTimeline
+c = tl.last
+print(f"{c['n_nodes']} nodes on {c['n_threads']} threads, {(c['t_end'] - c['t_start']) / 1e6:.1f} ms")
+rows = []
+for ith, lane in c["threads"].items():
+    rows.append({"thread": ith, "node calls": len(lane["nodes"]),
+                 "in kernels (ms)": round(sum(s["t_end"] - s["t_start"] for s in lane["nodes"]) / 1e6, 1),
+                 "barriers": len(lane["barriers"]),
+                 "waiting (ms)": round(sum(b["t_exit"] - b["t_enter"] for b in lane["barriers"]) / 1e6, 1),
+                 "chunks claimed": len(lane["chunks"])})
+viz.Table(rows)
+
+# %%
+from ggviz.viz.widgets import ThreadTimeline
+
+tt = ThreadTimeline(step.events, window=40)
+tt.select(next(i for i, t in enumerate(gf.nodes) if t.name == "ffn_up-0"))
+tt
+
+# %% [markdown]
+# ## 3. Barrier waits and chunk claims
+#
+# A barrier wait is time a thread had nothing to do because another thread was still busy with the same node. Where
+# did the threads wait the most?
+
+# %%
+wait = defaultdict(float)
+for ith, lane in c["threads"].items():
+    for b in lane["barriers"]:
+        wait[b["name"]] += (b["t_exit"] - b["t_enter"]) / 1e3
+top = sorted(wait.items(), key=lambda kv: -kv[1])[:8]
+viz.Table([{"after node": k, "waiting, all threads (µs)": round(v)} for k, v in top])
+
+# %%
+name = "ffn_up-0"
+claims = []
+for ith, lane in c["threads"].items():
+    for ch in lane["chunks"]:
+        if ch["node"] == name:
+            claims.append({"thread": ith, "chunk": ch["chunk"], "rows": f"{ch['ir0'][0]}..{ch['ir0'][1] - 1}",
+                           "t (µs)": round((ch["t_start"] - c["t_start"]) / 1e3, 1)})
+claims.sort(key=lambda r: r["t (µs)"])
+print(f"{name}: {len(claims)} chunks of rows, claimed in this order:")
+viz.Table(claims)
+
+# %% [markdown]
+# > **Teacher note.** Each thread starts with chunk `ith`; the shared counter then hands out the next chunk to
+# > whichever thread asks first: dynamic load balancing. Here the threads are Python threads sharing one interpreter
+# > lock, so often one thread takes most chunks before the other gets going; in C the claims interleave.
+#
+# The whole timeline also exports as a Chrome trace-event file (`ggviz trace -o trace.json` does this from the
+# command line); open it in https://ui.perfetto.dev to zoom and pan:
+
+# %%
+doc = chrome_trace(step)
+path = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+with open(path, "w") as f:
+    json.dump(doc, f)
+kinds = defaultdict(int)
+for e in doc["traceEvents"]:
+    kinds[(e["ph"], e.get("cat"))] += 1
+print(path, dict(kinds))

@@ -1,0 +1,143 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · One decode, step by step
+#
+# The classroom walkthrough of one `llama_decode`: from the prompt's text to the next token, through every stage
+# llama.cpp goes through, with the values the model really computed.
+#
+# 1. tokenize (`llama_tokenize`, byte-pair encoding);
+# 2. embeddings: each token's row of `token_embd.weight`;
+# 3. layer 0, node by node, values copied out by the eval callback (`cb_eval`);
+# 4. attention: which earlier tokens each head looks at;
+# 5. logits → sampler → the chosen token;
+# 6. and round again: the chosen token is decoded alone, using the KV cache.
+
+# %%
+import numpy as np
+from ggviz import ggml, llama, viz
+from ggviz.run import load_model, make_sampler
+from ggviz.viz import model_views as MV
+
+model = load_model()
+vocab = llama.model_get_vocab(model)
+prompt = "The ggml library is"
+
+
+def piece(t):
+    return vocab.token_to_piece(int(t), True).decode("utf-8", "replace")
+
+# %% [markdown]
+# ## 1. Tokenize
+#
+# `llama_tokenize` cuts the text into words with the pre-tokenizer's regex, writes each byte as a printable symbol
+# (a space becomes `Ġ`) and runs **byte-pair encoding** on each word: repeatedly merge the adjacent pair with the
+# lowest rank in `tokenizer.ggml.merges` until no pair is in the list. A BOS token is put first only when the model
+# asks for it (`tokenizer.ggml.add_bos_token`).
+
+# %%
+ids = llama.tokenize(vocab, prompt, add_special=True, parse_special=True)
+print(ids, [piece(t) for t in ids], "| add_bos:", vocab.add_bos)
+MV.bpe_table(vocab, " library")
+
+# %% [markdown]
+# ## 2 and 3. One decode, node by node
+#
+# `DecodeStepper` runs `llama_decode` on the prompt (one batch of 6 tokens) with llama.cpp's eval callback asking for
+# **every** node: the scheduler then computes the graph one node at a time, and the callback copies each result before
+# a later node can reuse its memory. Stepping is free afterwards. Node 0 is the embedding lookup: `GET_ROWS` picks
+# each token's row of `token_embd.weight` (dequantizing Q8_0 to F32).
+
+# %%
+from ggviz.viz.widgets import DecodeStepper
+
+st = DecodeStepper(prompt, tokens=ids, model=model)
+print(f"{st.n_steps} nodes recorded in {st.decode_s:.1f} s")
+emb = ggml.get_data_f32(model.tok_embd).reshape(model.hparams.n_vocab, -1)[ids]
+s0 = st.goto(0).state()
+print(s0["name"], s0["op"], s0["ne"], "== the tokens' rows of token_embd.weight:",
+      np.allclose(st.values().reshape(len(ids), -1), emb))
+
+# %% [markdown]
+# > **Teacher note.** Layer 0 then runs, in this order: `norm-0` (RMS_NORM: divide by the root mean square),
+# > `attn_norm-0` (MUL by the learned weights), `Qcur-0`/`Kcur-0`/`Vcur-0` (three MUL_MATs with Q4_1 weights),
+# > ROPE on Q and K (a rotation by the position), SET_ROWS into the KV cache, `kq-0` (K·Q per head),
+# > `kq_soft_max-0`, `kqv-0` (weights · V), `attn_out-0`, the residual ADD `ffn_inp-0`, the feed-forward block
+# > (`ffn_norm`, gate and up, SWIGLU, down) and the second residual `l_out-0`. Step with the buttons, or jump by
+# > name:
+
+# %%
+rows = []
+for name in ["norm-0", "attn_norm-0", "Qcur-0", "kq-0", "kq_soft_max-0", "kqv_out-0", "ffn_inp-0", "ffn_swiglu-0",
+             "l_out-0"]:
+    s = st.goto(name).state()
+    rows.append({"node": s["index"], "name": s["name"], "op": s["op"], "ne": s["ne"],
+                 "min": s["stats"]["min"], "max": s["stats"]["max"], "mean": s["stats"]["mean"]})
+viz.Table(rows, title="layer 0 of one decode (first node of each name)")
+
+# %%
+st.goto("attn_norm-0")
+st
+
+# %% [markdown]
+# ## 4. Attention in layer 0
+#
+# The eval callback can also ask for just the softmax nodes (`capture_attention`): for each head, how much each token
+# attends to each earlier token. Rows are queries, columns the KV cells; the causal mask leaves the upper triangle
+# empty.
+
+# %%
+cp = llama.context_default_params()
+cp.n_ctx, cp.n_threads, cp.n_threads_batch = 256, 2, 2
+ctx = llama.init_from_model(model, cp)
+att = MV.capture_attention(ctx, ids, layers=[0])          # this is the decode of the prompt on ctx
+MV.attention_figure(att, 0);
+
+# %% [markdown]
+# > **Teacher note.** 9 query heads share 3 K/V heads (grouped-query attention). Heads differ: some put most of their
+# > weight on the first token (an "attention sink"), others on the token itself or the one before.
+#
+# ## 5. Logits → sampler → token
+#
+# The last node, `result_output`, gives one logit per vocabulary entry, for the last token only (the batch's output).
+# `llama_sampler_sample` runs a chain of samplers over them: top-k, top-p, min-p, temperature, then a seeded random
+# draw.
+
+# %%
+logits = llama.get_logits_ith(ctx, -1)
+# the stepper's decode (cut into 1086 one-node computes) and this one (cut at the 30 softmaxes) pick the same token
+assert int(np.argmax(logits)) == int(np.argmax(st.logits))
+print(f"max |logits - stepper's logits| = {np.abs(logits - st.logits).max():.3g}")
+chain = make_sampler(temp=0.8, seed=1234)             # top_k 40 -> top_p 0.95 -> min_p 0.05 -> temp -> dist
+nxt = llama.sampler_sample(chain, ctx, -1)
+print(f"chosen: {nxt} {piece(nxt)!r} (greedy: {piece(int(np.argmax(logits)))!r}); text: {prompt + piece(nxt)!r}")
+MV.sampler_figure(chain.history, vocab);
+
+# %% [markdown]
+# ## 6. Round again: decode the chosen token
+#
+# The chosen token is the next batch, of one token. Its K and V go into the next free KV cell; the earlier tokens' K
+# and V are already there, so nothing of the prompt is recomputed. The mask lets it see every earlier cell.
+
+# %%
+with MV.capture_inputs(ctx) as snaps:
+    assert llama.decode(ctx, llama.batch_get_one([nxt])) == 0
+MV.kv_cache_figure(snaps[-1], vocab);
+
+# %% [markdown]
+# > **Teacher note.** This loop (sample, decode one token, repeat) is `ggviz.generate` (notebook 00) and llama.cpp's
+# > `llama-simple`. `ggviz report` writes this walkthrough, for one such single-token step, as a standalone web
+# > page.
