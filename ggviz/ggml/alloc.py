@@ -30,7 +30,7 @@ import numpy as np
 from .. import trace
 from . import backend as B
 from . import consts as C
-from .graph import HashSet, bitset_size, hash_size
+from .graph import HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
 from .tensor import Tensor
 
@@ -426,12 +426,6 @@ class node_alloc:
         self.src = [tensor_alloc() for _ in range(C.GGML_MAX_SRC)]
 
 
-def _hash_set_new(size: int) -> HashSet:
-    """ggml_hash_set_new: a table of ggml_hash_size(size) slots (a prime), keys + used-bitset."""
-    size = hash_size(size)
-    return HashSet(size, np.zeros(bitset_size(size), np.uint32), np.zeros(size, np.uint64))
-
-
 class ggml_gallocr:
     """``struct ggml_gallocr``: one buffer type, dynamic allocator and vbuffer per buffer id, the hash table of
     per-tensor planning state, and the plan of the last reserve (``node_allocs`` / ``leaf_allocs``).
@@ -792,7 +786,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
 
     # initialize hash table
     if galloc.hash_set.size < min_hash_size:
-        galloc.hash_set = _hash_set_new(min_hash_size)
+        galloc.hash_set = hash_set_new(min_hash_size)
         galloc.hash_values = [hash_node() for _ in range(galloc.hash_set.size)]
 
     # reset allocators

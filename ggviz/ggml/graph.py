@@ -46,6 +46,12 @@ def bitset_size(n: int) -> int:
     return (n + 31) >> 5
 
 
+def hash_set_new(size: int) -> HashSet:
+    """ggml_hash_set_new: a table of ggml_hash_size(size) slots (a prime), keys + used-bitset."""
+    size = hash_size(size)
+    return HashSet(size, np.zeros(bitset_size(size), np.uint32), np.zeros(size, np.uint64))
+
+
 def _incr_aligned(p: int, size: int, align: int):
     p = (p + align - 1) // align * align
     return p, p + size

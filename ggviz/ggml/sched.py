@@ -53,7 +53,14 @@ from . import memory
 from .context import GGMLError
 from .context import free as ggml_free
 from .context import init as ggml_init
-from .graph import GGML_HASHSET_FULL, CGraph, HashSet, bitset_size, graph_overhead_custom, graph_view, hash_size
+from .graph import (
+    GGML_HASHSET_FULL,
+    CGraph,
+    HashSet,
+    graph_overhead_custom,
+    graph_view,
+    hash_set_new,
+)
 from .impl import GGML_ASSERT, GGML_LOG, last_log_error
 from .ops import dup_tensor, view_tensor
 from .tensor import _Q_SRC, Tensor, nbytes, op_desc
@@ -164,11 +171,6 @@ class ggml_backend_sched:
 
 
 # ---- hash helpers (the macros hash_id / tensor_backend_id / tensor_id_copy / tensor_copy)
-
-def _hash_set_new(size: int) -> HashSet:
-    n = hash_size(size)
-    return HashSet(n, np.zeros(bitset_size(n), np.uint32), np.zeros(n, np.uint64))
-
 
 def _hash_id(sched: ggml_backend_sched, t: Tensor) -> int:
     """hash_id(tensor): ggml_hash_find_or_insert(&sched->hash_set, tensor)."""
@@ -1086,7 +1088,7 @@ def backend_sched_new(backends, bufts=None, n_backends: int | None = None, graph
 
     # initialize hash table
     # FIXME: needs to be size*2 to account for leafs (do it in graph_split instead)
-    sched.hash_set = _hash_set_new(graph_size)
+    sched.hash_set = hash_set_new(graph_size)
     sched.hv_tensor_backend_ids = [-1] * sched.hash_set.size
     sched.hv_tensor_copies = [None] * (sched.hash_set.size * sched.n_backends * sched.n_copies)
 
