@@ -9,17 +9,18 @@ Measures, for 1 and 2 threads:
   decode tok/s (one token per ``llama_decode``, greedy), prefill tok/s (one batch of ``--prefill`` tokens, last
   logits only), load-to-first-token (model load, kernel cache load, prompt, first token), and the peak RSS;
 * a plain NumPy reference of the same model: weights dequantized to float32 once, ``np.dot`` for every product
-  (OpenBLAS with 1 / 2 threads), float32 KV cache, a straightforward llama forward. Its logits are checked against
-  ggviz's before it is timed;
+  (NumPy's BLAS, OpenBLAS or MKL, held to 1 / 2 threads by ``threadpoolctl``), float32 KV cache, a straightforward
+  llama forward. Its logits are checked against ggviz's before it is timed;
 * llama.cpp through ``llama_cpp`` (llama-cpp-python), when it can be imported.
 
-Timings are the best of a few repetitions (the machine may be shared). Everything runs in well under two minutes
+Timings are the best of a few repetitions (the machine may be shared); a progress bar counts the runs
+(``ggviz.progress``: on a terminal or in Jupyter only). Everything runs in well under two minutes
 once Numba's cache is warm; the first run after an install also compiles the kernels (reported).
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
+import importlib.util
 import math
 import os
 import resource
@@ -27,55 +28,23 @@ import sys
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
+
+from .fetch import fetch_default_model
+from .ggml import quants as Q
+from .ggml.cpu import ggml_cpu, repack
+from .gguf_file import load_gguf
+from .llama.batch import batch_add, batch_get_one, batch_init
+from .llama.context import context_default_params, init_from_model
+from .llama.model import load_hparams, model_default_params, model_load_from_file
+from .progress import progress, write
+
+try:    # optional: the compiled kernels (Numba); without them the bench times the faithful path
+    from .ggml.cpu.fast import kernels as fast_kernels
+except ImportError:
+    fast_kernels = None
 
 PROMPT_IDS = [1, 504, 3458, 282, 4649, 314, 28, 7065, 1326, 30]   # a short fixed prompt (token ids)
-
-
-# =====================================================================================================================
-# BLAS threads (what threadpoolctl does, for NumPy's OpenBLAS)
-# =====================================================================================================================
-
-class _Blas:
-    def __init__(self):
-        self.set = self.get = None
-        names = [("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
-                 ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
-                 ("openblas_set_num_threads", "openblas_get_num_threads")]
-        libs = []
-        try:
-            with open("/proc/self/maps") as f:
-                for line in f:
-                    p = line.split()[-1] if "/" in line else ""
-                    if "blas" in os.path.basename(p).lower() and p not in libs:
-                        libs.append(p)
-        except OSError:
-            pass
-        for p in libs:
-            try:
-                lib = ctypes.CDLL(p)
-            except OSError:
-                continue
-            for s, g in names:
-                if hasattr(lib, s) and hasattr(lib, g):
-                    self.set, self.get = getattr(lib, s), getattr(lib, g)
-                    self.set.argtypes = [ctypes.c_int]
-                    return
-
-    def threads(self, n):
-        """Context manager: OpenBLAS uses n threads inside."""
-        blas = self
-
-        class _Ctx:
-            def __enter__(self):
-                self.old = blas.get() if blas.get else None
-                if blas.set:
-                    blas.set(int(n))
-                return self
-
-            def __exit__(self, *a):
-                if blas.set and self.old:
-                    blas.set(int(self.old))
-        return _Ctx()
 
 
 # =====================================================================================================================
@@ -86,9 +55,6 @@ class NumpyLlama:
     """A plain float32 llama forward: weights dequantized once, np.dot, float32 KV cache, no ggml anywhere."""
 
     def __init__(self, path, n_ctx=512):
-        from .ggml import quants as Q
-        from .gguf_file import load_gguf
-        from .llama.model import load_hparams
         gf = load_gguf(path)
         hp = load_hparams(gf)
         self.hp = hp
@@ -198,8 +164,6 @@ def _ggviz_measure(model, n_threads, n_decode, n_prefill, reps, log):
     """decode tok/s; prefill tok/s with the graph reused (the steady state llama-bench measures: the KV cache is
     emptied with seq_rm, so the next prompt of the same length reuses the graph) and with a fresh graph (after
     memory_clear: graph build, scheduler split, allocation and compiling the graph included)."""
-    from .llama.batch import batch_get_one, batch_init, batch_add
-    from .llama.context import context_default_params, init_from_model
     p = context_default_params()
     p.n_ctx = max(512, n_prefill + 64, len(PROMPT_IDS) + n_decode + 16)
     p.n_threads = p.n_threads_batch = n_threads
@@ -241,9 +205,10 @@ def _ggviz_measure(model, n_threads, n_decode, n_prefill, reps, log):
     return dec, pre
 
 
-def _ref_measure(ref, blas, n_threads, n_decode, n_prefill, reps, log):
+def _ref_measure(ref, n_threads, n_decode, n_prefill, reps, log):
     ids = [(PROMPT_IDS[i % len(PROMPT_IDS)] + 37 * i) % ref.hp.n_vocab for i in range(n_prefill)]
-    with blas.threads(n_threads):
+    # the BLAS library NumPy links (OpenBLAS, MKL ...) runs np.dot with n_threads threads inside
+    with threadpool_limits(limits=n_threads, user_api="blas"):
         def decode_run():
             ref.reset()
             lg = ref.forward(PROMPT_IDS)
@@ -310,28 +275,36 @@ def main(argv=None) -> int:
     threads = [int(t) for t in str(args.threads).split(",") if t.strip()]
 
     def log(msg):
-        print(msg, flush=True)
+        write(msg)          # print + flush, without tearing the progress bar apart
 
     t_start = time.perf_counter()
     if args.model is None:
-        from .fetch import fetch_default_model
         path = fetch_default_model(quiet=True)
     else:
         path = args.model
 
-    # ---- load to first token (includes importing / loading the compiled kernels)
+    # the progress bar counts the runs: load to first token, each measurement, loading the NumPy reference
+    runs = ["load, first token"] + [f"ggviz, {nt} thread(s)" for nt in threads]
+    if not args.no_reference:
+        runs += ["numpy reference: load"] + [f"numpy, {nt} thread(s)" for nt in threads]
+    if not args.no_llama_cpp and importlib.util.find_spec("llama_cpp") is not None:
+        runs += [f"llama.cpp, {nt} thread(s)" for nt in threads]
+    bar = progress(total=len(runs), desc="ggviz bench", unit="run", leave=False)
+    bar.set_postfix_str(runs[0], refresh=True)
+
+    def done():
+        bar.update(1)
+        if bar.n < len(runs):
+            bar.set_postfix_str(runs[bar.n], refresh=True)
+
+    # ---- load to first token (includes loading -- or compiling -- the compiled kernels)
     t0 = time.perf_counter()
-    from .ggml.cpu import fast_kernels as fk
-    from .ggml.cpu import repack
-    from .llama.batch import batch_get_one
-    from .llama.context import context_default_params, init_from_model
-    from .llama.model import model_default_params, model_load_from_file
     mp = model_default_params()
     mp.use_extra_bufts = not args.faithful
     model = model_load_from_file(path, mp)
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
-    compile_s = fk.warmup() if (fk.HAVE_NUMBA and not args.faithful) else 0.0
+    compile_s = fast_kernels.warmup() if (fast_kernels is not None and not args.faithful) else 0.0
     cp = context_default_params()
     cp.n_ctx = 512
     cp.n_threads = cp.n_threads_batch = max(threads)
@@ -343,11 +316,12 @@ def main(argv=None) -> int:
     fast = any(isinstance(getattr(t, "py_extra", None), repack.RepackedWeight) for t in model.tensors.values())
     log(f"ggviz bench: {os.path.basename(str(path))}, "
         f"{'fast path (CPU_REPACK + compiled kernels)' if fast else 'faithful path'}"
-        + ("" if fk.HAVE_NUMBA else f" [numba unavailable: {fk.NUMBA_ERROR}]"))
+        + ("" if fast_kernels is not None else f" [no compiled kernels: {ggml_cpu.FAST_PATH_ERROR}]"))
     log(f"  load-to-first-token {t_first:.2f} s (model load {t_load:.2f} s, kernels {compile_s:.2f} s"
         f"{' -- includes compiling them (first run)' if compile_s > 5 else ' from cache'}, "
         f"prompt of {len(PROMPT_IDS)} + first token {time.perf_counter() - t1 - compile_s:.2f} s); first token {first}")
     del ctx
+    done()
 
     results = {}
     n_decode = args.decode if not args.faithful else min(args.decode, 4)
@@ -355,11 +329,11 @@ def main(argv=None) -> int:
     for nt in threads:
         results[("ggviz", nt)] = _ggviz_measure(model, nt, n_decode, n_prefill,
                                                 args.reps if not args.faithful else 1, log)
+        done()
     rss_ggviz = _peak_rss_mb()
     log(f"  peak RSS (ggviz) {rss_ggviz:.0f} MB")
 
     if not args.no_reference:
-        blas = _Blas()
         tr = time.perf_counter()
         ref = NumpyLlama(path, n_ctx=max(512, n_prefill + 64))
         lg = ref.forward(PROMPT_IDS)[-1]
@@ -367,8 +341,10 @@ def main(argv=None) -> int:
             f"top-1 {'same' if int(np.argmax(lg)) == first else 'DIFFERENT'}, "
             f"cosine {float(np.dot(lg, logits_ggviz) / (np.linalg.norm(lg) * np.linalg.norm(logits_ggviz))):.5f}, "
             f"max |diff| {float(np.abs(lg - logits_ggviz).max()):.3f}")
+        done()
         for nt in threads:
-            results[("numpy", nt)] = _ref_measure(ref, blas, nt, n_decode, n_prefill, args.reps, log)
+            results[("numpy", nt)] = _ref_measure(ref, nt, n_decode, n_prefill, args.reps, log)
+            done()
         del ref
 
     if not args.no_llama_cpp:
@@ -377,6 +353,8 @@ def main(argv=None) -> int:
             if r is None:
                 break
             results[("llama.cpp", nt)] = r
+            done()
+    bar.close()
 
     # ---- summary
     log("")

