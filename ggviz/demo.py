@@ -295,11 +295,8 @@ def main(argv=None) -> int:
         print(g.timings())
     if not args.no_report:
         # the walkthrough of one decode step of the full model, as a standalone page (ggviz/report.py)
-        with progress(total=1, desc="ggviz demo", unit="step", disable=True if args.quiet else None,
-                      leave=False) as rbar:
-            rbar.set_postfix_str("report.html", refresh=True)
-            path = write_report(pathlib.Path(args.out) / "report.html", args.prompt, threads, r.model)
-            rbar.update(1)
+        path = write_report(pathlib.Path(args.out) / "report.html", args.prompt, threads, r.model,
+                            disable_progress=True if args.quiet else None)
         print(f"\nreport    {os.path.relpath(path)}: one decode step, section by section (open it in a browser)")
     return 0
 

@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import graphviz
+
 from . import ggml, llama, trace
 from .run import load_model
 from .viz import graph_dot as G
@@ -278,7 +280,6 @@ def graph_main(argv=None) -> int:
         fmt = "svg"
     out = pathlib.Path(a.out or f"decode_graph.{fmt}")
     res = decode_graph(_model(a.model), a.n_kv)
-    import graphviz
     try:
         write_graph(out, res.gf, fmt, layer=a.layer, full=a.full)
     except ValueError as e:

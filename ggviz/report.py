@@ -47,6 +47,7 @@ from .ggml import backend as B
 from .ggml import consts as C
 from .ggml.cpu import ggml_cpu, traits
 from .ggml.tensor import op_desc, type_name
+from .progress import progress
 from .run import load_model, make_sampler
 from .viz import arena as A
 from .viz import gguf_map as M
@@ -799,12 +800,18 @@ def _render_section(env: jinja2.Environment, spec: SectionSpec, rec: Recording) 
     return Markup(env.get_template(template).render(sid=spec.sid, title=spec.title, mirrors=spec.mirrors, **data))
 
 
-def build_report(rec: Recording) -> str:
-    """The standalone HTML page of a ``Recording``."""
+def build_report(rec: Recording, bar=None) -> str:
+    """The standalone HTML page of a ``Recording`` (``bar``: a ``ggviz.progress`` bar to count the sections on)."""
     if "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")
     env = _env()
-    sections = [dict(sid=spec.sid, title=spec.title, html=_render_section(env, spec, rec)) for spec in SECTIONS]
+    sections = []
+    for spec in SECTIONS:
+        if bar is not None:
+            bar.set_postfix_str(spec.sid, refresh=True)
+        sections.append(dict(sid=spec.sid, title=spec.title, html=_render_section(env, spec, rec)))
+        if bar is not None:
+            bar.update(1)
     st = rec.step
     vocab = rec.model.vocab
     return env.get_template("report.html.j2").render(
@@ -827,13 +834,18 @@ def recording(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None) -> Rec
 
 
 def write_report(path="report.html", prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None,
-                 rec: Recording | None = None) -> pathlib.Path:
-    """Write the report of ``rec`` (default: ``recording(prompt, threads, model)``) to ``path``; returns the path."""
-    if rec is None:
-        rec = recording(prompt, threads, model)
+                 rec: Recording | None = None, disable_progress: bool | None = None) -> pathlib.Path:
+    """Write the report of ``rec`` (default: ``recording(prompt, threads, model)``) to ``path``; returns the path.
+    A progress bar (the decode step, then each section) shows where someone watches (``ggviz.progress``)."""
+    with progress(total=1 + len(SECTIONS), desc="ggviz report", unit="step", disable=disable_progress) as bar:
+        if rec is None:
+            bar.set_postfix_str("record the decode step", refresh=True)
+            rec = recording(prompt, threads, model)
+        bar.update(1)
+        page = build_report(rec, bar)
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(build_report(rec), encoding="utf-8")
+    path.write_text(page, encoding="utf-8")
     return path
 
 

@@ -278,12 +278,12 @@ def test_demo_ends_with_the_report(tmp_path, monkeypatch, capsys, model):
 
     calls = []
 
-    def fake_write_report(path, prompt, threads, model_):
+    def fake_write_report(path, prompt, threads, model_, disable_progress=None):
         calls.append((str(path), prompt, threads, model_))
         path.write_text("<!doctype html>")
         return path
 
-    monkeypatch.setattr(report, "write_report", fake_write_report)
+    monkeypatch.setattr(demo, "write_report", fake_write_report)
     assert demo.main(["--model", model.path, "--out", str(tmp_path), "-n", "0", "--quiet", "-p", "Hi"]) == 0
     assert calls == [(str(tmp_path / "report.html"), "Hi", 2, model)]
     out = capsys.readouterr().out

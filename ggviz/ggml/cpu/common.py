@@ -168,7 +168,6 @@ def block_view(t: Tensor) -> np.ndarray:
 
 def flat_rows(t: Tensor, nr: int, ne0: int, dtype=None) -> np.ndarray:
     """(nr, ne0) view of a tensor whose rows are ``i*nb[1]`` apart (what GLU/SCALE index as ``i1*nb1``)."""
-    from ..tensor import NP_DTYPES
     dt = np.dtype(dtype) if dtype is not None else np.dtype(NP_DTYPES[t.type])
     arr, off = tensor_bytes(t)
     return np.ndarray(shape=(nr, ne0), dtype=dt, buffer=arr, offset=off, strides=(int(t.nb[1]), int(t.nb[0])))

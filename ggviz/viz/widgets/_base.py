@@ -21,6 +21,7 @@ import io
 import itertools
 import re
 
+import ipywidgets
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
@@ -269,9 +270,7 @@ def svg_canvas(svg: str = "", prefix: str = "", css: str = "", max_height: str =
     if _canvas_cls:
         return _canvas_cls(svg=svg, prefix=prefix, css=css, max_height=max_height, fit_width=fit_width,
                            max_width=max_width)
-    import ipywidgets as W
-
-    class _HTMLCanvas(W.HTML):      # pragma: no cover
+    class _HTMLCanvas(ipywidgets.HTML):      # pragma: no cover
         def __init__(self, **kw):
             self._svg, self._css = kw.get("svg", ""), kw.get("css", "")
             super().__init__(value=self._compose())
