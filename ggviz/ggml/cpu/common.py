@@ -17,9 +17,8 @@ import functools
 import numpy as np
 
 from .. import consts as C
-from .. import memory, quants
+from .. import memory
 from ..tensor import NP_DTYPES, Tensor, blck_size, is_empty, nbytes, row_size, type_name, type_size
-from . import quants as cpu_quants
 
 F32 = np.float32
 F64 = np.float64
@@ -205,25 +204,6 @@ def put_scratch(params: ComputeParams, ne0: int, row):
     s = scratch(params, ne0)
     if s is not None and row is not None:
         s[:] = np.asarray(row, F32).ravel()[:ne0]
-
-
-def dequantize(type_, raw):
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    return np.asarray(quants.dequantize_row(type_, raw), F32).reshape(raw.shape[:-1] + (-1,))
-
-
-def cpu_from_float(type_, x):
-    """type_traits_cpu[type].from_float on rows of x (float32) -> dst bytes/elements."""
-    if type_ == C.GGML_TYPE_F32:
-        return np.asarray(x, F32)
-    if type_ == C.GGML_TYPE_F16:
-        return f32_to_f16(x)
-    if type_ == C.GGML_TYPE_BF16:
-        return f32_to_bf16(x)
-    if type_ == C.GGML_TYPE_I32:
-        return f32_to_i32(x)
-    x = np.ascontiguousarray(x, F32)
-    return np.asarray(cpu_quants.from_float(type_, x), np.uint8).reshape(x.shape[:-1] + (-1,))
 
 
 def kernel(fn):

@@ -28,8 +28,8 @@ from ... import trace
 from .. import consts as C
 from ..context import GGMLError
 from ..tensor import blck_size, is_contiguous, row_size, type_size
-from .common import ComputeParams, tensor_bytes
 from . import quants as cq
+from .common import ComputeParams, tensor_bytes
 
 
 def _rows(t, i2: int, i3: int, r0: int, r1: int, rb: int) -> np.ndarray:

@@ -39,6 +39,7 @@ import math
 import numpy as np
 
 from .. import consts as C
+from .. import quants
 from ..impl import GGML_ASSERT
 from ..tensor import (
     Tensor,
@@ -55,14 +56,15 @@ from ..tensor import (
     type_size,
 )
 from . import binary_ops, unary_ops
+from . import quants as cpu_quants
 from .common import (
     ComputeParams,
     as_array,
     block_view,
-    cpu_from_float,
-    dequantize,
     f16_to_f32,
+    f32_to_bf16,
     f32_to_f16,
+    f32_to_i32,
     flat_rows,
     from_f32,
     interleaved_rows,
@@ -90,6 +92,27 @@ from .vec import (
 
 F32 = np.float32
 F64 = np.float64
+
+# quantized rows in and out of the kernels (type_traits[t].to_float / type_traits_cpu[t].from_float)
+
+def dequantize(type_, raw):
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    return np.asarray(quants.dequantize_row(type_, raw), F32).reshape(raw.shape[:-1] + (-1,))
+
+
+def cpu_from_float(type_, x):
+    """type_traits_cpu[type].from_float on rows of x (float32) -> dst bytes/elements."""
+    if type_ == C.GGML_TYPE_F32:
+        return np.asarray(x, F32)
+    if type_ == C.GGML_TYPE_F16:
+        return f32_to_f16(x)
+    if type_ == C.GGML_TYPE_BF16:
+        return f32_to_bf16(x)
+    if type_ == C.GGML_TYPE_I32:
+        return f32_to_i32(x)
+    x = np.ascontiguousarray(x, F32)
+    return np.asarray(cpu_quants.from_float(type_, x), np.uint8).reshape(x.shape[:-1] + (-1,))
+
 
 # =====================================================================================================================
 # DUP / CPY / CONT
