@@ -631,20 +631,32 @@ class SamplerChain(Sampler):
 
     def __init__(self, history_k: int = HISTORY_K):
         self.samplers: list[Sampler] = []
-        self.history: list[dict] = []     # what each step left, for the visual layer
         self.history_k = int(history_k)
+        # what each stage left: a snapshot of the candidate arrays (cheap copies), turned into ``history``'s dicts
+        # only when somebody reads them -- sorting 49,152 logits per stage would cost more than the sampling itself
+        self._snapshots: list[tuple] = []
+        self._history: list[dict] | None = []
+
+    @property
+    def history(self) -> list[dict]:
+        """What each step left, for the visual layer (see the class docstring); built on first read."""
+        if self._history is None:
+            self._history = [_stage(snap, step, params, self.history_k, p_valid=p_valid, draw=draw)
+                             for snap, step, params, p_valid, draw in self._snapshots]
+            self._snapshots = []
+        return self._history
 
     def add(self, s: Sampler):
         self.samplers.append(s)
 
     def apply(self, cur):
-        self.history = [_stage(cur, "logits", {}, self.history_k, p_valid=False)]
+        self._history = None
+        self._snapshots = [(_Snapshot(cur), "logits", {}, False, None)]
         for s in self.samplers:
             n_softmax = cur.n_softmax
             s.last_draw = None
             s.apply(cur)
-            self.history.append(_stage(cur, s.name, s.params(), self.history_k, p_valid=cur.n_softmax > n_softmax,
-                                       draw=s.last_draw))
+            self._snapshots.append((_Snapshot(cur), s.name, s.params(), cur.n_softmax > n_softmax, s.last_draw))
 
     def accept(self, token):
         for s in self.samplers:
@@ -655,7 +667,16 @@ class SamplerChain(Sampler):
             s.reset()
 
 
-def _stage(cur: TokenDataArray, step: str, params: dict, k: int, p_valid: bool, draw=None) -> dict:
+class _Snapshot:
+    """The candidate arrays as a stage left them (copies: later stages change them in place)."""
+    __slots__ = ("id", "logit", "p", "sorted", "selected", "size")
+
+    def __init__(self, cur: TokenDataArray):
+        self.id, self.logit, self.p = cur.id.copy(), cur.logit.copy(), cur.p.copy()
+        self.sorted, self.selected, self.size = cur.sorted, cur.selected, cur.size
+
+
+def _stage(cur, step: str, params: dict, k: int, p_valid: bool, draw=None) -> dict:
     """One ``SamplerChain.history`` entry: what the candidate array holds after a stage (see SamplerChain)."""
     n = cur.size
     logit = cur.logit.astype(np.float64)
