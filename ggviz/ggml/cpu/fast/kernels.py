@@ -896,4 +896,10 @@ def warmup() -> float:
     x = np.zeros(64, np.float32)
     w = np.zeros(256, np.uint8)
     mmq_quantize(x.ctypes.data, 32, 1, 1, 128, 128, 4, w.ctypes.data, True, 0, 1)
+    # the entry points the CPU_REPACK traits call node by node (repack.py; e.g. under an eval callback), with the
+    # argument types they get there: Python ints, and a chunk of no rows (nothing is read or written)
+    mmq_layout(32, 1)
+    mmq_chunk_rows(0, 1, 8, 8)
+    mmq_nchunk(8, 1)
+    mmq_chunk(T_Q4_1, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 1, 32, 0, 1)
     return time.perf_counter() - t0
