@@ -44,9 +44,37 @@ def run_notebook(path, cwd=NB_DIR):
     return nb
 
 
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def static_gaps(nb) -> list[str]:
+    """Outputs that show a live widget with no static rendering beside it (blank on GitHub, nbviewer, in an
+    nbconvert HTML page or a printed handout): each as 'cell N'."""
+    gaps = []
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_MIME in data and not any(str(data.get(m, "")).strip() for m in ("text/html", "image/png",
+                                                                                       "image/svg+xml")):
+                gaps.append(f"cell {i}")
+    return gaps
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, this_python_kernel):
-    run_notebook(path)
+    """Every notebook runs top to bottom, and every view it displays carries a static rendering."""
+    nb = run_notebook(path)
+    assert not static_gaps(nb), f"{path.name}: widget outputs without a static rendering: {static_gaps(nb)}"
+
+
+def test_static_gap_check_can_fail():
+    nbformat = pytest.importorskip("nbformat")
+    cell = nbformat.v4.new_code_cell("w")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={WIDGET_MIME: {"model_id": "x"}, "text/plain": "W"})]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    assert static_gaps(nb) == ["cell 0"]
+    cell.outputs[0]["data"]["text/html"] = "<img src='data:image/png;base64,AA'>"
+    assert static_gaps(nb) == []
 
 
 def test_harness_reports_failing_cell(tmp_path, this_python_kernel):

@@ -326,10 +326,16 @@ class VizWidget:
         raise NotImplementedError
 
     def _repr_mimebundle_(self, include=None, exclude=None):
+        """The live widget view and, beside it, the static rendering (``to_html``): a live kernel shows the widget
+        (Jupyter prefers the widget mime type), and an executed notebook keeps a figure that GitHub, nbviewer,
+        nbconvert's HTML and printed handouts can show without a kernel."""
+        data = {}
         w = self.widget
         if hasattr(w, "_repr_mimebundle_"):
-            return w._repr_mimebundle_(include=include, exclude=exclude)
-        return {"text/html": self.to_html()}
+            live = w._repr_mimebundle_(include=include, exclude=exclude)
+            data.update((live[0] if isinstance(live, tuple) else live) or {})    # (data, metadata) or data
+        data["text/html"] = self.to_html()
+        return data
 
     def save_html(self, path) -> str:
         """Write ``to_html()`` into a minimal standalone HTML page."""
