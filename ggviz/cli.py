@@ -30,6 +30,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
               "draw the decode graph (`ggviz graph [--layer N | --full] [--format dot|svg|png] -o FILE`)"),
     "trace": ("ggviz.export:trace_main", "Chrome/Perfetto trace JSON of one decode compute (`ggviz trace -o FILE`)"),
     "report": ("ggviz.report", "standalone HTML walkthrough of one decode step (`ggviz report -o report.html`)"),
+    "book": ("ggviz.book", "the notebooks, executed, as an offline HTML site (`ggviz book -o book/`)"),
 }
 
 

@@ -358,3 +358,30 @@ def test_voila_widgets_step(browser, tmp_path):
         _stop(proc)
         log.close()
         print(f"voila stopped in {time.perf_counter() - t_stop:.1f} s")
+
+
+# ================================================================================================= (c) the book
+
+def test_book_pages_load_without_errors(browser, tmp_path):
+    """``ggviz book``: every notebook executed into a static page; each loads in Chromium with no JavaScript error,
+    requests nothing from the network, and shows its figures (every image decoded)."""
+    from ggviz import book
+
+    pages = book.build_book(tmp_path / "book", disable_progress=True)
+    assert [p.name for p in pages[1:]] == [p.stem + ".html" for p in book.notebooks()]
+    drv = browser
+    for page in pages:
+        drv.get_log("browser")                                   # drop what earlier pages logged
+        drv.get(page.as_uri())
+        _wait(drv, lambda d: d.execute_script("return document.readyState") == "complete", 30, f"{page.name} load")
+        n_img, n_broken = drv.execute_script(
+            "const im = [...document.images]; return [im.length, im.filter(i => !i.complete || i.naturalWidth == 0)"
+            ".length];")
+        assert n_broken == 0, f"{page.name}: {n_broken} of {n_img} images did not load"
+        remote = drv.execute_script("return performance.getEntriesByType('resource').map(r => r.name)"
+                                    ".filter(n => n.startsWith('http'));")
+        assert remote == [], f"{page.name} asked the network for {remote}"
+        errors = [e for e in drv.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], f"{page.name}: {errors}"
+        drv.save_screenshot(str(ARTIFACTS / f"book_{page.stem}.png"))
+    assert (ARTIFACTS / "book_index.png").stat().st_size > 5000

@@ -1,0 +1,191 @@
+"""ggviz book: the notebooks, executed, as a browsable offline site -- a handout that needs no kernel and no network.
+
+    ggviz book -o book/ [--only 00_quickstart 04_allocator] [--timeout 600]
+
+Not a mirror of ggml: the classroom side of ggviz. Each ``notebooks/NN_name.ipynb`` runs top to bottom in a fresh
+kernel (nbclient, this interpreter, the notebooks folder as its working directory), then is written as
+``NN_name.html`` by nbconvert's HTML exporter, and ``index.html`` links them with their titles.
+
+The pages are static: every ggviz view puts its static rendering (``to_html``: HTML, SVG, PNG) in its mime bundle
+beside the live widget, and the book keeps that one -- it drops the widget views and the widget state, which would
+need a kernel and a widget manager loaded from the network -- and leaves out the scripts nbconvert would fetch from a
+CDN (RequireJS, MathJax), so a page opens from a USB stick the same as from a web server.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+from nbconvert import HTMLExporter
+
+from .progress import progress
+
+NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+class BookError(RuntimeError):
+    """A notebook could not be built into the book (a cell failed, or none was found)."""
+
+
+def notebooks(folder=NOTEBOOK_DIR, only=None) -> list[pathlib.Path]:
+    """The notebooks of ``folder`` in order, or those named in ``only`` (stems like ``04_allocator``)."""
+    paths = sorted(pathlib.Path(folder).glob("*.ipynb"))
+    if only:
+        by_stem = {p.stem: p for p in paths}
+        missing = [n for n in only if pathlib.Path(n).stem not in by_stem]
+        if missing:
+            raise BookError(f"no notebook named {', '.join(missing)} in {folder} (have: {', '.join(by_stem)})")
+        paths = [by_stem[pathlib.Path(n).stem] for n in only]
+    if not paths:
+        raise BookError(f"no notebooks in {folder}")
+    return paths
+
+
+def _kernel_dir(tmp: pathlib.Path) -> pathlib.Path:
+    """A kernelspec ``python3`` that is this interpreter (a user-wide one may point at another Python)."""
+    spec = tmp / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (ggviz book)", "language": "python"}))
+    return tmp
+
+
+def execute(path: pathlib.Path, timeout: int = 600):
+    """Run a notebook top to bottom in a fresh kernel; returns the executed notebook."""
+    nb = nbformat.read(path, as_version=4)
+    with tempfile.TemporaryDirectory(prefix="ggviz-book-") as tmp:
+        old = os.environ.get("JUPYTER_PATH")
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(_kernel_dir(pathlib.Path(tmp))), old]))
+        try:
+            NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                           resources={"metadata": {"path": str(path.parent)}}).execute()
+        except CellExecutionError as e:
+            raise BookError(f"{path.name}: a cell failed:\n{e}") from e
+        finally:
+            if old is None:
+                os.environ.pop("JUPYTER_PATH", None)
+            else:
+                os.environ["JUPYTER_PATH"] = old
+    return nb
+
+
+def make_static(nb) -> int:
+    """Keep each output's static rendering only: drop the widget views (and the saved widget state). Returns how
+    many widget views were dropped; raises if one had no static rendering to fall back on."""
+    dropped = 0
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_VIEW in data:
+                del data[WIDGET_VIEW]
+                dropped += 1
+                if not any(str(data.get(m, "")).strip() for m in ("text/html", "image/png", "image/svg+xml")):
+                    raise BookError(f"cell {i} displays a widget with no static rendering")
+    nb.metadata.get("widgets", {}).pop(WIDGET_STATE, None)
+    nb.metadata.pop("widgets", None)
+    return dropped
+
+
+def title_of(nb, default: str) -> str:
+    """The first markdown heading of the notebook."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return default
+
+
+def _exporter() -> HTMLExporter:
+    exp = HTMLExporter(template_name="lab")
+    exp.exclude_input_prompt = False
+    # offline: no RequireJS (only widgets need it, and the book has none) and no MathJax from a CDN
+    exp.require_js_url = ""
+    exp.mathjax_url = ""
+    exp.widget_renderer_url = ""
+    return exp
+
+
+def _offline(page: str) -> str:
+    """Remove the scripts that would load from the network (nbconvert adds some unconditionally: RequireJS,
+    the mermaid module)."""
+    out, pos = [], 0
+    while True:
+        i = page.find("<script", pos)
+        if i < 0:
+            out.append(page[pos:])
+            return "".join(out)
+        j = page.find(">", i)
+        tag = page[i:j + 1]
+        end = page.find("</script>", j) + len("</script>")
+        out.append(page[pos:i])
+        script = page[i:end]
+        if "http://" in script or "https://" in script or 'src=""' in tag:
+            pos = end                      # loads (or would load) from the network: leave it out
+        else:
+            out.append(script)
+            pos = end
+
+
+def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
+               disable_progress: bool | None = None) -> list[pathlib.Path]:
+    """Execute the notebooks and write the site into ``out_dir``; returns the pages (index first)."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = notebooks(folder, only)
+    exp = _exporter()
+    entries, pages = [], []
+    with progress(total=len(paths), desc="ggviz book", unit="notebook", disable=disable_progress) as bar:
+        for path in paths:
+            bar.set_postfix_str(path.stem, refresh=True)
+            t0 = time.perf_counter()
+            nb = execute(path, timeout)
+            n_views = make_static(nb)
+            body, _ = exp.from_notebook_node(nb)
+            page = out / f"{path.stem}.html"
+            page.write_text(_offline(body), encoding="utf-8")
+            pages.append(page)
+            entries.append((page.name, title_of(nb, path.stem), n_views, time.perf_counter() - t0))
+            bar.update(1)
+    rows = "\n".join(f"<li><a href='{html.escape(name)}'>{html.escape(title)}</a> "
+                     f"<small>({n} views, ran in {dt:.0f} s)</small></li>" for name, title, n, dt in entries)
+    index = out / "index.html"
+    index.write_text("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ggviz notebooks</title>"
+                     "<style>body{font-family:sans-serif;max-width:50em;margin:2em auto;line-height:1.6}</style>"
+                     "</head><body><h1>ggviz: how ggml and llama.cpp run a language model</h1>"
+                     "<p>The notebooks of ggviz, executed on a real model. Every figure is static: no kernel and "
+                     f"no network needed.</p><ol>\n{rows}\n</ol></body></html>", encoding="utf-8")
+    return [index] + pages
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="ggviz book", description="execute the notebooks and write them as a "
+                                 "browsable offline site")
+    ap.add_argument("-o", "--out", default="book", help="output folder (default: book)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="only these notebooks (e.g. 00_quickstart)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        pages = build_book(a.out, a.only, timeout=a.timeout)
+    except BookError as e:
+        print(f"ggviz book: {e}", file=sys.stderr)
+        return 1
+    print(f"{pages[0]}  ({len(pages) - 1} notebooks, {time.perf_counter() - t0:.0f} s) -- open it in a browser")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
