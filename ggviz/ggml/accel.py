@@ -196,8 +196,8 @@ def _buft_alloc_buffer(buft, size: int):
             ok = True
     if not ok:
         GGML_LOG("error", f"ggml_backend_accel_buffer_type_alloc_buffer: allocating {size} bytes "
-                            f"({size / 1048576:.2f} MiB) on device {dctx.name}: out of memory ({free} bytes free of "
-                            f"{dctx.capacity} = {dctx.capacity / 1048576:.2f} MiB)")
+                 f"({size / 1048576:.2f} MiB) on device {dctx.name}: out of memory ({free} bytes free of "
+                 f"{dctx.capacity} = {dctx.capacity / 1048576:.2f} MiB)")
         if trace.active:
             trace.emit("accel.oom", device=dctx.name, size=size, free=free, capacity=dctx.capacity)
         return None

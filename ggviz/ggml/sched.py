@@ -248,7 +248,7 @@ def backend_sched_split_inputs_grow(split: ggml_backend_sched_split) -> None:
     if split.inputs_capacity > 0:
         new_cap = 2 * split.inputs_capacity
         GGML_LOG("warn", f"ggml_backend_sched_split_inputs_grow: increasing split inputs capacity from "
-                           f"{split.inputs_capacity} to {new_cap}")
+                 f"{split.inputs_capacity} to {new_cap}")
     split.inputs_capacity = new_cap
 
 
@@ -257,7 +257,7 @@ def backend_sched_graph_inputs_grow(sched) -> None:
     if sched.graph_inputs_capacity > 0:
         new_cap = 2 * sched.graph_inputs_capacity
         GGML_LOG("warn", f"ggml_backend_sched_graph_inputs_grow: increasing graph inputs capacity from "
-                           f"{sched.graph_inputs_capacity} to {new_cap}")
+                 f"{sched.graph_inputs_capacity} to {new_cap}")
     sched.graph_inputs_capacity = new_cap
 
 
@@ -285,8 +285,8 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
             return i
     if sched.debug:
         GGML_LOG("debug", f"ggml_backend_sched_backend_from_buffer: warning: no backend supports op {op_desc(tensor)} "
-                            f"with a weight with buffer type {B.backend_buffer_name(buffer)} used in tensor "
-                            f"{tensor.name}, the weight will need to be copied")
+                 f"with a weight with buffer type {B.backend_buffer_name(buffer)} used in tensor "
+                 f"{tensor.name}, the weight will need to be copied")
     return -1
 
 
@@ -865,7 +865,7 @@ def backend_sched_alloc_splits(sched) -> bool:
     if backend_ids_changed or not A.gallocr_alloc_graph(sched.galloc, g):
         if sched.debug:
             GGML_LOG("debug", f"ggml_backend_sched_alloc_splits: failed to allocate graph, reserving "
-                                f"(backend_ids_changed = {int(backend_ids_changed)})")
+                     f"(backend_ids_changed = {int(backend_ids_changed)})")
         if sched.debug_realloc > 0:
             # we are interested only in situations where the graph was reallocated even though its size remained
             # the same [GGML_SCHED_DEBUG_REALLOC]
@@ -882,7 +882,7 @@ def backend_sched_alloc_splits(sched) -> bool:
         ok = A.gallocr_reserve_n(sched.galloc, g, sched.node_backend_ids, sched.leaf_backend_ids)
         if not ok or not A.gallocr_alloc_graph(sched.galloc, g):
             GGML_LOG("error", "ggml_backend_sched_alloc_splits: failed to allocate graph"
-                                + (f" ({last_log_error()})" if not ok and last_log_error() else ""))
+                     + (f" ({last_log_error()})" if not ok and last_log_error() else ""))
             if trace.active:
                 trace.emit("sched.alloc", sched=id(sched), ok=False, reserved=True,
                            backend_ids_changed=backend_ids_changed)

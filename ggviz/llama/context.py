@@ -428,7 +428,7 @@ class LlamaContext:
         for backend, fn in self.set_n_threads_fns:
             fn(backend, n_threads)
         cpu_backend.backend_cpu_set_abort_callback(self.backend_cpu, self.cparams.abort_callback,
-                                          self.cparams.abort_callback_data)
+                                                   self.cparams.abort_callback_data)
         self._cb_stopped = False
         gs.backend_sched_set_eval_callback(self.sched, self._eval_cb if self.cparams.cb_eval is not None else None,
                                            self.cparams.cb_eval_user_data)

@@ -239,7 +239,7 @@ def _assign_devices(m: LlamaModel, params: LlamaModelParams):
     else:
         devs = [backend_reg.backend_dev_get(i) for i in range(backend_reg.backend_dev_count())
                 if B.backend_dev_type(backend_reg.backend_dev_get(i)) in (B.GGML_BACKEND_DEVICE_TYPE_GPU,
-                                                                B.GGML_BACKEND_DEVICE_TYPE_IGPU)]
+                                                                          B.GGML_BACKEND_DEVICE_TYPE_IGPU)]
     m.devices = devs
     n_layer = m.hparams.n_layer
     n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else n_layer + 1

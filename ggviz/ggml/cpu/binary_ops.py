@@ -43,7 +43,7 @@ def apply_binary_op(params, dst, op):
                                   % (type_name(dst.type), type_name(src0.type), type_name(src1.type)))
     GGML_ASSERT(src0.shape == dst.shape, "GGML_ASSERT(ggml_are_same_shape(src0, dst)) failed")
     GGML_ASSERT(int(dst.nb[0]) == type_size(dst.type) and int(src0.nb[0]) == type_size(src0.type),
-            "GGML_ASSERT(nb0 == sizeof(dst_t) && nb00 == sizeof(src0_t)) failed")
+                "GGML_ASSERT(nb0 == sizeof(dst_t) && nb00 == sizeof(src0_t)) failed")
     ne00, ne01, ne02, ne03 = src0.shape
     ne10, ne11, ne12, ne13 = src1.shape
     ir0, ir1 = thread_range(nrows(src0), params.ith, params.nth)

@@ -4,7 +4,8 @@ Mirrors ggml-cpu.c: ``ggml_get_n_tasks``, ``ggml_graph_plan`` (n_threads = max n
 cache line per thread), ``struct ggml_cplan``, ``ggml_graph_compute`` (a disposable threadpool when none is given),
 ``ggml_graph_compute_thread`` (every thread walks every node; a barrier after each node), ``ggml_barrier``
 (ggviz.ggml.cpu.threadpool: ``struct ggml_threadpool``, persistent or disposable), ``ggml_cpu_try_fuse_ops``
-(RMS_NORM + MUL; its test is ``ops.can_fuse_rms_norm_mul``) and ``ggml_graph_compute_with_ctx`` (the work buffer becomes a WORK_BUFFER object in the context).
+(RMS_NORM + MUL; its test is ``ops.can_fuse_rms_norm_mul``) and ``ggml_graph_compute_with_ctx`` (the work buffer
+becomes a WORK_BUFFER object in the context).
 
 Threads are real Python threads: NumPy releases the GIL inside its kernels. A worker's exception stops the others at
 their next barrier and reaches the caller, naming the node.
@@ -200,7 +201,8 @@ def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: _tp.Th
         state.node_n = node_n
         t0 = time.perf_counter_ns() if trace.active else 0
         try:
-            fused = None if cplan.use_ref or node.op != C.GGML_OP_RMS_NORM else cpu_ops.can_fuse_rms_norm_mul(cgraph, node_n)
+            fused = (None if cplan.use_ref or node.op != C.GGML_OP_RMS_NORM
+                     else cpu_ops.can_fuse_rms_norm_mul(cgraph, node_n))
             if fused is not None:
                 cpu_ops.forward_rms_norm_mul_fused(params, node, fused)
             elif not is_empty(node) and not traits.extra_compute_forward(params, node):

@@ -1,4 +1,5 @@
-"""ggml-cpu's ops.cpp: the forward kernels (everything but MUL_MAT and the binary/unary element-wise ops), faithful to ggml-cpu 0.20.2 on x86-64 AVX2+FMA+F16C.
+"""ggml-cpu's ops.cpp: the forward kernels (all but MUL_MAT and the element-wise binary/unary ops), faithful to
+ggml-cpu 0.20.2 on x86-64 AVX2+FMA+F16C.
 
 Mirrors (ggml/src/ggml-cpu/):
 
@@ -164,7 +165,8 @@ def _dup_flat(params, dst, src0, convert):
 def _dup_to_q(params, dst, src0):
     """ggml_compute_forward_dup_to_q: src rows -> f32 scratch -> type_traits_cpu[dst].from_float."""
     ne00, ne01, ne02, ne03 = src0.shape
-    GGML_ASSERT(is_contiguous(dst) and int(src0.nb[0]) == type_size(src0.type), "GGML_ASSERT(dup_to_q: not implemented) failed")
+    GGML_ASSERT(is_contiguous(dst) and int(src0.nb[0]) == type_size(src0.type),
+                "GGML_ASSERT(dup_to_q: not implemented) failed")
     ir0, ir1 = thread_range(ne01, params.ith, params.nth)
     if ir0 >= ir1:
         return
@@ -488,7 +490,8 @@ def forward_scale(params: ComputeParams, dst: Tensor):
     (y = x*s + b, one FMA per element: _mm256_fmadd_ps in the 32-wide body, contracted in the tail)."""
     src0 = dst.src[0]
     GGML_ASSERT(src0.type == C.GGML_TYPE_F32, "GGML_ASSERT(scale: f32 only) failed")
-    GGML_ASSERT(is_contiguous(src0) and is_contiguous(dst) and src0.shape == dst.shape, "GGML_ASSERT(contiguous, same shape) failed")
+    GGML_ASSERT(is_contiguous(src0) and is_contiguous(dst) and src0.shape == dst.shape,
+                "GGML_ASSERT(contiguous, same shape) failed")
     s = F32(get_op_params_f32(dst, 0))
     b = F32(get_op_params_f32(dst, 1))
     nc, nr = int(src0.ne[0]), nrows(src0)
@@ -709,7 +712,7 @@ def forward_rms_norm_mul_fused(params: ComputeParams, rms_node: Tensor, mul_node
     GGML_ASSERT(mul_node is not None, "GGML_ASSERT(dst_mul != nullptr) failed")
     a0, a1 = mul_node.src[0], mul_node.src[1]
     GGML_ASSERT((a0 is not None and a0.addr == rms_node.addr) or (a1 is not None and a1.addr == rms_node.addr),
-            "GGML_ASSERT(dst_mul->src[0] == dst_rms_norm || dst_mul->src[1] == dst_rms_norm) failed")
+                "GGML_ASSERT(dst_mul->src[0] == dst_rms_norm || dst_mul->src[1] == dst_rms_norm) failed")
     if is_empty(mul_node):
         return
     w_t = a1 if (a0 is not None and a0.addr == rms_node.addr) else a0
@@ -1043,7 +1046,7 @@ def forward_out_prod(params: ComputeParams, dst: Tensor):
     ne00, ne01, ne02, ne03 = src0.shape
     ne0, ne1, ne2, ne3 = dst.shape
     GGML_ASSERT(ne0 == ne00 and ne1 == int(src1.ne[0]) and ne2 == int(src1.ne[2]) and ne3 == int(src1.ne[3]),
-            "GGML_ASSERT(out_prod shapes) failed")
+                "GGML_ASSERT(out_prod shapes) failed")
     GGML_ASSERT(int(dst.nb[0]) == 4, "GGML_ASSERT(nb0 == sizeof(float)) failed")
     if src0.type != C.GGML_TYPE_F32:
         GGML_ASSERT(ne02 == ne2 and ne03 == ne3, "GGML_ASSERT(ne02 == ne12 && ne03 == ne13) failed")

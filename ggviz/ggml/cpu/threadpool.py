@@ -156,7 +156,7 @@ class Threadpool:
         # ggml_graph_compute_thread, set by graph_compute: in C the executor and the pool share ggml-cpu.c; here the
         # pool (this module) sits below the executor (ggml_cpu.py), which hands it the function
         self.compute_thread = None
-        self.fast = None              # the compiled graph (fast.compiler.FastGraph) this compute walks, or None: node by node
+        self.fast = None              # the program (fast.compiler.FastGraph) this compute walks; None: node by node
         self._bcv = threading.Condition(threading.Lock())   # barrier, errors, "worker left the graph"
         self._chunk_lock = threading.Lock()
         self._busy = threading.Lock()     # ggviz: held from threadpool_claim to threadpool_release (one caller)

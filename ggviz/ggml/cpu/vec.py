@@ -1,8 +1,9 @@
 """ggml-cpu's vec.h / vec.cpp: the row primitives the kernels are built from, AVX2 branch.
 
 Mirrors ``ggml_vec_dot_f32`` / ``ggml_vec_dot_f16`` / ``ggml_vec_dot_bf16`` (the AVX2 4 x 8 FMA lanes and
-``GGML_F32x8_REDUCE``, emulated exactly: see the section below), ``ggml_v_expf`` / ``ggml_v_silu`` (emulated instruction by instruction, 8 lanes; a row's ``n % 8`` tail
-takes libm's ``expf`` like the C tail loop), ``ggml_vec_silu_f32``, ``ggml_vec_sum_f32`` (a sequential
+``GGML_F32x8_REDUCE``, emulated exactly: see the section below), ``ggml_v_expf`` / ``ggml_v_silu`` (emulated
+instruction by instruction, 8 lanes; a row's ``n % 8`` tail takes libm's ``expf`` like the C tail loop),
+``ggml_vec_silu_f32``, ``ggml_vec_sum_f32`` (a sequential
 ``ggml_float`` sum), ``ggml_vec_soft_max_f32``, ``ggml_vec_cvar_f32``, ``ggml_gelu_f32`` / ``ggml_vec_gelu_f32``
 with GGML_GELU_FP16 (the fp16 lookup tables that ``ggml_cpu_init`` fills: ``ggml_table_gelu_f16``,
 ``ggml_table_gelu_quick_f16``) and the AVX2 horizontal sum. The ``EXP_*`` constants are ``ggml_v_expf``'s; the
