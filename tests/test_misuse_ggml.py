@@ -348,6 +348,26 @@ def test_tensor_io_out_of_range_is_refused_and_changes_nothing(buffer_tensors, c
     assert B.backend_tensor_get(n, None, 0, 64).view(np.float32).tolist() == [7.0] * 16
 
 
+def test_tallocr_refusing_a_tensor_keeps_its_offset():
+    """ggml_tallocr_alloc of a tensor that already has a buffer is refused, and the allocator's offset stays."""
+    ctx = gg.init(SIZE, None, True)
+    buf = B.backend_buft_alloc_buffer(B.backend_cpu_buffer_type(), 4096)
+    try:
+        a = gg.new_tensor_1d(ctx, F32, 16)
+        b = gg.new_tensor_1d(ctx, F32, 16)
+        talloc = A.tallocr_new(buf)
+        A.tallocr_alloc(talloc, a)
+        offset = talloc.offset
+        with pytest.raises(gg.GGMLError, match="already has a buffer"):
+            A.tallocr_alloc(talloc, a)
+        assert talloc.offset == offset
+        A.tallocr_alloc(talloc, b)
+        assert b.data == a.data + 64                 # right after a, as without the refused call
+    finally:
+        B.backend_buffer_free(buf)
+        gg.free(ctx)
+
+
 # ---------------------------------------------------------------- set_rows indices
 
 def _set_rows_graph(ctx, idx_type, idx):
