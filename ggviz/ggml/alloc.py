@@ -101,12 +101,15 @@ def tallocr_alloc(talloc: ggml_tallocr, tensor: Tensor) -> int:
         raise GGMLError(f"ggml_tallocr_alloc: not enough space in the buffer to allocate {tensor.name} (needed "
                         f"{size}, available {B.backend_buffer_get_size(talloc.buffer) - talloc.offset})")
     addr = B.backend_buffer_get_base(talloc.buffer) + talloc.offset
+    assert addr % talloc.alignment == 0
     if trace.active:
         trace.emit("alloc.tallocr", buffer=talloc.buffer.addr, name=tensor.name, addr=tensor.addr,
                    offset=talloc.offset, size=size)
+    # ggviz: the tensor is placed first, the offset advanced after, so that a refused tensor (already allocated, a
+    # view) leaves the allocator as it was (ggml advances first; its assertion aborts anyway)
+    rc = B.backend_tensor_alloc(talloc.buffer, tensor, addr)
     talloc.offset += size
-    assert addr % talloc.alignment == 0
-    return B.backend_tensor_alloc(talloc.buffer, tensor, addr)
+    return rc
 
 
 # ==================================================================================================

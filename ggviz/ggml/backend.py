@@ -34,6 +34,7 @@ those struct slots stay zero.
 """
 from __future__ import annotations
 
+import operator
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -43,7 +44,7 @@ import numpy as np
 from .. import trace
 from . import consts as C
 from . import memory
-from .impl import GGML_ASSERT, GGML_LOG, GGML_PAD
+from .impl import GGML_ASSERT, GGML_LOG, GGML_PAD, GGMLError
 from .tensor import Tensor, nbytes
 
 # ggml-impl.h: "required for mmap as gguf only guarantees 32-byte alignment". The CPU buffer type reports it as its
@@ -322,15 +323,55 @@ def _tensor_buf(tensor: Tensor):
     return buffer_at(tensor.view_src.buffer if tensor.view_src is not None else tensor.buffer)
 
 
+# ggviz: offset and size are size_t in ggml, so a negative one wraps -- and ``offset + size <= ggml_nbytes(tensor)``
+# then lets a negative offset through (real ggml writes the bytes before the tensor). ggviz checks both are integers
+# >= 0 first, then ggml's own bounds assertion (its message, with the numbers), and that ``data`` holds ``size``
+# bytes, before a byte moves.
+
+def _range(fn: str, tensor: Tensor, offset, size):
+    try:
+        offset, size = operator.index(offset), operator.index(size)
+    except TypeError:
+        raise GGMLError(f"{fn}: offset and size must be integers, got offset={offset!r}, size={size!r}") from None
+    if offset < 0 or size < 0:
+        raise GGMLError(f"{fn}: negative {'offset' if offset < 0 else 'size'} (offset={offset}, size={size}) for "
+                        f"tensor {tensor.name!r} ({nbytes(tensor)} bytes)")
+    return offset, size
+
+
+def _in_bounds(tensor: Tensor, offset: int, size: int, what: str) -> None:
+    n = nbytes(tensor)
+    GGML_ASSERT(offset + size <= n, f"tensor {what} out of bounds: offset {offset} + size {size} > {n} bytes of "
+                                    f"{tensor.name!r}")
+
+
+def _src_bytes(fn: str, data, size: int) -> np.ndarray:
+    src = _as_bytes(data)
+    if src.nbytes < size:
+        raise GGMLError(f"{fn}: data holds {src.nbytes} bytes, size asks for {size}")
+    return src
+
+
+def _dst_bytes(fn: str, data, size: int) -> np.ndarray:
+    # a copy (reshape of a non-contiguous array) would take the bytes and drop them: refused
+    if not isinstance(data, np.ndarray) or not data.flags.c_contiguous or not data.flags.writeable:
+        raise GGMLError(f"{fn}: data must be a writable C-contiguous NumPy array (or None), got {type(data).__name__}")
+    if data.nbytes < size:
+        raise GGMLError(f"{fn}: data holds {data.nbytes} bytes, size asks for {size}")
+    return data
+
+
 def backend_tensor_set(tensor: Tensor, data, offset: int, size: int) -> None:
     """Copy ``size`` bytes of ``data`` (bytes / any NumPy array, read as raw bytes) to the tensor at ``offset``."""
     GGML_ASSERT(tensor is not None, "tensor")
+    offset, size = _range("ggml_backend_tensor_set", tensor, offset, size)
     buf = _tensor_buf(tensor)
     GGML_ASSERT(buf is not None, "tensor buffer not set")
     if size == 0:
         return
     GGML_ASSERT(tensor.data != 0, "tensor not allocated")
-    GGML_ASSERT(offset + size <= nbytes(tensor), "tensor write out of bounds")
+    _in_bounds(tensor, offset, size, "write")
+    data = _src_bytes("ggml_backend_tensor_set", data, size)
     buf.iface.set_tensor(buf, tensor, data, offset, size)
 
 
@@ -338,6 +379,7 @@ def backend_tensor_get(tensor: Tensor, data, offset: int, size: int):
     """Copy ``size`` bytes of the tensor from ``offset`` into ``data`` (a writable NumPy array, or None for a new
     uint8 array). Returns ``data``."""
     GGML_ASSERT(tensor is not None, "tensor")
+    offset, size = _range("ggml_backend_tensor_get", tensor, offset, size)
     buf = _tensor_buf(tensor)
     GGML_ASSERT(buf is not None, "tensor buffer not set")
     if data is None:
@@ -345,20 +387,28 @@ def backend_tensor_get(tensor: Tensor, data, offset: int, size: int):
     if size == 0:
         return data
     GGML_ASSERT(tensor.data != 0, "tensor not allocated")
-    GGML_ASSERT(offset + size <= nbytes(tensor), "tensor read out of bounds")
+    _in_bounds(tensor, offset, size, "read")
+    _dst_bytes("ggml_backend_tensor_get", data, size)
     buf.iface.get_tensor(buf, tensor, data, offset, size)
     return data
 
 
 def backend_tensor_memset(tensor: Tensor, value: int, offset: int, size: int) -> None:
     GGML_ASSERT(tensor is not None, "tensor")
+    offset, size = _range("ggml_backend_tensor_memset", tensor, offset, size)
     buf = _tensor_buf(tensor)
     if size == 0:
         return
     GGML_ASSERT(buf is not None, "tensor buffer not set")
     GGML_ASSERT(tensor.data != 0, "tensor not allocated")
-    GGML_ASSERT(offset + size <= nbytes(tensor), "tensor write out of bounds")
+    _in_bounds(tensor, offset, size, "write")
     GGML_ASSERT(buf.iface.memset_tensor is not None, "memset not implemented by backend buffer")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        value = -1
+    if not 0 <= value <= 255:      # a uint8_t in ggml
+        raise GGMLError(f"ggml_backend_tensor_memset: value must be a byte (0..255), got {value!r}")
     buf.iface.memset_tensor(buf, tensor, value, offset, size)
 
 
@@ -765,8 +815,10 @@ def backend_get_max_size(backend) -> int:
 def backend_tensor_set_async(backend, tensor: Tensor, data, offset: int, size: int) -> None:
     GGML_ASSERT(backend is not None, "backend")
     GGML_ASSERT(tensor is not None, "tensor")
+    offset, size = _range("ggml_backend_tensor_set_async", tensor, offset, size)
     GGML_ASSERT(tensor.data != 0, "tensor not allocated")
-    GGML_ASSERT(offset + size <= nbytes(tensor), "tensor write out of bounds")
+    _in_bounds(tensor, offset, size, "write")
+    data = _src_bytes("ggml_backend_tensor_set_async", data, size)
     if backend.iface.set_tensor_async is None:
         backend_synchronize(backend)
         backend_tensor_set(tensor, data, offset, size)
@@ -777,28 +829,54 @@ def backend_tensor_set_async(backend, tensor: Tensor, data, offset: int, size: i
 def backend_tensor_get_async(backend, tensor: Tensor, data, offset: int, size: int):
     GGML_ASSERT(backend is not None, "backend")
     GGML_ASSERT(tensor is not None, "tensor")
+    offset, size = _range("ggml_backend_tensor_get_async", tensor, offset, size)
     GGML_ASSERT(tensor.data != 0, "tensor not allocated")
-    GGML_ASSERT(offset + size <= nbytes(tensor), "tensor read out of bounds")
+    _in_bounds(tensor, offset, size, "read")
     if backend.iface.get_tensor_async is None:
         backend_synchronize(backend)
         return backend_tensor_get(tensor, data, offset, size)
     if data is None:
         data = np.empty(size, dtype=np.uint8)
+    _dst_bytes("ggml_backend_tensor_get_async", data, size)
     backend.iface.get_tensor_async(backend, tensor, data, offset, size)
     return data
+
+
+def _rows_2d(fn, tensor, data_nbytes, offset, size, n_copies, stride_tensor, stride_data) -> None:
+    """ggviz: every row of a 2d copy checked before the first one moves (a bad last row must not leave the first
+    ones written)."""
+    try:
+        n_copies, stride_tensor, stride_data = (operator.index(x) for x in (n_copies, stride_tensor, stride_data))
+    except TypeError:
+        raise GGMLError(f"{fn}: n_copies and the strides must be integers") from None
+    if n_copies < 0 or stride_tensor < 0 or stride_data < 0:
+        raise GGMLError(f"{fn}: negative n_copies or stride (n_copies={n_copies}, stride_tensor={stride_tensor}, "
+                        f"stride_data={stride_data})")
+    offset, size = _range(fn, tensor, offset, size)
+    if n_copies == 0 or size == 0:
+        return
+    _in_bounds(tensor, offset + (n_copies - 1) * stride_tensor, size, "write" if "set" in fn else "read")
+    need = (n_copies - 1) * stride_data + size
+    if data_nbytes < need:
+        raise GGMLError(f"{fn}: data holds {data_nbytes} bytes, {n_copies} rows of {size} bytes {stride_data} apart "
+                        f"need {need}")
 
 
 def backend_tensor_set_2d(tensor: Tensor, data, offset: int, size: int, n_copies: int, stride_tensor: int,
                           stride_data: int) -> None:
     """``n_copies`` rows of ``size`` bytes: row i from ``data[i*stride_data:]`` to ``offset + i*stride_tensor``."""
     src = _as_bytes(data)
+    _rows_2d("ggml_backend_tensor_set_2d", tensor, src.nbytes, offset, size, n_copies, stride_tensor, stride_data)
     for i in range(n_copies):
         backend_tensor_set(tensor, src[i * stride_data:i * stride_data + size], offset + i * stride_tensor, size)
 
 
 def backend_tensor_get_2d(tensor: Tensor, data, offset: int, size: int, n_copies: int, stride_tensor: int,
                           stride_data: int):
+    if data is not None:
+        _dst_bytes("ggml_backend_tensor_get_2d", data, 0)
     out = data.reshape(-1).view(np.uint8) if data is not None else np.empty(max(0, (n_copies - 1) * stride_data + size), np.uint8)
+    _rows_2d("ggml_backend_tensor_get_2d", tensor, out.nbytes, offset, size, n_copies, stride_tensor, stride_data)
     for i in range(n_copies):
         backend_tensor_get(tensor, out[i * stride_data:i * stride_data + size], offset + i * stride_tensor, size)
     return out

@@ -12,6 +12,7 @@ or it is a view) its data, so ``t->data == (char *)(t + 1)``.
 """
 from __future__ import annotations
 
+import operator
 import weakref
 
 import numpy as np
@@ -19,12 +20,23 @@ import numpy as np
 from .. import trace
 from . import consts as C
 from . import memory
-from .impl import GGML_PAD, GGMLError
-from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes, row_size
+from .impl import GGML_PAD, GGMLError, type_name
+from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes
+
+
+INT64_MAX = (1 << 63) - 1
 
 
 class ContextOutOfMemory(GGMLError, MemoryError):
     pass
+
+
+def _index(x, fn: str, what: str) -> int:
+    """An integer argument (a Python or NumPy int: ``operator.index``), or a GGMLError naming it."""
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise GGMLError(f"{fn}: {what} must be an integer, got {x!r}") from None
 
 
 OBJECT_TYPE_NAMES = {C.GGML_OBJECT_TYPE_TENSOR: "tensor", C.GGML_OBJECT_TYPE_GRAPH: "graph",
@@ -82,6 +94,7 @@ class Context:
             self.mem_buffer_owned = True
             self._registered = True
         self.no_alloc = bool(no_alloc)
+        self._end = 0                       # ggviz: where the next object goes (objects_end->offs + size), cached
         self.n_objects = 0
         self.objects: list[Object] = []     # objects_begin .. objects_end, in list order
         self.freed = False
@@ -112,8 +125,11 @@ class Context:
     def new_object(self, type_: int, size: int) -> Object:
         """ggml_new_object: append an object at the end of the arena."""
         self._check()
+        size = _index(size, "ggml_new_object", "size")
+        if size < 0:
+            raise GGMLError(f"ggml_new_object: negative size {size}")
         cur = self.objects_end
-        cur_end = 0 if cur is None else cur.offs + cur.size
+        cur_end = self._end
         size_needed = GGML_PAD(size, C.GGML_MEM_ALIGN)
         need = cur_end + size_needed + C.GGML_OBJECT_SIZE
         if need > self.mem_size:
@@ -129,58 +145,144 @@ class Context:
         if cur is not None:
             cur.rec["next"] = self.base + cur_end     # obj_cur->next = obj_new (a real pointer)
         self.objects.append(obj)
+        self._end = need
         if trace.active:
             trace.emit("ctx.object", ctx=id(self), hdr_offs=cur_end, offs=cur_end + C.GGML_OBJECT_SIZE,
                        size=size_needed, requested=size, type=OBJECT_TYPE_NAMES.get(type_, str(type_)))
         return obj
 
-    def new_tensor_impl(self, type_: int, n_dims: int, ne, view_src=None, view_offs: int = 0) -> Tensor:
-        """ggml_new_tensor_impl."""
+    # ---- ggviz: a failed constructor leaves the arena exactly as it was
+    #
+    # Every argument is checked before ggml_new_object writes the first byte, so a bad call changes nothing. What can
+    # still fail after that (an exception in a trace listener, a KeyboardInterrupt) is undone from a mark taken just
+    # before: the bytes the constructor is about to overwrite (the header and the struct, a few hundred bytes: the
+    # tensor data is never written at creation), the object list, n_objects and the address registry.
+
+    def _mark(self, nbytes_written: int):
+        start = self._end
+        return len(self.objects), self.n_objects, start, self.mem_buffer[start:start + nbytes_written].tobytes()
+
+    def _rollback(self, mark) -> None:
+        n, n_objects, start, saved = mark
+        for o in self.objects[n:]:
+            if isinstance(o.payload, Tensor):
+                forget(o.payload)
+        del self.objects[n:]
+        self.n_objects = n_objects
+        self._end = start
+        if self.objects:
+            self.objects[-1].rec["next"] = 0          # it was the last object: its next was NULL
+        self.mem_buffer[start:start + len(saved)] = np.frombuffer(saved, np.uint8)
+
+    def new_tensor_impl(self, type_: int, n_dims: int, ne, view_src=None, view_offs: int = 0, nb=None,
+                        fn: str = "ggml_new_tensor") -> Tensor:
+        """ggml_new_tensor_impl.
+
+        ggviz checks more than ggml, before anything is written. ggml checks only ``data_size + view_offs <=
+        ggml_nbytes(view_src)``, in size_t arithmetic that wraps, so real ggml accepts a negative ne, a size that
+        wraps, a negative offset and strides that leave the source (tests/test_misuse_ggml.py shows it); ggviz
+        refuses them:
+
+        * each ``ne[i]`` is an integer in 0..INT64_MAX, and the sizes derived from them (the row size, the strides,
+          ``nelements``, the data size) fit int64_t: a 2^31 x 2^31 x 4 F32 tensor has 2^64 elements, which wraps to
+          0 in ggml (and would get 0 bytes of data);
+        * a view's offset is >= 0 (a negative size_t wraps: ggml builds a view that starts before its source) and
+          at most its source's size;
+        * ``nb`` (ggviz only): the strides the caller gives the view (ggml's view_2d..4d and permute write them
+          into the new tensor afterwards) -- every byte the view can reach, ``offset + sum((ne[i]-1)*nb[i]) +``
+          the element (block) size, must lie inside its source, so nothing written through it reaches a neighbour
+          tensor or a header in the arena. ``fn`` names the caller in the error.
+        """
+        self._check()
         if type_ not in C.TYPE_TRAITS or C.TYPE_TRAITS[type_][2] == 0:
-            raise GGMLError(f"ggml_new_tensor: invalid ggml_type {type_}")
+            raise GGMLError(f"{fn}: invalid ggml_type {type_}")
+        n_dims = _index(n_dims, fn, "n_dims")
         if not 1 <= n_dims <= C.GGML_MAX_DIMS:
-            raise GGMLError(f"ggml_new_tensor: n_dims must be in 1..{C.GGML_MAX_DIMS}, got {n_dims}")
-        ne = [int(x) for x in ne[:n_dims]]
-        if any(x < 0 for x in ne):
-            raise GGMLError(f"ggml_new_tensor: negative dimension in ne={ne}")
-        # find the base tensor and absolute offset
-        if view_src is not None and view_src.view_src is not None:
-            view_offs += view_src.view_offs
-            view_src = view_src.view_src
-        data_size = row_size(type_, ne[0])
-        for i in range(1, n_dims):
-            data_size *= ne[i]
-        if view_src is not None and data_size != 0 and data_size + view_offs > nbytes(view_src):
-            raise GGMLError(
-                f"view of {data_size} bytes at offset {view_offs} exceeds its source {view_src.name!r} "
-                f"({nbytes(view_src)} bytes)")
+            raise GGMLError(f"{fn}: n_dims must be in 1..{C.GGML_MAX_DIMS}, got {n_dims}")
+        if len(ne) < n_dims:
+            raise GGMLError(f"{fn}: n_dims is {n_dims} but ne has {len(ne)} values")
+        try:
+            ne = [operator.index(x) for x in ne[:n_dims]]
+        except TypeError:
+            raise GGMLError(f"{fn}: ne must hold integers, got {list(ne[:n_dims])}") from None
+        for x in ne:
+            if not 0 <= x <= INT64_MAX:
+                raise GGMLError(f"{fn}: ne={ne}: each dimension must be in 0..INT64_MAX"
+                                + (" (negative dimension)" if x < 0 else " (does not fit int64_t)"))
+        ne += [1] * (C.GGML_MAX_DIMS - n_dims)
+        ne0, ne1, ne2, ne3 = ne
+        _, bs, ts, _ = C.TYPE_TRAITS[type_]
+        if ne0 % bs:
+            raise GGMLError(f"{fn}: ne[0] = {ne0} is not a multiple of {type_name(type_)}'s block size {bs}")
+        rs = ts * (ne0 // bs)                         # ggml_row_size
+        nb_c = [ts, rs, rs * ne1, rs * ne1 * ne2]     # the contiguous strides
+        data_size = nb_c[3] * ne3
+        if max(nb_c[2], nb_c[3], data_size, ne0 * ne1 * ne2 * ne3) > INT64_MAX:
+            raise GGMLError(f"{fn}: a {type_name(type_)} tensor of ne={ne} overflows: its size "
+                            f"({ne0 * ne1 * ne2 * ne3} elements, {data_size} bytes) does not fit int64_t")
+        if view_src is not None:
+            try:
+                view_offs = operator.index(view_offs)
+            except TypeError:
+                raise GGMLError(f"{fn}: the offset must be an integer, got {view_offs!r}") from None
+            if view_offs < 0:
+                raise GGMLError(f"{fn}: negative offset {view_offs} into {view_src.name!r} (a size_t in ggml: it "
+                                f"would wrap and point before the source)")
+            # find the base tensor and absolute offset
+            if view_src.view_src is not None:
+                view_offs += view_src.view_offs
+                view_src = view_src.view_src
+            src_size = nbytes(view_src)
+            if data_size != 0 and data_size + view_offs > src_size:
+                raise GGMLError(
+                    f"{fn}: view of {data_size} bytes at offset {view_offs} exceeds its source {view_src.name!r} "
+                    f"({src_size} bytes)")
+            if view_offs > src_size:
+                raise GGMLError(f"{fn}: offset {view_offs} is past the end of {view_src.name!r} ({src_size} bytes)")
+            if nb is not None:
+                try:
+                    nb = [operator.index(x) for x in nb]
+                except TypeError:
+                    raise GGMLError(f"{fn}: the strides nb must be integers, got {list(nb)}") from None
+                if not all(0 <= x <= INT64_MAX for x in nb):
+                    raise GGMLError(f"{fn}: the strides nb={nb} must be in 0..INT64_MAX (a size_t in ggml)")
+                if data_size:                     # an empty view reaches no byte
+                    # ggml_nbytes with these strides: the last byte the view can reach, + 1
+                    extent = (ne0 * nb[0] // bs if bs > 1 else ts + (ne0 - 1) * nb[0]) \
+                        + (ne1 - 1) * nb[1] + (ne2 - 1) * nb[2] + (ne3 - 1) * nb[3]
+                    if view_offs + extent > src_size:
+                        raise GGMLError(
+                            f"{fn}: a view of {view_src.name!r} with ne={ne}, nb={nb} at offset {view_offs} reaches "
+                            f"{extent} bytes, up to byte {view_offs + extent}, beyond its source {view_src.name!r} "
+                            f"({src_size} bytes)")
+        elif nb is not None:
+            raise GGMLError(f"{fn}: strides can be given only to a view")
         data = view_src.data if view_src is not None else 0
         if data:
             data += view_offs
         obj_alloc_size = data_size if (view_src is None and not self.no_alloc) else 0
 
-        obj = self.new_object(C.GGML_OBJECT_TYPE_TENSOR, C.GGML_TENSOR_SIZE + obj_alloc_size)
-        raw = self.mem_buffer[obj.offs:obj.offs + C.GGML_TENSOR_SIZE]
-        raw[:] = 0
-        t = Tensor(raw, self)
-        obj.payload = t
-        t.type = type_
-        t.ne[:] = 1
-        t.ne[:n_dims] = ne
-        t.view_src = view_src
-        t.view_offs = view_offs
-        t.data = (t.addr + C.GGML_TENSOR_SIZE) if obj_alloc_size > 0 else data
-        ts = C.TYPE_TRAITS[type_][2]
-        bs = C.TYPE_TRAITS[type_][1]
-        t.nb[0] = ts
-        t.nb[1] = ts * (int(t.ne[0]) // bs)
-        for i in range(2, C.GGML_MAX_DIMS):
-            t.nb[i] = t.nb[i - 1] * t.ne[i - 1]
-        self.n_objects += 1
-        if trace.active:
-            trace.emit("tensor.new", ctx=id(self), addr=t.addr, offs=obj.offs, type=type_, ne=t.shape,
-                       view_src=view_src.addr if view_src is not None else 0, view_offs=view_offs,
-                       data=t.data, data_size=obj_alloc_size)
+        mark = self._mark(C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE)
+        try:
+            obj = self.new_object(C.GGML_OBJECT_TYPE_TENSOR, C.GGML_TENSOR_SIZE + obj_alloc_size)
+            raw = self.mem_buffer[obj.offs:obj.offs + C.GGML_TENSOR_SIZE]
+            raw[:] = 0
+            t = Tensor(raw, self)
+            obj.payload = t
+            t.type = type_
+            t.ne[:] = ne
+            t.view_src = view_src
+            t.view_offs = view_offs
+            t.data = (t.addr + C.GGML_TENSOR_SIZE) if obj_alloc_size > 0 else data
+            t.nb[:] = nb_c if nb is None else nb
+            self.n_objects += 1
+            if trace.active:
+                trace.emit("tensor.new", ctx=id(self), addr=t.addr, offs=obj.offs, type=type_, ne=t.shape,
+                           view_src=view_src.addr if view_src is not None else 0, view_offs=view_offs,
+                           data=t.data, data_size=obj_alloc_size)
+        except BaseException:
+            self._rollback(mark)
+            raise
         return t
 
     def tensors(self):
@@ -190,8 +292,7 @@ class Context:
                 yield o.payload
 
     def used_mem(self) -> int:
-        end = self.objects_end
-        return 0 if end is None else end.offs + end.size
+        return self._end          # objects_end->offs + objects_end->size (0 without objects)
 
     def free(self):
         if self.freed:
@@ -208,6 +309,7 @@ class Context:
         for t in self.tensors():
             forget(t)
         self.objects = []
+        self._end = 0
         self.n_objects = 0
 
     def __repr__(self):
@@ -264,6 +366,7 @@ def tensor_overhead() -> int:
 
 def new_buffer(ctx: Context, nbytes_: int):
     """ggml_new_buffer: a work-buffer object in the arena; returns its bytes (NumPy view)."""
+    nbytes_ = _index(nbytes_, "ggml_new_buffer", "nbytes")
     obj = ctx.new_object(C.GGML_OBJECT_TYPE_WORK_BUFFER, nbytes_)
     return ctx.mem_buffer[obj.offs:obj.offs + nbytes_]
 

@@ -12,6 +12,8 @@ the same arrays there (as NumPy views), so the graph's bytes are inspectable lik
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from .. import trace
@@ -134,8 +136,15 @@ class CGraph:
     """``struct ggml_cgraph``. ``nodes``/``leafs`` are Python lists mirroring the pointer arrays in the arena."""
 
     def __init__(self, ctx: Context | None, size: int, grads: bool = False, _view=False):
+        try:
+            size = operator.index(size)
+        except TypeError:
+            raise GGMLError(f"ggml_new_graph_custom: size must be an integer, got {size!r}") from None
+        if size < 0:
+            # a size_t in ggml: -1 would ask for an enormous graph; ggviz refuses before touching the arena
+            raise GGMLError(f"ggml_new_graph_custom: negative size {size}")
         self.ctx = ctx
-        self.size = int(size)
+        self.size = size
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
         self.order = GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT
@@ -144,7 +153,24 @@ class CGraph:
         if _view:
             return
         lay, nbytes, hs = _layout(self.size, grads)
-        obj = ctx.new_object(C.GGML_OBJECT_TYPE_GRAPH, nbytes)
+        # ggviz: a failure after the object exists (an interrupt) leaves the arena as it was (Context._mark). The
+        # bytes written below: the header and the struct (saved by the mark), and the tail of the object, from the
+        # grads (or the used-bitset) to its end (saved once the object fits); nodes, leafs, use counts and keys are
+        # not touched until the graph is built.
+        mark = ctx._mark(C.GGML_OBJECT_SIZE + CGRAPH_STRUCT_SIZE)
+        tail = None
+        try:
+            obj = ctx.new_object(C.GGML_OBJECT_TYPE_GRAPH, nbytes)
+            tail0 = obj.offs + lay["grads" if grads else "used"]
+            tail = ctx.mem_buffer[tail0:obj.offs + nbytes].tobytes()
+            self._init_object(ctx, obj, lay, nbytes, hs, grads)
+        except BaseException:
+            if tail is not None:
+                ctx.mem_buffer[tail0:tail0 + len(tail)] = np.frombuffer(tail, np.uint8)
+            ctx._rollback(mark)
+            raise
+
+    def _init_object(self, ctx, obj, lay, nbytes, hs, grads):
         obj.payload = self
         self.obj = obj
         base = obj.offs

@@ -6,6 +6,7 @@ Nothing is computed here: computing is the CPU backend's job (``ggviz.ggml.cpu``
 """
 from __future__ import annotations
 
+import operator
 import struct
 
 from . import consts as C
@@ -28,7 +29,17 @@ from .tensor import (
     set_op_params,
     set_op_params_i32,
     type_name,
+    type_size,
 )
+
+
+def _index(x, op: str, what: str) -> int:
+    """An integer argument (Python or NumPy int), or a GGMLError naming it -- checked before the result tensor is
+    created, so that a bad argument leaves the context as it was."""
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise GGMLError(f"ggml_{op}: {what} must be an integer, got {x!r}") from None
 
 
 def _desc(t: Tensor) -> str:
@@ -100,10 +111,11 @@ def set_param(t: Tensor) -> None:
     t.flags = t.flags | C.GGML_TENSOR_FLAG_PARAM
 
 
-def view_tensor(ctx, src: Tensor) -> Tensor:
-    result = ctx.new_tensor_impl(src.type, C.GGML_MAX_DIMS, src.shape, src, 0)
+def view_tensor(ctx, src: Tensor, fn: str = "ggml_view_tensor") -> Tensor:
+    # the strides are src's (ggml copies them after ggml_new_tensor_impl): passed in, so the view's real extent is
+    # checked against its source before anything is written (see Context.new_tensor_impl)
+    result = ctx.new_tensor_impl(src.type, C.GGML_MAX_DIMS, src.ne.tolist(), src, 0, src.nb.tolist(), fn)
     format_name(result, "%s (view)", src.name)
-    result.nb[:] = src.nb
     return result
 
 
@@ -113,8 +125,17 @@ def _unary_like(ctx, a, inplace):
     return view_tensor(ctx, a) if inplace else dup_tensor(ctx, a)
 
 
-def _f32_params(*vals) -> bytes:
-    return struct.pack(f"<{len(vals)}f", *vals)
+def _pack(op: str, fmt: str, *vals) -> bytes:
+    """op_params bytes, packed before the result tensor exists: a value of the wrong kind is a GGMLError naming the
+    op, and leaves the context as it was."""
+    try:
+        return struct.pack(fmt, *vals)
+    except struct.error as e:
+        raise GGMLError(f"ggml_{op}: bad operator parameters {vals!r}: {e}") from None
+
+
+def _f32_params(*vals, op: str = "op") -> bytes:
+    return _pack(op, f"<{len(vals)}f", *vals)
 
 
 # ---------------------------------------------------------------- element-wise
@@ -238,6 +259,7 @@ def repeat(ctx, a, b):
 
 
 def concat(ctx, a, b, dim):
+    dim = _index(dim, "concat", "dim")
     _require(0 <= dim < C.GGML_MAX_DIMS, "concat", f"dim {dim} out of range", a, b)
     _require(a.type == b.type, "concat", "a and b must have the same type", a, b)
     ne = []
@@ -257,8 +279,9 @@ def concat(ctx, a, b, dim):
 # ---------------------------------------------------------------- normalisation
 
 def _norm(ctx, a, eps, op, inplace):
+    params = _f32_params(eps, op=C.OP_NAMES[op].lower())
     r = _unary_like(ctx, a, inplace)
-    set_op_params(r, _f32_params(eps))
+    set_op_params(r, params)
     r.op, r.src[0] = op, a
     return r
 
@@ -307,8 +330,9 @@ def out_prod(ctx, a, b):
 
 def _scale(ctx, a, s, b, inplace):
     _require(is_padded_1d(a), "scale", "a must be padded 1d", a)
+    params = _f32_params(s, b, op="scale")
     r = _unary_like(ctx, a, inplace)
-    set_op_params(r, _f32_params(s, b))
+    set_op_params(r, params)
     r.op, r.src[0] = C.GGML_OP_SCALE, a
     return r
 
@@ -380,7 +404,7 @@ def _reshape_nd(ctx, a, ne, fn):
     for x in ne:
         prod *= x
     _require(nelements(a) == prod, fn, f"cannot reshape {nelements(a)} elements to {list(ne)}", a)
-    r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, 0)
+    r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, 0, None, f"ggml_{fn}")
     format_name(r, "%s (reshaped)", a.name)
     r.op, r.src[0] = C.GGML_OP_RESHAPE, a
     return r
@@ -389,7 +413,7 @@ def _reshape_nd(ctx, a, ne, fn):
 def reshape(ctx, a, b):
     _require(is_contiguous(a), "reshape", "a must be contiguous", a)
     _require(nelements(a) == nelements(b), "reshape", "a and b must have the same number of elements", a, b)
-    r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, b.shape, a, 0)
+    r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, b.shape, a, 0, None, "ggml_reshape")
     format_name(r, "%s (reshaped)", a.name)
     r.op, r.src[0] = C.GGML_OP_RESHAPE, a
     return r
@@ -411,47 +435,46 @@ def reshape_4d(ctx, a, ne0, ne1, ne2, ne3):
     return _reshape_nd(ctx, a, (ne0, ne1, ne2, ne3), "reshape_4d")
 
 
-def _view_impl(ctx, a, ne, offset):
-    r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, offset)
+def _view_impl(ctx, a, ne, offset, nb, fn):
+    """ggml_view_impl, then the strides view_2d..4d set. ggml checks only the contiguous size of ``ne`` against the
+    source; ggviz checks every byte the strides ``nb`` can reach (real ggml accepts, e.g., ``view_2d(a, 4, 4, 1000,
+    0)`` of a 16-float tensor, and a negative offset), in new_tensor_impl, before anything is written."""
+    if nb is not None:
+        try:
+            nb = [operator.index(x) for x in nb]
+        except TypeError:
+            raise GGMLError(f"ggml_{fn}: the strides must be integers, got {list(nb)}") from None
+        nb = [type_size(a.type)] + nb
+    r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, offset, nb, f"ggml_{fn}")
     format_name(r, "%s (view)", a.name)
-    set_op_params(r, struct.pack("<Q", offset))
+    set_op_params(r, struct.pack("<Q", offset))     # offset is a checked integer in 0..nbytes(a) by now
     r.op, r.src[0] = C.GGML_OP_VIEW, a
     return r
 
 
 def view_1d(ctx, a, ne0, offset):
-    return _view_impl(ctx, a, (ne0,), offset)
+    return _view_impl(ctx, a, (ne0,), offset, None, "view_1d")
 
 
 def view_2d(ctx, a, ne0, ne1, nb1, offset):
-    r = _view_impl(ctx, a, (ne0, ne1), offset)
-    r.nb[1] = nb1
-    r.nb[2] = nb1 * ne1
-    r.nb[3] = r.nb[2]
-    return r
+    nb1, ne1 = _index(nb1, "view_2d", "nb1"), _index(ne1, "view_2d", "ne1")
+    return _view_impl(ctx, a, (ne0, ne1), offset, (nb1, nb1 * ne1, nb1 * ne1), "view_2d")
 
 
 def view_3d(ctx, a, ne0, ne1, ne2, nb1, nb2, offset):
-    r = _view_impl(ctx, a, (ne0, ne1, ne2), offset)
-    r.nb[1] = nb1
-    r.nb[2] = nb2
-    r.nb[3] = nb2 * ne2
-    return r
+    nb2, ne2 = _index(nb2, "view_3d", "nb2"), _index(ne2, "view_3d", "ne2")
+    return _view_impl(ctx, a, (ne0, ne1, ne2), offset, (nb1, nb2, nb2 * ne2), "view_3d")
 
 
 def view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
-    r = _view_impl(ctx, a, (ne0, ne1, ne2, ne3), offset)
-    r.nb[1] = nb1
-    r.nb[2] = nb2
-    r.nb[3] = nb3
-    return r
+    return _view_impl(ctx, a, (ne0, ne1, ne2, ne3), offset, (nb1, nb2, nb3), "view_4d")
 
 
 def permute(ctx, a, axis0, axis1, axis2, axis3):
-    axes = (axis0, axis1, axis2, axis3)
+    axes = tuple(_index(x, "permute", "an axis") for x in (axis0, axis1, axis2, axis3))
     _require(all(0 <= x < C.GGML_MAX_DIMS for x in axes) and len(set(axes)) == 4, "permute",
              f"axes {list(axes)} must be a permutation of 0..3", a)
-    r = view_tensor(ctx, a)
+    r = view_tensor(ctx, a, "ggml_permute")        # a permutation of a's ne/nb: the same bytes as a
     format_name(r, "%s (permuted)", a.name)
     ne, nb = [0] * 4, [0] * 4
     for i, ax in enumerate(axes):
@@ -465,7 +488,7 @@ def permute(ctx, a, axis0, axis1, axis2, axis3):
 
 
 def transpose(ctx, a):
-    r = view_tensor(ctx, a)
+    r = view_tensor(ctx, a, "ggml_transpose")
     format_name(r, "%s (transposed)", a.name)
     r.ne[0], r.ne[1] = a.ne[1], a.ne[0]
     r.nb[0], r.nb[1] = a.nb[1], a.nb[0]
@@ -517,8 +540,9 @@ def _soft_max(ctx, a, mask, scale_, max_bias, inplace):
                  "mask must broadcast over a in ne[2], ne[3]", a, mask)
     if max_bias > 0.0:
         _require(mask is not None, "soft_max", "max_bias (ALiBi) needs a mask", a)
+    params = _f32_params(scale_, max_bias, op="soft_max")
     r = _unary_like(ctx, a, inplace)
-    set_op_params(r, _f32_params(scale_, max_bias))
+    set_op_params(r, params)
     r.op = C.GGML_OP_SOFT_MAX
     r.src[0], r.src[1] = a, mask
     return r
@@ -549,10 +573,10 @@ def _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq
     if c is not None:
         _require(c.type == C.GGML_TYPE_F32, "rope", "freq factors c must be F32", c)
         _require(c.ne[0] >= n_dims // 2, "rope", "freq factors c must hold n_dims/2 values", c)
-    r = _unary_like(ctx, a, inplace)
     secs = list(sections) if (mrope and sections) else [0, 0, 0, 0]
-    params = struct.pack("<5i6f4i", 0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
-                         beta_fast, beta_slow, *secs)
+    params = _pack("rope", "<5i6f4i", 0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                   attn_factor, beta_fast, beta_slow, *secs)
+    r = _unary_like(ctx, a, inplace)
     set_op_params(r, params)
     r.op = C.GGML_OP_ROPE
     r.src[0], r.src[1], r.src[2] = a, b, c
@@ -579,8 +603,9 @@ def rope(ctx, a, b, n_dims, mode):
 
 def _unary(ctx, a, uop, inplace):
     _require(is_contiguous_rows(a), "unary", "a must have contiguous rows", a)
+    params = _pack("unary", "<i", uop)
     r = _unary_like(ctx, a, inplace)
-    set_op_params_i32(r, 0, uop)
+    set_op_params(r, params)
     r.op, r.src[0] = C.GGML_OP_UNARY, a
     return r
 
@@ -624,9 +649,9 @@ def _glu(ctx, a, b, gop, swapped):
         _require(are_same_shape(a, b), "glu", "a and b must have the same shape", a, b)
         _require(a.type == b.type, "glu", "a and b must have the same type", a, b)
     ne = a.shape if b is not None else (int(a.ne[0]) // 2,) + a.shape[1:]
+    params = _pack("glu", "<2i", gop, int(swapped))
     r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, ne, None, 0)
-    set_op_params_i32(r, 0, gop)
-    set_op_params_i32(r, 1, int(swapped))
+    set_op_params(r, params)
     r.op = C.GGML_OP_GLU
     r.src[0], r.src[1] = a, b
     return r

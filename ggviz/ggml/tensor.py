@@ -138,11 +138,11 @@ class Tensor:
     @property
     def shape(self) -> tuple:
         """ne as a tuple of Python ints (ne0, ne1, ne2, ne3)."""
-        return tuple(int(x) for x in self.ne)
+        return tuple(self.ne.tolist())
 
     @property
     def strides(self) -> tuple:
-        return tuple(int(x) for x in self.nb)
+        return tuple(self.nb.tolist())
 
     def struct(self) -> dict:
         """The struct decoded from its bytes, like gdb's ``p *t``."""
@@ -230,29 +230,25 @@ def op_desc(t: Tensor) -> str:
 # ---------------------------------------------------------------- shape queries (ggml.c)
 
 def nelements(t: Tensor) -> int:
-    ne = t.ne
-    return int(ne[0] * ne[1] * ne[2] * ne[3])
+    # in Python ints (tolist), so that a product that does not fit int64_t cannot wrap (ggml_new_tensor_impl
+    # refuses such shapes; this matters only for an ne written by hand)
+    ne0, ne1, ne2, ne3 = t.ne.tolist()
+    return ne0 * ne1 * ne2 * ne3
 
 
 def nrows(t: Tensor) -> int:
-    ne = t.ne
-    return int(ne[1] * ne[2] * ne[3])
+    _, ne1, ne2, ne3 = t.ne.tolist()
+    return ne1 * ne2 * ne3
 
 
 def nbytes(t: Tensor) -> int:
-    ne, nb = t.shape, t.strides
-    if any(x <= 0 for x in ne):
+    ne0, ne1, ne2, ne3 = t.ne.tolist()
+    if ne0 <= 0 or ne1 <= 0 or ne2 <= 0 or ne3 <= 0:
         return 0
-    bs = blck_size(t.type)
-    if bs == 1:
-        n = type_size(t.type)
-        for i in range(4):
-            n += (ne[i] - 1) * nb[i]
-    else:
-        n = ne[0] * nb[0] // bs
-        for i in range(1, 4):
-            n += (ne[i] - 1) * nb[i]
-    return n
+    nb0, nb1, nb2, nb3 = t.nb.tolist()
+    _, bs, ts, _ = C.TYPE_TRAITS[t.type]
+    n = (ts + (ne0 - 1) * nb0) if bs == 1 else ne0 * nb0 // bs
+    return n + (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
 
 
 def nbytes_pad(t: Tensor) -> int:
