@@ -95,6 +95,7 @@ FEATURES = [
     "{% set ns = namespace(n=0, s='') %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% set ns.s = ns.s ~ m.role"
     " ~ ',' %}{% endfor %}{{ ns.n }} {{ ns.s }}",
     "{% set block %}a {{ 1 + 2 }} b{% endset %}{{ block|upper }}{% filter title %}one two{% endfilter %}",
+    "{% autoescape true %}{{ '<a>' ~ messages[0].role ~ 1 }}{{ '<b>'|safe ~ '&' }}{% endautoescape %}{{ '<' ~ 2 }}",
     # operators, formatting, string methods, filters
     "{{ 'ab' * 3 }} {{ 2 ** 10 }} {{ 7 // 2 }} {{ 7 % 3 }} {{ [1] + [2] }} {{ 'a' ~ 1 ~ none }} {{ -3|abs }}",
     "{{ '%s-%05.1f' % ('x', 3.14159) }} {{ '{}:{:>6}'.format('k', 'v') }} {{ '{a}'.format_map({'a': 1}) }}",
@@ -170,13 +171,16 @@ HOSTILE = [
      "over a limit: the output would be over 4,194,304 characters"),
     ("doubling", "{% set ns = namespace(s='ab') %}\n{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
      {}, 2, "over a limit: a ~ concatenation would be at least"),
+    ("doubling-autoescaped", "{% autoescape true %}{% set ns = namespace(s='<b>') %}\n{% for i in range(64) %}"
+     "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{% endautoescape %}", {}, 2,
+     "over a limit: a ~ concatenation would be at least"),
     ("list-repeat-join", "{% set l = ['x' * 1000000] * 1000 %}\n{{ l|join }}", {}, 1,
      "over a limit: a list * 1,000 would be at least"),
     ("format-width", "{{ '{:>10000000000}'.format(1) }}", {}, 1, "over a limit: format() would be at least"),
     ("printf-width", "{{ '%10000000000d' % 1 }}", {}, 1, "over a limit: a % format would be at least"),
     ("center", "{{ 'a'|center(10000000000) }}", {}, 1, "over a limit: |center would be at least"),
     ("replace", "{{ ('a' * 100000)|replace('a', 'b' * 100000) }}", {}, 1, "over a limit: |replace would be at least"),
-    ("big-int", "{{ 7 ** 10000000000 }}", {}, 1, "over a limit: 7 ** 10000000000 has more than 65,536 bits"),
+    ("big-int", "{{ 7 ** 10000000000 }}", {}, 1, "over a limit: 7 ** 10,000,000,000 has more than 65,536 bits"),
     ("block-buffer", "{% macro m() %}\n{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}\n{% endmacro %}"
      "{{ m() }}", {}, 2, "over a limit: a block's text would be at least"),
     ("quadratic-sum", "{{ ([[1]] * 100000)|sum(start=[]) }}", {}, 1, "|sum of 100,000 sequences would copy more"),

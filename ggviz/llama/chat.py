@@ -34,6 +34,7 @@ from jinja2 import nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.exceptions import SecurityError, TemplateSyntaxError, UndefinedError
 from jinja2.parser import Parser
+from jinja2.runtime import markup_join, str_join
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
@@ -120,6 +121,11 @@ def _weight(x, cap: int) -> int:
     return total
 
 
+def _count(n: int) -> str:
+    """``n`` with thousands separators; a power of two for numbers too long to print (int max str digits)."""
+    return f"{n:,}" if n.bit_length() < 100 else f"2**{n.bit_length() - 1}"
+
+
 def _int(x) -> int:
     return x if isinstance(x, int) else 0
 
@@ -187,7 +193,7 @@ class _Budget:
 
     def size(self, n: int, what: str):
         if n > self.limits.max_output:
-            raise _LimitError(f"{what} would be at least {n:,} characters, over the limit of "
+            raise _LimitError(f"{what} would be at least {_count(n)} characters, over the limit of "
                               f"{self.limits.max_output:,} (ChatTemplateLimits.max_output)")
 
     def produced(self, value, what: str = "a value"):
@@ -241,7 +247,8 @@ def _check_str_method(budget: _Budget, s, name: str, args: tuple, kwargs: dict) 
         size = args[0] if args else kwargs.get("tabsize", 8)
         tab = "\t" if isinstance(s, str) else b"\t"
         budget.size(n + s.count(tab) * max(_int(size), 0), f"expandtabs({size!r})")
-    elif name == "replace" and len(args) >= 2 and isinstance(args[0], type(s)) and isinstance(args[1], type(s)):
+    elif name == "replace" and len(args) >= 2 and all(isinstance(x, str if isinstance(s, str) else (bytes, bytearray))
+                                                      for x in args[:2]):
         old, new = args[0], args[1]
         count = args[2] if len(args) > 2 else kwargs.get("count", -1)
         k = s.count(old) if old else n + 1
@@ -265,9 +272,9 @@ def _check_call(budget: _Budget, obj, args: tuple, kwargs: dict) -> tuple:
     owner, name = getattr(target, "__self__", None), getattr(target, "__name__", None)
     if isinstance(owner, (str, bytes, bytearray)):
         if name in ("format", "format_map") and isinstance(owner, str):
-            kw = args[0] if (name == "format_map" and args and isinstance(args[0], dict)) else kwargs
-            budget.size(_format_size(owner, args if name == "format" else (), kw, budget.limits.max_output),
-                        f"{name}()")
+            # format_map(mapping): the whole mapping bounds what any field can take from it
+            fargs, fkw = (args, kwargs) if name == "format" else (args, {})
+            budget.size(_format_size(owner, fargs, fkw, budget.limits.max_output), f"{name}()")
         else:
             args, kwargs = _check_str_method(budget, owner, name, args, kwargs)
     elif isinstance(owner, int) and name == "to_bytes":
@@ -334,7 +341,7 @@ def _f_batch(budget, a):
 
 def _f_slice(budget, a):
     if _int(a.get("slices", 0)) > MAX_RANGE:
-        raise _LimitError(f"|slice into {a['slices']:,} slices (at most {MAX_RANGE:,}, like range())")
+        raise _LimitError(f"|slice into {_count(a['slices'])} slices (at most {MAX_RANGE:,}, like range())")
 
 
 def _f_tojson(budget, a):
@@ -375,21 +382,21 @@ def _signature(f):
 
 class _CodeGenerator(CodeGenerator):
     """``a ~ b`` goes through ``environment.checked_concat`` (Jinja2 joins the strings inline otherwise, out of the
-    sandbox's reach)."""
+    sandbox's reach), with Jinja2's choice of join: markup_join where autoescaping is on (``{% autoescape %}``,
+    decided at run time when volatile), str_join elsewhere."""
 
     def visit_Concat(self, node, frame):
-        if frame.eval_ctx.volatile or frame.eval_ctx.autoescape:
-            return super().visit_Concat(node, frame)
         try:                      # constant parts (template text only) fold at compile time, as Jinja2 does
             self.write(repr(node.as_const(frame.eval_ctx)))
             return
         except nodes.Impossible:
             pass
+        markup = "context.eval_ctx.volatile" if frame.eval_ctx.volatile else repr(bool(frame.eval_ctx.autoescape))
         self.write("environment.checked_concat((")
         for arg in node.nodes:
             self.visit(arg, frame)
             self.write(", ")
-        self.write("))")
+        self.write(f"), {markup})")
 
 
 class _LimitedSandbox(ImmutableSandboxedEnvironment):
@@ -425,13 +432,13 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
                 if left.bit_length() + right.bit_length() > _MAX_INT_BITS:
                     raise _LimitError(f"an integer product of more than {_MAX_INT_BITS:,} bits")
             elif isinstance(right, int) and not isinstance(left, (int, float, complex)):
-                b.size(_weight(left, cap) * max(right, 0), f"a {type(left).__name__} * {right:,}")
+                b.size(_weight(left, cap) * max(right, 0), f"a {type(left).__name__} * {_count(right)}")
             elif isinstance(left, int) and not isinstance(right, (int, float, complex)):
-                b.size(_weight(right, cap) * max(left, 0), f"{left:,} * a {type(right).__name__}")
+                b.size(_weight(right, cap) * max(left, 0), f"{_count(left)} * a {type(right).__name__}")
         elif operator == "**":
             if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0 \
                     and left.bit_length() * right > _MAX_INT_BITS:
-                raise _LimitError(f"{left} ** {right} has more than {_MAX_INT_BITS:,} bits")
+                raise _LimitError(f"{_count(left)} ** {_count(right)} has more than {_MAX_INT_BITS:,} bits")
         elif operator == "+":
             if not isinstance(left, (int, float, complex)) and not isinstance(right, (int, float, complex)):
                 b.size(_weight(left, cap) + _weight(right, cap), f"a {type(left).__name__} + a {type(right).__name__}")
@@ -441,9 +448,9 @@ class _LimitedSandbox(ImmutableSandboxedEnvironment):
         b.produced(rv)
         return rv
 
-    def checked_concat(self, values):
+    def checked_concat(self, values, markup: bool = False):
         self.budget.size(sum(_weight(v, self.budget.limits.max_output) for v in values), "a ~ concatenation")
-        rv = "".join(map(str, values))
+        rv = markup_join(values) if markup else str_join(values)
         self.budget.produced(rv)
         return rv
 
