@@ -296,7 +296,7 @@ def _f_indent(budget, a):
 def _f_wordwrap(budget, a):
     s, width, wrap = str(a["s"]), max(_int(a.get("width", 79)), 1), a.get("wrapstring") or "\n"
     # a line ends full, or before a word that does not fit (at a whitespace): that bounds the number of lines
-    lines = len(s) // width + sum(1 for c in s if c.isspace()) + 1
+    lines = len(s) // width + sum(map(str.isspace, s)) + 1
     budget.size(len(s) + lines * len(str(wrap)), "|wordwrap")
 
 
