@@ -152,7 +152,8 @@ from ggviz.llama.chat import ChatTemplateError, ChatTemplateLimits, chat_apply_t
 with open("/proc/self/status") as f:
     vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), vm + (1 << 30)))
-limits = ChatTemplateLimits(**json.loads(sys.argv[2]))
+# the wall-time limit only where a case asks for it: the others must stop on their own limit even on a busy machine
+limits = ChatTemplateLimits(**{"max_seconds": 60.0, **json.loads(sys.argv[2])})
 t0 = time.perf_counter()
 try:
     out = chat_apply_template(sys.argv[1], [{"role": "user", "content": "hi"}], limits=limits)
@@ -220,4 +221,4 @@ def test_hostile_template_fails_fast_with_its_line(tmpl, limits, lineno, reason)
     line = tmpl.splitlines()[lineno - 1].strip()
     assert res["line"] == (line if len(line) <= 100 else line[:97] + "...")
     assert res["error"].startswith(f"chat template line {lineno}: ")
-    assert res["seconds"] < 10, res             # a guard against a hang, not a benchmark
+    assert res["seconds"] < 30, res             # a guard against a hang, not a benchmark
