@@ -19,7 +19,6 @@ once Numba's cache is warm; the first run after an install also compiles the ker
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import math
 import os
@@ -30,6 +29,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from . import cli
 from .fetch import fetch_default_model
 from .ggml import quants as Q
 from .ggml.cpu import ggml_cpu, repack
@@ -262,17 +262,19 @@ def _llama_cpp_measure(path, n_threads, n_decode, n_prefill, log):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ggviz bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="GGUF file (default: the fetched SmolLM2-135M-Instruct Q4_1)")
-    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
-    ap.add_argument("--decode", type=int, default=32, help="tokens to decode per measurement (default 32)")
-    ap.add_argument("--prefill", type=int, default=128, help="prompt length for the prefill measurement")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per measurement (best is reported)")
+    ap = cli.ArgumentParser(prog="ggviz bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, type=cli.model_file,
+                    help="GGUF file (default: the fetched SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument("--threads", default="1,2", type=cli.thread_list,
+                    help="comma-separated thread counts (default 1,2)")
+    ap.add_argument("--decode", type=cli.int_arg(1), default=32, help="tokens to decode per measurement (default 32)")
+    ap.add_argument("--prefill", type=cli.int_arg(1), default=128, help="prompt length for the prefill measurement")
+    ap.add_argument("--reps", type=cli.int_arg(1), default=3, help="repetitions per measurement (best is reported)")
     ap.add_argument("--faithful", action="store_true", help="measure the faithful path (use_extra_bufts=False)")
     ap.add_argument("--no-reference", action="store_true", help="skip the NumPy reference")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if importable")
     args = ap.parse_args(argv)
-    threads = [int(t) for t in str(args.threads).split(",") if t.strip()]
+    threads = args.threads
 
     def log(msg):
         write(msg)          # print + flush, without tearing the progress bar apart
@@ -379,4 +381,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(cli.command_main("bench"))

@@ -8,14 +8,26 @@ Commands backed by a module (`demo`, `run`, `bench`, `graph`, `trace`, `report`)
 all their remaining arguments to `ggviz.<module>.main(argv)` (or to the function named after a colon,
 "ggviz.export:graph_main"), which parses its own options: to add one, write the module and add a line to
 MODULE_COMMANDS.
+
+Errors. A user's mistake prints one or two lines on stderr -- what is wrong, then what to do -- and exits non-zero,
+without a traceback: 2 for a bad argument (the commands' parsers are this module's ``ArgumentParser``, and the
+argument types below check paths and numbers before any work starts), 1 for an error while running (``main``
+catches the engine's errors in one place: a file that is not a GGUF, a chat template that fails, a size that does
+not fit, a file that cannot be written ...), 130 for Ctrl-C ("interrupted"). ``--debug`` anywhere on the command
+line, or ``GGVIZ_DEBUG=1``, shows the traceback instead. An exception that is not one of those errors is a bug in
+ggviz and keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
+import os
+import pathlib
 import platform
 import sys
+import tempfile
 from importlib import metadata
 
 from ggviz import __version__
@@ -33,12 +45,110 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "book": ("ggviz.book", "the notebooks, executed, as an offline HTML site (`ggviz book -o book/`)"),
 }
 
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "GGVIZ_DEBUG"
+EXIT_INTERRUPTED = 130          # 128 + SIGINT, what a shell reports for a process stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141          # 128 + SIGPIPE: stdout was closed (`ggviz run | head -1`)
+MAX_THREADS = 512               # GGML_MAX_N_THREADS (ggml.h): ggml_threadpool_new refuses more
+
+
+# ====================================================================================================================
+# argument parsing: short errors, checked paths and numbers
+# ====================================================================================================================
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with a two-line error (what is wrong; where the help is) instead of the full usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog}: see `{self.prog} --help`\n")
+
+
+def int_arg(lo: int | None = None, hi: int | None = None, what: str = ""):
+    """An argparse type: an integer in [lo, hi] (either end may be open); ``what`` explains the bound."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f"{lo}..{hi}" if lo is not None and hi is not None else (f">= {lo}" if lo is not None else f"<= {hi}")
+            raise argparse.ArgumentTypeError(f"{v} is out of range: must be {rng}" + (f" ({what})" if what else ""))
+        return v
+    parse.__name__ = "integer"
+    return parse
+
+
+thread_count = int_arg(1, MAX_THREADS, "GGML_MAX_N_THREADS")
+
+
+def thread_list(text: str) -> list[int]:
+    """An argparse type: comma-separated thread counts, each in 1..MAX_THREADS."""
+    counts = [thread_count(t.strip()) for t in text.split(",") if t.strip()]
+    if not counts:
+        raise argparse.ArgumentTypeError(f"{text!r} names no thread count (e.g. 1,2)")
+    return counts
+
+
+def model_file(text: str) -> str:
+    """An argparse type: a GGUF path that exists and is a file (whether it is a valid GGUF, the loader says)."""
+    p = pathlib.Path(text)
+    if not p.exists():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r} (give the path of a .gguf file, or leave the "
+                                         "option out for the default model)")
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a .gguf file")
+    if not os.access(p, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} (permission denied)")
+    return text
+
+
+def _probe_dir(d: pathlib.Path, text: str) -> None:
+    """Raise ArgumentTypeError unless files can be created in ``d`` or, when it does not exist yet, in the nearest
+    folder above it that does (the commands create missing folders)."""
+    probe = d
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(probe)!r} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: cannot create a file in {str(probe)!r} "
+                                         f"({e.strerror or e})") from None
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a file the command will write; checked before the (long) work that produces it."""
+    p = pathlib.Path(text)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r} (permission denied)")
+    _probe_dir(p.parent if str(p.parent) else pathlib.Path("."), text)
+    return text
+
+
+def output_dir(text: str) -> str:
+    """An argparse type: a folder the command will write files into (created if missing)."""
+    p = pathlib.Path(text)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    _probe_dir(p, text)
+    return text
+
+
+# ====================================================================================================================
+# the commands
+# ====================================================================================================================
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="ggviz",
         description="ggviz: an educational visualizer of how ggml and llama.cpp run a language model.",
+        epilog=f"{DEBUG_FLAG} (anywhere on the command line) or {DEBUG_ENV}=1: show the full traceback of an error.",
     )
+    parser.add_argument(DEBUG_FLAG, action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("fetch", help="download (once) and verify the default model, then print its path")
@@ -54,7 +164,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-
     try:
         path = fetch_default_model(dest_dir=args.dest, quiet=args.quiet)
     except FetchError as e:
@@ -76,8 +185,6 @@ def _cmd_module(name: str, argv: list[str]) -> int:
 
 
 def _cmd_version() -> int:
-
-
     print(f"ggviz {__version__}")
     print(f"python {platform.python_version()}")
     for dist in ("numpy", "gguf", "libggml-python"):
@@ -88,8 +195,7 @@ def _cmd_version() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _dispatch(argv: list[str]) -> int:
     # Module commands take their arguments verbatim (argparse would try to parse `--help` etc.).
     if argv and argv[0] in MODULE_COMMANDS:
         return _cmd_module(argv[0], argv[1:])
@@ -101,6 +207,105 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_version()
     parser.print_help(sys.stderr)
     return 2
+
+
+# ====================================================================================================================
+# errors: one place that turns the engine's errors into two lines
+# ====================================================================================================================
+
+def _interrupted(e: BaseException) -> bool:
+    """Ctrl-C, also when a worker or a wrapper re-raised it as another error (its cause or context)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _user_error(e: BaseException) -> bool:
+    """The errors a user's input or the machine causes: the engine's own (ggviz.GGUFError, GGMLError, DecodeError,
+    ChatTemplateError, FetchError are ValueError / RuntimeError subclasses, or defined in ggviz), files (OSError),
+    memory. A RecursionError, TypeError, KeyError ... is a bug and keeps its traceback."""
+    if isinstance(e, RecursionError):
+        return False
+    return isinstance(e, (OSError, ValueError, RuntimeError, MemoryError)) or \
+        type(e).__module__.split(".")[0] == "ggviz"
+
+
+def _hint(e: BaseException) -> str:
+    name = type(e).__name__
+    if name == "GGUFError":
+        return "-m/--model needs a GGUF model file (leave it out for the default model)"
+    if name == "ChatTemplateError":
+        return "the model's chat template cannot be used: run without --chat, or use another model"
+    if isinstance(e, FetchError):
+        return "check the network and pip, or pass a local model with -m/--model"
+    if isinstance(e, MemoryError):
+        return "ask for less: a smaller -c/--ctx-size, a shorter prompt or fewer tokens"
+    if isinstance(e, OSError):
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return "check the permissions of that path, or choose another"
+        if e.errno == errno.ENOSPC:
+            return "free some disk space, or write somewhere else"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR):
+            return "check the path"
+    return f"run again with {DEBUG_FLAG} (or {DEBUG_ENV}=1) for the full traceback"
+
+
+def _message(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    if isinstance(e, MemoryError):
+        return "out of memory" + (f" ({text})" if text else "")
+    if isinstance(e, OSError) and e.strerror:
+        where = e.filename if e.filename is not None else ""
+        return f"{e.strerror}" + (f": {str(where)!r}" if where else "")
+    return text or type(e).__name__
+
+
+def report_error(command: str | None, e: BaseException) -> int | None:
+    """Print ``e`` as a user error (two lines on stderr) and return the exit code; None if it is a bug."""
+    prog = f"ggviz {command}" if command else "ggviz"
+    if _interrupted(e):
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if isinstance(e, BrokenPipeError):
+        # the reader went away: say nothing, and keep Python from failing again when it flushes stdout at exit
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    if not _user_error(e):
+        return None
+    print(f"{prog}: error: {_message(e)}\n{prog}: {_hint(e)}", file=sys.stderr)
+    return 1
+
+
+def _debug(argv: list[str]) -> tuple[bool, list[str]]:
+    """``--debug`` anywhere before a ``--`` (removed from the arguments), or GGVIZ_DEBUG set to anything but 0."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    flag = DEBUG_FLAG in argv[:end]
+    rest = [a for a in argv[:end] if a != DEBUG_FLAG] + argv[end:]
+    return flag or os.environ.get(DEBUG_ENV, "") not in ("", "0"), rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug, argv = _debug(list(sys.argv[1:] if argv is None else argv))
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    try:
+        return _dispatch(argv)
+    except (Exception, KeyboardInterrupt) as e:
+        if debug:
+            raise
+        rc = report_error(command, e)
+        if rc is None:
+            raise
+        return rc
+
+
+def command_main(command: str, argv: list[str] | None = None) -> int:
+    """``python -m ggviz.<module>``: the same as ``ggviz <command>``, errors included."""
+    return main([command, *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

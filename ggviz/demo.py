@@ -22,7 +22,6 @@ What it does, step by step -- the llama.h calls a llama.cpp program makes (``ggv
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import pathlib
@@ -33,7 +32,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-from . import ggml, llama
+from . import cli, ggml, llama
 from .fetch import FetchError, fetch_default_model
 from .progress import progress, step
 from .report import write_report
@@ -240,13 +239,14 @@ def summary(r: DemoRun) -> str:
 
 def main(argv=None) -> int:
 
-    ap = argparse.ArgumentParser(prog="ggviz demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", help="GGUF file (default: the default model, fetched if needed)")
-    ap.add_argument("--out", default="out", help="output folder (default: ./out)")
+    ap = cli.ArgumentParser(prog="ggviz demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=cli.model_file, help="GGUF file (default: the default model, fetched if needed)")
+    ap.add_argument("--out", default="out", type=cli.output_dir, help="output folder (default: ./out)")
     ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT,
                     help="the prompt: decoded with layer 0 captured, then continued by the generation")
-    ap.add_argument("-n", "--n-predict", type=int, default=24, help="tokens to generate (0: skip generation)")
-    ap.add_argument("--threads", type=int, default=2, help="threads for llama_decode (default 2)")
+    ap.add_argument("-n", "--n-predict", type=cli.int_arg(0), default=24,
+                    help="tokens to generate (0: skip generation)")
+    ap.add_argument("--threads", type=cli.thread_count, default=2, help="threads for llama_decode (default 2)")
     ap.add_argument("--quiet", action="store_true", help="print only the file list (and no progress bar)")
     ap.add_argument("--no-report", action="store_true",
                     help="do not write report.html (the HTML walkthrough of one decode step, `ggviz report`)")
@@ -302,4 +302,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.command_main("demo"))

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import graphviz
 
-from . import ggml, llama, trace
+from . import cli, ggml, llama, trace
 from .run import load_model
 from .viz import graph_dot as G
 
@@ -264,21 +264,28 @@ def _model(path):
 
 
 def graph_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ggviz graph", description="draw the decode graph of the default model "
-                                 "(one token): one box per layer, one layer opened up, or every node")
+    ap = cli.ArgumentParser(prog="ggviz graph", description="draw the decode graph of the default model "
+                            "(one token): one box per layer, one layer opened up, or every node")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--layer", type=int, default=None, help="open up this layer (others stay folded)")
     g.add_argument("--full", action="store_true", help="draw every node (a very tall picture, laid out layer by layer)")
     ap.add_argument("--format", choices=("dot", "svg", "png"), default=None,
                     help="output format (default: from the file extension, else svg)")
-    ap.add_argument("-o", "--out", default=None, help="output file (default: decode_graph.<format>)")
-    ap.add_argument("-m", "--model", default=None, help="GGUF path (default: the default model)")
-    ap.add_argument("--n-kv", type=int, default=256, help="attended KV cells (default 256, one padded block)")
+    ap.add_argument("-o", "--out", default=None,
+                    help="output file (default: decode_graph.<format>; missing folders are created)")
+    ap.add_argument("-m", "--model", default=None, type=cli.model_file,
+                    help="GGUF path (default: the default model)")
+    ap.add_argument("--n-kv", type=cli.int_arg(1), default=256,
+                    help="attended KV cells (default 256, one padded block)")
     a = ap.parse_args(argv)
     fmt = a.format or (pathlib.Path(a.out).suffix.lstrip(".").lower() if a.out else "svg")
     if fmt not in ("dot", "svg", "png"):
         fmt = "svg"
     out = pathlib.Path(a.out or f"decode_graph.{fmt}")
+    try:                                    # before the model loads: a path that cannot be written fails now
+        cli.output_file(str(out))
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"argument -o/--out: {e}")
     res = decode_graph(_model(a.model), a.n_kv)
     try:
         write_graph(out, res.gf, fmt, layer=a.layer, full=a.full)
@@ -295,13 +302,15 @@ def graph_main(argv=None) -> int:
 
 
 def trace_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ggviz trace", description="Chrome trace-event JSON of one decode compute "
-                                 "(per-thread node spans, mul_mat chunks, barrier waits); open it in "
-                                 "ui.perfetto.dev or chrome://tracing")
-    ap.add_argument("-o", "--out", default="trace.json", help="output file (default: trace.json)")
+    ap = cli.ArgumentParser(prog="ggviz trace", description="Chrome trace-event JSON of one decode compute "
+                            "(per-thread node spans, mul_mat chunks, barrier waits); open it in "
+                            "ui.perfetto.dev or chrome://tracing")
+    ap.add_argument("-o", "--out", default="trace.json", type=cli.output_file,
+                    help="output file (default: trace.json; missing folders are created)")
     ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help="prompt decoded before the traced step")
-    ap.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
-    ap.add_argument("-m", "--model", default=None, help="GGUF path (default: the default model)")
+    ap.add_argument("-t", "--threads", type=cli.thread_count, default=2, help="threads (default 2)")
+    ap.add_argument("-m", "--model", default=None, type=cli.model_file,
+                    help="GGUF path (default: the default model)")
     a = ap.parse_args(argv)
     step = decode_step(a.prompt, a.threads, _model(a.model))
     doc = chrome_trace(step)

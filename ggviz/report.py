@@ -20,7 +20,6 @@ templates say how it reads.
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import io
 import math
@@ -40,7 +39,7 @@ import numpy as np
 from markupsafe import Markup, escape
 from matplotlib.patches import Rectangle
 
-from . import __version__, ggml, llama
+from . import __version__, cli, ggml, llama
 from .export import DEFAULT_PROMPT, decode_step
 from .ggml import alloc as GA
 from .ggml import backend as B
@@ -850,12 +849,14 @@ def write_report(path="report.html", prompt: str = DEFAULT_PROMPT, threads: int 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ggviz report", description="write a standalone HTML walkthrough of one "
-                                 "decode step of the default model")
-    ap.add_argument("-o", "--out", default="report.html", help="output file (default: report.html)")
+    ap = cli.ArgumentParser(prog="ggviz report", description="write a standalone HTML walkthrough of one "
+                            "decode step of the default model")
+    ap.add_argument("-o", "--out", default="report.html", type=cli.output_file,
+                    help="output file (default: report.html)")
     ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help=f"prompt (default: {DEFAULT_PROMPT!r})")
-    ap.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
-    ap.add_argument("-m", "--model", default=None, help="GGUF path (default: the default model)")
+    ap.add_argument("-t", "--threads", type=cli.thread_count, default=2, help="threads (default 2)")
+    ap.add_argument("-m", "--model", default=None, type=cli.model_file,
+                    help="GGUF path (default: the default model)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     path = write_report(a.out, a.prompt, a.threads, load_model(a.model))
@@ -864,4 +865,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.command_main("report"))

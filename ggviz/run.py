@@ -6,12 +6,11 @@ end-of-generation token, and print llama.cpp-style timings.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass, field
 
-from . import llama
+from . import cli, llama
 from .fetch import fetch_default_model
 
 _models: dict = {}
@@ -123,30 +122,49 @@ def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: floa
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ggviz run", description="generate text with ggviz's llama.cpp mirror")
-    ap.add_argument("-m", "--model", default=None, help="GGUF path (default: SmolLM2-135M-Instruct Q4_1)")
+    ap = cli.ArgumentParser(prog="ggviz run", description="generate text with ggviz's llama.cpp mirror")
+    ap.add_argument("-m", "--model", default=None, type=cli.model_file,
+                    help="GGUF path (default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("-p", "--prompt", default="The ggml library is")
-    ap.add_argument("-n", "--n-predict", type=int, default=64)
+    ap.add_argument("-n", "--n-predict", type=cli.int_arg(0), default=64, help="tokens to generate (>= 0)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     ap.add_argument("--temp", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--seed", type=cli.int_arg(-1, 2**32 - 1, "a uint32; -1: a random seed, as llama.cpp's"),
+                    default=1234)
     ap.add_argument("--top-k", type=int, default=40)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--min-p", type=float, default=0.05)
-    ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("-c", "--ctx-size", type=int, default=2048)
+    ap.add_argument("-t", "--threads", type=cli.thread_count, default=2, help=f"threads (1..{cli.MAX_THREADS})")
+    ap.add_argument("-c", "--ctx-size", type=cli.int_arg(0), default=2048,
+                    help="context size in tokens (0: the model's training context)")
     a = ap.parse_args(argv)
     model = load_model(a.model)
-    sys.stdout.write(a.prompt if not a.chat else "")
-    sys.stdout.flush()
+    # the prompt is echoed with the first generated piece, so that an error before it (the context, the chat
+    # template, the prompt's decode) prints alone; an error or Ctrl-C later starts a new line first
+    state = {"echoed": False, "mid_line": False}
 
-    def out(piece):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+    def write(text):
+        if not state["echoed"]:
+            state["echoed"] = True
+            write(a.prompt if not a.chat else "")
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            state["mid_line"] = not text.endswith("\n")
 
-    g = generate(a.prompt, a.n_predict, chat=a.chat, temp=a.temp, seed=a.seed, top_k=a.top_k, top_p=a.top_p,
-                 min_p=a.min_p, threads=a.threads, n_ctx=a.ctx_size, model=model, stream=out)
+    try:
+        g = generate(a.prompt, a.n_predict, chat=a.chat, temp=a.temp, seed=a.seed, top_k=a.top_k, top_p=a.top_p,
+                     min_p=a.min_p, threads=a.threads, n_ctx=a.ctx_size, model=model, stream=write)
+    except BaseException:
+        if state["mid_line"]:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        raise
     g.t_load_ms += model.t_load_us / 1e3
-    sys.stdout.write("\n\n")
+    write("\n\n")
     print(g.timings(), file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.command_main("run"))
