@@ -695,6 +695,26 @@ def test_the_largest_n_ctx_that_fits_fits(model, monkeypatch):
     assert ei.value.fits is None
 
 
+@pytest.mark.parametrize("where", ["kv", "reserve"])
+def test_an_allocation_that_fails_anyway_is_the_same_error(model, monkeypatch, where):
+    """The estimate passed but the memory went meanwhile: the same ContextParamsError, with a smaller n_ctx."""
+    if where == "kv":
+        def fail(*a, **k):
+            raise MemoryError("Unable to allocate 94.0 MiB")
+        monkeypatch.setattr(lctx, "KVCache", fail)
+    else:
+        def fail(self):
+            raise llama.DecodeError("llama_context::graph_reserve: failed to allocate compute buffers")
+        monkeypatch.setattr(lctx.LlamaContext, "sched_reserve", fail)
+    with pytest.raises(llama.ContextParamsError) as ei:
+        _ctx(model, n_ctx=4096)
+    e = ei.value
+    what = "the KV cache" if where == "kv" else "the compute buffers"
+    assert "n_ctx = 4096 needs " in str(e) and f"but {what} could not be allocated (" in str(e)
+    assert e.param == "n_ctx" and e.fits is not None and e.fits < 4096 and isinstance(e.__cause__,
+                                                                                     (MemoryError, llama.DecodeError))
+
+
 @pytest.mark.parametrize("n_ctx,n_ubatch", [(256, 512), (512, 512), (2048, 512), (4096, 64), (8192, 512)])
 def test_memory_estimate_bounds_what_the_context_allocates(model, n_ctx, n_ubatch):
     """The oracle is the context itself: the KV buffer it allocates (exactly) and the compute buffers its reserve

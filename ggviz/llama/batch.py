@@ -10,8 +10,8 @@ Two kinds of bad batch, as in the C API:
 
 * a batch whose *values* llama.cpp checks (token ids outside the vocabulary, seq_ids outside ``[0, n_seq_max)``,
   positions that do not continue the sequence in the KV cache ...): ``llama_decode`` returns -1 and the reason is
-  logged with llama.cpp's ``LLAMA_LOG_ERROR`` text (``ggviz.ggml.impl.GGML_LOG``, logger ``ggviz.ggml``; the last
-  one is ``impl.last_log_error()``). Nothing is touched.
+  logged with llama.cpp's ``LLAMA_LOG_ERROR`` text (``ggviz.ggml.impl.GGML_LOG``: logger ``ggviz.ggml``, and
+  ``impl.log_messages``; the first error of the call is the reason). Nothing is touched.
 * a batch that C's types would not let through -- token ids that are not integers (floats are refused, not
   truncated), arrays shorter than ``n_tokens``, a negative ``n_tokens``: a programming error, raised
   (``TypeError`` for a wrong type, :class:`DecodeError` otherwise).

@@ -216,7 +216,12 @@ class LlamaContext:
         # the KV cache of each layer lives on the layer's device when offload_kqv (llama_kv_cache's buft per layer)
         kv_bufts = [gb.backend_dev_buffer_type(d) if (p.offload_kqv and d is not None) else gb.backend_cpu_buffer_type()
                     for d in (model.dev_layer or [None] * hp.n_layer)]
-        self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts, n_seq_max=self.n_seq_max)
+        try:
+            self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts, n_seq_max=self.n_seq_max)
+        except (MemoryError, RuntimeError) as e:       # the estimate said it fits, the allocation says no
+            if isinstance(e, RuntimeError) and "failed to allocate" not in str(e):
+                raise
+            raise self._memory_refusal(hp, n_ctx_req, f"the KV cache could not be allocated ({e})") from e
         self.logits = np.zeros((0, hp.n_vocab), dtype=np.float32)
         self.output_ids: dict[int, int] = {}
         self.n_outputs = 0
@@ -236,7 +241,10 @@ class LlamaContext:
         self.backend_buf_exp_size = [0] * len(self.backends)   # bytes per backend after the reserve
         self.reserve_log: list[dict] = []                      # one entry per graph_reserve, in order
         self.reserve_stats: dict = {}
-        self.sched_reserve()
+        try:
+            self.sched_reserve()
+        except (MemoryError, DecodeError) as e:
+            raise self._memory_refusal(hp, n_ctx_req, f"the compute buffers could not be allocated ({e})") from e
 
     @staticmethod
     def _param(name: str, value, lo: int, note: str = "") -> int:
@@ -249,35 +257,45 @@ class LlamaContext:
                                      + (f" ({note})" if note else ""), name, v, None)
         return v
 
+    def _need(self, hp, n_ctx: int) -> dict:
+        p = self.cparams
+        return context_memory_size(hp, n_ctx, min(n_ctx, self.n_ubatch), self.n_seq_max, self.n_outputs_max,
+                                   p.type_k, p.type_v)
+
     def _check_memory(self, hp, n_ctx_req: int) -> None:
         """Refuse an n_ctx whose KV cache and compute buffers cannot be allocated, naming the largest that can --
         before allocating anything (ggviz; llama.cpp finds out when the allocation fails)."""
-        p = self.cparams
         avail = available_memory()
-        if avail is None:
-            return
+        if avail is not None and self._need(hp, self.n_ctx)["total"] > avail:
+            raise self._memory_refusal(hp, n_ctx_req, None, avail)
 
-        def need(n):
-            return context_memory_size(hp, n, min(n, self.n_ubatch), self.n_seq_max, self.n_outputs_max,
-                                       p.type_k, p.type_v)
-        req = need(self.n_ctx)
-        if req["total"] <= avail:
-            return
-        lo, hi = 0, self.n_ctx // 256          # the largest multiple of 256 that fits (need() grows with n_ctx)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if need(mid * 256)["total"] <= avail:
-                lo = mid
-            else:
-                hi = mid - 1
-        fits = lo * 256 or None
+    def _memory_refusal(self, hp, n_ctx_req: int, why: str | None, avail: int | None = None) -> ContextParamsError:
+        """The ContextParamsError for an n_ctx that does not fit: what it needs, what is available, the largest
+        n_ctx (a multiple of 256) whose estimate fits."""
+        if avail is None:
+            avail = available_memory()
+        req = self._need(hp, self.n_ctx)
+        fits = None
+        if avail is not None:
+            # the largest multiple of 256 that fits (_need grows with n_ctx); below n_ctx if its allocation failed
+            lo, hi = 0, self.n_ctx // 256 - (1 if why else 0)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._need(hp, mid * 256)["total"] <= avail:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            fits = lo * 256 or None
         mib = 1024 * 1024
-        raise ContextParamsError(
-            f"llama_init_from_model: n_ctx = {n_ctx_req or self.n_ctx} needs {req['total'] / mib:,.0f} MiB "
-            f"(KV cache {req['kv'] / mib:,.0f} MiB + compute buffers ~{req['compute'] / mib:,.0f} MiB), but only "
-            f"{avail / mib:,.0f} MiB of memory are available; "
-            + (f"the largest n_ctx that fits is {fits}" if fits else "not even n_ctx = 256 fits"),
-            "n_ctx", n_ctx_req or self.n_ctx, fits, req["total"], avail)
+        n = n_ctx_req or self.n_ctx
+        msg = (f"llama_init_from_model: n_ctx = {n} needs {req['total'] / mib:,.0f} MiB (KV cache "
+               f"{req['kv'] / mib:,.0f} MiB + compute buffers ~{req['compute'] / mib:,.0f} MiB)")
+        if why:
+            msg += f", but {why}"
+        if avail is not None:
+            msg += (f"{'; ' if why else ', but only '}{avail / mib:,.0f} MiB of memory are available; "
+                    + (f"the largest n_ctx that fits is {fits}" if fits else "not even n_ctx = 256 fits"))
+        return ContextParamsError(msg, "n_ctx", n, fits, req["total"], avail)
 
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
         """llama_set_n_threads (the counts are checked as at creation)."""
