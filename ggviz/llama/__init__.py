@@ -17,6 +17,7 @@ The modules behind it follow llama.cpp's sources: ``model`` (llama-model), ``voc
 """
 from __future__ import annotations
 
+from ..ggml.impl import GGML_LOG
 from .batch import LlamaBatch, batch_add, batch_free, batch_get_one, batch_init  # noqa: F401
 from .chat import ChatMessage, ChatTemplateError, chat_apply_template  # noqa: F401
 from .chat import model_chat_template as _t
@@ -24,6 +25,8 @@ from .context import (  # noqa: F401
     LLAMA_FLASH_ATTN_TYPE_AUTO,
     LLAMA_FLASH_ATTN_TYPE_DISABLED,
     LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    ContextBusyError,
+    ContextParamsError,
     DecodeError,
     LlamaContext,
     LlamaContextParams,
@@ -160,7 +163,11 @@ def detokenize(vocab, tokens, remove_special: bool = False, unparse_special: boo
 
 # ---- decoding
 def decode(ctx: LlamaContext, batch: LlamaBatch) -> int:
-    return ctx.decode(batch)
+    """llama_decode: see LlamaContext.decode for the return codes (and what is raised instead)."""
+    ret = ctx.decode(batch)
+    if ret != 0 and ret != 1:
+        GGML_LOG("error", f"llama_decode: failed to decode, ret = {ret}")
+    return ret
 
 
 def get_logits_ith(ctx: LlamaContext, i: int):
@@ -187,10 +194,13 @@ def memory_seq_pos_max(mem, seq_id: int) -> int:
     return mem.memory_seq_pos_max(seq_id)
 
 
+def memory_seq_pos_min(mem, seq_id: int) -> int:
+    return mem.memory_seq_pos_min(seq_id)
+
+
 def perf_context(ctx: LlamaContext):
     return ctx.perf
 
 
 def set_n_threads(ctx: LlamaContext, n_threads: int, n_threads_batch: int) -> None:
-    ctx.cparams.n_threads = n_threads
-    ctx.cparams.n_threads_batch = n_threads_batch
+    ctx.set_n_threads(n_threads, n_threads_batch)

@@ -2,10 +2,28 @@
 
 Mirrors llama.cpp's ``llama_context`` (llama-context.cpp): ``llama_context_default_params``, ``llama_init_from_model``
 (cparams derived from the model: rope base/scale, YaRN defaults, n_ctx padded to 256), ``decode`` (validate the
-batch, split it into ubatches of ``n_ubatch`` tokens, for each: ``find_slot``/``apply_ubatch``, build the graph,
-``set_inputs``, compute, copy the output rows of the logits), ``get_logits_ith``, and the scheduler's eval callback
+batch -- ``llama_batch_allocr::init``, batch.py --, split it into ubatches of ``n_ubatch`` tokens, find the KV slots
+of all of them -- ``llama_kv_cache::prepare`` --, then for each: ``apply_ubatch``, build the graph, ``set_inputs``,
+compute, copy the output rows of the logits), ``get_logits_ith``, and the scheduler's eval callback
 (``cb_eval(tensor, ask) -> bool``: asked once per node; the nodes up to one it wants are computed, then it is called
 with the data; returning False stops the decode).
+
+``decode`` returns llama.cpp's codes: 0 success, 1 no KV slot for the batch (nothing was computed or stored),
+-1 invalid input (the reason is logged with llama.cpp's text, see batch.py), 2 aborted (``abort_callback`` or
+``cb_eval`` returning False), -2 the compute buffers could not be allocated. A decode that does not succeed --
+by one of those codes, or by an exception (a kernel error, an exception or ``KeyboardInterrupt`` from a callback)
+-- leaves the context as it was before the call: the KV cells it had placed are freed again (llama.cpp does
+``seq_rm`` for the failed ubatch only, keeping the ubatches computed before it; ggviz undoes the whole call) and
+the outputs (logits, output ids) of the previous decode stay. One context decodes in one thread at a time: a second
+thread gets :class:`ContextBusyError` at once, with nothing touched.
+
+Sizes are checked when the context is created, before anything is allocated (:class:`ContextParamsError`, a
+ValueError naming the parameter and the largest value that fits): the KV cache and the compute buffers of ``n_ctx``
+must fit in the memory available (``available_memory``: MemAvailable, capped by RLIMIT_AS), and the thread counts
+must be in ``[1, GGML_MAX_N_THREADS]`` (512; llama.cpp passes a count <= 0 on, and ggml_graph_plan silently uses 4
+threads; ggml's threadpool refuses more than 512, which ggviz would only find out in the first decode). More threads
+than CPU cores are accepted, as in llama.cpp, with a warning (above the default 4): ggviz's threads share the
+interpreter lock, so extra threads only add barrier waits.
 
 The graph runs through ``ggml_backend_sched`` as in llama.cpp: the context's backends are one per offload device of
 the model (``n_gpu_layers``), then the ACCEL-type devices of the registry (BLAS), then the CPU; every new graph is
@@ -22,7 +40,9 @@ output (``min(n_tokens, n_outputs_max)``), a token-generation ubatch of 1 token,
 """
 from __future__ import annotations
 
+import operator
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -33,8 +53,14 @@ from ..ggml import backend as gb
 from ..ggml import backend_reg, impl
 from ..ggml import sched as gs
 from ..ggml.cpu import cpu_backend
+from .batch import LLAMA_MAX_SEQ, DecodeError, batch_allocr_init
 from .graph import LlamaGraphBuilder, graph_max_nodes
 from .kv_cache import KVCache
+
+try:        # RLIMIT_AS (POSIX only): a process limited to less memory than the machine has
+    import resource
+except ImportError:      # pragma: no cover - Windows
+    resource = None
 
 LLAMA_FLASH_ATTN_TYPE_AUTO = -1
 LLAMA_FLASH_ATTN_TYPE_DISABLED = 0
@@ -84,8 +110,67 @@ class _Perf:
     n_eval: int = 0
 
 
-class DecodeError(RuntimeError):
-    pass
+class ContextParamsError(ValueError):
+    """A llama_context_params value that cannot work, refused by ``init_from_model`` before anything is allocated
+    (or a thread count refused by ``set_n_threads``). ``param``: the field; ``value``: what was asked; ``fits``:
+    the largest value that would work (None if none); ``required``/``available``: bytes, for sizes."""
+
+    def __init__(self, msg: str, param: str, value, fits=None, required: int | None = None,
+                 available: int | None = None):
+        super().__init__(msg)
+        self.param, self.value, self.fits = param, value, fits
+        self.required, self.available = required, available
+
+
+class ContextBusyError(DecodeError):
+    """The context is already decoding (in another thread, or re-entered from its own callback)."""
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate: MemAvailable (/proc/meminfo; else sysconf's available pages), capped by
+    RLIMIT_AS minus the address space in use. None if the system does not say."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            pass
+    if resource is not None:
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            try:
+                with open("/proc/self/statm") as f:
+                    used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError, IndexError):
+                used = 0
+            room = max(0, soft - used)
+            avail = room if avail is None else min(avail, room)
+    return avail
+
+
+def context_memory_size(hp, n_ctx: int, n_ubatch: int, n_seq_max: int = 1, n_outputs_max: int = 0,
+                        type_k: int = ggml.GGML_TYPE_F16, type_v: int = ggml.GGML_TYPE_F16) -> dict:
+    """The bytes a context of ``n_ctx`` cells needs (before it allocates them), as a dict: ``kv`` (the K and V
+    tensors of every layer: exact, what llama.cpp logs as "KV buffer size"), ``cells`` (ggviz's per-cell bookkeeping),
+    ``compute`` (the reserved compute buffers: an upper bound, within ~10 % of what the reserve allocates -- its peak
+    is the larger of the logits [n_vocab, n_outputs] and one layer's attention scores [n_kv, n_tokens, n_head] with
+    the mask, plus the activations of n_tokens) and ``total``."""
+    n_tokens = min(n_ctx, n_ubatch)                           # the prompt-processing reserve graph
+    n_outputs = min(n_tokens, n_outputs_max) if n_outputs_max > 0 else n_tokens
+    kv = hp.n_layer * n_ctx * (ggml.row_size(type_k, hp.n_embd_k_gqa) + ggml.row_size(type_v, hp.n_embd_v_gqa))
+    cells = n_ctx * (8 + 8 + 216 + max(1, n_seq_max))         # pos, list slot, an empty set(), the seq mask
+    logits = 4 * hp.n_vocab * n_outputs
+    attn = 4 * n_ctx * n_tokens * (hp.n_head + 1)             # KQ (soft_max works in place) + the KQ mask
+    compute = int(1.05 * max(logits, attn)) + 4 * n_tokens * (2 * hp.n_embd + hp.n_ff)
+    return dict(kv=kv, cells=cells, compute=compute, total=kv + cells + compute)
 
 
 class LlamaContext:
@@ -95,15 +180,31 @@ class LlamaContext:
         p = params
         if p.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED:
             raise ValueError("flash attention is not implemented in ggviz's CPU path; use flash_attn_type = 0")
-        n_ctx = p.n_ctx if p.n_ctx > 0 else hp.n_ctx_train
+        n_ctx_req = self._param("n_ctx", p.n_ctx, 0, "0: the model's n_ctx_train")
+        n_ctx = n_ctx_req if n_ctx_req > 0 else hp.n_ctx_train
         # the KV cache size is padded to 256 cells (llama_kv_cache::get_padding)
         n_ctx = ggml.GGML_PAD(n_ctx, 256)
+        n_batch = self._param("n_batch", p.n_batch, 1)
+        n_ubatch = self._param("n_ubatch", p.n_ubatch, 0, "0: n_batch")
+        n_seq_max = self._param("n_seq_max", p.n_seq_max, 0)
+        if n_seq_max > LLAMA_MAX_SEQ:
+            raise ContextParamsError(f"llama_init_from_model: n_seq_max must be <= {LLAMA_MAX_SEQ}, got {n_seq_max}",
+                                     "n_seq_max", n_seq_max, LLAMA_MAX_SEQ)
+        n_outputs_max = self._param("n_outputs_max", p.n_outputs_max, 0, "0: n_batch")
+        for name in ("n_threads", "n_threads_batch"):
+            check_n_threads(name, getattr(p, name))
         self.cparams = p
         self.n_ctx = n_ctx
-        self.n_batch = min(n_ctx, p.n_batch)
-        self.n_ubatch = min(self.n_batch, p.n_ubatch if p.n_ubatch > 0 else p.n_batch)
-        self.n_seq_max = max(1, p.n_seq_max)
-        self.n_outputs_max = self.n_batch if p.n_outputs_max == 0 else p.n_outputs_max
+        self.n_batch = min(n_ctx, n_batch)
+        self.n_ubatch = min(self.n_batch, n_ubatch if n_ubatch > 0 else n_batch)
+        self.n_seq_max = max(1, n_seq_max)
+        self.n_outputs_max = self.n_batch if n_outputs_max == 0 else n_outputs_max
+        self._check_memory(hp, n_ctx_req)
+        if n_ctx // self.n_seq_max > hp.n_ctx_train:
+            impl.GGML_LOG("warn", f"llama_context: n_ctx_per_seq ({n_ctx // self.n_seq_max}) > n_ctx_train "
+                                  f"({hp.n_ctx_train}) -- possible training context overflow")
+        self._busy = threading.Lock()       # ggviz: one decode at a time (ContextBusyError)
+        self._busy_thread = None
         # cparams derived from the model (llama_init_from_model)
         self.rope_freq_base = p.rope_freq_base if p.rope_freq_base != 0.0 else hp.rope_freq_base_train
         self.rope_freq_scale = p.rope_freq_scale if p.rope_freq_scale != 0.0 else hp.rope_freq_scale_train
@@ -115,7 +216,12 @@ class LlamaContext:
         # the KV cache of each layer lives on the layer's device when offload_kqv (llama_kv_cache's buft per layer)
         kv_bufts = [gb.backend_dev_buffer_type(d) if (p.offload_kqv and d is not None) else gb.backend_cpu_buffer_type()
                     for d in (model.dev_layer or [None] * hp.n_layer)]
-        self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts)
+        try:
+            self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts, n_seq_max=self.n_seq_max)
+        except (MemoryError, RuntimeError) as e:       # the estimate said it fits, the allocation says no
+            if isinstance(e, RuntimeError) and "failed to allocate" not in str(e):
+                raise
+            raise self._memory_refusal(hp, n_ctx_req, f"the KV cache could not be allocated ({e})") from e
         self.logits = np.zeros((0, hp.n_vocab), dtype=np.float32)
         self.output_ids: dict[int, int] = {}
         self.n_outputs = 0
@@ -135,7 +241,68 @@ class LlamaContext:
         self.backend_buf_exp_size = [0] * len(self.backends)   # bytes per backend after the reserve
         self.reserve_log: list[dict] = []                      # one entry per graph_reserve, in order
         self.reserve_stats: dict = {}
-        self.sched_reserve()
+        try:
+            self.sched_reserve()
+        except (MemoryError, DecodeError) as e:
+            raise self._memory_refusal(hp, n_ctx_req, f"the compute buffers could not be allocated ({e})") from e
+
+    @staticmethod
+    def _param(name: str, value, lo: int, note: str = "") -> int:
+        try:
+            v = operator.index(value)
+        except TypeError:
+            raise TypeError(f"llama_context_params.{name} must be an integer, not {type(value).__name__}") from None
+        if v < lo:
+            raise ContextParamsError(f"llama_init_from_model: {name} = {v} must be >= {lo}"
+                                     + (f" ({note})" if note else ""), name, v, None)
+        return v
+
+    def _need(self, hp, n_ctx: int) -> dict:
+        p = self.cparams
+        return context_memory_size(hp, n_ctx, min(n_ctx, self.n_ubatch), self.n_seq_max, self.n_outputs_max,
+                                   p.type_k, p.type_v)
+
+    def _check_memory(self, hp, n_ctx_req: int) -> None:
+        """Refuse an n_ctx whose KV cache and compute buffers cannot be allocated, naming the largest that can --
+        before allocating anything (ggviz; llama.cpp finds out when the allocation fails)."""
+        avail = available_memory()
+        if avail is not None and self._need(hp, self.n_ctx)["total"] > avail:
+            raise self._memory_refusal(hp, n_ctx_req, None, avail)
+
+    def _memory_refusal(self, hp, n_ctx_req: int, why: str | None, avail: int | None = None) -> ContextParamsError:
+        """The ContextParamsError for an n_ctx that does not fit: what it needs, what is available, the largest
+        n_ctx (a multiple of 256) whose estimate fits."""
+        if avail is None:
+            avail = available_memory()
+        req = self._need(hp, self.n_ctx)
+        fits = None
+        if avail is not None:
+            # the largest multiple of 256 that fits (_need grows with n_ctx); below n_ctx if its allocation failed
+            lo, hi = 0, self.n_ctx // 256 - (1 if why else 0)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._need(hp, mid * 256)["total"] <= avail:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            fits = lo * 256 or None
+        mib = 1024 * 1024
+        n = n_ctx_req or self.n_ctx
+        msg = (f"llama_init_from_model: n_ctx = {n} needs {req['total'] / mib:,.0f} MiB (KV cache "
+               f"{req['kv'] / mib:,.0f} MiB + compute buffers ~{req['compute'] / mib:,.0f} MiB)")
+        if why:
+            msg += f", but {why}"
+        if avail is not None:
+            msg += (f"{'; ' if why else ', but only '}{avail / mib:,.0f} MiB of memory are available; "
+                    + (f"the largest n_ctx that fits is {fits}" if fits else "not even n_ctx = 256 fits"))
+        return ContextParamsError(msg, "n_ctx", n, fits, req["total"], avail)
+
+    def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        """llama_set_n_threads (the counts are checked as at creation)."""
+        n_threads = check_n_threads("n_threads", n_threads)
+        n_threads_batch = check_n_threads("n_threads_batch", n_threads_batch)
+        self.cparams.n_threads = n_threads
+        self.cparams.n_threads_batch = n_threads_batch
 
     def _init_backends(self, model, p):
         """llama_context's constructor: the backends (offload devices, ACCEL devices such as BLAS, the CPU), their
@@ -285,66 +452,93 @@ class LlamaContext:
 
     # ---- memory
     def memory_clear(self, data: bool = True):
-        self.kv.clear()
-        self._prev_key = None
+        """llama_memory_clear: forget every cell; with ``data`` also zero the K/V buffers."""
+        with self._claim("llama_memory_clear"):
+            self.kv.clear(data)
+            self._prev_key = None
 
     def memory_seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
-        return self.kv.seq_rm(seq_id, p0, p1)
+        with self._claim("llama_memory_seq_rm"):
+            return self.kv.seq_rm(seq_id, p0, p1)
 
     def memory_seq_pos_max(self, seq_id: int) -> int:
-        return self.kv.cells.seq_pos_max(seq_id)
+        return self.kv.seq_pos_max(seq_id)
+
+    def memory_seq_pos_min(self, seq_id: int) -> int:
+        return self.kv.seq_pos_min(seq_id)
+
+    # ---- one caller at a time
+    def _claim(self, what: str):
+        """The context's lock, taken without waiting: a second caller gets ContextBusyError (ggviz; llama.cpp
+        leaves two threads in one context undefined)."""
+        if not self._busy.acquire(blocking=False):
+            same = self._busy_thread == threading.get_ident()
+            raise ContextBusyError(f"{what}: this llama context is already decoding in "
+                                   + ("this thread (called from its own eval callback or graph hook)" if same
+                                      else "another thread") + "; use one context per thread")
+        self._busy_thread = threading.get_ident()
+        return _Release(self)
 
     # ---- decode
     def decode(self, batch) -> int:
-        """llama_decode: 0 on success, 1 if no KV slot was found, -1 on invalid input, 2 if aborted."""
+        """llama_decode: 0 on success, 1 if no KV slot was found for the batch, -1 on invalid input, 2 if aborted,
+        -2 if the compute buffers could not be allocated (llama.cpp's codes; the reason is logged as llama.cpp logs
+        it). Whatever the outcome, a decode that does not return 0 leaves the KV cache and the outputs as they were.
+
+        Raised instead (programming errors; the context is unchanged as well): TypeError for a batch field of the
+        wrong type (token ids that are floats ...), DecodeError for a malformed batch (arrays shorter than
+        n_tokens, n_tokens < 0, embeddings input), ContextBusyError when the context is already decoding; and
+        whatever a callback or a kernel raised (KeyboardInterrupt included, as it is)."""
+        with self._claim("llama_decode"):
+            return self._decode(batch)
+
+    def _decode(self, batch) -> int:
         hp = self.model.hparams
-        n = batch.n_tokens
         if self.sched_need_reserve:
             self.sched_reserve()
-        if n <= 0:
-            raise DecodeError("llama_decode: n_tokens == 0")
-        if batch.token is None:
-            raise DecodeError("llama_decode: embeddings input is not supported by ggviz; pass tokens")
-        tokens = np.asarray(batch.token[:n], dtype=np.int32)
-        bad = np.nonzero((tokens < 0) | (tokens >= hp.n_vocab))[0]
-        if len(bad):
-            raise DecodeError(f"llama_decode: invalid token[{int(bad[0])}] = {int(tokens[bad[0]])} "
-                              f"(the vocabulary has {hp.n_vocab} tokens)")
-        seq_ids = np.array([batch.seq_id[i][0] if batch.seq_id is not None else 0 for i in range(n)], dtype=np.int64)
-        if batch.pos is not None:
-            pos = np.asarray(batch.pos[:n], dtype=np.int64)
-        else:
-            # positions continue each sequence (llama_batch_allocr)
-            pos = np.zeros(n, dtype=np.int64)
-            nxt = {}
-            for i in range(n):
-                s = int(seq_ids[i])
-                if s not in nxt:
-                    nxt[s] = self.kv.cells.seq_pos_max(s) + 1
-                pos[i] = nxt[s]
-                nxt[s] += 1
-        if batch.logits is not None:
-            out_mask = np.asarray(batch.logits[:n], dtype=bool)
-        else:
-            out_mask = np.zeros(n, dtype=bool)
-            out_mask[-1] = True                 # by default only the last token is output
-        if self.cparams.embeddings:
-            out_mask[:] = True
-        n_outputs_all = int(out_mask.sum())
-        self.logits = np.zeros((n_outputs_all, hp.n_vocab), dtype=np.float32)
-        self.output_ids = {}
-        n_out_done = 0
+        n = operator.index(batch.n_tokens)
+        if n == 0:
+            impl.GGML_LOG("error", "decode: n_tokens == 0")
+            return -1
+        ab = batch_allocr_init(batch, hp.n_vocab, self.kv, self.n_seq_max, bool(self.cparams.embeddings))
+        if ab is None:
+            impl.GGML_LOG("error", "decode: failed to initialize batch")
+            return -1
+        if n > self.n_batch:
+            # llama.cpp: GGML_ASSERT(n_tokens_all <= cparams.n_batch), an abort; ggviz: invalid input
+            impl.GGML_LOG("error", f"decode: n_tokens_all = {n} > n_batch = {self.n_batch} (split the batch, or "
+                                   f"create the context with a larger n_batch / n_ctx)")
+            return -1
+        # split_simple into ubatches, then the KV slots of all of them before any is computed (init_batch/prepare)
+        bounds = [(u0, min(n, u0 + self.n_ubatch)) for u0 in range(0, n, self.n_ubatch)]
+        seq_ids = ab.seq_ids
+        slots = self.kv.prepare([(ab.pos[a:b], seq_ids[a:b]) for a, b in bounds])
+        if slots is None:
+            impl.GGML_LOG("warn", f"decode: failed to find a memory slot for batch of size {n}")
+            return 1
+        # the outputs of this batch; they replace the previous ones only when every ubatch succeeded
+        logits = np.zeros((ab.n_outputs, hp.n_vocab), dtype=np.float32)
+        head0 = self.kv.head
+        placed: list[int] = []
+        done = False
         t0 = time.perf_counter()
-        for u0 in range(0, n, self.n_ubatch):
-            u1 = min(n, u0 + self.n_ubatch)
-            ok = self._decode_ubatch(tokens[u0:u1], pos[u0:u1], seq_ids[u0:u1], out_mask[u0:u1], n_out_done)
-            if ok != 0:
-                return ok
-            for i in range(u0, u1):
-                if out_mask[i]:
-                    self.output_ids[i] = n_out_done
-                    n_out_done += 1
-        self.n_outputs = n_outputs_all
+        try:
+            n_out_done = 0
+            for (a, b), idxs in zip(bounds, slots):
+                placed.extend(idxs)          # before apply: an interrupt inside it still gets them freed
+                self.kv.apply_ubatch(idxs, ab.pos[a:b], seq_ids[a:b])
+                out = ab.output[a:b]
+                status = self._process_ubatch(ab.token[a:b], ab.pos[a:b], ab.seq0[a:b], out, idxs, logits, n_out_done)
+                if status != ggml.GGML_STATUS_SUCCESS:
+                    return {ggml.GGML_STATUS_ABORTED: 2, ggml.GGML_STATUS_ALLOC_FAILED: -2}.get(status, -3)
+                n_out_done += int(out.sum())
+            done = True
+        finally:
+            if not done:
+                self._undo(placed, head0, ab)
+        self.logits = logits
+        self.output_ids = {int(i): k for k, i in enumerate(np.flatnonzero(ab.output))}
+        self.n_outputs = ab.n_outputs
         dt = int((time.perf_counter() - t0) * 1e6)
         if n > 1:
             self.perf.t_p_eval_us += dt
@@ -353,6 +547,20 @@ class LlamaContext:
             self.perf.t_eval_us += dt
             self.perf.n_eval += 1
         return 0
+
+    def _undo(self, placed: list, head0: int, ab) -> None:
+        """A ubatch failed, was aborted or interrupted: free every cell this decode placed (llama.cpp: "the last
+        ubatch failed or was aborted -> remove all positions of that ubatch from the memory module"), so the cache
+        is as before the call; the graph is rebuilt next time."""
+        self._prev_key = None
+        if not placed:
+            return
+        n_placed = len(placed)
+        seq0, pos = ab.seq0[:n_placed], ab.pos[:n_placed]
+        for s in np.unique(seq0):
+            impl.GGML_LOG("warn", f"decode: removing memory module entries for seq_id = {int(s)}, "
+                                  f"pos = [{int(pos[seq0 == s].min())}, +inf)")
+        self.kv.rollback(placed, head0)
 
     def build_graph(self, n_tokens: int, n_outputs: int, n_kv: int):
         b = LlamaGraphBuilder(self.model, self.kv, self, n_tokens, n_outputs, n_kv,
@@ -370,14 +578,12 @@ class LlamaContext:
                 if gb.backend_get_device(backend) is dev_layer and gb.backend_supports_op(backend, cur):
                     gs.backend_sched_set_tensor_backend(self.sched, cur, backend)
 
-    def _decode_ubatch(self, tokens, pos, seq_ids, out_mask, out_offset) -> int:
+    def _process_ubatch(self, tokens, pos, seq_ids, out_mask, idxs, logits, out_offset) -> int:
+        """llama_context::process_ubatch for a ubatch already placed in the KV cache (cells ``idxs``): build (or
+        reuse) the graph, set the inputs, compute, copy the output rows into ``logits[out_offset:]``. Returns the
+        ggml_status."""
         n_tokens = len(tokens)
         n_outputs = int(out_mask.sum())
-        try:
-            idxs = self.kv.find_slot(n_tokens)
-        except RuntimeError:
-            return 1
-        self.kv.apply_ubatch(idxs, pos, seq_ids)
         n_kv = self.kv.get_n_kv()
         key = (n_tokens, n_outputs, n_kv)
         if self.graph_reuse and self._prev_key == key and self.last_graph is not None:
@@ -389,7 +595,8 @@ class LlamaContext:
             gs.backend_sched_reset(self.sched)
             self._prev_key = None
             res = self.build_graph(n_tokens, n_outputs, n_kv)
-            self._allocate(res)
+            if not self._allocate(res):
+                return ggml.GGML_STATUS_ALLOC_FAILED
             self._prev_key = key
         self._set_inputs(res, tokens, pos, seq_ids, out_mask, idxs, n_kv)
         self.last_graph = res
@@ -398,19 +605,23 @@ class LlamaContext:
         n_threads = self.cparams.n_threads if n_tokens == 1 else self.cparams.n_threads_batch
         status = self._compute(res.gf, n_threads)
         if status != ggml.GGML_STATUS_SUCCESS:
-            return 2
+            impl.GGML_LOG("error", f"graph_compute: ggml_backend_sched_graph_compute_async failed with error {status}")
+            impl.GGML_LOG("error", f"process_ubatch: failed to compute graph, compute status: {status}")
+            return status
         if n_outputs:
             # ggml_backend_tensor_get_async(backend_res, t_logits, ...): the logits may be in device memory
-            out = self.logits[out_offset:out_offset + n_outputs]
+            out = logits[out_offset:out_offset + n_outputs]
             gb.backend_tensor_get(res.t_logits, out, 0, ggml.nbytes(res.t_logits))
-        return 0
+        return ggml.GGML_STATUS_SUCCESS
 
-    def _allocate(self, res):
+    def _allocate(self, res) -> bool:
         """ggml_backend_sched_alloc_graph: split the graph over the backends and allocate its compute buffers."""
         if not gs.backend_sched_alloc_graph(self.sched, res.gf):
             sizes = {gb.backend_name(b): gs.backend_sched_get_buffer_size(self.sched, b) for b in self.backends}
-            raise DecodeError(f"ggml_backend_sched_alloc_graph failed: could not allocate the compute buffers "
-                              f"({impl.last_log_error() or 'allocation failed'}; allocated now: {sizes})")
+            why = impl.last_log_error() or "allocation failed"
+            impl.GGML_LOG("error", f"process_ubatch: failed to allocate graph ({why}; allocated now: {sizes})")
+            return False
+        return True
 
     def _set_inputs(self, res, tokens, pos, seq_ids, out_mask, idxs, n_kv):
         inp = res.inputs
@@ -434,8 +645,6 @@ class LlamaContext:
                                            self.cparams.cb_eval_user_data)
         status = gs.backend_sched_graph_compute_async(self.sched, gf)
         gs.backend_sched_synchronize(self.sched)
-        if status == ggml.GGML_STATUS_ALLOC_FAILED:
-            raise DecodeError(f"ggml_backend_sched_graph_compute: allocation failed ({impl.last_log_error()})")
         if status == ggml.GGML_STATUS_SUCCESS and self._cb_stopped:
             return ggml.GGML_STATUS_ABORTED
         return status
@@ -453,6 +662,7 @@ class LlamaContext:
     # ---- outputs
     def get_logits_ith(self, i: int) -> np.ndarray:
         """llama_get_logits_ith: logits of batch token i (negative: counted from the last output)."""
+        i = operator.index(i)
         if i < 0:
             j = self.n_outputs + i
             if j < 0:
@@ -465,6 +675,39 @@ class LlamaContext:
 
     def get_logits(self) -> np.ndarray:
         return self.logits
+
+
+class _Release:
+    """The end of LlamaContext._claim (a context manager)."""
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.ctx._busy_thread = None
+        self.ctx._busy.release()
+        return False
+
+
+def check_n_threads(name: str, n) -> int:
+    """A thread count for the CPU backend: an integer in [1, GGML_MAX_N_THREADS]; more than the CPU cores is
+    allowed, with a warning (see the module docstring)."""
+    try:
+        v = operator.index(n)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {type(n).__name__}") from None
+    cores = os.cpu_count() or 1
+    if not 1 <= v <= ggml.GGML_MAX_N_THREADS:
+        raise ContextParamsError(f"{name} = {v}: the CPU backend takes 1 to {ggml.GGML_MAX_N_THREADS} threads "
+                                 f"(this machine has {cores} CPU cores)", name, v, min(cores, ggml.GGML_MAX_N_THREADS))
+    if v > max(cores, ggml.GGML_DEFAULT_N_THREADS):     # (the default, 4, is not worth a warning on 2 cores)
+        impl.GGML_LOG("warn", f"llama_context: {name} = {v} > {cores} CPU cores: ggviz's threads share the Python "
+                              f"interpreter lock, extra threads only add barrier waits")
+    return v
 
 
 def init_from_model(model, params: LlamaContextParams | None = None) -> LlamaContext:

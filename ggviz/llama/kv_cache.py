@@ -5,13 +5,18 @@ Mirrors llama.cpp's ``llama_kv_cache`` (unified, one stream) and ``llama_kv_cell
 - K is ``cache_k_l{il}`` [n_embd_k_gqa, kv_size] and V is ``cache_v_l{il}`` [n_embd_v_gqa, kv_size], F16 by
   default. Without flash attention V is stored *transposed* (``v_trans``): channel-major, so that
   ``kqv = V^T · softmax(KQ)`` reads contiguous rows.
-- ``find_slot`` picks free cells for a ubatch starting at ``head``; ``apply_ubatch`` marks them used.
+- ``find_slot`` picks free cells for a ubatch starting at ``head``; ``apply_ubatch`` marks them used;
+  ``prepare`` finds the slots of every ubatch of a batch before any of them is computed (placing them one after
+  the other, then restoring the cells), so a batch that does not fit is refused with nothing touched;
+  ``rollback`` frees the cells a failed decode had placed (they were empty before it).
 - ``get_n_kv`` is the attended window: the used cells rounded up to ``n_pad`` (256), capped at kv_size.
 - ``cpy_k``/``cpy_v`` write a ubatch's K/V into the cache with SET_ROWS through index tensors (``k_idxs``: a cell
   per token; ``v_idxs``: for the transposed V, an element index ``channel*kv_size + cell`` per value).
 - ``get_k``/``get_v`` are the views the attention reads, and ``set_input_kq_mask`` builds the causal mask.
 """
 from __future__ import annotations
+
+import operator
 
 import numpy as np
 
@@ -24,11 +29,16 @@ N_PAD = 256   # llama_kv_cache's padding of n_kv when flash attention is off
 
 
 class KVCells:
-    """llama_kv_cells: pos[-1 = empty] and sequence membership per cell."""
+    """llama_kv_cells: pos[-1 = empty] and sequence membership per cell.
 
-    def __init__(self, size: int):
+    ``seq[i]`` is the set of sequences of cell i (llama.cpp's bitset per cell); ``seq_mask[s, i]`` says the same
+    as an array, so that ``seq_pos_min/max`` (llama.cpp keeps a set of positions per sequence for them) and the
+    mask are vectorized instead of a Python loop over the cells."""
+
+    def __init__(self, size: int, n_seq_max: int = 1):
         self.pos = np.full(size, -1, dtype=np.int64)
         self.seq = [set() for _ in range(size)]
+        self.seq_mask = np.zeros((max(1, n_seq_max), size), dtype=bool)
         self.used = 0
 
     def size(self):
@@ -38,7 +48,7 @@ class KVCells:
         return self.pos[i] == -1
 
     def used_max_p1(self) -> int:
-        nz = np.nonzero(self.pos >= 0)[0]
+        nz = np.flatnonzero(self.pos >= 0)
         return int(nz[-1]) + 1 if len(nz) else 0
 
     def rm(self, i):
@@ -46,21 +56,47 @@ class KVCells:
             self.used -= 1
         self.pos[i] = -1
         self.seq[i].clear()
+        self.seq_mask[:, i] = False
+
+    def set(self, i, pos: int, seq_ids) -> None:
+        """pos_set + seq_add of an empty cell."""
+        if self.pos[i] < 0:
+            self.used += 1
+        self.pos[i] = pos
+        self.seq[i] = set(seq_ids)
+        self.seq_mask[:, i] = False
+        self.seq_mask[list(seq_ids), i] = True
+
+    def seq_discard(self, i, seq_id: int) -> bool:
+        """seq_rm of one cell: True if the cell became empty."""
+        self.seq[i].discard(seq_id)
+        self.seq_mask[seq_id, i] = False
+        if not self.seq[i]:
+            self.rm(i)
+            return True
+        return False
 
     def seq_pos_max(self, seq_id: int) -> int:
-        ps = [int(self.pos[i]) for i in range(len(self.pos)) if seq_id in self.seq[i]]
-        return max(ps) if ps else -1
+        """The largest position of sequence seq_id in the cells (-1: none)."""
+        p = self.pos[self.seq_mask[seq_id]]
+        return int(p.max()) if len(p) else -1
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """The smallest position of sequence seq_id in the cells (-1: none)."""
+        p = self.pos[self.seq_mask[seq_id]]
+        return int(p.min()) if len(p) else -1
 
 
 class KVCache:
     def __init__(self, hparams, kv_size: int, type_k=ggml.GGML_TYPE_F16, type_v=ggml.GGML_TYPE_F16,
-                 v_trans: bool = True, n_pad: int = N_PAD, bufts=None):
+                 v_trans: bool = True, n_pad: int = N_PAD, bufts=None, n_seq_max: int = 1):
         self.hparams = hparams
         self.size = kv_size
         self.type_k, self.type_v = type_k, type_v
         self.v_trans = v_trans
         self.n_pad = n_pad
-        self.cells = KVCells(kv_size)
+        self.n_seq_max = max(1, n_seq_max)
+        self.cells = KVCells(kv_size, self.n_seq_max)
         self.head = 0
         n_layer = hparams.n_layer
         # llama.cpp's ctx_map: one no_alloc context per buffer type (bufts[il]: the layer's device buffer type when
@@ -93,13 +129,34 @@ class KVCache:
         self.ctx = self.ctxs[0]
 
     # ---- bookkeeping
-    def clear(self):
-        """llama_memory_clear: forget every cell (the bytes stay, as in llama.cpp)."""
-        for i in range(self.size):
-            self.cells.rm(i)
+    def clear(self, data: bool = True):
+        """llama_kv_cache::clear: forget every cell; with ``data`` also zero the K/V buffers (as llama.cpp does:
+        stale values in empty cells are masked, but a NaN there would still reach the output as 0 * NaN)."""
+        self.cells = KVCells(self.size, self.n_seq_max)
         self.head = 0
+        if data:
+            for buf in self.bufs:
+                gb.backend_buffer_clear(buf, 0)
+
+    def _check_seq_id(self, fn: str, seq_id: int, allow_all: bool) -> int:
+        seq_id = operator.index(seq_id)
+        impl.GGML_ASSERT((allow_all and seq_id == -1) or 0 <= seq_id < self.n_seq_max,
+                         f"{fn}: GGML_ASSERT(seq_id {'== -1 || ' if allow_all else ''}(seq_id >= 0 && seq_id < "
+                         f"n_seq_max)) failed: seq_id = {seq_id}, n_seq_max = {self.n_seq_max}")
+        return seq_id
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """llama_kv_cache::seq_pos_max (-1: the sequence has no cell)."""
+        return self.cells.seq_pos_max(self._check_seq_id("llama_kv_cache::seq_pos_max", seq_id, False))
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """llama_kv_cache::seq_pos_min (-1: the sequence has no cell)."""
+        return self.cells.seq_pos_min(self._check_seq_id("llama_kv_cache::seq_pos_min", seq_id, False))
 
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
+        """llama_kv_cache::seq_rm: remove positions [p0, p1) of seq_id (-1: of every sequence; p0 < 0: from 0,
+        p1 < 0: to the end)."""
+        seq_id = self._check_seq_id("llama_kv_cache::seq_rm", seq_id, True)
         p1 = np.iinfo(np.int64).max if p1 < 0 else p1
         p0 = 0 if p0 < 0 else p0
         new_head = self.size
@@ -108,9 +165,7 @@ class KVCache:
                 if seq_id < 0:
                     self.cells.rm(i)
                 else:
-                    self.cells.seq[i].discard(seq_id)
-                    if not self.cells.seq[i]:
-                        self.cells.rm(i)
+                    self.cells.seq_discard(i, seq_id)
                 if self.cells.is_empty(i) and new_head == self.size:
                     new_head = i
         # as llama.cpp: if we freed up a slot, set head to it so searching can start there
@@ -121,7 +176,7 @@ class KVCache:
     def find_slot(self, n_tokens: int) -> list[int]:
         """llama_kv_cache::find_slot (non-continuous): the first n_tokens empty cells from ``head``."""
         if n_tokens > self.size:
-            raise ValueError(f"n_tokens = {n_tokens} > kv cache size = {self.size}")
+            raise ValueError(f"n_tokens = {n_tokens} > size = {self.size}")
         head_cur = self.head
         # plenty of unused cells before head: start again from the beginning to keep the cache compact
         if head_cur > self.cells.used + 2 * n_tokens:
@@ -142,12 +197,44 @@ class KVCache:
         return idxs
 
     def apply_ubatch(self, idxs, pos, seq_ids):
+        """llama_kv_cache::apply_ubatch: cell idxs[k] holds position pos[k] of the sequences seq_ids[k] (one id, or
+        a sequence of ids for a token shared by several sequences); the head moves after the slot."""
         for i, c in enumerate(idxs):
-            if self.cells.pos[c] < 0:
-                self.cells.used += 1
-            self.cells.pos[c] = int(pos[i])
-            self.cells.seq[c] = {int(seq_ids[i])}
+            s = seq_ids[i]
+            self.cells.set(c, int(pos[i]), (int(s),) if isinstance(s, (int, np.integer)) else [int(x) for x in s])
         self.head = idxs[-1] + 1 if idxs else self.head
+
+    def prepare(self, ubatches) -> list | None:
+        """llama_kv_cache::prepare: find the slot of each ubatch ``(pos, seq_ids)`` as if the ones before it were
+        placed (they are placed, then the cells and the head are restored). Returns the cells of each ubatch, or
+        None if one does not fit -- in both cases the cache is as it was."""
+        head0 = self.head
+        placed: list[list[int]] = []
+        ok = True
+        try:
+            for pos, seq_ids in ubatches:
+                try:
+                    idxs = self.find_slot(len(pos))
+                except ValueError as e:        # n_tokens > size
+                    impl.GGML_LOG("error", f"find_slot: {e}")
+                    ok = False
+                    break
+                except RuntimeError:           # no room (llama.cpp returns an empty slot_info, silently)
+                    ok = False
+                    break
+                placed.append(idxs)
+                self.apply_ubatch(idxs, pos, seq_ids)
+        finally:
+            self.rollback([c for idxs in placed for c in idxs], head0)
+        return placed if ok else None
+
+    def rollback(self, cells, head: int) -> None:
+        """ggviz: undo apply_ubatch of cells that were empty before (a failed or interrupted decode): they are
+        empty again and the head is back where it was. (llama.cpp's decode does ``seq_rm(s, pos_min, -1)`` for
+        the sequences of the failed ubatch; on cells that were empty before, that frees the same cells.)"""
+        for c in cells:
+            self.cells.rm(c)
+        self.head = head
 
     def get_n_kv(self) -> int:
         return int(min(self.size, max(self.n_pad, ggml.GGML_PAD(self.cells.used_max_p1(), self.n_pad))))
@@ -210,7 +297,7 @@ class KVCache:
         seq_ids = np.asarray(seq_ids, dtype=np.int64)
         mask = np.full((len(pos), n_kv), -np.inf, dtype=np.float32)
         for sid in np.unique(seq_ids):
-            in_seq = np.fromiter((int(sid) in s for s in self.cells.seq[:n_kv]), dtype=bool, count=n_kv)
+            in_seq = self.cells.seq_mask[sid, :n_kv]
             rows = np.nonzero(seq_ids == sid)[0]
             ok = (cpos[None, :] >= 0) & (cpos[None, :] <= pos[rows][:, None]) & in_seq[None, :]
             mask[rows] = np.where(ok, np.float32(0.0), np.float32(-np.inf))

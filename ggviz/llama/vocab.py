@@ -32,6 +32,7 @@ import bisect
 import dataclasses
 import enum
 import heapq
+import operator
 import os
 from typing import Iterable, Sequence
 
@@ -529,35 +530,53 @@ class Vocab:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def _id(self, tid, fn: str) -> int:
+        """A token id as llama.cpp's ``id_to_token.at(id)`` takes it: an integer in [0, n_tokens) -- a Python list
+        would take -1 as the last token, and a float as nothing at all."""
+        try:
+            i = operator.index(tid)
+        except TypeError:
+            raise TypeError(f"{fn}: token id must be an integer, not {type(tid).__name__}") from None
+        if not 0 <= i < len(self.tokens):
+            raise IndexError(f"{fn}: token id {i} out of range [0, {len(self.tokens)})")
+        return i
+
     def token_get_text(self, tid: int) -> str:
-        return self.tokens[tid]
+        return self.tokens[self._id(tid, "llama_vocab_get_text")]
+
+    def token_get_score(self, tid: int) -> float:
+        return self.scores[self._id(tid, "llama_vocab_get_score")]
 
     def token_get_attr(self, tid: int) -> TokenAttr:
-        return self.attrs[tid]
+        return self.attrs[self._id(tid, "llama_vocab_get_attr")]
 
     def token_get_type(self, tid: int) -> TokenType:
-        return self.token_types[tid]
+        return self.token_types[self._id(tid, "llama_vocab::token_get_type")]
 
     def is_normal(self, tid: int) -> bool:
-        return bool(self.attrs[tid] & TokenAttr.NORMAL)
+        return bool(self.attrs[self._id(tid, "llama_vocab::is_normal")] & TokenAttr.NORMAL)
 
     def is_control(self, tid: int) -> bool:
-        return bool(self.attrs[tid] & TokenAttr.CONTROL)
+        return bool(self.attrs[self._id(tid, "llama_vocab_is_control")] & TokenAttr.CONTROL)
 
     def is_user_defined(self, tid: int) -> bool:
-        return bool(self.attrs[tid] & TokenAttr.USER_DEFINED)
+        return bool(self.attrs[self._id(tid, "llama_vocab::is_user_defined")] & TokenAttr.USER_DEFINED)
 
     def is_unknown(self, tid: int) -> bool:
-        return bool(self.attrs[tid] & TokenAttr.UNKNOWN)
+        return bool(self.attrs[self._id(tid, "llama_vocab::is_unknown")] & TokenAttr.UNKNOWN)
 
     def is_unused(self, tid: int) -> bool:
-        return bool(self.attrs[tid] & TokenAttr.UNUSED)
+        return bool(self.attrs[self._id(tid, "llama_vocab::is_unused")] & TokenAttr.UNUSED)
 
     def is_byte(self, tid: int) -> bool:
-        return bool(self.attrs[tid] & TokenAttr.BYTE)
+        return bool(self.attrs[self._id(tid, "llama_vocab::is_byte")] & TokenAttr.BYTE)
 
     def is_eog(self, tid: int) -> bool:
-        return tid in self.eog_ids
+        """llama_vocab_is_eog: any id may be asked (LLAMA_TOKEN_NULL, out of range: False), but it is an integer."""
+        try:
+            return operator.index(tid) in self.eog_ids
+        except TypeError:
+            raise TypeError(f"llama_vocab_is_eog: token id must be an integer, not {type(tid).__name__}") from None
 
     def text_to_token(self, text: str) -> int:
         """The id of a token given its (byte-encoded) text, or -1."""
@@ -751,8 +770,7 @@ class Vocab:
     def token_to_piece(self, tid: int, special: bool = True, lstrip: int = 0) -> bytes:
         """``llama_token_to_piece``: the bytes a token stands for.  CONTROL/UNKNOWN tokens render as their text
         only with ``special``; ``lstrip`` removes up to that many leading spaces."""
-        if not 0 <= tid < len(self.tokens):
-            raise IndexError(f"token id {tid} out of range [0, {len(self.tokens)})")
+        tid = self._id(tid, "llama_token_to_piece")
         if not special and self.attrs[tid] & (TokenAttr.UNKNOWN | TokenAttr.CONTROL):
             return b""
         p = self._piece(tid)

@@ -8,7 +8,8 @@ cache line per thread), ``struct ggml_cplan``, ``ggml_graph_compute`` (a disposa
 becomes a WORK_BUFFER object in the context).
 
 Threads are real Python threads: NumPy releases the GIL inside its kernels. A worker's exception stops the others at
-their next barrier and reaches the caller, naming the node.
+their next barrier and reaches the caller as a ``GGMLError`` naming the node; an interrupt (``KeyboardInterrupt``,
+``SystemExit``: BaseExceptions that are not Exceptions) reaches it unchanged, and the pool stays usable.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from . import ops as cpu_ops
 from . import threadpool as _tp
 from .common import CACHE_LINE_SIZE, ComputeParams
 from .quants import VEC_DOT_TYPE
-from .threadpool import GGML_THREADPOOL_N_THREADS_MASK, _Stop
+from .threadpool import GGML_THREADPOOL_N_THREADS_MASK
 
 try:    # the compiled fast path hooks in here, and only here (plan: compile the graph; compute: walk the program)
     from .fast import compiler as fast
@@ -210,9 +211,10 @@ def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: _tp.Th
                 if fn is None:
                     raise GGMLError(f"ggviz CPU backend has no kernel for op {op_desc(node)}")
                 fn(params, node)
-        except _Stop:
-            raise
-        except BaseException as exc:   # noqa: BLE001 - re-raised in the caller with the node's name
+        except Exception as exc:
+            # re-raised in the caller with the node's name. Interrupts (KeyboardInterrupt, SystemExit, and _Stop,
+            # another worker's failure) are BaseExceptions, not Exceptions: they pass through unchanged, so that
+            # `except KeyboardInterrupt` still catches a Ctrl-C that landed inside a kernel
             raise GGMLError(f"thread {ith}: computing node {node_n} {node.name!r} ({op_desc(node)}) failed: "
                             f"{type(exc).__name__}: {exc}") from exc
         if trace.active:

@@ -26,8 +26,10 @@ Two things differ from ggml, both because these are Python threads sharing one i
   others with ``notify_all``. ``poll`` is kept in the params (and compared by ``params_match``) but not used.
 * ggml's threads cannot fail; Python kernels can raise. A worker's exception is stored in ``error`` and wakes every
   barrier; the other threads leave the graph at their next barrier (``_Stop``); thread 0 waits until every worker
-  of the graph has left it, then re-raises the exception in the caller. The pool stays usable: the next kickoff
-  clears the error and the barrier count, and restarts any worker thread that died. A kicked-off graph is always
+  of the graph has left it, then re-raises the exception in the caller (an interrupt -- KeyboardInterrupt,
+  SystemExit -- unchanged). The pool stays usable: the next kickoff clears the error and the barrier count, and
+  restarts any worker thread that died; if an interrupt cut thread 0's part short (``settled`` is False), the next
+  kickoff first tells the workers still in that graph to leave and waits for them. A kicked-off graph is always
   run to its end or its error, even if ``threadpool_pause`` is called meanwhile (ggml would leave a half-joined
   graph waiting). Waits that could block forever check the workers' liveness every ``_LIVENESS_S`` seconds and give
   up with a clear :class:`ThreadpoolError` after ``HANG_TIMEOUT_S`` (env ``GGVIZ_HANG_TIMEOUT``) -- a diagnostic of
@@ -152,6 +154,10 @@ class Threadpool:
         self.serial = next(_serial)   # tells pools apart in traces (ids of freed objects are reused)
         self.error: BaseException | None = None
         self.broken: str | None = None    # why the pool cannot be used any more (a worker stuck past the timeout)
+        # every worker of the last kicked-off graph is known to have left it (or will touch no shared state again);
+        # False from a kickoff until thread 0 has finished the graph -- it stays False when an interrupt
+        # (KeyboardInterrupt ...) cut thread 0's part short, and the next kickoff then waits for the workers first
+        self.settled = True
         self.dispatch = None          # (op -> kernel table, ops module), set by graph_compute
         # ggml_graph_compute_thread, set by graph_compute: in C the executor and the pool share ggml-cpu.c; here the
         # pool (this module) sits below the executor (ggml_cpu.py), which hands it the function
@@ -277,10 +283,20 @@ class Threadpool:
 
     def finish_graph(self, n_threads: int) -> None:
         """ggviz: called by thread 0 after its own part. On an error, wait until every worker of this graph has
-        left it (so the pool can be reused), then raise the error in the caller. While tracing, also wait on
+        left it (so the pool can be reused), then raise the error in the caller -- an interrupt (KeyboardInterrupt,
+        SystemExit) as it is, so that ``except KeyboardInterrupt`` catches it. While tracing, also wait on
         success, so that the workers' last events (their exit from the final barrier) belong to this compute."""
         if self.error is None and not trace.active:
+            self.settled = True
             return      # the final barrier already guarantees that everybody is done with the nodes
+        self._wait_workers_left(n_threads, "failed")
+        self.settled = True
+        if self.error is not None:
+            raise self.error
+
+    def _wait_workers_left(self, n_threads: int, what: str) -> None:
+        """Wait until workers 1..n_threads-1 have left graph ``n_graph`` (or died); give up after HANG_TIMEOUT_S
+        (the pool is then marked broken)."""
         cv = self._bcv
         with cv:
             t_wait = None
@@ -295,9 +311,22 @@ class Threadpool:
                         self.broken = f"threads {[w.ith for w in busy]} stuck in graph {self.n_graph >> 16}"
                         raise ThreadpoolError(
                             f"ggml threadpool #{self.serial}: threads {[w.ith for w in busy]} did not leave the "
-                            f"failed graph within {HANG_TIMEOUT_S:.0f} s (GGVIZ_HANG_TIMEOUT)") from self.error
-        if self.error is not None:
-            raise self.error
+                            f"{what} graph within {HANG_TIMEOUT_S:.0f} s (GGVIZ_HANG_TIMEOUT)") from self.error
+
+    def settle(self) -> None:
+        """ggviz: make sure no worker is still inside the last graph before a new one is kicked off.
+
+        Only needed when thread 0 did not finish that graph (``settled`` is False): an interrupt landed between the
+        kickoff and the end of thread 0's part, or while it waited for the workers. The workers still in it are
+        told to leave (the error slot wakes every barrier) and waited for; then the pool is as good as new."""
+        n_threads = self.n_graph & GGML_THREADPOOL_N_THREADS_MASK
+        with self._bcv:
+            if self.error is None:
+                self.error = ThreadpoolError(f"ggml threadpool #{self.serial}: graph {self.n_graph >> 16} was "
+                                             f"interrupted")
+            self._bcv.notify_all()
+        self._wait_workers_left(n_threads, "interrupted")
+        self.settled = True
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -405,6 +434,12 @@ def threadpool_free(threadpool: Threadpool | None) -> None:
         threadpool.stop = True
         threadpool.pause = False
         threadpool.cond.notify_all()
+    if not threadpool.settled:
+        # thread 0 was interrupted in a graph: workers may wait in its barriers; the error slot lets them out
+        with threadpool._bcv:
+            if threadpool.error is None:
+                threadpool.error = ThreadpoolError(f"ggml threadpool #{threadpool.serial} has been freed")
+            threadpool._bcv.notify_all()
     if threadpool.broken:
         return      # a stuck worker would make the join hang: leave the (daemon) threads behind
     for w in threadpool.workers[1:]:
@@ -468,6 +503,9 @@ def graph_compute_kickoff(threadpool: Threadpool, n_threads: int) -> None:
     tp = threadpool
     if tp.stop:
         raise ThreadpoolError(f"ggml threadpool #{tp.serial} has been freed")
+    if not tp.settled:
+        tp.settle()     # ggviz: the previous graph was interrupted; its workers leave it first
+    tp.settled = False
     with tp.cond:
         # ggviz: the previous graph may have failed -- clear its traces from the shared state
         tp.error = None
@@ -494,5 +532,8 @@ def graph_compute_kickoff(threadpool: Threadpool, n_threads: int) -> None:
 
 def run_thread0(threadpool: Threadpool) -> None:
     """Thread 0's part of the current graph ("this is a work thread too"), then ggviz's error collection."""
-    _run_graph(threadpool.workers[0])
+    try:
+        _run_graph(threadpool.workers[0])
+    except BaseException as exc:  # noqa: BLE001 - an interrupt outside the kernels: handled like a worker error
+        threadpool.fail(exc, 0)
     threadpool.finish_graph(threadpool.n_graph & GGML_THREADPOOL_N_THREADS_MASK)
