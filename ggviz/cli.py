@@ -238,6 +238,11 @@ def _hint(e: BaseException) -> str:
     name = type(e).__name__
     if name == "GGUFError":
         return "-m/--model needs a GGUF model file (leave it out for the default model)"
+    if name == "ContextParamsError":
+        fits = getattr(e, "fits", None)
+        if getattr(e, "param", None) == "n_ctx":
+            return "ask for less: -c/--ctx-size " + (f"{fits:,} or smaller" if fits else "smaller")
+        return f"change {getattr(e, 'param', 'that setting')}" + (f" (at most {fits:,})" if fits else "")
     if name == "ChatTemplateError":
         return "the model's chat template cannot be used: run without --chat, or use another model"
     if isinstance(e, FetchError):

@@ -163,14 +163,14 @@ def test_context_too_big_is_a_short_error(model_path):
     assert_user_error(r, 1, "ggviz run: error:")
 
 
-@pytest.mark.xfail(strict=True, reason="needs the llama engineer's up-front check in llama.init_from_model (issue 13):"
-                   " an n_ctx that cannot fit is refused before allocating, naming the n_ctx that would fit")
 def test_context_too_big_names_what_fits(model_path):
+    """Refused before allocating (llama.init_from_model's up-front check), naming the n_ctx that would fit."""
     t0 = time.perf_counter()
     r = ggviz("run", "-m", model_path, "-c", "100000000", "-n", "1", limit=True)
     assert_user_error(r, 1, "ggviz run: error:")
     numbers = [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", r.stderr)]
     assert any(256 <= n < 100_000_000 for n in numbers), r.stderr
+    assert "-c/--ctx-size" in r.stderr.splitlines()[-1], r.stderr
     assert time.perf_counter() - t0 < 30            # refused up front: no allocation first
 
 
