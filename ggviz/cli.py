@@ -23,6 +23,7 @@ import argparse
 import errno
 import importlib
 import importlib.util
+import logging
 import os
 import pathlib
 import platform
@@ -294,9 +295,25 @@ def _debug(argv: list[str]) -> tuple[bool, list[str]]:
     return flag or os.environ.get(DEBUG_ENV, "") not in ("", "0"), rest
 
 
+def _engine_logs(debug: bool) -> None:
+    """Where the engine's log lines go (``GGML_LOG`` / ``LLAMA_LOG`` through the ``ggviz`` logger): with --debug to
+    stderr, from warnings up; otherwise nowhere (a command says what went wrong in its own two lines, and a
+    warning such as the rollback of an interrupted decode is the engine's business, not the user's)."""
+    log = logging.getLogger("ggviz")
+    if debug:
+        if not log.handlers:
+            h = logging.StreamHandler(sys.stderr)
+            h.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
+            log.addHandler(h)
+        log.setLevel(logging.WARNING)
+    elif not log.handlers:
+        log.addHandler(logging.NullHandler())      # no "last resort" printing of engine warnings
+
+
 def main(argv: list[str] | None = None) -> int:
     debug, argv = _debug(list(sys.argv[1:] if argv is None else argv))
     command = argv[0] if argv and not argv[0].startswith("-") else None
+    _engine_logs(debug)
     try:
         return _dispatch(argv)
     except (Exception, KeyboardInterrupt) as e:
