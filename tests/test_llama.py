@@ -19,13 +19,6 @@ DATA = Path(__file__).parent / "data" / "llamacpp"
 MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-@pytest.fixture(scope="module")
-def model():
-    path = MODEL
-    if not path.exists():
-        from ggviz.fetch import fetch_default_model
-        path = fetch_default_model(quiet=True)
-    return llama.model_load_from_file(str(path), llama.model_default_params())
 
 
 @pytest.fixture(scope="module")

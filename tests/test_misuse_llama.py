@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,19 +24,12 @@ from ggviz.ggml.cpu import ggml_cpu
 from ggviz.ggml.cpu import threadpool as tpm
 from ggviz.llama import context as lctx
 from tests import graphs as G
+from tests.test_threadpool import _compute, _guarded
 
-MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PREFIX = [1, 2, 3]            # the history every case starts from: sequence 0 at positions 0..2
 NEXT = [4]                    # the next valid decode after a case
 
 
-@pytest.fixture(scope="module")
-def model():
-    path = MODEL
-    if not path.exists():
-        from ggviz.fetch import fetch_default_model
-        path = fetch_default_model(quiet=True)
-    return llama.model_load_from_file(str(path), llama.model_default_params())
 
 
 def _ctx(model, n_ctx=256, threads=1, **kw):
@@ -473,31 +465,6 @@ def _graph():
     G.fill_leaves(ggml, b["gf"], b["inputs"], seed=0)
     b["ctx"] = ctx
     return b
-
-
-def _compute(b, n_threads, tp=None):
-    plan = ggml.graph_plan(b["gf"], n_threads, tp)
-    if plan.work_size:
-        plan.work_data = np.zeros(plan.work_size, np.uint8)
-    st = ggml.graph_compute(b["gf"], plan)
-    return st, ggml.get_data(b["out"]).copy()
-
-
-def _guarded(fn, timeout=30.0):
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            box["error"] = e
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"hung (> {timeout} s)"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
