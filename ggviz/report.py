@@ -37,13 +37,11 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 from markupsafe import Markup, escape
-from matplotlib.patches import Rectangle
 
 from . import __version__, cli, ggml, llama
 from .export import DEFAULT_PROMPT, decode_step
 from .ggml import alloc as GA
 from .ggml import backend as B
-from .ggml import consts as C
 from .ggml.cpu import ggml_cpu, traits
 from .ggml.tensor import op_desc, type_name
 from .progress import progress
@@ -54,6 +52,7 @@ from .viz import graph_dot as G
 from .viz import widgets
 from .viz.graph_dot import layer_of, node_layers, op_color
 from .viz.model_views import kv_cache_figure, sampler_figure
+from .viz.widgets.alloc_view import AllocatorView
 
 # names whose values the eval callback copies out besides layer 0's nodes
 _EXTRA_VALUES = ("embd", "inp_embd", "result_norm", "result_output")
@@ -354,31 +353,6 @@ def sec_tokenize(rec: Recording) -> dict:
     return dict(rows=rows, frames=frames, add_bos=bool(getattr(vocab, "add_bos", False)))
 
 
-def _plot_galloc(last, n_nodes, buf_size=None):
-
-
-    fig, ax = plt.subplots(figsize=(13, 4.2))
-    tens = [t for t in last["tensors"] if t.get("offset") is not None and t.get("size")]
-    ymax = 1
-    for t in tens:
-        x0 = t["alloc_node"] if t["alloc_node"] is not None else -1
-        x1 = t["free_node"] if t["free_node"] is not None else n_nodes
-        y0 = t["offset"] / 1024
-        h = max(t["size"] / 1024, 0.05)
-        op = t.get("op")
-        color = op_color(C.OP_NAMES[op]) if op else "#e0e0e0"
-        ax.add_patch(Rectangle((x0, y0), max(x1 - x0, 0.6), h, facecolor=color, edgecolor="#37474f",
-                               linewidth=0.2, alpha=0.9))
-        ymax = max(ymax, y0 + h)
-    ax.set_xlim(-2, n_nodes + 1)
-    ax.set_ylim(0, ymax * 1.03)
-    ax.set_xlabel("node index (allocated just before the node runs; freed after its last consumer)")
-    ax.set_ylabel("offset in the compute buffer (KiB)")
-    size = buf_size if buf_size is not None else sum(sum(c) for c in last["chunk_sizes"])
-    ax.set_title(f"ggml_gallocr plan: {len(tens)} tensors in a {size / 2**20:.2f} MiB buffer (colour = op)")
-    return fig
-
-
 def _alloc_info(ctx):
     galloc = getattr(ctx, "_galloc", None)
     if galloc is None:
@@ -425,7 +399,10 @@ def sec_memory(rec: Recording) -> dict:
         tens = last["tensors"]
         total = sum(t.get("size") or 0 for t in tens if t.get("offset") is not None and not t.get("view_src"))
         buf = sum(GA.gallocr_get_buffer_size(galloc, i) for i in range(galloc.n_buffers))
-        plan = dict(png=fig_png(_plot_galloc(last, last["n_nodes"], buf), 90), row={
+        # the allocator view's figure (as notebook 04 draws it): a broken axis, so the 49 MiB output slot does not
+        # squash the 1-6 MiB where the layers' tensors live
+        view = AllocatorView(galloc, getattr(ctx.sched, "graph", None), plan=last)
+        plan = dict(png=fig_png(view.figure(highlight=None), 90), row={
             "planned for": f"{last['n_nodes']} nodes, {last['n_leafs']} leafs", "tensors placed": len(tens),
             "in place (reused a parent)": sum(1 for t in tens if t.get("reused_from")),
             "views": sum(1 for t in tens if t.get("view_src")), "sum of sizes": total, "buffer size": buf,
