@@ -264,7 +264,7 @@ def _llama_cpp_measure(path, n_threads, n_decode, n_prefill, log):
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="ggviz bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, type=cli.model_file,
-                    help="GGUF file (default: the fetched SmolLM2-135M-Instruct Q4_1)")
+                    help=cli.MODEL_HELP)
     ap.add_argument("--threads", default="1,2", type=cli.thread_list,
                     help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--decode", type=cli.int_arg(1), default=32, help="tokens to decode per measurement (default 32)")

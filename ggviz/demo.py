@@ -240,7 +240,7 @@ def summary(r: DemoRun) -> str:
 def main(argv=None) -> int:
 
     ap = cli.ArgumentParser(prog="ggviz demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=cli.model_file, help="GGUF file (default: the default model, fetched if needed)")
+    ap.add_argument("-m", "--model", type=cli.model_file, help=cli.MODEL_HELP)
     ap.add_argument("--out", default="out", type=cli.output_dir, help="output folder (default: ./out)")
     ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT,
                     help="the prompt: decoded with layer 0 captured, then continued by the generation")

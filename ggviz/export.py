@@ -274,7 +274,7 @@ def graph_main(argv=None) -> int:
     ap.add_argument("-o", "--out", default=None,
                     help="output file (default: decode_graph.<format>; missing folders are created)")
     ap.add_argument("-m", "--model", default=None, type=cli.model_file,
-                    help="GGUF path (default: the default model)")
+                    help=cli.MODEL_HELP)
     ap.add_argument("--n-kv", type=cli.int_arg(1), default=256,
                     help="attended KV cells (default 256, one padded block)")
     a = ap.parse_args(argv)
@@ -310,7 +310,7 @@ def trace_main(argv=None) -> int:
     ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help="prompt decoded before the traced step")
     ap.add_argument("-t", "--threads", type=cli.thread_count, default=2, help="threads (default 2)")
     ap.add_argument("-m", "--model", default=None, type=cli.model_file,
-                    help="GGUF path (default: the default model)")
+                    help=cli.MODEL_HELP)
     a = ap.parse_args(argv)
     step = decode_step(a.prompt, a.threads, _model(a.model))
     doc = chrome_trace(step)

