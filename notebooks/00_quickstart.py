@@ -34,7 +34,8 @@ import ggviz
 from ggviz import llama, viz
 from ggviz.run import load_model
 
-model = load_model()            # llama_model_load_from_file: parse the GGUF, map the weights, build the vocabulary
+MODEL = "smollm2"               # or "gemma3-270m" (after `ggviz fetch gemma3-270m`), or the path of a GGUF file
+model = load_model(MODEL)       # llama_model_load_from_file: parse the GGUF, map the weights, build the vocabulary
 hp = model.hparams
 print(model.desc(), f"| {hp.n_layer} layers, n_embd={hp.n_embd}, n_head={hp.n_head} (kv {hp.n_head_kv}), "
       f"n_vocab={hp.n_vocab}, {model.n_params() / 1e6:.0f} M parameters, {model.size() / 2**20:.0f} MiB")
