@@ -1,4 +1,5 @@
-"""llama.cpp's tokenizer for byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``), in Python.
+"""llama.cpp's tokenizers, in Python: byte-level BPE (``tokenizer.ggml.model == "gpt2"``) and SentencePiece's
+SPM (``"llama"``: Gemma-3, llama-2), as ``src/llama-vocab.cpp`` (``llm_tokenizer_bpe``, ``llm_tokenizer_spm``).
 
 This mirrors ``src/llama-vocab.cpp`` and ``src/unicode.cpp`` of llama.cpp for the vocabularies ggviz runs
 (SmolLM2: pre-tokenizer ``smollm``; the plain ``gpt-2`` family uses the same machinery):
@@ -22,6 +23,15 @@ This mirrors ``src/llama-vocab.cpp`` and ``src/unicode.cpp`` of llama.cpp for th
 
 ``token_to_piece`` / ``detokenize`` invert this (``llama_token_to_piece`` / ``llama_detokenize``).
 
+SPM (``LLAMA_VOCAB_TYPE_SPM``, ``llm_tokenizer_spm_session``) shares step 1 and the BOS/EOS rule (the defaults
+differ: BOS on, ``add_space_prefix`` on, unless the GGUF says otherwise -- Gemma-3 turns the prefix off), then on
+each text fragment: a space is prepended when ``add_space_prefix`` and the fragment follows BOS, a special token or
+the start; every space becomes ``▁`` (U+2581); the fragment's UTF-8 bytes are cut into one symbol per character;
+a priority queue of adjacent pairs whose concatenation is a token repeatedly merges the pair whose token has the
+highest *score* (ties: the leftmost); each final symbol is its token, or, when it is none (a character outside
+the vocabulary), one ``<0xXX>`` byte token per byte (byte fallback).  ``token_to_piece`` turns ``▁`` back into a
+space and a byte token into its byte.
+
 Character classes (letter / number / whitespace) come from llama.cpp's own Unicode table (``_unicode_classes.py``,
 generated from its ``unicode-data.cpp``), not from Python's ``unicodedata``, whose Unicode version depends on the
 Python version.
@@ -37,13 +47,14 @@ import os
 from typing import Iterable, Sequence
 
 import gguf
+import numpy as np
 
 from . import _unicode_classes as uc
 
 __all__ = [
     "TokenType", "TokenAttr", "Vocab", "BpeMerge", "PreToken",
     "BYTE_TO_UNICODE", "UNICODE_TO_BYTE", "byte_encode", "byte_decode", "cpts_from_utf8",
-    "read_tokenizer_kv",
+    "read_tokenizer_kv", "SpmMerge",
 ]
 
 TOKEN_NULL = -1  # LLAMA_TOKEN_NULL
@@ -84,6 +95,15 @@ _TYPE_TO_ATTR = {
     TokenType.BYTE: TokenAttr.BYTE,
     TokenType.UNDEFINED: TokenAttr.UNDEFINED,
 }
+# the attribute of each token type, as a NumPy table indexed by the type (llama_vocab::load's switch)
+_TYPE_LUT = np.array([int(_TYPE_TO_ATTR[TokenType(v)]) for v in range(len(TokenType))], dtype=np.int64)
+
+# tokenizer.ggml.model -> llama_vocab_type
+_VOCAB_TYPES = {"gpt2": "BPE", "llama": "SPM"}
+
+# llama_escape_whitespace: SentencePiece's meta symbol for a space, U+2581 LOWER ONE EIGHTH BLOCK
+SPM_SPACE = "\u2581"
+SPM_SPACE_UTF8 = SPM_SPACE.encode("utf-8")
 
 # --------------------------------------------------------------------------------------------------------------
 # byte <-> unicode mapping (unicode_byte_to_utf8_map): printable Latin-1 bytes map to themselves, the other 68
@@ -339,8 +359,21 @@ class PreToken:
     special: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class SpmMerge:
+    """One SPM merge: the adjacent symbols ``left`` + ``right`` became ``merged``, the token ``token`` of score
+    ``score`` (the highest-scoring pair in the queue at that step; ties: the leftmost)."""
+    step: int
+    score: float
+    token: int
+    left: bytes
+    right: bytes
+    merged: bytes
+    symbols: tuple[bytes, ...]
+
+
 class Vocab:
-    """A llama.cpp BPE vocabulary (``struct llama_vocab``) loaded from GGUF metadata."""
+    """A llama.cpp vocabulary (``struct llama_vocab``) loaded from GGUF metadata."""
 
     def __init__(self, *, model: str, pre: str, tokens: Sequence[str], token_types: Sequence[int] | None = None,
                  scores: Sequence[float] | None = None, merges: Sequence[str] = (),
@@ -349,48 +382,54 @@ class Vocab:
                  eot_id: int | None = None, eom_id: int | None = None,
                  add_bos: bool | None = None, add_eos: bool | None = None, add_sep: bool | None = None,
                  add_space_prefix: bool | None = None, model_name: str = "", arch: str = ""):
-        if model != "gpt2":
-            raise NotImplementedError(f"tokenizer model {model!r}: only byte-level BPE ('gpt2') is implemented")
-        pre = pre or "default"
-        if pre not in _PRE_TOKENIZERS:
+        if model not in _VOCAB_TYPES:
+            raise NotImplementedError(f"tokenizer model {model!r}: only byte-level BPE ('gpt2') and SentencePiece "
+                                      "('llama') are implemented")
+        self.type = _VOCAB_TYPES[model]        # llama_vocab_type: "BPE" or "SPM"
+        spm = self.type == "SPM"
+        pre = "default" if spm else (pre or "default")   # SPM: pre_type is always LLAMA_VOCAB_PRE_TYPE_DEFAULT
+        if not spm and pre not in _PRE_TOKENIZERS:
             raise NotImplementedError(f"pre-tokenizer {pre!r} is not implemented (have: {sorted(_PRE_TOKENIZERS)})")
         self.model = model
         self.pre = pre
         self.model_name = model_name
         self.arch = arch
-        self.regex_passes, self.clean_spaces = _PRE_TOKENIZERS[pre]
-        self.add_space_prefix = False
+        self.regex_passes, self.clean_spaces = ((), False) if spm else _PRE_TOKENIZERS[pre]
+        self.add_space_prefix = spm            # llama_vocab::load's per-type defaults, then the GGUF keys
         self.escape_whitespaces = False
         self.ignore_merges = False
-        self.add_bos = False
+        self.add_bos = spm
         self.add_eos = False
         self.add_sep = False
         if add_space_prefix is not None:
             self.add_space_prefix = bool(add_space_prefix)
 
-        # tokens, attributes
+        # tokens, attributes. Gemma has 262,144 tokens: everything per token is a dict built in C (dict(zip)) or a
+        # NumPy lookup, not a Python loop (see benchmarks/vocab_load.py)
         n = len(tokens)
-        self.tokens: list[str] = []
-        self.token_to_id: dict[str, int] = {}
-        for i, t in enumerate(tokens):
-            if t == "":
-                t = f"[EMPTY_{i}]"
-            if t in self.token_to_id:
-                raise ValueError(f"duplicate token in vocabulary: {t!r} has ids {self.token_to_id[t]} and {i}")
-            self.token_to_id[t] = i
-            self.tokens.append(t)
-        self.scores = [float(s) for s in scores] if scores is not None else [0.0] * n
-        self.token_types: list[TokenType] = []
-        self.attrs: list[TokenAttr] = []
-        for i in range(n):
-            if token_types is None:
-                tt = TokenType.NORMAL
-            else:
-                v = int(token_types[i])
-                tt = TokenType(v) if v in TokenType._value2member_map_ else TokenType.UNDEFINED
-            self.token_types.append(tt)
-            self.attrs.append(_TYPE_TO_ATTR[tt] if token_types is not None else TokenAttr.NORMAL)
-        self.max_token_len = max((len(t.encode("utf-8", "surrogatepass")) for t in self.tokens), default=0)
+        self.tokens: list[str] = [t if t != "" else f"[EMPTY_{i}]" for i, t in enumerate(tokens)] \
+            if "" in tokens else list(tokens)
+        self.token_to_id: dict[str, int] = dict(zip(self.tokens, range(n)))
+        if len(self.token_to_id) != n:          # llama.cpp: GGML_ASSERT(id_to_token.size() == token_to_id.size())
+            seen: dict[str, int] = {}
+            for i, t in enumerate(self.tokens):
+                if t in seen:
+                    raise ValueError(f"duplicate token in vocabulary: {t!r} has ids {seen[t]} and {i}")
+                seen[t] = i
+        # scores are float32 in the GGUF (int32 arrays are converted, as llama.cpp's static_cast<float>)
+        self.scores: list[float] = (np.asarray(scores, dtype=np.float32).tolist() if scores is not None
+                                    else [0.0] * n)
+        if token_types is None:
+            self.token_types: list[int] = [int(TokenType.NORMAL)] * n
+            self.attrs: list[int] = [int(TokenAttr.NORMAL)] * n
+        else:
+            tt = np.asarray(token_types, dtype=np.int64)
+            tt = np.where((tt >= 0) & (tt < len(_TYPE_LUT)), tt, int(TokenType.UNDEFINED))
+            self.token_types = tt.tolist()
+            self.attrs = _TYPE_LUT[tt].tolist()
+        encoded = [t.encode("utf-8", "surrogatepass") for t in self.tokens]
+        self._token_bytes_len = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+        self.max_token_len = int(self._token_bytes_len.max()) if n else 0
 
         # merges: "a b" -> rank (split at the first space after the first byte, like word.find(' ', 1))
         self.bpe_ranks: dict[tuple[str, str], int] = {}
@@ -407,9 +446,9 @@ class Vocab:
                 return default
             return int(given) if 0 <= int(given) < n else default
 
-        self.bos_id = _pick(11, bos_id)
-        self.eos_id = _pick(11, eos_id)
-        self.unk_id = _pick(TOKEN_NULL, unk_id)
+        self.bos_id = _pick(1 if spm else 11, bos_id)
+        self.eos_id = _pick(2 if spm else 11, eos_id)
+        self.unk_id = _pick(0 if spm else TOKEN_NULL, unk_id)
         self.sep_id = _pick(TOKEN_NULL, sep_id)
         self.pad_id = _pick(TOKEN_NULL, pad_id)
         self.mask_id = _pick(TOKEN_NULL, mask_id)
@@ -431,15 +470,25 @@ class Vocab:
         self._detect_special_tokens()
 
         # special-token cache for the partition: CONTROL | USER_DEFINED | UNKNOWN, longest text first
-        special = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
-        self.special_tokens: list[int] = sorted((i for i in range(n) if self.attrs[i] & special),
-                                                key=lambda i: (-len(self.tokens[i].encode("utf-8", "surrogatepass")), i))
+        # (llama.cpp's std::sort by length is not stable; equal lengths keep id order here)
+        special = int(TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)
+        cand = np.flatnonzero(np.asarray(self.attrs, dtype=np.int64) & special)
+        self.special_tokens: list[int] = cand[np.lexsort((cand, -self._token_bytes_len[cand]))].tolist()
         # token -> piece cache (llama_token_to_piece with special=true), built lazily
         self._piece_cache: dict[int, bytes] = {}
         self._bpe_cache: dict[str, tuple[int, ...]] = {}
-        # newline token: tokenize("\n") without specials
-        nl = self.tokenize("\n", add_special=False, parse_special=False)
-        self.nl_id = nl[0] if nl else self.pad_id
+        # SPM: token_to_id keyed by UTF-8 bytes (BPE: built lazily, only byte_to_token uses it)
+        self._bytes_to_id: dict[bytes, int] | None = dict(zip(encoded, range(n))) if spm else None
+        if spm:
+            # the newline token: LLaMA "<0x0A>"; none -> special_pad_id (with a warning, in llama.cpp)
+            try:
+                self.nl_id = self.byte_to_token(0x0A)
+            except KeyError:
+                self.nl_id = self.pad_id
+        else:
+            # newline token: tokenize("\n") without specials
+            nl = self.tokenize("\n", add_special=False, parse_special=False)
+            self.nl_id = nl[0] if nl else self.pad_id
 
     # ---------------------------------------------------------------------------------------------- loading
 
@@ -489,25 +538,30 @@ class Vocab:
             "fim_rep_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
             "fim_sep_id": ("<|file_sep|>",),
         }
-        for tid, text in enumerate(self.tokens):
-            for attr_name, texts in candidates.items():
-                if getattr(self, attr_name) == TOKEN_NULL and text in texts:
-                    setattr(self, attr_name, tid)
-                    mark(tid)
-        for tid, text in enumerate(self.tokens):   # control tokens named "unused..." are unused
-            if self.attrs[tid] & TokenAttr.CONTROL and "unused" in text:
+        # walking the ids in order and taking the first text that matches == the smallest id among the matches
+        # (the texts are unique); dict lookups keep this fast for 262k tokens
+        ids_of = self.token_to_id
+        for attr_name, texts in candidates.items():
+            found = [ids_of[t] for t in texts if t in ids_of]
+            if getattr(self, attr_name) == TOKEN_NULL and found:
+                setattr(self, attr_name, min(found))
+                mark(min(found))
+        control = np.flatnonzero(np.asarray(self.attrs, dtype=np.int64) & int(TokenAttr.CONTROL)).tolist()
+        for tid in control:                           # "unused" control tokens
+            if "unused" in self.tokens[tid]:
                 self.attrs[tid] |= TokenAttr.UNUSED
         eog = {t for t in (self.fim_pad_id, self.fim_rep_id, self.fim_sep_id) if t != TOKEN_NULL}
         eog_texts = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
                      "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
                      "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
                      "<｜end▁of▁sentence｜>", "[e~["}
-        for tid, text in enumerate(self.tokens):
-            if text in eog_texts:
-                eog.add(tid)
-                mark(tid)
-            if text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
-                self.attrs[tid] = TokenAttr.USER_DEFINED
+        for text in eog_texts:
+            if text in ids_of:
+                eog.add(ids_of[text])
+                mark(ids_of[text])
+        for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
+            if text in ids_of:
+                self.attrs[ids_of[text]] = TokenAttr.USER_DEFINED
         for t in (self.eos_id, self.eot_id, self.eom_id):
             if t != TOKEN_NULL:
                 eog.add(t)
@@ -548,10 +602,10 @@ class Vocab:
         return self.scores[self._id(tid, "llama_vocab_get_score")]
 
     def token_get_attr(self, tid: int) -> TokenAttr:
-        return self.attrs[self._id(tid, "llama_vocab_get_attr")]
+        return TokenAttr(self.attrs[self._id(tid, "llama_vocab_get_attr")])
 
     def token_get_type(self, tid: int) -> TokenType:
-        return self.token_types[self._id(tid, "llama_vocab::token_get_type")]
+        return TokenType(self.token_types[self._id(tid, "llama_vocab::token_get_type")])
 
     def is_normal(self, tid: int) -> bool:
         return bool(self.attrs[self._id(tid, "llama_vocab::is_normal")] & TokenAttr.NORMAL)
@@ -715,8 +769,142 @@ class Vocab:
     def _fragment_text(self, frag: str | bytes) -> str:
         return cpts_from_utf8(frag) if isinstance(frag, bytes) else frag
 
+    # ---------------------------------------------------------------------------------------------- SPM
+
+    def _spm_bytes_to_id(self) -> dict[bytes, int]:
+        """token_to_id keyed by the tokens' UTF-8 bytes: the SPM session works on bytes (a symbol may be a part of
+        a character, e.g. a lone byte of invalid UTF-8)."""
+        if self._bytes_to_id is None:
+            self._bytes_to_id = {t.encode("utf-8", "surrogatepass"): i for i, t in enumerate(self.tokens)}
+        return self._bytes_to_id
+
+    def byte_to_token(self, ch: int) -> int:
+        """``llama_vocab::byte_to_token`` (SPM): the token ``<0xXX>``, else the one-byte token; KeyError if neither."""
+        ids = self._spm_bytes_to_id()
+        tid = ids.get(f"<0x{ch:02X}>".encode())
+        if tid is not None:
+            return tid
+        tid = ids.get(bytes([ch]))
+        if tid is None:
+            raise KeyError(f"byte_to_token: the vocabulary has neither <0x{ch:02X}> nor the byte {bytes([ch])!r}")
+        return tid
+
+    def spm_session(self, text: bytes, output: list[int], trace: list | None = None) -> None:
+        """``llm_tokenizer_spm_session::tokenize``: append the tokens of one escaped text fragment to ``output``.
+
+        Symbols are byte ranges of ``text`` (start, n) in a doubly linked list; a merged-away symbol keeps n = 0.
+        The queue holds (-score, left, right, size): Python's heapq pops the smallest, llama.cpp's
+        priority_queue the largest score, then (its comparator) the smallest ``left``. A popped pair is stale when
+        either symbol is gone or their lengths no longer add up to ``size``."""
+        ids = self._spm_bytes_to_id()
+        scores = self.scores
+        n_vocab = len(self.tokens)
+        start: list[int] = []
+        size: list[int] = []
+        offs, total = 0, len(text)
+        while offs < total:
+            n = min(_UTF8_LEN[text[offs] >> 4], total - offs)     # unicode_len_utf8 of the lead byte
+            start.append(offs)
+            size.append(n)
+            offs += n
+        count = len(start)
+        if count == 0:
+            return
+        prev = list(range(-1, count - 1))
+        nxt = list(range(1, count)) + [-1]
+        queue: list[tuple[float, int, int, int]] = []
+        rev_merge: dict[bytes, tuple[int, int]] = {}
+
+        def try_add_bigram(left: int, right: int) -> None:
+            if left == -1 or right == -1:
+                return
+            piece = text[start[left]:start[left] + size[left] + size[right]]
+            tid = ids.get(piece)
+            if tid is None or tid >= n_vocab:
+                return
+            heapq.heappush(queue, (-scores[tid], left, right, len(piece)))
+            rev_merge[piece] = (left, right)     # the last pair that formed this text (used by resegment)
+
+        for i in range(1, count):
+            try_add_bigram(i - 1, i)
+        step = 0
+        while queue:
+            neg_score, left, right, n = heapq.heappop(queue)
+            if size[left] == 0 or size[right] == 0 or size[left] + size[right] != n:
+                continue                                              # outdated pair
+            if trace is not None:
+                lt, rt = text[start[left]:start[left] + size[left]], text[start[right]:start[right] + size[right]]
+            size[left] += size[right]                                 # merge the right symbol into the left one
+            size[right] = 0
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            if trace is not None:
+                step += 1
+                merged = lt + rt
+                syms, i = [], 0
+                while i != -1:
+                    syms.append(text[start[i]:start[i] + size[i]])
+                    i = nxt[i]
+                trace.append(SpmMerge(step, -neg_score, ids[merged], lt, rt, merged, tuple(syms)))
+            try_add_bigram(prev[left], left)
+            try_add_bigram(left, nxt[left])
+
+        def resegment(sym: int) -> None:
+            piece = text[start[sym]:start[sym] + size[sym]]
+            tid = ids.get(piece)
+            if tid is not None:
+                output.append(tid)
+                return
+            pair = rev_merge.get(piece)
+            if pair is None:
+                # byte fallback: a symbol that is no token (a character outside the vocabulary) -> its bytes
+                output.extend(self.byte_to_token(b) for b in piece)
+                return
+            # (unreachable with llama.cpp's own bookkeeping -- rev_merge only holds token texts -- but mirrored)
+            resegment(pair[0])
+            resegment(pair[1])
+
+        i = 0
+        while i != -1:
+            resegment(i)
+            i = nxt[i]
+
+    def spm_trace(self, text: str) -> list[SpmMerge]:
+        """The merges the SPM session performs on one raw text fragment (escaped first, with the space prefix when
+        the vocabulary adds one), in order; the last step's ``symbols`` (or the characters, with no merge) are the
+        final pieces."""
+        esc = ((" " if self.add_space_prefix else "") + text).replace(" ", SPM_SPACE).encode("utf-8", "surrogatepass")
+        trace: list[SpmMerge] = []
+        self.spm_session(esc, [], trace)
+        return trace
+
+    def _spm_fragments(self, text: str | bytes, add_special: bool, parse_special: bool):
+        """The SPM branch of ``llama_vocab::impl::tokenize``: yield (fragment or None, escaped bytes or None, ids)
+        per unit: BOS, a special token, or a raw fragment (escaped, with the space prefix after BOS/special/start)."""
+        if add_special and self.add_bos:
+            if self.bos_id == TOKEN_NULL:
+                raise ValueError("add_bos_token is true, but bos_token_id is not set")
+            yield None, None, (self.bos_id,)
+        is_prev_special = True            # prefix with a space if first token
+        for frag in self.partition_special(text, parse_special):
+            if isinstance(frag, int):
+                yield None, None, (frag,)
+                is_prev_special = True
+                continue
+            raw = frag if isinstance(frag, bytes) else frag.encode("utf-8", "surrogatepass")
+            esc = ((b" " if self.add_space_prefix and is_prev_special else b"") + raw).replace(b" ", SPM_SPACE_UTF8)
+            out: list[int] = []
+            self.spm_session(esc, out)
+            yield frag, esc, tuple(out)
+            is_prev_special = False
+        if add_special and self.add_eos:
+            yield None, None, (self.eos_id,)
+
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """``llama_tokenize(vocab, text, ..., add_special, parse_special)``."""
+        if self.type == "SPM":
+            return [t for _, _, ids in self._spm_fragments(text, add_special, parse_special) for t in ids]
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
@@ -733,7 +921,12 @@ class Vocab:
     def tokenize_words(self, text: str | bytes, add_special: bool = True,
                        parse_special: bool = False) -> list[PreToken]:
         """Like :meth:`tokenize` but keeps the intermediate units (special tokens and pre-tokenized words with
-        their byte-level form and ids) for display; ``[i for u in units for i in u.ids] == tokenize(...)``."""
+        their byte-level form and ids) for display; ``[i for u in units for i in u.ids] == tokenize(...)``.
+        SPM: one unit per raw fragment (``encoded``: the escaped text, spaces as ▁)."""
+        if self.type == "SPM":
+            return [PreToken(self.tokens[ids[0]], None, ids, True) if frag is None else
+                    PreToken(self._fragment_text(frag), esc.decode("utf-8", "replace"), ids, False)
+                    for frag, esc, ids in self._spm_fragments(text, add_special, parse_special)]
         units: list[PreToken] = []
         if add_special and self.add_bos:
             units.append(PreToken(self.tokens[self.bos_id], None, (self.bos_id,), True))
@@ -759,7 +952,9 @@ class Vocab:
             if attr & (TokenAttr.UNKNOWN | TokenAttr.CONTROL | TokenAttr.USER_DEFINED):
                 p = text.encode("utf-8", "surrogatepass")
             elif attr & TokenAttr.NORMAL:
-                p = byte_decode(text)
+                # SPM: llama_unescape_whitespace (▁ -> space); BPE: the byte-level decoding
+                p = text.replace(SPM_SPACE, " ").encode("utf-8", "surrogatepass") if self.type == "SPM" \
+                    else byte_decode(text)
             elif attr & TokenAttr.BYTE:
                 p = bytes([int(text[3:5], 16)])
             else:
@@ -802,9 +997,13 @@ class Vocab:
         return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
 
     def __repr__(self) -> str:
-        return (f"Vocab(model={self.model!r}, pre={self.pre!r}, n_tokens={len(self.tokens)}, "
+        return (f"Vocab(type={self.type}, model={self.model!r}, pre={self.pre!r}, n_tokens={len(self.tokens)}, "
                 f"n_merges={len(self.bpe_ranks)}, bos={self.bos_id}, eos={self.eos_id}, "
                 f"add_bos={self.add_bos}, add_eos={self.add_eos})")
+
+
+# unicode_len_utf8: a UTF-8 sequence's length from the high nibble of its first byte (a stray byte counts as 1)
+_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)
 
 
 def _is_c_space(c) -> bool:
