@@ -405,7 +405,7 @@ class Vocab:
             self.add_space_prefix = bool(add_space_prefix)
 
         # tokens, attributes. Gemma has 262,144 tokens: everything per token is a dict built in C (dict(zip)) or a
-        # NumPy lookup, not a Python loop (see benchmarks/vocab_load.py)
+        # NumPy lookup, not a Python loop (see benchmarks/bench_vocab.py)
         n = len(tokens)
         self.tokens: list[str] = [t if t != "" else f"[EMPTY_{i}]" for i, t in enumerate(tokens)] \
             if "" in tokens else list(tokens)

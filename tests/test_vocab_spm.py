@@ -1,0 +1,255 @@
+"""ggviz.llama.vocab's SPM tokenizer (llm_tokenizer_spm) against llama.cpp: the Gemma-3 reference strings, llama.cpp's
+own SPM test vectors (llama-spm, phi-3: tests/data/llamacpp_vocab/), hand-checked cases on a tiny vocabulary, and a
+differential test against the installed llama_cpp (AVX2 build) on a few hundred random strings with Gemma-3's
+262,144-token vocabulary. The Gemma tests skip when the model is absent (`ggviz fetch gemma3-270m` fetches it)."""
+from __future__ import annotations
+
+import ctypes
+import json
+import pathlib
+import random
+
+import numpy as np
+import pytest
+
+from ggviz import fetch, gguf_file
+from ggviz.llama.vocab import TokenAttr, TokenType, Vocab
+
+DATA = pathlib.Path(__file__).parent / "data"
+VECTORS = DATA / "llamacpp_vocab"
+
+
+def gemma_path() -> pathlib.Path:
+    return fetch.models_dir() / fetch.MODELS["gemma3-270m"].filename
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Vocab:
+    path = gemma_path()
+    if not path.is_file():
+        pytest.skip(f"the Gemma-3 model is absent ({path}): `ggviz fetch gemma3-270m` fetches it")
+    return Vocab.from_gguf_kv(gguf_file.load_gguf(path).kv)
+
+
+@pytest.fixture(scope="module")
+def gemma_llamacpp():
+    """llama.cpp's vocabulary of the same file (vocab_only) and its llama_vocab pointer."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = gemma_path()
+    if not path.is_file():
+        pytest.skip(f"the Gemma-3 model is absent ({path}): `ggviz fetch gemma3-270m` fetches it")
+    llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    return llama_cpp, llm, llm._model.vocab
+
+
+# ------------------------------------------------------------------------------------------------ Gemma-3 reference
+
+REF = json.loads((DATA / "gemma3" / "gemma3_tokenize.json").read_text(encoding="utf-8"))
+
+
+def test_gemma_vocab_loads_as_spm(gemma):
+    assert gemma.type == "SPM" and gemma.n_tokens == 262_144
+    # from the GGUF: BOS 2 added, EOS 1, UNK 3, PAD 0, no space prefix (Gemma turns SPM's default off)
+    assert (gemma.bos_id, gemma.eos_id, gemma.unk_id, gemma.pad_id) == (2, 1, 3, 0)
+    assert gemma.add_bos and not gemma.add_eos and not gemma.add_space_prefix
+    assert gemma.nl_id == gemma.byte_to_token(0x0A) == gemma.text_to_token("<0x0A>")
+    assert gemma.is_eog(1) and gemma.is_eog(gemma.text_to_token("<end_of_turn>"))
+    assert gemma.token_get_type(gemma.text_to_token("<0x41>")) == TokenType.BYTE
+
+
+@pytest.mark.parametrize("case", REF["tokenize"], ids=lambda c: repr(c["text"])[:40])
+def test_gemma_reference_tokenize(gemma, case):
+    assert gemma.tokenize(case["text"], add_special=True, parse_special=True) == case["ids"]
+
+
+def test_gemma_reference_roundtrip(gemma):
+    """Detokenizing without BOS gives the text back (the strings need no byte the vocabulary lacks)."""
+    for case in REF["tokenize"]:
+        assert gemma.detokenize(case["ids"], remove_special=True, unparse_special=True) == case["text"]
+
+
+# ------------------------------------------------------------------------------------------------ llama.cpp's vectors
+
+def read_vectors(name: str) -> list[tuple[bytes, list[int]]]:
+    """test-tokenizer-0.cpp's read_tests: inputs split at "\\n__ggml_vocab_test__\\n", one output line each."""
+    raw = (VECTORS / f"{name}.inp").read_bytes()
+    sep = b"\n__ggml_vocab_test__\n"
+    inp, pos = [], 0
+    while pos < len(raw):
+        nxt = raw.find(sep, pos)
+        if nxt < 0:
+            inp.append(raw[pos:])
+            break
+        inp.append(raw[pos:nxt])
+        pos = nxt + len(sep)
+    out = (VECTORS / f"{name}.out").read_text(encoding="utf-8").split("\n")
+    assert len(out) >= len(inp)
+    return [(s, [int(t) for t in o.split()]) for s, o in zip(inp, out)]
+
+
+@pytest.mark.parametrize("name", ["ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf"])
+def test_llamacpp_spm_vectors(name):
+    vocab = Vocab.from_gguf_kv(gguf_file.load_gguf(VECTORS / name).kv)
+    assert vocab.type == "SPM" and vocab.add_space_prefix      # the SPM default: no GGUF key overrides it
+    cases = read_vectors(name)
+    assert len(cases) == 46
+    bad = [(s, vocab.tokenize(s, add_special=False, parse_special=False), ids) for s, ids in cases
+           if vocab.tokenize(s, add_special=False, parse_special=False) != ids]
+    assert not bad, bad[:3]
+
+
+def test_llamacpp_spm_vectors_detokenize():
+    """llama_detokenize of the vector outputs, against the installed llama.cpp on the same vocabulary."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    name = "ggml-vocab-llama-spm.gguf"
+    vocab = Vocab.from_gguf_kv(gguf_file.load_gguf(VECTORS / name).kv)
+    llm = llama_cpp.Llama(str(VECTORS / name), vocab_only=True, verbose=False)
+    for _, ids in read_vectors(name):
+        for flags in ((False, False), (True, True)):
+            assert vocab.detokenize_bytes([1, *ids], *flags) == lc_detokenize(llama_cpp, llm._model.vocab,
+                                                                               [1, *ids], *flags)
+
+
+# ------------------------------------------------------------------------------------------------ hand-checked cases
+
+def tiny_vocab(scores: dict[str, float], add_space_prefix=None, extra_special=()) -> Vocab:
+    """<unk> <s> </s>, the 256 byte tokens, then the given pieces with their scores (NORMAL) and specials."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
+    sc = [0.0] * len(tokens)
+    for text, s in scores.items():
+        tokens.append(text)
+        types.append(TokenType.NORMAL)
+        sc.append(s)
+    for text in extra_special:
+        tokens.append(text)
+        types.append(TokenType.CONTROL)
+        sc.append(0.0)
+    return Vocab(model="llama", pre="default", tokens=tokens, token_types=[int(t) for t in types], scores=sc,
+                 add_space_prefix=add_space_prefix)
+
+
+def pieces(v: Vocab, ids) -> list[str]:
+    return [v.tokens[i] for i in ids]
+
+
+def test_spm_merges_highest_score_first():
+    v = tiny_vocab({"a": -1, "b": -1, "c": -1, "ab": -5, "bc": -2, "▁": -1})
+    # "▁abc": pairs ab (-5) and bc (-2): bc merges first, and a+bc is no token: [▁, a, bc]
+    assert pieces(v, v.tokenize("abc", add_special=False)) == ["▁", "a", "bc"]
+    # with "abc" a token, the new pair a+bc enters the queue after the merge and merges too
+    v = tiny_vocab({"a": -1, "b": -1, "c": -1, "ab": -5, "bc": -2, "abc": -3, "▁": -1})
+    assert pieces(v, v.tokenize("abc", add_special=False)) == ["▁", "abc"]
+
+
+def test_spm_equal_scores_merge_leftmost_first():
+    """llm_bigram_spm::comparator: equal scores -> the smaller left index wins."""
+    v = tiny_vocab({"a": -1, "b": -1, "ab": -2, "ba": -2}, add_space_prefix=False)
+    assert pieces(v, v.tokenize("aba", add_special=False)) == ["ab", "a"]
+    assert pieces(v, v.tokenize("bab", add_special=False)) == ["ba", "b"]
+    v2 = tiny_vocab({"a": -1, "b": -1, "ab": -3, "ba": -2}, add_space_prefix=False)
+    assert pieces(v2, v2.tokenize("aba", add_special=False)) == ["a", "ba"]
+    trace = v.spm_trace("abab")
+    assert [(m.left, m.right) for m in trace][:1] == [(b"a", b"b")] and trace[0].score == -2
+
+
+def test_spm_byte_fallback_and_space_escaping():
+    v = tiny_vocab({"▁": -1, "h": -1, "i": -1, "▁h": -2, "hi": -2.5, "▁hi": -1.5})
+    ids = v.tokenize("hi é", add_special=True)
+    # BOS, then "▁hi▁é": ▁h (-2) beats hi (-2.5), then ▁h+i = ▁hi; "é" (C3 A9) is no token -> two byte tokens
+    assert pieces(v, ids) == ["<s>", "▁hi", "▁", "<0xC3>", "<0xA9>"]
+    assert v.detokenize(ids, remove_special=True) == " hi é"  # remove_special: BOS dropped, the prefix space kept
+    assert v.detokenize(ids[1:]) == "hi é"                    # no BOS: the prefix space is removed
+    assert v.token_to_piece(ids[1]) == b" hi" and v.token_to_piece(ids[3]) == b"\xc3"
+
+
+def test_spm_space_prefix_after_special_tokens():
+    """A raw fragment gets the space prefix when it follows BOS, a special token or the start (is_prev_special)."""
+    v = tiny_vocab({"▁": -1, "a": -1, "▁a": -0.5}, extra_special=("<t>",))
+    assert pieces(v, v.tokenize("a<t>a", add_special=False, parse_special=True)) == ["▁a", "<t>", "▁a"]
+    assert pieces(v, v.tokenize("a<t>a", add_special=False, parse_special=False))[:1] == ["▁a"]
+    assert pieces(v, v.tokenize("", add_special=True)) == ["<s>"]
+    assert v.tokenize("", add_special=False) == []
+
+
+def test_spm_missing_byte_token_is_a_clear_error():
+    v = Vocab(model="llama", pre="default", tokens=["<unk>", "<s>", "</s>", "a"], scores=[0, 0, 0, -1],
+              token_types=[2, 3, 3, 1], add_space_prefix=False)
+    assert v.tokenize("a", add_special=False) == [3]
+    with pytest.raises(KeyError, match=r"neither <0x62> nor the byte b'b'"):
+        v.tokenize("b", add_special=False)
+
+
+# ------------------------------------------------------------------------------------------------ differential
+
+def lc_detokenize(llama_cpp, vocab_ptr, ids, remove_special, unparse_special) -> bytes:
+    arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
+    size = 64 + 32 * len(ids)
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_detokenize(vocab_ptr, arr, len(ids), buf, size, remove_special, unparse_special)
+    assert n >= 0
+    return buf.raw[:n]
+
+
+def lc_piece(llama_cpp, vocab_ptr, tid, lstrip, special) -> bytes:
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_token_to_piece(vocab_ptr, tid, buf, 256, lstrip, special)
+    assert n >= 0
+    return buf.raw[:n]
+
+
+_ALPHABET = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") * 3
+             + list(" " * 30 + "\t\n\r" * 3 + ".,;:!?'\"()[]{}<>/\\|-_=+*&^%$#@~`")
+             + list("éèàçüöäßñøåÆŒĳǅ") + list("αβγδΩЖжщЯ") + list("数学是科学的语言ひらがなカタカナ한국어")
+             + list("🚀🔥🦙👍🏽") + ["\u0301", "\u200b", "\u00a0", "\u2581", "\ufeff", "\U0001d54f", "\ue000",
+                                  "\x00", "\x07", "\u0e01", "\u05d0"])
+_WORDS = ["the", " the", "ggml", "tensor", "llama", "  ", "\n\n", "    ", "<start_of_turn>", "<end_of_turn>",
+          "<bos>", "<eos>", "<pad>", "<unk>", "[multimodal]", "<unused5>", "<start_of_image>", "def f(x):",
+          "http://example.org/a?b=c", "3.14159", "1234567", "don't", "naïve", "ﬁ"]
+
+
+def random_strings(n: int, seed: int = 11) -> list[str | bytes]:
+    rng = random.Random(seed)
+    out: list[str | bytes] = []
+    for i in range(n):
+        parts = [rng.choice(_WORDS) if rng.random() < 0.25 else rng.choice(_ALPHABET)
+                 for _ in range(rng.randint(0, 24))]
+        s = "".join(parts)
+        if i % 25 == 0:   # invalid UTF-8 as bytes: lone continuation bytes, a cut-off sequence, 0xff
+            s = s.encode() + rng.choice([b"\x80", b"\xe2\x82", b"\xff", b"\xc3"]) + b"x"
+        out.append(s)
+    return out
+
+
+def test_gemma_differential_tokenize(gemma, gemma_llamacpp):
+    """300 random strings (letters, scripts, emoji, spaces, controls, special-token texts, invalid UTF-8), all four
+    add_special x parse_special settings: the ids equal llama.cpp's."""
+    llama_cpp, llm, _ = gemma_llamacpp
+    bad = []
+    for s in random_strings(300):
+        b = s if isinstance(s, bytes) else s.encode("utf-8")
+        for add_special in (False, True):
+            for parse_special in (False, True):
+                want = llm.tokenize(b, add_bos=add_special, special=parse_special)
+                got = gemma.tokenize(s, add_special=add_special, parse_special=parse_special)
+                if got != want:
+                    bad.append((s, add_special, parse_special, got, want))
+    assert not bad, bad[:3]
+
+
+def test_gemma_differential_detokenize(gemma, gemma_llamacpp):
+    """llama_detokenize (both flags) of those tokenizations, and llama_token_to_piece of 3000 ids (every special,
+    byte and user-defined one among them), special on/off, lstrip 0/1."""
+    llama_cpp, llm, vp = gemma_llamacpp
+    for s in random_strings(300)[:150]:
+        b = s if isinstance(s, bytes) else s.encode("utf-8")
+        ids = llm.tokenize(b, add_bos=True, special=True)
+        for flags in ((False, False), (True, False), (False, True), (True, True)):
+            assert gemma.detokenize_bytes(ids, *flags) == lc_detokenize(llama_cpp, vp, ids, *flags), (s, flags)
+    rng = np.random.default_rng(3)
+    odd = [i for i in range(gemma.n_tokens) if gemma.attrs[i] & ~int(TokenAttr.NORMAL)]
+    sample = sorted(set(rng.integers(0, gemma.n_tokens, 3000 - min(len(odd), 1500)).tolist()) | set(odd[:1500]))
+    for tid in sample:
+        for special in (False, True):
+            for lstrip in (0, 1):
+                assert gemma.token_to_piece(tid, special, lstrip) == lc_piece(llama_cpp, vp, tid, lstrip, special), tid
