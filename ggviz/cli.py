@@ -256,7 +256,7 @@ def _user_error(e: BaseException) -> bool:
 def _hint(e: BaseException) -> str:
     name = type(e).__name__
     if name == "GGUFError":
-        return "-m/--model needs a GGUF model file or a model name (leave it out for the default model)"
+        return "-m/--model needs a GGUF model file (leave it out for the default model)"
     if name == "ContextParamsError":
         fits = getattr(e, "fits", None)
         if getattr(e, "param", None) == "n_ctx":

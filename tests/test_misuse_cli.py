@@ -81,8 +81,9 @@ def test_model_path_missing_directory_or_a_name(tmp_path):
     lines = assert_user_error(ggviz("run", "-m", tmp_path / "missing.gguf"), 2, "argument -m/--model: no such file")
     assert lines[1] == "ggviz run: see `ggviz run --help`"
     assert_user_error(ggviz("run", "-m", tmp_path), 2, "is a directory, not a .gguf file")
-    assert_user_error(ggviz("run", "-m", "smollm2"), 2, "no such file: 'smollm2'", "leave the option out for the "
-                      "default model")
+    # a bare word that is no model of the registry: the error lists the names (smollm2, gemma3-270m are models)
+    assert_user_error(ggviz("run", "-m", "smollm3"), 2, "no such file: 'smollm3' (give smollm2|gemma3-270m or the "
+                      "path of a .gguf file", "leave the option out for the default model")
 
 
 @pytest.mark.parametrize("args,needle", [
