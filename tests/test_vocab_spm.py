@@ -62,6 +62,12 @@ def test_gemma_reference_tokenize(gemma, case):
     assert gemma.tokenize(case["text"], add_special=True, parse_special=True) == case["ids"]
 
 
+@pytest.mark.parametrize("case", REF["prompts"] + [REF["seq1"]], ids=lambda c: repr(c["text"])[:30])
+def test_gemma_reference_prompts_and_text(gemma, case):
+    """The greedy prompts and the 90-token teacher-forced text of the reference captures."""
+    assert gemma.tokenize(case["text"], add_special=True, parse_special=True) == case["ids"]
+
+
 def test_gemma_reference_roundtrip(gemma):
     """Detokenizing without BOS gives the text back (the strings need no byte the vocabulary lacks)."""
     for case in REF["tokenize"]:
@@ -221,12 +227,32 @@ def random_strings(n: int, seed: int = 11) -> list[str | bytes]:
     return out
 
 
+def structured_strings(n: int, seed: int = 5) -> list[str]:
+    """Runs of spaces, newlines and tabs of 1..70 (Gemma has user-defined tokens for runs up to 31: the longest-first
+    special-token partition cuts them), HTML tags (user-defined too), words and specials."""
+    rng = random.Random(seed)
+    tags = ["<td>", "</td>", "<b>", "</b>", "<s>", "</s>", "<table>", "<h1>", "<code>", "<start_of_image>"]
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 8)):
+            r = rng.random()
+            if r < 0.4:
+                parts.append(rng.choice(" \n\t") * rng.randint(1, 70))
+            elif r < 0.6:
+                parts.append(rng.choice(tags))
+            else:
+                parts.append(rng.choice(_WORDS + ["word", "x", "▁▁", "é"]))
+        out.append("".join(parts))
+    return out
+
+
 def test_gemma_differential_tokenize(gemma, gemma_llamacpp):
-    """300 random strings (letters, scripts, emoji, spaces, controls, special-token texts, invalid UTF-8), all four
-    add_special x parse_special settings: the ids equal llama.cpp's."""
+    """300 random strings (letters, scripts, emoji, spaces, controls, special-token texts, invalid UTF-8) and 150 of
+    whitespace runs and tags, all four add_special x parse_special settings: the ids equal llama.cpp's."""
     llama_cpp, llm, _ = gemma_llamacpp
     bad = []
-    for s in random_strings(300):
+    for s in random_strings(300) + structured_strings(150):
         b = s if isinstance(s, bytes) else s.encode("utf-8")
         for add_special in (False, True):
             for parse_special in (False, True):
