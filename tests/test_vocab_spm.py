@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ggviz import fetch, gguf_file
-from ggviz.llama.vocab import TokenAttr, TokenType, Vocab
+from ggviz.llama.vocab import LLAMA_VOCAB_TYPE_SPM, TokenAttr, TokenType, Vocab
 
 DATA = pathlib.Path(__file__).parent / "data"
 VECTORS = DATA / "llamacpp_vocab"
@@ -48,7 +48,7 @@ REF = json.loads((DATA / "gemma3" / "gemma3_tokenize.json").read_text(encoding="
 
 
 def test_gemma_vocab_loads_as_spm(gemma):
-    assert gemma.type == "SPM" and gemma.n_tokens == 262_144
+    assert gemma.type == "SPM" and gemma.get_type() == LLAMA_VOCAB_TYPE_SPM and gemma.n_tokens == 262_144
     # from the GGUF: BOS 2 added, EOS 1, UNK 3, PAD 0, no space prefix (Gemma turns SPM's default off)
     assert (gemma.bos_id, gemma.eos_id, gemma.unk_id, gemma.pad_id) == (2, 1, 3, 0)
     assert gemma.add_bos and not gemma.add_eos and not gemma.add_space_prefix

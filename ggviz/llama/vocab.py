@@ -54,7 +54,7 @@ from . import _unicode_classes as uc
 __all__ = [
     "TokenType", "TokenAttr", "Vocab", "BpeMerge", "PreToken",
     "BYTE_TO_UNICODE", "UNICODE_TO_BYTE", "byte_encode", "byte_decode", "cpts_from_utf8",
-    "read_tokenizer_kv", "SpmMerge",
+    "read_tokenizer_kv", "SpmMerge", "SPM_SPACE", "LLAMA_VOCAB_TYPE_SPM", "LLAMA_VOCAB_TYPE_BPE",
 ]
 
 TOKEN_NULL = -1  # LLAMA_TOKEN_NULL
@@ -98,7 +98,11 @@ _TYPE_TO_ATTR = {
 # the attribute of each token type, as a NumPy table indexed by the type (llama_vocab::load's switch)
 _TYPE_LUT = np.array([int(_TYPE_TO_ATTR[TokenType(v)]) for v in range(len(TokenType))], dtype=np.int64)
 
-# tokenizer.ggml.model -> llama_vocab_type
+# enum llama_vocab_type (llama.h), of the two implemented here
+LLAMA_VOCAB_TYPE_SPM = 1   # LLaMA tokenizer based on byte-level BPE with byte fallback
+LLAMA_VOCAB_TYPE_BPE = 2   # GPT-2 tokenizer based on byte-level BPE
+
+# tokenizer.ggml.model -> llama_vocab_type (by name: "BPE", "SPM", as llama_vocab::type_name prints it)
 _VOCAB_TYPES = {"gpt2": "BPE", "llama": "SPM"}
 
 # llama_escape_whitespace: SentencePiece's meta symbol for a space, U+2581 LOWER ONE EIGHTH BLOCK
@@ -631,6 +635,10 @@ class Vocab:
             return operator.index(tid) in self.eog_ids
         except TypeError:
             raise TypeError(f"llama_vocab_is_eog: token id must be an integer, not {type(tid).__name__}") from None
+
+    def get_type(self) -> int:
+        """``llama_vocab_type``: LLAMA_VOCAB_TYPE_SPM or LLAMA_VOCAB_TYPE_BPE."""
+        return LLAMA_VOCAB_TYPE_SPM if self.type == "SPM" else LLAMA_VOCAB_TYPE_BPE
 
     def text_to_token(self, text: str) -> int:
         """The id of a token given its (byte-encoded) text, or -1."""
