@@ -178,6 +178,13 @@ def test_spm_space_prefix_after_special_tokens():
     assert v.tokenize("", add_special=False) == []
 
 
+def test_spm_short_score_or_type_arrays_are_refused():
+    with pytest.raises(ValueError, match=r"Index out of array bounds for scores \(1 < 2\)"):
+        Vocab(model="llama", pre="default", tokens=["<unk>", "a"], scores=[0.0], token_types=[2, 1])
+    with pytest.raises(ValueError, match=r"Index out of array bounds for toktypes \(1 < 2\)"):
+        Vocab(model="llama", pre="default", tokens=["<unk>", "a"], scores=[0.0, 0.0], token_types=[2])
+
+
 def test_spm_missing_byte_token_is_a_clear_error():
     v = Vocab(model="llama", pre="default", tokens=["<unk>", "<s>", "</s>", "a"], scores=[0, 0, 0, -1],
               token_types=[2, 3, 3, 1], add_space_prefix=False)

@@ -420,6 +420,9 @@ class Vocab:
                 if t in seen:
                     raise ValueError(f"duplicate token in vocabulary: {t!r} has ids {seen[t]} and {i}")
                 seen[t] = i
+        for what, arr in (("scores", scores), ("toktypes", token_types)):   # llama_vocab::load's bounds checks
+            if arr is not None and len(arr) < n:
+                raise ValueError(f"Index out of array bounds for {what} ({len(arr)} < {n})")
         # scores are float32 in the GGUF (int32 arrays are converted, as llama.cpp's static_cast<float>)
         self.scores: list[float] = (np.asarray(scores, dtype=np.float32).tolist() if scores is not None
                                     else [0.0] * n)
