@@ -32,7 +32,7 @@ import tempfile
 from importlib import metadata
 
 from ggviz import __version__
-from ggviz.fetch import DEFAULT_MODEL, MODELS, FetchError, fetch_model, model_path, registry
+from ggviz.fetch import DEFAULT_MODEL, MODELS, FetchError, fetch_model, registry, resolve_model
 
 # command -> (module under ggviz, one-line help)
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
@@ -98,11 +98,10 @@ def model_file(text: str) -> str | None:
     if text == DEFAULT_MODEL:
         return None
     if text in MODELS:
-        path = model_path(text)
-        if not path.is_file():
-            raise argparse.ArgumentTypeError(f"model {text} is not downloaded yet (no {path}); "
-                                             f"run `ggviz fetch {text}` first")
-        return str(path)
+        try:
+            return str(resolve_model(text))     # fetched and verified, or "run `ggviz fetch NAME`"
+        except FetchError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     p = pathlib.Path(text)
     if not p.exists():
         raise argparse.ArgumentTypeError(f"no such file: {text!r} (give {'|'.join(registry())} or the path of a "

