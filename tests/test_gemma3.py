@@ -9,9 +9,10 @@ from the AVX2 build of llama-cpp-python 0.3.36; see its README).
 - teacher-forced logits on the decode path: the rows whose float32 bytes equal llama.cpp's (sha256), top-1 and KL.
 
 Bit-exactness: rows 0 and 1 are bit-identical; later rows are not, because the MUL_MATs with Q5_0 / Q4_K / Q6_K
-weights (attn_q/k, ffn_gate/up: Q5_0; attn_output: Q4_K; ffn_down: Q6_K) are not yet summed in the AVX2 kernels'
-order (the Q8_0 ones, attn_v and the tied output, are exact: ``Vcur-0`` matches llama.cpp's bit for bit, and the
-logits of the first rows survive the Q8_0 quantization of ``result_norm``). The ops this architecture adds --
+weights (attn_q/k, ffn_gate/up, most attn_v: Q5_0; attn_output and some ffn_down: Q4_K; the other ffn_down: Q6_K)
+are not yet summed in the AVX2 kernels' order: against llama.cpp's eval callback, ``Qcur-0`` (Q5_0) already differs
+in the last bits while ``attn_norm-0`` and ``Vcur-0`` (Q8_0 in layer 0) are bit-identical; the logits of the first
+rows survive because the output MUL_MAT (Q8_0) quantizes ``result_norm`` to 8 bits first. The ops this architecture adds --
 SCALE, GEGLU (split), RMS_NORM of [256, 4] heads, NEOX RoPE with base 1e6 / 1e4 -- are bit-exact against the real
 ggml (test_gemma3_ops_exact_vs_real_ggml).
 
