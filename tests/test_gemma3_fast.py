@@ -34,3 +34,20 @@ def test_geglu(variant, n):
         a = _f32(ctx, rng, 2 * n, 3, scale=6.0)
         return ggml.glu(ctx, a, C.GGML_GLU_OP_GEGLU, variant == "swapped")
     _check(_run_both(build))
+
+
+def test_qk_norm_and_neox_rope_at_gemma_shapes():
+    """The QK norm (RMS_NORM of [256, 4] heads fused with the MUL by a [256] weight) and NEOX RoPE of 256 dims with
+    the global (1e6) and the sliding-window (1e4) base: the existing compiled kernels at Gemma-3's shapes, bit-exact
+    with the faithful ones. (With these and SCALE / GEGLU, only the Q5_0 / Q4_K / Q6_K MUL_MATs keep Gemma-3's
+    decode graph off the compiled walk.)"""
+    def norm(ctx, rng):
+        return ggml.mul(ctx, ggml.rms_norm(ctx, _f32(ctx, rng, 256, 4, 3, scale=4.0), 1e-6), _f32(ctx, rng, 256))
+    _check(_run_both(norm))
+    for base in (1e6, 1e4):
+        def rope(ctx, rng, b=base):
+            pos = ggml.new_tensor_1d(ctx, C.GGML_TYPE_I32, 3)
+            ggml.get_data(pos)[...] = np.array([0, 300, 1000], np.int32).reshape(ggml.get_data(pos).shape)
+            return ggml.rope_ext(ctx, _f32(ctx, rng, 256, 4, 3), pos, None, 256, ggml.GGML_ROPE_TYPE_NEOX, 32768,
+                                 b, 1.0, 0.0, 1.0, 32.0, 1.0)
+        _check(_run_both(rope))
