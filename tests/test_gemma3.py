@@ -123,6 +123,34 @@ def test_swa_cache_reuses_cells_left_behind():
     assert full.prepare([([8], [0])]) is None
 
 
+@needs_model
+def test_iswa_cache_without_swa_full(gemma):
+    """llama_kv_cache_iswa with swa_full = false: the SWA cache has GGML_PAD(min(kv_size, n_swa + n_ubatch), 256)
+    cells, and past them it reuses the cells its window has left behind while the base cache keeps everything.
+    (Cell bookkeeping only, as llama_decode does it before computing.)"""
+    from ggviz.llama.kv_cache_iswa import KVCacheISWA
+    hp = gemma.hparams
+    kv = KVCacheISWA(hp, 2048, n_ubatch=512, swa_full=False)
+    assert (kv.kv_base.size, kv.kv_swa.size) == (2048, 1024)
+    assert kv.kv_base.layer_ids == [5, 11, 17] and kv.kv_swa.layer_ids == [il for il in range(18) if il % 6 != 5]
+    n = 1024
+    (slot,) = kv.prepare([(list(range(n)), [0] * n)])
+    kv.apply_ubatch(slot, list(range(n)), [0] * n)
+    pos = list(range(n, n + 64))
+    (slot,) = kv.prepare([(pos, [0] * 64)])
+    assert slot.base == list(range(1024, 1088))      # the base cache has room
+    assert slot.swa == list(range(64))               # the SWA cache is full: positions 0..63 are out of the window
+    kv.apply_ubatch(slot, pos, [0] * 64)
+    assert kv.kv_swa.cells.used == 1024 and kv.kv_base.cells.used == 1088
+    assert kv.seq_pos_min(0) == 64 and kv.seq_pos_max(0) == 1087     # the SWA cache's, as llama.cpp's iswa
+    n_base, n_swa = kv.get_n_kv()
+    m_swa = kv.kv_swa.kq_mask_data(n_swa, [1087], [0])[0]
+    m_base = kv.kv_base.kq_mask_data(n_base, [1087], [0])[0]
+    seen = kv.kv_swa.cells.pos[:n_swa][np.isfinite(m_swa)]
+    assert sorted(seen) == list(range(1087 - 511, 1088))           # the last 512 positions
+    assert int(np.isfinite(m_base).sum()) == 1088
+
+
 def test_gemma3_ops_exact_vs_real_ggml():
     """SCALE, GEGLU split, RMS_NORM * weight of [256, 4] heads and NEOX RoPE at gemma3's sizes, bit for bit."""
     oracle = pytest.importorskip("tests.oracle.ggml_lib")

@@ -110,7 +110,7 @@ class KVCache:
         # llama.cpp's ctx_map: one no_alloc context per buffer type (bufts[il]: the layer's device buffer type when
         # the KV cache is offloaded, else the CPU's), each allocated in one backend buffer and cleared
         if bufts is None:
-            bufts = [gb.backend_cpu_buffer_type()] * n_layer
+            bufts = [gb.backend_cpu_buffer_type()] * hparams.n_layer      # indexed by il, like the caller's
         ctx_map: dict = {}
         self.k_l, self.v_l = [], []
         for il in self.layer_ids:
