@@ -91,6 +91,15 @@ def test_decode_graph_matches_llamacpp(gemma):
         assert a == b, f"node {i}: ggviz {a} != llama.cpp {b}"
 
 
+@needs_model
+def test_compute_buffer_size_as_llamacpp(gemma):
+    """The compute buffer the context reserves (worst-case pp graph of 512 tokens over the full caches): llama.cpp
+    (AVX2 llama_cpp 0.3.36, n_ctx 1024, flash attention off, 2 threads) logs "CPU compute buffer size is 514.5020
+    MiB" for this model (tests/data/gemma3/README.md)."""
+    ctx = _ctx(gemma)
+    assert round(ctx.compute_buffer_sizes()["CPU"] / 2**20, 4) == 514.502
+
+
 def _tiny_swa_cache(size=8, n_swa=4):
     hp = LlamaHparams(n_vocab=1, n_ctx_train=64, n_embd=4, n_layer=1, n_head=1, n_head_kv=1, n_ff=4, n_rot=4,
                       n_embd_head_k=4, n_embd_head_v=4, f_norm_rms_eps=1e-6, rope_freq_base_train=1e4,
