@@ -4,7 +4,8 @@ from the AVX2 build of llama-cpp-python 0.3.36; see its README).
 - the decode graph: 817 nodes with llama.cpp's op, name, type, ne and sources, in the same order (the iSWA inputs,
   the two caches' K/V tensors, QK norm, the unnamed Q SCALE, post-norms, GEGLU);
 - hparams as llama.cpp reads them (sliding-window pattern, rope bases, f_attention_scale, head_dim 256, GQA 4:1);
-- the iSWA KV cache: sliding-window mask and cell reuse (hand-checked on a tiny cache);
+- the iSWA KV cache: sliding-window mask and cell reuse (hand-checked on a tiny cache, then with gemma's own
+  sizes and swa_full = false); the compute buffer reserved, as llama.cpp logs it;
 - greedy: the first token of each prompt, and llama.cpp's continuations teacher-forced;
 - teacher-forced logits on the decode path: the rows whose float32 bytes equal llama.cpp's (sha256), top-1 and KL.
 
