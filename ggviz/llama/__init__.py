@@ -12,7 +12,8 @@ Names follow llama.h without the ``llama_`` prefix and keep its argument order::
     logits = llama.get_logits_ith(ctx, -1)
 
 The modules behind it follow llama.cpp's sources: ``model`` (llama-model), ``vocab`` (llama-vocab), ``kv_cache``
-(llama-kv-cache), ``graph`` (llama-graph + models/llama), ``context`` (llama-context), ``batch`` (llama-batch),
+(llama-kv-cache), ``kv_cache_iswa`` (llama-kv-cache-iswa), ``graph`` (llama-graph), ``models/`` (src/models: llama,
+gemma3), ``context`` (llama-context), ``batch`` (llama-batch),
 ``sampling`` (llama-sampling), ``chat`` (chat templates).
 """
 from __future__ import annotations

@@ -54,8 +54,10 @@ from ..ggml import backend_reg, impl
 from ..ggml import sched as gs
 from ..ggml.cpu import cpu_backend
 from .batch import LLAMA_MAX_SEQ, DecodeError, batch_allocr_init
-from .graph import LlamaGraphBuilder, graph_max_nodes
+from . import models as arch_models
+from .graph import graph_max_nodes
 from .kv_cache import KVCache
+from .kv_cache_iswa import KVCacheISWA
 
 try:        # RLIMIT_AS (POSIX only): a process limited to less memory than the machine has
     import resource
@@ -94,6 +96,7 @@ class LlamaContextParams:
     offload_kqv: bool = True         # KV cache of offloaded layers on their device
     op_offload: bool = True          # let offload devices take large-batch ops whose weights are in host memory
     n_outputs_max: int = 0           # max outputs of a batch (0: n_batch); the pp reserve graph has min(n_ubatch, this)
+    swa_full: bool = True            # a full-size sliding-window KV cache (llama.cpp's default: true)
 
 
 def context_default_params() -> LlamaContextParams:
@@ -217,7 +220,12 @@ class LlamaContext:
         kv_bufts = [gb.backend_dev_buffer_type(d) if (p.offload_kqv and d is not None) else gb.backend_cpu_buffer_type()
                     for d in (model.dev_layer or [None] * hp.n_layer)]
         try:
-            self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts, n_seq_max=self.n_seq_max)
+            if arch_models.uses_iswa(hp):      # llama_model::create_memory: sliding-window layers -> iSWA
+                self.kv = KVCacheISWA(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts,
+                                      n_seq_max=self.n_seq_max, n_ubatch=self.n_ubatch, swa_full=p.swa_full)
+            else:
+                self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts,
+                                  n_seq_max=self.n_seq_max)
         except (MemoryError, RuntimeError) as e:       # the estimate said it fits, the allocation says no
             if isinstance(e, RuntimeError) and "failed to allocate" not in str(e):
                 raise
@@ -563,7 +571,7 @@ class LlamaContext:
         self.kv.rollback(placed, head0)
 
     def build_graph(self, n_tokens: int, n_outputs: int, n_kv: int):
-        b = LlamaGraphBuilder(self.model, self.kv, self, n_tokens, n_outputs, n_kv,
+        b = arch_models.graph_builder(self.model.arch)(self.model, self.kv, self, n_tokens, n_outputs, n_kv,
                               cb_name=lambda t, name, il: self._graph_cb(t, name, il, n_tokens))
         return b.build()
 
@@ -627,9 +635,7 @@ class LlamaContext:
         inp = res.inputs
         ggml.get_data(inp.tokens)[...] = tokens.reshape(1, 1, 1, -1)
         ggml.get_data(inp.pos)[...] = pos.astype(np.int32).reshape(1, 1, 1, -1)
-        ggml.get_data(inp.k_idxs)[...] = self.kv.k_idxs_data(idxs).reshape(1, 1, 1, -1)
-        ggml.get_data(inp.v_idxs)[...] = self.kv.v_idxs_data(idxs).reshape(1, 1, 1, -1)
-        ggml.get_data(inp.kq_mask)[...] = self.kv.kq_mask_data(n_kv, pos, seq_ids).reshape(1, 1, len(tokens), n_kv)
+        self.kv.set_input(inp, idxs, n_kv, pos, seq_ids)
         if inp.out_ids is not None:
             ggml.get_data(inp.out_ids)[...] = np.nonzero(out_mask)[0].astype(np.int32).reshape(1, 1, 1, -1)
 

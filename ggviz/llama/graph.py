@@ -1,17 +1,18 @@
-"""The decode graph of a llama-architecture model, built the way llama.cpp builds it.
+"""The pieces every model graph is built from, as llama.cpp's ``llm_graph_context`` (llama-graph.cpp).
 
-Mirrors ``llm_graph_context`` (llama-graph.cpp: ``build_inp_embd``, ``build_inp_pos``, ``build_attn_inp_kv``,
-``build_inp_out_ids``, ``build_norm``, ``build_ffn`` (SILU, parallel gate), ``build_attn`` (KV-cache version) and
-``build_attn_mha`` (no flash attention)) and ``llama_model_llama::graph`` (models/llama.cpp). The callback ``cb``
-names tensors ``"<name>-<il>"`` exactly like llama.cpp's graph callback, so node names, order, ops and shapes equal
-llama.cpp's decode graph (1086 nodes for one SmolLM2 decode step).
+Mirrors ``build_inp_embd``, ``build_inp_pos``, ``build_attn_inp_kv``, ``build_attn_inp_kv_iswa``,
+``build_inp_out_ids``, ``build_norm``, ``build_qkv`` (separate Q/K/V weights), ``build_ffn`` (SILU or GELU with a
+parallel gate: the fused SWIGLU / GEGLU), ``build_attn`` (KV-cache and iSWA-KV-cache versions) and
+``build_attn_mha`` (no flash attention). The architectures' graphs are in ``models/`` (llama.cpp's
+``src/models/<arch>.cpp``). The callback ``cb`` names tensors ``"<name>-<il>"`` exactly like llama.cpp's graph
+callback, so node names, order, ops and shapes equal llama.cpp's decode graphs (1086 nodes for one SmolLM2 decode
+step, 817 for Gemma-3 270M).
 
 The builder only creates tensors in a ``no_alloc`` context and records the graph inputs; the llama context fills
 the inputs, allocates and computes.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from .. import ggml
@@ -27,6 +28,10 @@ class GraphInputs:
     k_idxs: object = None        # attn_inp_k_idxs  I64 [n_tokens]
     v_idxs: object = None        # attn_inp_v_idxs  I64 [n_tokens*n_embd_v_gqa] (transposed V)
     out_ids: object = None       # out_ids      I32 [n_outputs]
+    # llm_graph_input_attn_kv_iswa: the sliding-window cache's own indices and mask (the ones above are the base's)
+    k_idxs_swa: object = None
+    v_idxs_swa: object = None
+    kq_mask_swa: object = None
 
 
 @dataclass
@@ -38,6 +43,7 @@ class GraphResult:
     t_logits: object = None
     t_embd: object = None
     n_kv: int = 0
+    n_kv_swa: int = 0            # iSWA: the sliding-window cache's n_kv (n_kv is the base cache's)
     n_tokens: int = 0
     n_outputs: int = 0
     named: dict = field(default_factory=dict)
@@ -48,8 +54,8 @@ def graph_max_nodes(model) -> int:
     return max(1024, 8 * len(model.tensors))
 
 
-class LlamaGraphBuilder:
-    """llm_graph_context + llama_model_llama::graph for one ubatch."""
+class LlmGraphContext:
+    """llm_graph_context for one ubatch; ``build()`` is the architecture's graph (models/)."""
 
     def __init__(self, model, kv, cparams, n_tokens: int, n_outputs: int, n_kv: int, cb_name=None):
         self.model = model
@@ -58,6 +64,10 @@ class LlamaGraphBuilder:
         self.cparams = cparams
         self.n_tokens = n_tokens
         self.n_outputs = n_outputs
+        # n_kv: an int (one cache), or (n_kv_base, n_kv_swa) for an iSWA cache (an int there: both, capped)
+        self.iswa = hasattr(kv, "kv_swa")
+        if self.iswa and not isinstance(n_kv, tuple):
+            n_kv = (min(n_kv, kv.kv_base.size), min(n_kv, kv.kv_swa.size))
         self.n_kv = n_kv
         max_nodes = graph_max_nodes(model)
         # buf_compute_meta: tensor headers of the graph and the graph object itself, nothing else (no_alloc)
@@ -107,19 +117,30 @@ class LlamaGraphBuilder:
         self.inputs.pos = pos
         return pos
 
-    def build_attn_inp_kv(self):
+    def _attn_inp(self, kv, n_kv: int):
+        """build_input_k_idxs / build_input_v_idxs / build_attn_inp_kq_mask of one cache."""
         ctx0, hp = self.ctx0, self.hp
         k_idxs = ggml.new_tensor_1d(ctx0, ggml.GGML_TYPE_I64, self.n_tokens)
         ggml.set_input(k_idxs)
         ggml.set_name(k_idxs, "attn_inp_k_idxs")
-        n_v = self.n_tokens * hp.n_embd_v_gqa if self.kv.v_trans else self.n_tokens
+        n_v = self.n_tokens * hp.n_embd_v_gqa if kv.v_trans else self.n_tokens
         v_idxs = ggml.new_tensor_1d(ctx0, ggml.GGML_TYPE_I64, n_v)
         ggml.set_input(v_idxs)
         ggml.set_name(v_idxs, "attn_inp_v_idxs")
-        mask = ggml.new_tensor_4d(ctx0, ggml.GGML_TYPE_F32, self.n_kv, self.n_tokens, 1, 1)
+        mask = ggml.new_tensor_4d(ctx0, ggml.GGML_TYPE_F32, n_kv, self.n_tokens, 1, 1)
         ggml.set_input(mask)
         ggml.set_name(mask, "attn_inp_kq_mask")
-        self.inputs.k_idxs, self.inputs.v_idxs, self.inputs.kq_mask = k_idxs, v_idxs, mask
+        return k_idxs, v_idxs, mask
+
+    def build_attn_inp_kv(self):
+        inp = self.inputs
+        inp.k_idxs, inp.v_idxs, inp.kq_mask = self._attn_inp(self.kv, self.n_kv)
+
+    def build_attn_inp_kv_iswa(self):
+        """Two sets of inputs, the base cache's then the sliding-window cache's (same names in llama.cpp)."""
+        inp = self.inputs
+        inp.k_idxs, inp.v_idxs, inp.kq_mask = self._attn_inp(self.kv.kv_base, self.n_kv[0])
+        inp.k_idxs_swa, inp.v_idxs_swa, inp.kq_mask_swa = self._attn_inp(self.kv.kv_swa, self.n_kv[1])
 
     def build_inp_out_ids(self):
         out_ids = ggml.new_tensor_1d(self.ctx0, ggml.GGML_TYPE_I32, self.n_outputs)
@@ -130,23 +151,47 @@ class LlamaGraphBuilder:
 
     # ---- blocks
     def build_norm(self, cur, mw, il: int):
+        """build_norm with LLM_NORM_RMS: rms_norm, named "norm" (only when a weight follows), times the weight."""
         cur = ggml.rms_norm(self.ctx0, cur, self.hp.f_norm_rms_eps)
-        self.cb(cur, "norm", il)
         if mw is not None:
+            self.cb(cur, "norm", il)
             cur = ggml.mul(self.ctx0, cur, mw)
         return cur
 
-    def build_ffn(self, cur, up, gate, down, il: int):
+    def build_qkv(self, layer, cur, n_embd_head: int, n_head: int, n_head_kv: int, il: int):
+        """build_qkv, separate wq/wk/wv: three MUL_MATs, then the heads (reshape_3d)."""
+        ctx0 = self.ctx0
+        Qcur = ggml.mul_mat(ctx0, layer.wq, cur)
+        self.cb(Qcur, "Qcur", il)
+        Kcur = ggml.mul_mat(ctx0, layer.wk, cur)
+        self.cb(Kcur, "Kcur", il)
+        Vcur = ggml.mul_mat(ctx0, layer.wv, cur)
+        self.cb(Vcur, "Vcur", il)
+        Qcur = ggml.reshape_3d(ctx0, Qcur, n_embd_head, n_head, self.n_tokens)
+        Kcur = ggml.reshape_3d(ctx0, Kcur, n_embd_head, n_head_kv, self.n_tokens)
+        Vcur = ggml.reshape_3d(ctx0, Vcur, n_embd_head, n_head_kv, self.n_tokens)
+        self.cb(Qcur, "Qcur", il)
+        self.cb(Kcur, "Kcur", il)
+        self.cb(Vcur, "Vcur", il)
+        return Qcur, Kcur, Vcur
+
+    def build_ffn(self, cur, up, gate, down, il: int, type_op: str = "silu"):
+        """build_ffn with a parallel gate (LLM_FFN_PAR): up, gate, the fused GLU (LLM_FFN_SILU: swiglu_split,
+        LLM_FFN_GELU: geglu_split), down."""
         ctx0 = self.ctx0
         tmp = ggml.mul_mat(ctx0, up, cur)
         self.cb(tmp, "ffn_up", il)
         cur = ggml.mul_mat(ctx0, gate, cur)
         self.cb(cur, "ffn_gate", il)
-        # LLM_FFN_SILU + LLM_FFN_PAR: fused silu(gate) * up
-        cur = ggml.swiglu_split(ctx0, cur, tmp)
-        self.cb(cur, "ffn_swiglu", il)
+        if type_op == "silu":
+            cur = ggml.swiglu_split(ctx0, cur, tmp)
+            self.cb(cur, "ffn_swiglu", il)
+        elif type_op == "gelu":
+            cur = ggml.geglu_split(ctx0, cur, tmp)
+            self.cb(cur, "ffn_geglu", il)
+        else:
+            raise ValueError(f"build_ffn: unknown type_op {type_op!r}")
         cur = ggml.mul_mat(ctx0, down, cur)
-        self.cb(cur, "ffn_down", il)
         return cur
 
     def build_attn_mha(self, q, k, v, kq_mask, kq_scale: float, il: int):
@@ -175,77 +220,40 @@ class LlamaGraphBuilder:
         return cur
 
     def build_attn(self, wo, q_cur, k_cur, v_cur, kq_scale: float, il: int):
+        """build_attn with a KV cache (llm_graph_input_attn_kv) or an iSWA one (llm_graph_input_attn_kv_iswa: the
+        layer's cache, indices and mask are the sliding-window ones when ``hparams.is_swa(il)``)."""
         ctx0, gf, inp = self.ctx0, self.gf, self.inputs
-        # these nodes are added to the graph together so that they are not reordered; k last for rope fusion
-        ggml.build_forward_expand(gf, q_cur)
-        ggml.build_forward_expand(gf, v_cur)
-        ggml.build_forward_expand(gf, k_cur)
+        if self.iswa:
+            # these nodes are added to the graph together so that they are not reordered (q, k, v here)
+            ggml.build_forward_expand(gf, q_cur)
+            ggml.build_forward_expand(gf, k_cur)
+            ggml.build_forward_expand(gf, v_cur)
+            swa = self.hp.is_swa(il)
+            kv = self.kv.kv_swa if swa else self.kv.kv_base
+            n_kv = self.n_kv[1] if swa else self.n_kv[0]
+            k_idxs, v_idxs, kq_mask = ((inp.k_idxs_swa, inp.v_idxs_swa, inp.kq_mask_swa) if swa
+                                       else (inp.k_idxs, inp.v_idxs, inp.kq_mask))
+        else:
+            # the KV-cache version expands q, v, k (k last for rope fusion)
+            ggml.build_forward_expand(gf, q_cur)
+            ggml.build_forward_expand(gf, v_cur)
+            ggml.build_forward_expand(gf, k_cur)
+            kv, n_kv, k_idxs, v_idxs, kq_mask = self.kv, self.n_kv, inp.k_idxs, inp.v_idxs, inp.kq_mask
         # store to KV cache
-        ggml.build_forward_expand(gf, self.kv.cpy_k(ctx0, k_cur, inp.k_idxs, il))
-        ggml.build_forward_expand(gf, self.kv.cpy_v(ctx0, v_cur, inp.v_idxs, il))
-        k = self.kv.get_k(ctx0, il, self.n_kv)
-        v = self.kv.get_v(ctx0, il, self.n_kv)
-        cur = self.build_attn_mha(q_cur, k, v, inp.kq_mask, kq_scale, il)
+        ggml.build_forward_expand(gf, kv.cpy_k(ctx0, k_cur, k_idxs, il))
+        ggml.build_forward_expand(gf, kv.cpy_v(ctx0, v_cur, v_idxs, il))
+        k = kv.get_k(ctx0, il, n_kv)
+        v = kv.get_v(ctx0, il, n_kv)
+        cur = self.build_attn_mha(q_cur, k, v, kq_mask, kq_scale, il)
         self.cb(cur, "kqv_out", il)
         if wo is not None:
             cur = ggml.mul_mat(ctx0, wo, cur)
         return cur
 
-    # ---- llama_model_llama::graph
+    def result(self, t_logits, t_embd) -> GraphResult:
+        n_kv, n_kv_swa = (self.n_kv if self.iswa else (self.n_kv, 0))
+        return GraphResult(ctx=self.ctx0, gf=self.gf, inputs=self.inputs, t_logits=t_logits, t_embd=t_embd,
+                           n_kv=n_kv, n_kv_swa=n_kv_swa, n_tokens=self.n_tokens, n_outputs=self.n_outputs)
+
     def build(self) -> GraphResult:
-        ctx0, hp, model, cp = self.ctx0, self.hp, self.model, self.cparams
-        n_embd_head = hp.n_embd_head_v
-        n_tokens = self.n_tokens
-        inpL = self.build_inp_embd(model.tok_embd)
-        inp_pos = self.build_inp_pos()
-        self.build_attn_inp_kv()
-        kq_scale = 1.0 / math.sqrt(float(n_embd_head)) if hp.f_attention_scale == 0.0 else hp.f_attention_scale
-        inp_out_ids = self.build_inp_out_ids()
-        rope_args = (hp.n_rot, hp.rope_type, hp.n_ctx_train, cp.rope_freq_base, cp.rope_freq_scale,
-                     cp.yarn_ext_factor, cp.yarn_attn_factor, cp.yarn_beta_fast, cp.yarn_beta_slow)
-        for il in range(hp.n_layer):
-            layer = model.layers[il]
-            inpSA = inpL
-            cur = self.build_norm(inpL, layer.attn_norm, il)
-            self.cb(cur, "attn_norm", il)
-            # build_qkv: separate wq/wk/wv, then heads
-            Qcur = ggml.mul_mat(ctx0, layer.wq, cur)
-            self.cb(Qcur, "Qcur", il)
-            Kcur = ggml.mul_mat(ctx0, layer.wk, cur)
-            self.cb(Kcur, "Kcur", il)
-            Vcur = ggml.mul_mat(ctx0, layer.wv, cur)
-            self.cb(Vcur, "Vcur", il)
-            Qcur = ggml.reshape_3d(ctx0, Qcur, n_embd_head, hp.n_head, n_tokens)
-            Kcur = ggml.reshape_3d(ctx0, Kcur, n_embd_head, hp.n_head_kv, n_tokens)
-            Vcur = ggml.reshape_3d(ctx0, Vcur, n_embd_head, hp.n_head_kv, n_tokens)
-            self.cb(Qcur, "Qcur", il)
-            self.cb(Kcur, "Kcur", il)
-            self.cb(Vcur, "Vcur", il)
-            Qcur = ggml.rope_ext(ctx0, Qcur, inp_pos, layer.rope_freqs, *rope_args)
-            Kcur = ggml.rope_ext(ctx0, Kcur, inp_pos, layer.rope_freqs, *rope_args)
-            self.cb(Qcur, "Qcur", il)
-            self.cb(Kcur, "Kcur", il)
-            self.cb(Vcur, "Vcur", il)
-            cur = self.build_attn(layer.wo, Qcur, Kcur, Vcur, kq_scale, il)
-            self.cb(cur, "attn_out", il)
-            if il == hp.n_layer - 1 and inp_out_ids is not None:
-                cur = ggml.get_rows(ctx0, cur, inp_out_ids)
-                inpSA = ggml.get_rows(ctx0, inpSA, inp_out_ids)
-            ffn_inp = ggml.add(ctx0, cur, inpSA)
-            self.cb(ffn_inp, "ffn_inp", il)
-            cur = self.build_norm(ffn_inp, layer.ffn_norm, il)
-            self.cb(cur, "ffn_norm", il)
-            cur = self.build_ffn(cur, layer.ffn_up, layer.ffn_gate, layer.ffn_down, il)
-            self.cb(cur, "ffn_out", il)
-            cur = ggml.add(ctx0, cur, ffn_inp)
-            self.cb(cur, "ffn_out", il)
-            self.cb(cur, "l_out", il)
-            inpL = cur
-        cur = self.build_norm(inpL, model.output_norm, -1)
-        self.cb(cur, "result_norm", -1)
-        t_embd = cur
-        cur = ggml.mul_mat(ctx0, model.output, cur)
-        self.cb(cur, "result_output", -1)
-        ggml.build_forward_expand(self.gf, cur)
-        return GraphResult(ctx=ctx0, gf=self.gf, inputs=self.inputs, t_logits=cur, t_embd=t_embd, n_kv=self.n_kv,
-                           n_tokens=n_tokens, n_outputs=self.n_outputs)
+        raise NotImplementedError("the architecture's graph (models/<arch>.py) builds it")

@@ -13,6 +13,9 @@ Mirrors llama.cpp's ``llama_kv_cache`` (unified, one stream) and ``llama_kv_cell
 - ``cpy_k``/``cpy_v`` write a ubatch's K/V into the cache with SET_ROWS through index tensors (``k_idxs``: a cell
   per token; ``v_idxs``: for the transposed V, an element index ``channel*kv_size + cell`` per value).
 - ``get_k``/``get_v`` are the views the attention reads, and ``set_input_kq_mask`` builds the causal mask.
+- A cache may hold only some layers (``layer_ids``, llama.cpp's ``filter``: the iSWA cache in kv_cache_iswa.py
+  makes one for the global layers and one for the sliding-window layers); a sliding-window cache (``n_swa`` > 0,
+  ``swa_type``) also masks what lies beyond the window, and may reuse cells the window has left behind.
 """
 from __future__ import annotations
 
@@ -89,8 +92,13 @@ class KVCells:
 
 class KVCache:
     def __init__(self, hparams, kv_size: int, type_k=ggml.GGML_TYPE_F16, type_v=ggml.GGML_TYPE_F16,
-                 v_trans: bool = True, n_pad: int = N_PAD, bufts=None, n_seq_max: int = 1):
+                 v_trans: bool = True, n_pad: int = N_PAD, bufts=None, n_seq_max: int = 1,
+                 layer_ids=None, n_swa: int = 0, swa_type: int = 0):
         self.hparams = hparams
+        # the layers this cache holds (llama.cpp's layer filter) and il -> index (map_layer_ids)
+        self.layer_ids = list(range(hparams.n_layer)) if layer_ids is None else list(layer_ids)
+        self.map_layer_ids = {il: i for i, il in enumerate(self.layer_ids)}
+        self.n_swa, self.swa_type = int(n_swa), int(swa_type)
         self.size = kv_size
         self.type_k, self.type_v = type_k, type_v
         self.v_trans = v_trans
@@ -98,14 +106,14 @@ class KVCache:
         self.n_seq_max = max(1, n_seq_max)
         self.cells = KVCells(kv_size, self.n_seq_max)
         self.head = 0
-        n_layer = hparams.n_layer
+        n_layer = len(self.layer_ids)
         # llama.cpp's ctx_map: one no_alloc context per buffer type (bufts[il]: the layer's device buffer type when
         # the KV cache is offloaded, else the CPU's), each allocated in one backend buffer and cleared
         if bufts is None:
-            bufts = [gb.backend_cpu_buffer_type()] * n_layer
+            bufts = [gb.backend_cpu_buffer_type()] * hparams.n_layer      # indexed by il, like the caller's
         ctx_map: dict = {}
         self.k_l, self.v_l = [], []
-        for il in range(n_layer):
+        for il in self.layer_ids:
             buft = bufts[il]
             if id(buft) not in ctx_map:
                 ctx_map[id(buft)] = (buft, ggml.init(2 * n_layer * ggml.tensor_overhead(), no_alloc=True))
@@ -187,7 +195,7 @@ class KVCache:
             if head_cur > self.size - 1:
                 head_cur = 0
                 continue
-            if self.cells.is_empty(head_cur):
+            if self.cells.is_empty(head_cur) or self._swa_reusable(head_cur):
                 idxs.append(head_cur)
             head_cur += 1
             n_tested += 1
@@ -196,12 +204,31 @@ class KVCache:
                                    f"cannot place {n_tokens} tokens (decode returns 1 in llama.cpp)")
         return idxs
 
+    def _swa_reusable(self, i: int) -> bool:
+        """find_slot's second way to use a cell: it holds one sequence, and the window of that sequence's latest
+        position (+1) has left it behind (is_masked_swa)."""
+        if self.n_swa <= 0 or len(self.cells.seq[i]) != 1:
+            return False
+        (s,) = self.cells.seq[i]
+        return bool(self.hparams.is_masked_swa(self.n_swa, self.swa_type, int(self.cells.pos[i]),
+                                               self.cells.seq_pos_max(s) + 1))
+
     def apply_ubatch(self, idxs, pos, seq_ids):
         """llama_kv_cache::apply_ubatch: cell idxs[k] holds position pos[k] of the sequences seq_ids[k] (one id, or
-        a sequence of ids for a token shared by several sequences); the head moves after the slot."""
+        a sequence of ids for a token shared by several sequences); the head moves after the slot. A reused
+        (sliding-window) cell drops its old position first, and then every older position of that sequence
+        (``seq_rm(s, -1, seq_pos_max_rm[s] + 1)``), as llama.cpp does."""
+        seq_pos_max_rm: dict[int, int] = {}
+        for c in idxs:
+            if not self.cells.is_empty(c):
+                (s,) = self.cells.seq[c]
+                seq_pos_max_rm[s] = max(seq_pos_max_rm.get(s, -1), int(self.cells.pos[c]))
+                self.cells.rm(c)
         for i, c in enumerate(idxs):
             s = seq_ids[i]
             self.cells.set(c, int(pos[i]), (int(s),) if isinstance(s, (int, np.integer)) else [int(x) for x in s])
+        for s, p in seq_pos_max_rm.items():
+            self.seq_rm(s, -1, p + 1)
         self.head = idxs[-1] + 1 if idxs else self.head
 
     def prepare(self, ubatches) -> list | None:
@@ -209,6 +236,8 @@ class KVCache:
         placed (they are placed, then the cells and the head are restored). Returns the cells of each ubatch, or
         None if one does not fit -- in both cases the cache is as it was."""
         head0 = self.head
+        # a sliding-window cache may reuse occupied cells, which rollback cannot give back: keep a copy instead
+        saved = self._snapshot() if self.n_swa > 0 else None
         placed: list[list[int]] = []
         ok = True
         try:
@@ -225,8 +254,20 @@ class KVCache:
                 placed.append(idxs)
                 self.apply_ubatch(idxs, pos, seq_ids)
         finally:
-            self.rollback([c for idxs in placed for c in idxs], head0)
+            if saved is not None:
+                self._restore(saved)
+            else:
+                self.rollback([c for idxs in placed for c in idxs], head0)
         return placed if ok else None
+
+    def _snapshot(self):
+        c = self.cells
+        return (c.pos.copy(), [set(x) for x in c.seq], c.seq_mask.copy(), c.used, self.head)
+
+    def _restore(self, saved) -> None:
+        c = self.cells
+        c.pos, seq, c.seq_mask, c.used, self.head = saved[0].copy(), saved[1], saved[2].copy(), saved[3], saved[4]
+        c.seq = [set(x) for x in seq]
 
     def rollback(self, cells, head: int) -> None:
         """ggviz: undo apply_ubatch of cells that were empty before (a failed or interrupted decode): they are
@@ -242,7 +283,7 @@ class KVCache:
     # ---- graph pieces (llama_kv_cache_context in llama.cpp)
     def get_k(self, ctx, il: int, n_kv: int):
         hp = self.hparams
-        k = self.k_l[il]
+        k = self.k_l[self.map_layer_ids[il]]
         return ggml.view_4d(ctx, k, hp.n_embd_head_k, hp.n_head_kv, n_kv, 1,
                             ggml.row_size(k.type, hp.n_embd_head_k),
                             ggml.row_size(k.type, hp.n_embd_k_gqa),
@@ -250,7 +291,7 @@ class KVCache:
 
     def get_v(self, ctx, il: int, n_kv: int):
         hp = self.hparams
-        v = self.v_l[il]
+        v = self.v_l[self.map_layer_ids[il]]
         if not self.v_trans:
             return ggml.view_4d(ctx, v, hp.n_embd_head_v, hp.n_head_kv, n_kv, 1,
                                 ggml.row_size(v.type, hp.n_embd_head_v),
@@ -263,13 +304,13 @@ class KVCache:
                             ggml.row_size(v.type, self.size * hp.n_embd_v_gqa), 0)
 
     def cpy_k(self, ctx, k_cur, k_idxs, il: int):
-        k = self.k_l[il]
+        k = self.k_l[self.map_layer_ids[il]]
         n_tokens = int(k_cur.ne[2])
         k_cur = ggml.view_2d(ctx, k_cur, int(k.ne[0]), n_tokens, int(k_cur.nb[2]), 0)
         return ggml.set_rows(ctx, k, k_cur, k_idxs)
 
     def cpy_v(self, ctx, v_cur, v_idxs, il: int):
-        v = self.v_l[il]
+        v = self.v_l[self.map_layer_ids[il]]
         n_tokens = int(v_cur.ne[2])
         v_cur = ggml.reshape_2d(ctx, v_cur, int(v.ne[0]), n_tokens)
         if not self.v_trans:
@@ -300,5 +341,15 @@ class KVCache:
             in_seq = self.cells.seq_mask[sid, :n_kv]
             rows = np.nonzero(seq_ids == sid)[0]
             ok = (cpos[None, :] >= 0) & (cpos[None, :] <= pos[rows][:, None]) & in_seq[None, :]
+            if self.n_swa > 0:
+                # apply SWA: a token at p1 does not see p0 when p1 - p0 >= n_swa (LLAMA_SWA_TYPE_STANDARD)
+                ok &= ~self.hparams.is_masked_swa(self.n_swa, self.swa_type, cpos[None, :], pos[rows][:, None])
             mask[rows] = np.where(ok, np.float32(0.0), np.float32(-np.inf))
         return mask
+
+    def set_input(self, inp, idxs, n_kv: int, pos, seq_ids) -> None:
+        """llm_graph_input_attn_kv::set_input: the cache's k_idxs, v_idxs and kq_mask of a ubatch in cells idxs."""
+        n_tokens = len(pos)
+        ggml.get_data(inp.k_idxs)[...] = self.k_idxs_data(idxs).reshape(1, 1, 1, -1)
+        ggml.get_data(inp.v_idxs)[...] = self.v_idxs_data(idxs).reshape(1, 1, 1, -1)
+        ggml.get_data(inp.kq_mask)[...] = self.kq_mask_data(n_kv, pos, seq_ids).reshape(1, 1, n_tokens, n_kv)

@@ -1,9 +1,10 @@
-"""llama_model: hyper-parameters and weights of a llama-architecture GGUF.
+"""llama_model: hyper-parameters and weights of a GGUF model (architectures ``llama`` and ``gemma3``).
 
-Mirrors llama.cpp's ``llama_model_load_from_file`` path for LLM_ARCH_LLAMA: ``llama_model_loader`` (GGUF metadata,
-tensor infos), ``llama_model::load_hparams`` (the ``llama.*`` keys), ``llama_model_llama::load_arch_tensors``
-(``token_embd``, ``output_norm``, ``output`` falling back to the tied ``token_embd``, per layer ``attn_norm``,
-``attn_q/k/v``, ``attn_output``, ``ffn_norm``, ``ffn_gate/up/down``) and ``llama_model_default_params``.
+Mirrors llama.cpp's ``llama_model_load_from_file`` path (llama-model.cpp): ``llama_model_loader`` (GGUF metadata,
+tensor infos), ``llama_model::load_hparams`` (the ``<arch>.*`` keys every architecture reads, then the
+architecture's own ``load_arch_hparams``), the architecture's ``load_arch_tensors`` (in ``models/<arch>.py``, as
+llama.cpp's ``src/models/<arch>.cpp``: ``token_embd``, ``output_norm``, ``output`` falling back to the tied
+``token_embd``, the per-layer weights) and ``llama_model_default_params``.
 
 Weights stay in the file: they are ggml tensors of a ``no_alloc`` context whose ``data`` points into the read-only
 memory map (llama.cpp's mmap path, ``use_mmap = true``).
@@ -20,13 +21,20 @@ from ..ggml import backend as B
 from ..ggml import backend_reg, impl, memory
 from ..ggml.cpu import repack
 from ..gguf_file import GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch
+from . import models as arch_models
 from .vocab import Vocab
 
 LLAMA_ROPE_TYPE_NONE = -1
 LLAMA_ROPE_TYPE_NORM = 0
 LLAMA_ROPE_TYPE_NEOX = ggml.GGML_ROPE_TYPE_NEOX
 
-SUPPORTED_ARCHS = {"llama"}
+SUPPORTED_ARCHS = set(arch_models.ARCHS)
+
+# llama_swa_type
+LLAMA_SWA_TYPE_NONE = 0
+LLAMA_SWA_TYPE_STANDARD = 1
+LLAMA_SWA_TYPE_CHUNKED = 2
+LLAMA_SWA_TYPE_SYMMETRIC = 3
 
 
 @dataclass
@@ -47,6 +55,44 @@ class LlamaHparams:
     rope_freq_scale_train: float = 1.0
     f_attention_scale: float = 0.0
     rope_type: int = LLAMA_ROPE_TYPE_NORM
+    # sliding-window attention (llama_hparams: n_swa, swa_type, is_swa_impl[], rope_freq_*_train_swa)
+    n_swa: int = 0
+    swa_type: int = LLAMA_SWA_TYPE_NONE
+    swa_layers: list = field(default_factory=list)     # is_swa_impl: True for a sliding-window layer
+    rope_freq_base_train_swa: float = 10000.0
+    rope_freq_scale_train_swa: float = 1.0
+    f_final_logit_softcapping: float = 0.0
+    arch: str = "llama"
+
+    def is_swa(self, il: int) -> bool:
+        """llama_hparams::is_swa."""
+        if not 0 <= il < self.n_layer:
+            raise IndexError(f"llama_hparams::is_swa: il ({il}) out of bounds (n_layer: {self.n_layer})")
+        return bool(self.swa_layers[il]) if self.swa_layers else False
+
+    def is_swa_any(self) -> bool:
+        return any(self.swa_layers)
+
+    def set_swa_pattern(self, n_pattern: int, dense_first: bool = False) -> None:
+        """llama_hparams::set_swa_pattern: with n_pattern 6 (gemma3), layers 5, 11, 17 are global, the rest local."""
+        if dense_first:
+            self.swa_layers = [n_pattern == 0 or il % n_pattern != 0 for il in range(self.n_layer)]
+        else:
+            self.swa_layers = [n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(self.n_layer)]
+
+    @staticmethod
+    def is_masked_swa(n_swa: int, swa_type: int, p0, p1):
+        """llama_hparams::is_masked_swa: whether a token at position p1 may NOT see position p0 (works on arrays)."""
+        if swa_type == LLAMA_SWA_TYPE_NONE:
+            return p1 - p0 < -(1 << 62)        # all False, same shape
+        if swa_type == LLAMA_SWA_TYPE_STANDARD:
+            return p1 - p0 >= n_swa
+        if swa_type == LLAMA_SWA_TYPE_CHUNKED:
+            return p0 < (p1 // n_swa) * n_swa
+        if swa_type == LLAMA_SWA_TYPE_SYMMETRIC:
+            half = n_swa // 2
+            return (p1 - p0 < -half) | (p1 - p0 > half)
+        raise ValueError(f"unknown swa_type {swa_type}")
 
     @property
     def n_gqa(self) -> int:
@@ -73,6 +119,10 @@ class LlamaLayer:
     ffn_up: object = None
     ffn_down: object = None
     rope_freqs: object = None
+    attn_q_norm: object = None       # gemma3: QK norm
+    attn_k_norm: object = None
+    attn_post_norm: object = None    # gemma3: norms after attention and after the FFN
+    ffn_post_norm: object = None
 
 
 @dataclass
@@ -121,7 +171,7 @@ class LlamaModel:
         return sum(ggml.nbytes(t) for t in self.tensors.values())
 
     def desc(self) -> str:
-        ftype = {2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 1: "F16", 0: "F32"}.get(self.gguf.kv.get("general.file_type"), "?")
+        ftype = {2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 1: "F16", 0: "F32", 15: "Q4_K - Medium"}.get(self.gguf.kv.get("general.file_type"), "?")
         return f"{self.arch} {self.gguf.kv.get('general.size_label', '?')} {ftype}"
 
 
@@ -134,15 +184,19 @@ def _get(gf: GGUFFile, key: str, default=None, required=True):
 
 
 def load_hparams(gf: GGUFFile) -> LlamaHparams:
+    """llama_model::load_hparams: the keys every architecture reads, then the architecture's load_arch_hparams."""
     arch = require_arch(gf, SUPPORTED_ARCHS)
     n_embd = int(_get(gf, f"{arch}.embedding_length"))
     n_head = int(_get(gf, f"{arch}.attention.head_count"))
     n_head_kv = int(_get(gf, f"{arch}.attention.head_count_kv", n_head))
-    n_embd_head = n_embd // n_head
-    n_rot = int(_get(gf, f"{arch}.rope.dimension_count", n_embd_head))
+    # n_embd_head_k_full = n_embd / n_head unless attention.key_length says otherwise (gemma3: 256 != 640 / 4);
+    # n_rot defaults to the key head size
+    n_embd_head_k = int(_get(gf, f"{arch}.attention.key_length", n_embd // n_head))
+    n_embd_head_v = int(_get(gf, f"{arch}.attention.value_length", n_embd // n_head))
+    n_rot = int(_get(gf, f"{arch}.rope.dimension_count", n_embd_head_k))
     tok = gf.tensor("token_embd.weight") if any(t.name == "token_embd.weight" for t in gf.tensors) else None
     n_vocab = int(_get(gf, f"{arch}.vocab_size", tok.ne[1] if tok is not None else None))
-    return LlamaHparams(
+    hp = LlamaHparams(
         n_vocab=n_vocab,
         n_ctx_train=int(_get(gf, f"{arch}.context_length")),
         n_embd=n_embd,
@@ -151,13 +205,16 @@ def load_hparams(gf: GGUFFile) -> LlamaHparams:
         n_head_kv=n_head_kv,
         n_ff=int(_get(gf, f"{arch}.feed_forward_length")),
         n_rot=n_rot,
-        n_embd_head_k=int(_get(gf, f"{arch}.attention.key_length", n_embd_head)),
-        n_embd_head_v=int(_get(gf, f"{arch}.attention.value_length", n_embd_head)),
+        n_embd_head_k=n_embd_head_k,
+        n_embd_head_v=n_embd_head_v,
         f_norm_rms_eps=float(_get(gf, f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_freq_base_train=float(_get(gf, f"{arch}.rope.freq_base", 10000.0)),
         rope_freq_scale_train=1.0 / float(_get(gf, f"{arch}.rope.scaling.factor", 1.0) or 1.0),
-        rope_type=LLAMA_ROPE_TYPE_NORM,
+        rope_type=arch_models.ROPE_TYPE[arch],
+        arch=arch,
     )
+    arch_models.load_arch_hparams(arch, gf.kv, hp)
+    return hp
 
 
 def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaModel:
@@ -166,7 +223,13 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
     t0 = time.perf_counter()
     gf = load_gguf(path)
     hp = load_hparams(gf)
-    vocab = Vocab.from_gguf_kv(gf.kv)
+    try:
+        vocab = Vocab.from_gguf_kv(gf.kv)
+    except NotImplementedError as e:
+        # ggviz: a tokenizer model not implemented yet (SentencePiece for gemma3) does not stop the model from
+        # running on token ids; tokenize() then says why it cannot
+        impl.GGML_LOG("warn", f"llama_model_load: vocabulary not loaded: {e}; the model runs on token ids only")
+        vocab = None
     ctx_w, tensors = create_weight_context(gf)
 
     def need(name, shape):
@@ -178,26 +241,9 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
                             f"{list(t.shape)}", source="llama.cpp")
         return t
 
-    n_embd, n_ff = hp.n_embd, hp.n_ff
-    tok_embd = need("token_embd.weight", (n_embd, hp.n_vocab))
-    output_norm = need("output_norm.weight", (n_embd,))
-    # if output is absent the input embedding is tied (TENSOR_DUPLICATED in llama.cpp)
-    output = tensors.get("output.weight") or tok_embd
-    layers = []
-    for il in range(hp.n_layer):
-        p = f"blk.{il}."
-        layers.append(LlamaLayer(
-            attn_norm=need(p + "attn_norm.weight", (n_embd,)),
-            wq=need(p + "attn_q.weight", (n_embd, hp.n_embd_head_k * hp.n_head)),
-            wk=need(p + "attn_k.weight", (n_embd, hp.n_embd_k_gqa)),
-            wv=need(p + "attn_v.weight", (n_embd, hp.n_embd_v_gqa)),
-            wo=need(p + "attn_output.weight", (hp.n_embd_head_k * hp.n_head, n_embd)),
-            ffn_norm=need(p + "ffn_norm.weight", (n_embd,)),
-            ffn_gate=need(p + "ffn_gate.weight", (n_embd, n_ff)),
-            ffn_up=need(p + "ffn_up.weight", (n_embd, n_ff)),
-            ffn_down=need(p + "ffn_down.weight", (n_ff, n_embd)),
-            rope_freqs=tensors.get(p + "rope_freqs.weight") or tensors.get("rope_freqs.weight"),
-        ))
+    # the architecture's load_arch_tensors (models/<arch>.py); absent optional tensors are None
+    tok_embd, output_norm, output, layer_dicts = arch_models.load_arch_tensors(hp.arch, need, tensors.get, hp)
+    layers = [LlamaLayer(**d) for d in layer_dicts]
     m = LlamaModel(path=str(path), gguf=gf, arch=gf.arch, name=str(gf.kv.get("general.name", "")), hparams=hp,
                    vocab=vocab, ctx_w=ctx_w, tensors=tensors, tok_embd=tok_embd, output_norm=output_norm,
                    output=output, layers=layers, params=params)
@@ -222,7 +268,8 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
 
 
 def _layer_weights(ly: LlamaLayer) -> list:
-    return [w for w in (ly.attn_norm, ly.wq, ly.wk, ly.wv, ly.wo, ly.ffn_norm, ly.ffn_gate, ly.ffn_up, ly.ffn_down)
+    return [w for w in (ly.attn_norm, ly.wq, ly.wk, ly.wv, ly.wo, ly.ffn_norm, ly.ffn_gate, ly.ffn_up, ly.ffn_down,
+                        ly.attn_q_norm, ly.attn_k_norm, ly.attn_post_norm, ly.ffn_post_norm)
             if w is not None]
 
 

@@ -22,7 +22,7 @@ from ...tensor import Tensor, get_glu_op, get_op_params_f32, get_op_params_i32, 
 from .. import repack
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
-from . import kernels, sync
+from . import gemma_ops, kernels, sync
 from .program import (
     CPY_DTYPE,
     CPY_STYPE,
@@ -453,6 +453,10 @@ def _build(cgraph, require_repack: bool = True):
                 P[k, CPY_STYPE] = s0.type
                 P[k, CPY_DTYPE] = node.type
                 _desc(P, k, DST, node)
+            elif op == C.GGML_OP_SCALE:
+                _need(gemma_ops.build_scale(P, F, k, node))
+            elif op == C.GGML_OP_GLU and get_glu_op(node) == C.GGML_GLU_OP_GEGLU:
+                _need(gemma_ops.build_geglu(P, F, k, node))
             elif op == C.GGML_OP_GLU:
                 _need(get_glu_op(node) == C.GGML_GLU_OP_SWIGLU and s0.type == GGML_TYPE_F32)
                 _need(int(s0.nb[0]) == 4 and int(node.nb[0]) == 4)

@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from . import gemma_ops
 from .intrinsics import (
     HAVE_AVX2,
     SCALES_F16,
@@ -107,11 +108,13 @@ from .program import (
     OP,
     OP_BINARY,
     OP_CPY,
+    OP_GEGLU,
     OP_GET_ROWS,
     OP_MUL_MAT_F,
     OP_MUL_MAT_Q,
     OP_RMS_NORM,
     OP_ROPE,
+    OP_SCALE,
     OP_SET_ROWS,
     OP_SOFT_MAX,
     OP_SWIGLU,
@@ -860,6 +863,10 @@ def compute_node(P, F, k, ith, nth, sync, wdata):
         k_swiglu(P, F, k, ith, nth, sync, wdata)
     elif op == OP_GET_ROWS:
         k_get_rows(P, F, k, ith, nth, sync, wdata)
+    elif op == OP_SCALE:
+        gemma_ops.k_scale(P, F, k, ith, nth, sync, wdata)
+    elif op == OP_GEGLU:
+        gemma_ops.k_geglu(P, F, k, ith, nth, sync, wdata)
 
 @compiled
 def graph_compute_thread(P, F, wdata, sync, ith, nth, k0, k1, timings):

@@ -25,6 +25,8 @@ OP_CPY = 7               # DUP / CPY / CONT
 OP_SWIGLU = 8
 OP_MUL_MAT_F = 9         # src0 F16 / F32 (ggml_compute_forward_mul_mat with vec_dot_f16 / vec_dot_f32)
 OP_MUL_MAT_Q = 10        # src0 in CPU_REPACK (the repack tensor_traits' forward_mul_mat)
+OP_SCALE = 11            # gemma_ops.k_scale
+OP_GEGLU = 12            # gemma_ops.k_geglu
 
 # ---------------------------------------------------------------------------------------------------------------------
 # P: int64 columns of a program row
@@ -50,6 +52,8 @@ SOFT_MAX_MTYPE = X                                          # OP_SOFT_MAX: mask 
 CPY_STYPE, CPY_DTYPE = X, X + 1                             # OP_CPY: src and dst types
 SWIGLU_NC, SWIGLU_SWAPPED, SWIGLU_NROWS = X, X + 1, X + 2   # OP_SWIGLU: row length, op param 1, rows
 ROPE_N_DIMS, ROPE_NEOX = X, X + 1                           # OP_ROPE: rotated dims, 1 for NeoX mode
+SCALE_NC, SCALE_NROWS = X, X + 1                            # OP_SCALE: row length, rows
+GEGLU_NC, GEGLU_SWAPPED, GEGLU_NROWS, GEGLU_TABLE = X, X + 1, X + 2, X + 3   # OP_GEGLU: + the GELU table address
 
 # ---------------------------------------------------------------------------------------------------------------------
 # F: float64 columns of a program row
@@ -57,6 +61,7 @@ ROPE_N_DIMS, ROPE_NEOX = X, X + 1                           # OP_ROPE: rotated d
 
 RMS_NORM_EPS = 0
 SOFT_MAX_SCALE, SOFT_MAX_SLOPE = 0, 1
+SCALE_S, SCALE_B = 0, 1
 (ROPE_FREQ_SCALE, ROPE_EXT_FACTOR, ROPE_MSCALE, ROPE_THETA_SCALE, ROPE_CORR0, ROPE_CORR1,
  ROPE_SIN_SIGN) = range(7)
 

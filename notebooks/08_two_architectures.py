@@ -1,0 +1,278 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · Two architectures side by side: SmolLM2 (llama) and Gemma-3
+#
+# Everything so far ran one model, SmolLM2-135M, whose graph llama.cpp builds in `src/models/llama.cpp`. Which parts
+# of that graph are "how ggml works" and which are "how llama happens to be built"? Put a second architecture beside
+# it: **Gemma-3 270M** (`src/models/gemma3.cpp`, here `ggviz/llama/models/gemma3.py`). Same ggml ops, same scheduler,
+# same allocator, same KV-cache machinery; a different recipe:
+#
+# * the token embeddings are scaled by √n_embd (`inp_scaled`);
+# * Q and K are RMS-normed per head before RoPE (*QK norm*), and Q is scaled by 1/√head_dim before attention;
+# * head_dim is 256 (not n_embd / n_head = 160), and 4 query heads share 1 KV head;
+# * the attention output and the FFN output are normed again (`attn_post_norm`, `ffn_post_norm`) before each residual;
+# * the FFN is GEGLU (GELU of the gate times up) instead of SWIGLU;
+# * five layers of six attend only a **sliding window** of the last 512 positions, with their own KV cache, mask and
+#   RoPE base (the *iSWA* cache: `llama_kv_cache_iswa`).
+#
+# Every number below comes from real runs of both files. (Gemma-3 is optional: `ggviz fetch gemma3-270m`; without
+# it the Gemma cells say so and skip.)
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from IPython.display import HTML, display
+
+from ggviz import ggml, llama
+from ggviz.fetch import models_dir
+from ggviz.run import load_model
+
+smol = load_model()
+GEMMA_PATH = Path(models_dir()) / "gemma-3-270m-q4_k_m.gguf"
+gemma = load_model(GEMMA_PATH) if GEMMA_PATH.exists() else None
+if gemma is None:
+    print(f"Gemma-3 is not here ({GEMMA_PATH}): its columns are skipped. Fetch it with `ggviz fetch gemma3-270m`.")
+models = {"SmolLM2-135M (llama)": smol} | ({"Gemma-3 270M (gemma3)": gemma} if gemma is not None else {})
+
+
+def table(rows, header):
+    """A small HTML table (static: it shows in any viewer)."""
+    h = "".join(f"<th>{c}</th>" for c in header)
+    b = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return HTML(f"<table><thead><tr>{h}</tr></thead><tbody>{b}</tbody></table>")
+
+# %% [markdown]
+# ## 1. The hyper-parameters, as llama.cpp reads them
+#
+# `llama_model::load_hparams` reads the keys every architecture has (`<arch>.embedding_length`, ...), then the
+# architecture's own `load_arch_hparams`: for gemma3 the sliding window (`gemma3.attention.sliding_window`), the
+# pattern (default 6: layers 5, 11, 17 are global), the SWA RoPE base (10 000, a llama_hparams default: the file
+# does not say) and `f_attention_scale` = 1/√256.
+
+# %%
+keys = ["n_layer", "n_embd", "n_head", "n_head_kv", "n_embd_head_k", "n_ff", "n_vocab", "n_rot", "rope_type",
+        "rope_freq_base_train", "n_swa", "rope_freq_base_train_swa", "f_attention_scale", "f_norm_rms_eps"]
+rows = [[k] + [getattr(m.hparams, k) for m in models.values()] for k in keys]
+rows.append(["global (full-attention) layers"] + [
+    [il for il in range(m.hparams.n_layer) if not m.hparams.is_swa(il)] for m in models.values()])
+display(table(rows, ["hparam"] + list(models)))
+
+# %% [markdown]
+# ## 2. One real decode each, and one layer of each graph
+#
+# Both models get the prompt "The ggml library is" (SmolLM2 tokenizes it with its BPE; Gemma's ids are the ones
+# llama.cpp's SentencePiece tokenizer gives, from `tests/data/gemma3`), all but the last token in one batch, then
+# the last token alone: the graph of that decode step is the one llama.cpp computes node for node
+# (1086 nodes for SmolLM2, 817 for Gemma-3; `tests/test_llama.py`, `tests/test_gemma3.py`).
+
+# %%
+prompt = "The ggml library is"
+GEMMA_IDS = [2, 818, 40620, 1528, 9427, 563]          # llama.cpp's tokens for the prompt (BOS first)
+
+
+def decode_step(model, ids):
+    cp = llama.context_default_params()
+    cp.n_ctx = 1024
+    cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ctx = llama.init_from_model(model, cp)
+    assert llama.decode(ctx, llama.batch_get_one(ids[:-1])) == 0
+    assert llama.decode(ctx, llama.batch_get_one(ids[-1:])) == 0
+    return ctx
+
+
+runs = {}
+for name, m in models.items():
+    ids = llama.tokenize(m.vocab, prompt, add_special=True, parse_special=True) if m is smol else GEMMA_IDS
+    runs[name] = (m, ids, decode_step(m, ids))
+    g = runs[name][2].last_graph
+    print(f"{name}: prompt ids {ids}, decode graph of {len(g.gf.nodes)} nodes, "
+          f"next token {int(np.argmax(llama.get_logits_ith(runs[name][2], -1)))}")
+
+
+def layer_nodes(gf, il):
+    """The nodes from layer il's first norm to its l_out (views and unnamed nodes included)."""
+    nodes = list(gf.nodes)
+    i0 = next(i for i, t in enumerate(nodes) if t.name == f"norm-{il}")
+    i1 = next(i for i, t in enumerate(nodes) if t.name == f"l_out-{il}")
+    return nodes[i0:i1 + 1]
+
+
+GEMMA_ONLY = ("Qcur_normed", "Kcur_normed", "attn_post_norm", "ffn_post_norm", "ffn_geglu")
+cols = []
+for name, (m, ids, ctx) in runs.items():
+    cols.append([(ggml.op_desc(t), t.name, list(t.shape)[:3])
+                 for t in layer_nodes(ctx.last_graph.gf, 1)])
+n = max(len(c) for c in cols)
+rows = []
+for i in range(n):
+    r = [i]
+    for c in cols:
+        if i < len(c):
+            op, nm, ne = c[i]
+            mark = "<b>" if (op in ("SCALE", "GEGLU") or nm.startswith(GEMMA_ONLY)) else ""
+            r.append(f"{mark}{op} <code>{nm}</code> {ne}{'</b>' if mark else ''}")
+        else:
+            r.append("")
+    rows.append(r)
+print("layer 1, node by node (bold: what Gemma-3 adds or does differently)")
+display(table(rows, ["#"] + list(runs)))
+
+# %% [markdown]
+# The ops per layer, counted: Gemma-3's layer has four more RMS_NORM + MUL pairs (QK norm, the two post-norms),
+# one SCALE (Q by 1/√256) and GEGLU in SWIGLU's place; the KV-cache part (VIEW, SET_ROWS, PERMUTE, the two attention
+# MUL_MATs, SOFT_MAX, CONT) is the same machinery in both.
+
+# %%
+fig, ax = plt.subplots(figsize=(10, 3.2))
+ops = sorted({op for c in cols for op, _, _ in c})
+w = 0.8 / len(cols)
+for j, (name, c) in enumerate(zip(runs, cols)):
+    cnt = [sum(1 for op, _, _ in c if op == o) for o in ops]
+    ax.bar(np.arange(len(ops)) + j * w, cnt, w, label=name)
+ax.set_xticks(np.arange(len(ops)) + w * (len(cols) - 1) / 2, ops, rotation=45, ha="right")
+ax.set_ylabel("nodes in layer 1")
+ax.legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 3. Where the sliding window sits: two caches, two masks
+#
+# `llama_model::create_memory` gives Gemma-3 an iSWA cache (`ggviz/llama/kv_cache_iswa.py`): a **base** cache
+# holding the K/V of the 3 global layers, and a **SWA** cache for the 15 sliding-window layers. (llama.cpp's default
+# `swa_full = true` makes the SWA cache as big as the base one; with `swa_full = false` it would be n_swa + n_ubatch
+# cells, and reuse the cells its window has left behind.) Each cache has its own cells, its own n_kv and its own
+# mask: the graph gets two `attn_inp_kq_mask` inputs, and each layer's SOFT_MAX reads the one of its cache.
+#
+# The masks of a long sequence, without computing anything: place positions 0..639 of one sequence in both caches
+# (the bookkeeping `llama_decode` does before a compute), then ask each cache for the mask of the last 64 tokens.
+
+# %%
+if gemma is None:
+    print("Gemma-3 absent: no iSWA cache to show.")
+else:
+    cp = llama.context_default_params()
+    cp.n_ctx = 1024
+    cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    demo = llama.init_from_model(gemma, cp)
+    kv = demo.kv
+    n = 640
+    slot = kv.prepare([(list(range(n)), [0] * n)])[0]
+    kv.apply_ubatch(slot, list(range(n)), [0] * n)
+    q = list(range(n - 64, n))
+    n_base, n_swa = kv.get_n_kv()
+    m_base = kv.kv_base.kq_mask_data(n_base, q, [0] * 64)
+    m_swa = kv.kv_swa.kq_mask_data(n_swa, q, [0] * 64)
+    fig, axs = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
+    for ax, mk, title in ((axs[0], m_base, f"base cache (layers 5, 11, 17): n_kv = {n_base}"),
+                          (axs[1], m_swa, f"SWA cache (the other 15 layers): n_kv = {n_swa}, window {gemma.hparams.n_swa}")):
+        ax.imshow(np.isfinite(mk), aspect="auto", cmap="Greens", interpolation="nearest",
+                  extent=(0, mk.shape[1], q[-1] + 0.5, q[0] - 0.5))
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("token position")
+    axs[1].set_xlabel("KV cell (green: attended)")
+    plt.tight_layout()
+    plt.show()
+    p = n - 1
+    print(f"position {p}: the base mask lets it see {int(np.isfinite(m_base[-1]).sum())} cells, "
+          f"the SWA mask {int(np.isfinite(m_swa[-1]).sum())} (positions {p - gemma.hparams.n_swa + 1}..{p})")
+
+# %% [markdown]
+# ## 4. What the caches hold after the real decode
+#
+# After the 6-token runs of section 2: SmolLM2 has one cache with 30 layers; Gemma-3 two, of 3 and 15 layers. K is
+# F16 `[n_embd_k_gqa, kv_size]` per layer: 64 × 3 heads = 192 values per cell for SmolLM2, 256 × 1 head for Gemma.
+# Below, K of the 6 cells in one layer of each cache (its values, not a picture of them: read from the buffers).
+
+# %%
+rows = []
+for name, (m, ids, ctx) in runs.items():
+    kv = ctx.kv
+    caches = [("base", kv.kv_base), ("SWA", kv.kv_swa)] if hasattr(kv, "kv_swa") else [("one", kv)]
+    for label, c in caches:
+        nbytes = sum(ggml.nbytes(t) for t in c.k_l + c.v_l)
+        rows.append([name, label, len(c.layer_ids), c.size, int(c.cells.used), c.get_n_kv(),
+                     f"{nbytes / 2**20:.1f} MiB"])
+display(table(rows, ["model", "cache", "layers", "cells", "used", "n_kv", "K+V bytes"]))
+
+fig, axs = plt.subplots(1, 3, figsize=(12, 2.6))
+panels = [(runs[list(runs)[0]][2].kv, 0, "SmolLM2 layer 0")]
+if gemma is not None:
+    gk = runs[list(runs)[1]][2].kv
+    panels += [(gk.kv_swa, 0, "Gemma layer 0 (SWA cache)"), (gk.kv_base, 5, "Gemma layer 5 (base cache)")]
+for ax, (c, il, title) in zip(axs, panels):
+    k = np.asarray(ggml.get_data(c.k_l[c.map_layer_ids[il]])).reshape(c.size, -1)[:6].astype(np.float32)
+    ax.imshow(k, aspect="auto", cmap="RdBu_r", vmin=-np.abs(k).max(), vmax=np.abs(k).max(), interpolation="nearest")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("K channel")
+    ax.set_ylabel("cell")
+for ax in axs[len(panels):]:
+    ax.axis("off")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 5. How big each part of each file is
+#
+# The bytes of each GGUF, by part and by quantization type. SmolLM2's file is Q4_1 with a Q8_0 embedding; Gemma-3's
+# "Q4_K_M" mixes Q5_0 (Q, K, gate, up, most V), Q8_0 (the embedding, some V), Q4_K (the attention output, some
+# down), Q6_K (the other down) and F32 norms -- and its 262 144-token embedding table (tied to the output) is more
+# than two thirds of the file.
+
+# %%
+def part_of(name):
+    if name.startswith("token_embd"):
+        return "embedding / output"
+    if "norm" in name:
+        return "norms"
+    if ".attn_" in name:
+        return "attention"
+    if ".ffn_" in name:
+        return "FFN"
+    return "other"
+
+
+fig, axs = plt.subplots(1, len(models), figsize=(6 * len(models), 3.2), squeeze=False)
+for ax, (name, m) in zip(axs[0], models.items()):
+    by = {}
+    for t in m.tensors.values():
+        key = (part_of(t.name), ggml.type_name(t.type))
+        by[key] = by.get(key, 0) + ggml.nbytes(t)
+    parts = sorted({p for p, _ in by}, key=lambda p: -sum(v for (q, _), v in by.items() if q == p))
+    types = sorted({ty for _, ty in by})
+    left = np.zeros(len(parts))
+    for ty in types:
+        vals = np.array([by.get((p, ty), 0) / 2**20 for p in parts])
+        ax.barh(parts, vals, left=left, label=ty)
+        left += vals
+    ax.set_title(f"{name}: {m.size() / 2**20:.0f} MiB of tensors", fontsize=10)
+    ax.set_xlabel("MiB")
+    ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 6. What to take away
+#
+# * The ggml machinery -- graph, allocator, scheduler, threadpool, KV cells, SET_ROWS into the cache, the two
+#   attention MUL_MATs and SOFT_MAX -- is the same for both. An architecture is a recipe written with it
+#   (`ggviz/llama/models/<arch>.py`, llama.cpp's `src/models/<arch>.cpp`).
+# * Gemma-3's recipe adds normalization everywhere (input scale, QK norm, post-norms), a GELU gate, and a second KV
+#   cache whose mask forgets everything more than 512 positions back on five layers of six -- the reason its memory
+#   could stay small on long texts (with `swa_full = false`).
