@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,3 +172,14 @@ def test_static_and_live(ex):
     pane.selected = f"n{_node(ex, 'l_out-0')}"                  # browser -> Python: the values pane follows
     assert ex.state()["selected"]["name"] == "l_out-0"
     assert "l_out-0" in ex._w_values.value
+
+
+def test_cli_explore_user_errors():
+    """`ggviz explore` with a bad port or thread count: a two-line error, exit status 2, no traceback."""
+    root = Path(__file__).resolve().parents[1]
+    for args, word in ((["--port", "0"], "port"), (["-t", "0"], "threads")):
+        r = subprocess.run([sys.executable, "-m", "ggviz", "explore", *args], cwd=root, capture_output=True,
+                           text=True, timeout=60)
+        err = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(err) <= 2 and "Traceback" not in r.stderr, r.stderr
+        assert word in err[0] or word.rstrip("s") in err[0], err

@@ -1,4 +1,4 @@
-"""The linked decode explorer, live: a notebook served by Voilà, driven in headless Chromium (Selenium).
+"""The linked decode explorer, live: the notebook of ``ggviz explore`` served by Voilà, driven in headless Chromium.
 
 A real decode step of the default model is recorded in Voilà's kernel (``DecodeExplorer.record``); the test then
 selects nodes in the page -- a click on a node of the DAG, then a search by name -- and checks, in the browser,
@@ -19,12 +19,6 @@ import time
 
 from tests.test_browser import ARTIFACTS, ROOT, _free_port, _shot, _stop, _unavailable, _wait, _wait_port  # noqa: F401
 from tests.test_browser import browser  # noqa: F401  (the Chromium fixture, shared)
-
-CELLS = [
-    "from ggviz.viz.widgets.explorer import DecodeExplorer\n"
-    "ex = DecodeExplorer.record(threads=2)\n"
-    "ex",
-]
 
 # Select by a click on the DAG vertex (or by typing a name into the search box and pressing Enter), then poll once per
 # animation frame until the graph outline, the buffer slot and the lane spans all show the selection.
@@ -94,9 +88,11 @@ def test_explorer_in_voila(request, tmp_path):
         import voila  # noqa: F401
     except ImportError as e:
         _unavailable(f"{e.name} is not installed")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    from ggviz import explore
+    from ggviz.export import DEFAULT_PROMPT
+
+    nb = nbformat.from_dict(explore.notebook(DEFAULT_PROMPT, 2, None))       # the notebook `ggviz explore` serves
+    nbformat.validate(nb)
     nb_path = tmp_path / "explorer.ipynb"
     nbformat.write(nb, nb_path)
     spec = tmp_path / "jupyter" / "kernels" / "python3"

@@ -25,9 +25,12 @@ from __future__ import annotations
 import json
 import math
 
+import anywidget
 import ipywidgets as W
 import numpy as np
+import traitlets
 
+from ...export import DEFAULT_PROMPT, decode_step
 from ...ggml import memory
 from ...ggml.tensor import get_data_f32, nbytes, op_desc, type_name
 from .. import graph_dot as G
@@ -177,8 +180,6 @@ class DecodeExplorer(VizWidget):
         """Decode ``prompt`` and then one token (``export.decode_step``), recording the trace; then the same step in
         a second context with the eval callback copying every node's output (the values pane). Both runs must pick
         the same token."""
-        from ...export import DEFAULT_PROMPT, decode_step
-
         prompt = DEFAULT_PROMPT if prompt is None else prompt
         step = decode_step(prompt, threads, model, n_ctx, record=True)
         got: list = []
@@ -605,9 +606,8 @@ class DecodeExplorer(VizWidget):
 
     # ============================================================================================== live
     def _build(self):
-        cls = _explorer_cls()
         phases = self.phases()
-        self._pane = cls(graph_svg=self._gsvg, mem_svg=self.mem_svg(), lanes_svg=self.lanes_svg(),
+        self._pane = ExplorerPane(graph_svg=self._gsvg, mem_svg=self.mem_svg(), lanes_svg=self.lanes_svg(),
                          nodes=self.nodes_json(), phases=json.dumps(phases), prefix=self.prefix,
                          gprefix=self.graph.prefix, max_height=self.max_height,
                          n_threads=len(self.compute["threads"]) if self.compute else 0)
@@ -816,31 +816,17 @@ function render({ model, el }) {
 export default { render };
 """
 
-_cls = None
-
-
-def _explorer_cls():
-    global _cls
-    if _cls is None:
-        import anywidget
-        import traitlets
-
-        class ExplorerPane(anywidget.AnyWidget):
-            """The explorer's browser side: the three pictures, the per-node table, the selection (both ways)."""
-            _esm = _ESM
-            graph_svg = traitlets.Unicode("").tag(sync=True)
-            mem_svg = traitlets.Unicode("").tag(sync=True)
-            lanes_svg = traitlets.Unicode("").tag(sync=True)
-            nodes = traitlets.Unicode("{}").tag(sync=True)
-            phases = traitlets.Unicode("[]").tag(sync=True)
-            prefix = traitlets.Unicode("").tag(sync=True)
-            gprefix = traitlets.Unicode("").tag(sync=True)
-            max_height = traitlets.Unicode("520px").tag(sync=True)
-            n_threads = traitlets.Int(0).tag(sync=True)
-            selected = traitlets.Unicode("").tag(sync=True)
-            phase = traitlets.Unicode("").tag(sync=True)
-
-        _cls = ExplorerPane
-    return _cls
-
-
+class ExplorerPane(anywidget.AnyWidget):
+    """The explorer's browser side: the three pictures, the per-node table, the selection (both ways)."""
+    _esm = _ESM
+    graph_svg = traitlets.Unicode("").tag(sync=True)
+    mem_svg = traitlets.Unicode("").tag(sync=True)
+    lanes_svg = traitlets.Unicode("").tag(sync=True)
+    nodes = traitlets.Unicode("{}").tag(sync=True)
+    phases = traitlets.Unicode("[]").tag(sync=True)
+    prefix = traitlets.Unicode("").tag(sync=True)
+    gprefix = traitlets.Unicode("").tag(sync=True)
+    max_height = traitlets.Unicode("520px").tag(sync=True)
+    n_threads = traitlets.Int(0).tag(sync=True)
+    selected = traitlets.Unicode("").tag(sync=True)
+    phase = traitlets.Unicode("").tag(sync=True)
