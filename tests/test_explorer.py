@@ -117,6 +117,8 @@ def test_graph_highlight_and_css(ex):
     mem, lanes = ex.mem_svg(), ex.lanes_svg()
     assert f'id="{ex.prefix}m{b["item"]}"' in mem and f'id="{ex.prefix}b{b["item"]}"' in mem
     assert lanes.count(f'class="{ex.prefix}s{i} ') == ex.step.n_threads
+    memz = ex.mem_svg(prefix=ex.prefix + "z", zoom=True)
+    assert memz.count("<rect id=") == mem.count("<rect id=")         # the zoomed copy: the same slots and bands
     assert d["t"] == [min(x["t0"] for x in st["lanes"]), max(x["t1"] for x in st["lanes"])]
 
 

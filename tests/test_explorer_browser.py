@@ -54,6 +54,7 @@ const full = (st) => {
   const key = st.key;
   const vert = root.querySelector('.ggv-x-gin g.node[id$="-' + key + '"]');
   const slots = [...root.querySelectorAll('.ggv-x-mem rect[id]')].filter(r => getComputedStyle(r).stroke === RED);
+  const zslots = [...root.querySelectorAll('.ggv-x-memz rect[id]')].filter(r => getComputedStyle(r).stroke === RED);
   const bands = [...root.querySelectorAll('.ggv-x-mem rect[id]')].filter(r => getComputedStyle(r).display !== 'none'
                                                                          && r.getAttribute('style'));
   const spans = [...root.querySelectorAll('.ggv-x-lanes-svg rect')].filter(r => getComputedStyle(r).fill === RED);
@@ -62,6 +63,8 @@ const full = (st) => {
   const gb = root.querySelector('.ggv-x-graph').getBoundingClientRect(), vr = vert.getBoundingClientRect();
   return Object.assign(st, {vertexName: vert ? vert.textContent : null, outlined: outlined.map(g => g.id),
           slots: slots.map(r => r.querySelector('title').textContent), nBands: bands.length,
+          zslots: zslots.map(r => r.querySelector('title').textContent),
+          zoomViewBox: root.querySelector('.ggv-x-memz svg').getAttribute('viewBox'),
           spans: spans.map(r => r.querySelector('title').textContent),
           lanesViewBox: root.querySelector('.ggv-x-lanes-svg svg').getAttribute('viewBox'),
           vertexInView: vr.left >= gb.left && vr.right <= gb.right && vr.top >= gb.top && vr.bottom <= gb.bottom,
@@ -139,6 +142,9 @@ def test_explorer_in_voila(request, tmp_path):
             assert len(st["outlined"]) == 1 and st["outlined"][0].endswith("-" + key) and st["vertexInView"], st
             assert len(st["slots"]) == 1 and st["slots"][0].startswith(shown + ":"), st
             assert st["nBands"] == 1, st
+            assert st["zslots"] == st["slots"], st                    # the zoomed copy of the buffer map too
+            a = float(st["zoomViewBox"].split()[0])
+            assert a <= int(key[1:]) + 1 <= a + 80, st                 # ... around the node
             assert len(st["spans"]) == 2 and all(f" {shown} (thread " in s for s in st["spans"]), st
             assert sorted(s.split("(thread ")[1][0] for s in st["spans"]) == ["0", "1"], st
             assert st["lanesViewBox"] and not st["lanesViewBox"].startswith("0 0 "), st    # zoomed on the node

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import anywidget
 import ipywidgets as W
@@ -324,11 +325,12 @@ class DecodeExplorer(VizWidget):
         return st
 
     # ============================================================================================== pictures
-    def mem_svg(self, prefix: str | None = None, width: int = 900, height: int = 300) -> str:
+    def mem_svg(self, prefix: str | None = None, width: int = 900, height: int = 300, zoom: bool = False) -> str:
         """The compute buffer's plan as SVG: x = node index (-1: leafs / inputs), y = offset (broken above the
         tensors smaller than a quarter of the buffer: the logits would squash everything else). Every slot is a
         ``<rect id="{prefix}m{item}">``; each has a hidden byte band ``{prefix}b{item}`` and each node a hidden
-        column ``{prefix}x{node}`` that the selection's CSS shows."""
+        column ``{prefix}x{node}`` that the selection's CSS shows. ``zoom``: the same slots without text, one user
+        unit per node (x = node + 1) and ``preserveAspectRatio="none"``, so that a viewBox shows a few nodes."""
         p = self.prefix if prefix is None else prefix
         sp = self.items[0]["space"] if self.items else 0
         items = [it for it in self.items if it["space"] == sp]
@@ -339,6 +341,8 @@ class DecodeExplorer(VizWidget):
         L, R, T, B = 70, 10, 8, 26
         w, h = width - L - R, height - T - B
         n = self.n_nodes + 1
+        if zoom:
+            L, R, T, B, w, h = 0, 0, 0, 0, n, height
 
         def X(node):
             return L + (node + 1) * w / n
@@ -350,9 +354,15 @@ class DecodeExplorer(VizWidget):
                 u = 0.8 * off / brk if off <= brk else 0.8 + 0.2 * (off - brk) / max(size - brk, 1)
             return T + h - u * h
 
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-               f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="10">',
-               f'<rect x="{L}" y="{T}" width="{w}" height="{h}" fill="#fafafa" stroke="#bbb"/>']
+        if zoom:
+            out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+                   f'viewBox="0 0 {n} {height}" preserveAspectRatio="none" data-n="{n}">',
+                   f'<rect x="0" y="0" width="{n}" height="{height}" fill="#fafafa"/>']
+        else:
+            out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+                   f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="10">',
+                   f'<rect x="{L}" y="{T}" width="{w}" height="{h}" fill="#fafafa" stroke="#bbb"/>']
+        ve = ' vector-effect="non-scaling-stroke"' if zoom else ""
         for it in items:
             x0, x1 = X(it["alloc_node"] - 0.5), X(it["end_node"] + 0.5)
             y0, y1 = Y(it["offset"] + it["alloc_size"]), Y(it["offset"])
@@ -363,12 +373,14 @@ class DecodeExplorer(VizWidget):
             y0, y1 = Y(it["offset"] + it["alloc_size"]), Y(it["offset"])
             col = G.op_color(it["op"] or "NONE") if it["phase"] == "nodes" else "#c8e6c9"
             out.append(f'<rect id="{p}m{it["id"]}" x="{x0:.2f}" y="{y0:.2f}" width="{max(x1 - x0, 1.0):.2f}" '
-                       f'height="{max(y1 - y0, 1.0):.2f}" fill="{col}" stroke="#455a64" stroke-width="0.3">'
+                       f'height="{max(y1 - y0, 1.0):.2f}" fill="{col}" stroke="#455a64" stroke-width="0.3"{ve}>'
                        f'<title>{esc(it["name"])}: offset {it["offset"]}, {_fmt_bytes(it["alloc_size"])}, '
                        f'nodes {it["alloc_node"]}..{it["end_node"]}</title></rect>')
         for i in range(self.n_nodes):
             out.append(f'<line id="{p}x{i}" x1="{X(i):.2f}" x2="{X(i):.2f}" y1="{T}" y2="{T + h}" stroke="{RED}" '
-                       f'stroke-width="1.5" style="display:none"/>')
+                       f'stroke-width="1.5" style="display:none"{ve}/>')
+        if zoom:
+            return "".join(out) + "</svg>"
         if brk is not None:
             out.append(f'<line x1="{L}" x2="{L + w}" y1="{Y(brk):.1f}" y2="{Y(brk):.1f}" stroke="#999" '
                        f'stroke-dasharray="2 3"/><text x="{L + w - 4}" y="{Y(brk) - 3:.1f}" text-anchor="end" '
@@ -475,7 +487,8 @@ class DecodeExplorer(VizWidget):
     def _info_html(self, kind, i) -> str:
         t = self.tensor(kind, i)
         return (f"<b>{kind} {i}</b> <code>{esc(t.name)}</code> {esc(op_desc(t))} {esc(type_name(t.type))} "
-                f"ne={[int(x) for x in t.shape]} layer {G.layer_of(t.name)}")
+                f"ne={[int(x) for x in t.shape]}"
+                + (f" layer {G.layer_of(t.name)}" if G.layer_of(t.name) is not None else ""))
 
     def values_html(self) -> str:
         if self.index is None:
@@ -577,6 +590,15 @@ class DecodeExplorer(VizWidget):
         css = [gv.css()]
         if i is not None:
             css.append(self.css_for(k, i, prefix=p, gprefix=gv.prefix))
+        memz = ""
+        if i is not None:
+            css.append(re.sub(r"#" + re.escape(p) + r"([mbx]\d+)", lambda m: f"#{p}z{m.group(1)}",
+                              self.css_for(k, i, prefix=p, gprefix=gv.prefix)))
+            a = min(max((i + 1 if k == "node" else 0) - 40, 0), self.n_nodes + 1 - 80)
+            memz = self.mem_svg(prefix=p + "z", height=200, zoom=True).replace(
+                f'viewBox="0 0 {self.n_nodes + 1} 200"', f'viewBox="{a} 0 80 200"', 1)
+            memz = (f"<div style='font-size:12px;margin-top:4px'>zoomed: nodes {a - 1} .. {a + 78}</div>"
+                    f"<div style='width:900px'>{memz}</div>")
         lanes = self.lanes_svg(prefix=p)
         if k == "node" and self.lanes_of(i):
             t0 = min(s["t0"] for s in self.lanes_of(i))
@@ -599,7 +621,7 @@ class DecodeExplorer(VizWidget):
                 + pane("scheduler", self._cause_html(k, i) if i is not None else "")
                 + pane("values", self.values_html()) + "</div></div>"
                 + pane("bytes (the compute buffer)", (self._bytes_html(k, i) if i is not None else "")
-                       + "<br/>" + self.mem_svg(prefix=p))
+                       + "<br/>" + self.mem_svg(prefix=p) + memz)
                 + pane("thread lanes (zoomed on the node)", (self._lanes_html(k, i) if i is not None else "")
                        + f"<br/><div style='width:900px'>{lanes}</div>")
                 + "</div>")
@@ -607,7 +629,9 @@ class DecodeExplorer(VizWidget):
     # ============================================================================================== live
     def _build(self):
         phases = self.phases()
-        self._pane = ExplorerPane(graph_svg=self._gsvg, mem_svg=self.mem_svg(), lanes_svg=self.lanes_svg(),
+        self._pane = ExplorerPane(graph_svg=self._gsvg, mem_svg=self.mem_svg(),
+                                  memz_svg=self.mem_svg(prefix=self.prefix + "z", height=200, zoom=True),
+                                  lanes_svg=self.lanes_svg(),
                          nodes=self.nodes_json(), phases=json.dumps(phases), prefix=self.prefix,
                          gprefix=self.graph.prefix, max_height=self.max_height,
                          n_threads=len(self.compute["threads"]) if self.compute else 0)
@@ -623,9 +647,10 @@ class DecodeExplorer(VizWidget):
         key = self._pane.selected
         if ch["name"] == "phase":
             self.phase = self._pane.phase or None
-        if key:
+        if key and key[0] in "nl" and key[1:].isdigit():            # anything else is not a selection: ignored
             kind = "node" if key[0] == "n" else "leaf"
-            self.kind, self.index = kind, int(key[1:])
+            if int(key[1:]) < (self.n_nodes if kind == "node" else self.gf.n_leafs):
+                self.kind, self.index = kind, int(key[1:])
         self._w_values.value = self.values_html()
 
     def _push(self):
@@ -680,6 +705,9 @@ function render({ model, el }) {
   </div>
   <div class="ggv-x-pane"><div class="ggv-x-title">the compute buffer (ggml_gallocr's plan): red = the selection's
     bytes, orange = other tensors in those bytes</div><div class="ggv-x-mem"></div></div>
+  <div class="ggv-x-pane"><div class="ggv-x-title">the same, zoomed on the selection: <span class="ggv-x-memz-range">80 nodes
+    around it</span></div>
+    <div class="ggv-x-memz"></div></div>
   <div class="ggv-x-pane"><div class="ggv-x-title">thread lanes of ggml_graph_compute (zoomed on the selection; grey:
     ggml_barrier)</div><div class="ggv-x-lanes" style="display:flex"><div class="ggv-x-lanes-lab"
     style="font:11px sans-serif;width:60px"></div><div class="ggv-x-lanes-svg" style="flex:1"></div></div></div>`;
@@ -688,6 +716,10 @@ function render({ model, el }) {
   gbox.style.height = model.get("max_height");
   gin.innerHTML = model.get("graph_svg");
   q(".ggv-x-mem").innerHTML = model.get("mem_svg");
+  q(".ggv-x-memz").innerHTML = model.get("memz_svg");
+  const zsvg = q(".ggv-x-memz svg");
+  if (zsvg) zsvg.setAttribute("width", "100%");
+  const zre = new RegExp("#" + P + "([mbx]\\d+)", "g");
   q(".ggv-x-lanes-svg").innerHTML = model.get("lanes_svg");
   const nth = model.get("n_threads");
   q(".ggv-x-lanes-lab").innerHTML = [...Array(nth).keys()].map(i => `<div style="height:26px">thread ${i}</div>`).join("");
@@ -755,7 +787,7 @@ function render({ model, el }) {
     const t0 = performance.now();
     const d = nodes[key];
     if (!d) { selStyle.textContent = ""; el.setAttribute("data-ggv-selected", ""); return; }
-    selStyle.textContent = d.css;
+    selStyle.textContent = d.css + "\n" + d.css.replace(zre, "#" + P + "z$1");
     q(".ggv-x-info").innerHTML = d.info;
     q(".ggv-x-cause").innerHTML = d.cause;
     q(".ggv-x-bytes").innerHTML = d.bytes;
@@ -767,6 +799,13 @@ function render({ model, el }) {
       else lsvg.setAttribute("viewBox", `0 0 ${tEnd} ${n}`);
     }
     if (d.v) center(d.v);
+    if (zsvg) {
+      const h = zsvg.viewBox.baseVal.height, n = parseFloat(zsvg.getAttribute("data-n"));
+      const i = key[0] === "n" ? parseInt(key.slice(1)) + 1 : 0;
+      const a = Math.min(Math.max(i - 40, 0), n - 80);
+      zsvg.setAttribute("viewBox", `${a} 0 80 ${h}`);
+      q(".ggv-x-memz-range").textContent = `nodes ${a - 1} .. ${a + 78} (x: node index, y: offset as above)`;
+    }
     el.setAttribute("data-ggv-selected", key);
     el.setAttribute("data-ggv-sel-ms", (performance.now() - t0).toFixed(2));
     if (fromUser && model.get("selected") !== key) { model.set("selected", key); model.save_changes(); }
@@ -821,6 +860,7 @@ class ExplorerPane(anywidget.AnyWidget):
     _esm = _ESM
     graph_svg = traitlets.Unicode("").tag(sync=True)
     mem_svg = traitlets.Unicode("").tag(sync=True)
+    memz_svg = traitlets.Unicode("").tag(sync=True)
     lanes_svg = traitlets.Unicode("").tag(sync=True)
     nodes = traitlets.Unicode("{}").tag(sync=True)
     phases = traitlets.Unicode("[]").tag(sync=True)
