@@ -55,7 +55,12 @@ def main(argv=None) -> int:
         cmd.append("--no-browser")
     print(f"ggviz explore: http://127.0.0.1:{a.port}/ (recording the decode step takes ~10 s after the page opens; "
           f"Ctrl-C stops)")
-    return subprocess.call(cmd, cwd=d)
+    # the kernel runs in the temporary folder: it must import this same ggviz (a checkout run with PYTHONPATH=.
+    # would otherwise find another one, or none)
+    here = str(pathlib.Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + [os.path.abspath(p) for p in
+                                                               os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    return subprocess.call(cmd, cwd=d, env=env)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the model's embedding table and the context's logits (values).
 """
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
@@ -185,3 +186,9 @@ def test_cli_explore_user_errors():
         err = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(err) <= 2 and "Traceback" not in r.stderr, r.stderr
         assert word in err[0] or word.rstrip("s") in err[0], err
+
+
+def test_lanes_say_which_path(ex):
+    start = [e for e in ex.step.events if e["kind"] == "cpu.compute.start"][-1]
+    assert ex.compiled == bool(start.get("compiled"))
+    assert ("compiled path" in ex.lanes_note()) == ex.compiled and html.escape(ex.lanes_note()) in ex.to_html()

@@ -1,4 +1,4 @@
-"""The linked decode explorer, live: the notebook of ``ggviz explore`` served by Voilà, driven in headless Chromium.
+"""The linked decode explorer, live: ``ggviz explore`` (Voilà serving it) driven in headless Chromium (Selenium).
 
 A real decode step of the default model is recorded in Voilà's kernel (``DecodeExplorer.record``); the test then
 selects nodes in the page -- a click on a node of the DAG, then a search by name -- and checks, in the browser,
@@ -94,10 +94,7 @@ def test_explorer_in_voila(request, tmp_path):
     from ggviz import explore
     from ggviz.export import DEFAULT_PROMPT
 
-    nb = nbformat.from_dict(explore.notebook(DEFAULT_PROMPT, 2, None))       # the notebook `ggviz explore` serves
-    nbformat.validate(nb)
-    nb_path = tmp_path / "explorer.ipynb"
-    nbformat.write(nb, nb_path)
+    nbformat.validate(nbformat.from_dict(explore.notebook(DEFAULT_PROMPT, 2, None)))   # what it serves
     spec = tmp_path / "jupyter" / "kernels" / "python3"
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f",
@@ -110,9 +107,9 @@ def test_explorer_in_voila(request, tmp_path):
     port = _free_port()
     log = open(tmp_path / "voila.log", "w")
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "voila", str(nb_path), "--no-browser", f"--port={port}",
-                             "--Voila.ip=127.0.0.1", "--show_tracebacks=True"],
-                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # `ggviz explore` itself: it writes the notebook and runs Voilà (and Voilà the kernel) in this process group
+    proc = subprocess.Popen([sys.executable, "-m", "ggviz", "explore", "--no-browser", f"--port={port}"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_port(port, proc, 45)
         drv.get(f"http://127.0.0.1:{port}/")

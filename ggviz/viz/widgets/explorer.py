@@ -155,6 +155,8 @@ class DecodeExplorer(VizWidget):
         tl = step.timeline
         self.compute = tl.last if tl is not None else None
         self._spans: dict[int, list] = {}
+        starts = [e for e in step.events if e["kind"] == "cpu.compute.start"]
+        self.compiled = bool(starts and starts[-1].get("compiled"))
         if self.compute is not None:
             self._t0 = min([self.compute["t_start"]] + [s["t_start"] for ln in self.compute["threads"].values()
                                                       for s in ln["nodes"]])
@@ -463,6 +465,14 @@ class DecodeExplorer(VizWidget):
             s += "<br/>not placed by the graph allocator (a weight, the KV cache, or a view into one)"
         return s
 
+    def lanes_note(self) -> str:
+        """Which path of the CPU backend ran the recorded compute: the lanes mean different things."""
+        if self.compiled:
+            return ("recorded from the compiled path (ggviz/ggml/cpu/fast): the threads really run at the same time, "
+                    "as in ggml")
+        return ("recorded from the faithful NumPy path: Python's GIL lets one thread run at a time, so a thread's "
+                "wait is often the other one holding the GIL, not ggml's barrier")
+
     def _lanes_html(self, kind, i) -> str:
         if kind != "node":
             return "a leaf: no kernel runs for it (its data is set before the compute)"
@@ -502,7 +512,7 @@ class DecodeExplorer(VizWidget):
         r, folded = _rows(v, 64 if v.size <= 4096 else 256)
         r = r[:96, :1024]
         scale = max(1, min(8, 512 // max(r.shape[1], 1)))
-        ys = max(1, min(max(scale, 3), 240 // max(r.shape[0], 1)))
+        ys = max(1, min(12, 240 // max(r.shape[0], 1)))          # a few rows (heads) stay tall enough to see
         f = v[np.isfinite(v)]
         head = (f"shape (C order) {list(v.shape)}, {v.size:,} values; min {f.min():.4g}, max {f.max():.4g}, "
                 f"mean {f.mean():.4g}" if f.size else f"shape {list(v.shape)}: no finite value")
@@ -622,7 +632,8 @@ class DecodeExplorer(VizWidget):
                 + pane("values", self.values_html()) + "</div></div>"
                 + pane("bytes (the compute buffer)", (self._bytes_html(k, i) if i is not None else "")
                        + "<br/>" + self.mem_svg(prefix=p) + memz)
-                + pane("thread lanes (zoomed on the node)", (self._lanes_html(k, i) if i is not None else "")
+                + pane("thread lanes (zoomed on the node)", esc(self.lanes_note()) + "<br/>"
+                       + (self._lanes_html(k, i) if i is not None else "")
                        + f"<br/><div style='width:900px'>{lanes}</div>")
                 + "</div>")
 
@@ -631,7 +642,7 @@ class DecodeExplorer(VizWidget):
         phases = self.phases()
         self._pane = ExplorerPane(graph_svg=self._gsvg, mem_svg=self.mem_svg(),
                                   memz_svg=self.mem_svg(prefix=self.prefix + "z", height=200, zoom=True),
-                                  lanes_svg=self.lanes_svg(),
+                                  lanes_svg=self.lanes_svg(), lanes_note=self.lanes_note(),
                          nodes=self.nodes_json(), phases=json.dumps(phases), prefix=self.prefix,
                          gprefix=self.graph.prefix, max_height=self.max_height,
                          n_threads=len(self.compute["threads"]) if self.compute else 0)
@@ -709,7 +720,8 @@ function render({ model, el }) {
     around it</span></div>
     <div class="ggv-x-memz"></div></div>
   <div class="ggv-x-pane"><div class="ggv-x-title">thread lanes of ggml_graph_compute (zoomed on the selection; grey:
-    ggml_barrier)</div><div class="ggv-x-lanes" style="display:flex"><div class="ggv-x-lanes-lab"
+    ggml_barrier)</div><div class="ggv-x-lanes-note" style="font:11px sans-serif;color:#546e7a;margin-bottom:2px">
+    </div><div class="ggv-x-lanes" style="display:flex"><div class="ggv-x-lanes-lab"
     style="font:11px sans-serif;width:60px"></div><div class="ggv-x-lanes-svg" style="flex:1"></div></div></div>`;
   const q = (s) => el.querySelector(s);
   const gbox = q(".ggv-x-graph"), gin = q(".ggv-x-gin");
@@ -721,6 +733,7 @@ function render({ model, el }) {
   if (zsvg) zsvg.setAttribute("width", "100%");
   const zre = new RegExp("#" + P + "([mbx]\\d+)", "g");
   q(".ggv-x-lanes-svg").innerHTML = model.get("lanes_svg");
+  q(".ggv-x-lanes-note").textContent = model.get("lanes_note");
   const nth = model.get("n_threads");
   q(".ggv-x-lanes-lab").innerHTML = [...Array(nth).keys()].map(i => `<div style="height:26px">thread ${i}</div>`).join("");
   const lsvg = q(".ggv-x-lanes-svg svg");
@@ -862,6 +875,7 @@ class ExplorerPane(anywidget.AnyWidget):
     mem_svg = traitlets.Unicode("").tag(sync=True)
     memz_svg = traitlets.Unicode("").tag(sync=True)
     lanes_svg = traitlets.Unicode("").tag(sync=True)
+    lanes_note = traitlets.Unicode("").tag(sync=True)
     nodes = traitlets.Unicode("{}").tag(sync=True)
     phases = traitlets.Unicode("[]").tag(sync=True)
     prefix = traitlets.Unicode("").tag(sync=True)
