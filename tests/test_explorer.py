@@ -143,6 +143,14 @@ def test_leaf_and_phase(ex):
     assert st["cause"]["cause"] == "1.inp" and st["bytes"]["planned"]
     ex.select_phase("logits")
     assert ex.state()["selected"]["name"] == "result_output" and ex.state()["phase"] == "logits"
+    t = ex.gf.nodes[ex.select_phase("process_ubatch").index]
+    assert ggml.op_desc(t) == "SET_ROWS" and "cache_k" in t.name
+    st = ex.select_phase("sched_alloc").state()
+    i = st["selected"]["index"]
+    rec = [r for r in ex.sched.galloc.last_alloc["tensors"] if r["alloc_node"] == i and r["name"] == ex.gf.nodes[i].name]
+    assert rec[0]["reused_from"] is not None                    # gallocr put it in place over a parent
+    st = ex.select_phase("compute").state()
+    assert st["selected"]["op"] == "MUL_MAT" and len(st["lanes"]) == ex.step.n_threads
     ph = ex.phases()
     assert [p["key"] for p in ph] == [p[0] for p in PHASES]
     comp = next(p for p in ph if p["key"] == "compute")

@@ -32,6 +32,7 @@ import numpy as np
 import traitlets
 
 from ...export import DEFAULT_PROMPT, decode_step
+from ...ggml import consts as C
 from ...ggml import memory
 from ...ggml.tensor import get_data_f32, nbytes, op_desc, type_name
 from .. import graph_dot as G
@@ -67,19 +68,19 @@ PHASES = [
      "memory's init_batch) and, for each, calls process_ubatch."),
     ("process_ubatch", "process_ubatch(ubatch)",
      "finds KV cells for the ubatch's tokens (the memory context's apply), then builds, allocates and computes "
-     "the graph of this ubatch."),
+     "the graph of this ubatch. Selected: the first SET_ROWS, which writes this token's K into its cell."),
     ("build_graph", "model.build_graph(params)",
      "llm_build_* creates the tensors (ggml_new_tensor, ggml_mul_mat ...) in a no_alloc context and "
      "ggml_build_forward_expand orders them: a DFS over src[] (ggml_visit_parents)."),
     ("sched_alloc", "ggml_backend_sched_alloc_graph",
      "split_graph gives every node a backend (passes 1-5, SET_CAUSE) and cuts the node list into splits; "
      "ggml_gallocr_alloc_graph places every tensor in the compute buffer, reusing the bytes of tensors no "
-     "later node reads."),
+     "later node reads. Selected: the first node written in place over its parent's bytes."),
     ("set_inputs", "res->set_inputs(&ubatch)",
      "writes the ubatch into the input tensors: token ids, positions, the KV indices, the KQ mask."),
     ("compute", "ggml_backend_sched_graph_compute_async",
      "each split on its backend: ggml_graph_compute, all threads run every node, meeting at ggml_barrier "
-     "after each one."),
+     "after each one. Selected: the first MUL_MAT, its rows shared out between the threads in chunks."),
     ("logits", "extract logits",
      "ggml_backend_tensor_get_async copies result_output (one row of n_vocab logits per output) into the "
      "context's logits buffer."),
@@ -305,7 +306,17 @@ class DecodeExplorer(VizWidget):
             return ("node", self.node_names.index("result_output"))
         if key == "build_graph":
             return ("node", 0)
-        return None
+        # the first node that shows what the phase decided: the ubatch's KV cell written (SET_ROWS into the cache),
+        # a tensor placed in place over its dying parent (gallocr's reuse), a MUL_MAT every thread works on
+        first = None
+        if key == "process_ubatch":
+            first = next((i for i, t in enumerate(self.gf.nodes) if t.op == C.GGML_OP_SET_ROWS), None)
+        elif key == "sched_alloc":
+            first = next((i for i in sorted(self._node_item) if self._node_item[i]["reused_from"] is not None), None)
+        elif key == "compute":
+            first = next((i for i, t in enumerate(self.gf.nodes) if t.op == C.GGML_OP_MUL_MAT
+                          and len(self._spans.get(i, ())) > 1), None)
+        return ("node", first) if first is not None else None
 
     def state(self) -> dict:
         st = {"n_nodes": self.n_nodes, "n_leafs": self.gf.n_leafs, "phase": self.phase, "selected": None,
