@@ -108,12 +108,14 @@ def test_graph_highlight_and_css(ex):
     gid = (ex.graph.prefix + vert).replace("-", "&#45;")           # Graphviz writes "-" in ids as &#45;
     m = re.search(r'<g id="' + re.escape(gid) + r'" class="node">(.*?)</g>', ex._gsvg, re.S)
     assert m and f"node {i}: kq&#45;3 (MUL_MAT)" in m.group(1)
-    d = json.loads(ex.nodes_json())[f"n{i}"]
+    d = json.loads(ex.nodes_json())[f"n{i}"]                  # what the browser builds its CSS from
     b = st["bytes"]
-    assert f"#{ex.graph.prefix}{vert} path" in d["css"]
-    assert f"#{ex.prefix}m{b['item']} {{ stroke: #d50000" in d["css"] and f"#{ex.prefix}b{b['item']}" in d["css"]
-    assert all(f"#{ex.prefix}m{o['id']}" in d["css"] for o in b["sharers"])
-    assert f".{ex.prefix}s{i} " in d["css"]
+    assert (d["v"], d["item"], d["sh"]) == (vert, b["item"], [o["id"] for o in b["sharers"]])
+    css = ex.css_for("node", i)                                 # the same rules, written in Python (static view)
+    assert f"#{ex.graph.prefix}{vert} path" in css
+    assert f"#{ex.prefix}m{b['item']} {{ stroke: #d50000" in css and f"#{ex.prefix}b{b['item']}" in css
+    assert all(f"#{ex.prefix}m{o['id']}" in css for o in b["sharers"])
+    assert f".{ex.prefix}s{i} " in css
     # the pictures carry those ids / classes: the slot, its band, one lane span per thread
     mem, lanes = ex.mem_svg(), ex.lanes_svg()
     assert f'id="{ex.prefix}m{b["item"]}"' in mem and f'id="{ex.prefix}b{b["item"]}"' in mem

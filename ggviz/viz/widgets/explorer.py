@@ -535,7 +535,8 @@ class DecodeExplorer(VizWidget):
                 f"{png_img(array_png(r, scale=scale, yscale=ys), 'image-rendering:pixelated')}{note}</div>")
 
     def nodes_json(self) -> str:
-        """Per node and leaf, what a selection shows: the CSS and the panes' HTML (sent to the browser once)."""
+        """Per node and leaf, what a selection shows: the ids the CSS names and the panes' HTML (sent to the browser
+        once)."""
         if self._nodes_json is None:
             out = {}
             for kind, n, key in (("node", self.n_nodes, "n"), ("leaf", self.gf.n_leafs, "l")):
@@ -543,7 +544,10 @@ class DecodeExplorer(VizWidget):
                     t = self.tensor(kind, i)
                     vert = self._ginfo["vertex_of_node"][i] if kind == "node" else self._ginfo["vertex_of_leaf"][i]
                     lanes = self.lanes_of(i) if kind == "node" else []
-                    out[f"{key}{i}"] = dict(name=t.name, v=vert, css=self.css_for(kind, i),
+                    b = self.bytes_of(i, kind)
+                    # the browser writes the selection's CSS from these (what css_for writes): the vertex, the slot,
+                    # the slots that share its bytes, the node's column and lane spans
+                    out[f"{key}{i}"] = dict(name=t.name, v=vert, item=b["item"], sh=[o["id"] for o in b["sharers"]],
                                             info=self._info_html(kind, i), bytes=self._bytes_html(kind, i),
                                             lanes=self._lanes_html(kind, i), cause=self._cause_html(kind, i),
                                             t=[min(s["t0"] for s in lanes), max(s["t1"] for s in lanes)]
@@ -807,11 +811,30 @@ function render({ model, el }) {
   };
   // ---- the selection: applied here, in the browser, from the table sent once
   const selStyle = q("style.ggv-x-sel");
+  // the CSS of a selection (DecodeExplorer.css_for writes the same rules in Python, for the static rendering)
+  const cssOf = (key, d) => {
+    const out = [];
+    if (d.v) out.push(`#${GP}${d.v} path, #${GP}${d.v} polygon, #${GP}${d.v} ellipse ` +
+                      `{ stroke: #d50000 !important; stroke-width: 5px !important; }`);
+    if (d.item !== null) {
+      out.push(`#${P}m${d.item} { stroke: #d50000 !important; stroke-width: 2.5px !important; }`);
+      out.push(`#${P}b${d.item} { display: inline !important; }`);
+      if (d.sh.length) out.push(d.sh.map(o => `#${P}m${o}`).join(", ") +
+                                ` { stroke: #ef6c00 !important; stroke-width: 1.5px !important; }`);
+    }
+    if (key[0] === "n") {
+      const i = key.slice(1);
+      out.push(`#${P}x${i} { display: inline !important; }`);
+      out.push(`.${P}s${i} { fill: #d50000 !important; stroke: #d50000 !important; stroke-width: 3px !important; }`);
+    }
+    return out.join("\n");
+  };
   const select = (key, fromUser) => {
     const t0 = performance.now();
     const d = nodes[key];
     if (!d) { selStyle.textContent = ""; el.setAttribute("data-ggv-selected", ""); return; }
-    selStyle.textContent = d.css + "\n" + d.css.replace(zre, "#" + P + "z$1");
+    const css = cssOf(key, d);
+    selStyle.textContent = css + "\n" + css.replace(zre, "#" + P + "z$1");
     q(".ggv-x-info").innerHTML = d.info;
     q(".ggv-x-cause").innerHTML = d.cause;
     q(".ggv-x-bytes").innerHTML = d.bytes;
@@ -848,8 +871,7 @@ function render({ model, el }) {
   // clicks in the pictures: a graph vertex (id GP + n12 / l3), a buffer slot (P + m7), a lane span (class P + s12)
   const slotNode = {};
   for (const [k, d] of Object.entries(nodes)) {
-    const m = d.css.match(new RegExp("#" + P + "m(\\d+) \\{ stroke: #d50000"));
-    if (m && k[0] === "n" && !(m[1] in slotNode)) slotNode[m[1]] = k;
+    if (d.item !== null && k[0] === "n" && !(d.item in slotNode)) slotNode[d.item] = k;
   }
   el.addEventListener("click", (e) => {
     if (moved) { moved = false; return; }
