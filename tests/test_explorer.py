@@ -158,6 +158,9 @@ def test_leaf_and_phase(ex):
     comp = next(p for p in ph if p["key"] == "compute")
     tl = ex.step.timeline.last
     assert comp["ms"] == pytest.approx((tl["t_end"] - tl["t_start"]) / 1e6)
+    alloc = [e for e in ex.step.events if e["kind"] == "sched.alloc"][-1]
+    split = [e for e in ex.step.events if e["kind"] == "sched.compute_split"][0]
+    assert next(p for p in ph if p["key"] == "set_inputs")["ms"] == pytest.approx((split["t_start"] - alloc["t"]) / 1e6)
 
 
 def test_bad_selection_leaves_state(ex):

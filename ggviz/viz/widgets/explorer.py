@@ -77,7 +77,8 @@ PHASES = [
      "ggml_gallocr_alloc_graph places every tensor in the compute buffer, reusing the bytes of tensors no "
      "later node reads. Selected: the first node written in place over its parent's bytes."),
     ("set_inputs", "res->set_inputs(&ubatch)",
-     "writes the ubatch into the input tensors: token ids, positions, the KV indices, the KQ mask."),
+     "writes the ubatch into the input tensors: token ids, positions, the KV indices, the KQ mask (its time: "
+     "from the allocation to the compute's start)."),
     ("compute", "ggml_backend_sched_graph_compute_async",
      "each split on its backend: ggml_graph_compute, all threads run every node, meeting at ggml_barrier "
      "after each one. Selected: the first MUL_MAT, its rows shared out between the threads in chunks."),
@@ -571,6 +572,12 @@ class DecodeExplorer(VizWidget):
                                                         "sched.alloc")),
             "compute": span(lambda e: e["kind"] in ("cpu.compute.start", "cpu.compute.end")),
         }
+        # set_inputs runs between the allocation and the compute (llm_graph_result::set_inputs has no event of its
+        # own): from the sched.alloc event to the start of the first split's compute
+        a = [e["t"] for e in ev if e["kind"] == "sched.alloc"]
+        c = [e["t_start"] for e in ev if e["kind"] == "sched.compute_split"]
+        if a and c and c[0] >= a[-1]:
+            spans["set_inputs"] = (a[-1], c[0])
         out = []
         for key, fn, text in PHASES:
             s = spans.get(key)
