@@ -205,3 +205,13 @@ def test_lanes_say_which_path(ex):
     start = [e for e in ex.step.events if e["kind"] == "cpu.compute.start"][-1]
     assert ex.compiled == bool(start.get("compiled"))
     assert ("compiled path" in ex.lanes_note()) == ex.compiled and html.escape(ex.lanes_note()) in ex.to_html()
+
+
+def test_the_plan_is_the_reserves(ex):
+    """No re-plan during the step: every slot has the size the last reserve (a worst-case ubatch) gave it."""
+    assert not any(e["kind"] == "alloc.reserve" for e in ex.step.events)
+    n = ex.step.ctx.reserve_log[-1]["n_tokens"]
+    assert ex.plan_tokens == n and f"{n} tokens" in ex.plan_note
+    t = ex.gf.nodes[_node(ex, "kq-3")]                         # [n_kv, n_tokens, n_head]: one token here
+    lo, hi = ex.select("kq-3").state()["bytes"]["slot"]
+    assert hi - lo == ggml.nbytes(t) * n

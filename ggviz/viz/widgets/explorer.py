@@ -148,6 +148,21 @@ class DecodeExplorer(VizWidget):
             elif it["phase"] != "nodes":
                 leaf_item[it["name"]] = it
         self._node_item, self._leaf_item = node_item, leaf_item
+        # whose plan is it? ggml_gallocr_alloc_graph re-plans only when the graph does not fit the last plan
+        # (ggml_gallocr_needs_realloc); otherwise every tensor keeps the slot the last reserve gave it -- in llama.cpp
+        # the worst-case ubatch of llama_context's graph_reserve, so a 1-token step sits in slots sized for it
+        replanned = any(e["kind"] == "alloc.reserve" for e in step.events)
+        log = getattr(step.ctx, "reserve_log", None) or []
+        self.plan_tokens = None if replanned or not log else int(log[-1]["n_tokens"])
+        if replanned:
+            self.plan_note = "planned for this step's graph (ggml_gallocr re-planned it)"
+        elif self.plan_tokens is not None:
+            self.plan_note = (f"planned for the reserve graph of {self.plan_tokens} tokens (llama_context::"
+                              f"graph_reserve, the worst case): this step's graph fits in that plan, so "
+                              f"ggml_gallocr_alloc_graph kept it and each slot is sized for {self.plan_tokens} "
+                              f"tokens")
+        else:
+            self.plan_note = "planned by the allocator's last reserve"
         view_rec = {}
         for r in plan["tensors"]:
             if r["view_src"] is not None and r["phase"] == "nodes" and r["alloc_node"] is not None:
@@ -466,7 +481,8 @@ class DecodeExplorer(VizWidget):
             s += f"<br/>a view of <b>{esc(b['view_of'])}</b>: no bytes of its own (ggml_backend_view_init)"
         if b["planned"]:
             lo, hi = b["slot"]
-            s += (f"<br/>slot in the compute buffer: [{lo:,}, {hi:,}) = {_fmt_bytes(hi - lo)}, from node "
+            s += (f"<br/>slot in the compute buffer: [{lo:,}, {hi:,}) = {_fmt_bytes(hi - lo)}"
+                  f"<span title='{esc(self.plan_note)}' style='border-bottom:1px dotted #777'> (?)</span>, from node "
                   f"{b['alloc_node']} to {'the end (never freed)' if b['free_node'] is None else b['free_node']}"
                   f"<br/><span style='color:{SHARE}'>the same bytes, at other times</span>: {len(b['sharers'])} "
                   f"tensors")
@@ -652,7 +668,8 @@ class DecodeExplorer(VizWidget):
                 f"<div style='max-width:560px'>"
                 + pane("scheduler", self._cause_html(k, i) if i is not None else "")
                 + pane("values", self.values_html()) + "</div></div>"
-                + pane("bytes (the compute buffer)", (self._bytes_html(k, i) if i is not None else "")
+                + pane("bytes (the compute buffer)", esc(self.plan_note) + "<br/>"
+                       + (self._bytes_html(k, i) if i is not None else "")
                        + "<br/>" + self.mem_svg(prefix=p) + memz)
                 + pane("thread lanes (zoomed on the node)", esc(self.lanes_note()) + "<br/>"
                        + (self._lanes_html(k, i) if i is not None else "")
@@ -665,6 +682,7 @@ class DecodeExplorer(VizWidget):
         self._pane = ExplorerPane(graph_svg=self._gsvg, mem_svg=self.mem_svg(),
                                   memz_svg=self.mem_svg(prefix=self.prefix + "z", height=200, zoom=True),
                                   lanes_svg=self.lanes_svg(), lanes_note=self.lanes_note(),
+                                  plan_note=self.plan_note,
                          nodes=self.nodes_json(), phases=json.dumps(phases), prefix=self.prefix,
                          gprefix=self.graph.prefix, max_height=self.max_height,
                          n_threads=len(self.compute["threads"]) if self.compute else 0)
@@ -737,7 +755,8 @@ function render({ model, el }) {
     </div>
   </div>
   <div class="ggv-x-pane"><div class="ggv-x-title">the compute buffer (ggml_gallocr's plan): red = the selection's
-    bytes, orange = other tensors in those bytes</div><div class="ggv-x-mem"></div></div>
+    bytes, orange = other tensors in those bytes</div><div class="ggv-x-plan-note"
+    style="font:11px sans-serif;color:#546e7a"></div><div class="ggv-x-mem"></div></div>
   <div class="ggv-x-pane"><div class="ggv-x-title">the same, zoomed on the selection: <span class="ggv-x-memz-range">80 nodes
     around it</span></div>
     <div class="ggv-x-memz"></div></div>
@@ -756,6 +775,7 @@ function render({ model, el }) {
   const zre = new RegExp("#" + P + "([mbx]\\d+)", "g");
   q(".ggv-x-lanes-svg").innerHTML = model.get("lanes_svg");
   q(".ggv-x-lanes-note").textContent = model.get("lanes_note");
+  q(".ggv-x-plan-note").textContent = model.get("plan_note");
   const nth = model.get("n_threads");
   q(".ggv-x-lanes-lab").innerHTML = [...Array(nth).keys()].map(i => `<div style="height:26px">thread ${i}</div>`).join("");
   const lsvg = q(".ggv-x-lanes-svg svg");
@@ -916,6 +936,7 @@ class ExplorerPane(anywidget.AnyWidget):
     memz_svg = traitlets.Unicode("").tag(sync=True)
     lanes_svg = traitlets.Unicode("").tag(sync=True)
     lanes_note = traitlets.Unicode("").tag(sync=True)
+    plan_note = traitlets.Unicode("").tag(sync=True)
     nodes = traitlets.Unicode("{}").tag(sync=True)
     phases = traitlets.Unicode("[]").tag(sync=True)
     prefix = traitlets.Unicode("").tag(sync=True)
