@@ -111,6 +111,11 @@ def test_graph_highlight_and_css(ex):
     d = json.loads(ex.nodes_json())[f"n{i}"]                  # what the browser builds its CSS from
     b = st["bytes"]
     assert (d["v"], d["item"], d["sh"]) == (vert, b["item"], [o["id"] for o in b["sharers"]])
+    # its sources: kq = mul_mat(k, q): the vertices drawn for the tensors in src[]
+    t = ex.gf.nodes[i]
+    names = {v: n for v, n in zip(ex._ginfo["vertex_of_node"], ex.node_names)}
+    names.update(zip(ex._ginfo["vertex_of_leaf"], ex.leaf_names))
+    assert [names[v] for v in d["src"]] == [s.name for s in t.src if s is not None]
     css = ex.css_for("node", i)                                 # the same rules, written in Python (static view)
     assert f"#{ex.graph.prefix}{vert} path" in css
     assert f"#{ex.prefix}m{b['item']} {{ stroke: #d50000" in css and f"#{ex.prefix}b{b['item']}" in css

@@ -60,8 +60,11 @@ const full = (st) => {
   const spans = [...root.querySelectorAll('.ggv-x-lanes-svg rect')].filter(r => getComputedStyle(r).fill === RED);
   const outlined = [...root.querySelectorAll('.ggv-x-gin g.node')].filter(g => {
     const s = g.querySelector('polygon, path, ellipse'); return s && getComputedStyle(s).stroke === RED; });
+  const blue = [...root.querySelectorAll('.ggv-x-gin g.node')].filter(g => {
+    const s = g.querySelector('polygon, path, ellipse'); return s && getComputedStyle(s).stroke === 'rgb(21, 101, 192)'; });
   const gb = root.querySelector('.ggv-x-graph').getBoundingClientRect(), vr = vert.getBoundingClientRect();
   return Object.assign(st, {vertexName: vert ? vert.textContent : null, outlined: outlined.map(g => g.id),
+          sources: blue.map(g => g.querySelector('title').textContent),
           slots: slots.map(r => r.querySelector('title').textContent), nBands: bands.length,
           zslots: zslots.map(r => r.querySelector('title').textContent),
           zoomViewBox: root.querySelector('.ggv-x-memz svg').getAttribute('viewBox'),
@@ -137,6 +140,7 @@ def test_explorer_in_voila(request, tmp_path):
             # the vertex, the buffer slot and the lane spans all name the same tensor
             assert shown in st["vertexName"], st
             assert len(st["outlined"]) == 1 and st["outlined"][0].endswith("-" + key) and st["vertexInView"], st
+            assert len(st["sources"]) >= 1, st                          # what it reads, outlined in blue
             assert len(st["slots"]) == 1 and st["slots"][0].startswith(shown + ":"), st
             assert st["nBands"] == 1, st
             assert st["zslots"] == st["slots"], st                    # the zoomed copy of the buffer map too
@@ -154,6 +158,10 @@ def test_explorer_in_voila(request, tmp_path):
                   15, f"the values of {shown}")
             st["values_s"] = time.perf_counter() - t1
             _shot(drv, drv.find_element(By.CSS_SELECTOR, ".ggv-explorer"), f"explorer_{key}.png")
+        # ◀ node: the node before, in execution order
+        drv.execute_script("document.querySelector('.ggv-x-prev').click()")
+        assert drv.execute_script("return document.querySelector('.ggv-explorer-live')"
+                                  ".getAttribute('data-ggv-selected')") == "n1084"
         # the spine: a phase selects what it is about (logits -> result_output)
         drv.execute_script("document.querySelector('.ggv-x-phase[data-key=\"logits\"]').click()")
         assert drv.execute_script("return document.querySelector('.ggv-explorer-live')"

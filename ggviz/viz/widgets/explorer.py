@@ -43,6 +43,7 @@ from .sched_view import STAGE_TITLES, STAGES, SchedulerView
 
 RED = "#d50000"
 SHARE = "#ef6c00"
+SRC = "#1565c0"        # the selected node's sources in the graph
 
 # ggml-backend.c's SET_CAUSE codes, in words
 CAUSES = {
@@ -452,6 +453,24 @@ class DecodeExplorer(VizWidget):
         out.append("</svg>")
         return "".join(out)
 
+    def src_vertices(self, kind, i) -> list[str]:
+        """The graph vertices of tensor ``i``'s sources (``src[]``): nodes or leafs of the graph."""
+        if kind != "node":
+            return []
+        if not hasattr(self, "_ix"):
+            self._ix = ({t.addr: j for j, t in enumerate(self.gf.nodes)}, {t.addr: j for j, t in enumerate(self.gf.leafs)})
+        out = []
+        for src in self.gf.nodes[i].src:
+            if src is None:
+                continue
+            j = self._ix[0].get(src.addr)
+            v = self._ginfo["vertex_of_node"][j] if j is not None else None
+            if j is None and src.addr in self._ix[1]:
+                v = self._ginfo["vertex_of_leaf"][self._ix[1][src.addr]]
+            if v and v not in out:
+                out.append(v)
+        return out
+
     def css_for(self, kind, i, prefix: str | None = None, gprefix: str | None = None) -> str:
         """The CSS of one selection (what the browser applies by itself, from ``nodes_json``)."""
         if i is None:
@@ -459,7 +478,12 @@ class DecodeExplorer(VizWidget):
         p = self.prefix if prefix is None else prefix
         gp = self.graph.prefix if gprefix is None else gprefix
         vert = self._ginfo["vertex_of_node"][i] if kind == "node" else self._ginfo["vertex_of_leaf"][i]
-        css = [highlight_css(gp, [vert])] if vert else []
+        css = []
+        srcs = self.src_vertices(kind, i)
+        if srcs:                                     # what the node reads: its src[] outlined in blue
+            css.append(highlight_css(gp, srcs, f"stroke: {SRC} !important; stroke-width: 4px !important;"))
+        if vert:
+            css.append(highlight_css(gp, [vert]))
         b = self.bytes_of(i, kind)
         if b["item"] is not None:
             css.append(f"#{p}m{b['item']} {{ stroke: {RED} !important; stroke-width: 2.5px !important; }}")
@@ -565,6 +589,7 @@ class DecodeExplorer(VizWidget):
                     # the browser writes the selection's CSS from these (what css_for writes): the vertex, the slot,
                     # the slots that share its bytes, the node's column and lane spans
                     out[f"{key}{i}"] = dict(name=t.name, v=vert, item=b["item"], sh=[o["id"] for o in b["sharers"]],
+                                            src=self.src_vertices(kind, i),
                                             info=self._info_html(kind, i), bytes=self._bytes_html(kind, i),
                                             lanes=self._lanes_html(kind, i), cause=self._cause_html(kind, i),
                                             t=[min(s["t0"] for s in lanes), max(s["t1"] for s in lanes)]
@@ -742,7 +767,10 @@ function render({ model, el }) {
     <input class="ggv-x-search" list="${P}names" placeholder="search a node or tensor by name, Enter"
            style="width:320px;font-size:12px"/>
     <datalist id="${P}names"></datalist>
+    <button class="ggv-x-prev" title="the node before, in execution order">◀ node</button>
+    <button class="ggv-x-next" title="the next node, in execution order">node ▶</button>
     <button class="ggv-x-fit">whole graph</button>
+    <span style="font:11px sans-serif;color:#546e7a">red: the selection, blue: what it reads (src[])</span>
     <span class="ggv-x-info" style="font:12px sans-serif;margin-left:8px"></span>
   </div>
   <div class="ggv-x-row">
@@ -841,6 +869,8 @@ function render({ model, el }) {
   // the CSS of a selection (DecodeExplorer.css_for writes the same rules in Python, for the static rendering)
   const cssOf = (key, d) => {
     const out = [];
+    if (d.src.length) out.push(d.src.map(v => `#${GP}${v} path, #${GP}${v} polygon, #${GP}${v} ellipse`).join(", ") +
+                               ` { stroke: #1565c0 !important; stroke-width: 4px !important; }`);
     if (d.v) out.push(`#${GP}${d.v} path, #${GP}${d.v} polygon, #${GP}${d.v} ellipse ` +
                       `{ stroke: #d50000 !important; stroke-width: 5px !important; }`);
     if (d.item !== null) {
@@ -920,6 +950,13 @@ function render({ model, el }) {
   search.addEventListener("keydown", (e) => { if (e.key === "Enter") doSearch(); });
   search.addEventListener("change", doSearch);
   q(".ggv-x-fit").addEventListener("click", fit);
+  const stepNode = (k) => {
+    const cur = el.getAttribute("data-ggv-selected") || "n-1";
+    const i = cur[0] === "n" ? parseInt(cur.slice(1)) + k : 0;
+    if (("n" + i) in nodes) select("n" + i, true);
+  };
+  q(".ggv-x-prev").addEventListener("click", () => stepNode(-1));
+  q(".ggv-x-next").addEventListener("click", () => stepNode(1));
   model.on("change:selected", () => select(model.get("selected"), false));
   model.on("change:phase", () => setPhase(model.get("phase"), false));
   requestAnimationFrame(() => { fit(); measure(); if (model.get("phase")) setPhase(model.get("phase"), false);
