@@ -1,6 +1,6 @@
 """``ggviz explore``: the linked decode explorer (``ggviz.viz.widgets.explorer.DecodeExplorer``) served by Voilà.
 
-    ggviz explore [-p PROMPT] [-t THREADS] [-m MODEL] [--port N] [--no-browser]
+    ggviz explore [-p PROMPT] [-t THREADS] [-m MODEL] [--port N] [--no-browser] [--no-values]
 
 Writes a one-cell notebook that records a decode step and shows the explorer into a temporary folder, and runs
 ``voila`` on it (127.0.0.1 only); Ctrl-C stops it. Voilà shows only the widget: no code, no kernel prompt.
@@ -18,12 +18,12 @@ from . import cli
 from .export import DEFAULT_PROMPT
 
 
-def notebook(prompt: str, threads: int, model: str | None) -> dict:
+def notebook(prompt: str, threads: int, model: str | None, values: bool = True) -> dict:
     """The notebook Voilà serves (nbformat 4, as plain JSON: nbformat itself is not needed to write it)."""
     load = f"load_model({model!r})" if model else "load_model()"
     src = ("from ggviz.run import load_model\n"
            "from ggviz.viz.widgets.explorer import DecodeExplorer\n"
-           f"ex = DecodeExplorer.record({prompt!r}, threads={threads}, model={load})\n"
+           f"ex = DecodeExplorer.record({prompt!r}, threads={threads}, model={load}, values={values})\n"
            "ex.select_phase('llama_decode').select('kq-0')\n"
            "ex")
     return {"nbformat": 4, "nbformat_minor": 5,
@@ -41,6 +41,8 @@ def main(argv=None) -> int:
                     help="GGUF path (default: the default model)")
     ap.add_argument("--port", type=cli.int_arg(1, 65535, "port"), default=8866, help="port (default 8866)")
     ap.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    ap.add_argument("--no-values", action="store_true",
+                    help="skip the second run that copies every node's output (faster start, no values pane)")
     a = ap.parse_args(argv)
     try:
         import voila  # noqa: F401
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
         return 1
     d = pathlib.Path(tempfile.mkdtemp(prefix="ggviz-explore-"))
     nb = d / "ggviz_explorer.ipynb"
-    nb.write_text(json.dumps(notebook(a.prompt, a.threads, a.model and os.path.abspath(a.model)), indent=1))
+    nb.write_text(json.dumps(notebook(a.prompt, a.threads, a.model and os.path.abspath(a.model), not a.no_values), indent=1))
     cmd = [sys.executable, "-m", "voila", str(nb), f"--port={a.port}", "--Voila.ip=127.0.0.1"]
     if a.no_browser:
         cmd.append("--no-browser")

@@ -220,3 +220,13 @@ def test_the_plan_is_the_reserves(ex):
     t = ex.gf.nodes[_node(ex, "kq-3")]                         # [n_kv, n_tokens, n_head]: one token here
     lo, hi = ex.select("kq-3").state()["bytes"]["slot"]
     assert hi - lo == ggml.nbytes(t) * n
+
+
+def test_without_values_or_selection(ex):
+    bare = DecodeExplorer(ex.step)                              # the same recorded step, no values pane data
+    assert bare.state()["selected"] is None
+    html = bare.to_html()                                       # nothing selected: the spine and the pictures
+    assert "nothing selected" in html and "llama_decode" in html
+    bare.select("kq-3")
+    assert bare.state()["values"] is None and "no values recorded" in bare.values_html()
+    assert bare.state()["bytes"] == ex.select("kq-3").state()["bytes"]

@@ -197,12 +197,15 @@ class DecodeExplorer(VizWidget):
 
     # ============================================================================================== recording
     @classmethod
-    def record(cls, prompt: str | None = None, threads: int = 2, model=None, n_ctx: int = 256, **kw):
-        """Decode ``prompt`` and then one token (``export.decode_step``), recording the trace; then the same step in
-        a second context with the eval callback copying every node's output (the values pane). Both runs must pick
-        the same token."""
+    def record(cls, prompt: str | None = None, threads: int = 2, model=None, n_ctx: int = 256, values: bool = True,
+               **kw):
+        """Decode ``prompt`` and then one token (``export.decode_step``), recording the trace; then (``values``) the
+        same step in a second context with the eval callback copying every node's output (the values pane). Both
+        runs must pick the same token."""
         prompt = DEFAULT_PROMPT if prompt is None else prompt
         step = decode_step(prompt, threads, model, n_ctx, record=True)
+        if not values:
+            return cls(step, values=None, sampled=int(np.argmax(step.ctx.get_logits_ith(-1))), **kw)
         got: list = []
 
         def cb(t, ask):                              # llama.cpp's cb_eval: asked first, then called with the data
