@@ -24,7 +24,7 @@ def notebook(prompt: str, threads: int, model: str | None, values: bool = True) 
     src = ("from ggviz.run import load_model\n"
            "from ggviz.viz.widgets.explorer import DecodeExplorer\n"
            f"ex = DecodeExplorer.record({prompt!r}, threads={threads}, model={load}, values={values})\n"
-           "ex.select_phase('llama_decode').select('kq-0')\n"
+           "ex.select_phase('compute')        # the first MUL_MAT the threads share; any model has one\n"
            "ex")
     return {"nbformat": 4, "nbformat_minor": 5,
             "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
