@@ -230,3 +230,13 @@ def test_without_values_or_selection(ex):
     bare.select("kq-3")
     assert bare.state()["values"] is None and "no values recorded" in bare.values_html()
     assert bare.state()["bytes"] == ex.select("kq-3").state()["bytes"]
+
+
+def test_input_leaf_values(ex):
+    """The step's inputs, as set_inputs wrote them: this token at its position, the mask letting it see cells 0..pos."""
+    assert ex.select("inp_tokens").state()["values"]["first"] == [float(ex.step.token)]
+    assert ex.select("inp_pos").state()["values"]["first"] == [float(ex.step.pos)]
+    m = ex.leaf_values[ex.leaf_names.index("attn_inp_kq_mask")].reshape(-1)
+    assert np.all(m[:ex.step.pos + 1] == 0) and np.all(np.isneginf(m[ex.step.pos + 1:]))
+    assert "inp_pos" in ex.select("inp_pos").values_html()
+    assert "no values shown" in ex.select("token_embd.weight").values_html()

@@ -191,6 +191,14 @@ class DecodeExplorer(VizWidget):
         self.graph = GraphView(gf, max_height=max_height)
         self.graph.expand_all()
         self._gsvg, self._ginfo = self.graph.layout()
+        # the step's input leafs as llm_graph_result::set_inputs wrote them (copied just before the compute)
+        self.leaf_values: dict[int, np.ndarray] = {}
+        snap = step.snapshots[-1] if getattr(step, "snapshots", None) else None
+        if snap is not None:
+            for name, a in (("inp_tokens", snap.tokens), ("inp_pos", snap.pos), ("attn_inp_kq_mask", snap.kq_mask),
+                            ("attn_inp_k_idxs", snap.k_idxs)):
+                if name in self.leaf_names:
+                    self.leaf_values[self.leaf_names.index(name)] = np.asarray(a)
         self.kind, self.index = None, None          # the selection: ("node" | "leaf", index)
         self.phase = None
         self._nodes_json = None
@@ -350,7 +358,7 @@ class DecodeExplorer(VizWidget):
                                 ne=[int(x) for x in t.shape]),
                   graph_highlight=vert, bytes=self.bytes_of(i, k),
                   lanes=self.lanes_of(i) if k == "node" else [], cause=self.cause_of(i, k))
-        v = self.values.get(i) if k == "node" else None
+        v = self.values.get(i) if k == "node" else self.leaf_values.get(i)
         if v is not None:
             f = v[np.isfinite(v)]
             st["values"] = dict(shape=list(v.shape), n=int(v.size), min=float(f.min()) if f.size else None,
@@ -558,9 +566,10 @@ class DecodeExplorer(VizWidget):
     def values_html(self) -> str:
         if self.index is None:
             return "<i>select a node</i>"
-        if self.kind != "node":
-            return "<i>a leaf: its values are not copied (the eval callback sees nodes)</i>"
-        v = self.values.get(self.index)
+        if self.kind != "node" and self.index not in self.leaf_values:
+            return ("<i>a leaf: no values shown (a weight or the KV cache; the eval callback sees nodes, and only "
+                    "the step's inputs are copied)</i>")
+        v = self.values.get(self.index) if self.kind == "node" else self.leaf_values[self.index].astype(np.float32)
         if v is None:
             return ("<i>no values: the eval callback is not called for this node (a view or a no-op reads its "
                     "source's bytes)</i>" if self.values else "<i>no values recorded</i>")
@@ -572,9 +581,12 @@ class DecodeExplorer(VizWidget):
         head = (f"shape (C order) {list(v.shape)}, {v.size:,} values; min {f.min():.4g}, max {f.max():.4g}, "
                 f"mean {f.mean():.4g}" if f.size else f"shape {list(v.shape)}: no finite value")
         first = np.array2string(v.reshape(-1)[:8], precision=4, separator=", ")
-        name = self.node_names[self.index]
+        name = self.node_names[self.index] if self.kind == "node" else self.leaf_names[self.index]
         note = f"<br/>(one row folded into rows of {r.shape[1]})" if folded else ""
-        return (f"<div style='font-size:12px'><b>{esc(name)}</b> (node {self.index}): {esc(head)}<br/>first values: "
+        if self.kind != "node":
+            note += "<br/>(written by set_inputs, copied just before the compute)"
+        return (f"<div style='font-size:12px'><b>{esc(name)}</b> ({self.kind} {self.index}): {esc(head)}<br/>"
+                f"first values: "
                 f"<code>{esc(first)}</code><br/>"
                 f"{png_img(array_png(r, scale=scale, yscale=ys), 'image-rendering:pixelated')}{note}</div>")
 
