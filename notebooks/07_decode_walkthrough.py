@@ -178,6 +178,24 @@ print("scheduler:", s["cause"]["backend"], s["cause"]["cause"], "-", s["cause"][
 ex
 
 # %% [markdown]
+# > **Exercise: predict, then reveal.** `ggml_gallocr` writes some nodes **in place**: over the bytes of a parent
+# > that no later node reads, when the op allows it (`ggml_op_can_inplace`: element-wise ops, norms, softmax ...).
+# > For each node below, guess `True` (in place over a parent) or `False` (a slot of its own), run the check, then
+# > select the nodes in the explorer: an in-place node's slot starts where its parent's ends, in the same bytes.
+
+# %%
+guess = {"attn_norm-0": None, "Qcur-0": None, "kq_soft_max-0": None, "ffn_inp-0": None}   # True / False
+REVEAL = False          # True: show the answers without guessing
+
+answer = {n: ex.select(n).state()["bytes"]["reused_from"] for n in guess}
+if None in guess.values() and not REVEAL:
+    print("write your guesses in `guess` (or set REVEAL = True), then run this cell again")
+else:
+    for n, parent in answer.items():
+        mark = "" if guess[n] is None else ("  ✓" if guess[n] == (parent is not None) else "  ✗")
+        print(f"{n:14} {'in place over ' + parent if parent else 'a slot of its own'}{mark}")
+
+# %% [markdown]
 # > **Teacher note.** Ask before clicking: *will `kq-0`'s bytes be reused by a later node?* (The allocator frees a
 # > tensor after its last reader, `ggml_gallocr_free_node`, and the next tensor that fits takes its place.) Then
 # > select `result_output`: a graph output (`GGML_TENSOR_FLAG_OUTPUT`), never freed: every tensor that shares its

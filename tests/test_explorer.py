@@ -51,6 +51,7 @@ def test_bytes_follow_the_allocator(ex, name):
     assert len(rec) == 1 and rec[0]["view_src"] is None
     lo, hi = rec[0]["offset"], rec[0]["offset"] + rec[0]["alloc_size"]
     assert b["slot"] == (lo, hi) and lo == off and off + ggml.nbytes(t) <= hi
+    assert b["reused_from"] == rec[0]["reused_from"]
     # the tensors that use the same bytes: recomputed from the raw plan (same buffer space, chunk, overlapping)
     space = ex.av._owner[rec[0]["buffer_id"]]
     want = sorted(r["name"] for r in ex.sched.galloc.last_alloc["tensors"]

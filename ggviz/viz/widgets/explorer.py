@@ -260,7 +260,7 @@ class DecodeExplorer(VizWidget):
         slot in the allocator's plan, and the other tensors of the plan whose slots overlap those bytes."""
         t = self.tensor(kind, i)
         out = dict(name=t.name, nbytes=int(nbytes(t)), buffer=None, offset=None, planned=False, item=None,
-                   view_of=None, sharers=[], in_compute_buffer=False)
+                   view_of=None, sharers=[], in_compute_buffer=False, reused_from=None)
         if t.data:
             try:
                 _, off, label = memory.resolve(t.data)
@@ -279,7 +279,8 @@ class DecodeExplorer(VizWidget):
         if it is not None:
             lo, hi = it["offset"], it["offset"] + it["alloc_size"]
             out.update(planned=True, item=it["id"], slot=(lo, hi), alloc_node=it["alloc_node"],
-                       free_node=it["free_node"], space=it["space"], in_compute_buffer=True)
+                       free_node=it["free_node"], space=it["space"], in_compute_buffer=True,
+                       reused_from=it["reused_from"] if it["name"] == t.name else None)
             out["sharers"] = [dict(id=o["id"], name=o["name"], offset=o["offset"], size=o["alloc_size"],
                                    alloc_node=o["alloc_node"], end_node=o["end_node"])
                               for o in self.items if o["id"] != it["id"] and o["space"] == it["space"]
@@ -514,6 +515,9 @@ class DecodeExplorer(VizWidget):
         s = f"<b>{esc(b['name'])}</b>: {b['nbytes']:,} bytes at {where}"
         if b["view_of"]:
             s += f"<br/>a view of <b>{esc(b['view_of'])}</b>: no bytes of its own (ggml_backend_view_init)"
+        if b["reused_from"]:
+            s += (f"<br/>written <b>in place</b> over its parent <b>{esc(b['reused_from'])}</b>, whose last reader it "
+                  f"is (ggml_gallocr_allocate_node, ggml_op_can_inplace)")
         if b["planned"]:
             lo, hi = b["slot"]
             s += (f"<br/>slot in the compute buffer: [{lo:,}, {hi:,}) = {_fmt_bytes(hi - lo)}"
