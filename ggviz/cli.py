@@ -44,6 +44,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("ggviz.export:trace_main", "Chrome/Perfetto trace JSON of one decode compute (`ggviz trace -o FILE`)"),
     "report": ("ggviz.report", "standalone HTML walkthrough of one decode step (`ggviz report -o report.html`)"),
     "book": ("ggviz.book", "the notebooks, executed, as an offline HTML site (`ggviz book -o book/`)"),
+    "explore": ("ggviz.explore", "the linked decode explorer, served by Voilà (`ggviz explore [--port 8866]`)"),
 }
 
 DEBUG_FLAG = "--debug"

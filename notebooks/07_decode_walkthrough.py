@@ -141,3 +141,62 @@ MV.kv_cache_figure(snaps[-1], vocab);
 # > **Teacher note.** This loop (sample, decode one token, repeat) is `ggviz.generate` (notebook 00) and llama.cpp's
 # > `llama-simple`. `ggviz report` writes this walkthrough, for one such single-token step, as a standalone web
 # > page.
+
+# %% [markdown]
+# ## 7. The whole step, linked
+#
+# Everything above, for one decode step, in one view that follows one selection. `DecodeExplorer.record` decodes the
+# prompt and then the next token alone, recording every trace event of that step (graph build, the scheduler's
+# passes, the allocator's plan, every thread's node spans); a second run of the same step copies each node's output
+# with the eval callback, for the values pane.
+#
+# The row at the top is llama.cpp's path through `llama_decode` (seed 000 of the sources): click a phase to read what
+# it does and see what it is about. Then pick a node: click it in the graph (drag to pan, wheel to zoom: this is the
+# whole 1086-node DAG), in the buffer map or in a thread lane, or type its name in the search box. Every pane
+# follows:
+#
+# - **graph**: the node outlined;
+# - **bytes**: where its data pointer is in the compute buffer, the slot `ggml_gallocr` planned for it, and the other
+#   tensors that hold the same bytes before or after it (orange): how 1086 nodes fit in one buffer;
+# - **thread lanes**: its span on each thread of `ggml_graph_compute`, zoomed; grey is time spent in `ggml_barrier`;
+# - **scheduler**: the backend `ggml_backend_sched_split_graph` gave it, in which pass and why (`SET_CAUSE`);
+# - **values**: its output (a long row is folded into rows, so it stays readable).
+
+# %%
+from ggviz.viz.widgets import DecodeExplorer
+
+ex = DecodeExplorer.record(prompt, threads=2, model=model)
+ex.select("kq-0")
+s = ex.state()
+print(s["selected"]["name"], s["selected"]["op"], s["selected"]["ne"])
+print("bytes:", s["bytes"]["buffer"], "offset", s["bytes"]["offset"], "slot", s["bytes"]["slot"],
+      "shared over time with", len(s["bytes"]["sharers"]), "other tensors")
+print("lanes:", [(x["ith"], round(x["t1"] - x["t0"], 1)) for x in s["lanes"]], "µs per thread")
+print("scheduler:", s["cause"]["backend"], s["cause"]["cause"], "-", s["cause"]["why"])
+
+# %%
+ex
+
+# %% [markdown]
+# > **Exercise: predict, then reveal.** `ggml_gallocr` writes some nodes **in place**: over the bytes of a parent
+# > that no later node reads, when the op allows it (`ggml_op_can_inplace`: element-wise ops, norms, softmax ...).
+# > For each node below, guess `True` (in place over a parent) or `False` (a slot of its own), run the check, then
+# > select the nodes in the explorer: an in-place node's slot starts where its parent's ends, in the same bytes.
+
+# %%
+guess = {"attn_norm-0": None, "Qcur-0": None, "kq_soft_max-0": None, "ffn_inp-0": None}   # True / False
+REVEAL = False          # True: show the answers without guessing
+
+answer = {n: ex.select(n).state()["bytes"]["reused_from"] for n in guess}
+if None in guess.values() and not REVEAL:
+    print("write your guesses in `guess` (or set REVEAL = True), then run this cell again")
+else:
+    for n, parent in answer.items():
+        mark = "" if guess[n] is None else ("  ✓" if guess[n] == (parent is not None) else "  ✗")
+        print(f"{n:14} {'in place over ' + parent if parent else 'a slot of its own'}{mark}")
+
+# %% [markdown]
+# > **Teacher note.** Ask before clicking: *will `kq-0`'s bytes be reused by a later node?* (The allocator frees a
+# > tensor after its last reader, `ggml_gallocr_free_node`, and the next tensor that fits takes its place.) Then
+# > select `result_output`: a graph output (`GGML_TENSOR_FLAG_OUTPUT`), never freed: every tensor that shares its
+# > bytes came before it. `ggviz explore` serves this same view in a browser tab (Voilà), without the notebook.

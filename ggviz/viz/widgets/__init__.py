@@ -11,6 +11,8 @@ Every widget is a plain object with ``state()`` (plain data of what is shown), a
 - ``GraphView``: the cgraph DAG, collapsible per layer; ``VisitAnimation``: ggml_visit_parents replayed.
 - ``ThreadTimeline``: per-thread Gantt of one graph compute (nodes, mul_mat chunks, barrier waits).
 - ``DecodeStepper``: one llama decode, node by node: DAG, values, memory.
+- ``DecodeExplorer``: one decode step, every view linked to one selection (graph, bytes, thread lanes, scheduler cause,
+  values), with llama_decode's call path as its spine.
 """
 from .arena import ArenaWidget  # noqa: F401
 from .gguf import GGUFMapWidget  # noqa: F401
@@ -20,3 +22,4 @@ from .tensor import QuantBlockExplorer, TensorExplorer  # noqa: F401
 from .timeline import ThreadTimeline  # noqa: F401
 from .alloc_view import AllocatorView  # noqa: F401,E402
 from .sched_view import SchedulerView  # noqa: F401,E402
+from .explorer import DecodeExplorer  # noqa: F401,E402
