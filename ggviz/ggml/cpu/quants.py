@@ -87,6 +87,7 @@ from ..consts import (
     TYPE_TRAITS,
 )
 from . import vec
+from .libm import fma32
 
 __all__ = [
     "VEC_DOT_TYPE", "HAS_VEC_DOT", "HAS_FROM_FLOAT", "NROWS",
@@ -322,9 +323,10 @@ def prepare(t: int, rows) -> PreparedRows:
     if t in (GGML_TYPE_Q4_K, GGML_TYPE_Q5_K):  # 8 sub-blocks of 32, 6-bit scales and mins
         qs = fold(u["sc"], q, 32)
         return PreparedRows(t, n, rs(qs), rs(u["d"]), mq=rs(_lf(u["mn"])), md=rs(u["dmin"]))
-    if t == GGML_TYPE_Q6_K:  # 16 sub-blocks of 16, int8 scales, q - 32 in [-32, 31]
-        qs = fold(u["sc"], q - np.int16(32), 16)
-        return PreparedRows(t, n, rs(qs), rs(u["d"]))
+    if t == GGML_TYPE_Q6_K:  # 16 sub-blocks of 16, int8 scales, q in [0, 63] (the AVX2 kernel's unsigned levels)
+        # the kernel subtracts the -32 offset per lane as 32*sc*bsums, so keep sc*q and the scales apart
+        qs = fold(u["sc"], q, 16)
+        return PreparedRows(t, n, rs(qs), rs(u["d"]), mq=rs(_lf(u["sc"])))
     raise NotImplementedError(f"vec_dot with {Q.type_name(t)} is not implemented in ggviz")
 
 
@@ -371,6 +373,88 @@ def _scaled_block_dot(X, Y, dx, dy, blk, depth, bx=None, by=None):
     return out, summs
 
 
+# ---------------------------------------------------------------------------------
+# vec_dot in the AVX2 kernels' own float order (bit-identical): q8_0, q5_0, q4_K, q6_K
+# ---------------------------------------------------------------------------------
+
+# The src0 types whose vec_dot follows the AVX2 kernel lane for lane (the others use the block-wise order above)
+AVX2_EXACT = frozenset({GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K})
+_F64 = np.float64
+_LANE_TILE = 1 << 21        # lanes * N * M elements per tile: bounds the float64 scratch to ~16 MiB a piece
+
+
+def hsum_float_8(acc: np.ndarray) -> np.ndarray:
+    """hsum_float_8 of arch/x86/quants.c on acc (8, ...): hi128 + lo128, + movehl, + movehdup (float32)."""
+    r = acc[4:] + acc[:4]
+    r = r[:2] + r[2:]
+    return r[0] + r[1]
+
+
+def _by_lane(q: np.ndarray, nb: int, k: int) -> np.ndarray:
+    """(R, nb*blk) levels -> float64 (nb, 8, R, blk/8): per block, the elements that one int32 lane of the kernel
+    sums. A 256-bit register holds 32 consecutive int8 values of a row; maddubs + madd put bytes 4l..4l+3 in
+    lane l, so lane l gets the elements whose index mod 32 lies in 4l..4l+3 (k registers per block)."""
+    R = q.shape[0]
+    a = q.reshape(R, nb, k, 8, 4).transpose(1, 3, 0, 2, 4)
+    return np.ascontiguousarray(a.reshape(nb, 8, R, 4 * k), dtype=_F64)
+
+
+def _lane_sums(Y: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """(8, N, K) . (8, M, K) -> (8, N, M) exact integer lane sums (float64 holds them exactly: < 2^53)."""
+    return np.matmul(Y, X.transpose(0, 2, 1))
+
+
+def _vec_dot_avx2(t: int, px: PreparedRows, py: PreparedRows) -> np.ndarray:
+    """x . y for every pair, as ggml_vec_dot_{q8_0,q5_0}_q8_0 / ggml_vec_dot_{q4_K,q6_K}_q8_K (AVX2) compute it."""
+    M, N = px.q.shape[0], py.q.shape[0]
+    out = np.empty((N, M), np.float32)
+    step = max(1, _LANE_TILE // (8 * max(N, 1)))
+    for m0 in range(0, M, step):
+        m1 = min(M, m0 + step)
+        sub = PreparedRows(*(f[m0:m1] if isinstance(f, np.ndarray) else f for f in px))
+        out[:, m0:m1] = _vec_dot_avx2_tile(t, sub, py)
+    return out
+
+
+def _vec_dot_avx2_tile(t: int, px: PreparedRows, py: PreparedRows) -> np.ndarray:
+    M, N = px.q.shape[0], py.q.shape[0]
+    nb = px.d.shape[1]
+    acc = np.zeros((8, N, M), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if t in (GGML_TYPE_Q8_0, GGML_TYPE_Q5_0):
+            # acc = fmadd(d_x*d_y, (float) lane sums of the block, acc), block after block; hsum_float_8
+            X, Y = _by_lane(px.q, nb, 1), _by_lane(py.q, nb, 1)
+            for b in range(nb):
+                d = py.d[:, b, None] * px.d[None, :, b]
+                acc = fma32(d, _lane_sums(Y[b], X[b]).astype(np.float32), acc)
+            return hsum_float_8(acc)
+        # the K-quants: 8 registers of 32 per super-block; the sub-block scales are folded into px.q
+        X, Y = _by_lane(px.q, nb, 8), _by_lane(py.q, nb, 8)
+        bs = py.mq.reshape(N, nb, 8, 2).astype(_F64)               # bsums (of 16) in pairs
+        if t == GGML_TYPE_Q4_K:
+            # mins: _mm_madd_epi16(mins, hadd(bsums)) -> 4 lanes: m[2k]*B[2k] + m[2k+1]*B[2k+1], B = sum of 32
+            mins = px.mq.reshape(M, nb, 4, 2).astype(_F64)
+            B = bs.sum(-1).reshape(N, nb, 4, 2)
+            acc_m = np.zeros((4, N, M), np.float32)
+            for b in range(nb):
+                d = py.d[:, b, None] * px.d[None, :, b]             # y[i].d * FP16_TO_FP32(x[i].d)
+                dmin = -(py.d[:, b, None] * px.md[None, :, b])      # -y[i].d * FP16_TO_FP32(x[i].dmin)
+                prod = np.einsum("nkp,mkp->knm", B[:, b], mins[:, b])
+                acc_m = fma32(dmin, prod.astype(np.float32), acc_m)
+                acc = fma32(d, _lane_sums(Y[b], X[b]).astype(np.float32), acc)
+            m = acc_m[:2] + acc_m[2:]                               # _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m))
+            return hsum_float_8(acc) + (m[0] + m[1])                # + _mm_cvtss_f32 after _mm_add_ss(movehdup)
+        if t == GGML_TYPE_Q6_K:
+            # sumi (levels q in [0, 63]) minus q8sclsub = 32 * madd(bsums, scales): lane k gets pair k
+            sc = px.mq.reshape(M, nb, 8, 2).astype(_F64)
+            for b in range(nb):
+                d = py.d[:, b, None] * px.d[None, :, b]
+                s = _lane_sums(Y[b], X[b]) - 32.0 * np.einsum("nkp,mkp->knm", bs[:, b], sc[:, b])
+                acc = fma32(d, s.astype(np.float32), acc)
+            return hsum_float_8(acc)
+    raise NotImplementedError(Q.type_name(t))
+
+
 def vec_dot(t: int, x, y) -> np.ndarray:
     """All row-by-row dot products of type_traits_cpu[t].vec_dot: returns float32 (N, M).
 
@@ -411,13 +495,15 @@ def vec_dot(t: int, x, y) -> np.ndarray:
     if t == GGML_TYPE_BF16:
         return vec.tiled(vec.vec_dot_bf16_simd, px.q, py.q)
 
+    if t in AVX2_EXACT:
+        return _vec_dot_avx2(t, px, py)
     blk = Q.blck_size(t)
     out, summs = _scaled_block_dot(px.q, py.q, px.d, py.d, blk, _DEPTH[t], px.bias, py.bias)
     if t in (GGML_TYPE_Q4_1, GGML_TYPE_Q5_1):
         # *s = hsum_float_8(acc) + summs: the kernel's own sequential summs (not an sgemm, whose summation
         # order would follow the chunk's shape), added after the blocks
         out += summs
-    elif t in (GGML_TYPE_Q2_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K):
+    elif t in (GGML_TYPE_Q2_K, GGML_TYPE_Q5_K):
         nb = px.d.shape[1]
         bs = py.mq.reshape(-1, nb, 16)
         if t != GGML_TYPE_Q2_K:
