@@ -49,6 +49,7 @@ from .. import consts as C
 from .. import quants as Q
 from ..context import GGMLError
 from ..tensor import Tensor, n_dims, nbytes
+from .libm import fma32
 
 try:    # the compiled kernels this buffer type's layout is made for (optional: without Numba, no CPU_REPACK)
     from .fast import intrinsics as _intrinsics
@@ -60,6 +61,7 @@ except ImportError:
 
 GGML_TYPE_F32, GGML_TYPE_F16 = C.GGML_TYPE_F32, C.GGML_TYPE_F16
 GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0 = C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0
+GGML_TYPE_Q4_K, GGML_TYPE_Q8_K = C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q8_K
 NB_COLS = 8           # rows interleaved per group
 INTER_SIZE = 4        # bytes per row per group step
 
@@ -341,3 +343,151 @@ def place_weights(tensors, label: str = "model weights"):
         backend.backend_tensor_set(t, src, 0, n)
         off += -(-n // align) * align
     return buffer
+
+
+# =====================================================================================================================
+# Q4_K: block_q4_Kx8 (repack.cpp's make_block_q4_Kx8) and the AVX2 q4_K_8x8_q8_K kernels, faithful (NumPy)
+# =====================================================================================================================
+# ggml on AVX2 repacks Q4_K weights with ne1 % 8 == 0 to q4_K_8x8_q8_K (ggml_repack_get_optimal_repack_type):
+# src1 rows in groups of 4 are quantized by ggml_quantize_mat_q8_K_4x8 and go through ggml_gemm_q4_K_8x8_q8_K, the
+# last ne11 % 4 rows by quantize_row_q8_K and ggml_gemv_q4_K_8x8_q8_K. Neither Q5_0, Q6_K nor Q8_0 is repacked on
+# AVX2 (only on NEON), so those MUL_MATs run the plain vec_dot kernels (cpu/quants.py).
+
+Q4_KX8_DTYPE = np.dtype([("d", "<u2", (8,)), ("dmin", "<u2", (8,)), ("scales", "u1", (96,)), ("qs", "u1", (1024,))])
+Q8_KX4_DTYPE = np.dtype([("d", "<f4", (4,)), ("qs", "i1", (1024,)), ("bsums", "<i2", (64,))])
+
+
+def repack_q4_K_to_q4_K_8_bl(blocks: np.ndarray) -> np.ndarray:
+    """repack_q4_K_to_q4_K_8_bl(interleave 8): Q4_K blocks (rows, nb), rows % 8 == 0 -> block_q4_Kx8 (rows/8 * nb).
+
+    Per group of 8 rows and super-block: the 8 d and 8 dmin; per sub-block s the 8 rows' 6-bit scales and mins packed
+    as one Q4_K scales field (12 bytes at 12*s); the quants 8 bytes at a time, row after row
+    (qs[64c + 8r .. +8] = row r's qs[8c .. 8c+8])."""
+    rows, nb = blocks.shape
+    if rows % NB_COLS:
+        raise ValueError(f"q4_K_8x8 repack needs a multiple of 8 rows, got {rows}")
+    g = rows // NB_COLS
+    b = blocks.reshape(g, NB_COLS, nb)
+    out = np.zeros((g, nb), Q4_KX8_DTYPE)
+    out["d"] = b["d"].view(np.uint16).transpose(0, 2, 1)
+    out["dmin"] = b["dmin"].view(np.uint16).transpose(0, 2, 1)
+    sc, mn = Q._get_scale_min_k4(b["scales"].reshape(-1, 12))               # (g*8*nb, 8 sub-blocks)
+    sc = sc.reshape(g, NB_COLS, nb, 8).transpose(0, 2, 3, 1)                # (g, nb, sub-block, row)
+    mn = mn.reshape(g, NB_COLS, nb, 8).transpose(0, 2, 3, 1)
+    out["scales"] = Q._pack_scale_min_k4(sc.reshape(-1, 8), mn.reshape(-1, 8)).reshape(g, nb, 96)
+    out["qs"] = b["qs"].reshape(g, NB_COLS, nb, 16, 8).transpose(0, 2, 3, 1, 4).reshape(g, nb, 1024)
+    return out.reshape(-1)
+
+
+def quantize_mat_q8_K_4x8(x: np.ndarray) -> np.ndarray:
+    """ggml_quantize_mat_q8_K_4x8 (AVX2): 4 float32 rows (4, k) -> block_q8_Kx4 (k/256,).
+
+    The numbers are quantize_row_q8_K_ref's except for the scale's sign: the AVX2 code takes -127/max when any value
+    equals +max, the reference the sign of the first value of largest magnitude. Quants are interleaved 8 at a time
+    (qs[32c + 8r ..] = row r's quants 8c..8c+7) and bsums[16k + 4r + j] = row r's bsums[4k + j]."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[0] != 4 or x.shape[1] % 256:
+        raise ValueError(f"quantize_mat_q8_K_4x8 needs (4, k) rows with k % 256 == 0, got {x.shape}")
+    nb = x.shape[1] // 256
+    v = x.reshape(4, nb, 256)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        amax = np.abs(v).max(-1)
+        haspos = (v == amax[..., None]).any(-1)
+        iscale = np.where(amax != 0, np.where(haspos, np.float32(-127.0), np.float32(127.0)) / amax, np.float32(0))
+        iscale = iscale.astype(np.float32)
+        d = np.where(amax != 0, np.float32(1.0) / iscale, np.float32(0)).astype(np.float32)
+        r = np.rint(v * iscale[..., None])
+        q = np.where(np.isnan(r), -128, np.clip(r, -128, 127)).astype(np.int8)
+    out = np.zeros(nb, Q8_KX4_DTYPE)
+    out["d"] = d.T
+    out["qs"] = q.reshape(4, nb, 32, 8).transpose(1, 2, 0, 3).reshape(nb, 1024)
+    bs = q.astype(np.int16).reshape(4, nb, 16, 16).sum(-1, dtype=np.int16)   # (row, nb, 16)
+    out["bsums"] = bs.reshape(4, nb, 4, 4).transpose(1, 2, 0, 3).reshape(nb, 64)
+    return out
+
+
+def _q8_Kx4_rows(y4: np.ndarray):
+    """block_q8_Kx4 (nb,) -> the 4 rows' d (4, nb), qs (4, nb*256) int, bsums (4, nb, 16)."""
+    nb = y4.shape[0]
+    d = y4["d"].T
+    qs = y4["qs"].reshape(nb, 32, 4, 8).transpose(2, 0, 1, 3).reshape(4, nb * 256)
+    bs = y4["bsums"].reshape(nb, 4, 4, 4).transpose(2, 0, 1, 3).reshape(4, nb, 16)
+    return d, qs, bs
+
+
+def _q4_K_parts(w: np.ndarray):
+    """Q4_K rows (M, row bytes) -> d, dmin (M, nb) float32, sc*q levels (M, nb, 8, 32) float64, mins (M, nb, 8)."""
+    blocks = Q.as_blocks(GGML_TYPE_Q4_K, np.ascontiguousarray(w))
+    M, nb = blocks.shape
+    u = Q.unpack_blocks(GGML_TYPE_Q4_K, blocks.reshape(-1))
+    q = u["q"].reshape(M, nb, 8, 32).astype(np.float64) * u["sc"].reshape(M, nb, 8, 1)
+    return (u["d"].reshape(M, nb), u["dmin"].reshape(M, nb), q, u["mn"].reshape(M, nb, 8).astype(np.float64))
+
+
+def gemv_q4_K_8x8_q8_K(w: np.ndarray, dy: np.ndarray, qy: np.ndarray, bsy: np.ndarray) -> np.ndarray:
+    """ggml_gemv_q4_K_8x8_q8_K (AVX2), per output: Q4_K rows w (M, bytes) . q8_K rows (d (N, nb), qs (N, nb*256),
+    bsums (N, nb, 16)) -> (N, M) float32.
+
+    One float lane per weight row: per super-block the exact int32 sum over its 8 sub-blocks of scale*dot and of
+    min*bsum32, then ``acc = fmadd((float) isum, d_w*d_y, acc)``, ``acc_min = fmadd((float) imin, dmin_w*d_y,
+    acc_min)``; the result is acc - acc_min."""
+    dx, mx, X, mins = _q4_K_parts(w)
+    N, nb = dy.shape
+    Y = qy.reshape(N, nb, 256).astype(np.float64)
+    B = bsy.reshape(N, nb, 8, 2).astype(np.float64).sum(-1)                  # bsums of 32
+    acc = np.zeros((N, X.shape[0]), np.float32)
+    acc_min = np.zeros_like(acc)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for b in range(nb):
+            isum = Y[:, b] @ X[:, b].reshape(-1, 256).T
+            imin = B[:, b] @ mins[:, b].T
+            acc = fma32(isum.astype(np.float32), dx[None, :, b] * dy[:, b, None], acc)
+            acc_min = fma32(imin.astype(np.float32), mx[None, :, b] * dy[:, b, None], acc_min)
+    return acc - acc_min
+
+
+def gemm_q4_K_8x8_q8_K(w: np.ndarray, dy: np.ndarray, qy: np.ndarray, bsy: np.ndarray) -> np.ndarray:
+    """ggml_gemm_q4_K_8x8_q8_K (AVX2), per output: as the gemv but the float accumulation is per pair of sub-blocks
+    (4 fmadds per super-block, each with the int32 sum of 2 sub-blocks), for both the scales and the mins."""
+    dx, mx, X, mins = _q4_K_parts(w)
+    N, nb = dy.shape
+    Y = qy.reshape(N, nb, 4, 64).astype(np.float64)
+    B = bsy.reshape(N, nb, 4, 2, 2).astype(np.float64).sum(-1)               # (N, nb, pair, 2 sub-blocks)
+    Xp = X.reshape(X.shape[0], nb, 4, 64)
+    mp = mins.reshape(-1, nb, 4, 2)
+    acc = np.zeros((N, X.shape[0]), np.float32)
+    acc_min = np.zeros_like(acc)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for b in range(nb):
+            ds = dx[None, :, b] * dy[:, b, None]
+            dm = mx[None, :, b] * dy[:, b, None]
+            for sb in range(4):
+                isum = Y[:, b, sb] @ Xp[:, b, sb].T
+                acc = fma32(isum.astype(np.float32), ds, acc)
+                imin = B[:, b, sb] @ mp[:, b, sb].T
+                acc_min = fma32(imin.astype(np.float32), dm, acc_min)
+    return acc - acc_min
+
+
+def mul_mat_q4_K_8x8(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """What tensor_traits<block_q4_K, 8, 8, Q8_K>::forward_mul_mat computes for one plane: Q4_K weights w (M, bytes),
+    M % 8 == 0, times float32 src1 rows x (N, K) -> (N, M). Rows 4i..4i+3 (i < N // 4) through quantize_mat_q8_K_4x8
+    + gemm, the last N % 4 rows through quantize_row_q8_K + gemv. (Chunking over M cannot change a bit: every output
+    is its own lane.)"""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    N, K = x.shape
+    nb = K // 256
+    out = np.empty((N, w.shape[0]), np.float32)
+    n4 = N - N % 4
+    if n4:
+        d, q, bs = [], [], []
+        for i in range(0, n4, 4):
+            di, qi, bi = _q8_Kx4_rows(quantize_mat_q8_K_4x8(x[i:i + 4]))
+            d.append(di)
+            q.append(qi)
+            bs.append(bi)
+        out[:n4] = gemm_q4_K_8x8_q8_K(w, np.concatenate(d), np.concatenate(q), np.concatenate(bs))
+    if N > n4:
+        y = Q.quantize_row_ref(GGML_TYPE_Q8_K, x[n4:]).view(Q.BLOCK_DTYPES[GGML_TYPE_Q8_K]).reshape(N - n4, nb)
+        out[n4:] = gemv_q4_K_8x8_q8_K(w, y["d"], y["qs"].reshape(N - n4, -1), y["bsums"])
+    return out
