@@ -92,6 +92,7 @@ from .libm import fma32
 __all__ = [
     "VEC_DOT_TYPE", "HAS_VEC_DOT", "HAS_FROM_FLOAT", "NROWS",
     "cpu_fp32_to_fp16", "from_float", "prepare", "PreparedRows", "vec_dot", "vec_dot_groups",
+    "AVX2_EXACT", "TILED_TYPES", "TILED_MIN_BATCH", "hsum_float_8", "vec_dot_tiled",
 ]
 
 _F32 = np.float32
@@ -455,6 +456,45 @@ def _vec_dot_avx2_tile(t: int, px: PreparedRows, py: PreparedRows) -> np.ndarray
     raise NotImplementedError(Q.type_name(t))
 
 
+# ---------------------------------------------------------------------------------
+# tiled/tiled.cpp: the K-quant MUL_MAT of batches (src1 ne[1] >= 8) that ggml 0.25.3 runs before vec_dot
+# ---------------------------------------------------------------------------------
+
+# src0 types whose tiled kernel ggviz mirrors (tiled.cpp also takes Q2_K, Q3_K, Q5_K and IQ types: those still go
+# through vec_dot here, so their batched MUL_MATs are not llama.cpp's bits)
+TILED_TYPES = frozenset({GGML_TYPE_Q4_K, GGML_TYPE_Q6_K})
+TILED_MIN_BATCH = 8         # ggml_tiled_min_batch: src1 rows >= 8 (unless GGML_CPU_TILED_MM_FORCE=1)
+
+
+def vec_dot_tiled(t: int, x, y) -> np.ndarray:
+    """What tiled_run_microtile_avx2 computes for src0 rows x (type t) and q8_K rows y: float32 (N, M).
+
+    Per super-block b the exact int32 s1 = sum sc*(q [- 32])*q8 (and, Q4_K, s2 = sum min*bsum32), then
+    ``res = d_x * (float) s1``; ``res = fnmadd(dmin_x, (float) s2, res)``; ``buf = fmadd(res, d_y, buf)``, block after
+    block. One float lane per output, so the tiling and the threads change no bit."""
+    if t not in TILED_TYPES:
+        raise NotImplementedError(f"tiled mul_mat for {Q.type_name(t)} is not mirrored")
+    px = x if isinstance(x, PreparedRows) else prepare(t, x)
+    py = y if isinstance(y, PreparedRows) else prepare(GGML_TYPE_Q8_K, y)
+    if px.n != py.n:
+        raise ValueError(f"row lengths differ: {px.n} vs {py.n}")
+    N, M, nb = py.q.shape[0], px.q.shape[0], px.d.shape[1]
+    buf = np.zeros((N, M), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for b in range(nb):
+            sl = slice(b * 256, (b + 1) * 256)
+            s1 = py.q[:, sl].astype(_F64) @ px.q[:, sl].astype(_F64).T
+            bs = py.mq[:, b * 16:(b + 1) * 16].astype(_F64)
+            if t == GGML_TYPE_Q6_K:     # levels 0..63 folded with the scales: the -32 offset as 32*sc*bsums
+                s1 -= 32.0 * (bs @ px.mq[:, b * 16:(b + 1) * 16].astype(_F64).T)
+            res = px.d[None, :, b] * s1.astype(np.float32)
+            if t == GGML_TYPE_Q4_K:
+                s2 = bs.reshape(N, 8, 2).sum(-1) @ px.mq[:, b * 8:(b + 1) * 8].astype(_F64).T
+                res = fma32(np.broadcast_to(-px.md[None, :, b], res.shape), s2.astype(np.float32), res)
+            buf = fma32(res, py.d[:, b, None], buf)
+    return buf
+
+
 def vec_dot(t: int, x, y) -> np.ndarray:
     """All row-by-row dot products of type_traits_cpu[t].vec_dot: returns float32 (N, M).
 
@@ -515,7 +555,7 @@ def vec_dot(t: int, x, y) -> np.ndarray:
     return out
 
 
-def vec_dot_groups(t: int, xs, ys) -> list:
+def vec_dot_groups(t: int, xs, ys, tiled: bool = False) -> list:
     """``[vec_dot(t, x, y) for x, y in zip(xs, ys)]``: the same numbers, computed faster.
 
     MUL_MAT's chunks cut a group of src1 columns out of every (i12, i13) matrix they cross --
@@ -525,6 +565,8 @@ def vec_dot_groups(t: int, xs, ys) -> list:
     so the padding and the batching change no bit.  Other types: one call per group.
     """
     xs, ys = list(xs), list(ys)
+    if tiled:       # the whole MUL_MAT goes through tiled.cpp (see ``TILED_TYPES``): its own float order
+        return [vec_dot_tiled(t, x, y) for x, y in zip(xs, ys)]
     if (t not in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16) or len(xs) < 2
             or any(not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 2 for a in xs + ys)
             or len({x.shape for x in xs}) != 1 or len({y.shape[1] for y in ys}) != 1):
