@@ -1,0 +1,436 @@
+"""The compiled (Numba) kernels of Gemma-3's quant types: Q8_0, Q5_0, Q4_K and Q6_K, bit for bit as llama.cpp's AVX2.
+
+Mirrors, from the ggml that llama-cpp-python 0.3.36 vendors (ggml 0.25.3, ``src/ggml-cpu``):
+
+* ``arch/x86/quants.c`` (AVX2): ``ggml_vec_dot_q8_0_q8_0``, ``ggml_vec_dot_q5_0_q8_0``, ``ggml_vec_dot_q4_K_q8_K``,
+  ``ggml_vec_dot_q6_K_q8_K`` and ``quantize_row_q8_K`` (which is ``quantize_row_q8_K_ref`` on x86);
+* ``arch/x86/repack.cpp`` (AVX2): ``ggml_quantize_mat_q8_K_4x8``, ``ggml_gemv_q4_K_8x8_q8_K``,
+  ``ggml_gemm_q4_K_8x8_q8_K`` on repack.cpp's ``block_q4_Kx8`` / ``block_q8_Kx4`` layouts;
+* ``tiled/tiled-kernel.cpp``'s AVX2 microtile for Q4_K / Q6_K (MUL_MATs of >= 8 src1 rows on weights that are
+  not repacked);
+* ``ggml-quants.c``: ``dequantize_row_{q8_0,q5_0,q4_K,q6_K}`` (GET_ROWS).
+
+The SIMD kernels are written as scalar loops that keep the vector code's float order: the integer products are
+summed exactly (int64 here, int16/int32 lanes there: no lane of these kernels can overflow), and every float32 lane of
+the C code is a float32 variable here, updated by the same ``fmaf`` / mul / add in the same order (``hsum_float_8``
+included). The faithful NumPy versions of the same arithmetic are ``cpu/quants.py`` (vec_dot, the tiled kernel) and
+``cpu/repack.py`` (the q4_K_8x8 kernels); tests/test_kquants.py checks both against llama.cpp's own library.
+
+All kernels take raw addresses (``tensor->data``-style ints), like the rest of the fast path.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .intrinsics import compiled, fmaf, fp16_to_fp32, ld_f32, ld_i8, ld_u8, ld_u16, st_f32, st_i8, st_u16
+
+F32 = np.float32
+
+# block sizes in bytes (ggml-common.h)
+Q8_0_SIZE, Q5_0_SIZE, Q4_K_SIZE, Q6_K_SIZE, Q8_K_SIZE = 34, 22, 144, 210, 292
+Q4_KX8_SIZE, Q8_KX4_SIZE = 1152, 1168
+
+
+@compiled(inline="always")
+def _hsum_float_8(a0, a1, a2, a3, a4, a5, a6, a7):
+    # hsum_float_8: hi128 + lo128, then + movehl, then + movehdup
+    r0, r1, r2, r3 = a4 + a0, a5 + a1, a6 + a2, a7 + a3
+    return (r0 + r2) + (r1 + r3)
+
+
+@compiled
+def _hsum8(acc):
+    return _hsum_float_8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7])
+
+
+@compiled(inline="always")
+def _q5_0_level(x, j):
+    # x: block_q5_0 {d, qh[4], qs[16]}; element j < 16: low nibble of qs[j], >= 16: high nibble of qs[j-16];
+    # the 5th bit is bit j of qh; the AVX2 kernel's signed byte is the 5-bit value - 16
+    qh = np.int64(ld_u8(x + 2)) | (np.int64(ld_u8(x + 3)) << 8) | (np.int64(ld_u8(x + 4)) << 16) \
+        | (np.int64(ld_u8(x + 5)) << 24)
+    b = np.int64(ld_u8(x + 6 + (j & 15)))
+    v = (b & 0xF) if j < 16 else (b >> 4)
+    return (v | (((qh >> j) & 1) << 4)) - 16
+
+
+@compiled
+def vec_dot_q8_0_q8_0(n, x, y, is_q5_0):
+    """ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q5_0_q8_0 (AVX2) of one row pair: 8 lanes ``acc = fmadd(d_x*d_y,
+    (float) lane sum, acc)``, lane l summing elements 4l..4l+3 of each block; hsum_float_8. (llamafile's
+    tinyBLAS_Q0_AVX, which llama.cpp runs for these types, has the same per-element arithmetic.)"""
+    nb = n // 32
+    bx = Q5_0_SIZE if is_q5_0 else Q8_0_SIZE
+    acc = np.zeros(8, np.float32)
+    for ib in range(nb):
+        xb = x + ib * bx
+        yb = y + ib * Q8_0_SIZE
+        d = fp16_to_fp32(ld_u16(xb)) * fp16_to_fp32(ld_u16(yb))
+        for ln in range(8):
+            p = np.int64(0)
+            for e in range(4 * ln, 4 * ln + 4):
+                xv = _q5_0_level(xb, e) if is_q5_0 else np.int64(ld_i8(xb + 2 + e))
+                p += xv * np.int64(ld_i8(yb + 2 + e))
+            acc[ln] = fmaf(d, F32(p), acc[ln])
+    return _hsum8(acc)
+
+
+@compiled(inline="always")
+def _scale_min_k4(j, q):
+    # get_scale_min_k4 on the 12 scale bytes at address q
+    if j < 4:
+        return np.int64(ld_u8(q + j)) & 63, np.int64(ld_u8(q + j + 4)) & 63
+    d = (np.int64(ld_u8(q + j + 4)) & 0xF) | ((np.int64(ld_u8(q + j - 4)) >> 6) << 4)
+    m = (np.int64(ld_u8(q + j + 4)) >> 4) | ((np.int64(ld_u8(q + j)) >> 6) << 4)
+    return d, m
+
+
+@compiled
+def vec_dot_q4_K_q8_K(n, x, y):
+    """ggml_vec_dot_q4_K_q8_K (AVX2) of one row pair."""
+    nb = n // 256
+    acc = np.zeros(8, np.float32)
+    accm = np.zeros(4, np.float32)
+    sumi = np.zeros(8, np.int64)
+    for i in range(nb):
+        xb = x + i * Q4_K_SIZE
+        yb = y + i * Q8_K_SIZE
+        yd = ld_f32(yb)
+        d = yd * fp16_to_fp32(ld_u16(xb))
+        dmin = -yd * fp16_to_fp32(ld_u16(xb + 2))
+        # mins . bsums of 32 (hadd of the 16 bsums), 4 lanes of 2 products
+        for k in range(4):
+            p = np.int64(0)
+            for h in range(2):
+                s = 2 * k + h
+                m = _scale_min_k4(s, xb + 4)[1]
+                bs = _i16(np.int64(ld_u16(yb + 260 + 4 * s))) + _i16(np.int64(ld_u16(yb + 262 + 4 * s)))
+                p += m * bs
+            accm[k] = fmaf(dmin, F32(p), accm[k])
+        for ln in range(8):
+            sumi[ln] = 0
+        for j in range(4):
+            sc_l = _scale_min_k4(2 * j, xb + 4)[0]
+            sc_h = _scale_min_k4(2 * j + 1, xb + 4)[0]
+            for b in range(32):
+                q = np.int64(ld_u8(xb + 16 + 32 * j + b))
+                lo = (q & 0xF) * np.int64(ld_i8(yb + 4 + 64 * j + b))
+                hi = (q >> 4) * np.int64(ld_i8(yb + 4 + 64 * j + 32 + b))
+                sumi[b >> 2] += sc_l * lo + sc_h * hi
+        for ln in range(8):
+            acc[ln] = fmaf(d, F32(sumi[ln]), acc[ln])
+    m2a = accm[0] + accm[2]
+    m2b = accm[1] + accm[3]
+    return _hsum8(acc) + (m2a + m2b)
+
+
+@compiled(inline="always")
+def _i16(v):
+    return v - 65536 if v >= 32768 else v
+
+
+@compiled(inline="always")
+def _q6_level(xb, e):
+    # block_q6_K {ql[128], qh[64], scales[16], d}: the unsigned 6-bit level (0..63) of element e
+    j, r, l = e >> 7, (e >> 5) & 3, e & 31
+    ql = np.int64(ld_u8(xb + 64 * j + l + (32 if (r & 1) else 0)))
+    qh = np.int64(ld_u8(xb + 128 + 32 * j + l))
+    lo = (ql >> 4) if r >= 2 else (ql & 0xF)
+    return lo | (((qh >> (2 * r)) & 3) << 4)
+
+
+@compiled
+def vec_dot_q6_K_q8_K(n, x, y):
+    """ggml_vec_dot_q6_K_q8_K (AVX2) of one row pair: unsigned levels, the -32 offset as lane k's
+    32*(bsums[2k]*sc[2k] + bsums[2k+1]*sc[2k+1])."""
+    nb = n // 256
+    acc = np.zeros(8, np.float32)
+    sumi = np.zeros(8, np.int64)
+    for i in range(nb):
+        xb = x + i * Q6_K_SIZE
+        yb = y + i * Q8_K_SIZE
+        d = ld_f32(yb) * fp16_to_fp32(ld_u16(xb + 208))
+        for k in range(8):
+            s = np.int64(0)
+            for h in range(2):
+                t = 2 * k + h
+                s += _i16(np.int64(ld_u16(yb + 260 + 2 * t))) * np.int64(ld_i8(xb + 192 + t))
+            sumi[k] = -32 * s
+        for e in range(256):
+            sumi[(e & 31) >> 2] += np.int64(ld_i8(xb + 192 + (e >> 4))) * _q6_level(xb, e) \
+                * np.int64(ld_i8(yb + 4 + e))
+        for ln in range(8):
+            acc[ln] = fmaf(d, F32(sumi[ln]), acc[ln])
+    return _hsum8(acc)
+
+
+# =================================================================================================================
+# src1 quantization to Q8_K
+# =================================================================================================================
+
+@compiled
+def quantize_row_q8_K(x, y, k):
+    """quantize_row_q8_K (= quantize_row_q8_K_ref on x86): float32 row at x -> block_q8_K at y. An all-zero block
+    gets zero bsums too (the reference leaves them as they were)."""
+    for i in range(k // 256):
+        xb = x + 4 * 256 * i
+        yb = y + Q8_K_SIZE * i
+        amax = F32(0.0)
+        mx = F32(0.0)
+        for j in range(256):
+            v = ld_f32(xb + 4 * j)
+            if abs(v) > amax:
+                amax = abs(v)
+                mx = v
+        if amax == F32(0.0):
+            st_f32(yb, F32(0.0))
+            for j in range(256 + 32):
+                st_i8(yb + 4 + j, np.int8(0))
+            continue
+        iscale = F32(-127.0) / mx
+        for g in range(16):
+            s = np.int64(0)
+            for j in range(16 * g, 16 * g + 16):
+                v = np.int64(np.rint(iscale * ld_f32(xb + 4 * j)))      # nearest_int: round half to even
+                if v > 127:
+                    v = 127
+                st_i8(yb + 4 + j, np.int8(v))
+                s += v
+            st_u16(yb + 260 + 2 * g, np.uint16(s & 0xFFFF))
+        st_f32(yb, F32(1.0) / iscale)
+
+
+@compiled
+def quantize_mat_q8_K_4x8(x, row_stride, y, k):
+    """ggml_quantize_mat_q8_K_4x8 (AVX2): 4 float32 rows (x, x + row_stride bytes, ...) -> block_q8_Kx4 at y.
+    The scale is -127/amax when some value equals +amax, else 127/amax (the AVX2 code's sign test)."""
+    iscale = np.zeros(4, np.float32)
+    for i in range(k // 256):
+        yb = y + Q8_KX4_SIZE * i
+        for r in range(4):
+            xb = x + r * row_stride + 4 * 256 * i
+            amax = F32(0.0)
+            for j in range(256):
+                a = abs(ld_f32(xb + 4 * j))
+                amax = a if a > amax else amax
+            pos = False
+            for j in range(256):
+                if ld_f32(xb + 4 * j) == amax:
+                    pos = True
+            if amax != F32(0.0):
+                iscale[r] = (F32(-127.0) if pos else F32(127.0)) / amax
+                st_f32(yb + 4 * r, F32(1.0) / iscale[r])
+            else:
+                iscale[r] = F32(0.0)
+                st_f32(yb + 4 * r, F32(0.0))
+        for r in range(4):
+            xb = x + r * row_stride + 4 * 256 * i
+            for g in range(16):
+                s = np.int64(0)
+                for j in range(16 * g, 16 * g + 16):
+                    v = np.rint(ld_f32(xb + 4 * j) * iscale[r])
+                    q = np.int64(-128) if v != v else np.int64(min(max(v, F32(-128.0)), F32(127.0)))
+                    st_i8(yb + 16 + 32 * (j >> 3) + 8 * r + (j & 7), np.int8(q))
+                    s += q
+                st_u16(yb + 16 + 1024 + 2 * (16 * (g >> 2) + 4 * r + (g & 3)), np.uint16(s & 0xFFFF))
+
+
+# =================================================================================================================
+# q4_K_8x8_q8_K: gemv / gemm on block_q4_Kx8
+# =================================================================================================================
+
+@compiled(inline="always")
+def _kx8_q4(xb, r, e):
+    # the 4-bit level of element e of row r in a block_q4_Kx8 at xb: Q4_K byte ob = 32*(e//64) + e%32 sits at
+    # qs[64*(ob//8) + 8*r + ob%8], low nibble for (e % 64) < 32
+    ob = 32 * (e >> 6) + (e & 31)
+    q = np.int64(ld_u8(xb + 128 + 64 * (ob >> 3) + 8 * r + (ob & 7)))
+    return (q >> 4) if (e & 32) else (q & 0xF)
+
+
+@compiled
+def gemv_q4_K_8x8_q8_K(n, s, vx, vy, nc):
+    """ggml_gemv_q4_K_8x8_q8_K (AVX2) for one q8_K row at vy: s[0..nc) (nc % 8 == 0) from the block_q4_Kx8 groups
+    at vx. Per column and super-block: the int32 sums over the 8 sub-blocks, one fmadd each for scales and mins."""
+    nb = n // 256
+    for g in range(nc // 8):
+        for r in range(8):
+            acc = F32(0.0)
+            accm = F32(0.0)
+            for b in range(nb):
+                xb = vx + (g * nb + b) * Q4_KX8_SIZE
+                yb = vy + b * Q8_K_SIZE
+                dy = ld_f32(yb)
+                isum = np.int64(0)
+                imin = np.int64(0)
+                for sbk in range(8):
+                    sc, mn = _scale_min_k4(r, xb + 32 + 12 * sbk)
+                    p = np.int64(0)
+                    for l in range(32):
+                        e = 32 * sbk + l
+                        p += _kx8_q4(xb, r, e) * np.int64(ld_i8(yb + 4 + e))
+                    isum += sc * p
+                    imin += mn * (_i16(np.int64(ld_u16(yb + 260 + 4 * sbk)))
+                                  + _i16(np.int64(ld_u16(yb + 262 + 4 * sbk))))
+                dcol = fp16_to_fp32(ld_u16(xb + 2 * r))
+                dmcol = fp16_to_fp32(ld_u16(xb + 16 + 2 * r))
+                acc = fmaf(F32(isum), dcol * dy, acc)
+                accm = fmaf(F32(imin), dmcol * dy, accm)
+            st_f32(s + 4 * (8 * g + r), acc - accm)
+
+
+@compiled
+def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
+    """ggml_gemm_q4_K_8x8_q8_K (AVX2): nr (% 4 == 0) rows of block_q8_Kx4 at vy times the block_q4_Kx8 groups at
+    vx -> s (row stride bs floats). Per output the float accumulation is per pair of sub-blocks (4 fmadds per
+    super-block for the scales, 4 for the mins)."""
+    nb = n // 256
+    for y4 in range(nr // 4):
+        for g in range(nc // 8):
+            for rr in range(4):
+                for r in range(8):
+                    acc = F32(0.0)
+                    accm = F32(0.0)
+                    for b in range(nb):
+                        xb = vx + (g * nb + b) * Q4_KX8_SIZE
+                        yb = vy + (y4 * nb + b) * Q8_KX4_SIZE
+                        dy = ld_f32(yb + 4 * rr)
+                        dcol = fp16_to_fp32(ld_u16(xb + 2 * r))
+                        dmcol = fp16_to_fp32(ld_u16(xb + 16 + 2 * r))
+                        for sb in range(4):
+                            isum = np.int64(0)
+                            imin = np.int64(0)
+                            for h in range(2):
+                                sbk = 2 * sb + h
+                                sc, mn = _scale_min_k4(r, xb + 32 + 12 * sbk)
+                                p = np.int64(0)
+                                for l in range(32):
+                                    e = 32 * sbk + l
+                                    qy = np.int64(ld_i8(yb + 16 + 32 * (e >> 3) + 8 * rr + (e & 7)))
+                                    p += _kx8_q4(xb, r, e) * qy
+                                isum += sc * p
+                                b0 = 2 * (16 * (sbk >> 1) + 4 * rr + 2 * (sbk & 1))
+                                bsum = _i16(np.int64(ld_u16(yb + 1040 + b0))) + _i16(np.int64(ld_u16(yb + 1042 + b0)))
+                                imin += mn * bsum
+                            acc = fmaf(F32(isum), dcol * dy, acc)
+                            accm = fmaf(F32(imin), dmcol * dy, accm)
+                    st_f32(s + 4 * ((4 * y4 + rr) * bs + 8 * g + r), acc - accm)
+
+
+# =================================================================================================================
+# tiled.cpp's microtile (Q4_K / Q6_K weights not repacked, src1 rows >= 8)
+# =================================================================================================================
+
+@compiled
+def tiled_dot_q_K(n, x, y, is_q6):
+    """One output of tiled_run_microtile_avx2: per super-block ``res = d_x * (float) s1`` (Q4_K: ``res =
+    fnmadd(dmin_x, (float) s2, res)``), ``buf = fmadd(res, d_y, buf)``."""
+    nb = n // 256
+    buf = F32(0.0)
+    for i in range(nb):
+        yb = y + i * Q8_K_SIZE
+        s1 = np.int64(0)
+        if is_q6:
+            xb = x + i * Q6_K_SIZE
+            for e in range(256):
+                s1 += np.int64(ld_i8(xb + 192 + (e >> 4))) * (_q6_level(xb, e) - 32) * np.int64(ld_i8(yb + 4 + e))
+            res = fp16_to_fp32(ld_u16(xb + 208)) * F32(s1)
+        else:
+            xb = x + i * Q4_K_SIZE
+            s2 = np.int64(0)
+            for sbk in range(8):
+                sc, mn = _scale_min_k4(sbk, xb + 4)
+                p = np.int64(0)
+                for l in range(32):
+                    q = np.int64(ld_u8(xb + 16 + 32 * (sbk >> 1) + l))
+                    q = (q >> 4) if (sbk & 1) else (q & 0xF)
+                    p += q * np.int64(ld_i8(yb + 4 + 32 * sbk + l))
+                s1 += sc * p
+                s2 += mn * (_i16(np.int64(ld_u16(yb + 260 + 4 * sbk))) + _i16(np.int64(ld_u16(yb + 262 + 4 * sbk))))
+            res = fp16_to_fp32(ld_u16(xb)) * F32(s1)
+            res = fmaf(-fp16_to_fp32(ld_u16(xb + 2)), F32(s2), res)
+        buf = fmaf(res, ld_f32(yb), buf)
+    return buf
+
+
+# =================================================================================================================
+# dequantize_row_* (GET_ROWS)
+# =================================================================================================================
+
+@compiled
+def dequantize_row(t, x, y, k):
+    """dequantize_row_q8_0 (t=8), _q5_0 (6), _q4_K (12), _q6_K (14) of ggml-quants.c: k values at x -> float32 at y,
+    with the C expressions' float association (q*d; (q-16)*d; (d*sc)*q - dmin*m; (d*sc)*(q-32))."""
+    if t == 8:
+        for i in range(k // 32):
+            xb = x + i * Q8_0_SIZE
+            d = fp16_to_fp32(ld_u16(xb))
+            for j in range(32):
+                st_f32(y + 4 * (32 * i + j), F32(ld_i8(xb + 2 + j)) * d)
+    elif t == 6:
+        for i in range(k // 32):
+            xb = x + i * Q5_0_SIZE
+            d = fp16_to_fp32(ld_u16(xb))
+            for j in range(32):
+                st_f32(y + 4 * (32 * i + j), F32(_q5_0_level(xb, j)) * d)
+    elif t == 12:
+        for i in range(k // 256):
+            xb = x + i * Q4_K_SIZE
+            d = fp16_to_fp32(ld_u16(xb))
+            dmin = fp16_to_fp32(ld_u16(xb + 2))
+            for sbk in range(8):
+                sc, mn = _scale_min_k4(sbk, xb + 4)
+                d1 = d * F32(sc)
+                m1 = dmin * F32(mn)
+                for l in range(32):
+                    q = np.int64(ld_u8(xb + 16 + 32 * (sbk >> 1) + l))
+                    q = (q >> 4) if (sbk & 1) else (q & 0xF)
+                    st_f32(y + 4 * (256 * i + 32 * sbk + l), d1 * F32(q) - m1)
+    elif t == 14:
+        for i in range(k // 256):
+            xb = x + i * Q6_K_SIZE
+            d = fp16_to_fp32(ld_u16(xb + 208))
+            for e in range(256):
+                ds = d * F32(ld_i8(xb + 192 + (e >> 4)))
+                st_f32(y + 4 * (256 * i + e), ds * F32(_q6_level(xb, e) - 32))
+
+
+# =================================================================================================================
+# drivers over rows (what the tests and the benchmark call; the graph program would call the kernels per chunk)
+# =================================================================================================================
+
+@compiled
+def vec_dot_rows(t, n, x, nbx, mrows, y, nby, nrows, out):
+    """out[j, i] = vec_dot(x row i, y row j) for type t (8 Q8_0, 6 Q5_0: y Q8_0; 12 Q4_K, 14 Q6_K: y Q8_K;
+    112 / 114: Q4_K / Q6_K through the tiled microtile)."""
+    for j in range(nrows):
+        for i in range(mrows):
+            xi, yj = x + i * nbx, y + j * nby
+            if t == 8 or t == 6:
+                v = vec_dot_q8_0_q8_0(n, xi, yj, t == 6)
+            elif t == 12:
+                v = vec_dot_q4_K_q8_K(n, xi, yj)
+            elif t == 14:
+                v = vec_dot_q6_K_q8_K(n, xi, yj)
+            else:
+                v = tiled_dot_q_K(n, xi, yj, t == 114)
+            out[j, i] = v
+
+
+@compiled
+def mul_mat_q4_K_8x8(n, vx, nc, x, nrows, wdata, out, c0, c1):
+    """tensor_traits<block_q4_K, 8, 8, Q8_K>::forward_mul_mat for one plane and the column range [c0, c1) (multiples
+    of 8): src1 rows x (float32, n each) quantized into wdata (groups of 4 by quantize_mat_q8_K_4x8, the rest by
+    quantize_row_q8_K), then gemm for the groups and gemv for the rest, into out (nrows, nc) float32."""
+    n4 = nrows - nrows % 4
+    nb = n // 256
+    for i in range(0, n4, 4):
+        quantize_mat_q8_K_4x8(x + 4 * n * i, 4 * n, wdata + (i // 4) * nb * Q8_KX4_SIZE, n)
+    tail = wdata + (n4 // 4) * nb * Q8_KX4_SIZE
+    for i in range(n4, nrows):
+        quantize_row_q8_K(x + 4 * n * i, tail + (i - n4) * nb * Q8_K_SIZE, n)
+    vx0 = vx + (c0 // 8) * nb * Q4_KX8_SIZE
+    if n4 > 0:
+        gemm_q4_K_8x8_q8_K(n, out + 4 * c0, nc, vx0, wdata, n4, c1 - c0)
+    for i in range(n4, nrows):
+        gemv_q4_K_8x8_q8_K(n, out + 4 * (i * nc + c0), vx0, tail + (i - n4) * nb * Q8_K_SIZE, c1 - c0)
