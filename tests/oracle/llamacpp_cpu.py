@@ -10,6 +10,7 @@ Jobs (``run(jobs)``: a list of dicts, results in the same order):
 * ``{"op": "vec_dot", "type": t, "x": uint8 (M, rb), "y": uint8 (N, rb_vd), "n": n}`` -> float32 (N, M),
   type_traits_cpu[t].vec_dot (the AVX2 ggml_vec_dot_*);
 * ``{"op": "from_float", "type": t, "x": float32 (R, n)}`` -> uint8 (R, row_size), type_traits_cpu[t].from_float;
+* ``{"op": "to_float", "type": t, "x": uint8 bytes, "n": n}`` -> float32 (n,), type_traits[t].to_float (GET_ROWS);
 * ``{"op": "quantize_mat_q8_K_4x8", "x": float32 (4, n)}`` -> uint8 block_q8_Kx4 bytes;
 * ``{"op": "gemv_q4_K_8x8" / "gemm_q4_K_8x8", "vx": repacked bytes, "vy": q8_K / q8_Kx4 bytes, "n", "nr", "nc"}``
   -> float32 (nr, nc) (``ggml_gemv_q4_K_8x8_q8_K`` / ``ggml_gemm_q4_K_8x8_q8_K``, bs = nc);
@@ -82,6 +83,11 @@ class _InitParams(ctypes.Structure):
     _fields_ = [("mem_size", c_size_t), ("mem_buffer", c_void_p), ("no_alloc", c_bool)]
 
 
+class _Traits(ctypes.Structure):
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", c_int64), ("blck_size_interleave", c_int64),
+                ("type_size", c_size_t), ("is_quantized", c_bool), ("to_float", c_void_p), ("from_float_ref", c_void_p)]
+
+
 class _TraitsCpu(ctypes.Structure):
     _fields_ = [("from_float", c_void_p), ("vec_dot", c_void_p), ("vec_dot_type", c_int), ("nrows", c_int64)]
 
@@ -92,6 +98,7 @@ def _load():
     cpu = ctypes.CDLL(os.path.join(d, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     sig = {
         (base, "ggml_row_size"): (c_size_t, [c_int, c_int64]),
+        (base, "ggml_get_type_traits"): (ctypes.POINTER(_Traits), [c_int]),
         (base, "ggml_init"): (c_void_p, [_InitParams]),
         (base, "ggml_free"): (None, [c_void_p]),
         (base, "ggml_new_tensor_2d"): (c_void_p, [c_void_p, c_int, c_int64, c_int64]),
@@ -147,6 +154,12 @@ def _job(base, cpu, job: dict):
         fn = _FROM_FLOAT_T(cpu.ggml_get_type_traits_cpu(t).contents.from_float)
         for r in range(x.shape[0]):
             fn(_p(x[r]), _p(out[r]), x.shape[1])
+        return out
+    if op == "to_float":
+        t, n = int(job["type"]), int(job["n"])
+        x = np.ascontiguousarray(job["x"], np.uint8)
+        out = np.empty(n, np.float32)
+        _FROM_FLOAT_T(base.ggml_get_type_traits(t).contents.to_float)(_p(x), _p(out), n)
         return out
     if op == "quantize_mat_q8_K_4x8":
         x = np.ascontiguousarray(job["x"], np.float32)
