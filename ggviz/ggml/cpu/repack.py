@@ -54,14 +54,20 @@ from .libm import fma32
 try:    # the compiled kernels this buffer type's layout is made for (optional: without Numba, no CPU_REPACK)
     from .fast import intrinsics as _intrinsics
     from .fast import kernels as fk
+    from .fast import kquants as kq
     SCALES_F16 = _intrinsics.SCALES_F16
 except ImportError:
-    fk = None
+    fk = kq = None
     SCALES_F16 = False
 
 GGML_TYPE_F32, GGML_TYPE_F16 = C.GGML_TYPE_F32, C.GGML_TYPE_F16
 GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0 = C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0
 GGML_TYPE_Q4_K, GGML_TYPE_Q8_K = C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q8_K
+GGML_TYPE_Q5_0, GGML_TYPE_Q6_K = C.GGML_TYPE_Q5_0, C.GGML_TYPE_Q6_K
+# Gemma-3's weight types, computed by fast/kquants.py: Q4_K repacked as ggml does on AVX2 (block_q4_Kx8); Q5_0 and
+# Q6_K, which ggml does not repack on AVX2, kept in their own layout here so that a Gemma graph compiles whole
+# (their MUL_MAT is ggml's plain one: vec_dot, or tiled.cpp for >= 8 src1 rows of Q6_K -- the same bits)
+K_TYPES = (GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K)
 NB_COLS = 8           # rows interleaved per group
 INTER_SIZE = 4        # bytes per row per group step
 
@@ -116,6 +122,8 @@ class TensorTraits:
         if op.op != C.GGML_OP_MUL_MAT:
             return None
         s1 = op.src[1]
+        if self.type in K_TYPES:
+            return int(kq.kq_work_size(self.type, int(s1.ne[0]), int(s1.ne[1]) * int(s1.ne[2])))
         return int(fk.mmq_layout(int(s1.ne[0]), int(s1.ne[1]) * int(s1.ne[2]))[4])
 
     def compute_forward(self, params, op: Tensor) -> bool:
@@ -135,6 +143,9 @@ class TensorTraits:
         if not (int(op.ne[0]) == ne01 and int(op.ne[1]) == ne11 and int(op.ne[2]) == ne12 and ne13 == 1):
             raise GGMLError("repack mul_mat: dst does not match src0 x src1 (or src1 is 4-D)")
         wdata = params.wdata
+        if self.type in K_TYPES:
+            self._forward_mul_mat_kq(params, op, rw, wdata)
+            return
         need = int(fk.mmq_layout(ne10, ne11 * ne12)[4])
         if wdata is None or wdata.nbytes < need:
             raise GGMLError(f"repack mul_mat: work buffer of {0 if wdata is None else wdata.nbytes} bytes, "
@@ -162,9 +173,48 @@ class TensorTraits:
                              ne10, w, ne11 * ne12)
             current = tp.chunk_add(1) if tp is not None else current + nth
 
+    def _forward_mul_mat_kq(self, params, op: Tensor, rw, wdata) -> None:
+        """forward_mul_mat for Q4_K / Q5_0 / Q6_K: the same steps, the kernels of fast/kquants.py."""
+        src0, src1 = op.src[0], op.src[1]
+        ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
+        ne10, ne11, ne12 = (int(v) for v in src1.ne[:3])
+        nb11, nb12 = int(src1.nb[1]), int(src1.nb[2])
+        nb1, nb2 = int(op.nb[1]), int(op.nb[2])
+        ith, nth = params.ith, params.nth
+        need = int(kq.kq_work_size(self.type, ne10, ne11 * ne12))
+        if wdata is None or wdata.nbytes < need:
+            raise GGMLError(f"repack mul_mat: work buffer of {0 if wdata is None else wdata.nbytes} bytes, "
+                            f"needs {need}")
+        if int(src1.nb[0]) != 4:
+            raise GGMLError("repack mul_mat: src1 rows must be contiguous float32")
+        w = wdata.ctypes.data
+        kq.kq_quantize(self.type, int(src1.data), ne10, ne11, ne12, nb11, nb12, w, ith, nth)
+        tp = params.threadpool
+        nchunk0, dr0 = kq.kq_nchunk(ne01, nth)
+        if ith == 0 and tp is not None:
+            tp.chunk_set(nth)
+        params.barrier()
+        xq = rw.qs.ctypes.data
+        current = ith
+        while current < nchunk0 * ne12:
+            s, e = kq.kq_chunk_rows(current, nchunk0, dr0, ne01)
+            if s < e:
+                if trace.active:
+                    trace.emit("cpu.chunk", ith=ith, node=op.name, chunk=current, ir0=(int(s), int(e)),
+                               ir1=(0, ne11), repack=self.name)
+                kq.kq_chunk(self.type, xq, ne00, s, e, int(op.data), nb1, nb2, current // nchunk0, ne11, ne10, w)
+            current = tp.chunk_add(1) if tp is not None else current + nth
+
     # ---- repack (tensor_traits_base::repack)
     def repack(self, t: Tensor, data: np.ndarray) -> RepackedWeight:
         rows, ne00 = int(t.ne[1]), int(t.ne[0])
+        if self.type in K_TYPES:
+            raw = np.ascontiguousarray(np.asarray(data).view(np.uint8)[:rows * Q.row_size(self.type, ne00)])
+            if self.type == GGML_TYPE_Q4_K:
+                qs = repack_q4_K_to_q4_K_8_bl(raw.view(Q.BLOCK_DTYPES[self.type]).reshape(rows, -1)).view(np.uint8)
+            else:
+                qs = raw.copy()                  # not repacked by ggml on AVX2: the rows as they are
+            return RepackedWeight(self, qs, np.zeros(0, np.uint8), None, rows, ne00)
         blocks = np.ascontiguousarray(data).view(Q.BLOCK_DTYPES[self.type]).reshape(rows, ne00 // 32)
         return repack_blocks(self, blocks, rows, ne00)
 
@@ -197,8 +247,10 @@ _TRAITS: dict[int, TensorTraits] = {}
 
 def _traits_for_type(t: int) -> TensorTraits:
     if t not in _TRAITS:
-        name = {GGML_TYPE_Q4_0: "q4_0_8x4_q8_0", GGML_TYPE_Q4_1: "q4_1_8x4_q8_1", GGML_TYPE_Q8_0: "q8_0_8x4_q8_0"}[t]
-        param = C.GGML_TYPE_Q8_1 if t == GGML_TYPE_Q4_1 else C.GGML_TYPE_Q8_0
+        name = {GGML_TYPE_Q4_0: "q4_0_8x4_q8_0", GGML_TYPE_Q4_1: "q4_1_8x4_q8_1", GGML_TYPE_Q8_0: "q8_0_8x4_q8_0",
+                GGML_TYPE_Q4_K: "q4_K_8x8_q8_K", GGML_TYPE_Q5_0: "q5_0_rows_q8_0", GGML_TYPE_Q6_K: "q6_K_rows_q8_K"}[t]
+        param = {GGML_TYPE_Q4_1: C.GGML_TYPE_Q8_1, GGML_TYPE_Q4_K: GGML_TYPE_Q8_K,
+                 GGML_TYPE_Q6_K: GGML_TYPE_Q8_K}.get(t, C.GGML_TYPE_Q8_0)
         _TRAITS[t] = TensorTraits(t, param, name)
     return _TRAITS[t]
 
@@ -207,9 +259,9 @@ def get_optimal_repack_type(cur: Tensor):
     """ggml_repack_get_optimal_repack_type: the traits for this weight, or None (then it is not repacked)."""
     if fk is None:
         return None
-    if cur.type not in (GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0):
+    if cur.type not in (GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0) + K_TYPES:
         return None
-    if int(cur.ne[1]) % NB_COLS != 0 or int(cur.ne[0]) % 32 != 0 or n_dims(cur) > 2:
+    if int(cur.ne[1]) % NB_COLS != 0 or int(cur.ne[0]) % Q.blck_size(cur.type) != 0 or n_dims(cur) > 2:
         return None
     return _traits_for_type(cur.type)
 

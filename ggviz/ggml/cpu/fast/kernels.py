@@ -150,6 +150,8 @@ from .program import (
     TRW_KERNEL,
     TRW_NODE,
 )
+from .kquants import k_mul_mat_kq
+from .program import T_Q4_K, T_Q5_0, T_Q6_K
 from .sync import new_sync, set_error, tr_rec, traced, traced_barrier
 
 F32 = np.float32
@@ -321,6 +323,9 @@ def mmq_chunk_rows(current_chunk, nchunk0, dr0, nr0):
 @compiled
 def k_mul_mat_q(P, F, k, ith, nth, sync, wdata):
     qtype = P[k, MMQ_TYPE]
+    if qtype == T_Q4_K or qtype == T_Q5_0 or qtype == T_Q6_K:      # Gemma-3's weight types: kquants.py
+        k_mul_mat_kq(P, k, ith, nth, sync, wdata)
+        return
     xq, xd, xm = P[k, MMQ_QS], P[k, MMQ_D], P[k, MMQ_M]
     ne00, ne01 = P[k, S0 + NE0], P[k, S0 + NE1]
     src1 = P[k, S1 + DATA]

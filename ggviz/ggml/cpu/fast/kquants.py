@@ -22,7 +22,42 @@ from __future__ import annotations
 
 import numpy as np
 
-from .intrinsics import compiled, fmaf, fp16_to_fp32, ld_f32, ld_i8, ld_u8, ld_u16, st_f32, st_i8, st_u16
+from .intrinsics import (
+    atomic_add,
+    atomic_store,
+    compiled,
+    f32_to_f16,
+    fmaf,
+    fp16_to_fp32,
+    ld_f32,
+    ld_i8,
+    ld_u8,
+    ld_u16,
+    rdtsc,
+    st_f32,
+    st_i8,
+    st_u16,
+)
+from .program import (
+    DATA,
+    DST,
+    MMQ_QS,
+    MMQ_TYPE,
+    NB1,
+    NB2,
+    NE0,
+    NE1,
+    NE2,
+    S0,
+    S1,
+    SYNC_CHUNK,
+    T_Q4_K,
+    T_Q5_0,
+    T_Q6_K,
+    TR_CHUNK,
+    TRW_KERNEL,
+)
+from .sync import tr_rec, traced, traced_barrier
 
 F32 = np.float32
 
@@ -434,3 +469,169 @@ def mul_mat_q4_K_8x8(n, vx, nc, x, nrows, wdata, out, c0, c1):
         gemm_q4_K_8x8_q8_K(n, out + 4 * c0, nc, vx0, wdata, n4, c1 - c0)
     for i in range(n4, nrows):
         gemv_q4_K_8x8_q8_K(n, out + 4 * (i * nc + c0), vx0, tail + (i - n4) * nb * Q8_K_SIZE, c1 - c0)
+
+
+# =================================================================================================================
+# MUL_MAT with these weights in CPU_REPACK: src1 quantization share, one chunk, and the program's kernel
+# =================================================================================================================
+# The work buffer holds src1 in ggml's layout for the vec-dot type: row i11 of plane i12 at
+# (i12*ne11 + i11) * row_size; for Q4_K groups of 4 rows as one block_q8_Kx4 run (the same bytes per 4 rows).
+
+@compiled
+def _vd_row_size(qtype, ne10):
+    if qtype == T_Q5_0:
+        return (ne10 // 32) * Q8_0_SIZE
+    return (ne10 // 256) * Q8_K_SIZE
+
+
+@compiled
+def kq_work_size(qtype, ne10, nrows):
+    """Bytes of the quantized src1 (nrows rows of ne10)."""
+    return nrows * _vd_row_size(qtype, ne10)
+
+
+@compiled
+def quantize_row_q8_0(x, y, k):
+    """quantize_row_q8_0 (AVX2): 127/amax, round half to even, F16C scale -> block_q8_0 at y."""
+    lanes = np.empty(8, np.float32)
+    for ib in range(k // 32):
+        xb = x + 4 * 32 * ib
+        yb = y + Q8_0_SIZE * ib
+        for ln in range(8):
+            lanes[ln] = abs(ld_f32(xb + 4 * ln))
+        for v in range(1, 4):
+            for ln in range(8):
+                a = abs(ld_f32(xb + 4 * (8 * v + ln)))
+                lanes[ln] = lanes[ln] if lanes[ln] > a else a
+        m0 = lanes[4] if lanes[4] > lanes[0] else lanes[0]
+        m1 = lanes[5] if lanes[5] > lanes[1] else lanes[1]
+        m2 = lanes[6] if lanes[6] > lanes[2] else lanes[2]
+        m3 = lanes[7] if lanes[7] > lanes[3] else lanes[3]
+        a02 = m0 if m0 > m2 else m2
+        a13 = m1 if m1 > m3 else m3
+        amax = a02 if a02 > a13 else a13
+        d = amax / F32(127.0)
+        idv = F32(127.0) / amax if amax != F32(0.0) else F32(0.0)
+        st_u16(yb, f32_to_f16(d))
+        for j in range(32):
+            v = ld_f32(xb + 4 * j) * idv
+            if v != v or abs(v) >= F32(2147483648.0):
+                q = np.int64(-128)
+            else:
+                q = min(max(np.int64(np.rint(v)), np.int64(-128)), np.int64(127))
+            st_i8(yb + 2 + j, np.int8(q))
+
+
+@compiled
+def kq_quantize(qtype, src1, ne10, ne11, ne12, nb11, nb12, wdata, ith, nth):
+    """Thread ith's share of src1 -> the vec-dot type: Q4_K as repack.cpp's forward_mul_mat (rows 4*ith, step
+    4*nth, through quantize_mat_q8_K_4x8, then the ne11 % 4 leftovers one per thread); Q5_0 / Q6_K row by row
+    (ggml splits each row's blocks over the threads instead: every block is quantized alone, so the bytes agree)."""
+    rs = _vd_row_size(qtype, ne10)
+    for i12 in range(ne12):
+        base = wdata + i12 * ne11 * rs
+        full = ne11 - ne11 % 4 if qtype == T_Q4_K else 0
+        i11 = ith * 4
+        while i11 < full:
+            quantize_mat_q8_K_4x8(src1 + i11 * nb11 + i12 * nb12, nb11, base + i11 * rs, ne10)
+            i11 += nth * 4
+        i11 = full + ith
+        while i11 < ne11:
+            if qtype == T_Q5_0:
+                quantize_row_q8_0(src1 + i11 * nb11 + i12 * nb12, base + i11 * rs, ne10)
+            else:
+                quantize_row_q8_K(src1 + i11 * nb11 + i12 * nb12, base + i11 * rs, ne10)
+            i11 += nth
+
+
+@compiled
+def kq_chunk(qtype, xq, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata):
+    """Rows [r0, r1) of src0 (multiples of 8 for Q4_K) times every row of plane i12 of the quantized src1.
+    Q4_K: forward_mul_mat_one_chunk (gemm for the groups of 4, gemv for the rest); Q5_0: vec_dot (llamafile has the
+    same arithmetic); Q6_K: vec_dot, or tiled.cpp's microtile when src1 has >= 8 rows."""
+    rs = _vd_row_size(qtype, ne10)
+    y0 = wdata + i12 * ne11 * rs
+    d0 = dst + i12 * nb2
+    if qtype == T_Q4_K:
+        nb = ne00 // 256
+        vx = xq + (r0 // 8) * nb * Q4_KX8_SIZE
+        n4 = ne11 - ne11 % 4
+        if n4 > 0:
+            gemm_q4_K_8x8_q8_K(ne00, d0 + 4 * r0, nb1 // 4, vx, y0, n4, r1 - r0)
+        for i in range(n4, ne11):
+            gemv_q4_K_8x8_q8_K(ne00, d0 + i * nb1 + 4 * r0, vx, y0 + i * rs, r1 - r0)
+        return
+    bx = (ne00 // 32) * Q5_0_SIZE if qtype == T_Q5_0 else (ne00 // 256) * Q6_K_SIZE
+    tiled = qtype == T_Q6_K and ne11 >= 8
+    for c in range(ne11):
+        yc = y0 + c * rs
+        for r in range(r0, r1):
+            if qtype == T_Q5_0:
+                v = vec_dot_q8_0_q8_0(ne00, xq + r * bx, yc, True)
+            elif tiled:
+                v = tiled_dot_q_K(ne00, xq + r * bx, yc, True)
+            else:
+                v = vec_dot_q6_K_q8_K(ne00, xq + r * bx, yc)
+            st_f32(d0 + c * nb1 + 4 * r, v)
+
+
+@compiled
+def k_mul_mat_kq(P, k, ith, nth, sync, wdata):
+    """The program's MUL_MAT row for Q4_K / Q5_0 / Q6_K weights in CPU_REPACK (kernels.k_mul_mat_q hands it over):
+    quantize, barrier, then repack.cpp's chunking of src0 rows (chunks claimed from the shared counter)."""
+    qtype = P[k, MMQ_TYPE]
+    xq = P[k, MMQ_QS]
+    ne00, ne01 = P[k, S0 + NE0], P[k, S0 + NE1]
+    src1 = P[k, S1 + DATA]
+    ne10, ne11, ne12 = P[k, S1 + NE0], P[k, S1 + NE1], P[k, S1 + NE2]
+    nb11, nb12 = P[k, S1 + NB1], P[k, S1 + NB2]
+    dst = P[k, DST + DATA]
+    nb1, nb2 = P[k, DST + NB1], P[k, DST + NB2]
+    kq_quantize(qtype, src1, ne10, ne11, ne12, nb11, nb12, wdata, ith, nth)
+    nchunk0, dr0 = kq_nchunk(ne01, nth)
+    nchunk1 = ne12
+    if ith == 0:
+        atomic_store(sync + 8 * SYNC_CHUNK, nth)
+    tr = traced(sync)
+    traced_barrier(sync, nth, ith, k, TRW_KERNEL, tr)
+    current = ith
+    while current < nchunk0 * nchunk1:
+        s, e = kq_chunk_rows(current, nchunk0, dr0, ne01)
+        if s < e:
+            t0 = rdtsc() if tr else 0
+            kq_chunk(qtype, xq, ne00, s, e, dst, nb1, nb2, current // nchunk0, ne11, ne10, wdata)
+            if tr:
+                i12 = current // nchunk0
+                tr_rec(sync, ith, TR_CHUNK, k, current, s, e, i12 * ne11, (i12 + 1) * ne11,
+                       (nchunk0 << 32) | nchunk1, t0, rdtsc())
+        current = atomic_add(sync + 8 * SYNC_CHUNK, 1)
+
+
+@compiled
+def kq_nchunk(nr0, nth):
+    """repack.cpp's forward_mul_mat chunking of src0 rows: 4 chunks per thread, at least NB_COLS (8) rows each."""
+    nth_scaled = nth * 4
+    chunk_size0 = (nr0 + nth_scaled - 1) // nth_scaled
+    nchunk0 = (nr0 + chunk_size0 - 1) // chunk_size0
+    if nchunk0 > 0 and (nr0 // nchunk0) < 8 and nr0 >= 8:
+        nchunk0 = (nr0 + 7) // 8
+    dr0 = (nr0 + nchunk0 - 1) // nchunk0
+    if nth == 1 or (nchunk0 < nth and (nr0 + nth - 1) // nth >= 8):
+        nchunk0 = nth
+        dr0 = (nr0 + nchunk0 - 1) // nchunk0
+    max_nchunk = (nr0 + 7) // 8
+    if nchunk0 > max_nchunk:
+        nchunk0 = max_nchunk
+    return nchunk0, dr0
+
+
+@compiled
+def kq_chunk_rows(current_chunk, nchunk0, dr0, nr0):
+    """Chunk -> its src0 rows, both ends rounded up to a multiple of 8 (forward_mul_mat's NB_COLS alignment)."""
+    s = dr0 * (current_chunk % nchunk0)
+    e = min(s + dr0, nr0)
+    if s % 8:
+        s = s + 8 - s % 8
+    if e % 8:
+        e = e + 8 - e % 8
+    return s, min(e, nr0)
