@@ -9,6 +9,7 @@ ones (cpu/fast/kquants.py):
 * src1 quantization to Q8_K (quantize_row_q8_K, ggml_quantize_mat_q8_K_4x8), byte for byte;
 * the Q4_K -> block_q4_Kx8 repack, byte for byte with what the CPU_REPACK buffer holds;
 * MUL_MAT through CPU_REPACK (gemv / gemm, 1..9 src1 rows) with 1, 2, 3 threads;
+* MUL_MAT with the weights in ggviz's CPU_REPACK buffer (Q4_K, Q5_0, Q6_K), compiled graph and per node;
 * MUL_MAT on plain buffers (vec_dot, llamafile, and tiled.cpp for >= 8 rows) through ggviz's faithful graph
   compute with 1, 2, 3 threads;
 * dequantize_row (GET_ROWS).
@@ -21,7 +22,7 @@ import pytest
 
 from ggviz import ggml as G
 from ggviz.ggml import quants as Q
-from ggviz.ggml.consts import (GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+from ggviz.ggml.consts import (GGML_TYPE_F32, GGML_TYPE_I8, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
                                GGML_TYPE_Q8_K)
 from ggviz.ggml.cpu import quants as CQ
 from ggviz.ggml.cpu import repack as R
@@ -108,6 +109,12 @@ def oracle():
             x = _rows(300 + N, N, N_EL)
             data[("mm", t, N)] = (w, x)
             add(("mm", t, N), op="mul_mat", type=t, w=w, x=x, n_threads=2, repack=False)
+    for t in (GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K):
+        w = _quant(t, _rows(5, 64, N_EL))
+        for N in (1, 5, 9):
+            x = _rows(400 + N, N, N_EL)
+            data[("cr", t, N)] = (w, x)
+            add(("cr", t, N), op="mul_mat", type=t, w=w, x=x, n_threads=3, repack=t == GGML_TYPE_Q4_K)
     if os.path.exists(GEMMA):
         gr = _gemma_rows()
         for name, (t, raw, n) in gr.items():
@@ -146,6 +153,11 @@ def test_src1_quantization_bitwise(oracle, t, seed):
     ref, x = oracle[("ff", seed, t)]
     vt = CQ.VEC_DOT_TYPE[t]
     assert np.array_equal(CQ.from_float(vt, x), ref)
+    if K is not None and vt == GGML_TYPE_Q8_0:
+        got = np.zeros_like(ref)
+        for i in range(x.shape[0]):
+            K.quantize_row_q8_0(x[i].ctypes.data, got[i].ctypes.data, N_EL)
+        assert np.array_equal(got, ref)
     if K is not None and vt == GGML_TYPE_Q8_K:
         got = np.zeros_like(ref)
         for i in range(x.shape[0]):
@@ -224,6 +236,53 @@ def test_plain_mul_mat_bitwise(oracle, t, N):
         y = CQ.from_float(GGML_TYPE_Q8_K, x)
         c = _compiled_vec_dot(KCODE[t] + 100, N_EL, w, y)
         assert np.array_equal(c, ref), _ne(c, ref)
+
+
+def _placed_mul_mat(t, w, x, nth, route):
+    """MUL_MAT with the weight placed in ggviz's CPU_REPACK buffer: ``route`` "graph" (the compiled graph program)
+    or "node" (the executor's per-node extra_compute_forward)."""
+    from ggviz.ggml.cpu import ggml_cpu
+    M, (N, n) = w.shape[0], x.shape
+    ctx_w = G.init(G.tensor_overhead() * 2, None, True)
+    tw = G.new_tensor_2d(ctx_w, t, n, M)
+    store = G.init(w.nbytes + G.tensor_overhead() + 256)
+    holder = G.new_tensor_1d(store, GGML_TYPE_I8, w.nbytes)
+    G.get_data(holder).reshape(-1).view(np.uint8)[:] = w.reshape(-1)
+    tw.data = holder.data
+    buf = R.place_weights([tw])
+    assert buf is not None and R.tensor_traits_of(tw) is not None
+    ctx = G.init(16 << 20)
+    tx = G.new_tensor_2d(ctx, GGML_TYPE_F32, n, N)
+    G.set_data(tx, x)
+    y = G.mul_mat(ctx, tw, tx)
+    gf = G.new_graph(ctx)
+    G.build_forward_expand(gf, y)
+    plan = ggml_cpu.graph_plan(gf, nth)
+    if route == "node":
+        plan.extra = None
+    else:
+        assert plan.extra is not None, "the compiled graph does not take this MUL_MAT"
+    if plan.work_size:
+        plan.work_data = np.zeros(plan.work_size, np.uint8)
+    assert ggml_cpu.graph_compute(gf, plan) == 0
+    out = np.array(G.get_data_f32(y)).reshape(N, M)
+    del buf, holder, store, ctx_w
+    return out
+
+
+@pytest.mark.skipif(K is None or not R.available(), reason="no compiled fast path (Numba) / CPU_REPACK disabled")
+@pytest.mark.parametrize("N", [1, 5, 9])
+@pytest.mark.parametrize("t", [GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K], ids=Q.type_name)
+def test_cpu_repack_mul_mat_bitwise(oracle, t, N):
+    """Weights in ggviz's CPU_REPACK: Q4_K as block_q4_Kx8 (llama.cpp repacks it too: compared with its CPU_REPACK
+    MUL_MAT), Q5_0 expanded to the Q8_0 layout and Q6_K as rows (llama.cpp does not repack them: compared with its
+    plain MUL_MAT). Both routes, 1 and 3 threads."""
+    res, (w, x) = oracle[("cr", t, N)]
+    ref = res["out"]
+    for nth in (1, 3):
+        for route in ("graph", "node"):
+            got = _placed_mul_mat(t, w, x, nth, route)
+            assert np.array_equal(got, ref), f"{route}, {nth} threads: " + _ne(got, ref)
 
 
 @pytest.mark.parametrize("t", TYPES, ids=Q.type_name)

@@ -64,10 +64,12 @@ GGML_TYPE_F32, GGML_TYPE_F16 = C.GGML_TYPE_F32, C.GGML_TYPE_F16
 GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0 = C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0
 GGML_TYPE_Q4_K, GGML_TYPE_Q8_K = C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q8_K
 GGML_TYPE_Q5_0, GGML_TYPE_Q6_K = C.GGML_TYPE_Q5_0, C.GGML_TYPE_Q6_K
-# Gemma-3's weight types, computed by fast/kquants.py: Q4_K repacked as ggml does on AVX2 (block_q4_Kx8); Q5_0 and
-# Q6_K, which ggml does not repack on AVX2, kept in their own layout here so that a Gemma graph compiles whole
-# (their MUL_MAT is ggml's plain one: vec_dot, or tiled.cpp for >= 8 src1 rows of Q6_K -- the same bits)
-K_TYPES = (GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K)
+# Gemma-3's weight types, computed by fast/kquants.py: Q4_K repacked as ggml does on AVX2 (block_q4_Kx8); Q6_K,
+# which ggml does not repack on AVX2, kept in its own layout here so that a Gemma graph compiles whole (its MUL_MAT
+# is ggml's plain one: vec_dot, or tiled.cpp for >= 8 src1 rows -- the same bits). Q5_0 (not repacked by ggml on
+# AVX2 either) is expanded to the q8_0_8x4 layout (int8 levels q - 16, the same fp16 d): ggml_vec_dot_q5_0_q8_0 is
+# ggml_vec_dot_q8_0_q8_0 on those levels, operation for operation, so the Q8_0 micro-kernels give its bits.
+K_TYPES = (GGML_TYPE_Q4_K, GGML_TYPE_Q6_K)
 NB_COLS = 8           # rows interleaved per group
 INTER_SIZE = 4        # bytes per row per group step
 
@@ -107,6 +109,8 @@ class TensorTraits:
 
     def __init__(self, type_: int, param_type: int, name: str):
         self.type = type_
+        # the layout / kernel that computes it (Q5_0 weights are expanded to Q8_0's repacked layout)
+        self.kernel_type = GGML_TYPE_Q8_0 if type_ == GGML_TYPE_Q5_0 else type_
         self.param_type = param_type          # the vec-dot type src1 is quantized to (Q8_0 / Q8_1)
         self.name = name
         # the object's "address" (tensor->extra points at it, as at the static traits instance in C)
@@ -151,7 +155,7 @@ class TensorTraits:
             raise GGMLError(f"repack mul_mat: work buffer of {0 if wdata is None else wdata.nbytes} bytes, "
                             f"needs {need}")
         w = wdata.ctypes.data
-        qtype = self.type
+        qtype = self.kernel_type
         fk.mmq_quantize(int(src1.data), ne10, ne11, ne12, nb11, nb12, nb10, w, qtype == GGML_TYPE_Q4_1, ith, nth)
         tp = params.threadpool
         nchunk0, dr0 = fk.mmq_nchunk(ne01, nth)
@@ -216,6 +220,8 @@ class TensorTraits:
                 qs = raw.copy()                  # not repacked by ggml on AVX2: the rows as they are
             return RepackedWeight(self, qs, np.zeros(0, np.uint8), None, rows, ne00)
         blocks = np.ascontiguousarray(data).view(Q.BLOCK_DTYPES[self.type]).reshape(rows, ne00 // 32)
+        if self.type == GGML_TYPE_Q5_0:
+            blocks = q5_0_as_q8_0(blocks)
         return repack_blocks(self, blocks, rows, ne00)
 
 
@@ -230,7 +236,7 @@ def repack_blocks(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int
         return np.ascontiguousarray(v.reshape(g, NB_COLS, nb).transpose(0, 2, 1))
     d = scales("d")
     m = None
-    if traits.type == GGML_TYPE_Q8_0:
+    if traits.kernel_type == GGML_TYPE_Q8_0:
         qs = blocks["qs"].view(np.uint8).reshape(g, NB_COLS, nb, 8, INTER_SIZE)
         qs = np.ascontiguousarray(qs.transpose(0, 2, 3, 1, 4))          # (g, nb, chunk, row, 4)
     else:
@@ -241,6 +247,15 @@ def repack_blocks(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int
     return RepackedWeight(traits, qs.reshape(-1), d.reshape(-1), None if m is None else m.reshape(-1), rows, ne00)
 
 
+def q5_0_as_q8_0(blocks: np.ndarray) -> np.ndarray:
+    """Q5_0 blocks -> Q8_0 blocks with the same d and the int8 levels q - 16 (what the AVX2 kernel multiplies)."""
+    u = Q.unpack_blocks(GGML_TYPE_Q5_0, blocks.reshape(-1))
+    out = np.zeros(blocks.size, Q.BLOCK_DTYPES[GGML_TYPE_Q8_0])
+    out["d"] = blocks["d"].reshape(-1)
+    out["qs"] = (u["q"] - 16).astype(np.int8)
+    return out.reshape(blocks.shape)
+
+
 _TRAITS_BY_ADDR: dict[int, TensorTraits] = {}
 _TRAITS: dict[int, TensorTraits] = {}
 
@@ -248,7 +263,7 @@ _TRAITS: dict[int, TensorTraits] = {}
 def _traits_for_type(t: int) -> TensorTraits:
     if t not in _TRAITS:
         name = {GGML_TYPE_Q4_0: "q4_0_8x4_q8_0", GGML_TYPE_Q4_1: "q4_1_8x4_q8_1", GGML_TYPE_Q8_0: "q8_0_8x4_q8_0",
-                GGML_TYPE_Q4_K: "q4_K_8x8_q8_K", GGML_TYPE_Q5_0: "q5_0_rows_q8_0", GGML_TYPE_Q6_K: "q6_K_rows_q8_K"}[t]
+                GGML_TYPE_Q4_K: "q4_K_8x8_q8_K", GGML_TYPE_Q5_0: "q5_0_8x4_q8_0", GGML_TYPE_Q6_K: "q6_K_rows_q8_K"}[t]
         param = {GGML_TYPE_Q4_1: C.GGML_TYPE_Q8_1, GGML_TYPE_Q4_K: GGML_TYPE_Q8_K,
                  GGML_TYPE_Q6_K: GGML_TYPE_Q8_K}.get(t, C.GGML_TYPE_Q8_0)
         _TRAITS[t] = TensorTraits(t, param, name)
@@ -259,7 +274,7 @@ def get_optimal_repack_type(cur: Tensor):
     """ggml_repack_get_optimal_repack_type: the traits for this weight, or None (then it is not repacked)."""
     if fk is None:
         return None
-    if cur.type not in (GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0) + K_TYPES:
+    if cur.type not in (GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0) + K_TYPES:
         return None
     if int(cur.ne[1]) % NB_COLS != 0 or int(cur.ne[0]) % Q.blck_size(cur.type) != 0 or n_dims(cur) > 2:
         return None

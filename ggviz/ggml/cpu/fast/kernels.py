@@ -323,9 +323,11 @@ def mmq_chunk_rows(current_chunk, nchunk0, dr0, nr0):
 @compiled
 def k_mul_mat_q(P, F, k, ith, nth, sync, wdata):
     qtype = P[k, MMQ_TYPE]
-    if qtype == T_Q4_K or qtype == T_Q5_0 or qtype == T_Q6_K:      # Gemma-3's weight types: kquants.py
+    if qtype == T_Q4_K or qtype == T_Q6_K:      # Gemma-3's K-quant weights: kquants.py
         k_mul_mat_kq(P, k, ith, nth, sync, wdata)
         return
+    if qtype == T_Q5_0:                         # repacked as Q8_0 (levels q - 16): the same arithmetic
+        qtype = T_Q8_0
     xq, xd, xm = P[k, MMQ_QS], P[k, MMQ_D], P[k, MMQ_M]
     ne00, ne01 = P[k, S0 + NE0], P[k, S0 + NE1]
     src1 = P[k, S1 + DATA]

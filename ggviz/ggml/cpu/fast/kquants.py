@@ -52,8 +52,6 @@ from .program import (
     S1,
     SYNC_CHUNK,
     T_Q4_K,
-    T_Q5_0,
-    T_Q6_K,
     TR_CHUNK,
     TRW_KERNEL,
 )
@@ -479,9 +477,7 @@ def mul_mat_q4_K_8x8(n, vx, nc, x, nrows, wdata, out, c0, c1):
 
 @compiled
 def _vd_row_size(qtype, ne10):
-    if qtype == T_Q5_0:
-        return (ne10 // 32) * Q8_0_SIZE
-    return (ne10 // 256) * Q8_K_SIZE
+    return (ne10 // 256) * Q8_K_SIZE        # Q4_K and Q6_K both take Q8_K
 
 
 @compiled
@@ -524,9 +520,9 @@ def quantize_row_q8_0(x, y, k):
 
 @compiled
 def kq_quantize(qtype, src1, ne10, ne11, ne12, nb11, nb12, wdata, ith, nth):
-    """Thread ith's share of src1 -> the vec-dot type: Q4_K as repack.cpp's forward_mul_mat (rows 4*ith, step
-    4*nth, through quantize_mat_q8_K_4x8, then the ne11 % 4 leftovers one per thread); Q5_0 / Q6_K row by row
-    (ggml splits each row's blocks over the threads instead: every block is quantized alone, so the bytes agree)."""
+    """Thread ith's share of src1 -> Q8_K: Q4_K as repack.cpp's forward_mul_mat (rows 4*ith, step 4*nth, through
+    quantize_mat_q8_K_4x8, then the ne11 % 4 leftovers one per thread); Q6_K row by row (ggml splits each row's
+    blocks over the threads instead: every block is quantized alone, so the bytes agree)."""
     rs = _vd_row_size(qtype, ne10)
     for i12 in range(ne12):
         base = wdata + i12 * ne11 * rs
@@ -537,18 +533,15 @@ def kq_quantize(qtype, src1, ne10, ne11, ne12, nb11, nb12, wdata, ith, nth):
             i11 += nth * 4
         i11 = full + ith
         while i11 < ne11:
-            if qtype == T_Q5_0:
-                quantize_row_q8_0(src1 + i11 * nb11 + i12 * nb12, base + i11 * rs, ne10)
-            else:
-                quantize_row_q8_K(src1 + i11 * nb11 + i12 * nb12, base + i11 * rs, ne10)
+            quantize_row_q8_K(src1 + i11 * nb11 + i12 * nb12, base + i11 * rs, ne10)
             i11 += nth
 
 
 @compiled
 def kq_chunk(qtype, xq, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata):
     """Rows [r0, r1) of src0 (multiples of 8 for Q4_K) times every row of plane i12 of the quantized src1.
-    Q4_K: forward_mul_mat_one_chunk (gemm for the groups of 4, gemv for the rest); Q5_0: vec_dot (llamafile has the
-    same arithmetic); Q6_K: vec_dot, or tiled.cpp's microtile when src1 has >= 8 rows."""
+    Q4_K: forward_mul_mat_one_chunk (gemm for the groups of 4, gemv for the rest);
+    Q6_K: vec_dot, or tiled.cpp's microtile when src1 has >= 8 rows (Q5_0 weights go through the Q8_0 kernels)."""
     rs = _vd_row_size(qtype, ne10)
     y0 = wdata + i12 * ne11 * rs
     d0 = dst + i12 * nb2
@@ -561,14 +554,12 @@ def kq_chunk(qtype, xq, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata):
         for i in range(n4, ne11):
             gemv_q4_K_8x8_q8_K(ne00, d0 + i * nb1 + 4 * r0, vx, y0 + i * rs, r1 - r0)
         return
-    bx = (ne00 // 32) * Q5_0_SIZE if qtype == T_Q5_0 else (ne00 // 256) * Q6_K_SIZE
-    tiled = qtype == T_Q6_K and ne11 >= 8
+    bx = (ne00 // 256) * Q6_K_SIZE
+    tiled = ne11 >= 8
     for c in range(ne11):
         yc = y0 + c * rs
         for r in range(r0, r1):
-            if qtype == T_Q5_0:
-                v = vec_dot_q8_0_q8_0(ne00, xq + r * bx, yc, True)
-            elif tiled:
+            if tiled:
                 v = tiled_dot_q_K(ne00, xq + r * bx, yc, True)
             else:
                 v = vec_dot_q6_K_q8_K(ne00, xq + r * bx, yc)
@@ -577,7 +568,7 @@ def kq_chunk(qtype, xq, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata):
 
 @compiled
 def k_mul_mat_kq(P, k, ith, nth, sync, wdata):
-    """The program's MUL_MAT row for Q4_K / Q5_0 / Q6_K weights in CPU_REPACK (kernels.k_mul_mat_q hands it over):
+    """The program's MUL_MAT row for Q4_K / Q6_K weights in CPU_REPACK (kernels.k_mul_mat_q hands it over):
     quantize, barrier, then repack.cpp's chunking of src0 rows (chunks claimed from the shared counter)."""
     qtype = P[k, MMQ_TYPE]
     xq = P[k, MMQ_QS]
