@@ -16,7 +16,8 @@ Jobs (``run(jobs)``: a list of dicts, results in the same order):
   -> float32 (nr, nc) (``ggml_gemv_q4_K_8x8_q8_K`` / ``ggml_gemm_q4_K_8x8_q8_K``, bs = nc);
 * ``{"op": "mul_mat", "type": t, "w": uint8 (M, rb), "x": float32 (N, K), "n_threads": k, "repack": bool}``
   -> {"out": float32 (N, M), "repacked": the weight's bytes as the buffer holds them}: one MUL_MAT graph computed by
-  ggml's CPU backend, the weight in the CPU_REPACK buffer type (``repack``) or a plain CPU buffer.
+  ggml's CPU backend, the weight in the CPU_REPACK buffer type (``repack``) or a plain CPU buffer; with ``"reps": r``
+  also "times": the seconds of r more graph_computes.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from ctypes import c_bool, c_float, c_int, c_int64, c_size_t, c_void_p
 
 import numpy as np
@@ -197,12 +199,17 @@ def _job(base, cpu, job: dict):
         cpu.ggml_backend_cpu_set_n_threads(be, nth)
         st = base.ggml_backend_graph_compute(be, gf)
         assert st == 0, f"graph_compute status {st}"
+        times = []
+        for _ in range(int(job["reps"]) if "reps" in job else 0):      # timing (benchmarks/bench_kquants.py)
+            t0 = time.perf_counter()
+            base.ggml_backend_graph_compute(be, gf)
+            times.append(time.perf_counter() - t0)
         out = np.frombuffer(ctypes.string_at(base.ggml_get_data(to), 4 * M * N), np.float32).reshape(N, M).copy()
         base.ggml_backend_free(be)
         base.ggml_free(ctx)
         base.ggml_backend_buffer_free(buf)
         base.ggml_free(ctx_w)
-        return {"out": out, "repacked": repacked}
+        return {"out": out, "repacked": repacked, "times": np.asarray(times, np.float64)}
     raise ValueError(f"unknown oracle op {op!r}")
 
 
