@@ -22,7 +22,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
 from .intrinsics import (
+    HAVE_AVX2,
+    _cvec,
+    _decl,
+    _i8,
+    _i16,
+    _i32,
+    _i64,
+    _maddubs,
+    _ptr,
+    _vec,
     atomic_add,
     atomic_store,
     compiled,
@@ -62,6 +76,132 @@ F32 = np.float32
 # block sizes in bytes (ggml-common.h)
 Q8_0_SIZE, Q5_0_SIZE, Q4_K_SIZE, Q6_K_SIZE, Q8_K_SIZE = 34, 22, 144, 210, 292
 Q4_KX8_SIZE, Q8_KX4_SIZE = 1152, 1168
+
+
+# =================================================================================================================
+# SIMD integer parts (LLVM IR, AVX2 intrinsics where the CPU has them): exact int32 lane sums, as the C computes them
+# =================================================================================================================
+
+def _madd(builder, a16, b16):
+    """pmaddwd: i16 x i16, adjacent products summed to i32."""
+    if HAVE_AVX2:
+        fn = _decl(builder, "llvm.x86.avx2.pmadd.wd", _vec(_i32, 8), [_vec(_i16, 16), _vec(_i16, 16)])
+        return builder.call(fn, [a16, b16])
+    a = builder.sext(a16, _vec(_i32, 16))
+    b = builder.sext(b16, _vec(_i32, 16))
+    p = builder.mul(a, b)
+    even = builder.shuffle_vector(p, p, _cvec(_i32, list(range(0, 16, 2))))
+    odd = builder.shuffle_vector(p, p, _cvec(_i32, list(range(1, 16, 2))))
+    return builder.add(even, odd)
+
+
+def _ld(builder, addr, off, n=32, t=None):
+    t = t or _i8
+    return builder.load(_ptr(builder, builder.add(addr, ir.Constant(_i64, off)), _vec(t, n)), align=1)
+
+
+def _bsplat(builder, v):
+    return _cvec(_i8, [v] * 32)
+
+
+def _st_i32x8(builder, addr, v):
+    builder.store(v, _ptr(builder, addr, _vec(_i32, 8)), align=1)
+
+
+@intrinsic
+def q6_K_sumi(typingctx, xb, yb, out):
+    """ggml_vec_dot_q6_K_q8_K's AVX2 integer part for one block: sumi (8 x int32, the -32 offset subtracted as
+    q8sclsub) stored at out."""
+    def codegen(context, builder, sig, args):
+        xb, yb, out = args
+        sc8 = _ld(builder, xb, 192, 16)                                    # int8 scales[16]
+        sc16 = builder.sext(sc8, _vec(_i16, 16))
+        bsums = _ld(builder, yb, 260, 16, _i16)
+        sub = builder.shl(_madd(builder, bsums, sc16), _cvec(_i32, [5] * 8))
+        sumi = ir.Constant(_vec(_i32, 8), None)
+        m15 = _bsplat(builder, 15)
+        for j in range(2):
+            b1 = _ld(builder, xb, 64 * j)
+            b2 = _ld(builder, xb, 64 * j + 32)
+            bh = _ld(builder, xb, 128 + 32 * j)
+            h0 = builder.shl(builder.and_(bh, _bsplat(builder, 3)), _bsplat(builder, 4))
+            h1 = builder.shl(builder.and_(bh, _bsplat(builder, 12)), _bsplat(builder, 2))
+            h2 = builder.and_(bh, _bsplat(builder, 48))
+            h3 = builder.lshr(builder.and_(bh, _bsplat(builder, 192)), _bsplat(builder, 2))
+            qs = [builder.or_(builder.and_(b1, m15), h0), builder.or_(builder.and_(b2, m15), h1),
+                  builder.or_(builder.and_(builder.lshr(b1, _bsplat(builder, 4)), m15), h2),
+                  builder.or_(builder.and_(builder.lshr(b2, _bsplat(builder, 4)), m15), h3)]
+            ps = []
+            for r in range(4):
+                q8 = _ld(builder, yb, 4 + 128 * j + 32 * r)
+                p16 = _maddubs(builder, qs[r], q8)
+                k = 8 * j + 2 * r                                          # scales k (bytes 0..15), k+1 (16..31)
+                scv = builder.shuffle_vector(sc16, sc16, _cvec(_i32, [k] * 8 + [k + 1] * 8))
+                ps.append(_madd(builder, scv, p16))
+            sumi = builder.add(sumi, builder.add(ps[0], ps[1]))
+            sumi = builder.add(sumi, builder.add(ps[2], ps[3]))
+        _st_i32x8(builder, out, builder.sub(sumi, sub))
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def q4_K_sumi(typingctx, xb, yb, sc, out):
+    """ggml_vec_dot_q4_K_q8_K's AVX2 integer part for one block: sumi (8 x int32) stored at out; sc: the 8 decoded
+    6-bit scales as int16 (address)."""
+    def codegen(context, builder, sig, args):
+        xb, yb, sc, out = args
+        sc16 = builder.load(_ptr(builder, sc, _vec(_i16, 8)), align=1)
+        sumi = ir.Constant(_vec(_i32, 8), None)
+        m4 = _bsplat(builder, 15)
+        for j in range(4):
+            bits = _ld(builder, xb, 16 + 32 * j)
+            lo = builder.and_(bits, m4)
+            hi = builder.and_(builder.lshr(bits, _bsplat(builder, 4)), m4)
+            sl = builder.shuffle_vector(sc16, sc16, _cvec(_i32, [2 * j] * 16))
+            sh = builder.shuffle_vector(sc16, sc16, _cvec(_i32, [2 * j + 1] * 16))
+            pl = _madd(builder, sl, _maddubs(builder, lo, _ld(builder, yb, 4 + 64 * j)))
+            ph = _madd(builder, sh, _maddubs(builder, hi, _ld(builder, yb, 4 + 64 * j + 32)))
+            sumi = builder.add(sumi, builder.add(pl, ph))
+        _st_i32x8(builder, out, sumi)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def q4_Kx8_dots(typingctx, xb, q8, gstride, out):
+    """The 64 exact int32 dot products of one block_q4_Kx8 at xb with one q8_K row: out[8*s + r] = sum over the 32
+    elements of sub-block s of row r's 4-bit level times the q8 value. The q8 values come in groups of 8 elements,
+    group g at q8 + g*gstride (8 for a block_q8_K, 32 for a row of block_q8_Kx4)."""
+    def codegen(context, builder, sig, args):
+        xb, q8, gstride, out = args
+        m4 = _bsplat(builder, 15)
+        ones = _cvec(_i16, [1] * 16)
+        for j in range(4):                       # sub-blocks 2j (low nibbles) and 2j+1 (high nibbles)
+            acc = {}
+            for c in range(4):                   # 64-byte chunk 4j + c: rows 0..7 x 8 bytes (Q4_K bytes 8c'..)
+                for half in range(2):            # rows 0-3, rows 4-7
+                    v = _ld(builder, xb, 128 + 64 * (4 * j + c) + 32 * half)
+                    for nib in range(2):
+                        q = builder.and_(v, m4) if nib == 0 else builder.and_(builder.lshr(v, _bsplat(builder, 4)), m4)
+                        g = 8 * j + 4 * nib + c   # the 8 q8 values: elements 64j + 32*nib + 8c ..
+                        ya = builder.add(q8, builder.mul(ir.Constant(_i64, g), gstride))
+                        y8 = builder.load(_ptr(builder, ya, _vec(_i8, 8)), align=1)
+                        y32 = builder.shuffle_vector(y8, y8, _cvec(_i32, list(range(8)) * 4))
+                        p = _madd(builder, _maddubs(builder, q, y32), ones)   # 4 rows x 2 partial sums
+                        key = (nib, half)
+                        acc[key] = p if key not in acc else builder.add(acc[key], p)
+            for nib in range(2):
+                s = 2 * j + nib
+                for half in range(2):
+                    p = acc[(nib, half)]
+                    ev = builder.shuffle_vector(p, p, _cvec(_i32, [0, 2, 4, 6]))
+                    od = builder.shuffle_vector(p, p, _cvec(_i32, [1, 3, 5, 7]))
+                    r4 = builder.add(ev, od)
+                    builder.store(r4, _ptr(builder, builder.add(out, ir.Constant(_i64, 4 * (8 * s + 4 * half))),
+                                           _vec(_i32, 4)), align=1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
 
 
 @compiled(inline="always")
@@ -124,7 +264,8 @@ def vec_dot_q4_K_q8_K(n, x, y):
     nb = n // 256
     acc = np.zeros(8, np.float32)
     accm = np.zeros(4, np.float32)
-    sumi = np.zeros(8, np.int64)
+    sumi = np.zeros(8, np.int32)
+    sc = np.zeros(8, np.int16)
     for i in range(nb):
         xb = x + i * Q4_K_SIZE
         yb = y + i * Q8_K_SIZE
@@ -137,19 +278,12 @@ def vec_dot_q4_K_q8_K(n, x, y):
             for h in range(2):
                 s = 2 * k + h
                 m = _scale_min_k4(s, xb + 4)[1]
-                bs = _i16(np.int64(ld_u16(yb + 260 + 4 * s))) + _i16(np.int64(ld_u16(yb + 262 + 4 * s)))
+                bs = _s16(np.int64(ld_u16(yb + 260 + 4 * s))) + _s16(np.int64(ld_u16(yb + 262 + 4 * s)))
                 p += m * bs
             accm[k] = fmaf(dmin, F32(p), accm[k])
-        for ln in range(8):
-            sumi[ln] = 0
-        for j in range(4):
-            sc_l = _scale_min_k4(2 * j, xb + 4)[0]
-            sc_h = _scale_min_k4(2 * j + 1, xb + 4)[0]
-            for b in range(32):
-                q = np.int64(ld_u8(xb + 16 + 32 * j + b))
-                lo = (q & 0xF) * np.int64(ld_i8(yb + 4 + 64 * j + b))
-                hi = (q >> 4) * np.int64(ld_i8(yb + 4 + 64 * j + 32 + b))
-                sumi[b >> 2] += sc_l * lo + sc_h * hi
+        for j in range(8):
+            sc[j] = _scale_min_k4(j, xb + 4)[0]
+        q4_K_sumi(xb, yb, sc.ctypes.data, sumi.ctypes.data)
         for ln in range(8):
             acc[ln] = fmaf(d, F32(sumi[ln]), acc[ln])
     m2a = accm[0] + accm[2]
@@ -158,7 +292,7 @@ def vec_dot_q4_K_q8_K(n, x, y):
 
 
 @compiled(inline="always")
-def _i16(v):
+def _s16(v):
     return v - 65536 if v >= 32768 else v
 
 
@@ -178,20 +312,12 @@ def vec_dot_q6_K_q8_K(n, x, y):
     32*(bsums[2k]*sc[2k] + bsums[2k+1]*sc[2k+1])."""
     nb = n // 256
     acc = np.zeros(8, np.float32)
-    sumi = np.zeros(8, np.int64)
+    sumi = np.zeros(8, np.int32)
     for i in range(nb):
         xb = x + i * Q6_K_SIZE
         yb = y + i * Q8_K_SIZE
         d = ld_f32(yb) * fp16_to_fp32(ld_u16(xb + 208))
-        for k in range(8):
-            s = np.int64(0)
-            for h in range(2):
-                t = 2 * k + h
-                s += _i16(np.int64(ld_u16(yb + 260 + 2 * t))) * np.int64(ld_i8(xb + 192 + t))
-            sumi[k] = -32 * s
-        for e in range(256):
-            sumi[(e & 31) >> 2] += np.int64(ld_i8(xb + 192 + (e >> 4))) * _q6_level(xb, e) \
-                * np.int64(ld_i8(yb + 4 + e))
+        q6_K_sumi(xb, yb, sumi.ctypes.data)
         for ln in range(8):
             acc[ln] = fmaf(d, F32(sumi[ln]), acc[ln])
     return _hsum8(acc)
@@ -272,13 +398,13 @@ def quantize_mat_q8_K_4x8(x, row_stride, y, k):
 # q4_K_8x8_q8_K: gemv / gemm on block_q4_Kx8
 # =================================================================================================================
 
-@compiled(inline="always")
-def _kx8_q4(xb, r, e):
-    # the 4-bit level of element e of row r in a block_q4_Kx8 at xb: Q4_K byte ob = 32*(e//64) + e%32 sits at
-    # qs[64*(ob//8) + 8*r + ob%8], low nibble for (e % 64) < 32
-    ob = 32 * (e >> 6) + (e & 31)
-    q = np.int64(ld_u8(xb + 128 + 64 * (ob >> 3) + 8 * r + (ob & 7)))
-    return (q >> 4) if (e & 32) else (q & 0xF)
+@compiled
+def _kx8_scales(xb, sc, mn):
+    # the 8 rows' 6-bit scales and mins of the 8 sub-blocks: sub-block s's 12 bytes at xb + 32 + 12*s pack the
+    # 8 rows as get_scale_min_k4 packs 8 sub-blocks
+    for sbk in range(8):
+        for r in range(8):
+            sc[8 * sbk + r], mn[8 * sbk + r] = _scale_min_k4(r, xb + 32 + 12 * sbk)
 
 
 @compiled
@@ -286,30 +412,34 @@ def gemv_q4_K_8x8_q8_K(n, s, vx, vy, nc):
     """ggml_gemv_q4_K_8x8_q8_K (AVX2) for one q8_K row at vy: s[0..nc) (nc % 8 == 0) from the block_q4_Kx8 groups
     at vx. Per column and super-block: the int32 sums over the 8 sub-blocks, one fmadd each for scales and mins."""
     nb = n // 256
+    dots = np.zeros(64, np.int32)
+    sc = np.zeros(64, np.int64)
+    mn = np.zeros(64, np.int64)
+    acc = np.zeros(8, np.float32)
+    accm = np.zeros(8, np.float32)
+    b32 = np.zeros(8, np.int64)
     for g in range(nc // 8):
         for r in range(8):
-            acc = F32(0.0)
-            accm = F32(0.0)
-            for b in range(nb):
-                xb = vx + (g * nb + b) * Q4_KX8_SIZE
-                yb = vy + b * Q8_K_SIZE
-                dy = ld_f32(yb)
+            acc[r] = F32(0.0)
+            accm[r] = F32(0.0)
+        for b in range(nb):
+            xb = vx + (g * nb + b) * Q4_KX8_SIZE
+            yb = vy + b * Q8_K_SIZE
+            dy = ld_f32(yb)
+            q4_Kx8_dots(xb, yb + 4, 8, dots.ctypes.data)
+            _kx8_scales(xb, sc, mn)
+            for sbk in range(8):
+                b32[sbk] = _s16(np.int64(ld_u16(yb + 260 + 4 * sbk))) + _s16(np.int64(ld_u16(yb + 262 + 4 * sbk)))
+            for r in range(8):
                 isum = np.int64(0)
                 imin = np.int64(0)
                 for sbk in range(8):
-                    sc, mn = _scale_min_k4(r, xb + 32 + 12 * sbk)
-                    p = np.int64(0)
-                    for l in range(32):
-                        e = 32 * sbk + l
-                        p += _kx8_q4(xb, r, e) * np.int64(ld_i8(yb + 4 + e))
-                    isum += sc * p
-                    imin += mn * (_i16(np.int64(ld_u16(yb + 260 + 4 * sbk)))
-                                  + _i16(np.int64(ld_u16(yb + 262 + 4 * sbk))))
-                dcol = fp16_to_fp32(ld_u16(xb + 2 * r))
-                dmcol = fp16_to_fp32(ld_u16(xb + 16 + 2 * r))
-                acc = fmaf(F32(isum), dcol * dy, acc)
-                accm = fmaf(F32(imin), dmcol * dy, accm)
-            st_f32(s + 4 * (8 * g + r), acc - accm)
+                    isum += sc[8 * sbk + r] * np.int64(dots[8 * sbk + r])
+                    imin += mn[8 * sbk + r] * b32[sbk]
+                acc[r] = fmaf(F32(isum), fp16_to_fp32(ld_u16(xb + 2 * r)) * dy, acc[r])
+                accm[r] = fmaf(F32(imin), fp16_to_fp32(ld_u16(xb + 16 + 2 * r)) * dy, accm[r])
+        for r in range(8):
+            st_f32(s + 4 * (8 * g + r), acc[r] - accm[r])
 
 
 @compiled
@@ -318,36 +448,40 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
     vx -> s (row stride bs floats). Per output the float accumulation is per pair of sub-blocks (4 fmadds per
     super-block for the scales, 4 for the mins)."""
     nb = n // 256
+    dots = np.zeros(64, np.int32)
+    sc = np.zeros(64, np.int64)
+    mn = np.zeros(64, np.int64)
+    acc = np.zeros(32, np.float32)
+    accm = np.zeros(32, np.float32)
+    b32 = np.zeros(8, np.int64)
     for y4 in range(nr // 4):
         for g in range(nc // 8):
+            for i in range(32):
+                acc[i] = F32(0.0)
+                accm[i] = F32(0.0)
+            for b in range(nb):
+                xb = vx + (g * nb + b) * Q4_KX8_SIZE
+                yb = vy + (y4 * nb + b) * Q8_KX4_SIZE
+                _kx8_scales(xb, sc, mn)
+                for rr in range(4):
+                    dy = ld_f32(yb + 4 * rr)
+                    q4_Kx8_dots(xb, yb + 16 + 8 * rr, 32, dots.ctypes.data)
+                    for sbk in range(8):
+                        b0 = 2 * (16 * (sbk >> 1) + 4 * rr + 2 * (sbk & 1))
+                        b32[sbk] = _s16(np.int64(ld_u16(yb + 1040 + b0))) + _s16(np.int64(ld_u16(yb + 1042 + b0)))
+                    for r in range(8):
+                        ds = fp16_to_fp32(ld_u16(xb + 2 * r)) * dy
+                        dm = fp16_to_fp32(ld_u16(xb + 16 + 2 * r)) * dy
+                        o = 8 * rr + r
+                        for sb in range(4):
+                            s0, s1 = 8 * (2 * sb) + r, 8 * (2 * sb + 1) + r
+                            isum = sc[s0] * np.int64(dots[s0]) + sc[s1] * np.int64(dots[s1])
+                            imin = mn[s0] * b32[2 * sb] + mn[s1] * b32[2 * sb + 1]
+                            acc[o] = fmaf(F32(isum), ds, acc[o])
+                            accm[o] = fmaf(F32(imin), dm, accm[o])
             for rr in range(4):
                 for r in range(8):
-                    acc = F32(0.0)
-                    accm = F32(0.0)
-                    for b in range(nb):
-                        xb = vx + (g * nb + b) * Q4_KX8_SIZE
-                        yb = vy + (y4 * nb + b) * Q8_KX4_SIZE
-                        dy = ld_f32(yb + 4 * rr)
-                        dcol = fp16_to_fp32(ld_u16(xb + 2 * r))
-                        dmcol = fp16_to_fp32(ld_u16(xb + 16 + 2 * r))
-                        for sb in range(4):
-                            isum = np.int64(0)
-                            imin = np.int64(0)
-                            for h in range(2):
-                                sbk = 2 * sb + h
-                                sc, mn = _scale_min_k4(r, xb + 32 + 12 * sbk)
-                                p = np.int64(0)
-                                for l in range(32):
-                                    e = 32 * sbk + l
-                                    qy = np.int64(ld_i8(yb + 16 + 32 * (e >> 3) + 8 * rr + (e & 7)))
-                                    p += _kx8_q4(xb, r, e) * qy
-                                isum += sc * p
-                                b0 = 2 * (16 * (sbk >> 1) + 4 * rr + 2 * (sbk & 1))
-                                bsum = _i16(np.int64(ld_u16(yb + 1040 + b0))) + _i16(np.int64(ld_u16(yb + 1042 + b0)))
-                                imin += mn * bsum
-                            acc = fmaf(F32(isum), dcol * dy, acc)
-                            accm = fmaf(F32(imin), dmcol * dy, accm)
-                    st_f32(s + 4 * ((4 * y4 + rr) * bs + 8 * g + r), acc - accm)
+                    st_f32(s + 4 * ((4 * y4 + rr) * bs + 8 * g + r), acc[8 * rr + r] - accm[8 * rr + r])
 
 
 # =================================================================================================================
@@ -357,29 +491,31 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
 @compiled
 def tiled_dot_q_K(n, x, y, is_q6):
     """One output of tiled_run_microtile_avx2: per super-block ``res = d_x * (float) s1`` (Q4_K: ``res =
-    fnmadd(dmin_x, (float) s2, res)``), ``buf = fmadd(res, d_y, buf)``."""
+    fnmadd(dmin_x, (float) s2, res)``), ``buf = fmadd(res, d_y, buf)``. s1 / s2 are exact integers (the sum of the
+    vec_dot kernel's int32 lanes is the same integer)."""
     nb = n // 256
     buf = F32(0.0)
+    sumi = np.zeros(8, np.int32)
+    sc = np.zeros(8, np.int16)
     for i in range(nb):
         yb = y + i * Q8_K_SIZE
         s1 = np.int64(0)
         if is_q6:
             xb = x + i * Q6_K_SIZE
-            for e in range(256):
-                s1 += np.int64(ld_i8(xb + 192 + (e >> 4))) * (_q6_level(xb, e) - 32) * np.int64(ld_i8(yb + 4 + e))
+            q6_K_sumi(xb, yb, sumi.ctypes.data)
+            for ln in range(8):
+                s1 += np.int64(sumi[ln])
             res = fp16_to_fp32(ld_u16(xb + 208)) * F32(s1)
         else:
             xb = x + i * Q4_K_SIZE
             s2 = np.int64(0)
             for sbk in range(8):
-                sc, mn = _scale_min_k4(sbk, xb + 4)
-                p = np.int64(0)
-                for l in range(32):
-                    q = np.int64(ld_u8(xb + 16 + 32 * (sbk >> 1) + l))
-                    q = (q >> 4) if (sbk & 1) else (q & 0xF)
-                    p += q * np.int64(ld_i8(yb + 4 + 32 * sbk + l))
-                s1 += sc * p
-                s2 += mn * (_i16(np.int64(ld_u16(yb + 260 + 4 * sbk))) + _i16(np.int64(ld_u16(yb + 262 + 4 * sbk))))
+                scv, mnv = _scale_min_k4(sbk, xb + 4)
+                sc[sbk] = scv
+                s2 += mnv * (_s16(np.int64(ld_u16(yb + 260 + 4 * sbk))) + _s16(np.int64(ld_u16(yb + 262 + 4 * sbk))))
+            q4_K_sumi(xb, yb, sc.ctypes.data, sumi.ctypes.data)
+            for ln in range(8):
+                s1 += np.int64(sumi[ln])
             res = fp16_to_fp32(ld_u16(xb)) * F32(s1)
             res = fmaf(-fp16_to_fp32(ld_u16(xb + 2)), F32(s2), res)
         buf = fmaf(res, ld_f32(yb), buf)
