@@ -12,7 +12,7 @@ ones (cpu/fast/kquants.py):
 * MUL_MAT with the weights in ggviz's CPU_REPACK buffer (Q4_K, Q5_0, Q6_K), compiled graph and per node;
 * MUL_MAT on plain buffers (vec_dot, llamafile, and tiled.cpp for >= 8 rows) through ggviz's faithful graph
   compute with 1, 2, 3 threads;
-* dequantize_row (GET_ROWS).
+* dequantize_row and GET_ROWS (faithful executor and compiled graph).
 The Gemma tests skip when data/models/gemma-3-270m-q4_k_m.gguf is absent.
 """
 import os
@@ -22,7 +22,7 @@ import pytest
 
 from ggviz import ggml as G
 from ggviz.ggml import quants as Q
-from ggviz.ggml.consts import (GGML_TYPE_F32, GGML_TYPE_I8, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+from ggviz.ggml.consts import (GGML_TYPE_F32, GGML_TYPE_I8, GGML_TYPE_I32, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
                                GGML_TYPE_Q8_K)
 from ggviz.ggml.cpu import quants as CQ
 from ggviz.ggml.cpu import repack as R
@@ -293,6 +293,36 @@ def test_dequantize_row_bitwise(oracle, t):
         got = np.zeros_like(ref)
         K.dequantize_row(KCODE[t], w.ctypes.data, got.ctypes.data, ref.size)
         assert np.array_equal(got, ref)
+
+
+@pytest.mark.skipif(K is None, reason="no compiled fast path (Numba)")
+@pytest.mark.parametrize("t", TYPES, ids=Q.type_name)
+def test_get_rows_compiled_bitwise(oracle, t):
+    """GET_ROWS through the compiled graph program (and the faithful executor) == llama.cpp's to_float rows."""
+    from ggviz.ggml.cpu import ggml_cpu
+    from ggviz.ggml.cpu.fast import compiler
+    ref, w = oracle[("tf", 0, t)]
+    ref = ref.reshape(w.shape[0], N_EL)
+    ids = np.array([3, 0, 11, 3, 7], np.int32)
+    outs = []
+    for fast in (False, True):
+        ctx = G.init(8 << 20)
+        tw = G.new_tensor_2d(ctx, t, N_EL, w.shape[0])
+        G.set_data(tw, w.reshape(-1))
+        ti = G.new_tensor_1d(ctx, GGML_TYPE_I32, ids.size)
+        G.set_data(ti, ids)
+        y = G.get_rows(ctx, tw, ti)
+        gf = G.new_graph(ctx)
+        G.build_forward_expand(gf, y)
+        plan = ggml_cpu.graph_plan(gf, 2)
+        plan.extra = compiler.compile_graph(gf) if fast else None
+        assert (plan.extra is not None) == fast
+        if plan.work_size:
+            plan.work_data = np.zeros(plan.work_size, np.uint8)
+        assert ggml_cpu.graph_compute(gf, plan) == 0
+        outs.append(np.array(G.get_data_f32(y)).reshape(ids.size, N_EL))
+    for o in outs:
+        assert np.array_equal(o, ref[ids])
 
 
 @pytest.mark.skipif(not os.path.exists(GEMMA), reason="gemma-3-270m-q4_k_m.gguf not in data/models (ggviz fetch)")

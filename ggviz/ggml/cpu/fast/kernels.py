@@ -150,6 +150,7 @@ from .program import (
     TRW_KERNEL,
     TRW_NODE,
 )
+from .kquants import dequantize_row as kq_dequantize_row
 from .kquants import k_mul_mat_kq
 from .program import T_Q4_K, T_Q5_0, T_Q6_K
 from .sync import new_sync, set_error, tr_rec, traced, traced_barrier
@@ -553,6 +554,8 @@ def k_get_rows(P, F, k, ith, nth, sync, wdata):
         if t0 == T_F32:
             for j in range(ne00):
                 st_u32(yr + 4 * j, ld_u32(xr + 4 * j))
+        elif t0 == T_Q5_0 or t0 == T_Q4_K or t0 == T_Q6_K:         # Gemma-3's types: kquants.py
+            kq_dequantize_row(t0, xr, yr, ne00)
         else:
             for j in range(ne00):
                 st_f32(yr + 4 * j, _row_to_f32(t0, xr, j, ne00))
