@@ -4,10 +4,12 @@ Mirrors, from ggml 0.20.2 ``src/ggml-cpu``:
 
 * ``ggml-cpu.c``: ``type_traits_cpu`` (``from_float``, ``vec_dot``, ``vec_dot_type``,
   ``nrows``), ``ggml_cpu_fp32_to_fp16``, ``ggml_cpu_fp32_to_bf16``, ``ggml_cpu_fp32_to_fp32``;
-* ``arch/x86/quants.c`` as built for AVX2+FMA+F16C (the oracle's build):
+* ``arch/x86/quants.c`` as built for AVX2+FMA+F16C (the oracle's build; for Gemma-3's types, ggml 0.25.3 as
+  llama-cpp-python 0.3.36 vendors it, whose kernels for them are the same):
   ``quantize_row_q8_0``, ``quantize_row_q8_1``, ``quantize_row_q8_K`` and
   ``ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0``, ``ggml_vec_dot_{q4_1,q5_1}_q8_1``,
   ``ggml_vec_dot_q{2,3,4,5,6}_K_q8_K``;
+* ``tiled/tiled-kernel.cpp`` (ggml 0.25.3): the AVX2 microtile's float steps for Q4_K / Q6_K (``vec_dot_tiled``);
 * ``quants.c``: ``quantize_row_q4_0`` ... ``quantize_row_q6_K`` (thin wrappers of the
   ``_ref`` quantisers);
 * the ``vec_dot`` entry for F32 / F16 / BF16, whose kernels (vec.cpp's ``ggml_vec_dot_f32``, ``ggml_vec_dot_f16``,
@@ -22,7 +24,15 @@ scales with F16C, and q8_1's ``s`` is ``d * sum(q)`` computed from the int32 sum
 vec_dot for F32 / F16 / BF16 is ggml_vec_dot_f32 / _f16 / _bf16 of the AVX2+FMA build
 operation for operation (4 accumulators x 8 lanes, exact fused multiply-adds,
 GGML_F32x8_REDUCE, the leftover loop as gcc compiled it): bit-identical to the library.
-For the quant types vec_dot reproduces the AVX2 kernels' arithmetic structure: the int8
+For q8_0, q5_0, q4_K and q6_K (Gemma-3's types) vec_dot is the AVX2 kernel lane for lane
+(``AVX2_EXACT``; checked against the ggml that llama-cpp-python 0.3.36 vendors): 8 float32
+lanes, lane l accumulating ``fmadd(d, (float) S_l, acc_l)`` where S_l is the exact int32 sum
+of the block's elements whose index mod 32 is in 4l..4l+3 (sub-block scales folded in;
+q6_K subtracts its -32 offset per lane as ``32*(bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1])``,
+q4_K keeps 4 more lanes for the mins), then ``hsum_float_8``: bit-identical.  That ggml
+also runs MUL_MATs of >= 8 src1 rows of q4_K / q6_K through tiled.cpp (one float lane per
+output: ``res = d_x*s1 [- dmin_x*s2]``, ``buf = fmadd(res, d_y, buf)``): ``vec_dot_tiled``.
+For the other quant types vec_dot reproduces the AVX2 kernels' arithmetic structure: the int8
 products of a block (or sub-block) are summed exactly as integers, multiplied by the
 float32 block scale ``d_x*d_y``, and the blocks are summed in float32 (q4_1 / q5_1's
 ``summs`` in the kernel's own order).  Only the order of the float32 additions differs

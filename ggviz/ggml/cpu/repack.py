@@ -8,6 +8,11 @@ Mirrors ggml 0.20.2 ``src/ggml-cpu`` (the extra-buffer-type interfaces themselve
   (``ggml_row_size(PARAM_TYPE, nelements(src1))``-like) and ``forward_mul_mat`` (src1 quantized to the vec-dot
   type, 4 chunks per thread aligned to 8 rows, ``current_chunk`` claiming), and the ``extra_buffer_type`` that
   takes MUL_MAT with a 2-D src0 in its buffer and an F32 src1.
+* for Gemma-3's Q4_K weights, from the ggml llama-cpp-python 0.3.36 vendors (0.25.3): ``block_q4_Kx8`` and
+  ``repack_q4_K_to_q4_K_8_bl`` (the byte layout of the C), and, from ``arch/x86/repack.cpp`` in NumPy (the faithful
+  versions of fast/kquants.py's kernels), ``ggml_quantize_mat_q8_K_4x8``, ``ggml_gemv_q4_K_8x8_q8_K`` and
+  ``ggml_gemm_q4_K_8x8_q8_K`` (:func:`mul_mat_q4_K_8x8` strings them together as ``forward_mul_mat`` does). On AVX2
+  ggml repacks Q4_K (ne1 % 8 == 0) to ``q4_K_8x8_q8_K`` and leaves Q5_0, Q6_K and Q8_0 alone.
 
 Where ggviz differs from ggml, and why:
 
@@ -15,6 +20,9 @@ Where ggviz differs from ggml, and why:
   8 rows' block scales in their own array (fp16, or float32 on CPUs without hardware fp16 conversion). ggml on AVX2
   has no repack for Q4_1 or Q8_0 weights; ggviz adds them because its test model is Q4_1 with a tied Q8_0 output,
   and computes them with the arithmetic of ggml's *non*-repacked AVX2 vec_dot, so the results are ggml's bits.
+  Likewise for Gemma-3: Q5_0 weights are expanded to ``q8_0_8x4`` (int8 levels q - 16; ggml_vec_dot_q5_0_q8_0 is
+  vec_dot_q8_0 on those levels) and Q6_K weights are kept as rows (``q6_K_rows_q8_K``: vec_dot_q6_K, or tiled.cpp's
+  microtile from 8 src1 rows on), so that a Gemma graph compiles whole; Q4_K is ggml's own ``q4_K_8x8_q8_K``.
 * The repacked data is kept *beside* the original bytes, not instead of them: the buffer holds the tensor's
   ggml blocks unchanged (so GET_ROWS of the tied token embedding, the faithful kernels and the views still read
   ggml's own layout) and ``tensor.py_extra`` holds the repacked arrays. ``tensor->extra`` points at the traits
@@ -25,9 +33,12 @@ Where ggviz differs from ggml, and why:
   callback or reference mode asks for the node-by-node walk. Traced computes stay compiled: the threads log node
   spans, barriers and chunk claims into an array that becomes ``trace`` events after the compute.
 
-For quantized weights, results differ from the faithful MUL_MAT (``cpu/mul_mat.py``) only in the order of float
+For Q4_0 / Q4_1 weights, results differ from the faithful MUL_MAT (``cpu/mul_mat.py``) only in the order of float
 additions (the faithful path scales exact per-block integer sums; ggml, and this path, scale 8 partial sums per block
-in 8 float lanes): src1 is quantized bit-exactly as ggml does, and every integer sum is exact. F16/F32 MUL_MATs are
+in 8 float lanes): src1 is quantized bit-exactly as ggml does, and every integer sum is exact. For Q8_0, Q5_0, Q6_K
+the faithful MUL_MAT follows the AVX2 lanes too, so both paths give llama.cpp's bits; a repacked Q4_K gives
+llama.cpp's CPU_REPACK bits (gemv / gemm), the faithful Q4_K MUL_MAT those of llama.cpp without repack (vec_dot /
+tiled) -- the two differ in the last bits, as they do in llama.cpp. F16/F32 MUL_MATs are
 ggml's bits on both paths (``ggml_vec_dot_f16/f32``: 4 x 8 FMA lanes, ggml's reduction, the compiler's tail).
 
 Which weights go here: ``llama_model_params.use_extra_bufts`` (default True) makes the model loader place the
