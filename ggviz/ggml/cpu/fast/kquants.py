@@ -47,6 +47,7 @@ from .intrinsics import (
     ld_i8,
     ld_u8,
     ld_u16,
+    ld_u32,
     rdtsc,
     st_f32,
     st_i8,
@@ -307,12 +308,10 @@ def _q6_level(xb, e):
 
 
 @compiled
-def vec_dot_q6_K_q8_K(n, x, y):
-    """ggml_vec_dot_q6_K_q8_K (AVX2) of one row pair: unsigned levels, the -32 offset as lane k's
-    32*(bsums[2k]*sc[2k] + bsums[2k+1]*sc[2k+1])."""
+def _vec_dot_q6_K(n, x, y, acc, sumi):
     nb = n // 256
-    acc = np.zeros(8, np.float32)
-    sumi = np.zeros(8, np.int32)
+    for ln in range(8):
+        acc[ln] = F32(0.0)
     for i in range(nb):
         xb = x + i * Q6_K_SIZE
         yb = y + i * Q8_K_SIZE
@@ -321,6 +320,13 @@ def vec_dot_q6_K_q8_K(n, x, y):
         for ln in range(8):
             acc[ln] = fmaf(d, F32(sumi[ln]), acc[ln])
     return _hsum8(acc)
+
+
+@compiled
+def vec_dot_q6_K_q8_K(n, x, y):
+    """ggml_vec_dot_q6_K_q8_K (AVX2) of one row pair: unsigned levels, the -32 offset as lane k's
+    32*(bsums[2k]*sc[2k] + bsums[2k+1]*sc[2k+1])."""
+    return _vec_dot_q6_K(n, x, y, np.zeros(8, np.float32), np.zeros(8, np.int32))
 
 
 # =================================================================================================================
@@ -398,26 +404,42 @@ def quantize_mat_q8_K_4x8(x, row_stride, y, k):
 # q4_K_8x8_q8_K: gemv / gemm on block_q4_Kx8
 # =================================================================================================================
 
+_KMASK1, _KMASK2, _KMASK3 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x03030303)
+
+
 @compiled
 def _kx8_scales(xb, sc, mn):
-    # the 8 rows' 6-bit scales and mins of the 8 sub-blocks: sub-block s's 12 bytes at xb + 32 + 12*s pack the
-    # 8 rows as get_scale_min_k4 packs 8 sub-blocks
+    # the 8 rows' 6-bit scales and mins of the 8 sub-blocks (sc[8*s + r], mn[8*s + r], int32): sub-block s's 12 bytes
+    # at xb + 32 + 12*s pack the 8 rows as a Q4_K packs its 8 sub-blocks; unpacked with the kernels' kmask trick
     for sbk in range(8):
-        for r in range(8):
-            sc[8 * sbk + r], mn[8 * sbk + r] = _scale_min_k4(r, xb + 32 + 12 * sbk)
+        q = xb + 32 + 12 * sbk
+        u0, u1, u2 = ld_u32(q), ld_u32(q + 4), ld_u32(q + 8)
+        u3 = ((u2 >> np.uint32(4)) & _KMASK2) | (((u1 >> np.uint32(6)) & _KMASK3) << np.uint32(4))
+        aux = u1 & _KMASK1
+        u1 = (u2 & _KMASK2) | (((u0 >> np.uint32(6)) & _KMASK3) << np.uint32(4))
+        u2 = aux
+        u0 = u0 & _KMASK1
+        for r in range(4):
+            sh = np.uint32(8 * r)
+            sc[8 * sbk + r] = np.int32((u0 >> sh) & np.uint32(0xFF))
+            sc[8 * sbk + 4 + r] = np.int32((u1 >> sh) & np.uint32(0xFF))
+            mn[8 * sbk + r] = np.int32((u2 >> sh) & np.uint32(0xFF))
+            mn[8 * sbk + 4 + r] = np.int32((u3 >> sh) & np.uint32(0xFF))
 
 
 @compiled
 def gemv_q4_K_8x8_q8_K(n, s, vx, vy, nc):
     """ggml_gemv_q4_K_8x8_q8_K (AVX2) for one q8_K row at vy: s[0..nc) (nc % 8 == 0) from the block_q4_Kx8 groups
-    at vx. Per column and super-block: the int32 sums over the 8 sub-blocks, one fmadd each for scales and mins."""
+    at vx. Per column and super-block: the int32 sums over the 8 sub-blocks (|sum| < 2^31: 8 * 63 * 32*15*128),
+    one fmadd each for scales and mins."""
     nb = n // 256
     dots = np.zeros(64, np.int32)
-    sc = np.zeros(64, np.int64)
-    mn = np.zeros(64, np.int64)
+    sc = np.zeros(64, np.int32)
+    mn = np.zeros(64, np.int32)
+    isum = np.zeros(8, np.int32)
+    imin = np.zeros(8, np.int32)
     acc = np.zeros(8, np.float32)
     accm = np.zeros(8, np.float32)
-    b32 = np.zeros(8, np.int64)
     for g in range(nc // 8):
         for r in range(8):
             acc[r] = F32(0.0)
@@ -428,16 +450,18 @@ def gemv_q4_K_8x8_q8_K(n, s, vx, vy, nc):
             dy = ld_f32(yb)
             q4_Kx8_dots(xb, yb + 4, 8, dots.ctypes.data)
             _kx8_scales(xb, sc, mn)
-            for sbk in range(8):
-                b32[sbk] = _s16(np.int64(ld_u16(yb + 260 + 4 * sbk))) + _s16(np.int64(ld_u16(yb + 262 + 4 * sbk)))
             for r in range(8):
-                isum = np.int64(0)
-                imin = np.int64(0)
-                for sbk in range(8):
-                    isum += sc[8 * sbk + r] * np.int64(dots[8 * sbk + r])
-                    imin += mn[8 * sbk + r] * b32[sbk]
-                acc[r] = fmaf(F32(isum), fp16_to_fp32(ld_u16(xb + 2 * r)) * dy, acc[r])
-                accm[r] = fmaf(F32(imin), fp16_to_fp32(ld_u16(xb + 16 + 2 * r)) * dy, accm[r])
+                isum[r] = 0
+                imin[r] = 0
+            for sbk in range(8):
+                b32 = np.int32(_s16(np.int64(ld_u16(yb + 260 + 4 * sbk)))
+                               + _s16(np.int64(ld_u16(yb + 262 + 4 * sbk))))
+                for r in range(8):
+                    isum[r] += sc[8 * sbk + r] * dots[8 * sbk + r]
+                    imin[r] += mn[8 * sbk + r] * b32
+            for r in range(8):
+                acc[r] = fmaf(F32(isum[r]), fp16_to_fp32(ld_u16(xb + 2 * r)) * dy, acc[r])
+                accm[r] = fmaf(F32(imin[r]), fp16_to_fp32(ld_u16(xb + 16 + 2 * r)) * dy, accm[r])
         for r in range(8):
             st_f32(s + 4 * (8 * g + r), acc[r] - accm[r])
 
@@ -449,11 +473,13 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
     super-block for the scales, 4 for the mins)."""
     nb = n // 256
     dots = np.zeros(64, np.int32)
-    sc = np.zeros(64, np.int64)
-    mn = np.zeros(64, np.int64)
+    sc = np.zeros(64, np.int32)
+    mn = np.zeros(64, np.int32)
+    b32 = np.zeros(8, np.int32)
+    ds = np.zeros(8, np.float32)
+    dm = np.zeros(8, np.float32)
     acc = np.zeros(32, np.float32)
     accm = np.zeros(32, np.float32)
-    b32 = np.zeros(8, np.int64)
     for y4 in range(nr // 4):
         for g in range(nc // 8):
             for i in range(32):
@@ -468,17 +494,19 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
                     q4_Kx8_dots(xb, yb + 16 + 8 * rr, 32, dots.ctypes.data)
                     for sbk in range(8):
                         b0 = 2 * (16 * (sbk >> 1) + 4 * rr + 2 * (sbk & 1))
-                        b32[sbk] = _s16(np.int64(ld_u16(yb + 1040 + b0))) + _s16(np.int64(ld_u16(yb + 1042 + b0)))
+                        b32[sbk] = np.int32(_s16(np.int64(ld_u16(yb + 1040 + b0)))
+                                            + _s16(np.int64(ld_u16(yb + 1042 + b0))))
                     for r in range(8):
-                        ds = fp16_to_fp32(ld_u16(xb + 2 * r)) * dy
-                        dm = fp16_to_fp32(ld_u16(xb + 16 + 2 * r)) * dy
-                        o = 8 * rr + r
-                        for sb in range(4):
-                            s0, s1 = 8 * (2 * sb) + r, 8 * (2 * sb + 1) + r
-                            isum = sc[s0] * np.int64(dots[s0]) + sc[s1] * np.int64(dots[s1])
-                            imin = mn[s0] * b32[2 * sb] + mn[s1] * b32[2 * sb + 1]
-                            acc[o] = fmaf(F32(isum), ds, acc[o])
-                            accm[o] = fmaf(F32(imin), dm, accm[o])
+                        ds[r] = fp16_to_fp32(ld_u16(xb + 2 * r)) * dy
+                        dm[r] = fp16_to_fp32(ld_u16(xb + 16 + 2 * r)) * dy
+                    for sb in range(4):
+                        s0, s1 = 8 * (2 * sb), 8 * (2 * sb + 1)
+                        for r in range(8):
+                            isum = sc[s0 + r] * dots[s0 + r] + sc[s1 + r] * dots[s1 + r]
+                            imin = mn[s0 + r] * b32[2 * sb] + mn[s1 + r] * b32[2 * sb + 1]
+                            o = 8 * rr + r
+                            acc[o] = fmaf(F32(isum), ds[r], acc[o])
+                            accm[o] = fmaf(F32(imin), dm[r], accm[o])
             for rr in range(4):
                 for r in range(8):
                     st_f32(s + 4 * ((4 * y4 + rr) * bs + 8 * g + r), acc[8 * rr + r] - accm[8 * rr + r])
@@ -489,14 +517,12 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
 # =================================================================================================================
 
 @compiled
-def tiled_dot_q_K(n, x, y, is_q6):
+def _tiled_dot(n, x, y, is_q6, sumi, sc):
     """One output of tiled_run_microtile_avx2: per super-block ``res = d_x * (float) s1`` (Q4_K: ``res =
     fnmadd(dmin_x, (float) s2, res)``), ``buf = fmadd(res, d_y, buf)``. s1 / s2 are exact integers (the sum of the
-    vec_dot kernel's int32 lanes is the same integer)."""
+    vec_dot kernel's int32 lanes is the same integer). Scratch: sumi int32[8], sc int16[8]."""
     nb = n // 256
     buf = F32(0.0)
-    sumi = np.zeros(8, np.int32)
-    sc = np.zeros(8, np.int16)
     for i in range(nb):
         yb = y + i * Q8_K_SIZE
         s1 = np.int64(0)
@@ -520,6 +546,12 @@ def tiled_dot_q_K(n, x, y, is_q6):
             res = fmaf(-fp16_to_fp32(ld_u16(xb + 2)), F32(s2), res)
         buf = fmaf(res, ld_f32(yb), buf)
     return buf
+
+
+@compiled
+def tiled_dot_q_K(n, x, y, is_q6):
+    """One output of tiled_run_microtile_avx2 (see ``_tiled_dot``)."""
+    return _tiled_dot(n, x, y, is_q6, np.zeros(8, np.int32), np.zeros(8, np.int16))
 
 
 # =================================================================================================================
@@ -692,13 +724,16 @@ def kq_chunk(qtype, xq, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata):
         return
     bx = (ne00 // 256) * Q6_K_SIZE
     tiled = ne11 >= 8
+    acc = np.zeros(8, np.float32)
+    sumi = np.zeros(8, np.int32)
+    sc = np.zeros(8, np.int16)
     for c in range(ne11):
         yc = y0 + c * rs
         for r in range(r0, r1):
             if tiled:
-                v = tiled_dot_q_K(ne00, xq + r * bx, yc, True)
+                v = _tiled_dot(ne00, xq + r * bx, yc, True, sumi, sc)
             else:
-                v = vec_dot_q6_K_q8_K(ne00, xq + r * bx, yc)
+                v = _vec_dot_q6_K(ne00, xq + r * bx, yc, acc, sumi)
             st_f32(d0 + c * nb1 + 4 * r, v)
 
 
