@@ -116,6 +116,17 @@ def oracle():
             data[("cr", t, N)] = (w, x)
             add(("cr", t, N), op="mul_mat", type=t, w=w, x=x, n_threads=3, repack=t == GGML_TYPE_Q4_K)
     if os.path.exists(GEMMA):
+        from ggviz.gguf_file import GGUFFile
+        g = GGUFFile(GEMMA)
+        for name in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight",
+                     "blk.0.attn_q.weight", "blk.3.attn_v.weight"):
+            ti = g.tensor(name)
+            t, n, rows = int(ti.type), int(ti.ne[0]), int(ti.ne[1])
+            w = np.ascontiguousarray(np.asarray(g.tensor_data(name)).reshape(rows, -1))
+            for N in (1, 9):
+                x = _rows(500 + N, N, n)
+                data[("gt", name, N)] = (t, w, x)
+                add(("gt", name, N), op="mul_mat", type=t, w=w, x=x, n_threads=2, repack=t == GGML_TYPE_Q4_K)
         gr = _gemma_rows()
         for name, (t, raw, n) in gr.items():
             x = _rows(9, 3, n)
@@ -340,3 +351,16 @@ def test_gemma_rows_bitwise(oracle):
             c = _compiled_vec_dot(KCODE[t], n, raw, y)
             assert np.array_equal(c, ref), name + " (compiled): " + _ne(c, ref)
     assert seen == set(TYPES)
+
+
+@pytest.mark.skipif(not os.path.exists(GEMMA), reason="gemma-3-270m-q4_k_m.gguf not in data/models (ggviz fetch)")
+@pytest.mark.skipif(K is None or not R.available(), reason="no compiled fast path (Numba) / CPU_REPACK disabled")
+def test_gemma_tensors_cpu_repack_bitwise(oracle):
+    """Whole real tensors (attn_output Q4_K, ffn_down Q6_K and Q4_K, attn_q Q5_0, attn_v Q8_0) in ggviz's CPU_REPACK
+    through the compiled graph, 1 and 9 src1 rows, == llama.cpp's MUL_MAT with its default buffer placement."""
+    keys = [k for k in oracle if isinstance(k, tuple) and k[0] == "gt"]
+    assert len(keys) == 10
+    for key in keys:
+        res, (t, w, x) = oracle[key]
+        got = _placed_mul_mat(t, w, x, 2, "graph")
+        assert np.array_equal(got, res["out"]), f"{key[1]} x {key[2]}: " + _ne(got, res["out"])
