@@ -415,11 +415,16 @@ def _lane_sums(Y: np.ndarray, X: np.ndarray) -> np.ndarray:
     return np.matmul(Y, X.transpose(0, 2, 1))
 
 
+def _avx2_tile_rows(N: int, n: int) -> int:
+    """src0 rows per tile: the (8, N, rows) lane arrays and the (rows, n) float64 levels stay ~16-32 MiB."""
+    return max(1, min(_LANE_TILE // (8 * max(N, 1)), _LANE_TILE // max(n, 1)))
+
+
 def _vec_dot_avx2(t: int, px: PreparedRows, py: PreparedRows) -> np.ndarray:
     """x . y for every pair, as ggml_vec_dot_{q8_0,q5_0}_q8_0 / ggml_vec_dot_{q4_K,q6_K}_q8_K (AVX2) compute it."""
     M, N = px.q.shape[0], py.q.shape[0]
     out = np.empty((N, M), np.float32)
-    step = max(1, _LANE_TILE // (8 * max(N, 1)))
+    step = _avx2_tile_rows(N, px.n)
     for m0 in range(0, M, step):
         m1 = min(M, m0 + step)
         sub = PreparedRows(*(f[m0:m1] if isinstance(f, np.ndarray) else f for f in px))
@@ -531,8 +536,22 @@ def vec_dot(t: int, x, y) -> np.ndarray:
     if t not in HAS_VEC_DOT:
         raise NotImplementedError(f"type_traits_cpu[{Q.type_name(t)}].vec_dot is NULL")
     vt = VEC_DOT_TYPE[t]
-    px = x if isinstance(x, PreparedRows) else prepare(t, x)
     py = y if isinstance(y, PreparedRows) else prepare(vt, y)
+    if py.type != vt:
+        raise ValueError(f"vec_dot({Q.type_name(t)}): y is {Q.type_name(py.type)}, not {Q.type_name(vt)}")
+    if t in AVX2_EXACT and not isinstance(x, PreparedRows):
+        # unpack src0 a tile of rows at a time (a 262144-row output matrix would take GiBs unpacked at once)
+        raw = _as_rows(t, x)
+        M = raw.shape[0]
+        out = np.empty((py.q.shape[0], M), np.float32)
+        step = _avx2_tile_rows(py.q.shape[0], py.n)
+        for m0 in range(0, M, step):
+            px = prepare(t, raw[m0:m0 + step])
+            if px.n != py.n:
+                raise ValueError(f"row lengths differ: {px.n} vs {py.n}")
+            out[:, m0:m0 + step] = _vec_dot_avx2(t, px, py)
+        return out
+    px = x if isinstance(x, PreparedRows) else prepare(t, x)
     if px.type != t or py.type != vt:
         raise ValueError(f"vec_dot({Q.type_name(t)}): got {Q.type_name(px.type)} . {Q.type_name(py.type)}")
     if px.n != py.n:
