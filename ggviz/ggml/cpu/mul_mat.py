@@ -94,7 +94,8 @@ def forward_mul_mat(params: ComputeParams, dst) -> None:
     dr1 = (nr1 + nchunk1 - 1) // nchunk1
 
     # ggml_compute_forward_mul_mat_tiled takes K-quant batches of >= 8 rows first (its own float order)
-    tiled = src0.type in cq.TILED_TYPES and src1.type == C.GGML_TYPE_F32 and ne11 >= cq.TILED_MIN_BATCH
+    tiled = (src0.type in cq.TILED_TYPES and src1.type == C.GGML_TYPE_F32 and ne11 >= cq.TILED_MIN_BATCH
+             and not getattr(params, "use_ref", False))
     current_chunk = ith
     while current_chunk < nchunk0 * nchunk1:
         ith0 = current_chunk % nchunk0
