@@ -40,6 +40,7 @@ from .intrinsics import (
     atomic_add,
     atomic_store,
     compiled,
+    cvt_f16_f32_row,
     f32_to_f16,
     fmaf,
     fp16_to_fp32,
@@ -440,6 +441,7 @@ def gemv_q4_K_8x8_q8_K(n, s, vx, vy, nc):
     imin = np.zeros(8, np.int32)
     acc = np.zeros(8, np.float32)
     accm = np.zeros(8, np.float32)
+    dd = np.zeros(16, np.float32)               # the 8 rows' d and dmin (block_q4_Kx8 keeps them side by side)
     for g in range(nc // 8):
         for r in range(8):
             acc[r] = F32(0.0)
@@ -459,9 +461,10 @@ def gemv_q4_K_8x8_q8_K(n, s, vx, vy, nc):
                 for r in range(8):
                     isum[r] += sc[8 * sbk + r] * dots[8 * sbk + r]
                     imin[r] += mn[8 * sbk + r] * b32
+            cvt_f16_f32_row(xb, 2, dd.ctypes.data)                  # exact (vcvtph2ps)
             for r in range(8):
-                acc[r] = fmaf(F32(isum[r]), fp16_to_fp32(ld_u16(xb + 2 * r)) * dy, acc[r])
-                accm[r] = fmaf(F32(imin[r]), fp16_to_fp32(ld_u16(xb + 16 + 2 * r)) * dy, accm[r])
+                acc[r] = fmaf(F32(isum[r]), dd[r] * dy, acc[r])
+                accm[r] = fmaf(F32(imin[r]), dd[8 + r] * dy, accm[r])
         for r in range(8):
             st_f32(s + 4 * (8 * g + r), acc[r] - accm[r])
 
@@ -478,6 +481,7 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
     b32 = np.zeros(8, np.int32)
     ds = np.zeros(8, np.float32)
     dm = np.zeros(8, np.float32)
+    dd = np.zeros(16, np.float32)
     acc = np.zeros(32, np.float32)
     accm = np.zeros(32, np.float32)
     for y4 in range(nr // 4):
@@ -489,6 +493,7 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
                 xb = vx + (g * nb + b) * Q4_KX8_SIZE
                 yb = vy + (y4 * nb + b) * Q8_KX4_SIZE
                 _kx8_scales(xb, sc, mn)
+                cvt_f16_f32_row(xb, 2, dd.ctypes.data)
                 for rr in range(4):
                     dy = ld_f32(yb + 4 * rr)
                     q4_Kx8_dots(xb, yb + 16 + 8 * rr, 32, dots.ctypes.data)
@@ -497,8 +502,8 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
                         b32[sbk] = np.int32(_s16(np.int64(ld_u16(yb + 1040 + b0)))
                                             + _s16(np.int64(ld_u16(yb + 1042 + b0))))
                     for r in range(8):
-                        ds[r] = fp16_to_fp32(ld_u16(xb + 2 * r)) * dy
-                        dm[r] = fp16_to_fp32(ld_u16(xb + 16 + 2 * r)) * dy
+                        ds[r] = dd[r] * dy
+                        dm[r] = dd[8 + r] * dy
                     for sb in range(4):
                         s0, s1 = 8 * (2 * sb), 8 * (2 * sb + 1)
                         for r in range(8):
