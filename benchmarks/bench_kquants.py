@@ -8,6 +8,10 @@ the compiled graph program (``graph_compute``); llama.cpp: the same bytes, Q4_K 
 on a plain CPU buffer, as llama.cpp places them on AVX2), ``ggml_backend_graph_compute`` in a child process (the two
 ggml libraries cannot share a process). The rounds alternate ggviz and llama.cpp; the table shows the median time per
 MUL_MAT of each and the ratio ggviz / llama.cpp (> 1: ggviz slower). The results are checked equal, bit for bit.
+
+With --threads > 1 on a loaded machine a one-node graph can hang for 5 minutes ("a thread never reached the barrier"):
+fast.compiler.FastGraph.compute_thread lets thread 0 change ``n_next`` at the end of a compute that a late worker
+has not entered yet, and the late worker then walks with another thread count (a race outside these kernels).
 """
 from __future__ import annotations
 
