@@ -93,6 +93,9 @@ def forward_mul_mat(params: ComputeParams, dst) -> None:
     dr0 = (nr0 + nchunk0 - 1) // nchunk0
     dr1 = (nr1 + nchunk1 - 1) // nchunk1
 
+    # ggml_compute_forward_mul_mat_tiled takes K-quant batches of >= 8 rows first (its own float order)
+    tiled = (src0.type in cq.TILED_TYPES and src1.type == C.GGML_TYPE_F32 and ne11 >= cq.TILED_MIN_BATCH
+             and not getattr(params, "use_ref", False))
     current_chunk = ith
     while current_chunk < nchunk0 * nchunk1:
         ith0 = current_chunk % nchunk0
@@ -102,7 +105,7 @@ def forward_mul_mat(params: ComputeParams, dst) -> None:
         ir1_start = dr1 * ith1
         ir1_end = min(ir1_start + dr1, nr1)
         t0 = time.perf_counter_ns() if trace.active else 0
-        _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_start, ir1_end)
+        _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_start, ir1_end, tiled)
         if trace.active:
             trace.emit("cpu.chunk", ith=ith, node=dst.name, chunk=current_chunk, nchunk=(nchunk0, nchunk1),
                        ir0=(ir0_start, ir0_end), ir1=(ir1_start, ir1_end), t_start=t0, t_end=time.perf_counter_ns())
@@ -111,7 +114,7 @@ def forward_mul_mat(params: ComputeParams, dst) -> None:
         current_chunk = tp.chunk_fetch_add(1) if tp is not None else current_chunk + nth
 
 
-def _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_start, ir1_end):
+def _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_start, ir1_end, tiled=False):
     if ir0_start >= ir0_end or ir1_start >= ir1_end:
         return
     ne00, ne01, ne02, ne03 = src0.shape
@@ -152,5 +155,5 @@ def _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_sta
         outs.append(out)
         ir1 += n_cols
     # every element is one vec_dot: the groups are computed together where that is faster (F32 / F16 / BF16)
-    for out, res in zip(outs, cq.vec_dot_groups(src0.type, xs, ys)):     # res: (n_cols, rows) float32
+    for out, res in zip(outs, cq.vec_dot_groups(src0.type, xs, ys, tiled)):     # res: (n_cols, rows) float32
         out[...] = res

@@ -4,10 +4,12 @@ Mirrors, from ggml 0.20.2 ``src/ggml-cpu``:
 
 * ``ggml-cpu.c``: ``type_traits_cpu`` (``from_float``, ``vec_dot``, ``vec_dot_type``,
   ``nrows``), ``ggml_cpu_fp32_to_fp16``, ``ggml_cpu_fp32_to_bf16``, ``ggml_cpu_fp32_to_fp32``;
-* ``arch/x86/quants.c`` as built for AVX2+FMA+F16C (the oracle's build):
+* ``arch/x86/quants.c`` as built for AVX2+FMA+F16C (the oracle's build; for Gemma-3's types, ggml 0.25.3 as
+  llama-cpp-python 0.3.36 vendors it, whose kernels for them are the same):
   ``quantize_row_q8_0``, ``quantize_row_q8_1``, ``quantize_row_q8_K`` and
   ``ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0``, ``ggml_vec_dot_{q4_1,q5_1}_q8_1``,
   ``ggml_vec_dot_q{2,3,4,5,6}_K_q8_K``;
+* ``tiled/tiled-kernel.cpp`` (ggml 0.25.3): the AVX2 microtile's float steps for Q4_K / Q6_K (``vec_dot_tiled``);
 * ``quants.c``: ``quantize_row_q4_0`` ... ``quantize_row_q6_K`` (thin wrappers of the
   ``_ref`` quantisers);
 * the ``vec_dot`` entry for F32 / F16 / BF16, whose kernels (vec.cpp's ``ggml_vec_dot_f32``, ``ggml_vec_dot_f16``,
@@ -22,7 +24,15 @@ scales with F16C, and q8_1's ``s`` is ``d * sum(q)`` computed from the int32 sum
 vec_dot for F32 / F16 / BF16 is ggml_vec_dot_f32 / _f16 / _bf16 of the AVX2+FMA build
 operation for operation (4 accumulators x 8 lanes, exact fused multiply-adds,
 GGML_F32x8_REDUCE, the leftover loop as gcc compiled it): bit-identical to the library.
-For the quant types vec_dot reproduces the AVX2 kernels' arithmetic structure: the int8
+For q8_0, q5_0, q4_K and q6_K (Gemma-3's types) vec_dot is the AVX2 kernel lane for lane
+(``AVX2_EXACT``; checked against the ggml that llama-cpp-python 0.3.36 vendors): 8 float32
+lanes, lane l accumulating ``fmadd(d, (float) S_l, acc_l)`` where S_l is the exact int32 sum
+of the block's elements whose index mod 32 is in 4l..4l+3 (sub-block scales folded in;
+q6_K subtracts its -32 offset per lane as ``32*(bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1])``,
+q4_K keeps 4 more lanes for the mins), then ``hsum_float_8``: bit-identical.  That ggml
+also runs MUL_MATs of >= 8 src1 rows of q4_K / q6_K through tiled.cpp (one float lane per
+output: ``res = d_x*s1 [- dmin_x*s2]``, ``buf = fmadd(res, d_y, buf)``): ``vec_dot_tiled``.
+For the other quant types vec_dot reproduces the AVX2 kernels' arithmetic structure: the int8
 products of a block (or sub-block) are summed exactly as integers, multiplied by the
 float32 block scale ``d_x*d_y``, and the blocks are summed in float32 (q4_1 / q5_1's
 ``summs`` in the kernel's own order).  Only the order of the float32 additions differs
@@ -87,10 +97,12 @@ from ..consts import (
     TYPE_TRAITS,
 )
 from . import vec
+from .libm import fma32
 
 __all__ = [
     "VEC_DOT_TYPE", "HAS_VEC_DOT", "HAS_FROM_FLOAT", "NROWS",
     "cpu_fp32_to_fp16", "from_float", "prepare", "PreparedRows", "vec_dot", "vec_dot_groups",
+    "AVX2_EXACT", "TILED_TYPES", "TILED_MIN_BATCH", "hsum_float_8", "vec_dot_tiled",
 ]
 
 _F32 = np.float32
@@ -322,9 +334,10 @@ def prepare(t: int, rows) -> PreparedRows:
     if t in (GGML_TYPE_Q4_K, GGML_TYPE_Q5_K):  # 8 sub-blocks of 32, 6-bit scales and mins
         qs = fold(u["sc"], q, 32)
         return PreparedRows(t, n, rs(qs), rs(u["d"]), mq=rs(_lf(u["mn"])), md=rs(u["dmin"]))
-    if t == GGML_TYPE_Q6_K:  # 16 sub-blocks of 16, int8 scales, q - 32 in [-32, 31]
-        qs = fold(u["sc"], q - np.int16(32), 16)
-        return PreparedRows(t, n, rs(qs), rs(u["d"]))
+    if t == GGML_TYPE_Q6_K:  # 16 sub-blocks of 16, int8 scales, q in [0, 63] (the AVX2 kernel's unsigned levels)
+        # the kernel subtracts the -32 offset per lane as 32*sc*bsums, so keep sc*q and the scales apart
+        qs = fold(u["sc"], q, 16)
+        return PreparedRows(t, n, rs(qs), rs(u["d"]), mq=rs(_lf(u["sc"])))
     raise NotImplementedError(f"vec_dot with {Q.type_name(t)} is not implemented in ggviz")
 
 
@@ -371,6 +384,132 @@ def _scaled_block_dot(X, Y, dx, dy, blk, depth, bx=None, by=None):
     return out, summs
 
 
+# ---------------------------------------------------------------------------------
+# vec_dot in the AVX2 kernels' own float order (bit-identical): q8_0, q5_0, q4_K, q6_K
+# ---------------------------------------------------------------------------------
+
+# The src0 types whose vec_dot follows the AVX2 kernel lane for lane (the others use the block-wise order above)
+AVX2_EXACT = frozenset({GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K})
+_F64 = np.float64
+_LANE_TILE = 1 << 21        # lanes * N * M elements per tile: bounds the float64 scratch to ~16 MiB a piece
+
+
+def hsum_float_8(acc: np.ndarray) -> np.ndarray:
+    """hsum_float_8 of arch/x86/quants.c on acc (8, ...): hi128 + lo128, + movehl, + movehdup (float32)."""
+    r = acc[4:] + acc[:4]
+    r = r[:2] + r[2:]
+    return r[0] + r[1]
+
+
+def _by_lane(q: np.ndarray, nb: int, k: int) -> np.ndarray:
+    """(R, nb*blk) levels -> float64 (nb, 8, R, blk/8): per block, the elements that one int32 lane of the kernel
+    sums. A 256-bit register holds 32 consecutive int8 values of a row; maddubs + madd put bytes 4l..4l+3 in
+    lane l, so lane l gets the elements whose index mod 32 lies in 4l..4l+3 (k registers per block)."""
+    R = q.shape[0]
+    a = q.reshape(R, nb, k, 8, 4).transpose(1, 3, 0, 2, 4)
+    return np.ascontiguousarray(a.reshape(nb, 8, R, 4 * k), dtype=_F64)
+
+
+def _lane_sums(Y: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """(8, N, K) . (8, M, K) -> (8, N, M) exact integer lane sums (float64 holds them exactly: < 2^53)."""
+    return np.matmul(Y, X.transpose(0, 2, 1))
+
+
+def _avx2_tile_rows(N: int, n: int) -> int:
+    """src0 rows per tile: the (8, N, rows) lane arrays and the (rows, n) float64 levels stay ~16-32 MiB."""
+    return max(1, min(_LANE_TILE // (8 * max(N, 1)), _LANE_TILE // max(n, 1)))
+
+
+def _vec_dot_avx2(t: int, px: PreparedRows, py: PreparedRows) -> np.ndarray:
+    """x . y for every pair, as ggml_vec_dot_{q8_0,q5_0}_q8_0 / ggml_vec_dot_{q4_K,q6_K}_q8_K (AVX2) compute it."""
+    M, N = px.q.shape[0], py.q.shape[0]
+    out = np.empty((N, M), np.float32)
+    step = _avx2_tile_rows(N, px.n)
+    for m0 in range(0, M, step):
+        m1 = min(M, m0 + step)
+        sub = PreparedRows(*(f[m0:m1] if isinstance(f, np.ndarray) else f for f in px))
+        out[:, m0:m1] = _vec_dot_avx2_tile(t, sub, py)
+    return out
+
+
+def _vec_dot_avx2_tile(t: int, px: PreparedRows, py: PreparedRows) -> np.ndarray:
+    M, N = px.q.shape[0], py.q.shape[0]
+    nb = px.d.shape[1]
+    acc = np.zeros((8, N, M), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if t in (GGML_TYPE_Q8_0, GGML_TYPE_Q5_0):
+            # acc = fmadd(d_x*d_y, (float) lane sums of the block, acc), block after block; hsum_float_8
+            X, Y = _by_lane(px.q, nb, 1), _by_lane(py.q, nb, 1)
+            for b in range(nb):
+                d = py.d[:, b, None] * px.d[None, :, b]
+                acc = fma32(d, _lane_sums(Y[b], X[b]).astype(np.float32), acc)
+            return hsum_float_8(acc)
+        # the K-quants: 8 registers of 32 per super-block; the sub-block scales are folded into px.q
+        X, Y = _by_lane(px.q, nb, 8), _by_lane(py.q, nb, 8)
+        bs = py.mq.reshape(N, nb, 8, 2).astype(_F64)               # bsums (of 16) in pairs
+        if t == GGML_TYPE_Q4_K:
+            # mins: _mm_madd_epi16(mins, hadd(bsums)) -> 4 lanes: m[2k]*B[2k] + m[2k+1]*B[2k+1], B = sum of 32
+            mins = px.mq.reshape(M, nb, 4, 2).astype(_F64)
+            B = bs.sum(-1).reshape(N, nb, 4, 2)
+            acc_m = np.zeros((4, N, M), np.float32)
+            for b in range(nb):
+                d = py.d[:, b, None] * px.d[None, :, b]             # y[i].d * FP16_TO_FP32(x[i].d)
+                dmin = -(py.d[:, b, None] * px.md[None, :, b])      # -y[i].d * FP16_TO_FP32(x[i].dmin)
+                prod = np.einsum("nkp,mkp->knm", B[:, b], mins[:, b])
+                acc_m = fma32(dmin, prod.astype(np.float32), acc_m)
+                acc = fma32(d, _lane_sums(Y[b], X[b]).astype(np.float32), acc)
+            m = acc_m[:2] + acc_m[2:]                               # _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m))
+            return hsum_float_8(acc) + (m[0] + m[1])                # + _mm_cvtss_f32 after _mm_add_ss(movehdup)
+        if t == GGML_TYPE_Q6_K:
+            # sumi (levels q in [0, 63]) minus q8sclsub = 32 * madd(bsums, scales): lane k gets pair k
+            sc = px.mq.reshape(M, nb, 8, 2).astype(_F64)
+            for b in range(nb):
+                d = py.d[:, b, None] * px.d[None, :, b]
+                s = _lane_sums(Y[b], X[b]) - 32.0 * np.einsum("nkp,mkp->knm", bs[:, b], sc[:, b])
+                acc = fma32(d, s.astype(np.float32), acc)
+            return hsum_float_8(acc)
+    raise NotImplementedError(Q.type_name(t))
+
+
+# ---------------------------------------------------------------------------------
+# tiled/tiled.cpp: the K-quant MUL_MAT of batches (src1 ne[1] >= 8) that ggml 0.25.3 runs before vec_dot
+# ---------------------------------------------------------------------------------
+
+# src0 types whose tiled kernel ggviz mirrors (tiled.cpp also takes Q2_K, Q3_K, Q5_K and IQ types: those still go
+# through vec_dot here, so their batched MUL_MATs are not llama.cpp's bits)
+TILED_TYPES = frozenset({GGML_TYPE_Q4_K, GGML_TYPE_Q6_K})
+TILED_MIN_BATCH = 8         # ggml_tiled_min_batch: src1 rows >= 8 (unless GGML_CPU_TILED_MM_FORCE=1)
+
+
+def vec_dot_tiled(t: int, x, y) -> np.ndarray:
+    """What tiled_run_microtile_avx2 computes for src0 rows x (type t) and q8_K rows y: float32 (N, M).
+
+    Per super-block b the exact int32 s1 = sum sc*(q [- 32])*q8 (and, Q4_K, s2 = sum min*bsum32), then
+    ``res = d_x * (float) s1``; ``res = fnmadd(dmin_x, (float) s2, res)``; ``buf = fmadd(res, d_y, buf)``, block after
+    block. One float lane per output, so the tiling and the threads change no bit."""
+    if t not in TILED_TYPES:
+        raise NotImplementedError(f"tiled mul_mat for {Q.type_name(t)} is not mirrored")
+    px = x if isinstance(x, PreparedRows) else prepare(t, x)
+    py = y if isinstance(y, PreparedRows) else prepare(GGML_TYPE_Q8_K, y)
+    if px.n != py.n:
+        raise ValueError(f"row lengths differ: {px.n} vs {py.n}")
+    N, M, nb = py.q.shape[0], px.q.shape[0], px.d.shape[1]
+    buf = np.zeros((N, M), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for b in range(nb):
+            sl = slice(b * 256, (b + 1) * 256)
+            s1 = py.q[:, sl].astype(_F64) @ px.q[:, sl].astype(_F64).T
+            bs = py.mq[:, b * 16:(b + 1) * 16].astype(_F64)
+            if t == GGML_TYPE_Q6_K:     # levels 0..63 folded with the scales: the -32 offset as 32*sc*bsums
+                s1 -= 32.0 * (bs @ px.mq[:, b * 16:(b + 1) * 16].astype(_F64).T)
+            res = px.d[None, :, b] * s1.astype(np.float32)
+            if t == GGML_TYPE_Q4_K:
+                s2 = bs.reshape(N, 8, 2).sum(-1) @ px.mq[:, b * 8:(b + 1) * 8].astype(_F64).T
+                res = fma32(np.broadcast_to(-px.md[None, :, b], res.shape), s2.astype(np.float32), res)
+            buf = fma32(res, py.d[:, b, None], buf)
+    return buf
+
+
 def vec_dot(t: int, x, y) -> np.ndarray:
     """All row-by-row dot products of type_traits_cpu[t].vec_dot: returns float32 (N, M).
 
@@ -397,8 +536,22 @@ def vec_dot(t: int, x, y) -> np.ndarray:
     if t not in HAS_VEC_DOT:
         raise NotImplementedError(f"type_traits_cpu[{Q.type_name(t)}].vec_dot is NULL")
     vt = VEC_DOT_TYPE[t]
-    px = x if isinstance(x, PreparedRows) else prepare(t, x)
     py = y if isinstance(y, PreparedRows) else prepare(vt, y)
+    if py.type != vt:
+        raise ValueError(f"vec_dot({Q.type_name(t)}): y is {Q.type_name(py.type)}, not {Q.type_name(vt)}")
+    if t in AVX2_EXACT and not isinstance(x, PreparedRows):
+        # unpack src0 a tile of rows at a time (a 262144-row output matrix would take GiBs unpacked at once)
+        raw = _as_rows(t, x)
+        M = raw.shape[0]
+        out = np.empty((py.q.shape[0], M), np.float32)
+        step = _avx2_tile_rows(py.q.shape[0], py.n)
+        for m0 in range(0, M, step):
+            px = prepare(t, raw[m0:m0 + step])
+            if px.n != py.n:
+                raise ValueError(f"row lengths differ: {px.n} vs {py.n}")
+            out[:, m0:m0 + step] = _vec_dot_avx2(t, px, py)
+        return out
+    px = x if isinstance(x, PreparedRows) else prepare(t, x)
     if px.type != t or py.type != vt:
         raise ValueError(f"vec_dot({Q.type_name(t)}): got {Q.type_name(px.type)} . {Q.type_name(py.type)}")
     if px.n != py.n:
@@ -411,13 +564,15 @@ def vec_dot(t: int, x, y) -> np.ndarray:
     if t == GGML_TYPE_BF16:
         return vec.tiled(vec.vec_dot_bf16_simd, px.q, py.q)
 
+    if t in AVX2_EXACT:
+        return _vec_dot_avx2(t, px, py)
     blk = Q.blck_size(t)
     out, summs = _scaled_block_dot(px.q, py.q, px.d, py.d, blk, _DEPTH[t], px.bias, py.bias)
     if t in (GGML_TYPE_Q4_1, GGML_TYPE_Q5_1):
         # *s = hsum_float_8(acc) + summs: the kernel's own sequential summs (not an sgemm, whose summation
         # order would follow the chunk's shape), added after the blocks
         out += summs
-    elif t in (GGML_TYPE_Q2_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K):
+    elif t in (GGML_TYPE_Q2_K, GGML_TYPE_Q5_K):
         nb = px.d.shape[1]
         bs = py.mq.reshape(-1, nb, 16)
         if t != GGML_TYPE_Q2_K:
@@ -429,7 +584,7 @@ def vec_dot(t: int, x, y) -> np.ndarray:
     return out
 
 
-def vec_dot_groups(t: int, xs, ys) -> list:
+def vec_dot_groups(t: int, xs, ys, tiled: bool = False) -> list:
     """``[vec_dot(t, x, y) for x, y in zip(xs, ys)]``: the same numbers, computed faster.
 
     MUL_MAT's chunks cut a group of src1 columns out of every (i12, i13) matrix they cross --
@@ -439,6 +594,8 @@ def vec_dot_groups(t: int, xs, ys) -> list:
     so the padding and the batching change no bit.  Other types: one call per group.
     """
     xs, ys = list(xs), list(ys)
+    if tiled:       # the whole MUL_MAT goes through tiled.cpp (see ``TILED_TYPES``): its own float order
+        return [vec_dot_tiled(t, x, y) for x, y in zip(xs, ys)]
     if (t not in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16) or len(xs) < 2
             or any(not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 2 for a in xs + ys)
             or len({x.shape for x in xs}) != 1 or len({y.shape[1] for y in ys}) != 1):

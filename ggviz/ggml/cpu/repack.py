@@ -8,6 +8,11 @@ Mirrors ggml 0.20.2 ``src/ggml-cpu`` (the extra-buffer-type interfaces themselve
   (``ggml_row_size(PARAM_TYPE, nelements(src1))``-like) and ``forward_mul_mat`` (src1 quantized to the vec-dot
   type, 4 chunks per thread aligned to 8 rows, ``current_chunk`` claiming), and the ``extra_buffer_type`` that
   takes MUL_MAT with a 2-D src0 in its buffer and an F32 src1.
+* for Gemma-3's Q4_K weights, from the ggml llama-cpp-python 0.3.36 vendors (0.25.3): ``block_q4_Kx8`` and
+  ``repack_q4_K_to_q4_K_8_bl`` (the byte layout of the C), and, from ``arch/x86/repack.cpp`` in NumPy (the faithful
+  versions of fast/kquants.py's kernels), ``ggml_quantize_mat_q8_K_4x8``, ``ggml_gemv_q4_K_8x8_q8_K`` and
+  ``ggml_gemm_q4_K_8x8_q8_K`` (:func:`mul_mat_q4_K_8x8` strings them together as ``forward_mul_mat`` does). On AVX2
+  ggml repacks Q4_K (ne1 % 8 == 0) to ``q4_K_8x8_q8_K`` and leaves Q5_0, Q6_K and Q8_0 alone.
 
 Where ggviz differs from ggml, and why:
 
@@ -15,6 +20,9 @@ Where ggviz differs from ggml, and why:
   8 rows' block scales in their own array (fp16, or float32 on CPUs without hardware fp16 conversion). ggml on AVX2
   has no repack for Q4_1 or Q8_0 weights; ggviz adds them because its test model is Q4_1 with a tied Q8_0 output,
   and computes them with the arithmetic of ggml's *non*-repacked AVX2 vec_dot, so the results are ggml's bits.
+  Likewise for Gemma-3: Q5_0 weights are expanded to ``q8_0_8x4`` (int8 levels q - 16; ggml_vec_dot_q5_0_q8_0 is
+  vec_dot_q8_0 on those levels) and Q6_K weights are kept as rows (``q6_K_rows_q8_K``: vec_dot_q6_K, or tiled.cpp's
+  microtile from 8 src1 rows on), so that a Gemma graph compiles whole; Q4_K is ggml's own ``q4_K_8x8_q8_K``.
 * The repacked data is kept *beside* the original bytes, not instead of them: the buffer holds the tensor's
   ggml blocks unchanged (so GET_ROWS of the tied token embedding, the faithful kernels and the views still read
   ggml's own layout) and ``tensor.py_extra`` holds the repacked arrays. ``tensor->extra`` points at the traits
@@ -25,9 +33,12 @@ Where ggviz differs from ggml, and why:
   callback or reference mode asks for the node-by-node walk. Traced computes stay compiled: the threads log node
   spans, barriers and chunk claims into an array that becomes ``trace`` events after the compute.
 
-For quantized weights, results differ from the faithful MUL_MAT (``cpu/mul_mat.py``) only in the order of float
+For Q4_0 / Q4_1 weights, results differ from the faithful MUL_MAT (``cpu/mul_mat.py``) only in the order of float
 additions (the faithful path scales exact per-block integer sums; ggml, and this path, scale 8 partial sums per block
-in 8 float lanes): src1 is quantized bit-exactly as ggml does, and every integer sum is exact. F16/F32 MUL_MATs are
+in 8 float lanes): src1 is quantized bit-exactly as ggml does, and every integer sum is exact. For Q8_0, Q5_0, Q6_K
+the faithful MUL_MAT follows the AVX2 lanes too, so both paths give llama.cpp's bits; a repacked Q4_K gives
+llama.cpp's CPU_REPACK bits (gemv / gemm), the faithful Q4_K MUL_MAT those of llama.cpp without repack (vec_dot /
+tiled) -- the two differ in the last bits, as they do in llama.cpp. F16/F32 MUL_MATs are
 ggml's bits on both paths (``ggml_vec_dot_f16/f32``: 4 x 8 FMA lanes, ggml's reduction, the compiler's tail).
 
 Which weights go here: ``llama_model_params.use_extra_bufts`` (default True) makes the model loader place the
@@ -49,17 +60,27 @@ from .. import consts as C
 from .. import quants as Q
 from ..context import GGMLError
 from ..tensor import Tensor, n_dims, nbytes
+from .libm import fma32
 
 try:    # the compiled kernels this buffer type's layout is made for (optional: without Numba, no CPU_REPACK)
     from .fast import intrinsics as _intrinsics
     from .fast import kernels as fk
+    from .fast import kquants as kq
     SCALES_F16 = _intrinsics.SCALES_F16
 except ImportError:
-    fk = None
+    fk = kq = None
     SCALES_F16 = False
 
 GGML_TYPE_F32, GGML_TYPE_F16 = C.GGML_TYPE_F32, C.GGML_TYPE_F16
 GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0 = C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0
+GGML_TYPE_Q4_K, GGML_TYPE_Q8_K = C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q8_K
+GGML_TYPE_Q5_0, GGML_TYPE_Q6_K = C.GGML_TYPE_Q5_0, C.GGML_TYPE_Q6_K
+# Gemma-3's weight types, computed by fast/kquants.py: Q4_K repacked as ggml does on AVX2 (block_q4_Kx8); Q6_K,
+# which ggml does not repack on AVX2, kept in its own layout here so that a Gemma graph compiles whole (its MUL_MAT
+# is ggml's plain one: vec_dot, or tiled.cpp for >= 8 src1 rows -- the same bits). Q5_0 (not repacked by ggml on
+# AVX2 either) is expanded to the q8_0_8x4 layout (int8 levels q - 16, the same fp16 d): ggml_vec_dot_q5_0_q8_0 is
+# ggml_vec_dot_q8_0_q8_0 on those levels, operation for operation, so the Q8_0 micro-kernels give its bits.
+K_TYPES = (GGML_TYPE_Q4_K, GGML_TYPE_Q6_K)
 NB_COLS = 8           # rows interleaved per group
 INTER_SIZE = 4        # bytes per row per group step
 
@@ -99,6 +120,8 @@ class TensorTraits:
 
     def __init__(self, type_: int, param_type: int, name: str):
         self.type = type_
+        # the layout / kernel that computes it (Q5_0 weights are expanded to Q8_0's repacked layout)
+        self.kernel_type = GGML_TYPE_Q8_0 if type_ == GGML_TYPE_Q5_0 else type_
         self.param_type = param_type          # the vec-dot type src1 is quantized to (Q8_0 / Q8_1)
         self.name = name
         # the object's "address" (tensor->extra points at it, as at the static traits instance in C)
@@ -114,6 +137,8 @@ class TensorTraits:
         if op.op != C.GGML_OP_MUL_MAT:
             return None
         s1 = op.src[1]
+        if self.type in K_TYPES:
+            return int(kq.kq_work_size(self.type, int(s1.ne[0]), int(s1.ne[1]) * int(s1.ne[2])))
         return int(fk.mmq_layout(int(s1.ne[0]), int(s1.ne[1]) * int(s1.ne[2]))[4])
 
     def compute_forward(self, params, op: Tensor) -> bool:
@@ -133,12 +158,15 @@ class TensorTraits:
         if not (int(op.ne[0]) == ne01 and int(op.ne[1]) == ne11 and int(op.ne[2]) == ne12 and ne13 == 1):
             raise GGMLError("repack mul_mat: dst does not match src0 x src1 (or src1 is 4-D)")
         wdata = params.wdata
+        if self.type in K_TYPES:
+            self._forward_mul_mat_kq(params, op, rw, wdata)
+            return
         need = int(fk.mmq_layout(ne10, ne11 * ne12)[4])
         if wdata is None or wdata.nbytes < need:
             raise GGMLError(f"repack mul_mat: work buffer of {0 if wdata is None else wdata.nbytes} bytes, "
                             f"needs {need}")
         w = wdata.ctypes.data
-        qtype = self.type
+        qtype = self.kernel_type
         fk.mmq_quantize(int(src1.data), ne10, ne11, ne12, nb11, nb12, nb10, w, qtype == GGML_TYPE_Q4_1, ith, nth)
         tp = params.threadpool
         nchunk0, dr0 = fk.mmq_nchunk(ne01, nth)
@@ -160,10 +188,51 @@ class TensorTraits:
                              ne10, w, ne11 * ne12)
             current = tp.chunk_add(1) if tp is not None else current + nth
 
+    def _forward_mul_mat_kq(self, params, op: Tensor, rw, wdata) -> None:
+        """forward_mul_mat for Q4_K / Q5_0 / Q6_K: the same steps, the kernels of fast/kquants.py."""
+        src0, src1 = op.src[0], op.src[1]
+        ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
+        ne10, ne11, ne12 = (int(v) for v in src1.ne[:3])
+        nb11, nb12 = int(src1.nb[1]), int(src1.nb[2])
+        nb1, nb2 = int(op.nb[1]), int(op.nb[2])
+        ith, nth = params.ith, params.nth
+        need = int(kq.kq_work_size(self.type, ne10, ne11 * ne12))
+        if wdata is None or wdata.nbytes < need:
+            raise GGMLError(f"repack mul_mat: work buffer of {0 if wdata is None else wdata.nbytes} bytes, "
+                            f"needs {need}")
+        if int(src1.nb[0]) != 4:
+            raise GGMLError("repack mul_mat: src1 rows must be contiguous float32")
+        w = wdata.ctypes.data
+        kq.kq_quantize(self.type, int(src1.data), ne10, ne11, ne12, nb11, nb12, w, ith, nth)
+        tp = params.threadpool
+        nchunk0, dr0 = kq.kq_nchunk(ne01, nth)
+        if ith == 0 and tp is not None:
+            tp.chunk_set(nth)
+        params.barrier()
+        xq = rw.qs.ctypes.data
+        current = ith
+        while current < nchunk0 * ne12:
+            s, e = kq.kq_chunk_rows(current, nchunk0, dr0, ne01)
+            if s < e:
+                if trace.active:
+                    trace.emit("cpu.chunk", ith=ith, node=op.name, chunk=current, ir0=(int(s), int(e)),
+                               ir1=(0, ne11), repack=self.name)
+                kq.kq_chunk(self.type, xq, ne00, s, e, int(op.data), nb1, nb2, current // nchunk0, ne11, ne10, w)
+            current = tp.chunk_add(1) if tp is not None else current + nth
+
     # ---- repack (tensor_traits_base::repack)
     def repack(self, t: Tensor, data: np.ndarray) -> RepackedWeight:
         rows, ne00 = int(t.ne[1]), int(t.ne[0])
+        if self.type in K_TYPES:
+            raw = np.ascontiguousarray(np.asarray(data).view(np.uint8)[:rows * Q.row_size(self.type, ne00)])
+            if self.type == GGML_TYPE_Q4_K:
+                qs = repack_q4_K_to_q4_K_8_bl(raw.view(Q.BLOCK_DTYPES[self.type]).reshape(rows, -1)).view(np.uint8)
+            else:
+                qs = raw.copy()                  # not repacked by ggml on AVX2: the rows as they are
+            return RepackedWeight(self, qs, np.zeros(0, np.uint8), None, rows, ne00)
         blocks = np.ascontiguousarray(data).view(Q.BLOCK_DTYPES[self.type]).reshape(rows, ne00 // 32)
+        if self.type == GGML_TYPE_Q5_0:
+            blocks = q5_0_as_q8_0(blocks)
         return repack_blocks(self, blocks, rows, ne00)
 
 
@@ -178,7 +247,7 @@ def repack_blocks(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int
         return np.ascontiguousarray(v.reshape(g, NB_COLS, nb).transpose(0, 2, 1))
     d = scales("d")
     m = None
-    if traits.type == GGML_TYPE_Q8_0:
+    if traits.kernel_type == GGML_TYPE_Q8_0:
         qs = blocks["qs"].view(np.uint8).reshape(g, NB_COLS, nb, 8, INTER_SIZE)
         qs = np.ascontiguousarray(qs.transpose(0, 2, 3, 1, 4))          # (g, nb, chunk, row, 4)
     else:
@@ -189,14 +258,25 @@ def repack_blocks(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int
     return RepackedWeight(traits, qs.reshape(-1), d.reshape(-1), None if m is None else m.reshape(-1), rows, ne00)
 
 
+def q5_0_as_q8_0(blocks: np.ndarray) -> np.ndarray:
+    """Q5_0 blocks -> Q8_0 blocks with the same d and the int8 levels q - 16 (what the AVX2 kernel multiplies)."""
+    u = Q.unpack_blocks(GGML_TYPE_Q5_0, blocks.reshape(-1))
+    out = np.zeros(blocks.size, Q.BLOCK_DTYPES[GGML_TYPE_Q8_0])
+    out["d"] = blocks["d"].reshape(-1)
+    out["qs"] = (u["q"] - 16).astype(np.int8)
+    return out.reshape(blocks.shape)
+
+
 _TRAITS_BY_ADDR: dict[int, TensorTraits] = {}
 _TRAITS: dict[int, TensorTraits] = {}
 
 
 def _traits_for_type(t: int) -> TensorTraits:
     if t not in _TRAITS:
-        name = {GGML_TYPE_Q4_0: "q4_0_8x4_q8_0", GGML_TYPE_Q4_1: "q4_1_8x4_q8_1", GGML_TYPE_Q8_0: "q8_0_8x4_q8_0"}[t]
-        param = C.GGML_TYPE_Q8_1 if t == GGML_TYPE_Q4_1 else C.GGML_TYPE_Q8_0
+        name = {GGML_TYPE_Q4_0: "q4_0_8x4_q8_0", GGML_TYPE_Q4_1: "q4_1_8x4_q8_1", GGML_TYPE_Q8_0: "q8_0_8x4_q8_0",
+                GGML_TYPE_Q4_K: "q4_K_8x8_q8_K", GGML_TYPE_Q5_0: "q5_0_8x4_q8_0", GGML_TYPE_Q6_K: "q6_K_rows_q8_K"}[t]
+        param = {GGML_TYPE_Q4_1: C.GGML_TYPE_Q8_1, GGML_TYPE_Q4_K: GGML_TYPE_Q8_K,
+                 GGML_TYPE_Q6_K: GGML_TYPE_Q8_K}.get(t, C.GGML_TYPE_Q8_0)
         _TRAITS[t] = TensorTraits(t, param, name)
     return _TRAITS[t]
 
@@ -205,9 +285,9 @@ def get_optimal_repack_type(cur: Tensor):
     """ggml_repack_get_optimal_repack_type: the traits for this weight, or None (then it is not repacked)."""
     if fk is None:
         return None
-    if cur.type not in (GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0):
+    if cur.type not in (GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0) + K_TYPES:
         return None
-    if int(cur.ne[1]) % NB_COLS != 0 or int(cur.ne[0]) % 32 != 0 or n_dims(cur) > 2:
+    if int(cur.ne[1]) % NB_COLS != 0 or int(cur.ne[0]) % Q.blck_size(cur.type) != 0 or n_dims(cur) > 2:
         return None
     return _traits_for_type(cur.type)
 
@@ -341,3 +421,151 @@ def place_weights(tensors, label: str = "model weights"):
         backend.backend_tensor_set(t, src, 0, n)
         off += -(-n // align) * align
     return buffer
+
+
+# =====================================================================================================================
+# Q4_K: block_q4_Kx8 (repack.cpp's make_block_q4_Kx8) and the AVX2 q4_K_8x8_q8_K kernels, faithful (NumPy)
+# =====================================================================================================================
+# ggml on AVX2 repacks Q4_K weights with ne1 % 8 == 0 to q4_K_8x8_q8_K (ggml_repack_get_optimal_repack_type):
+# src1 rows in groups of 4 are quantized by ggml_quantize_mat_q8_K_4x8 and go through ggml_gemm_q4_K_8x8_q8_K, the
+# last ne11 % 4 rows by quantize_row_q8_K and ggml_gemv_q4_K_8x8_q8_K. Neither Q5_0, Q6_K nor Q8_0 is repacked on
+# AVX2 (only on NEON), so those MUL_MATs run the plain vec_dot kernels (cpu/quants.py).
+
+Q4_KX8_DTYPE = np.dtype([("d", "<u2", (8,)), ("dmin", "<u2", (8,)), ("scales", "u1", (96,)), ("qs", "u1", (1024,))])
+Q8_KX4_DTYPE = np.dtype([("d", "<f4", (4,)), ("qs", "i1", (1024,)), ("bsums", "<i2", (64,))])
+
+
+def repack_q4_K_to_q4_K_8_bl(blocks: np.ndarray) -> np.ndarray:
+    """repack_q4_K_to_q4_K_8_bl(interleave 8): Q4_K blocks (rows, nb), rows % 8 == 0 -> block_q4_Kx8 (rows/8 * nb).
+
+    Per group of 8 rows and super-block: the 8 d and 8 dmin; per sub-block s the 8 rows' 6-bit scales and mins packed
+    as one Q4_K scales field (12 bytes at 12*s); the quants 8 bytes at a time, row after row
+    (qs[64c + 8r .. +8] = row r's qs[8c .. 8c+8])."""
+    rows, nb = blocks.shape
+    if rows % NB_COLS:
+        raise ValueError(f"q4_K_8x8 repack needs a multiple of 8 rows, got {rows}")
+    g = rows // NB_COLS
+    b = blocks.reshape(g, NB_COLS, nb)
+    out = np.zeros((g, nb), Q4_KX8_DTYPE)
+    out["d"] = b["d"].view(np.uint16).transpose(0, 2, 1)
+    out["dmin"] = b["dmin"].view(np.uint16).transpose(0, 2, 1)
+    sc, mn = Q._get_scale_min_k4(b["scales"].reshape(-1, 12))               # (g*8*nb, 8 sub-blocks)
+    sc = sc.reshape(g, NB_COLS, nb, 8).transpose(0, 2, 3, 1)                # (g, nb, sub-block, row)
+    mn = mn.reshape(g, NB_COLS, nb, 8).transpose(0, 2, 3, 1)
+    out["scales"] = Q._pack_scale_min_k4(sc.reshape(-1, 8), mn.reshape(-1, 8)).reshape(g, nb, 96)
+    out["qs"] = b["qs"].reshape(g, NB_COLS, nb, 16, 8).transpose(0, 2, 3, 1, 4).reshape(g, nb, 1024)
+    return out.reshape(-1)
+
+
+def quantize_mat_q8_K_4x8(x: np.ndarray) -> np.ndarray:
+    """ggml_quantize_mat_q8_K_4x8 (AVX2): 4 float32 rows (4, k) -> block_q8_Kx4 (k/256,).
+
+    The numbers are quantize_row_q8_K_ref's except for the scale's sign: the AVX2 code takes -127/max when any value
+    equals +max, the reference the sign of the first value of largest magnitude. Quants are interleaved 8 at a time
+    (qs[32c + 8r ..] = row r's quants 8c..8c+7) and bsums[16k + 4r + j] = row r's bsums[4k + j]."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[0] != 4 or x.shape[1] % 256:
+        raise ValueError(f"quantize_mat_q8_K_4x8 needs (4, k) rows with k % 256 == 0, got {x.shape}")
+    nb = x.shape[1] // 256
+    v = x.reshape(4, nb, 256)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        amax = np.abs(v).max(-1)
+        haspos = (v == amax[..., None]).any(-1)
+        iscale = np.where(amax != 0, np.where(haspos, np.float32(-127.0), np.float32(127.0)) / amax, np.float32(0))
+        iscale = iscale.astype(np.float32)
+        d = np.where(amax != 0, np.float32(1.0) / iscale, np.float32(0)).astype(np.float32)
+        r = np.rint(v * iscale[..., None])
+        q = np.where(np.isnan(r), -128, np.clip(r, -128, 127)).astype(np.int8)
+    out = np.zeros(nb, Q8_KX4_DTYPE)
+    out["d"] = d.T
+    out["qs"] = q.reshape(4, nb, 32, 8).transpose(1, 2, 0, 3).reshape(nb, 1024)
+    bs = q.astype(np.int16).reshape(4, nb, 16, 16).sum(-1, dtype=np.int16)   # (row, nb, 16)
+    out["bsums"] = bs.reshape(4, nb, 4, 4).transpose(1, 2, 0, 3).reshape(nb, 64)
+    return out
+
+
+def _q8_Kx4_rows(y4: np.ndarray):
+    """block_q8_Kx4 (nb,) -> the 4 rows' d (4, nb), qs (4, nb*256) int, bsums (4, nb, 16)."""
+    nb = y4.shape[0]
+    d = y4["d"].T
+    qs = y4["qs"].reshape(nb, 32, 4, 8).transpose(2, 0, 1, 3).reshape(4, nb * 256)
+    bs = y4["bsums"].reshape(nb, 4, 4, 4).transpose(2, 0, 1, 3).reshape(4, nb, 16)
+    return d, qs, bs
+
+
+def _q4_K_parts(w: np.ndarray):
+    """Q4_K rows (M, row bytes) -> d, dmin (M, nb) float32, sc*q levels (M, nb, 8, 32) float64, mins (M, nb, 8)."""
+    blocks = Q.as_blocks(GGML_TYPE_Q4_K, np.ascontiguousarray(w))
+    M, nb = blocks.shape
+    u = Q.unpack_blocks(GGML_TYPE_Q4_K, blocks.reshape(-1))
+    q = u["q"].reshape(M, nb, 8, 32).astype(np.float64) * u["sc"].reshape(M, nb, 8, 1)
+    return (u["d"].reshape(M, nb), u["dmin"].reshape(M, nb), q, u["mn"].reshape(M, nb, 8).astype(np.float64))
+
+
+def gemv_q4_K_8x8_q8_K(w: np.ndarray, dy: np.ndarray, qy: np.ndarray, bsy: np.ndarray) -> np.ndarray:
+    """ggml_gemv_q4_K_8x8_q8_K (AVX2), per output: Q4_K rows w (M, bytes) . q8_K rows (d (N, nb), qs (N, nb*256),
+    bsums (N, nb, 16)) -> (N, M) float32.
+
+    One float lane per weight row: per super-block the exact int32 sum over its 8 sub-blocks of scale*dot and of
+    min*bsum32, then ``acc = fmadd((float) isum, d_w*d_y, acc)``, ``acc_min = fmadd((float) imin, dmin_w*d_y,
+    acc_min)``; the result is acc - acc_min."""
+    dx, mx, X, mins = _q4_K_parts(w)
+    N, nb = dy.shape
+    Y = qy.reshape(N, nb, 256).astype(np.float64)
+    B = bsy.reshape(N, nb, 8, 2).astype(np.float64).sum(-1)                  # bsums of 32
+    acc = np.zeros((N, X.shape[0]), np.float32)
+    acc_min = np.zeros_like(acc)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for b in range(nb):
+            isum = Y[:, b] @ X[:, b].reshape(-1, 256).T
+            imin = B[:, b] @ mins[:, b].T
+            acc = fma32(isum.astype(np.float32), dx[None, :, b] * dy[:, b, None], acc)
+            acc_min = fma32(imin.astype(np.float32), mx[None, :, b] * dy[:, b, None], acc_min)
+    return acc - acc_min
+
+
+def gemm_q4_K_8x8_q8_K(w: np.ndarray, dy: np.ndarray, qy: np.ndarray, bsy: np.ndarray) -> np.ndarray:
+    """ggml_gemm_q4_K_8x8_q8_K (AVX2), per output: as the gemv but the float accumulation is per pair of sub-blocks
+    (4 fmadds per super-block, each with the int32 sum of 2 sub-blocks), for both the scales and the mins."""
+    dx, mx, X, mins = _q4_K_parts(w)
+    N, nb = dy.shape
+    Y = qy.reshape(N, nb, 4, 64).astype(np.float64)
+    B = bsy.reshape(N, nb, 4, 2, 2).astype(np.float64).sum(-1)               # (N, nb, pair, 2 sub-blocks)
+    Xp = X.reshape(X.shape[0], nb, 4, 64)
+    mp = mins.reshape(-1, nb, 4, 2)
+    acc = np.zeros((N, X.shape[0]), np.float32)
+    acc_min = np.zeros_like(acc)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for b in range(nb):
+            ds = dx[None, :, b] * dy[:, b, None]
+            dm = mx[None, :, b] * dy[:, b, None]
+            for sb in range(4):
+                isum = Y[:, b, sb] @ Xp[:, b, sb].T
+                acc = fma32(isum.astype(np.float32), ds, acc)
+                imin = B[:, b, sb] @ mp[:, b, sb].T
+                acc_min = fma32(imin.astype(np.float32), dm, acc_min)
+    return acc - acc_min
+
+
+def mul_mat_q4_K_8x8(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """What tensor_traits<block_q4_K, 8, 8, Q8_K>::forward_mul_mat computes for one plane: Q4_K weights w (M, bytes),
+    M % 8 == 0, times float32 src1 rows x (N, K) -> (N, M). Rows 4i..4i+3 (i < N // 4) through quantize_mat_q8_K_4x8
+    + gemm, the last N % 4 rows through quantize_row_q8_K + gemv. (Chunking over M cannot change a bit: every output
+    is its own lane.)"""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    N, K = x.shape
+    nb = K // 256
+    out = np.empty((N, w.shape[0]), np.float32)
+    n4 = N - N % 4
+    if n4:
+        d, q, bs = [], [], []
+        for i in range(0, n4, 4):
+            di, qi, bi = _q8_Kx4_rows(quantize_mat_q8_K_4x8(x[i:i + 4]))
+            d.append(di)
+            q.append(qi)
+            bs.append(bi)
+        out[:n4] = gemm_q4_K_8x8_q8_K(w, np.concatenate(d), np.concatenate(q), np.concatenate(bs))
+    if N > n4:
+        y = Q.quantize_row_ref(GGML_TYPE_Q8_K, x[n4:]).view(Q.BLOCK_DTYPES[GGML_TYPE_Q8_K]).reshape(N - n4, nb)
+        out[n4:] = gemv_q4_K_8x8_q8_K(w, y["d"], y["qs"].reshape(N - n4, -1), y["bsums"])
+    return out

@@ -471,7 +471,8 @@ def _build(cgraph, require_repack: bool = True):
                     P[k, S1 + DATA] = 0
             elif op == C.GGML_OP_GET_ROWS:
                 _need(node.type == GGML_TYPE_F32 and s1.type in (C.GGML_TYPE_I32, C.GGML_TYPE_I64))
-                _need(s0.type in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1))
+                _need(s0.type in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+                                  C.GGML_TYPE_Q5_0, C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q6_K))
                 _need(int(node.nb[0]) == 4)
                 P[k, OP] = OP_GET_ROWS
                 P[k, GET_ROWS_TYPE] = s0.type

@@ -153,6 +153,9 @@ from .program import (
     TRW_KERNEL,
     TRW_NODE,
 )
+from .kquants import dequantize_row as kq_dequantize_row
+from .kquants import k_mul_mat_kq
+from .program import T_Q4_K, T_Q5_0, T_Q6_K
 from .sync import new_sync, set_error, tr_rec, traced, traced_barrier
 
 F32 = np.float32
@@ -324,6 +327,11 @@ def mmq_chunk_rows(current_chunk, nchunk0, dr0, nr0):
 @compiled
 def k_mul_mat_q(P, F, k, ith, nth, sync, wdata):
     qtype = P[k, MMQ_TYPE]
+    if qtype == T_Q4_K or qtype == T_Q6_K:      # Gemma-3's K-quant weights: kquants.py
+        k_mul_mat_kq(P, k, ith, nth, sync, wdata)
+        return
+    if qtype == T_Q5_0:                         # repacked as Q8_0 (levels q - 16): the same arithmetic
+        qtype = T_Q8_0
     xq, xd, xm = P[k, MMQ_QS], P[k, MMQ_D], P[k, MMQ_M]
     ne00, ne01 = P[k, S0 + NE0], P[k, S0 + NE1]
     src1 = P[k, S1 + DATA]
@@ -549,6 +557,8 @@ def k_get_rows(P, F, k, ith, nth, sync, wdata):
         if t0 == T_F32:
             for j in range(ne00):
                 st_u32(yr + 4 * j, ld_u32(xr + 4 * j))
+        elif t0 == T_Q5_0 or t0 == T_Q4_K or t0 == T_Q6_K:         # Gemma-3's types: kquants.py
+            kq_dequantize_row(t0, xr, yr, ne00)
         else:
             for j in range(ne00):
                 st_f32(yr + 4 * j, _row_to_f32(t0, xr, j, ne00))

@@ -67,6 +67,7 @@ SCALE_S, SCALE_B = 0, 1
 
 # type codes used inside kernels (ggml_type values)
 T_F32, T_F16, T_Q4_0, T_Q4_1, T_Q8_0, T_I32, T_I64 = 0, 1, 2, 3, 8, 26, 27
+T_Q5_0, T_Q4_K, T_Q6_K = 6, 12, 14       # Gemma-3's weights: MUL_MAT in kquants.py (k_mul_mat_kq)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the sync array (int64) a compiled graph's threads share: each counter on its own cache line
