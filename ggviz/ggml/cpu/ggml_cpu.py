@@ -281,6 +281,8 @@ def graph_compute(cgraph: CGraph, cplan: Cplan) -> int:
         prog = cplan.extra if (cplan.extra is not None and not cplan.use_ref and cplan.abort_callback is None) \
             else None
         tp.fast = prog
+        if prog is not None:
+            prog.begin_compute(n_threads)
         traced = trace.active
         if traced:
             trace.emit("cpu.compute.start", graph=graph_key(cgraph), n_threads=n_threads, n_nodes=cgraph.n_nodes,

@@ -20,9 +20,44 @@ faithful kernels.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import pathlib
 
 if os.environ.get("GGVIZ_NO_NUMBA", "") not in ("", "0"):
     raise ImportError("the compiled fast path is disabled by GGVIZ_NO_NUMBA")
 
 import numba  # noqa: E402,F401 - an ImportError here means: no compiled kernels
+
+
+# Numba's on-disk cache checks only the timestamp of the file that defines a cached function, but the compiled
+# ``graph_compute_thread`` inlines kernels of every module here (and libm.py's / vec.py's functions and constants):
+# after an edit of kquants.py alone it would silently load the old machine code. So the cache is keyed on the
+# sources of all of them together: when their hash changes, every cached kernel of this package is dropped.
+_CACHE_SOURCES = ("libm.py", "vec.py")
+
+
+def _drop_stale_kernel_cache() -> None:
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return                                   # a cache elsewhere is the user's to manage
+    here = pathlib.Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in sorted(here.glob("*.py")) + [here.parent / n for n in _CACHE_SOURCES]:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    digest = h.hexdigest()
+    cache = here / "__pycache__"
+    stamp = cache / "ggviz-kernel-sources.sha256"
+    try:
+        old = stamp.read_text() if stamp.is_file() else None
+        if old == digest:
+            return
+        for f in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
+            f.unlink(missing_ok=True)
+        cache.mkdir(exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:
+        pass                                     # a read-only install: Numba then compiles in memory
+
+
+_drop_stale_kernel_cache()

@@ -136,6 +136,7 @@ class FastGraph:
         self.timings = np.zeros(0, np.int64)  # per-row cycle counts when profiling (set_profiling)
         self.plan_cache = {}                  # n_threads -> what ggml_graph_plan's node loop found (same graph)
         self.n_next = 1 << 30                 # threads for the next compute (see compute_thread)
+        self.n_use_now = None                 # threads of the compute in flight, fixed before its kickoff
         self.wall = {}                        # n_use -> recent wall ns of a compute (exponential average)
         self.n_single = 0                     # computes run on one thread since the last probe ...
         self.single_ns = 0                    # ... and their time
@@ -245,12 +246,19 @@ class FastGraph:
         return trace.Batch(_FastTraceExpander(self, parts, p0, c0, ns_per_tick, pool, n_graph, dropped),
                            sum(len(r) for _, r in parts) + (1 if dropped else 0))
 
+    def begin_compute(self, nth: int) -> None:
+        """Fix the number of threads of the next compute (called by graph_compute before the kickoff)."""
+        self.n_use_now = max(1, min(min(nth, N_CPUS), self.n_next))
+
     def compute_thread(self, ith: int, nth: int, work_data) -> None:
         """Thread ith's walk over every node (ggml_graph_compute_thread, compiled). ``self.n_next`` (decided by
         thread 0 at the end of the previous compute, capped by nth and N_CPUS) threads take part, the others return
         at once; they split the work with ggml's ith/nth partitions."""
         n_max = min(nth, N_CPUS)
-        n_use = max(1, min(n_max, self.n_next))
+        # the thread count is fixed before the kickoff (begin_compute): reading n_next here would race with thread
+        # 0, which may finish a one-thread compute and change n_next before a late worker has even looked at it
+        # -- that worker would then wait in a barrier nobody else enters
+        n_use = min(n_max, self.n_use_now) if self.n_use_now is not None else max(1, min(n_max, self.n_next))
         if ith >= n_use:
             return
         w = work_data.ctypes.data if work_data is not None and work_data.nbytes else 0
