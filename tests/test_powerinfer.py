@@ -184,3 +184,66 @@ def test_bad_input_is_refused_and_leaves_context_alone():
     assert ctx.n_objects == n                         # a refused call adds nothing
     with pytest.raises(ggml.GGMLError, match="NaN"):
         powerinfer.set_sparse_pred_threshold(float("nan"))
+
+
+# ---------------------------------------------------------------- the compiled kernels (ggviz/ggml/cpu/fast/sparse.py)
+
+def _oracle():
+    try:
+        from tests.oracle.ggml_lib import RealGGML, available
+    except Exception:  # noqa: BLE001
+        return None
+    return RealGGML() if available() else None
+
+
+@pytest.mark.parametrize("wtype", [Q4_1, C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q8_0, F16])
+def test_compiled_mul_mat_sparse_has_real_ggml_bits_on_kept_rows(wtype):
+    sparse = pytest.importorskip("ggviz.ggml.cpu.fast.sparse", reason="the compiled kernels need Numba")
+    from ggviz.ggml.cpu.fast import intrinsics
+    g = _oracle()
+    if g is None or not intrinsics.HAVE_AVX2:
+        pytest.skip("real ggml oracle (libggml-python) or AVX2 not available")
+    rng = np.random.default_rng(int(wtype))
+    M, K, T = 1536, 576, 3
+    W, X, I, G = _case(rng, M=M, K=K, T=T)
+    if wtype == F16:
+        raw = W.astype(np.float16).view(np.uint8).reshape(M, -1)
+    else:
+        raw = np.asarray(Q.quantize_row_ref(wtype, W)).reshape(-1).view(np.uint8).reshape(M, -1)
+    ctx = g.init(64 << 20)
+    try:
+        w = g.new_tensor_2d(ctx, wtype, K, M)
+        g.set_array(w, raw.reshape(-1).view(np.float16) if wtype == F16 else raw.reshape(-1))
+        x = g.new_tensor_2d(ctx, g.GGML_TYPE_F32, K, T)
+        g.set_array(x, X)
+        y = g.mul_mat(ctx, w, x)
+        gf = g.new_graph(ctx)
+        g.build_forward_expand(gf, y)
+        g.graph_compute(gf, 1)
+        real = g.to_float(y).reshape(T, M).copy()
+    finally:
+        g.free(ctx)
+    keep = (G[None] != 1) & ~(I < 0)
+    mm = sparse.SparseMatMul(wtype, raw, K)
+    for nth in (1, 2, 3, 4):
+        S = mm(X, I, G, 0.0, nth)
+        assert np.array_equal(S[keep], real[keep]), nth
+        assert np.all(S[~keep] == 0) and mm.skipped == int((~keep).sum())
+
+
+def test_compiled_axpy_matches_the_faithful_kernel_bit_for_bit():
+    sparse = pytest.importorskip("ggviz.ggml.cpu.fast.sparse", reason="the compiled kernels need Numba")
+    rng = np.random.default_rng(21)
+    M, K, T = 1536, 576, 2
+    Wt = (rng.standard_normal((M, K)) * 0.05).astype(np.float16)
+    X = np.maximum(rng.standard_normal((T, M)), 0).astype(np.float32)
+    I = rng.standard_normal((T, M)).astype(np.float32)
+    G = (rng.random(M) < 0.25).astype(np.int32)
+    ref, _ = _axpy_ref(Wt, X, I, G, 0.0)
+    for nth in (1, 2, 3, 4):
+        ctx = _ctx()
+        y = ggml.axpy(ctx, _tensor(ctx, F16, Wt), _tensor(ctx, F32, X), _tensor(ctx, F32, I), _tensor(ctx, I32, G))
+        faithful = _compute([y], nth)[0].reshape(T, K)
+        fast = sparse.run_axpy(Wt, X, I, G, 0.0, nth)
+        assert np.array_equal(fast, faithful), nth
+        assert np.abs(fast - ref).max() / np.abs(ref).max() <= 1e-6
