@@ -44,6 +44,8 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("ggviz.export:trace_main", "Chrome/Perfetto trace JSON of one decode compute (`ggviz trace -o FILE`)"),
     "report": ("ggviz.report", "standalone HTML walkthrough of one decode step (`ggviz report -o report.html`)"),
     "book": ("ggviz.book", "the notebooks, executed, as an offline HTML site (`ggviz book -o book/`)"),
+    "powerinfer": ("ggviz.powerinfer.pipeline",
+                   "PowerInfer's offline pipeline: predictor + PWRI GGUF (`ggviz powerinfer build --out DIR`)"),
 }
 
 DEBUG_FLAG = "--debug"

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import ggml
+from . import powerinfer
 
 
 @dataclass
@@ -235,7 +236,11 @@ class LlamaGraphBuilder:
             self.cb(ffn_inp, "ffn_inp", il)
             cur = self.build_norm(ffn_inp, layer.ffn_norm, il)
             self.cb(cur, "ffn_norm", il)
-            cur = self.build_ffn(cur, layer.ffn_up, layer.ffn_gate, layer.ffn_down, il)
+            if getattr(model, "sparse", None) is not None:      # PowerInfer: llm_build_ffn_sparse (ggviz/llama/powerinfer.py)
+                cur = powerinfer.build_ffn_sparse(self, cur, ffn_inp, layer, model.sparse.layers[il], il,
+                                                  model.sparse.act_type)
+            else:
+                cur = self.build_ffn(cur, layer.ffn_up, layer.ffn_gate, layer.ffn_down, il)
             self.cb(cur, "ffn_out", il)
             cur = ggml.add(ctx0, cur, ffn_inp)
             self.cb(cur, "ffn_out", il)

@@ -20,6 +20,7 @@ from ..ggml import backend as B
 from ..ggml import backend_reg, impl, memory
 from ..ggml.cpu import repack
 from ..gguf_file import GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch
+from . import powerinfer
 from .vocab import Vocab
 
 LLAMA_ROPE_TYPE_NONE = -1
@@ -113,6 +114,7 @@ class LlamaModel:
     dev_layer: list = field(default_factory=list)   # device of each repeating layer
     dev_output: object = None                       # device of the output layer (norm + output)
     ctx_extra: list = field(default_factory=list)   # contexts of duplicated tensors (a tied output on a device)
+    sparse: object = None            # PowerInfer (a PWRI file): powerinfer.SparseModel, else None
 
     def n_params(self) -> int:
         return sum(ggml.nelements(t) for t in self.tensors.values())
@@ -201,14 +203,20 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
     m = LlamaModel(path=str(path), gguf=gf, arch=gf.arch, name=str(gf.kv.get("general.name", "")), hparams=hp,
                    vocab=vocab, ctx_w=ctx_w, tensors=tensors, tok_embd=tok_embd, output_norm=output_norm,
                    output=output, layers=layers, params=params)
+    if getattr(gf, "sparse", False):
+        # PowerInfer: llama_use_sparse_inference -> the predictor, ffn_down_t, the threshold, gpu_idx
+        m.sparse = powerinfer.load_sparse(gf, tensors, hp)
+        powerinfer.apply_threshold(m.sparse)
     cpu_dev = _assign_devices(m, params)
     _duplicate_tied_output(m)
     _offload_weights(m)
     if params.use_extra_bufts:
         # weights used by MUL_MAT go to the first extra buffer type that takes them (repacked at load)
         if repack.available():
+            # (PowerInfer's sparse kernels read ffn_gate / ffn_up row by row in ggml's plain layout: not repacked)
+            ffn = (lambda ly: (ly.ffn_gate, ly.ffn_up, ly.ffn_down)) if m.sparse is None else (lambda ly: ())
             mm = [w for il, ly in enumerate(layers) if m.dev_layer[il] is cpu_dev
-                  for w in (ly.wq, ly.wk, ly.wv, ly.wo, ly.ffn_gate, ly.ffn_up, ly.ffn_down)]
+                  for w in (ly.wq, ly.wk, ly.wv, ly.wo) + ffn(ly)]
             if m.dev_output is cpu_dev:
                 # a tied output was duplicated above (_duplicate_tied_output), so the copy can take the extra
                 # buffer type while GET_ROWS keeps reading the mapped token_embd
