@@ -247,3 +247,71 @@ def test_compiled_axpy_matches_the_faithful_kernel_bit_for_bit():
         fast = sparse.run_axpy(Wt, X, I, G, 0.0, nth)
         assert np.array_equal(fast, faithful), nth
         assert np.abs(fast - ref).max() / np.abs(ref).max() <= 1e-6
+
+
+# ---------------------------------------------------------------- the hybrid executor (ggviz/ggml/cpu/hybrid.py)
+
+def _hybrid_ffn(rng, n_layer=2, M=1536, K=576, T=2, p_gpu=0.3):
+    """n_layer chained sparse FFNs (llm_build_ffn_sparse's shape: predictor, up/gate CPU + GPU halves merged,
+    SiLU, MUL, AXPY CPU + GPU merged), random weights."""
+    ctx = _ctx()
+    cur = _tensor(ctx, F32, rng.standard_normal((T, K)).astype(np.float32))
+    names = []
+    for il in range(n_layer):
+        G = (rng.random(M) < p_gpu).astype(np.int32)
+        bucket = np.flatnonzero(G).astype(np.int32)
+        g, gb = _tensor(ctx, I32, G), _tensor(ctx, I32, bucket)
+        fc1 = _tensor(ctx, F32, (rng.standard_normal((128, K)) * 0.05).astype(np.float32))
+        fc2 = _tensor(ctx, F32, (rng.standard_normal((M, 128)) * 0.3).astype(np.float32))
+        idx = ggml.mul_mat(ctx, fc2, ggml.relu(ctx, ggml.mul_mat(ctx, fc1, cur)))
+        ggml.format_name(idx, "mlp_pre_out-%d", il)
+        outs = {}
+        for name in ("up", "gate"):
+            W = (rng.standard_normal((M, K)) * 0.05).astype(np.float32)
+            c = ggml.mul_mat_idx(ctx, _tensor(ctx, Q4_1, W), cur, idx, g)
+            ggml.format_name(c, f"ffn_{name}_sparse-%d", il)
+            u = ggml.mul_mat_idx_upscale(ctx, _tensor(ctx, Q4_1, W[bucket]), cur, idx, gb, M)
+            ggml.format_name(u, f"ffn_{name}_sparse_gpu-%d", il)
+            outs[name] = ggml.add(ctx, c, u)
+        x = ggml.mul(ctx, ggml.silu(ctx, outs["gate"]), outs["up"])
+        Wt = (rng.standard_normal((M, K)) * 0.05).astype(np.float16)
+        d = ggml.axpy(ctx, _tensor(ctx, F16, Wt), x, idx, g)
+        ggml.format_name(d, "ffn_down_sparse-%d", il)
+        dg = ggml.axpy(ctx, _tensor(ctx, F16, Wt[bucket]), x, idx, gb, bucket=True)
+        ggml.format_name(dg, "ffn_down_sparse_gpu-%d", il)
+        cur = ggml.add(ctx, cur, ggml.add(ctx, d, dg))
+        names.append(il)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, cur)
+    return gf, cur
+
+
+def test_hybrid_executor_equals_cpu_run_and_respects_dependencies():
+    from ggviz.ggml.cpu import hybrid
+    gf, out = _hybrid_ffn(np.random.default_rng(7))
+    on_gpu = lambda n: n.name.endswith(("_gpu-0", "_gpu-1"))  # noqa: E731 - PowerInfer: backend == GPU
+    # the CPU-only run with 2 threads: the hybrid run's CPU kernels get nth = 3 - 1 = 2 as well
+    plan = ggml_cpu.graph_plan(gf, 2)
+    plan.work_data = np.zeros(plan.work_size, np.uint8) if plan.work_size else None
+    assert ggml_cpu.graph_compute(gf, plan) == C.GGML_STATUS_SUCCESS
+    ref = np.array(ggml.get_data(out), copy=True)
+    ggml.get_data(out)[...] = np.nan
+    recs = hybrid.graph_compute_hybrid(gf, 3, on_gpu)
+    assert np.array_equal(np.array(ggml.get_data(out)), ref)
+    assert len(recs) == gf.n_nodes
+    by_n = {r.node_n: r for r in recs}
+    gpu = [r for r in recs if r.lane == "gpu"]
+    assert len(gpu) == 6 and all(r.name.endswith(("_gpu-0", "_gpu-1")) for r in gpu)
+    for r in recs:
+        for k in r.srcs:        # no node starts before its sources finished
+            assert r.t_start >= by_n[k].t_end, (r.name, by_n[k].name)
+    # a GPU node runs while the CPU computes its CPU twin of the same layer
+    cpu_by_name = {r.name: r for r in recs if r.lane == "cpu"}
+    overlaps = 0
+    for r in gpu:
+        twin = cpu_by_name.get(r.name.replace("_gpu", ""))
+        if twin is not None and r.t_start < twin.t_end and twin.t_start < r.t_end:
+            overlaps += 1
+    assert overlaps >= 1
+    with pytest.raises(ggml.GGMLError, match="at least 2 threads"):
+        hybrid.graph_compute_hybrid(gf, 1, on_gpu)
