@@ -210,11 +210,13 @@ def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu) -> list[HybridR
             for e in done:            # wake every waiter; they see `failed` and leave
                 e.set()
 
-    threads = [threading.Thread(target=run, args=(cpu_thread, i), name=f"ggml-hybrid-{i}")
-               for i in range(1, n_threads)]
+    # the GPU driver starts first (in its own thread: the caller would otherwise wait for the interpreter lock
+    # while the CPU threads start on the first nodes), then the CPU threads; the caller waits for all
+    threads = [threading.Thread(target=run, args=(gpu_thread,), name="ggml-hybrid-0")]
+    threads += [threading.Thread(target=run, args=(cpu_thread, i), name=f"ggml-hybrid-{i}")
+                for i in range(1, n_threads)]
     for t in threads:
         t.start()
-    run(gpu_thread)
     for t in threads:
         t.join()
     if errors:
