@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from ggviz import ggml, llama
+from ggviz.ggml import quants as Q
 from ggviz.ggml.cpu import powerinfer as cpu_pi
+from ggviz.ggml.cpu import quants as cq
 from ggviz.powerinfer import pipeline, solver
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -193,3 +195,35 @@ def test_cli_refuses_bad_arguments():
     out = subprocess.run([sys.executable, "-m", "ggviz", "powerinfer", "build", "--out", "/tmp/x", "--tokens", "3"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--tokens" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sparse_down_projection_is_closer_to_exact_than_the_dense_one(models):
+    """Why threshold -inf is not bit-equal to dense: the dense down projection quantizes its input to Q8_1 (llama.cpp's
+    vec_dot_type for Q4_1), PowerInfer's AXPY rounds it to F16. Against the float64 product with the dequantized
+    Q4_1 weights, AXPY's error is far smaller."""
+    sparse, dense = models
+    ids = pipeline.corpus_tokens(sparse.vocab, 8)
+    got = {}
+
+    def cb(t, ask):
+        if ask:
+            return t.name in ("ffn_gate_par-3", "ffn_out-3")
+        got[t.name] = np.array(ggml.get_data(t), np.float32).reshape(len(ids), -1)
+        return True
+    old = cpu_pi.set_sparse_pred_threshold(-np.inf)
+    ctx = pipeline._ctx(sparse, 16, 1)
+    ctx.cparams.cb_eval = cb
+    try:
+        assert llama.decode(ctx, pipeline._batch_all_logits(ids)) == 0
+    finally:
+        llama.free(ctx)
+        cpu_pi.set_sparse_pred_threshold(old)
+    x, out = got["ffn_gate_par-3"], got["ffn_out-3"]
+    t = dense.layers[3].ffn_down
+    raw = np.asarray(ggml.get_data(t)).reshape(-1).view(np.uint8).reshape(576, -1)
+    exact = x.astype(np.float64) @ np.asarray(Q.dequantize_row(t.type, raw), np.float64).reshape(576, 1536).T
+    dense_q8 = cq.vec_dot(t.type, raw, cq.from_float(ggml.GGML_TYPE_Q8_1, x))
+
+    def rel(a):
+        return float(np.linalg.norm(a - exact) / np.linalg.norm(exact))
+    assert rel(out) < 1e-3 and rel(dense_q8) > 5 * rel(out), (rel(out), rel(dense_q8))
