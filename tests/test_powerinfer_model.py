@@ -227,3 +227,53 @@ def test_sparse_down_projection_is_closer_to_exact_than_the_dense_one(models):
     def rel(a):
         return float(np.linalg.norm(a - exact) / np.linalg.norm(exact))
     assert rel(out) < 1e-3 and rel(dense_q8) > 5 * rel(out), (rel(out), rel(dense_q8))
+
+
+def test_vram_budget_loads_the_ffn_split(built, models):
+    """--vram-budget: <model>.generated.gpuidx is read, each layer's hot rows get *_gpu copies and the graph their
+    GPU halves; in the first layer with hot rows (identical inputs) the merged up projection is the CPU-only one to the bit and the merged
+    down projection equal up to the split of AXPY's sum."""
+    from ggviz.llama import powerinfer as lp
+    mp = llama.model_default_params()
+    mp.vram_budget_gb = 0.004
+    split = llama.model_load_from_file(str(built.model_path), mp)
+    cpu_only, _ = models
+    gi = solver.read_gpuidx(built.gpuidx_path)
+    il = next(i for i, g in enumerate(gi) if g.any())     # the first layer with hot rows: same inputs as CPU-only
+    sl, ly = split.sparse.layers[il], split.layers[il]
+    hot = np.flatnonzero(gi[il])
+    assert len(hot) % 256 == 0 and len(hot) > 0
+    assert np.array_equal(np.flatnonzero(np.asarray(ggml.get_data(sl.gpu_idx))), hot)
+    rb = ggml.row_size(ly.ffn_up.type, 576)
+    up_rows = np.asarray(ggml.get_data(ly.ffn_up)).reshape(-1).view(np.uint8).reshape(1536, rb)[hot]
+    assert np.array_equal(np.asarray(ggml.get_data(sl.ffn_up_gpu)).reshape(-1).view(np.uint8), up_rows.reshape(-1))
+    plan = lp.offload_plan(split, int(0.25 * (1 << 30)))
+    assert [s[0] for s in plan["steps"]] == ["attention", "predictor", "ffn_norm", "output", "kv_cache"]
+    assert plan["neuron_bytes"] == int(0.25 * (1 << 30)) - sum(s[1] for s in plan["steps"])
+    assert lp.offload_plan(split, 1 << 20)["neuron_bytes"] == 0        # attention does not fit: no FFN split
+    ids = pipeline.corpus_tokens(split.vocab, 4)
+
+    def capture(model):
+        got = {}
+
+        def cb(t, ask):
+            if ask:
+                return t.name.endswith(f"-{il}") and t.name.startswith(("ffn_up_sparse", "ffn_out"))
+            got[t.name] = np.array(ggml.get_data(t), np.float32)
+            return True
+        ctx = pipeline._ctx(model, 16, 2)
+        ctx.cparams.cb_eval = cb
+        try:
+            assert llama.decode(ctx, pipeline._batch_all_logits(ids)) == 0
+        finally:
+            llama.free(ctx)
+        return got
+    old = cpu_pi.set_sparse_pred_threshold(-1.0)
+    try:
+        a, b = capture(split), capture(cpu_only)
+    finally:
+        cpu_pi.set_sparse_pred_threshold(old)
+    assert f"ffn_up_sparse_gpu-{il}" in a and f"ffn_up_sparse_gpu-{il}" not in b
+    assert np.array_equal(a[f"ffn_up_sparse_merged-{il}"], b[f"ffn_up_sparse-{il}"])
+    assert np.abs(a[f"ffn_out-{il}"] - b[f"ffn_out-{il}"]).max() <= 1e-5 * np.abs(b[f"ffn_out-{il}"]).max()
+    llama.model_free(split)

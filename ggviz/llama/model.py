@@ -11,6 +11,7 @@ memory map (llama.cpp's mmap path, ``use_mmap = true``).
 from __future__ import annotations
 
 import bisect
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -86,6 +87,7 @@ class LlamaModelParams:
     check_tensors: bool = False
     use_extra_bufts: bool = True     # weights of MUL_MATs go to the CPU's extra buffer types (CPU_REPACK) if any
     devices: list | None = None      # devices to offload to (None: every GPU-type device in the registry)
+    vram_budget_gb: float = -1.0     # PowerInfer (PWRI models): > 0 loads <model>.generated.gpuidx, the FFN split
 
 
 def model_default_params() -> LlamaModelParams:
@@ -207,6 +209,12 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
         # PowerInfer: llama_use_sparse_inference -> the predictor, ffn_down_t, the threshold, gpu_idx
         m.sparse = powerinfer.load_sparse(gf, tensors, hp)
         powerinfer.apply_threshold(m.sparse)
+        if params.vram_budget_gb > 0:
+            split = str(path) + ".generated.gpuidx"
+            if not os.path.exists(split):
+                raise GGUFError(split, 0, "file", "the FFN split for --vram-budget (ggviz powerinfer build "
+                                "--vram-budget GiB writes it)", "missing", source="PowerInfer")
+            powerinfer.load_gpu_split(m, split)
     cpu_dev = _assign_devices(m, params)
     _duplicate_tied_output(m)
     _offload_weights(m)

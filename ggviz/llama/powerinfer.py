@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ggml
+from ..ggml import alloc as galloc
+from ..ggml import backend as B
 from ..ggml.cpu import powerinfer as cpu_pi
-from ..gguf_file import GGUFError
+from ..gguf_file import GGUFError, create_weight_context, load_gguf
 
 LLM_KV_SPARSE_THRESHOLD = "powerinfer.sparse_threshold"
 
@@ -108,20 +110,36 @@ def set_gpu_index(sm: SparseModel, gpu_idx_rows, n_ff: int) -> None:
         [np.asarray(r, np.int32).reshape(-1) for r in gpu_idx_rows]
     if len(rows) != n_layer or any(r.shape != (n_ff,) or not np.isin(r, (0, 1)).all() for r in rows):
         raise ValueError(f"gpu_idx: need {n_layer} layers of {n_ff} entries, each 0 or 1")
-    size = sum(2 * ggml.tensor_overhead() + 2 * (n_ff * 4 + 64) for _ in rows) + 1024
-    ctx = ggml.init(size)
-    for sl, r in zip(sm.layers, rows):
-        gi = ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_I32, n_ff)
-        ggml.get_data(gi)[...] = r
+    specs = []
+    for il, r in enumerate(rows):
         bucket = np.flatnonzero(r).astype(np.int32)
-        gb = ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_I32, len(bucket))
-        if len(bucket):
-            ggml.get_data(gb)[...] = bucket
-        sl.gpu_idx, sl.gpu_bucket = gi, gb
-        sl.gpu_offload_ratio = float(len(bucket)) / n_ff
-    old, sm.aux_ctx = sm.aux_ctx, ctx
+        specs.append((f"blk.{il}.gpu_idx", ggml.GGML_TYPE_I32, [n_ff], r.astype(np.int32)))
+        specs.append((f"blk.{il}.gpu_bucket", ggml.GGML_TYPE_I32, [len(bucket)], bucket))
+    ts, keep = _host_tensors(specs)
+    for il, sl in enumerate(sm.layers):
+        sl.gpu_idx, sl.gpu_bucket = ts[2 * il], ts[2 * il + 1]
+        sl.gpu_offload_ratio = float(ggml.nelements(sl.gpu_bucket)) / n_ff
+        sl.ffn_up_gpu = sl.ffn_gate_gpu = sl.ffn_down_gpu = None
+    old, sm.aux_ctx = sm.aux_ctx, keep
     if old is not None:
         sm.extra.append(old)      # tensors of an earlier index may still sit in a cached graph
+
+
+def _host_tensors(specs):
+    """New tensors (name, type, ne, bytes) in one CPU backend buffer, like the model's weights: the scheduler and
+    the allocator take a tensor without a buffer for one they must allocate (its data would be lost)."""
+    ctx = ggml.init(len(specs) * ggml.tensor_overhead() + 1024, no_alloc=True)
+    ts = []
+    for name, type_, ne, _ in specs:
+        t = ggml.new_tensor(ctx, type_, len(ne), list(ne))
+        ggml.set_name(t, name)
+        ts.append(t)
+    buf = galloc.backend_alloc_ctx_tensors_from_buft(ctx, B.backend_cpu_buffer_type())
+    for t, (_, _, _, data) in zip(ts, specs):
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if raw.nbytes:
+            B.backend_tensor_set(t, raw, 0, raw.nbytes)
+    return ts, (ctx, buf)
 
 
 def apply_threshold(sm: SparseModel) -> None:
@@ -195,3 +213,78 @@ def build_ffn_sparse(builder, cur, ffn_inp, layer, sl: SparseLayer, il: int, act
     cur = ggml.mul(ctx, act_gate, up_out)
     cb(cur, "ffn_gate_par")
     return build_sparse_axpy(ctx, sl.ffn_down_t, cur, idx, sl.ffn_down_gpu, sl.gpu_idx, sl.gpu_bucket, cb, "down")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# --vram-budget: what goes to the GPU first, and the FFN split (.generated.gpuidx)
+# ---------------------------------------------------------------------------------------------------------------------
+
+def offload_plan(model, budget_bytes: int, n_ctx: int = 512, kv_type_size: int = 2) -> dict:
+    """llm_load_sparse_model_tensors' order under a VRAM budget: the attention of every layer, then the predictors,
+    then the ffn_norms, then the output layer, then the KV cache (llama_reserve_model_kv_cache); only when all of
+    that fits (``tensor_offload_complete``) does the rest go to FFN neurons (llm_load_gpu_split). Returns
+    ``{"steps": [(what, bytes, fits)], "neuron_bytes": bytes left for neurons}`` (ggviz does not move anything)."""
+    hp = model.hparams
+    sm = model.sparse
+    left = int(budget_bytes)
+    steps = []
+    nb = ggml.nbytes
+    groups = [
+        ("attention", sum(nb(t) for ly in model.layers for t in (ly.attn_norm, ly.wq, ly.wk, ly.wv, ly.wo))),
+        ("predictor", sum(nb(sl.mlp_pre_w1) + nb(sl.mlp_pre_w2) for sl in sm.layers) if sm is not None else 0),
+        ("ffn_norm", sum(nb(ly.ffn_norm) for ly in model.layers)),
+        ("output", nb(model.output_norm) + nb(model.output)),
+        ("kv_cache", 2 * hp.n_layer * n_ctx * hp.n_embd_k_gqa * kv_type_size),
+    ]
+    complete = True
+    for what, size in groups:
+        fits = complete and size <= left
+        if fits:
+            left -= size
+        else:
+            complete = False
+        steps.append((what, int(size), fits))
+    return {"steps": steps, "neuron_bytes": left if complete else 0}
+
+
+def _rows(w, rows: np.ndarray) -> np.ndarray:
+    """create_striped_mat_to_gpu's source: the given rows of ``w`` (raw bytes, one row per line)."""
+    rb = ggml.row_size(w.type, int(w.ne[0]))
+    return np.asarray(ggml.get_data(w)).reshape(-1).view(np.uint8).reshape(int(w.ne[1]), rb)[rows]
+
+
+def load_gpu_split(model, path) -> int:
+    """load_gpu_split_from_split_file + slice_ffn_mat_to_gpu: read ``blk.N.gpu_idx`` / ``gpu_bucket`` from a
+    .generated.gpuidx file and copy each layer's hot rows of ffn_up / ffn_gate / ffn_down_t into ``*_gpu``
+    tensors (ggviz keeps them in host memory: the graph's ``*_gpu`` nodes are the device's work, run by the hybrid
+    executor's thread 0). Returns the bytes the GPU copies take."""
+    gf = load_gguf(path)
+    if not gf.sparse or gf.arch != "generic.gpu_index":
+        raise GGUFError(gf.path, 0, "header", "a PowerInfer gpu index (PWRI, generic.gpu_index)",
+                        f"{gf.magic!r} / {gf.arch}", source="PowerInfer")
+    _, ts = create_weight_context(gf)
+    sm = model.sparse
+    n_ff = model.hparams.n_ff
+    rows = []
+    for il in range(len(sm.layers)):
+        t = ts.get(f"blk.{il}.gpu_idx")
+        if t is None:
+            raise GGUFError(gf.path, 0, f"blk.{il}.gpu_idx", "a tensor", "missing", source="PowerInfer")
+        rows.append(np.array(ggml.get_data(t), np.int32).reshape(-1))
+    set_gpu_index(sm, rows, n_ff)
+    specs, where = [], []
+    for il, (sl, ly, r) in enumerate(zip(sm.layers, model.layers, rows)):
+        bucket = np.flatnonzero(r)
+        if not len(bucket):
+            continue
+        for attr, w in (("ffn_up_gpu", ly.ffn_up), ("ffn_gate_gpu", ly.ffn_gate), ("ffn_down_gpu", sl.ffn_down_t)):
+            specs.append((w.name + "_gpu", w.type, [int(w.ne[0]), len(bucket)], _rows(w, bucket)))
+            where.append((sl, attr))
+    total = 0
+    if specs:
+        ts, keep = _host_tensors(specs)
+        sm.extra.append(keep)
+        for t, (sl, attr) in zip(ts, where):
+            setattr(sl, attr, t)
+            total += ggml.nbytes(t)
+    return total
