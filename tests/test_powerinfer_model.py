@@ -33,7 +33,7 @@ def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("pinfer")
     old = cpu_pi.sparse_pred_threshold
     r = pipeline.build(out, MODEL, tokens=64, heldout=32, seq_len=96, epochs=1, threshold=0.25,
-                       vram_budget_gib=0.004, quiet=True)
+                       vram_budget_gib=0.1, quiet=True)
     yield r
     cpu_pi.set_sparse_pred_threshold(old)
 
@@ -163,9 +163,14 @@ def test_sparse_graph_skips_rows_by_the_predictor(models):
 
 def test_solver_constraints_and_gpuidx_file(built, tmp_path):
     counts = np.stack([np.load(built.model_path.parent / "activation" / f"activation_{i}.npy") for i in range(30)])
-    cap = solver.neuron_cap(int(0.004 * (1 << 30)), llama.model_load_from_file(str(MODEL)).layers[0].ffn_up)
-    assert cap == int(np.floor(0.004 * (1 << 30) / (960 * 4.5))) * 4
+    m = json.loads((built.model_path.parent / "metrics.json").read_text())
+    steps = [s[0] for s in m["offload_steps"]]
+    assert steps == ["attention", "predictor", "ffn_norm", "output", "kv_cache"]
+    assert m["neuron_bytes"] == m["vram_budget"] - sum(s[1] for s in m["offload_steps"]) > 0
+    cap = solver.neuron_cap(m["neuron_bytes"], llama.model_load_from_file(str(MODEL)).layers[0].ffn_up)
+    assert cap == m["neuron_cap"] == int(np.floor(m["neuron_bytes"] / (960 * 4.5))) * 4
     solved = solver.solve_gpu_split(counts, cap)
+    assert solved == m["hot_per_layer"]
     assert all(k % 256 == 0 for k in solved) and 0 < sum(solved) <= cap
     gi = solver.read_gpuidx(built.gpuidx_path)
     assert [int(g.sum()) for g in gi] == solved
@@ -235,7 +240,7 @@ def test_vram_budget_loads_the_ffn_split(built, models):
     down projection equal up to the split of AXPY's sum."""
     from ggviz.llama import powerinfer as lp
     mp = llama.model_default_params()
-    mp.vram_budget_gb = 0.004
+    mp.vram_budget_gb = 0.1
     split = llama.model_load_from_file(str(built.model_path), mp)
     cpu_only, _ = models
     gi = solver.read_gpuidx(built.gpuidx_path)

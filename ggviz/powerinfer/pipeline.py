@@ -34,6 +34,7 @@ from pydoc_data.topics import topics as PYDOC_TOPICS
 from .. import ggml, llama
 from ..cli import ArgumentParser
 from ..ggml import quants as Q
+from ..llama import powerinfer as lpi
 from ..progress import progress, write
 from . import solver
 
@@ -282,9 +283,17 @@ def build(out_dir, model_path=DEFAULT_MODEL, tokens: int = 30720, heldout: int =
     dst = out / name
     write_powerinfer_gguf(model_path, dst, preds, [down_t_f16(model, il) for il in range(hp.n_layer)], threshold)
     gpuidx = None
+    split = {}
     if vram_budget_gib is not None:
-        gpuidx = solver.write_gpuidx(dst, rec.counts, hp, vram_budget_gib)
-    metrics = {"tokens": tokens, "heldout": heldout, "record_s": round(rec.seconds, 1), "train_s": round(t_train, 1),
+        # PowerInfer's order: attention, predictor, ffn_norm, output, KV cache first; neurons get what is left
+        budget = int(vram_budget_gib * (1 << 30))
+        pm = llama.model_load_from_file(os.fspath(dst))
+        plan = lpi.offload_plan(pm, budget)
+        gpuidx, cap, solved = solver.write_gpuidx(dst, rec.counts, plan["neuron_bytes"], pm.layers[0].ffn_up, budget)
+        llama.model_free(pm)
+        split = {"vram_budget": budget, "offload_steps": plan["steps"], "neuron_bytes": plan["neuron_bytes"],
+                 "neuron_cap": cap, "hot_per_layer": solved}
+    metrics = {**split, "tokens": tokens, "heldout": heldout, "record_s": round(rec.seconds, 1), "train_s": round(t_train, 1),
                "act_threshold": [float(v) for v in rec.act_threshold], "layers": layer_metrics}
     for thr in ("0.0", "-0.5", "-1.0"):
         metrics[f"mean_recall@{thr}"] = float(np.mean([m[f"recall@{thr}"] for m in layer_metrics]))

@@ -81,19 +81,15 @@ def export_split(path, gpu_idx: list, vram_capacity: int) -> None:
         f.write((3).to_bytes(4, "little"))
 
 
-def write_gpuidx(model_path, counts: np.ndarray, hp, budget_gib: float, ffn_up=None) -> pathlib.Path:
-    """Solve for ``budget_gib`` of FFN neuron memory and write ``<model>.generated.gpuidx`` next to the model."""
-    budget = int(budget_gib * (1 << 30))
-    if ffn_up is None:
-        class _Up:                      # SmolLM2's ffn_up: Q4_1 [n_embd, n_ff]
-            ne = (hp.n_embd, hp.n_ff, 1, 1)
-            type = ggml.GGML_TYPE_Q4_1
-        ffn_up = _Up()
-    cap = neuron_cap(budget, ffn_up)
+def write_gpuidx(model_path, counts: np.ndarray, neuron_bytes: int, ffn_up, vram_capacity: int) -> tuple:
+    """Solve for ``neuron_bytes`` of FFN neurons (what the VRAM budget leaves after PowerInfer's first offload
+    steps, ``ggviz.llama.powerinfer.offload_plan``) and write ``<model>.generated.gpuidx`` next to the model.
+    Returns (path, neuron_cap, solved per-layer counts)."""
+    cap = neuron_cap(int(neuron_bytes), ffn_up)
     solved = solve_gpu_split(counts, cap)
     path = pathlib.Path(os.fspath(model_path) + ".generated.gpuidx")
-    export_split(path, gpu_index(counts, solved), budget)
-    return path
+    export_split(path, gpu_index(counts, solved), int(vram_capacity))
+    return path, cap, solved
 
 
 def read_gpuidx(path) -> list[np.ndarray]:
