@@ -339,13 +339,17 @@ class SparseMatMul:
         self.qtype, self.W, self.ne00 = qtype, np.ascontiguousarray(W), int(ne00)
         self.nr0 = self.W.shape[0]
         self.counter = np.zeros(8, np.int64)
+        self._w = self.W.ctypes.data
+        self._wdata: dict[int, np.ndarray] = {}      # work buffers by column count (reused between calls)
 
     def prepare(self, x: np.ndarray):
         x = _c(x, np.float32)
         nr1 = x.shape[0]
         vdt = _VDT[self.qtype]
-        size = nr1 * self.ne00 * 2 if vdt == T_F16 else mmq_layout(self.ne00, nr1)[4]
-        wdata = np.zeros(size + 64, np.uint8)
+        wdata = self._wdata.get(nr1)
+        if wdata is None:
+            size = nr1 * self.ne00 * 2 if vdt == T_F16 else mmq_layout(self.ne00, nr1)[4]
+            wdata = self._wdata[nr1] = np.zeros(size + 64, np.uint8)
         quantize_src1(vdt, x.ctypes.data, self.ne00, nr1, self.ne00 * 4, wdata.ctypes.data)
         return wdata, nr1
 
@@ -355,10 +359,10 @@ class SparseMatMul:
         gid = None if gpu_idx is None else _c(gpu_idx, np.int32, (self.nr0,))
         out = np.empty((nr1, self.nr0), np.float32) if out is None else out
         self.counter[0] = 0
-        args = (self.qtype, self.W.ctypes.data, self.W.shape[1], self.ne00, self.nr0, wdata.ctypes.data, nr1,
+        args = (self.qtype, self._w, self.W.shape[1], self.ne00, self.nr0, wdata.ctypes.data, nr1,
                 idx.ctypes.data, self.nr0 * 4, 0 if gid is None else gid.ctypes.data, out.ctypes.data,
                 self.nr0 * 4, np.float32(threshold), self.counter.ctypes.data, nth)
-        skipped = _threads(lambda i: mul_mat_sparse(*args), nth)
+        skipped = [mul_mat_sparse(*args)] if nth == 1 else _threads(lambda i: mul_mat_sparse(*args), nth)
         self.skipped = int(sum(skipped))
         return out
 
