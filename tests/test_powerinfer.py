@@ -321,3 +321,20 @@ def test_hybrid_executor_equals_cpu_run_and_respects_dependencies():
     assert _overlaps(recs) >= 1
     with pytest.raises(ggml.GGMLError, match="at least 2 threads"):
         hybrid.graph_compute_hybrid(gf, 1, on_gpu)
+
+
+@pytest.mark.parametrize("lane", ["cpu", "gpu"])
+def test_hybrid_executor_hands_a_kernel_error_to_the_caller(lane):
+    """A kernel failing in a CPU thread or in the GPU thread stops the others (no hang) and reaches the caller."""
+    from ggviz.ggml.cpu import hybrid
+    ctx = _ctx()
+    a = ggml.new_tensor_2d(ctx, F32, 64, 128)            # AXPY mirrors PowerInfer's F16 kernel only
+    b = _tensor(ctx, F32, np.ones((2, 128), np.float32))
+    idx = _tensor(ctx, F32, np.zeros((2, 128), np.float32))
+    g = _tensor(ctx, I32, np.zeros(128, np.int32))
+    y = ggml.axpy(ctx, a, b, idx, g)
+    z = ggml.add(ctx, y, y)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, z)
+    with pytest.raises(ggml.GGMLError, match="F16"):
+        hybrid.graph_compute_hybrid(gf, 3, lambda n: lane == "gpu" and n.addr == y.addr)
