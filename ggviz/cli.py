@@ -45,6 +45,8 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("ggviz.report", "standalone HTML walkthrough of one decode step (`ggviz report -o report.html`)"),
     "book": ("ggviz.book", "the notebooks, executed, as an offline HTML site (`ggviz book -o book/`)"),
     "explore": ("ggviz.explore", "the linked decode explorer, served by Voilà (`ggviz explore [--port 8866]`)"),
+    "powerinfer": ("ggviz.powerinfer.pipeline",
+                   "PowerInfer's offline pipeline: predictor + PWRI GGUF (`ggviz powerinfer build --out DIR`)"),
 }
 
 DEBUG_FLAG = "--debug"

@@ -58,6 +58,7 @@ __all__ = ["GGUFError", "GGUFFile", "TensorInfo", "KVInfo", "load_gguf", "create
 
 # ---- gguf.h / gguf.cpp constants
 GGUF_MAGIC = b"GGUF"
+GGUF_POWERINFER_MAGIC = b"PWRI"   # SJTU-IPADS/PowerInfer: the same format, marking a model for sparse inference
 GGUF_VERSION = 3
 GGUF_DEFAULT_ALIGNMENT = 32
 GGUF_KEY_GENERAL_ALIGNMENT = "general.alignment"
@@ -276,8 +277,11 @@ class GGUFFile:
         # magic
         p.need(4, "magic")
         magic = bytes(p.buf[0:4])
-        if magic != GGUF_MAGIC:
+        if magic not in (GGUF_MAGIC, GGUF_POWERINFER_MAGIC):
             raise p.err(0, "magic", "b'GGUF'", repr(magic))
+        # PowerInfer's gguf_init_from_file: "PWRI" sets sparse_deriv = GGML_SPARSE_INFERENCE
+        self.magic = magic
+        self.sparse = magic == GGUF_POWERINFER_MAGIC
         p.pos = 4
         # version
         v = p.scalar(_U32, "version")

@@ -11,6 +11,7 @@ import struct
 
 from . import consts as C
 from .context import Context, GGMLError
+from .tensor import GGML_OP_AXPY, GGML_OP_MUL_MAT_SPARSE  # PowerInfer's ops, see the end of this file
 from .tensor import (
     Tensor,
     are_same_shape,
@@ -683,3 +684,83 @@ def geglu(ctx, a):
 
 def geglu_split(ctx, a, b):
     return _glu(ctx, a, b, C.GGML_GLU_OP_GEGLU, False)
+
+
+# ---------------------------------------------------------------- PowerInfer's sparse FFN ops (SJTU-IPADS/PowerInfer)
+# ggml_mul_mat_idx, ggml_mul_mat_idx_upscale and ggml_axpy of PowerInfer's ggml.c. Their op ids come after ggml
+# 0.20.2's enum (tensor.GGML_OP_MUL_MAT_SPARSE / GGML_OP_AXPY): PowerInfer inserted them after GGML_OP_MUL_MAT,
+# ggviz does not renumber ggml's ops. The kernels are ggviz.ggml.cpu.powerinfer.
+
+
+def _sparse_checks(op, a, b, sparse_idx, aux, n_idx):
+    _require(a is not None and b is not None and sparse_idx is not None, op, "a, b and sparse_idx are required")
+    _require(not is_transposed(a), op, "a must not be transposed (nb[0] > nb[1])", a)
+    _require(sparse_idx.type == C.GGML_TYPE_F32, op, "sparse_idx must be F32 (the predictor's logits)", sparse_idx)
+    _require(int(sparse_idx.ne[0]) == n_idx and nelements(sparse_idx) == n_idx * int(b.ne[1] * b.ne[2] * b.ne[3]),
+             op, f"sparse_idx must be [{n_idx}, n_tokens] like b's columns", sparse_idx, b)
+    _require(aux is None or (aux.type == C.GGML_TYPE_I32 and is_vector(aux)), op,
+             "gpu_idx / gpu_bucket must be an I32 vector", aux)
+
+
+def mul_mat_idx(ctx, a, b, sparse_idx, gpu_idx):
+    """ggml_mul_mat_idx: a * b like ggml_mul_mat, but row r of the result is 0 where gpu_idx[r] == 1 (the row lives
+    on the GPU) or sparse_idx[r] < sparse_pred_threshold (the predictor says the neuron stays inactive).
+    gpu_idx may be None (all rows on the CPU)."""
+    _require(can_mul_mat(a, b), "mul_mat_idx",
+             "shapes do not match: need a.ne[0] == b.ne[0] and b.ne[2], b.ne[3] multiples of a's", a, b)
+    _sparse_checks("mul_mat_idx", a, b, sparse_idx, gpu_idx, int(a.ne[1]))
+    _require(gpu_idx is None or int(gpu_idx.ne[0]) == int(a.ne[1]), "mul_mat_idx",
+             "gpu_idx must have one entry per row of a", gpu_idx, a)
+    ne = [int(a.ne[1]), int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
+    r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
+    r.op = GGML_OP_MUL_MAT_SPARSE
+    r.src[0], r.src[1], r.src[2], r.src[3] = a, b, sparse_idx, gpu_idx
+    set_op_params_i32(r, 0, 0 if gpu_idx is not None else 1)
+    return r
+
+
+def mul_mat_idx_upscale(ctx, a, b, sparse_idx, gpu_bucket, result_ne0):
+    """ggml_mul_mat_idx_upscale: the GPU half. a holds only the hot rows (a.ne[1] == len(gpu_bucket)); the result
+    has result_ne0 (n_ff) rows: row gpu_bucket[i] = a[i] . b where the predictor keeps it, every other row 0.
+
+    op_params[1] = 1 is ggviz's: PowerInfer's dispatcher knows the GPU half by tensor->backend, which ggviz's
+    tensors do not have, so the kernel reads this flag instead."""
+    result_ne0 = _index(result_ne0, "mul_mat_idx_upscale", "result_ne0")
+    _require(int(a.ne[0]) == int(b.ne[0]), "mul_mat_idx_upscale", "need a.ne[0] == b.ne[0]", a, b)
+    _require(int(a.ne[2]) == 1 and int(a.ne[3]) == 1, "mul_mat_idx_upscale", "a must be a matrix", a)
+    _sparse_checks("mul_mat_idx_upscale", a, b, sparse_idx, gpu_bucket, result_ne0)
+    _require(gpu_bucket is not None and int(gpu_bucket.ne[0]) == int(a.ne[1]), "mul_mat_idx_upscale",
+             "gpu_bucket must name one row of the result per row of a", gpu_bucket, a)
+    ne = [result_ne0, int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
+    r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
+    r.op = GGML_OP_MUL_MAT_SPARSE
+    r.src[0], r.src[1], r.src[2], r.src[3] = a, b, sparse_idx, gpu_bucket
+    set_op_params_i32(r, 1, 1)
+    return r
+
+
+def axpy(ctx, a, b, sparse_idx, hybrid_aux, *, bucket=False):
+    """ggml_axpy: dst[:, j] = sum over rows r of a (= down^T, [n_embd, n_ff]) of b[r, j] * a[r], skipping rows where
+    b[r, j] == 0, sparse_idx[r, j] < sparse_pred_threshold or (CPU half) hybrid_aux[r] == 1 (the row is on the GPU).
+
+    hybrid_aux is gpu_idx on the CPU; on the GPU it is gpu_bucket (a holds only the hot rows, row i is neuron
+    gpu_bucket[i]): ``bucket=True`` says so (ggviz's op_params[1]; PowerInfer tells by tensor->backend)."""
+    _require(a is not None and b is not None, "axpy", "a and b are required")
+    n_ff = int(b.ne[0])
+    _sparse_checks("axpy", a, b, sparse_idx, hybrid_aux, n_ff)
+    _require(int(a.ne[2]) == 1 and int(a.ne[3]) == 1, "axpy", "a must be a matrix", a)
+    if bucket:
+        _require(hybrid_aux is not None and int(hybrid_aux.ne[0]) == int(a.ne[1]), "axpy",
+                 "gpu_bucket must name one neuron per row of a", hybrid_aux, a)
+    else:
+        _require(int(a.ne[1]) == n_ff, "axpy", "a must have one row per element of b's columns (a.ne[1] == b.ne[0])",
+                 a, b)
+        _require(hybrid_aux is None or int(hybrid_aux.ne[0]) == n_ff, "axpy",
+                 "gpu_idx must have one entry per row of a", hybrid_aux, a)
+    ne = [int(a.ne[0]), int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
+    r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
+    r.op = GGML_OP_AXPY
+    r.src[0], r.src[1], r.src[2], r.src[3] = a, b, sparse_idx, hybrid_aux
+    set_op_params_i32(r, 0, 0 if hybrid_aux is not None else 1)
+    set_op_params_i32(r, 1, 1 if bucket else 0)
+    return r

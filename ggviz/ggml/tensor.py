@@ -172,12 +172,19 @@ def forget(t: Tensor) -> None:
         _registry.pop(t.addr, None)
 
 
+# PowerInfer's two ops (SJTU-IPADS/PowerInfer's ggml.h puts them right after GGML_OP_MUL_MAT). ggviz keeps ggml
+# 0.20.2's enum as it is, so they are numbered after GGML_OP_COUNT; names and symbols are PowerInfer's
+GGML_OP_MUL_MAT_SPARSE = C.GGML_OP_COUNT
+GGML_OP_AXPY = C.GGML_OP_COUNT + 1
+EXTRA_OP_NAMES = {GGML_OP_MUL_MAT_SPARSE: ("MUL_MAT_SPARSE", "X*Y"), GGML_OP_AXPY: ("AXPY", "X*Y")}
+
+
 def op_name(op: int) -> str:
-    return C.OP_NAMES[op]
+    return C.OP_NAMES[op] if op < C.GGML_OP_COUNT else EXTRA_OP_NAMES[op][0]
 
 
 def op_symbol(op: int) -> str:
-    return C.OP_SYMBOLS[op]
+    return C.OP_SYMBOLS[op] if op < C.GGML_OP_COUNT else EXTRA_OP_NAMES[op][1]
 
 
 def unary_op_name(op: int) -> str:

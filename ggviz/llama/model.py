@@ -12,6 +12,7 @@ memory map (llama.cpp's mmap path, ``use_mmap = true``).
 from __future__ import annotations
 
 import bisect
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from ..ggml import backend_reg, impl, memory
 from ..ggml.cpu import repack
 from ..gguf_file import GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch
 from . import models as arch_models
+from . import powerinfer
 from .vocab import Vocab
 
 LLAMA_ROPE_TYPE_NONE = -1
@@ -135,6 +137,7 @@ class LlamaModelParams:
     check_tensors: bool = False
     use_extra_bufts: bool = True     # weights of MUL_MATs go to the CPU's extra buffer types (CPU_REPACK) if any
     devices: list | None = None      # devices to offload to (None: every GPU-type device in the registry)
+    vram_budget_gb: float = -1.0     # PowerInfer (PWRI models): > 0 loads <model>.generated.gpuidx, the FFN split
 
 
 def model_default_params() -> LlamaModelParams:
@@ -163,6 +166,7 @@ class LlamaModel:
     dev_layer: list = field(default_factory=list)   # device of each repeating layer
     dev_output: object = None                       # device of the output layer (norm + output)
     ctx_extra: list = field(default_factory=list)   # contexts of duplicated tensors (a tied output on a device)
+    sparse: object = None            # PowerInfer (a PWRI file): powerinfer.SparseModel, else None
 
     def n_params(self) -> int:
         return sum(ggml.nelements(t) for t in self.tensors.values())
@@ -247,14 +251,26 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
     m = LlamaModel(path=str(path), gguf=gf, arch=gf.arch, name=str(gf.kv.get("general.name", "")), hparams=hp,
                    vocab=vocab, ctx_w=ctx_w, tensors=tensors, tok_embd=tok_embd, output_norm=output_norm,
                    output=output, layers=layers, params=params)
+    if getattr(gf, "sparse", False):
+        # PowerInfer: llama_use_sparse_inference -> the predictor, ffn_down_t, the threshold, gpu_idx
+        m.sparse = powerinfer.load_sparse(gf, tensors, hp)
+        powerinfer.apply_threshold(m.sparse)
+        if params.vram_budget_gb > 0:
+            split = str(path) + ".generated.gpuidx"
+            if not os.path.exists(split):
+                raise GGUFError(split, 0, "file", "the FFN split for --vram-budget (ggviz powerinfer build "
+                                "--vram-budget GiB writes it)", "missing", source="PowerInfer")
+            powerinfer.load_gpu_split(m, split)
     cpu_dev = _assign_devices(m, params)
     _duplicate_tied_output(m)
     _offload_weights(m)
     if params.use_extra_bufts:
         # weights used by MUL_MAT go to the first extra buffer type that takes them (repacked at load)
         if repack.available():
+            # (PowerInfer's sparse kernels read ffn_gate / ffn_up row by row in ggml's plain layout: not repacked)
+            ffn = (lambda ly: (ly.ffn_gate, ly.ffn_up, ly.ffn_down)) if m.sparse is None else (lambda ly: ())
             mm = [w for il, ly in enumerate(layers) if m.dev_layer[il] is cpu_dev
-                  for w in (ly.wq, ly.wk, ly.wv, ly.wo, ly.ffn_gate, ly.ffn_up, ly.ffn_down)]
+                  for w in (ly.wq, ly.wk, ly.wv, ly.wo) + ffn(ly)]
             if m.dev_output is cpu_dev:
                 # a tied output was duplicated above (_duplicate_tied_output), so the copy can take the extra
                 # buffer type while GET_ROWS keeps reading the mapped token_embd

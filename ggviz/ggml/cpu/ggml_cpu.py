@@ -24,7 +24,7 @@ from ..context import Context
 from ..graph import CGraph, graph_key
 from ..impl import EMPTY_OPS, GGMLError
 from ..tensor import Tensor, get_unary_op, is_empty, is_quantized, nelements, nrows, op_desc, row_size, type_size
-from . import mul_mat, traits
+from . import mul_mat, powerinfer, traits
 from . import ops as cpu_ops
 from . import threadpool as _tp
 from .common import CACHE_LINE_SIZE, ComputeParams
@@ -122,7 +122,8 @@ def node_work_size(node: Tensor, n_tasks: int, n_threads: int) -> int:
         return 4 * int(s0.ne[0]) * n_tasks
     if op == C.GGML_OP_CROSS_ENTROPY_LOSS:
         return type_size(node.type) * (n_tasks + int(s0.ne[0]) * n_tasks)
-    return 0
+    pi = powerinfer.work_size(node, n_tasks)      # PowerInfer's MUL_MAT_SPARSE / AXPY
+    return pi if pi is not None else 0
 
 
 class Cplan:
@@ -181,6 +182,7 @@ def DisposableThreadpool(n_threads: int):
 def _dispatch():
     table = dict(cpu_ops.FORWARD)
     table[C.GGML_OP_MUL_MAT] = mul_mat.forward_mul_mat
+    table.update(powerinfer.FORWARD)
     return table, cpu_ops
 
 

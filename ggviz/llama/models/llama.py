@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from ... import ggml
+from .. import powerinfer
 from ..graph import GraphResult, LlmGraphContext
 
 ROPE_TYPE = 0   # LLAMA_ROPE_TYPE_NORM
@@ -73,7 +74,12 @@ class LlamaGraph(LlmGraphContext):
             self.cb(ffn_inp, "ffn_inp", il)
             cur = self.build_norm(ffn_inp, layer.ffn_norm, il)
             self.cb(cur, "ffn_norm", il)
-            cur = self.build_ffn(cur, layer.ffn_up, layer.ffn_gate, layer.ffn_down, il, "silu")
+            if getattr(self.model, "sparse", None) is not None:
+                # PowerInfer: llm_build_ffn_sparse (ggviz/llama/powerinfer.py) from the PWRI file's predictor
+                cur = powerinfer.build_ffn_sparse(self, cur, ffn_inp, layer, self.model.sparse.layers[il], il,
+                                                  self.model.sparse.act_type)
+            else:
+                cur = self.build_ffn(cur, layer.ffn_up, layer.ffn_gate, layer.ffn_down, il, "silu")
             self.cb(cur, "ffn_out", il)
             cur = ggml.add(ctx0, cur, ffn_inp)
             self.cb(cur, "ffn_out", il)

@@ -1,0 +1,290 @@
+"""PowerInfer's sparse model in llama.cpp: the PWRI GGUF's extra tensors, the threshold, the sparse FFN graph.
+
+Mirrors SJTU-IPADS/PowerInfer's llama.cpp: ``llama_use_sparse_inference`` (the file's magic is ``PWRI``), the
+sparse tensors of ``llm_load_sparse_model_tensors`` (per layer ``blk.N.fc1.weight`` {n_embd, H} and
+``blk.N.fc2.weight`` {H, n_ff} -- ``mlp_pre_w1`` / ``mlp_pre_w2``, the predictor --, and ``blk.N.ffn_down_t.weight``
+{n_embd, n_ff}, the down matrix transposed for AXPY), ``hparams.sparse_pred_threshold`` (KV
+``powerinfer.sparse_threshold``, env ``LLAMA_SPARSE_PRED_THRESHOLD`` overriding; written to ggml's global by
+``offload_ffn_split``), the default ``gpu_idx`` (all zeros: every neuron on the CPU) and empty ``gpu_bucket``
+when no ``.generated.gpuidx`` is given, and ``llm_build_ffn_sparse`` with ``llm_build_sparse_mul_mat`` /
+``llm_build_sparse_axpy``.
+
+The one deviation, flagged: PowerInfer's ``act_fn`` accepts only ``LLM_FFN_RELU`` (its models are ReLU-fied);
+SmolLM2's FFN is SwiGLU, so ggviz's ``act_fn`` also takes SiLU. With SiLU a neuron the predictor drops gives
+gate = 0, silu(0) = 0 and so x = 0 into AXPY, which skips it: the same rows are skipped as with ReLU, but the
+neurons the predictor keeps are never exactly 0 on their own (SwiGLU has no dead half), which is why this model's
+FFN is far less sparse than PowerInfer's ReLU models.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import ggml
+from ..ggml import alloc as galloc
+from ..ggml import backend as B
+from ..ggml.cpu import powerinfer as cpu_pi
+from ..gguf_file import GGUFError, create_weight_context, load_gguf
+
+LLM_KV_SPARSE_THRESHOLD = "powerinfer.sparse_threshold"
+
+LLM_FFN_RELU = "relu"
+LLM_FFN_SILU = "silu"
+
+
+@dataclass
+class SparseLayer:
+    """The llama_layer fields PowerInfer added."""
+    mlp_pre_w1: object = None        # blk.N.fc1.weight {n_embd, H}
+    mlp_pre_w2: object = None        # blk.N.fc2.weight {H, n_ff}
+    ffn_down_t: object = None        # blk.N.ffn_down_t.weight {n_embd, n_ff}
+    gpu_idx: object = None           # I32 [n_ff]: 1 where the neuron's rows live on the GPU
+    gpu_bucket: object = None        # I32 [n_hot]: the hot neurons, sorted
+    ffn_up_gpu: object = None        # the hot rows of ffn_up / ffn_gate / ffn_down_t, on the device
+    ffn_gate_gpu: object = None
+    ffn_down_gpu: object = None
+    gpu_offload_ratio: float = 0.0
+
+
+@dataclass
+class SparseModel:
+    """What llama_use_sparse_inference turns on: the threshold, the sparse layers, the auxiliary context."""
+    sparse_pred_threshold: float
+    layers: list
+    n_hidden: int                    # the predictor's hidden size H
+    aux_ctx: object = None           # gpu_idx / gpu_bucket tensors (PowerInfer's aux_ctx)
+    act_type: str = LLM_FFN_SILU
+    extra: list = field(default_factory=list)
+
+
+def _env_threshold(default: float) -> float:
+    v = os.environ.get("LLAMA_SPARSE_PRED_THRESHOLD")
+    if v is None or not v.strip():
+        return default
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"LLAMA_SPARSE_PRED_THRESHOLD={v!r} is not a number") from None
+
+
+def load_sparse(gf, tensors: dict, hp) -> SparseModel:
+    """llm_load_sparse_model_tensors' extra tensors and the threshold, for a PWRI file (gf.sparse)."""
+    n_embd, n_ff = hp.n_embd, hp.n_ff
+
+    def need(name, ne0=None, ne1=None):
+        t = tensors.get(name)
+        if t is None:
+            raise GGUFError(gf.path, 0, name, "a tensor of a PowerInfer (PWRI) model", "missing", source="PowerInfer")
+        if (ne0 is not None and int(t.ne[0]) != ne0) or (ne1 is not None and int(t.ne[1]) != ne1) \
+                or int(t.ne[2]) != 1 or int(t.ne[3]) != 1:
+            raise GGUFError(gf.path, gf.tensor(name).file_offset, name, f"shape [{ne0 or '*'}, {ne1 or '*'}]",
+                            f"{list(t.shape)}", source="PowerInfer")
+        return t
+
+    layers = []
+    n_hidden = None
+    for il in range(hp.n_layer):
+        p = f"blk.{il}."
+        w1 = need(p + "fc1.weight", n_embd)
+        h = int(w1.ne[1])
+        n_hidden = h if n_hidden is None else n_hidden
+        w2 = need(p + "fc2.weight", h, n_ff)
+        dt = need(p + "ffn_down_t.weight", n_embd, n_ff)
+        if dt.type != ggml.GGML_TYPE_F16:
+            raise GGUFError(gf.path, gf.tensor(p + "ffn_down_t.weight").file_offset, p + "ffn_down_t.weight",
+                            "type F16 (PowerInfer's AXPY kernel)", ggml.type_name(dt.type), source="PowerInfer")
+        layers.append(SparseLayer(mlp_pre_w1=w1, mlp_pre_w2=w2, ffn_down_t=dt))
+    thr = float(gf.kv.get(LLM_KV_SPARSE_THRESHOLD, 0.0))
+    sm = SparseModel(sparse_pred_threshold=_env_threshold(thr), layers=layers, n_hidden=n_hidden or 0)
+    set_gpu_index(sm, None, n_ff)
+    return sm
+
+
+def set_gpu_index(sm: SparseModel, gpu_idx_rows, n_ff: int) -> None:
+    """Give every layer its gpu_idx / gpu_bucket: from ``gpu_idx_rows`` (per layer an int array of 0/1, the
+    .generated.gpuidx file's ``blk.N.gpu_idx``) or, with None, PowerInfer's default: all zeros and an empty bucket."""
+    n_layer = len(sm.layers)
+    rows = [np.zeros(n_ff, np.int32) for _ in range(n_layer)] if gpu_idx_rows is None else \
+        [np.asarray(r, np.int32).reshape(-1) for r in gpu_idx_rows]
+    if len(rows) != n_layer or any(r.shape != (n_ff,) or not np.isin(r, (0, 1)).all() for r in rows):
+        raise ValueError(f"gpu_idx: need {n_layer} layers of {n_ff} entries, each 0 or 1")
+    specs = []
+    for il, r in enumerate(rows):
+        bucket = np.flatnonzero(r).astype(np.int32)
+        specs.append((f"blk.{il}.gpu_idx", ggml.GGML_TYPE_I32, [n_ff], r.astype(np.int32)))
+        specs.append((f"blk.{il}.gpu_bucket", ggml.GGML_TYPE_I32, [len(bucket)], bucket))
+    ts, keep = _host_tensors(specs)
+    for il, sl in enumerate(sm.layers):
+        sl.gpu_idx, sl.gpu_bucket = ts[2 * il], ts[2 * il + 1]
+        sl.gpu_offload_ratio = float(ggml.nelements(sl.gpu_bucket)) / n_ff
+        sl.ffn_up_gpu = sl.ffn_gate_gpu = sl.ffn_down_gpu = None
+    old, sm.aux_ctx = sm.aux_ctx, keep
+    if old is not None:
+        sm.extra.append(old)      # tensors of an earlier index may still sit in a cached graph
+
+
+def _host_tensors(specs):
+    """New tensors (name, type, ne, bytes) in one CPU backend buffer, like the model's weights: the scheduler and
+    the allocator take a tensor without a buffer for one they must allocate (its data would be lost)."""
+    ctx = ggml.init(len(specs) * ggml.tensor_overhead() + 1024, no_alloc=True)
+    ts = []
+    for name, type_, ne, _ in specs:
+        t = ggml.new_tensor(ctx, type_, len(ne), list(ne))
+        ggml.set_name(t, name)
+        ts.append(t)
+    buf = galloc.backend_alloc_ctx_tensors_from_buft(ctx, B.backend_cpu_buffer_type())
+    for t, (_, _, _, data) in zip(ts, specs):
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if raw.nbytes:
+            B.backend_tensor_set(t, raw, 0, raw.nbytes)
+    return ts, (ctx, buf)
+
+
+def apply_threshold(sm: SparseModel) -> None:
+    """offload_ffn_split: ``sparse_pred_threshold = model->hparams.sparse_pred_threshold``."""
+    cpu_pi.set_sparse_pred_threshold(sm.sparse_pred_threshold)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the graph: llm_build_ffn_sparse
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _cbs(builder, il):
+    """PowerInfer's ``cbs``: name the tensor "<name>-<il>" (and tell ggviz's builder callback, as cb does)."""
+    return lambda t, name: builder.cb(t, name, il)
+
+
+def build_sparse_mul_mat(ctx, w, inp, idx, w_gpu, gpu_index, gpu_bucket, cb, name: str):
+    """llm_build_sparse_mul_mat: the CPU half on every row not on the GPU, plus the GPU half and a merge."""
+    full_name = f"ffn_{name}_sparse"
+    out = ggml.mul_mat_idx(ctx, w, inp, idx, gpu_index)
+    cb(out, full_name)
+    if w_gpu is not None:
+        out_gpu = ggml.mul_mat_idx_upscale(ctx, w_gpu, inp, idx, gpu_bucket, int(out.ne[0]))
+        cb(out_gpu, full_name + "_gpu")
+        out = ggml.add(ctx, out, out_gpu)
+        cb(out, full_name + "_merged")
+    return out
+
+
+def build_sparse_axpy(ctx, w_t, x, idx, wt_gpu, gpu_index, gpu_bucket, cb, name: str):
+    """llm_build_sparse_axpy."""
+    full_name = f"ffn_{name}_sparse"
+    out = ggml.axpy(ctx, w_t, x, idx, gpu_index)
+    cb(out, full_name)
+    if wt_gpu is not None:
+        out_gpu = ggml.axpy(ctx, wt_gpu, x, idx, gpu_bucket, bucket=True)
+        cb(out_gpu, full_name + "_gpu")
+        out = ggml.add(ctx, out, out_gpu)
+        cb(out, full_name + "_merged")
+    return out
+
+
+def build_ffn_sparse(builder, cur, ffn_inp, layer, sl: SparseLayer, il: int, act_type: str = LLM_FFN_SILU):
+    """llm_build_ffn_sparse with LLM_FFN_PAR (gate and up from the same input), the predictor on ``ffn_inp``
+    (the residual before ffn_norm: "as for now, llama's pred use the same input as the ffn" in PowerInfer's code,
+    though the tensor it passes is ffn_inp)."""
+    ctx = builder.ctx0
+    cb = _cbs(builder, il)
+    # prepare sparse idx
+    idx = ggml.mul_mat(ctx, sl.mlp_pre_w1, ffn_inp)
+    cb(idx, "mlp_pre_hidden")
+    idx = ggml.relu(ctx, idx)
+    cb(idx, "mlp_pre_relu")
+    idx = ggml.mul_mat(ctx, sl.mlp_pre_w2, idx)
+    cb(idx, "mlp_pre_out")
+
+    def act_fn(t, name):
+        if act_type == LLM_FFN_RELU:
+            t = ggml.relu(ctx, t)
+        elif act_type == LLM_FFN_SILU:      # ggviz's flagged deviation: PowerInfer asserts RELU here
+            t = ggml.silu(ctx, t)
+        else:
+            raise ValueError(f"llm_build_ffn_sparse: unsupported activation function {act_type!r}")
+        cb(t, name)
+        return t
+
+    up_out = build_sparse_mul_mat(ctx, layer.ffn_up, cur, idx, sl.ffn_up_gpu, sl.gpu_idx, sl.gpu_bucket, cb, "up")
+    gate_out = build_sparse_mul_mat(ctx, layer.ffn_gate, cur, idx, sl.ffn_gate_gpu, sl.gpu_idx, sl.gpu_bucket, cb,
+                                    "gate")
+    act_gate = act_fn(gate_out, "ffn_gate_act")
+    cur = ggml.mul(ctx, act_gate, up_out)
+    cb(cur, "ffn_gate_par")
+    return build_sparse_axpy(ctx, sl.ffn_down_t, cur, idx, sl.ffn_down_gpu, sl.gpu_idx, sl.gpu_bucket, cb, "down")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# --vram-budget: what goes to the GPU first, and the FFN split (.generated.gpuidx)
+# ---------------------------------------------------------------------------------------------------------------------
+
+def offload_plan(model, budget_bytes: int, n_ctx: int = 512, kv_type_size: int = 2) -> dict:
+    """llm_load_sparse_model_tensors' order under a VRAM budget: the attention of every layer, then the predictors,
+    then the ffn_norms, then the output layer, then the KV cache (llama_reserve_model_kv_cache); only when all of
+    that fits (``tensor_offload_complete``) does the rest go to FFN neurons (llm_load_gpu_split). Returns
+    ``{"steps": [(what, bytes, fits)], "neuron_bytes": bytes left for neurons}`` (ggviz does not move anything)."""
+    hp = model.hparams
+    sm = model.sparse
+    left = int(budget_bytes)
+    steps = []
+    nb = ggml.nbytes
+    groups = [
+        ("attention", sum(nb(t) for ly in model.layers for t in (ly.attn_norm, ly.wq, ly.wk, ly.wv, ly.wo))),
+        ("predictor", sum(nb(sl.mlp_pre_w1) + nb(sl.mlp_pre_w2) for sl in sm.layers) if sm is not None else 0),
+        ("ffn_norm", sum(nb(ly.ffn_norm) for ly in model.layers)),
+        ("output", nb(model.output_norm) + nb(model.output)),
+        ("kv_cache", 2 * hp.n_layer * n_ctx * hp.n_embd_k_gqa * kv_type_size),
+    ]
+    complete = True
+    for what, size in groups:
+        fits = complete and size <= left
+        if fits:
+            left -= size
+        else:
+            complete = False
+        steps.append((what, int(size), fits))
+    return {"steps": steps, "neuron_bytes": left if complete else 0}
+
+
+def _rows(w, rows: np.ndarray) -> np.ndarray:
+    """create_striped_mat_to_gpu's source: the given rows of ``w`` (raw bytes, one row per line)."""
+    rb = ggml.row_size(w.type, int(w.ne[0]))
+    return np.asarray(ggml.get_data(w)).reshape(-1).view(np.uint8).reshape(int(w.ne[1]), rb)[rows]
+
+
+def load_gpu_split(model, path) -> int:
+    """load_gpu_split_from_split_file + slice_ffn_mat_to_gpu: read ``blk.N.gpu_idx`` / ``gpu_bucket`` from a
+    .generated.gpuidx file and copy each layer's hot rows of ffn_up / ffn_gate / ffn_down_t into ``*_gpu``
+    tensors (ggviz keeps them in host memory: the graph's ``*_gpu`` nodes are the device's work, run by the hybrid
+    executor's thread 0). Returns the bytes the GPU copies take."""
+    gf = load_gguf(path)
+    if not gf.sparse or gf.arch != "generic.gpu_index":
+        raise GGUFError(gf.path, 0, "header", "a PowerInfer gpu index (PWRI, generic.gpu_index)",
+                        f"{gf.magic!r} / {gf.arch}", source="PowerInfer")
+    _, ts = create_weight_context(gf)
+    sm = model.sparse
+    n_ff = model.hparams.n_ff
+    rows = []
+    for il in range(len(sm.layers)):
+        t = ts.get(f"blk.{il}.gpu_idx")
+        if t is None:
+            raise GGUFError(gf.path, 0, f"blk.{il}.gpu_idx", "a tensor", "missing", source="PowerInfer")
+        rows.append(np.array(ggml.get_data(t), np.int32).reshape(-1))
+    set_gpu_index(sm, rows, n_ff)
+    specs, where = [], []
+    for il, (sl, ly, r) in enumerate(zip(sm.layers, model.layers, rows)):
+        bucket = np.flatnonzero(r)
+        if not len(bucket):
+            continue
+        for attr, w in (("ffn_up_gpu", ly.ffn_up), ("ffn_gate_gpu", ly.ffn_gate), ("ffn_down_gpu", sl.ffn_down_t)):
+            specs.append((w.name + "_gpu", w.type, [int(w.ne[0]), len(bucket)], _rows(w, bucket)))
+            where.append((sl, attr))
+    total = 0
+    if specs:
+        ts, keep = _host_tensors(specs)
+        sm.extra.append(keep)
+        for t, (sl, attr) in zip(ts, where):
+            setattr(sl, attr, t)
+            total += ggml.nbytes(t)
+    return total

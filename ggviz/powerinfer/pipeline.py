@@ -1,0 +1,333 @@
+"""PowerInfer's offline pipeline on a ggviz model: record FFN activations, train the predictor, write the PWRI GGUF.
+
+Not a C file. PowerInfer ships converted ReLU models with trained predictors (Deja Vu style: Linear -> ReLU ->
+Linear, no biases) but not the training code; this is the missing piece, in NumPy, for SmolLM2 (SwiGLU):
+
+1. ``record``: decode ~30k tokens of ``pydoc_data.topics`` (ships with Python) in sequences of ``seq_len`` with
+   llama's eval callback (``cb_eval``) asking for ``ffn_inp-N`` (the predictor's input: the residual before
+   ffn_norm, as in PowerInfer's graph) and ``ffn_swiglu-N`` (silu(gate)*up, what enters the down projection). A
+   neuron is "active" for a token when |silu(gate)*up| is above the layer's median (taken on the first sequence):
+   SwiGLU has no exact zeros, so "active" must be a choice; the median makes half the neurons active on average.
+   The per-neuron active counts are PowerInfer's ``activation_N.pt`` (here ``activation/activation_N.npy``).
+2. ``train_layer``: 576 -> H (128) ReLU -> 1536, Deja Vu's weighted binary cross-entropy (positives weighted
+   ``pos_weight``, so that a missed active neuron costs more than a wasted row), Adam, minibatches; the inputs are
+   scaled per feature for training and the scale is folded into fc1 (the graph multiplies the raw ffn_inp).
+3. ``write_powerinfer_gguf``: every tensor and KV of the dense file, plus per layer ``blk.N.fc1.weight`` {n_embd, H}
+   (F32), ``blk.N.fc2.weight`` {H, n_ff} (F32), ``blk.N.ffn_down_t.weight`` {n_embd, n_ff} (F16: ffn_down
+   dequantized and transposed, PowerInfer's AXPY layout) and ``powerinfer.sparse_threshold``; the magic becomes
+   ``PWRI`` (PowerInfer's converter patches the first 4 bytes the same way).
+
+``main`` is ``ggviz powerinfer build --out DIR [--tokens N] [--vram-budget GiB]``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+from dataclasses import dataclass, field
+
+import gguf
+import numpy as np
+from pydoc_data.topics import topics as PYDOC_TOPICS
+
+from .. import ggml, llama
+from ..cli import ArgumentParser
+from ..ggml import quants as Q
+from ..llama import powerinfer as lpi
+from ..progress import progress, write
+from . import solver
+
+DEFAULT_MODEL = pathlib.Path(__file__).resolve().parent.parent.parent / "data" / "models" / \
+    "SmolLM2-135M-Instruct.Q4_1.gguf"
+POWERINFER_MAGIC = b"PWRI"
+F32 = np.float32
+
+
+def corpus_tokens(vocab, n_tokens: int) -> list[int]:
+    """The first ``n_tokens`` tokens of the help topics of ``pydoc_data.topics`` (sorted by name), no BOS."""
+    ids: list[int] = []
+    for name in sorted(PYDOC_TOPICS):
+        ids += llama.tokenize(vocab, PYDOC_TOPICS[name], add_special=False)
+        if len(ids) >= n_tokens:
+            break
+    if len(ids) < n_tokens:
+        raise ValueError(f"pydoc_data.topics has only {len(ids)} tokens, asked for {n_tokens}")
+    return ids[:n_tokens]
+
+
+@dataclass
+class Recording:
+    """What ``record`` captured, per layer: inputs (float16, tokens x n_embd), active flags (bool, tokens x
+    n_ff), the activation magnitude threshold (the layer's median) and the per-neuron active counts."""
+    x: list
+    active: list
+    act_threshold: np.ndarray
+    counts: np.ndarray               # (n_layer, n_ff) int64
+    n_tokens: int = 0
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def _ctx(model, n_ctx: int, threads: int):
+    cp = llama.context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_batch = cp.n_ubatch = n_ctx
+    cp.n_threads = cp.n_threads_batch = threads
+    return llama.init_from_model(model, cp)
+
+
+def _batch_all_logits(ids):
+    b = llama.batch_init(len(ids))
+    for i, t in enumerate(ids):
+        llama.batch_add(b, int(t), i, [0], True)
+    return b
+
+
+def record(model, tokens, seq_len: int = 256, threads: int = 2, bar=None) -> Recording:
+    """Decode ``tokens`` in sequences of ``seq_len`` (KV cleared between them) and capture every layer's FFN
+    input and activations through the eval callback."""
+    hp = model.hparams
+    n_layer, n_ff = hp.n_layer, hp.n_ff
+    want = {f"ffn_inp-{il}": ("x", il) for il in range(n_layer)}
+    want.update({f"ffn_swiglu-{il}": ("a", il) for il in range(n_layer)})
+    xs = [[] for _ in range(n_layer)]
+    acts = [[] for _ in range(n_layer)]
+    thr = np.full(n_layer, np.nan, F32)
+    counts = np.zeros((n_layer, n_ff), np.int64)
+
+    def cb(t, ask):
+        if ask:
+            return t.name in want
+        kind, il = want[t.name]
+        a = np.array(ggml.get_data(t), dtype=F32).reshape(-1, int(t.ne[0]))
+        if kind == "x":
+            xs[il].append(a.astype(np.float16))
+        else:
+            mag = np.abs(a)
+            if np.isnan(thr[il]):
+                thr[il] = np.median(mag)
+            on = mag > thr[il]
+            counts[il] += on.sum(0)
+            acts[il].append(on)
+        return True
+
+    ctx = _ctx(model, seq_len, threads)
+    ctx.cparams.cb_eval = cb
+    t0 = time.perf_counter()
+    n = 0
+    try:
+        for s in range(0, len(tokens) - 1, seq_len):
+            chunk = tokens[s:s + seq_len]
+            llama.memory_clear(llama.get_memory(ctx), True)
+            rc = llama.decode(ctx, _batch_all_logits(chunk))
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} on the recording sequence at token {s}")
+            n += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        ctx.cparams.cb_eval = None
+        llama.free(ctx)
+    return Recording(x=[np.concatenate(v) for v in xs], active=[np.concatenate(v) for v in acts],
+                     act_threshold=thr, counts=counts, n_tokens=n, seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the predictor
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Predictor:
+    w1: np.ndarray                   # (n_embd, H): h = relu(x @ w1)   (fc1's data is w1.T: ggml {n_embd, H})
+    w2: np.ndarray                   # (H, n_ff):  z = h @ w2          (fc2's data is w2.T: ggml {H, n_ff})
+    loss: list = field(default_factory=list)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return np.maximum(np.asarray(x, F32) @ self.w1, F32(0)) @ self.w2
+
+
+def train_layer(x: np.ndarray, y: np.ndarray, hidden: int = 128, epochs: int = 4, batch: int = 256,
+                lr: float = 2e-3, pos_weight: float = 2.0, seed: int = 0) -> Predictor:
+    """Deja Vu's predictor for one layer: Adam on the weighted BCE of sigmoid(relu(x W1) W2) against y."""
+    rng = np.random.default_rng(seed)
+    x = np.asarray(x, F32)
+    y = np.asarray(y, F32)
+    n, d = x.shape
+    scale = x.std(0) + F32(1e-3)                  # per-feature scale, folded into W1 at the end
+    w1 = (rng.standard_normal((d, hidden)) / np.sqrt(d)).astype(F32)
+    w2 = (rng.standard_normal((hidden, y.shape[1])) / np.sqrt(hidden)).astype(F32)
+    params = [w1, w2]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    step = 0
+    losses = []
+    pw = F32(pos_weight)
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        tot = 0.0
+        for s in range(0, n, batch):
+            ix = order[s:s + batch]
+            xb = x[ix] / scale
+            yb = y[ix]
+            hpre = xb @ w1
+            h = np.maximum(hpre, F32(0))
+            z = h @ w2
+            p = F32(1) / (F32(1) + np.exp(-np.clip(z, -30, 30)))
+            wgt = yb * pw + (F32(1) - yb)
+            # loss = -w [y log p + (1-y) log(1-p)]; d/dz = w (p - y)
+            tot += float(-(wgt * (yb * np.log(p + 1e-7) + (1 - yb) * np.log(1 - p + 1e-7))).mean()) * len(ix)
+            gz = (wgt * (p - yb) / F32(len(ix) * yb.shape[1])).astype(F32)
+            g2 = h.T @ gz
+            gh = (gz @ w2.T) * (hpre > 0)
+            g1 = xb.T @ gh
+            step += 1
+            for i, g in enumerate((g1, g2)):
+                m[i] = b1 * m[i] + (1 - b1) * g
+                v[i] = b2 * v[i] + (1 - b2) * g * g
+                mh = m[i] / (1 - b1 ** step)
+                vh = v[i] / (1 - b2 ** step)
+                params[i] -= (lr * mh / (np.sqrt(vh) + eps)).astype(F32)
+        losses.append(tot / n)
+    return Predictor(w1=(w1 / scale[:, None]).astype(F32), w2=w2.astype(F32), loss=losses)
+
+
+def recall_sparsity(pred: Predictor, x: np.ndarray, y: np.ndarray, threshold: float) -> tuple[float, float]:
+    """Recall of the active neurons, and the fraction of neurons the predictor drops (logit < threshold)."""
+    keep = ~(pred.logits(np.asarray(x, F32)) < threshold)
+    y = np.asarray(y, bool)
+    return float((keep & y).sum() / max(y.sum(), 1)), float(1.0 - keep.mean())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the PWRI GGUF
+# ---------------------------------------------------------------------------------------------------------------------
+
+def down_t_f16(model, il: int) -> np.ndarray:
+    """ffn_down dequantized and transposed: (n_ff, n_embd) float16, row r = neuron r's output column."""
+    t = model.layers[il].ffn_down
+    raw = np.asarray(ggml.get_data(t)).reshape(-1).view(np.uint8)
+    n_embd, n_ff = int(t.ne[1]), int(t.ne[0])
+    w = np.asarray(Q.dequantize_row(t.type, raw.reshape(n_embd, -1)), F32).reshape(n_embd, n_ff)
+    return np.ascontiguousarray(w.T).astype(np.float16)
+
+
+def write_powerinfer_gguf(src_path, out_path, predictors: list, down_t: list, threshold: float) -> None:
+    """Copy the dense GGUF, add fc1 / fc2 / ffn_down_t per layer and the threshold KV, mark it PWRI."""
+    r = gguf.GGUFReader(os.fspath(src_path))
+    arch = str(r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(os.fspath(out_path), arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vt = f.types[0]
+        sub = f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), vt, sub)
+    w.add_key_value("powerinfer.sparse_threshold", float(threshold), gguf.GGUFValueType.FLOAT32)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    for il, (p, dt) in enumerate(zip(predictors, down_t)):
+        w.add_tensor(f"blk.{il}.fc1.weight", np.ascontiguousarray(p.w1.T, F32))
+        w.add_tensor(f"blk.{il}.fc2.weight", np.ascontiguousarray(p.w2.T, F32))
+        w.add_tensor(f"blk.{il}.ffn_down_t.weight", np.ascontiguousarray(dt, np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open(out_path, "r+b") as f:
+        f.write(POWERINFER_MAGIC)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the command
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class BuildResult:
+    model_path: pathlib.Path
+    gpuidx_path: pathlib.Path | None
+    metrics: dict
+
+
+def build(out_dir, model_path=DEFAULT_MODEL, tokens: int = 30720, heldout: int = 2048, seq_len: int = 256,
+          hidden: int = 128, epochs: int = 4, threshold: float = 0.0, vram_budget_gib: float | None = None,
+          threads: int = 2, quiet: bool = False) -> BuildResult:
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    mp = llama.model_default_params()
+    model = llama.model_load_from_file(os.fspath(model_path), mp)
+    if model.sparse is not None:
+        raise ValueError(f"{model_path} is already a PowerInfer (PWRI) model")
+    hp = model.hparams
+    ids = corpus_tokens(model.vocab, tokens + heldout)
+    with progress(total=tokens + heldout, desc="record activations", unit="tok", disable=quiet or None) as bar:
+        rec = record(model, ids, seq_len=seq_len, threads=threads, bar=bar)
+    act_dir = out / "activation"
+    act_dir.mkdir(exist_ok=True)
+    for il in range(hp.n_layer):
+        np.save(act_dir / f"activation_{il}.npy", rec.counts[il])
+    preds, layer_metrics = [], []
+    t0 = time.perf_counter()
+    for il in progress(range(hp.n_layer), desc="train predictors", unit="layer", disable=quiet or None):
+        x, y = rec.x[il], rec.active[il]
+        p = train_layer(x[:tokens], y[:tokens], hidden=hidden, epochs=epochs, seed=il)
+        preds.append(p)
+        m = {"layer": il, "loss": [round(v, 5) for v in p.loss]}
+        for thr in (0.0, -0.5, -1.0):
+            rc, sp = recall_sparsity(p, x[tokens:], y[tokens:], thr)
+            m[f"recall@{thr}"], m[f"skipped@{thr}"] = round(rc, 4), round(sp, 4)
+        layer_metrics.append(m)
+    t_train = time.perf_counter() - t0
+    name = pathlib.Path(model_path).name.replace(".gguf", ".powerinfer.gguf")
+    dst = out / name
+    write_powerinfer_gguf(model_path, dst, preds, [down_t_f16(model, il) for il in range(hp.n_layer)], threshold)
+    gpuidx = None
+    split = {}
+    if vram_budget_gib is not None:
+        # PowerInfer's order: attention, predictor, ffn_norm, output, KV cache first; neurons get what is left
+        budget = int(vram_budget_gib * (1 << 30))
+        pm = llama.model_load_from_file(os.fspath(dst))
+        plan = lpi.offload_plan(pm, budget)
+        gpuidx, cap, solved = solver.write_gpuidx(dst, rec.counts, plan["neuron_bytes"], pm.layers[0].ffn_up, budget)
+        llama.model_free(pm)
+        split = {"vram_budget": budget, "offload_steps": plan["steps"], "neuron_bytes": plan["neuron_bytes"],
+                 "neuron_cap": cap, "hot_per_layer": solved}
+    metrics = {**split, "tokens": tokens, "heldout": heldout, "record_s": round(rec.seconds, 1), "train_s": round(t_train, 1),
+               "act_threshold": [float(v) for v in rec.act_threshold], "layers": layer_metrics}
+    for thr in ("0.0", "-0.5", "-1.0"):
+        metrics[f"mean_recall@{thr}"] = float(np.mean([m[f"recall@{thr}"] for m in layer_metrics]))
+        metrics[f"mean_skipped@{thr}"] = float(np.mean([m[f"skipped@{thr}"] for m in layer_metrics]))
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    llama.model_free(model)
+    return BuildResult(dst, gpuidx, metrics)
+
+
+def main(argv=None) -> int:
+    ap = ArgumentParser(prog="ggviz powerinfer", description="PowerInfer's offline pipeline on the default model")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
+    b = sub.add_parser("build", help="record activations, train the predictor, write the PWRI GGUF (+ gpuidx)")
+    b.add_argument("--out", required=True, metavar="DIR")
+    b.add_argument("--model", default=str(DEFAULT_MODEL), metavar="GGUF")
+    b.add_argument("--tokens", type=int, default=30720, help="training tokens (default 30720)")
+    b.add_argument("--heldout", type=int, default=2048, help="held-out tokens for the recall figures")
+    b.add_argument("--epochs", type=int, default=4)
+    b.add_argument("--threshold", type=float, default=0.0, help="powerinfer.sparse_threshold written to the file")
+    b.add_argument("--vram-budget", type=float, default=None, metavar="GiB",
+                   help="also write <model>.generated.gpuidx for this budget (the solver)")
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("-q", "--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    if args.tokens < 16 or args.heldout < 1 or args.epochs < 1 or args.threads < 1:
+        ap.error("--tokens must be >= 16, --heldout, --epochs and --threads >= 1")
+    if args.vram_budget is not None and args.vram_budget <= 0:
+        ap.error("--vram-budget must be > 0")
+    r = build(args.out, args.model, tokens=args.tokens, heldout=args.heldout, epochs=args.epochs,
+              threshold=args.threshold, vram_budget_gib=args.vram_budget, threads=args.threads, quiet=args.quiet)
+    m = r.metrics
+    write(f"wrote {r.model_path}" + (f" and {r.gpuidx_path}" if r.gpuidx_path else ""))
+    write(f"record {m['record_s']} s, train {m['train_s']} s; held-out recall / rows skipped: "
+          + ", ".join(f"thr {t}: {m[f'mean_recall@{t}']:.3f} / {m[f'mean_skipped@{t}']:.3f}"
+                      for t in ("0.0", "-0.5", "-1.0")))
+    return 0
+

@@ -1,0 +1,284 @@
+"""PowerInfer on SmolLM2: the offline pipeline (ggviz/powerinfer/), the PWRI model and its sparse FFN graph
+(ggviz/llama/powerinfer.py), the solver.
+
+A tiny build (64 training tokens, 1 epoch) makes a real PWRI file in seconds; its predictor is poor, so the model
+checks use threshold -inf (every row kept: the sparse graph must then agree with the dense one) and the graph's
+structure. Oracles: the dense model (itself checked against llama.cpp in test_llama), the GGUF bytes, the solver's
+constraints and, where scipy is installed, scipy's MILP.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ggviz import ggml, llama
+from ggviz.ggml import quants as Q
+from ggviz.ggml.cpu import powerinfer as cpu_pi
+from ggviz.ggml.cpu import quants as cq
+from ggviz.powerinfer import pipeline, solver
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODEL = ROOT / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="needs data/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pinfer")
+    old = cpu_pi.sparse_pred_threshold
+    r = pipeline.build(out, MODEL, tokens=64, heldout=32, seq_len=96, epochs=1, threshold=0.25,
+                       vram_budget_gib=0.1, quiet=True)
+    yield r
+    cpu_pi.set_sparse_pred_threshold(old)
+
+
+@pytest.fixture(scope="module")
+def models(built):
+    sparse = llama.model_load_from_file(str(built.model_path))
+    dense = llama.model_load_from_file(str(MODEL))
+    yield sparse, dense
+    llama.model_free(sparse)
+    llama.model_free(dense)
+
+
+def test_build_writes_a_pwri_file_with_the_predictor(built):
+    p = built.model_path
+    assert p.read_bytes()[:4] == b"PWRI"
+    assert len(list((p.parent / "activation").glob("activation_*.npy"))) == 30
+    counts = np.load(p.parent / "activation" / "activation_3.npy")
+    assert counts.shape == (1536,) and counts.sum() > 0
+    m = json.loads((p.parent / "metrics.json").read_text())
+    assert m["tokens"] == 64 and len(m["layers"]) == 30
+    assert all(0.0 <= layer["recall@-1.0"] <= 1.0 for layer in m["layers"])
+
+
+def test_pwri_model_loads_sparse(models, built):
+    sparse, dense = models
+    assert dense.sparse is None and sparse.sparse is not None
+    assert sparse.sparse.sparse_pred_threshold == pytest.approx(0.25)      # the KV written by the build
+    assert cpu_pi.sparse_pred_threshold == pytest.approx(0.25)
+    sl = sparse.sparse.layers[0]
+    assert list(sl.mlp_pre_w1.shape[:2]) == [576, 128] and list(sl.mlp_pre_w2.shape[:2]) == [128, 1536]
+    assert list(sl.ffn_down_t.shape[:2]) == [576, 1536] and sl.ffn_down_t.type == ggml.GGML_TYPE_F16
+    assert int(np.asarray(ggml.get_data(sl.gpu_idx)).sum()) == 0 and int(sl.gpu_bucket.ne[0]) == 0
+    # ffn_down_t is ffn_down transposed (dequantized, F16)
+    dt = np.asarray(ggml.get_data(sl.ffn_down_t)).reshape(1536, 576)
+    assert np.array_equal(dt, pipeline.down_t_f16(dense, 0))
+
+
+def test_env_overrides_the_threshold(built):
+    code = ("from ggviz import llama; from ggviz.ggml.cpu import powerinfer as p; "
+            f"m = llama.model_load_from_file({str(built.model_path)!r}); "
+            "print(m.sparse.sparse_pred_threshold, p.sparse_pred_threshold)")
+    env = dict(os.environ, LLAMA_SPARSE_PRED_THRESHOLD="-1.5", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["-1.5", "-1.5"]
+
+
+def _logits(model, ids, threads=2):
+    ctx = pipeline._ctx(model, len(ids), threads)
+    names = []
+
+    def cb(t, ask):
+        if ask:
+            names.append((t.name, ggml.op_desc(t)))
+            return False
+        return True
+    try:
+        assert llama.decode(ctx, pipeline._batch_all_logits(ids)) == 0
+        L = np.array(llama.get_logits(ctx), np.float64).reshape(len(ids), -1)
+        ctx.cparams.cb_eval = cb
+        llama.memory_clear(llama.get_memory(ctx), True)
+        llama.decode(ctx, pipeline._batch_all_logits(ids[:2]))
+    finally:
+        llama.free(ctx)
+    return L, names
+
+
+def _kl_top1(Ld, Ls):
+    def lsm(L):
+        L = L - L.max(1, keepdims=True)
+        return L - np.log(np.exp(L).sum(1, keepdims=True))
+    pd, ps = lsm(Ld), lsm(Ls)
+    return float((np.exp(pd) * (pd - ps)).sum(1).mean()), float((Ld.argmax(1) == Ls.argmax(1)).mean())
+
+
+def test_sparse_graph_at_threshold_minus_inf_agrees_with_dense(models):
+    sparse, dense = models
+    ids = pipeline.corpus_tokens(dense.vocab, 48)
+    old = cpu_pi.set_sparse_pred_threshold(-np.inf)
+    try:
+        Ls, names = _logits(sparse, ids)
+    finally:
+        cpu_pi.set_sparse_pred_threshold(old)
+    Ld, dense_names = _logits(dense, ids)
+    kl, top1 = _kl_top1(Ld, Ls)
+    # every row kept: only the F16 rounding of down_t and of AXPY's input differ from the dense Q4_1 x Q8_1 down
+    assert kl <= 0.02 and top1 >= 0.9, (kl, top1)
+    # the graph: llm_build_ffn_sparse's nodes, named "<name>-<il>", in place of the dense FFN
+    got = dict(names)
+    for il in (0, 29):
+        assert got[f"mlp_pre_hidden-{il}"] == "MUL_MAT" and got[f"mlp_pre_relu-{il}"] == "RELU"
+        assert got[f"mlp_pre_out-{il}"] == "MUL_MAT"
+        assert got[f"ffn_up_sparse-{il}"] == "MUL_MAT_SPARSE" and got[f"ffn_gate_sparse-{il}"] == "MUL_MAT_SPARSE"
+        assert got[f"ffn_gate_act-{il}"] == "SILU" and got[f"ffn_gate_par-{il}"] == "MUL"
+        assert f"ffn_swiglu-{il}" not in got
+    assert sum(op == "AXPY" for _, op in names) == 30
+    assert "ffn_swiglu-0" in dict(dense_names)
+
+
+def test_sparse_graph_skips_rows_by_the_predictor(models):
+    """At a threshold the predictor output crosses, the sparse FFN's up rows are exactly 0 where idx < threshold."""
+    sparse, _ = models
+    ids = pipeline.corpus_tokens(sparse.vocab, 8)
+    got = {}
+
+    def cb(t, ask):
+        if ask:
+            return t.name in ("mlp_pre_out-2", "ffn_up_sparse-2")
+        got[t.name] = np.array(ggml.get_data(t), np.float32).reshape(len(ids), -1)
+        return True
+    old = cpu_pi.set_sparse_pred_threshold(0.0)
+    ctx = pipeline._ctx(sparse, 16, 1)
+    ctx.cparams.cb_eval = cb
+    try:
+        assert llama.decode(ctx, pipeline._batch_all_logits(ids)) == 0
+    finally:
+        llama.free(ctx)
+        cpu_pi.set_sparse_pred_threshold(old)
+    idx, up = got["mlp_pre_out-2"], got["ffn_up_sparse-2"]
+    drop = idx < 0
+    assert 0.01 < drop.mean() < 0.99
+    assert np.all(up[drop] == 0) and np.count_nonzero(up[~drop]) >= 0.99 * (~drop).sum()
+
+
+# ---------------------------------------------------------------- the solver
+
+def test_solver_constraints_and_gpuidx_file(built, tmp_path):
+    counts = np.stack([np.load(built.model_path.parent / "activation" / f"activation_{i}.npy") for i in range(30)])
+    m = json.loads((built.model_path.parent / "metrics.json").read_text())
+    steps = [s[0] for s in m["offload_steps"]]
+    assert steps == ["attention", "predictor", "ffn_norm", "output", "kv_cache"]
+    assert m["neuron_bytes"] == m["vram_budget"] - sum(s[1] for s in m["offload_steps"]) > 0
+    cap = solver.neuron_cap(m["neuron_bytes"], llama.model_load_from_file(str(MODEL)).layers[0].ffn_up)
+    assert cap == m["neuron_cap"] == int(np.floor(m["neuron_bytes"] / (960 * 4.5))) * 4
+    solved = solver.solve_gpu_split(counts, cap)
+    assert solved == m["hot_per_layer"]
+    assert all(k % 256 == 0 for k in solved) and 0 < sum(solved) <= cap
+    gi = solver.read_gpuidx(built.gpuidx_path)
+    assert [int(g.sum()) for g in gi] == solved
+    for g, c, k in zip(gi, counts, solved):
+        if k:        # the hot neurons are the layer's most active
+            assert c[g == 1].min() >= c[g == 0].max()
+    # the greedy optimum is the ILP's
+    rng = np.random.default_rng(0)
+    toy = rng.integers(0, 1000, (5, 1024)).astype(np.float64)
+    toy[2] *= 3
+    s = solver.solve_gpu_split(toy, 2560)
+    vals = -np.sort(-toy, 1).reshape(5, 4, 256).sum(2)
+    best = sorted(vals.reshape(-1), reverse=True)[:10]
+    assert sum(s) == 2560
+    assert sum(vals[i, :k // 256].sum() for i, k in enumerate(s)) == pytest.approx(sum(best))
+    try:
+        from scipy.optimize import Bounds, LinearConstraint, milp
+    except ImportError:
+        return           # scipy is not in the venv: the brute-force optimum above is the cross-check
+    res = milp(-vals.reshape(-1), constraints=LinearConstraint(np.ones((1, 20)), 0, 10),
+               integrality=np.ones(20), bounds=Bounds(0, 1))
+    assert -res.fun == pytest.approx(sum(best))
+
+
+def test_cli_refuses_bad_arguments():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "ggviz", "powerinfer", "build", "--out", "/tmp/x", "--tokens", "3"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--tokens" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sparse_down_projection_is_closer_to_exact_than_the_dense_one(models):
+    """Why threshold -inf is not bit-equal to dense: the dense down projection quantizes its input to Q8_1 (llama.cpp's
+    vec_dot_type for Q4_1), PowerInfer's AXPY rounds it to F16. Against the float64 product with the dequantized
+    Q4_1 weights, AXPY's error is far smaller."""
+    sparse, dense = models
+    ids = pipeline.corpus_tokens(sparse.vocab, 8)
+    got = {}
+
+    def cb(t, ask):
+        if ask:
+            return t.name in ("ffn_gate_par-3", "ffn_out-3")
+        got[t.name] = np.array(ggml.get_data(t), np.float32).reshape(len(ids), -1)
+        return True
+    old = cpu_pi.set_sparse_pred_threshold(-np.inf)
+    ctx = pipeline._ctx(sparse, 16, 1)
+    ctx.cparams.cb_eval = cb
+    try:
+        assert llama.decode(ctx, pipeline._batch_all_logits(ids)) == 0
+    finally:
+        llama.free(ctx)
+        cpu_pi.set_sparse_pred_threshold(old)
+    x, out = got["ffn_gate_par-3"], got["ffn_out-3"]
+    t = dense.layers[3].ffn_down
+    raw = np.asarray(ggml.get_data(t)).reshape(-1).view(np.uint8).reshape(576, -1)
+    exact = x.astype(np.float64) @ np.asarray(Q.dequantize_row(t.type, raw), np.float64).reshape(576, 1536).T
+    dense_q8 = cq.vec_dot(t.type, raw, cq.from_float(ggml.GGML_TYPE_Q8_1, x))
+
+    def rel(a):
+        return float(np.linalg.norm(a - exact) / np.linalg.norm(exact))
+    assert rel(out) < 1e-3 and rel(dense_q8) > 5 * rel(out), (rel(out), rel(dense_q8))
+
+
+def test_vram_budget_loads_the_ffn_split(built, models):
+    """--vram-budget: <model>.generated.gpuidx is read, each layer's hot rows get *_gpu copies and the graph their
+    GPU halves; in the first layer with hot rows (identical inputs) the merged up projection is the CPU-only one to the bit and the merged
+    down projection equal up to the split of AXPY's sum."""
+    from ggviz.llama import powerinfer as lp
+    mp = llama.model_default_params()
+    mp.vram_budget_gb = 0.1
+    split = llama.model_load_from_file(str(built.model_path), mp)
+    cpu_only, _ = models
+    gi = solver.read_gpuidx(built.gpuidx_path)
+    il = next(i for i, g in enumerate(gi) if g.any())     # the first layer with hot rows: same inputs as CPU-only
+    sl, ly = split.sparse.layers[il], split.layers[il]
+    hot = np.flatnonzero(gi[il])
+    assert len(hot) % 256 == 0 and len(hot) > 0
+    assert np.array_equal(np.flatnonzero(np.asarray(ggml.get_data(sl.gpu_idx))), hot)
+    rb = ggml.row_size(ly.ffn_up.type, 576)
+    up_rows = np.asarray(ggml.get_data(ly.ffn_up)).reshape(-1).view(np.uint8).reshape(1536, rb)[hot]
+    assert np.array_equal(np.asarray(ggml.get_data(sl.ffn_up_gpu)).reshape(-1).view(np.uint8), up_rows.reshape(-1))
+    plan = lp.offload_plan(split, int(0.25 * (1 << 30)))
+    assert [s[0] for s in plan["steps"]] == ["attention", "predictor", "ffn_norm", "output", "kv_cache"]
+    assert plan["neuron_bytes"] == int(0.25 * (1 << 30)) - sum(s[1] for s in plan["steps"])
+    assert lp.offload_plan(split, 1 << 20)["neuron_bytes"] == 0        # attention does not fit: no FFN split
+    ids = pipeline.corpus_tokens(split.vocab, 4)
+
+    def capture(model):
+        got = {}
+
+        def cb(t, ask):
+            if ask:
+                return t.name.endswith(f"-{il}") and t.name.startswith(("ffn_up_sparse", "ffn_out"))
+            got[t.name] = np.array(ggml.get_data(t), np.float32)
+            return True
+        ctx = pipeline._ctx(model, 16, 2)
+        ctx.cparams.cb_eval = cb
+        try:
+            assert llama.decode(ctx, pipeline._batch_all_logits(ids)) == 0
+        finally:
+            llama.free(ctx)
+        return got
+    old = cpu_pi.set_sparse_pred_threshold(-1.0)
+    try:
+        a, b = capture(split), capture(cpu_only)
+    finally:
+        cpu_pi.set_sparse_pred_threshold(old)
+    assert f"ffn_up_sparse_gpu-{il}" in a and f"ffn_up_sparse_gpu-{il}" not in b
+    assert np.array_equal(a[f"ffn_up_sparse_merged-{il}"], b[f"ffn_up_sparse-{il}"])
+    assert np.abs(a[f"ffn_out-{il}"] - b[f"ffn_out-{il}"]).max() <= 1e-5 * np.abs(b[f"ffn_out-{il}"]).max()
+    llama.model_free(split)
