@@ -53,6 +53,7 @@ from .viz import widgets
 from .viz.graph_dot import layer_of, node_layers, op_color
 from .viz.model_views import kv_cache_figure, sampler_figure
 from .viz.widgets.alloc_view import AllocatorView
+from .viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
 
 # names whose values the eval callback copies out besides layer 0's nodes
 _EXTRA_VALUES = ("embd", "inp_embd", "result_norm", "result_output")
@@ -561,19 +562,26 @@ def sec_timeline(rec: Recording) -> dict:
                 w.set_range(*rng)
             widget = Markup(w.to_html())        # the widget escapes its own text
     out = dict(widget=widget, recorded=tl is not None and tl.last is not None, whole_png=None, layer0_png=None,
-               threads=[], total_ms=0.0)
+               threads=[], total_ms=0.0, walk=None, compiled=False, concurrent=0, n_mul_mat=0)
     if out["recorded"]:
         c = tl.last
         if widget is None:
             out["whole_png"] = fig_png(_timeline_fallback(tl), 90)
             if rng:
                 out["layer0_png"] = fig_png(_timeline_fallback(tl, rng), 90)
-        for ith, ln in c["threads"].items():
-            busy = sum(s["t_end"] - s["t_start"] for s in ln["nodes"]) / 1e3
-            wait = sum(b["t_exit"] - b["t_enter"] for b in ln["barriers"]) / 1e3
-            out["threads"].append({"thread": ith, "node calls": len(ln["nodes"]), "in kernels (µs)": round(busy),
-                                   "barriers": len(ln["barriers"]), "waiting (µs)": round(wait),
-                                   "mul_mat chunks claimed": len(ln["chunks"])})
+        # each thread's wall time split into parts that add up (a MUL_MAT's in-kernel barrier is not counted twice)
+        d = timeline_data(rec.timeline_events)
+        for a in thread_accounting(d):
+            out["threads"].append({"thread": a["thread"], "in kernels (µs)": round(a["kernel_us"]),
+                                   "barrier: spinning (µs)": round(a["spin_us"]),
+                                   "barrier: asleep (µs)": round(a["sleep_us"]),
+                                   "pool: kickoff/join (µs)": round(a["pool_us"]),
+                                   "unrecorded (µs)": round(a["other_us"]), "wall (µs)": round(a["wall_us"]),
+                                   "mul_mat chunks claimed": a["chunks"]})
+        out["walk"] = WALK_LABEL[d["compiled"]]
+        out["compiled"] = d["compiled"]
+        out["concurrent"] = len(concurrent_chunks(d))
+        out["n_mul_mat"] = len({ch["node_n"] for ch in d["chunks"]})
         out["total_ms"] = ((c["t_end"] or c["t_start"]) - c["t_start"]) / 1e6
     return out
 

@@ -67,18 +67,30 @@ for n in (1, 2, 3, 4):
 # ## 2. A real compute, thread by thread
 
 # %%
+from ggviz.viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
+
 step = decode_step("The ggml library is", threads=2, model=model)   # prompt, then one recorded decode step
 tl = step.timeline                                                    # ggviz.trace.ComputeTimeline
 c = tl.last
+data = timeline_data(step.events)
 print(f"{c['n_nodes']} nodes on {c['n_threads']} threads, {(c['t_end'] - c['t_start']) / 1e6:.1f} ms")
-rows = []
-for ith, lane in c["threads"].items():
-    rows.append({"thread": ith, "node calls": len(lane["nodes"]),
-                 "in kernels (ms)": round(sum(s["t_end"] - s["t_start"] for s in lane["nodes"]) / 1e6, 1),
-                 "barriers": len(lane["barriers"]),
-                 "waiting (ms)": round(sum(b["t_exit"] - b["t_enter"] for b in lane["barriers"]) / 1e6, 1),
-                 "chunks claimed": len(lane["chunks"])})
-viz.Table(rows)
+print("recorded from the", WALK_LABEL[data["compiled"]])
+viz.Table([{"thread": a["thread"], "in kernels (µs)": round(a["kernel_us"]),
+            "barrier: spinning (µs)": round(a["spin_us"]), "barrier: asleep (µs)": round(a["sleep_us"]),
+            "pool: kickoff/join (µs)": round(a["pool_us"]), "unrecorded (µs)": round(a["other_us"]),
+            "busy + wait (µs)": round(a["busy_us"] + a["wait_us"]), "wall (µs)": round(a["wall_us"]),
+            "chunks claimed": a["chunks"]} for a in thread_accounting(data)],
+          title="where each thread's time went (the parts add up to the compute's wall time)")
+
+# %% [markdown]
+# > **Teacher note.** This decode ran on the *compiled walk* (`ggviz/ggml/cpu/fast`: the same node loop, barrier
+# > and chunk counter as ggml-cpu.c, compiled by Numba and free of the GIL), so the two threads really run at the
+# > same time, as ggml's C threads do. ggml's `ggml_barrier` spins on `n_barrier_passed` until the last thread
+# > arrives: orange below. The compiled walk spins the same way for about 40 µs, then sleeps on a futex (grey), a
+# > ggviz addition so that a machine with more threads than free cores does not burn the core the late thread needs.
+# > "Pool" is the time before a thread's first node (the kickoff wakes it) and after its last one (the join).
+# > On a shared machine another process may hold a core during the compute: a thread is then descheduled, the other
+# > one waits for it at every barrier, and the table shows it as long sleeps.
 
 # %%
 from ggviz.viz.widgets import ThreadTimeline
@@ -86,6 +98,17 @@ from ggviz.viz.widgets import ThreadTimeline
 tt = ThreadTimeline(step.events, window=40)
 tt.select(next(i for i, t in enumerate(gf.nodes) if t.name == "ffn_up-0"))
 tt
+
+# %% [markdown]
+# Both threads work on the same MUL_MAT at the same time: here are MUL_MATs whose chunks ran on the two threads with
+# overlapping time spans (on the node-by-node NumPy walk, where the GIL serialises the threads, there are few or none).
+
+# %%
+cc = concurrent_chunks(data)
+print(f"{len(cc)} of {len({ch['node_n'] for ch in data['chunks']})} MUL_MATs had chunks running on both threads at once")
+viz.Table([{"node": step.graph.gf.nodes[n].name, "thread a: chunk": a["chunk"], "a: µs": f"{a['t0']:.1f}–{a['t1']:.1f}",
+            "thread b: chunk": b["chunk"], "b: µs": f"{b['t0']:.1f}–{b['t1']:.1f}"}
+           for n, pairs in list(cc.items())[:6] for a, b in pairs[:1]])
 
 # %% [markdown]
 # ## 3. Barrier waits and chunk claims
@@ -114,9 +137,9 @@ print(f"{name}: {len(claims)} chunks of rows, claimed in this order:")
 viz.Table(claims)
 
 # %% [markdown]
-# > **Teacher note.** Each thread starts with chunk `ith`; the shared counter then hands out the next chunk to
-# > whichever thread asks first: dynamic load balancing. Here the threads are Python threads sharing one interpreter
-# > lock, so often one thread takes most chunks before the other gets going; in C the claims interleave.
+# > **Teacher note.** Each thread starts with chunk `ith`; the shared counter (`current_chunk`, an atomic
+# > fetch-and-add) then hands out the next chunk to whichever thread asks first: dynamic load balancing. On the
+# > compiled walk the claims interleave as in C; a thread that was descheduled for a while finds most chunks taken.
 #
 # The whole timeline also exports as a Chrome trace-event file (`ggviz trace -o trace.json` does this from the
 # command line); open it in https://ui.perfetto.dev to zoom and pan:
