@@ -140,7 +140,29 @@ viz.Table(claims)
 # > **Teacher note.** Each thread starts with chunk `ith`; the shared counter (`current_chunk`, an atomic
 # > fetch-and-add) then hands out the next chunk to whichever thread asks first: dynamic load balancing. On the
 # > compiled walk the claims interleave as in C; a thread that was descheduled for a while finds most chunks taken.
+
+# %% [markdown]
+# ## 4. Inside one chunk: one row · column product, lane by lane
 #
+# A chunk of a MUL_MAT is a block of output rows; each output element is one `vec_dot` of a weight row and an
+# activation column. With Q4_1 weights ggml first quantizes the column to Q8_1 blocks (32 int8 and a scale), then
+# `ggml_vec_dot_q4_1_q8_1` (AVX2) works block by block on 8 float lanes: lane u takes the exact integer dot product
+# of elements 4u..4u+3, scaled by `d_x·d_y` with one FMA; at the end `hsum_float_8` adds the 8 lanes in a fixed
+# tree and the mins' term `summs` is added. Float addition is not associative, so this order *is* the result: the
+# view recomputes it and compares the bits with the MUL_MAT's output (layer 0's `Qcur`, on the prompt).
+
+# %%
+from ggviz.viz.widgets import VecDotLanes
+from ggviz.viz.widgets.vecdot import capture_mul_mat
+
+cap = capture_mul_mat(model, "Qcur-0")
+lanes = VecDotLanes(cap, row=5, block=3)
+st = lanes.state()
+print(f"{st['node']}[{st['column']}, {st['row']}]: lanes give {st['result_bits']}, the MUL_MAT wrote "
+      f"{st['output_bits']}: same bits = {st['matches_output']}")
+lanes
+
+# %% [markdown]
 # The whole timeline also exports as a Chrome trace-event file (`ggviz trace -o trace.json` does this from the
 # command line); open it in https://ui.perfetto.dev to zoom and pan:
 
