@@ -34,6 +34,7 @@ import numpy as np
 
 from ggviz import ggml, viz
 from ggviz.ggml import quants
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 np.set_printoptions(precision=4, suppress=True)
 
@@ -148,6 +149,9 @@ print("type_size =", ggml.type_size(c.type), " blck_size =", ggml.blck_size(c.ty
 print("ne =", c.shape, " nb =", c.strides, " nbytes =", ggml.nbytes(c))
 viz.strides_table(c)
 
+# %%
+ex.permute_nb(a)          # predict first; the next section shows it
+
 # %% [markdown]
 # ## 4. Permute, transpose, views, reshape: new structs, same bytes
 #
@@ -224,6 +228,9 @@ for name, t in parts.items():
           f"data = qkv.data + {t.data - qkv.data:3d}  "
           f"shares memory: {np.shares_memory(ggml.get_data(t), ggml.get_data(qkv))}")
 print("K =\n", ggml.get_data(parts["K"])[0, 0])
+
+# %%
+ex.view_cost(a)
 
 # %% [markdown]
 # ### Reshape

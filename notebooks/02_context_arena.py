@@ -28,6 +28,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 from ggviz import ggml, viz
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 np.set_printoptions(precision=4, suppress=True)
 OBJ, TENSOR, ALIGN = ggml.GGML_OBJECT_SIZE, ggml.GGML_TENSOR_SIZE, ggml.GGML_MEM_ALIGN
@@ -39,6 +40,9 @@ print("sizeof(struct ggml_object) =", OBJ, " sizeof(struct ggml_tensor) =", TENS
 # `ggml_new_object` puts the new header right after the previous object and asks for `GGML_PAD(size, 16)` payload
 # bytes. For a tensor, `ggml_new_tensor_impl` asks for `sizeof(struct ggml_tensor) + data bytes`. So each tensor costs
 # `32 + PAD(336 + nbytes, 16)` bytes of arena; `ggml_used_mem` is the end of the last object.
+
+# %%
+ex.tensor_cost(ggml.GGML_TYPE_F32, (3, 5))      # predict first: the table below shows w = [3, 5] F32
 
 # %%
 ctx = ggml.init(256 * 1024)
@@ -110,6 +114,9 @@ table
 #
 # A view (`ggml_view_*`, `ggml_reshape_*`, `ggml_permute`, `ggml_transpose`) is a new tensor object whose payload is
 # only the 336-byte struct: its `data` points into the source's bytes.
+
+# %%
+ex.view_cost(w)
 
 # %%
 before = ggml.used_mem(ctx)

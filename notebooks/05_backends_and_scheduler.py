@@ -37,6 +37,7 @@ from ggviz.ggml import accel, alloc, backend, backend_reg, blas
 from ggviz.ggml.cpu import cpu_backend
 from ggviz.ggml import sched as S
 from ggviz.viz.widgets.sched_view import STAGES, SchedulerView
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 TYPES = {backend.GGML_BACKEND_DEVICE_TYPE_CPU: "CPU", backend.GGML_BACKEND_DEVICE_TYPE_GPU: "GPU",
          backend.GGML_BACKEND_DEVICE_TYPE_ACCEL: "ACCEL"}
@@ -201,6 +202,9 @@ for ngl in (0, 10, 31):
                  "splits": s["n_splits"], "inputs copied": s["n_inputs"],
                  "splits (backend: inputs)": " | ".join(f"{x['backend']}: {len(x['inputs'])}" for x in s["splits"]),
                  "ACCEL0 compute buffer": S.backend_sched_get_buffer_size(c.sched, c.backends[0])})
+ex.n_splits(views[10], 10)          # predict before the table below
+
+# %%
 viz.Table(rows, title="SmolLM2 decode (1 token): ggml_backend_sched_get_n_splits and the copies")
 
 # %%

@@ -35,12 +35,16 @@ from ggviz import ggml, viz
 from ggviz.ggml.cpu import ggml_cpu
 from ggviz.run import load_model
 from ggviz.export import decode_graph, decode_step, chrome_trace
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 model = load_model()
 gf = decode_graph(model).gf        # the graph of one decode step, built (not computed)
 
 # %% [markdown]
 # ## 1. The plan for 1 to 4 threads
+
+# %%
+ex.n_tasks(next(t for t in gf.nodes if ggml.op_desc(t).startswith("RESHAPE")), 4)     # predict, then reveal
 
 # %%
 rows = {}
@@ -123,6 +127,9 @@ for ith, lane in c["threads"].items():
         wait[b["name"]] += (b["t_exit"] - b["t_enter"]) / 1e3
 top = sorted(wait.items(), key=lambda kv: -kv[1])[:8]
 viz.Table([{"after node": k, "waiting, all threads (µs)": round(v)} for k, v in top])
+
+# %%
+ex.chunk_thread(data, "ffn_up-0", 3)       # predict before the claims below
 
 # %%
 name = "ffn_up-0"

@@ -22,5 +22,6 @@ from .stepper import DecodeStepper  # noqa: F401
 from .tensor import QuantBlockExplorer, TensorExplorer  # noqa: F401
 from .timeline import ThreadTimeline  # noqa: F401
 from .vecdot import VecDotLanes  # noqa: F401
+from .exercise import Exercise  # noqa: F401
 from .alloc_view import AllocatorView  # noqa: F401,E402
 from .sched_view import SchedulerView  # noqa: F401,E402
