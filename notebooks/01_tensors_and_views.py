@@ -34,6 +34,7 @@ import numpy as np
 
 from ggviz import ggml, viz
 from ggviz.ggml import quants
+from ggviz.viz.widgets import QuantBlockExplorer, TensorExplorer
 from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 np.set_printoptions(precision=4, suppress=True)
@@ -185,6 +186,13 @@ print("a now:", v_before[0, 0].reshape(-1))
 v_after[0, 0, 1, 2] = 6.0
 
 # %% [markdown]
+# The same walk, for any element: pick an index of `after` (or switch to `a`); the explorer shows
+# `offset = i0*nb[0] + i1*nb[1] + ...`, the 4 bytes there and which bytes of the source the whole view touches.
+
+# %%
+TensorExplorer(after, views=[before]).select(2, 1)
+
+# %% [markdown]
 # `ggml_transpose` is the special case that swaps dims 0 and 1. The result is not *contiguous* (`nb[0] > nb[1]`), so
 # ops that need rows in order, such as `ggml_reshape` or the left operand of `ggml_mul_mat`, refuse it; `ggml_cont`
 # adds a node that copies it into a fresh, contiguous tensor when the graph runs.
@@ -228,6 +236,10 @@ for name, t in parts.items():
           f"data = qkv.data + {t.data - qkv.data:3d}  "
           f"shares memory: {np.shares_memory(ggml.get_data(t), ggml.get_data(qkv))}")
 print("K =\n", ggml.get_data(parts["K"])[0, 0])
+
+# %%
+# K's window of qkv: the bytes it touches are 4 of every 12 floats, starting 16 bytes in (view_offs)
+TensorExplorer(parts["K"], views=[parts["Q"], parts["V"]]).select(1, 2)
 
 # %%
 ex.view_cost(a)
@@ -287,6 +299,14 @@ print(rows.shape, "row 0:", rows[0, 0, 0].tobytes().hex(" "))
 print("row 1 starts", viz.element_offset(c, 0, 1), "bytes after row 0 (= nb[1])")
 back = ggml.get_data_f32(c)[0, 0]
 print("max |error| over the tensor: %.4f" % np.abs(back - vals).max())
+
+# %% [markdown]
+# One block of `c`, taken apart: its 18 bytes, the fp16 scale, the 32 nibbles and the values they decode to. Choose
+# another row or block, or another format (`Q4_1`, `Q8_0`, `Q4_K`, ...: the row is re-quantized with ggml's reference
+# quantizer) to compare what each format stores.
+
+# %%
+QuantBlockExplorer(c, row=2)
 
 # %% [markdown]
 # **Next:** `02_context_arena.ipynb` follows the arena that all these structs and bytes live in.

@@ -28,6 +28,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 from ggviz import ggml, viz
+from ggviz.viz.widgets import ArenaWidget
 from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 np.set_printoptions(precision=4, suppress=True)
@@ -72,6 +73,13 @@ fig.tight_layout()
 
 # %%
 viz.arena_map(ctx)
+
+# %% [markdown]
+# The same arena as an explorer: click an object (or pick it in the list) to see its header fields decoded and its
+# bytes in hex.
+
+# %%
+ArenaWidget(ctx).select("w")
 
 # %% [markdown]
 # ## 2. The object list and a header in hex
@@ -123,6 +131,9 @@ before = ggml.used_mem(ctx)
 wt = ggml.transpose(ctx, w)
 print("transpose cost", ggml.used_mem(ctx) - before, "bytes = 32 + 336;  data inside w's data:", wt.data == w.data)
 viz.arena_map(ctx)[-2:]
+
+# %%
+ArenaWidget(ctx).select(wt)        # the view's object: a struct whose data field points into w's bytes
 
 # %% [markdown]
 # ## 5. A `no_alloc` context: metadata only
