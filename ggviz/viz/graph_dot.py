@@ -121,7 +121,7 @@ OP_COLORS = {
     "ROPE": "#ce93d8", "SOFT_MAX": "#ef9a9a", "GET_ROWS": "#80deea", "SET_ROWS": "#ffab91", "SWIGLU": "#f48fb1",
     "SILU": "#f48fb1", "GELU": "#f48fb1", "CONT": "#bcaaa4", "CPY": "#bcaaa4", "DUP": "#bcaaa4", "SCALE": "#b39ddb",
     # the ops that compute nothing (views) in one grey family, each its own shade
-    "RESHAPE": "#f5f5f5", "VIEW": "#dadada", "PERMUTE": "#bdbdbd", "TRANSPOSE": "#9e9e9e", "SUM_ROWS": "#fff59d",
+    "RESHAPE": "#ebebeb", "VIEW": "#d2d2d2", "PERMUTE": "#b5b5b5", "TRANSPOSE": "#969696", "SUM_ROWS": "#fff59d",
     "FLASH_ATTN_EXT": "#ef9a9a", "SUB": "#a5d6a7", "DIV": "#dce775", "SQR": "#dce775", "SQRT": "#dce775",
 }
 _EXTRA_COLORS = ["#b2dfdb", "#f8bbd0", "#d1c4e9", "#ffccbc", "#c8e6c9", "#b3e5fc", "#fff9c4", "#d7ccc8",

@@ -358,7 +358,14 @@ def sampler_figure(history, vocab=None, title: str | None = None, show: int = 12
     n_vocab = hist[0]["n"] if hist[0].get("step") == "logits" else None
     first = _stage_cands(hist[0])
     order = {c["id"]: r for r, c in enumerate(first)}         # rank by logit as the candidates came in
-    ids = [c["id"] for c in first[:show]]
+    # rows: the best candidates, and the ones on each side of every cut a stage made (what it removed), as far as
+    # the history recorded them; in rank order
+    ranks = set(range(min(show, len(first))))
+    for j in range(1, len(hist)):
+        cut = hist[j]["n"]
+        if cut < hist[j - 1]["n"]:
+            ranks |= {r for r in (cut - 1, cut, cut + 1) if 0 <= r < len(first)}
+    ids = [first[r]["id"] for r in sorted(ranks)]
     if sel is not None and sel not in ids:
         ids.append(sel)
     S, R = len(hist), len(ids)
@@ -412,7 +419,8 @@ def sampler_figure(history, vocab=None, title: str | None = None, show: int = 12
     ax.set_xticklabels(heads, fontsize=8)
     ax.xaxis.tick_top()
     ax.set_yticks(range(R))
-    ax.set_yticklabels([(_label(vocab, t) if vocab is not None else str(t)) + f"  ({t})" for t in ids], fontsize=8)
+    ax.set_yticklabels([(f"#{order[t]}  " if t in order else "") + (_label(vocab, t) if vocab is not None else str(t))
+                        + f"  ({t})" for t in ids], fontsize=8)
     for lab, t in zip(ax.get_yticklabels(), ids):
         if t == sel:
             lab.set_color("#d50000")
@@ -425,8 +433,8 @@ def sampler_figure(history, vocab=None, title: str | None = None, show: int = 12
     ax.grid(which="minor", color="white", linewidth=1.5)
     ax.tick_params(which="minor", length=0)
     more = (hist[0]["n"] - len(ids)) if hist[0]["n"] > len(ids) else 0
-    notes = [f"rows: the best {len(ids)} candidates by logit as they came in" + (f" ({more} more not shown)"
-                                                                                   if more else "")]
+    notes = [f"rows (#rank by logit as they came in): the best candidates and those on each side of a stage's cut"
+             + (f"; {more} more not shown" if more else "")]
     dt = next((_draw_text(h) for h in hist if _draw_text(h)), "")
     if dt:
         notes.append(dt)
