@@ -433,7 +433,7 @@ def sampler_figure(history, vocab=None, title: str | None = None, show: int = 12
     ax.grid(which="minor", color="white", linewidth=1.5)
     ax.tick_params(which="minor", length=0)
     more = (hist[0]["n"] - len(ids)) if hist[0]["n"] > len(ids) else 0
-    notes = [f"rows (#rank by logit as they came in): the best candidates and those on each side of a stage's cut"
+    notes = ["rows (#rank by logit as they came in): the best candidates and those on each side of a stage's cut"
              + (f"; {more} more not shown" if more else "")]
     dt = next((_draw_text(h) for h in hist if _draw_text(h)), "")
     if dt:
