@@ -258,6 +258,23 @@ print(ggml.get_data(r)[0, 0])
 viz.plot_arena(ctx, scale="log", max_labels=12);
 
 # %% [markdown]
+# ### `ggml_cpy`: the result is a view of the destination
+#
+# `ggml_cpy(ctx, a, b)` does not allocate a result: it returns `ggml_view_tensor(ctx, b)` with `op = GGML_OP_CPY`
+# and `src = {a, b}`. Computing that node writes `a`'s values, converted to `b`'s type, into `b`'s own bytes. This is
+# how ggml writes into an existing buffer (llama.cpp used it to store K and V into views of the KV cache).
+
+# %%
+dst = ggml.set_name(ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F16, 2, 3), "dst")     # an F16 destination
+cp = ggml.cpy(ctx, a, dst)                                                        # ggml_cpy: F32 -> F16
+print(f"{cp.name!r}: {ggml.op_desc(cp)}, view_src is dst: {cp.view_src is dst}, data == dst.data: "
+      f"{cp.data == dst.data}, src = {[t.name for t in cp.src if t is not None]}")
+g3 = ggml.new_graph(ctx)
+ggml.build_forward_expand(g3, cp)
+ggml.graph_compute_with_ctx(ctx, g3, 1)
+print("dst's own bytes now hold a, as fp16:", ggml.get_data(dst)[0, 0].reshape(-1), " a:", ggml.get_data(a)[0, 0].reshape(-1))
+
+# %% [markdown]
 # ## 5. A quantized block: `block_q4_0`
 #
 # `ggml-common.h` defines `block_q4_0` as one `ggml_half d` (the scale, an IEEE fp16) followed by `uint8_t qs[16]`:

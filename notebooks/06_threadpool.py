@@ -67,7 +67,36 @@ for n in (1, 2, 3, 4):
 # > **Teacher note.** Views have `n_tasks = 1` (nothing to do); a softmax gets at most one thread per row. The work
 # > buffer is small: a mul_mat converts its F32 input vector to the weights' dot-product type (q8 blocks) once, and
 # > ROPE/SOFT_MAX need one row of scratch per thread.
+
+# %% [markdown]
+# ### One op, split by `ith` / `nth`
 #
+# Inside a node, an element-wise kernel such as ADD (here on F16 tensors, `ggml_compute_forward_add` →
+# `binary_ops`' `apply_binary_op`) takes rows `[dr*ith, min(dr*ith + dr, nr))` with `dr = (nr + nth - 1) / nth`.
+# Run the kernel as each thread *alone* and look at which rows it wrote:
+
+# %%
+import numpy as np
+from ggviz.ggml.cpu import ops as cpu_ops
+from ggviz.ggml.cpu.common import ComputeParams
+
+actx = ggml.init(1 << 20)
+F16 = ggml.GGML_TYPE_F16
+p16 = ggml.set_name(ggml.new_tensor_2d(actx, F16, 8, 10), "p")
+q16 = ggml.set_name(ggml.new_tensor_2d(actx, F16, 8, 10), "q")
+s16 = ggml.set_name(ggml.add(actx, p16, q16), "p+q")
+ggml.get_data(p16)[...] = 1.0
+ggml.get_data(q16)[...] = 2.0
+nr, nth = 10, 3
+split = []
+for ith in range(nth):
+    ggml.get_data(s16)[...] = np.nan                          # mark every row unwritten
+    cpu_ops.forward_add(ComputeParams(ith, nth, None), s16)   # ggml_compute_forward_add as thread ith of nth, alone
+    done = np.nonzero(~np.isnan(ggml.get_data(s16)[0, 0, :, 0]))[0]
+    split.append({"ith": ith, "nth": nth, "rows it wrote": f"{done.min()}..{done.max()}", "rows": len(done)})
+viz.Table(split, title=f"ADD (F16) on {nr} rows, {nth} threads: dr = ({nr} + {nth} - 1) / {nth} = {(nr + nth - 1) // nth}")
+
+# %% [markdown]
 # ## 2. A real compute, thread by thread
 
 # %%
@@ -168,6 +197,46 @@ st = lanes.state()
 print(f"{st['node']}[{st['column']}, {st['row']}]: lanes give {st['result_bits']}, the MUL_MAT wrote "
       f"{st['output_bits']}: same bits = {st['matches_output']}")
 lanes
+
+# %% [markdown]
+# ## 5. The pool itself: kickoff, pause/resume, `abort_callback`
+#
+# `ggml_graph_compute` with no threadpool makes a *disposable* one and frees it at the end; llama.cpp keeps a
+# persistent one (`ggml_threadpool_new`). Each compute starts with `ggml_graph_compute_kickoff`: it bumps the pool's
+# `n_graph` counter (graph count, and in its low bits the number of threads) and, if the pool was paused, resumes
+# it; idle workers sleep while the pool is paused (`ggml_threadpool_pause` / `_resume`). `cplan.abort_callback` is
+# called by thread 0 after every node: returning true stops the graph at the next barrier with
+# `GGML_STATUS_ABORTED` (ggml builds without OpenMP use this pool; with OpenMP, `#pragma omp parallel` replaces it
+# and there is no pause/resume). Recorded from a real run:
+
+# %%
+from ggviz import trace
+from ggviz.ggml.cpu import threadpool as TP
+
+sctx = ggml.init(1 << 20)
+xs = ggml.set_name(ggml.new_tensor_2d(sctx, ggml.GGML_TYPE_F32, 64, 16), "xs")
+ggml.get_data(xs)[...] = 1.0
+ys = ggml.set_name(ggml.add(sctx, ggml.mul(sctx, xs, xs), ggml.scale(sctx, xs, 2.0)), "ys")
+gs = ggml.new_graph(sctx)
+ggml.build_forward_expand(gs, ys)
+
+params = TP.threadpool_params_default(2)
+params.paused = True                                   # created asleep: the first kickoff wakes it
+pool = TP.threadpool_new(params)                       # ggml_threadpool_new
+calls = []
+with trace.Recorder(kinds=["cpu.kickoff", "cpu.pause", "cpu.resume", "cpu.abort", "cpu.compute.end"]) as prec:
+    plan = ggml_cpu.graph_plan(gs, 2, pool)
+    st_ok = ggml_cpu.graph_compute(gs, plan)           # kickoff resumes the paused pool
+    TP.threadpool_pause(pool)                          # ggml_threadpool_pause: idle workers go to sleep
+    TP.threadpool_resume(pool)
+    plan.abort_callback = lambda data: (calls.append(1), len(calls) >= 2)[1]     # stop after the 2nd node
+    st_abort = ggml_cpu.graph_compute(gs, plan)
+TP.threadpool_free(pool)
+print(f"statuses: {st_ok} (GGML_STATUS_SUCCESS = {ggml_cpu.GGML_STATUS_SUCCESS}), then {st_abort} "
+      f"(GGML_STATUS_ABORTED = {ggml_cpu.GGML_STATUS_ABORTED}) after {len(calls)} abort_callback calls")
+viz.Table([{"event": e["kind"], "by": e.get("by") or e.get("state"), "thread": e.get("ith"),
+            "n_graph": e.get("n_graph"), "was paused": e.get("was_paused"),
+            "node": e.get("name") or e.get("node_n")} for e in prec.events], title="the pool's events, in order")
 
 # %% [markdown]
 # The whole timeline also exports as a Chrome trace-event file (`ggviz trace -o trace.json` does this from the
