@@ -134,7 +134,9 @@ tt
 
 # %% [markdown]
 # Both threads work on the same MUL_MAT at the same time: here are MUL_MATs whose chunks ran on the two threads with
-# overlapping time spans (on the node-by-node NumPy walk, where the GIL serialises the threads, there are few or none).
+# overlapping time spans. (The node-by-node NumPy walk, `load_model(use_extra_bufts=False)`, overlaps too, inside
+# NumPy's loops, which release the GIL; but its Python between them is serialised, and a 2-thread decode there takes
+# about 4 s, half of it in barriers.)
 
 # %%
 cc = concurrent_chunks(data)

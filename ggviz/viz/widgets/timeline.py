@@ -13,7 +13,8 @@ Drawn only from recorded events of the CPU backend (``ggml_graph_compute``):
 Which walk recorded it matters for what the picture teaches, so it is labelled: the compiled walk
 (``ggviz/ggml/cpu/fast``, ``compiled: True``) runs the threads truly in parallel, as ggml's C does: both threads
 compute chunks of the same MUL_MAT at the same time, then meet at the barrier. The node-by-node walk runs NumPy kernels
-on Python threads, which the GIL mostly serialises. ggml's barrier spins on ``n_barrier_passed``; the compiled walk's
+on Python threads: the GIL serialises everything but NumPy's inner loops (a 2-thread decode there takes ~4 s, half
+of it in barriers). ggml's barrier spins on ``n_barrier_passed``; the compiled walk's
 spins the same way for ``SPIN_CYCLES`` (~40 µs), then sleeps on a futex (a ggviz addition for oversubscribed
 machines): the figure draws the spin as spin and the rest as sleep. ``thread_accounting`` splits each thread's wall
 time into kernel work, barrier waits and time in the pool outside the walk (kickoff, join), so that they add up.
@@ -55,7 +56,8 @@ def spin_us() -> float:
 
 
 WALK_LABEL = {True: "compiled walk: threads run truly in parallel, as in ggml's C",
-              False: "node-by-node NumPy walk: Python threads, serialised by the GIL (not how ggml's C runs)"}
+              False: "node-by-node NumPy walk: Python threads, the GIL serialises all but NumPy's inner loops "
+                     "(not how ggml's C runs)"}
 
 
 def timeline_data(events, which: int = -1) -> dict:
