@@ -40,17 +40,19 @@ def test_two_thread_decode_timeline_is_parallel_and_adds_up(model):
     # The machine may be shared: while another process holds a core, a thread is descheduled and the other one
     # spends the compute in barriers, so no two chunks overlap, and a thread descheduled between two records leaves
     # time no record covers. Take the first of a few decodes without that.
-    for _ in range(4):
+    tries = []
+    for _ in range(8):
         step, d = _decode(model)
         cc = concurrent_chunks(d)
-        if cc and all(abs(x["busy_us"] + x["wait_us"] - x["wall_us"]) <= 0.05 * x["wall_us"]
-                      for x in thread_accounting(d)):
+        worst = max(abs(x["busy_us"] + x["wait_us"] - x["wall_us"]) / x["wall_us"] for x in thread_accounting(d))
+        tries.append((len(cc), round(worst, 3)))
+        if cc and worst <= 0.05:
             break
     assert d["compiled"] and d["n_threads"] == 2
     gf = step.graph.gf
     mm = {c["node_n"] for c in d["chunks"]}
     assert mm and all(gf.nodes[n].op == C.GGML_OP_MUL_MAT for n in mm)
-    assert cc, "no MUL_MAT had chunks running on both threads at the same time in 4 decodes"
+    assert cc, f"no MUL_MAT had chunks running on both threads at the same time ((overlaps, worst gap) per try: {tries})"
     n, pairs = next(iter(cc.items()))
     a, b = pairs[0]
     assert {a["ith"], b["ith"]} == {0, 1} and a["node_n"] == b["node_n"] == n
@@ -72,7 +74,7 @@ def test_two_thread_decode_timeline_is_parallel_and_adds_up(model):
         assert barrier == pytest.approx(x["barrier_us"], rel=1e-6)
         assert x["pool_us"] >= 0 and x["spin_us"] <= barrier + 1e-6
         # ... plus the waits add up to the wall time within 5 %
-        assert abs(x["busy_us"] + x["wait_us"] - wall) <= 0.05 * wall, x
+        assert abs(x["busy_us"] + x["wait_us"] - wall) <= 0.05 * wall, (x, tries)
     # every spin part is at most the compiled barrier's spin budget (SPIN_CYCLES of the timestamp counter)
     assert 5.0 < spin_us() < 500.0
     tt = ThreadTimeline(step.events)
