@@ -23,6 +23,11 @@ from ._base import VizWidget, esc
 _NUM = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
+def _md(text: str) -> str:
+    """The question as HTML: escaped, with `code` spans."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(text))
+
+
 def _numbers(text: str) -> list[float]:
     return [float(x) for x in _NUM.findall(text.replace(",", " ").replace("_", ""))]
 
@@ -102,7 +107,7 @@ class Exercise(VizWidget):
     def to_html(self) -> str:
         ch = ("<div>Choices: " + ", ".join(f"<code>{esc(c)}</code>" for c in self.choices) + "</div>"
               if self.choices else "")
-        return (f"<div style='{self._BOX}'><b>Predict, then reveal.</b> {esc(self.question)}{ch}"
+        return (f"<div style='{self._BOX}'><b>Predict, then reveal.</b> {_md(self.question)}{ch}"
                 f"<details style='margin-top:4px'><summary>Show the answer (computed from this run)</summary>"
                 f"{self._answer_html()}</details></div>")
 
@@ -116,7 +121,7 @@ class Exercise(VizWidget):
         self._w_fb = W.HTML()
         self._w_check.on_click(lambda _b: self.check(self._w_in.value if self._w_in.value is not None else ""))
         self._w_reveal.on_click(lambda _b: self.reveal())
-        return W.VBox([W.HTML(f"<div style='{self._BOX}'><b>Predict, then reveal.</b> {esc(self.question)}</div>"),
+        return W.VBox([W.HTML(f"<div style='{self._BOX}'><b>Predict, then reveal.</b> {_md(self.question)}</div>"),
                        W.HBox([self._w_in, self._w_check, self._w_reveal]), self._w_fb])
 
     def _refresh(self):
