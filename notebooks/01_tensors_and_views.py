@@ -326,4 +326,27 @@ print("max |error| over the tensor: %.4f" % np.abs(back - vals).max())
 QuantBlockExplorer(c, row=2)
 
 # %% [markdown]
+# ### fp16, and the tables `ggml_cpu_init` fills
+#
+# The block scale `d` above is an IEEE fp16 (`ggml_fp16_t`). fp16 has only 65536 bit patterns, so ggml's CPU backend
+# precomputes some functions for all of them once, in `ggml_cpu_init`: with `GGML_GELU_FP16`, `ggml_vec_gelu_f32`
+# rounds x to fp16 and looks up `ggml_table_gelu_f16[bits]` instead of computing tanh. Below: the real table (ggviz
+# fills it the same way, bit for bit), what the kernel returns, and GELU in float64 for comparison.
+
+# %%
+import math
+from ggviz.ggml.cpu import vec
+
+tab = vec.gelu_table_f16()            # ggml_table_gelu_f16[1 << 16], filled once by ggml_cpu_init
+gelu_rows = []
+for x in np.array([-3.0, -0.5, 0.1, 0.7003, 2.5], np.float32):
+    h = np.float16(x)                 # GGML_CPU_FP32_TO_FP16: the table's index is the fp16 bit pattern
+    bits = int(np.array(h).view(np.uint16))
+    exact = 0.5 * float(x) * (1 + math.tanh(math.sqrt(2 / math.pi) * (float(x) + 0.044715 * float(x) ** 3)))
+    gelu_rows.append({"x": float(x), "fp16(x)": float(h), "bits": f"0x{bits:04x}", "table[bits]": float(tab[bits]),
+                      "ggml_vec_gelu_f32(x)": float(vec.gelu_f32(x)), "GELU(x) in float64": exact})
+print(f"ggml_table_gelu_f16: {len(tab)} entries of {tab.dtype}, {tab.nbytes} bytes")
+viz.Table(gelu_rows)
+
+# %% [markdown]
 # **Next:** `02_context_arena.ipynb` follows the arena that all these structs and bytes live in.
