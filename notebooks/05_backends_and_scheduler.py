@@ -85,6 +85,21 @@ viz.Table([{"backend": backend.backend_name(b), **{f"reads {n}": backend.backend
            for b in (acc, cpu)], title="ggml_backend_supports_buft")
 
 # %% [markdown]
+# A backend is C's object orientation: `struct ggml_backend { guid; iface; device; context; }`, where `iface`
+# (`struct ggml_backend_i`) is a table of function pointers, a hand-made vtable; `ggml_backend_graph_compute(b, g)`
+# is `b->iface.graph_compute(b, g)`. Optional slots are NULL (the caller checks). The three backends' tables:
+
+# %%
+import dataclasses
+
+blas_b = blas.backend_blas_init()
+vt_backends = {"ACCEL0": acc, "CPU": cpu, "BLAS": blas_b}
+viz.Table([{"iface slot": f.name, **{n: getattr(getattr(b.iface, f.name), "__name__", "set")
+                                     if getattr(b.iface, f.name) is not None else "NULL"
+                                     for n, b in vt_backends.items()}}
+           for f in dataclasses.fields(backend.ggml_backend_i)], title="struct ggml_backend_i of each backend")
+
+# %% [markdown]
 # ## 2. A small graph on ACCEL0 + CPU: the five passes
 #
 # Two layers of `norm-l = rms_norm(cur)`, `attn_norm-l = norm-l * norm weight`, `h-l = W x attn_norm-l`,
