@@ -275,6 +275,36 @@ ggml.graph_compute_with_ctx(ctx, g3, 1)
 print("dst's own bytes now hold a, as fp16:", ggml.get_data(dst)[0, 0].reshape(-1), " a:", ggml.get_data(a)[0, 0].reshape(-1))
 
 # %% [markdown]
+# ### `ggml_mul_mat` and `ggml_out_prod`: which dimension is summed
+#
+# `ggml_mul_mat(a, b)` sums over `ne[0]` of both (a row of `a` · a row of `b`): `a` `[K, M]`, `b` `[K, N]` →
+# `[M, N]`, i.e. `b · aᵀ` in NumPy's row-major view; that is why weights are stored `[n_in, n_out]` and the
+# activations `[n_in, n_tokens]`. `ggml_out_prod(a, b)` sums over `ne[1]` instead (a sum of outer products of
+# columns): `a` `[M, K]`, `b` `[N, K]` → `[M, N]`. The same numbers, laid out the other way, give the same result:
+
+# %%
+mctx = ggml.init(1 << 20)
+K, M, N = 3, 2, 4
+A = ggml.set_name(ggml.new_tensor_2d(mctx, ggml.GGML_TYPE_F32, K, M), "A")     # ne = [K, M]: M rows of K
+B = ggml.set_name(ggml.new_tensor_2d(mctx, ggml.GGML_TYPE_F32, K, N), "B")     # ne = [K, N]: N rows of K
+ggml.get_data(A)[0, 0] = np.arange(M * K, dtype=np.float32).reshape(M, K)
+ggml.get_data(B)[0, 0] = np.arange(N * K, dtype=np.float32).reshape(N, K) / 10
+mm = ggml.mul_mat(mctx, A, B)                          # ne = [M, N]
+U = ggml.set_name(ggml.new_tensor_2d(mctx, ggml.GGML_TYPE_F32, M, K), "U")     # A's numbers as [M, K]
+V = ggml.set_name(ggml.new_tensor_2d(mctx, ggml.GGML_TYPE_F32, N, K), "V")     # B's numbers as [N, K]
+ggml.get_data(U)[0, 0] = ggml.get_data(A)[0, 0].T
+ggml.get_data(V)[0, 0] = ggml.get_data(B)[0, 0].T
+op = ggml.out_prod(mctx, U, V)                         # ne = [M, N]
+g4 = ggml.new_graph(mctx)
+ggml.build_forward_expand(g4, mm)
+ggml.build_forward_expand(g4, op)
+ggml.graph_compute_with_ctx(mctx, g4, 1)
+print("mul_mat ne:", list(mm.shape[:2]), "  out_prod ne:", list(op.shape[:2]))
+print("mul_mat (NumPy view, N x M):\n", ggml.get_data(mm)[0, 0])
+print("B @ A.T in NumPy:\n", ggml.get_data(B)[0, 0] @ ggml.get_data(A)[0, 0].T)
+print("out_prod gives the same:", np.allclose(ggml.get_data(op)[0, 0], ggml.get_data(mm)[0, 0]))
+
+# %% [markdown]
 # ## 5. A quantized block: `block_q4_0`
 #
 # `ggml-common.h` defines `block_q4_0` as one `ggml_half d` (the scale, an IEEE fp16) followed by `uint8_t qs[16]`:
