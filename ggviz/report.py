@@ -53,7 +53,9 @@ from .viz import graph_dot as G
 from .viz import widgets
 from .viz.graph_dot import layer_of, node_layers, op_color
 from .viz.model_views import kv_cache_figure, sampler_figure
+from .viz.widgets._base import array_png, colorbar_html, value_range, wrap_vector
 from .viz.widgets.alloc_view import AllocatorView
+from .viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
 
 # names whose values the eval callback copies out besides layer 0's nodes
 _EXTRA_VALUES = ("embd", "inp_embd", "result_norm", "result_output")
@@ -212,27 +214,6 @@ def fig_png(fig, dpi: int = 100) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
-    return buf.getvalue()
-
-
-def array_png(a, cmap: str = "RdBu_r", scale: int = 4, symmetric: bool = True) -> bytes:
-    """A 2-D array as a small PNG heat map (each value ``scale`` x ``scale`` pixels)."""
-    a = np.asarray(a, dtype=np.float32)
-    a = np.where(np.isfinite(a), a, np.nan)
-    if a.ndim == 1:
-        a = a[None, :]
-    fin = a[np.isfinite(a)]
-    vmax = float(np.max(np.abs(fin))) if fin.size else 1.0
-    vmax = vmax or 1.0
-    vmin = -vmax if symmetric else float(fin.min() if fin.size else 0.0)
-    if not symmetric:
-        vmax = float(fin.max() if fin.size else 1.0)
-        vmax = vmax if vmax > vmin else vmin + 1.0
-    rgba = matplotlib.colormaps[cmap]((a - vmin) / (vmax - vmin))
-    rgba[~np.isfinite(a)] = (0.2, 0.2, 0.2, 1.0)
-    rgba = np.repeat(np.repeat(rgba, scale, axis=0), scale, axis=1)
-    buf = io.BytesIO()
-    matplotlib.pyplot.imsave(buf, rgba, format="png")
     return buf.getvalue()
 
 
@@ -439,22 +420,23 @@ def _frame_values(v) -> dict:
     stats = (f"min {fin.min():.4g}, max {fin.max():.4g}, mean {fin.mean():.4g}, |x| {np.linalg.norm(fin):.4g}"
              if fin.size else "")
     head = ", ".join(f"{x:.4g}" for x in flat[:8])
-    pic = None
+    pic = cbar = None
     if flat.size and d.dtype.kind == "f":
         arr = d.reshape(-1, d.shape[-1]) if d.ndim > 1 else d.reshape(1, -1)
         arr = arr[np.isfinite(arr).any(axis=1)] if arr.shape[0] > 1 else arr
-        if arr.shape[0] == 1 and arr.shape[1] > 96:            # a long vector: wrap it into rows of 64
-            n = arr.shape[1]
-            w = 64
-            pad = (-n) % w
-            arr = np.concatenate([arr[0], np.full(pad, np.nan, dtype=np.float32)]).reshape(-1, w)
-        arr = arr[:48, :256]
+        arr, blank, w = wrap_vector(arr)                      # a long row or column: a grid, not a 1-pixel strip
+        if w is None:
+            arr = arr[:48, :256]
+        fin = np.isfinite(arr) if blank is None else np.isfinite(arr) & ~blank
+        lo, hi = value_range(np.where(fin, arr, np.nan))
         scale = max(1, min(8, 512 // max(arr.shape[1], 1)))
-        pic = array_png(arr, scale=scale)
+        pic = array_png(arr, vmin=lo, vmax=hi, scale=scale, blank=blank)
+        cbar = Markup(colorbar_html(lo, hi, "RdBu_r", label=(f"{flat.size} values wrapped into rows of {w}"
+                                                             if w is not None else "")))
     op = v["op"]
     base = op.split(" ")[0].split("(")[0]
     return dict(node_n=v["node_n"], name=v["name"], op=op, src=", ".join(v["src"]), type=v["type"], shape=v["shape"],
-                op_note=_OP_NOTES.get(base, ""), stats=stats, head=head, more=flat.size > 8, png=pic)
+                op_note=_OP_NOTES.get(base, ""), stats=stats, head=head, more=flat.size > 8, png=pic, cbar=cbar)
 
 
 @section("graph", "The compute graph", "llm_build_llama", "ggml_build_forward_expand", "ggml_visit_parents",
@@ -562,19 +544,26 @@ def sec_timeline(rec: Recording) -> dict:
                 w.set_range(*rng)
             widget = Markup(w.to_html())        # the widget escapes its own text
     out = dict(widget=widget, recorded=tl is not None and tl.last is not None, whole_png=None, layer0_png=None,
-               threads=[], total_ms=0.0)
+               threads=[], total_ms=0.0, walk=None, compiled=False, concurrent=0, n_mul_mat=0)
     if out["recorded"]:
         c = tl.last
         if widget is None:
             out["whole_png"] = fig_png(_timeline_fallback(tl), 90)
             if rng:
                 out["layer0_png"] = fig_png(_timeline_fallback(tl, rng), 90)
-        for ith, ln in c["threads"].items():
-            busy = sum(s["t_end"] - s["t_start"] for s in ln["nodes"]) / 1e3
-            wait = sum(b["t_exit"] - b["t_enter"] for b in ln["barriers"]) / 1e3
-            out["threads"].append({"thread": ith, "node calls": len(ln["nodes"]), "in kernels (µs)": round(busy),
-                                   "barriers": len(ln["barriers"]), "waiting (µs)": round(wait),
-                                   "mul_mat chunks claimed": len(ln["chunks"])})
+        # each thread's wall time split into parts that add up (a MUL_MAT's in-kernel barrier is not counted twice)
+        d = timeline_data(rec.timeline_events)
+        for a in thread_accounting(d):
+            out["threads"].append({"thread": a["thread"], "in kernels (µs)": round(a["kernel_us"]),
+                                   "barrier: spinning (µs)": round(a["spin_us"]),
+                                   "barrier: asleep (µs)": round(a["sleep_us"]),
+                                   "pool: kickoff/join (µs)": round(a["pool_us"]),
+                                   "unrecorded (µs)": round(a["other_us"]), "wall (µs)": round(a["wall_us"]),
+                                   "mul_mat chunks claimed": a["chunks"]})
+        out["walk"] = WALK_LABEL[d["compiled"]]
+        out["compiled"] = d["compiled"]
+        out["concurrent"] = len(concurrent_chunks(d))
+        out["n_mul_mat"] = len({ch["node_n"] for ch in d["chunks"]})
         out["total_ms"] = ((c["t_end"] or c["t_start"]) - c["t_start"]) / 1e6
     return out
 
@@ -681,12 +670,13 @@ def sec_attention(rec: Recording) -> dict:
         nh = pa.shape[0]
         cols = min(nh, 5)
         rows_ = math.ceil(nh / cols)
-        fig, axes = plt.subplots(rows_, cols, figsize=(2.6 * cols, 2.6 * rows_))
+        fig, axes = plt.subplots(rows_, cols, figsize=(2.6 * cols + 0.8, 2.6 * rows_), constrained_layout=True)
+        im = None
         for h, ax in enumerate(np.atleast_1d(axes).reshape(-1)):
             if h >= nh:
                 ax.set_axis_off()
                 continue
-            ax.imshow(pa[h], cmap="viridis", vmin=0, vmax=1)
+            im = ax.imshow(pa[h], cmap="viridis", vmin=0, vmax=1)
             ax.set_title(f"head {h}", fontsize=9)
             n = pa.shape[1]
             ax.set_xticks(range(n))
@@ -694,14 +684,15 @@ def sec_attention(rec: Recording) -> dict:
             ax.set_yticks(range(n))
             ax.set_yticklabels(labels[:n], fontsize=7)
         fig.suptitle("layer 0, the prompt: softmax(K·Q) per head (row = query token, column = key token)")
-        fig.tight_layout()
+        fig.colorbar(im, ax=axes, shrink=0.5, label="attention weight")
         figs.append((fig_png(fig, 90), "prompt attention, layer 0"))
     kq = next((v for v in rec.values if v["name"] == "kq_soft_max-0"), None)
     if kq is not None:
         d = np.asarray(kq["data"])
         w = d.reshape(d.shape[-3], -1)[:, :rec.step.pos + 1]
-        fig, ax = plt.subplots(figsize=(8, 3.2))
-        ax.imshow(w, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        fig, ax = plt.subplots(figsize=(8.8, 3.2))
+        im = ax.imshow(w, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02, label="attention weight")
         ax.set_xticks(range(w.shape[1]))
         ax.set_xticklabels(labels[:w.shape[1]], rotation=45, ha="right", fontsize=8)
         ax.set_yticks(range(w.shape[0]))

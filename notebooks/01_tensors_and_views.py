@@ -34,6 +34,8 @@ import numpy as np
 
 from ggviz import ggml, viz
 from ggviz.ggml import quants
+from ggviz.viz.widgets import QuantBlockExplorer, TensorExplorer
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 np.set_printoptions(precision=4, suppress=True)
 
@@ -148,6 +150,9 @@ print("type_size =", ggml.type_size(c.type), " blck_size =", ggml.blck_size(c.ty
 print("ne =", c.shape, " nb =", c.strides, " nbytes =", ggml.nbytes(c))
 viz.strides_table(c)
 
+# %%
+ex.permute_nb(a)          # predict first; the next section shows it
+
 # %% [markdown]
 # ## 4. Permute, transpose, views, reshape: new structs, same bytes
 #
@@ -179,6 +184,13 @@ for i0 in range(3):
 v_after[0, 0, 1, 2] = 60.0
 print("a now:", v_before[0, 0].reshape(-1))
 v_after[0, 0, 1, 2] = 6.0
+
+# %% [markdown]
+# The same walk, for any element: pick an index of `after` (or switch to `a`); the explorer shows
+# `offset = i0*nb[0] + i1*nb[1] + ...`, the 4 bytes there and which bytes of the source the whole view touches.
+
+# %%
+TensorExplorer(after, views=[before]).select(2, 1)
 
 # %% [markdown]
 # `ggml_transpose` is the special case that swaps dims 0 and 1. The result is not *contiguous* (`nb[0] > nb[1]`), so
@@ -225,6 +237,13 @@ for name, t in parts.items():
           f"shares memory: {np.shares_memory(ggml.get_data(t), ggml.get_data(qkv))}")
 print("K =\n", ggml.get_data(parts["K"])[0, 0])
 
+# %%
+# K's window of qkv: the bytes it touches are 4 of every 12 floats, starting 16 bytes in (view_offs)
+TensorExplorer(parts["K"], views=[parts["Q"], parts["V"]]).select(1, 2)
+
+# %%
+ex.view_cost(a)
+
 # %% [markdown]
 # ### Reshape
 #
@@ -237,6 +256,53 @@ print("a :", a.shape, a.strides)
 print("r :", r.shape, r.strides, " same data:", r.data == a.data, " view_src is a:", r.view_src == a)
 print(ggml.get_data(r)[0, 0])
 viz.plot_arena(ctx, scale="log", max_labels=12);
+
+# %% [markdown]
+# ### `ggml_cpy`: the result is a view of the destination
+#
+# `ggml_cpy(ctx, a, b)` does not allocate a result: it returns `ggml_view_tensor(ctx, b)` with `op = GGML_OP_CPY`
+# and `src = {a, b}`. Computing that node writes `a`'s values, converted to `b`'s type, into `b`'s own bytes. This is
+# how ggml writes into an existing buffer (llama.cpp used it to store K and V into views of the KV cache).
+
+# %%
+dst = ggml.set_name(ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F16, 2, 3), "dst")     # an F16 destination
+cp = ggml.cpy(ctx, a, dst)                                                        # ggml_cpy: F32 -> F16
+print(f"{cp.name!r}: {ggml.op_desc(cp)}, view_src is dst: {cp.view_src is dst}, data == dst.data: "
+      f"{cp.data == dst.data}, src = {[t.name for t in cp.src if t is not None]}")
+g3 = ggml.new_graph(ctx)
+ggml.build_forward_expand(g3, cp)
+ggml.graph_compute_with_ctx(ctx, g3, 1)
+print("dst's own bytes now hold a, as fp16:", ggml.get_data(dst)[0, 0].reshape(-1), " a:", ggml.get_data(a)[0, 0].reshape(-1))
+
+# %% [markdown]
+# ### `ggml_mul_mat` and `ggml_out_prod`: which dimension is summed
+#
+# `ggml_mul_mat(a, b)` sums over `ne[0]` of both (a row of `a` · a row of `b`): `a` `[K, M]`, `b` `[K, N]` →
+# `[M, N]`, i.e. `b · aᵀ` in NumPy's row-major view; that is why weights are stored `[n_in, n_out]` and the
+# activations `[n_in, n_tokens]`. `ggml_out_prod(a, b)` sums over `ne[1]` instead (a sum of outer products of
+# columns): `a` `[M, K]`, `b` `[N, K]` → `[M, N]`. The same numbers, laid out the other way, give the same result:
+
+# %%
+mctx = ggml.init(1 << 20)
+K, M, N = 3, 2, 4
+A = ggml.set_name(ggml.new_tensor_2d(mctx, ggml.GGML_TYPE_F32, K, M), "A")     # ne = [K, M]: M rows of K
+B = ggml.set_name(ggml.new_tensor_2d(mctx, ggml.GGML_TYPE_F32, K, N), "B")     # ne = [K, N]: N rows of K
+ggml.get_data(A)[0, 0] = np.arange(M * K, dtype=np.float32).reshape(M, K)
+ggml.get_data(B)[0, 0] = np.arange(N * K, dtype=np.float32).reshape(N, K) / 10
+mm = ggml.mul_mat(mctx, A, B)                          # ne = [M, N]
+U = ggml.set_name(ggml.new_tensor_2d(mctx, ggml.GGML_TYPE_F32, M, K), "U")     # A's numbers as [M, K]
+V = ggml.set_name(ggml.new_tensor_2d(mctx, ggml.GGML_TYPE_F32, N, K), "V")     # B's numbers as [N, K]
+ggml.get_data(U)[0, 0] = ggml.get_data(A)[0, 0].T
+ggml.get_data(V)[0, 0] = ggml.get_data(B)[0, 0].T
+op = ggml.out_prod(mctx, U, V)                         # ne = [M, N]
+g4 = ggml.new_graph(mctx)
+ggml.build_forward_expand(g4, mm)
+ggml.build_forward_expand(g4, op)
+ggml.graph_compute_with_ctx(mctx, g4, 1)
+print("mul_mat ne:", list(mm.shape[:2]), "  out_prod ne:", list(op.shape[:2]))
+print("mul_mat (NumPy view, N x M):\n", ggml.get_data(mm)[0, 0])
+print("B @ A.T in NumPy:\n", ggml.get_data(B)[0, 0] @ ggml.get_data(A)[0, 0].T)
+print("out_prod gives the same:", np.allclose(ggml.get_data(op)[0, 0], ggml.get_data(mm)[0, 0]))
 
 # %% [markdown]
 # ## 5. A quantized block: `block_q4_0`
@@ -280,6 +346,37 @@ print(rows.shape, "row 0:", rows[0, 0, 0].tobytes().hex(" "))
 print("row 1 starts", viz.element_offset(c, 0, 1), "bytes after row 0 (= nb[1])")
 back = ggml.get_data_f32(c)[0, 0]
 print("max |error| over the tensor: %.4f" % np.abs(back - vals).max())
+
+# %% [markdown]
+# One block of `c`, taken apart: its 18 bytes, the fp16 scale, the 32 nibbles and the values they decode to. Choose
+# another row or block, or another format (`Q4_1`, `Q8_0`, `Q4_K`, ...: the row is re-quantized with ggml's reference
+# quantizer) to compare what each format stores.
+
+# %%
+QuantBlockExplorer(c, row=2)
+
+# %% [markdown]
+# ### fp16, and the tables `ggml_cpu_init` fills
+#
+# The block scale `d` above is an IEEE fp16 (`ggml_fp16_t`). fp16 has only 65536 bit patterns, so ggml's CPU backend
+# precomputes some functions for all of them once, in `ggml_cpu_init`: with `GGML_GELU_FP16`, `ggml_vec_gelu_f32`
+# rounds x to fp16 and looks up `ggml_table_gelu_f16[bits]` instead of computing tanh. Below: the real table (ggviz
+# fills it the same way, bit for bit), what the kernel returns, and GELU in float64 for comparison.
+
+# %%
+import math
+from ggviz.ggml.cpu import vec
+
+tab = vec.gelu_table_f16()            # ggml_table_gelu_f16[1 << 16], filled once by ggml_cpu_init
+gelu_rows = []
+for x in np.array([-3.0, -0.5, 0.1, 0.7003, 2.5], np.float32):
+    h = np.float16(x)                 # GGML_CPU_FP32_TO_FP16: the table's index is the fp16 bit pattern
+    bits = int(np.array(h).view(np.uint16))
+    exact = 0.5 * float(x) * (1 + math.tanh(math.sqrt(2 / math.pi) * (float(x) + 0.044715 * float(x) ** 3)))
+    gelu_rows.append({"x": float(x), "fp16(x)": float(h), "bits": f"0x{bits:04x}", "table[bits]": float(tab[bits]),
+                      "ggml_vec_gelu_f32(x)": float(vec.gelu_f32(x)), "GELU(x) in float64": exact})
+print(f"ggml_table_gelu_f16: {len(tab)} entries of {tab.dtype}, {tab.nbytes} bytes")
+viz.Table(gelu_rows)
 
 # %% [markdown]
 # **Next:** `02_context_arena.ipynb` follows the arena that all these structs and bytes live in.

@@ -28,6 +28,8 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 from ggviz import ggml, viz
+from ggviz.viz.widgets import ArenaWidget
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 np.set_printoptions(precision=4, suppress=True)
 OBJ, TENSOR, ALIGN = ggml.GGML_OBJECT_SIZE, ggml.GGML_TENSOR_SIZE, ggml.GGML_MEM_ALIGN
@@ -39,6 +41,9 @@ print("sizeof(struct ggml_object) =", OBJ, " sizeof(struct ggml_tensor) =", TENS
 # `ggml_new_object` puts the new header right after the previous object and asks for `GGML_PAD(size, 16)` payload
 # bytes. For a tensor, `ggml_new_tensor_impl` asks for `sizeof(struct ggml_tensor) + data bytes`. So each tensor costs
 # `32 + PAD(336 + nbytes, 16)` bytes of arena; `ggml_used_mem` is the end of the last object.
+
+# %%
+ex.tensor_cost(ggml.GGML_TYPE_F32, (3, 5))      # predict first: the table below shows w = [3, 5] F32
 
 # %%
 ctx = ggml.init(256 * 1024)
@@ -68,6 +73,13 @@ fig.tight_layout()
 
 # %%
 viz.arena_map(ctx)
+
+# %% [markdown]
+# The same arena as an explorer: click an object (or pick it in the list) to see its header fields decoded and its
+# bytes in hex.
+
+# %%
+ArenaWidget(ctx).select("w")
 
 # %% [markdown]
 # ## 2. The object list and a header in hex
@@ -112,10 +124,16 @@ table
 # only the 336-byte struct: its `data` points into the source's bytes.
 
 # %%
+ex.view_cost(w)
+
+# %%
 before = ggml.used_mem(ctx)
 wt = ggml.transpose(ctx, w)
 print("transpose cost", ggml.used_mem(ctx) - before, "bytes = 32 + 336;  data inside w's data:", wt.data == w.data)
 viz.arena_map(ctx)[-2:]
+
+# %%
+ArenaWidget(ctx).select(wt)        # the view's object: a struct whose data field points into w's bytes
 
 # %% [markdown]
 # ## 5. A `no_alloc` context: metadata only

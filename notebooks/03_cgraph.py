@@ -31,6 +31,7 @@
 # %%
 import shutil
 from ggviz import ggml, trace, viz
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 ctx = ggml.init(4 * 1024 * 1024)
 x = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4), "x")
@@ -40,7 +41,9 @@ u = ggml.set_name(ggml.mul_mat(ctx, W, x), "u")        # u = W x
 v = ggml.set_name(ggml.mul(ctx, u, u), "v")            # v = u * u   (u read twice)
 z = ggml.set_name(ggml.add(ctx, v, b), "z")            # z = v + b
 out = ggml.set_name(ggml.add(ctx, z, u), "out")        # out = z + u (u read a third time)
+ex.graph_counts(out)                                   # predict, then reveal (the next cell builds gf)
 
+# %%
 with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec:
     gf = ggml.new_graph(ctx)
     ggml.build_forward_expand(gf, out)
@@ -101,6 +104,9 @@ model = load_model()
 with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec_dec:
     res = decode_graph(model)
 gfd = res.gf
+ex.layer_node_count(gfd, 0)                            # predict before the counts below
+
+# %%
 visits = [e for e in rec_dec.events if e["kind"] == "graph.visit" and e["graph"] == ggml.graph_key(gfd)]
 print(f"{gfd.n_nodes} nodes, {gfd.n_leafs} leafs; ggml_visit_parents entered {len(visits)} times, "
       f"{sum(e['hit'] for e in visits)} hash-set hits")

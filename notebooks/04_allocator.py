@@ -34,6 +34,7 @@
 from ggviz import ggml, llama, trace, viz
 from ggviz.ggml import alloc, backend
 from ggviz.viz.widgets.alloc_view import AllocatorView
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 cpu_buft = backend.backend_cpu_buffer_type()      # ggml_backend_cpu_buffer_type(): host memory, 32-byte alignment
 F32 = ggml.GGML_TYPE_F32
@@ -85,6 +86,9 @@ print("leafs:", [t.name for t in gf.leafs])
 
 # %%
 no_reuse = alloc.backend_alloc_ctx_tensors_from_buft_size(gctx, cpu_buft)
+ex.gallocr_size_kib(gf, cpu_buft, no_reuse)              # predict, then reveal (a separate gallocr plans it)
+
+# %%
 galloc = alloc.gallocr_new(cpu_buft)                     # ggml_gallocr_new(buft)
 assert alloc.gallocr_reserve(galloc, gf)                 # ggml_gallocr_reserve: plan + allocate the buffer
 assert alloc.gallocr_alloc_graph(galloc, gf)             # ggml_gallocr_alloc_graph: place the tensors

@@ -37,6 +37,7 @@ from ggviz.ggml import accel, alloc, backend, backend_reg, blas
 from ggviz.ggml.cpu import cpu_backend
 from ggviz.ggml import sched as S
 from ggviz.viz.widgets.sched_view import STAGES, SchedulerView
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 TYPES = {backend.GGML_BACKEND_DEVICE_TYPE_CPU: "CPU", backend.GGML_BACKEND_DEVICE_TYPE_GPU: "GPU",
          backend.GGML_BACKEND_DEVICE_TYPE_ACCEL: "ACCEL"}
@@ -82,6 +83,21 @@ cpu_buft = backend.backend_cpu_buffer_type()
 bufts = {"ACCEL0": backend.backend_dev_buffer_type(dev), "CPU": cpu_buft}
 viz.Table([{"backend": backend.backend_name(b), **{f"reads {n}": backend.backend_supports_buft(b, bt) for n, bt in bufts.items()}}
            for b in (acc, cpu)], title="ggml_backend_supports_buft")
+
+# %% [markdown]
+# A backend is C's object orientation: `struct ggml_backend { guid; iface; device; context; }`, where `iface`
+# (`struct ggml_backend_i`) is a table of function pointers, a hand-made vtable; `ggml_backend_graph_compute(b, g)`
+# is `b->iface.graph_compute(b, g)`. Optional slots are NULL (the caller checks). The three backends' tables:
+
+# %%
+import dataclasses
+
+blas_b = blas.backend_blas_init()
+vt_backends = {"ACCEL0": acc, "CPU": cpu, "BLAS": blas_b}
+viz.Table([{"iface slot": f.name, **{n: getattr(getattr(b.iface, f.name), "__name__", "set")
+                                     if getattr(b.iface, f.name) is not None else "NULL"
+                                     for n, b in vt_backends.items()}}
+           for f in dataclasses.fields(backend.ggml_backend_i)], title="struct ggml_backend_i of each backend")
 
 # %% [markdown]
 # ## 2. A small graph on ACCEL0 + CPU: the five passes
@@ -201,6 +217,9 @@ for ngl in (0, 10, 31):
                  "splits": s["n_splits"], "inputs copied": s["n_inputs"],
                  "splits (backend: inputs)": " | ".join(f"{x['backend']}: {len(x['inputs'])}" for x in s["splits"]),
                  "ACCEL0 compute buffer": S.backend_sched_get_buffer_size(c.sched, c.backends[0])})
+ex.n_splits(views[10], 10)          # predict before the table below
+
+# %%
 viz.Table(rows, title="SmolLM2 decode (1 token): ggml_backend_sched_get_n_splits and the copies")
 
 # %%

@@ -35,12 +35,16 @@ from ggviz import ggml, viz
 from ggviz.ggml.cpu import ggml_cpu
 from ggviz.run import load_model
 from ggviz.export import decode_graph, decode_step, chrome_trace
+from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 model = load_model()
 gf = decode_graph(model).gf        # the graph of one decode step, built (not computed)
 
 # %% [markdown]
 # ## 1. The plan for 1 to 4 threads
+
+# %%
+ex.n_tasks(next(t for t in gf.nodes if ggml.op_desc(t).startswith("RESHAPE")), 4)     # predict, then reveal
 
 # %%
 rows = {}
@@ -63,22 +67,63 @@ for n in (1, 2, 3, 4):
 # > **Teacher note.** Views have `n_tasks = 1` (nothing to do); a softmax gets at most one thread per row. The work
 # > buffer is small: a mul_mat converts its F32 input vector to the weights' dot-product type (q8 blocks) once, and
 # > ROPE/SOFT_MAX need one row of scratch per thread.
+
+# %% [markdown]
+# ### One op, split by `ith` / `nth`
 #
+# Inside a node, an element-wise kernel such as ADD (here on F16 tensors, `ggml_compute_forward_add` →
+# `binary_ops`' `apply_binary_op`) takes rows `[dr*ith, min(dr*ith + dr, nr))` with `dr = (nr + nth - 1) / nth`.
+# Run the kernel as each thread *alone* and look at which rows it wrote:
+
+# %%
+import numpy as np
+from ggviz.ggml.cpu import ops as cpu_ops
+from ggviz.ggml.cpu.common import ComputeParams
+
+actx = ggml.init(1 << 20)
+F16 = ggml.GGML_TYPE_F16
+p16 = ggml.set_name(ggml.new_tensor_2d(actx, F16, 8, 10), "p")
+q16 = ggml.set_name(ggml.new_tensor_2d(actx, F16, 8, 10), "q")
+s16 = ggml.set_name(ggml.add(actx, p16, q16), "p+q")
+ggml.get_data(p16)[...] = 1.0
+ggml.get_data(q16)[...] = 2.0
+nr, nth = 10, 3
+split = []
+for ith in range(nth):
+    ggml.get_data(s16)[...] = np.nan                          # mark every row unwritten
+    cpu_ops.forward_add(ComputeParams(ith, nth, None), s16)   # ggml_compute_forward_add as thread ith of nth, alone
+    done = np.nonzero(~np.isnan(ggml.get_data(s16)[0, 0, :, 0]))[0]
+    split.append({"ith": ith, "nth": nth, "rows it wrote": f"{done.min()}..{done.max()}", "rows": len(done)})
+viz.Table(split, title=f"ADD (F16) on {nr} rows, {nth} threads: dr = ({nr} + {nth} - 1) / {nth} = {(nr + nth - 1) // nth}")
+
+# %% [markdown]
 # ## 2. A real compute, thread by thread
 
 # %%
+from ggviz.viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
+
 step = decode_step("The ggml library is", threads=2, model=model)   # prompt, then one recorded decode step
 tl = step.timeline                                                    # ggviz.trace.ComputeTimeline
 c = tl.last
+data = timeline_data(step.events)
 print(f"{c['n_nodes']} nodes on {c['n_threads']} threads, {(c['t_end'] - c['t_start']) / 1e6:.1f} ms")
-rows = []
-for ith, lane in c["threads"].items():
-    rows.append({"thread": ith, "node calls": len(lane["nodes"]),
-                 "in kernels (ms)": round(sum(s["t_end"] - s["t_start"] for s in lane["nodes"]) / 1e6, 1),
-                 "barriers": len(lane["barriers"]),
-                 "waiting (ms)": round(sum(b["t_exit"] - b["t_enter"] for b in lane["barriers"]) / 1e6, 1),
-                 "chunks claimed": len(lane["chunks"])})
-viz.Table(rows)
+print("recorded from the", WALK_LABEL[data["compiled"]])
+viz.Table([{"thread": a["thread"], "in kernels (µs)": round(a["kernel_us"]),
+            "barrier: spinning (µs)": round(a["spin_us"]), "barrier: asleep (µs)": round(a["sleep_us"]),
+            "pool: kickoff/join (µs)": round(a["pool_us"]), "unrecorded (µs)": round(a["other_us"]),
+            "busy + wait (µs)": round(a["busy_us"] + a["wait_us"]), "wall (µs)": round(a["wall_us"]),
+            "chunks claimed": a["chunks"]} for a in thread_accounting(data)],
+          title="where each thread's time went (the parts add up to the compute's wall time)")
+
+# %% [markdown]
+# > **Teacher note.** This decode ran on the *compiled walk* (`ggviz/ggml/cpu/fast`: the same node loop, barrier
+# > and chunk counter as ggml-cpu.c, compiled by Numba and free of the GIL), so the two threads really run at the
+# > same time, as ggml's C threads do. ggml's `ggml_barrier` spins on `n_barrier_passed` until the last thread
+# > arrives: orange below. The compiled walk spins the same way for about 40 µs, then sleeps on a futex (grey), a
+# > ggviz addition so that a machine with more threads than free cores does not burn the core the late thread needs.
+# > "Pool" is the time before a thread's first node (the kickoff wakes it) and after its last one (the join).
+# > On a shared machine another process may hold a core during the compute: a thread is then descheduled, the other
+# > one waits for it at every barrier, and the table shows it as long sleeps.
 
 # %%
 from ggviz.viz.widgets import ThreadTimeline
@@ -86,6 +131,19 @@ from ggviz.viz.widgets import ThreadTimeline
 tt = ThreadTimeline(step.events, window=40)
 tt.select(next(i for i, t in enumerate(gf.nodes) if t.name == "ffn_up-0"))
 tt
+
+# %% [markdown]
+# Both threads work on the same MUL_MAT at the same time: here are MUL_MATs whose chunks ran on the two threads with
+# overlapping time spans. (The node-by-node NumPy walk, `load_model(use_extra_bufts=False)`, overlaps too, inside
+# NumPy's loops, which release the GIL; but its Python between them is serialised, and a 2-thread decode there takes
+# about 4 s, half of it in barriers.)
+
+# %%
+cc = concurrent_chunks(data)
+print(f"{len(cc)} of {len({ch['node_n'] for ch in data['chunks']})} MUL_MATs had chunks running on both threads at once")
+viz.Table([{"node": step.graph.gf.nodes[n].name, "thread a: chunk": a["chunk"], "a: µs": f"{a['t0']:.1f}–{a['t1']:.1f}",
+            "thread b: chunk": b["chunk"], "b: µs": f"{b['t0']:.1f}–{b['t1']:.1f}"}
+           for n, pairs in list(cc.items())[:6] for a, b in pairs[:1]])
 
 # %% [markdown]
 # ## 3. Barrier waits and chunk claims
@@ -102,6 +160,9 @@ top = sorted(wait.items(), key=lambda kv: -kv[1])[:8]
 viz.Table([{"after node": k, "waiting, all threads (µs)": round(v)} for k, v in top])
 
 # %%
+ex.chunk_thread(data, "ffn_up-0", 3)       # predict before the claims below
+
+# %%
 name = "ffn_up-0"
 claims = []
 for ith, lane in c["threads"].items():
@@ -114,10 +175,72 @@ print(f"{name}: {len(claims)} chunks of rows, claimed in this order:")
 viz.Table(claims)
 
 # %% [markdown]
-# > **Teacher note.** Each thread starts with chunk `ith`; the shared counter then hands out the next chunk to
-# > whichever thread asks first: dynamic load balancing. Here the threads are Python threads sharing one interpreter
-# > lock, so often one thread takes most chunks before the other gets going; in C the claims interleave.
+# > **Teacher note.** Each thread starts with chunk `ith`; the shared counter (`current_chunk`, an atomic
+# > fetch-and-add) then hands out the next chunk to whichever thread asks first: dynamic load balancing. On the
+# > compiled walk the claims interleave as in C; a thread that was descheduled for a while finds most chunks taken.
+
+# %% [markdown]
+# ## 4. Inside one chunk: one row · column product, lane by lane
 #
+# A chunk of a MUL_MAT is a block of output rows; each output element is one `vec_dot` of a weight row and an
+# activation column. With Q4_1 weights ggml first quantizes the column to Q8_1 blocks (32 int8 and a scale), then
+# `ggml_vec_dot_q4_1_q8_1` (AVX2) works block by block on 8 float lanes: lane u takes the exact integer dot product
+# of elements 4u..4u+3, scaled by `d_x·d_y` with one FMA; at the end `hsum_float_8` adds the 8 lanes in a fixed
+# tree and the mins' term `summs` is added. Float addition is not associative, so this order *is* the result: the
+# view recomputes it and compares the bits with the MUL_MAT's output (layer 0's `Qcur`, on the prompt).
+
+# %%
+from ggviz.viz.widgets import VecDotLanes
+from ggviz.viz.widgets.vecdot import capture_mul_mat
+
+cap = capture_mul_mat(model, "Qcur-0")
+lanes = VecDotLanes(cap, row=5, block=3)
+st = lanes.state()
+print(f"{st['node']}[{st['column']}, {st['row']}]: lanes give {st['result_bits']}, the MUL_MAT wrote "
+      f"{st['output_bits']}: same bits = {st['matches_output']}")
+lanes
+
+# %% [markdown]
+# ## 5. The pool itself: kickoff, pause/resume, `abort_callback`
+#
+# `ggml_graph_compute` with no threadpool makes a *disposable* one and frees it at the end; llama.cpp keeps a
+# persistent one (`ggml_threadpool_new`). Each compute starts with `ggml_graph_compute_kickoff`: it bumps the pool's
+# `n_graph` counter (graph count, and in its low bits the number of threads) and, if the pool was paused, resumes
+# it; idle workers sleep while the pool is paused (`ggml_threadpool_pause` / `_resume`). `cplan.abort_callback` is
+# called by thread 0 after every node: returning true stops the graph at the next barrier with
+# `GGML_STATUS_ABORTED` (ggml builds without OpenMP use this pool; with OpenMP, `#pragma omp parallel` replaces it
+# and there is no pause/resume). Recorded from a real run:
+
+# %%
+from ggviz import trace
+from ggviz.ggml.cpu import threadpool as TP
+
+sctx = ggml.init(1 << 20)
+xs = ggml.set_name(ggml.new_tensor_2d(sctx, ggml.GGML_TYPE_F32, 64, 16), "xs")
+ggml.get_data(xs)[...] = 1.0
+ys = ggml.set_name(ggml.add(sctx, ggml.mul(sctx, xs, xs), ggml.scale(sctx, xs, 2.0)), "ys")
+gs = ggml.new_graph(sctx)
+ggml.build_forward_expand(gs, ys)
+
+params = TP.threadpool_params_default(2)
+params.paused = True                                   # created asleep: the first kickoff wakes it
+pool = TP.threadpool_new(params)                       # ggml_threadpool_new
+calls = []
+with trace.Recorder(kinds=["cpu.kickoff", "cpu.pause", "cpu.resume", "cpu.abort", "cpu.compute.end"]) as prec:
+    plan = ggml_cpu.graph_plan(gs, 2, pool)
+    st_ok = ggml_cpu.graph_compute(gs, plan)           # kickoff resumes the paused pool
+    TP.threadpool_pause(pool)                          # ggml_threadpool_pause: idle workers go to sleep
+    TP.threadpool_resume(pool)
+    plan.abort_callback = lambda data: (calls.append(1), len(calls) >= 2)[1]     # stop after the 2nd node
+    st_abort = ggml_cpu.graph_compute(gs, plan)
+TP.threadpool_free(pool)
+print(f"statuses: {st_ok} (GGML_STATUS_SUCCESS = {ggml_cpu.GGML_STATUS_SUCCESS}), then {st_abort} "
+      f"(GGML_STATUS_ABORTED = {ggml_cpu.GGML_STATUS_ABORTED}) after {len(calls)} abort_callback calls")
+viz.Table([{"event": e["kind"], "by": e.get("by") or e.get("state"), "thread": e.get("ith"),
+            "n_graph": e.get("n_graph"), "was paused": e.get("was_paused"),
+            "node": e.get("name") or e.get("node_n")} for e in prec.events], title="the pool's events, in order")
+
+# %% [markdown]
 # The whole timeline also exports as a Chrome trace-event file (`ggviz trace -o trace.json` does this from the
 # command line); open it in https://ui.perfetto.dev to zoom and pan:
 

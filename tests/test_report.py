@@ -118,6 +118,21 @@ def test_timeline_recorded(rec):
         assert sorted(rec.timeline.last["threads"]) == list(range(rec.step.n_threads))
 
 
+def test_timeline_section_is_the_compiled_walk_and_adds_up(rec):
+    """The report's thread timeline comes from the compiled walk (threads truly parallel), says so, and each
+    thread's row splits the compute's wall time into parts that add up, none counted twice (the 5 % bound on the
+    unrecorded rest is tests/test_timeline.py's: on a shared machine one recording may exceed it)."""
+    pytest.importorskip("ggviz.ggml.cpu.fast.compiler", reason="the compiled walk needs Numba")
+    out = report.sec_timeline(rec)
+    assert out["compiled"] and "compiled walk" in out["walk"] and out["n_mul_mat"] > 200
+    assert len(out["threads"]) == rec.step.n_threads
+    for row in out["threads"]:
+        parts = sum(row[k] for k in ("in kernels (µs)", "barrier: spinning (µs)", "barrier: asleep (µs)",
+                                     "pool: kickoff/join (µs)"))
+        assert row["unrecorded (µs)"] >= -3 and row["in kernels (µs)"] > 0, row      # -3: five roundings
+        assert abs(parts + row["unrecorded (µs)"] - row["wall (µs)"]) <= 3, row
+
+
 # ---------------------------------------------------------------------------------------------------------- page
 
 def test_page_is_complete_and_standalone(page, rec):

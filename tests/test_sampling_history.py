@@ -132,7 +132,16 @@ def test_sampler_view_draws_the_stages():
     assert html.count("<table") == 4 and "<img" in html and "after top-k (k=3)" in html
     assert "after dist" in sv.select(3).stage_html() and sv.state()["stage"] == 3
     fig = MV.sampler_figure(chain.history)
-    assert len([a for a in fig.axes if a.get_visible() and a.axison]) == 4
+    ax = fig.axes[0]                                   # one grid (and its colour bar): a column per stage
+    heads = [t.get_text() for t in ax.get_xticklabels()]
+    assert [h.split("\n")[0] for h in heads] == ["logits", "top-k", "temp", "dist"]
+    n_in, n_k = chain.history[0]["n"], chain.history[1]["n"]
+    assert f"{n_k} kept, −{n_in - n_k}" in heads[1] and "none removed" in heads[3]
+    # each candidate that top-k dropped is marked removed in the top-k column, exactly once
+    removed = [t for t in ax.texts if t.get_text() == "✗ removed"]
+    dropped = [c["id"] for c in chain.history[0]["cands"][:12]
+               if c["id"] not in {d["id"] for d in chain.history[1]["cands"]}]
+    assert len(removed) == len(dropped) and all(round(t.get_position()[0]) == 1 for t in removed)
     import matplotlib.pyplot as plt
     plt.close(fig)
     with pytest.raises(IndexError):

@@ -247,25 +247,46 @@ def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, includ
                 names[r["obj"]] = f"work buffer ({ctx.objects[r['obj']].size} B)"
             elif r["kind"] == "tensor struct":
                 names[r["obj"]] = r["name"] or "(unnamed)"
-        # the widest objects first, then left to right, skipping labels that would overprint the previous one
+        # the widest objects first: horizontal labels in up to 3 rows above the strip, each joined to its object by
+        # a leader line; a label goes to the lowest row where it overlaps no other (rotated labels collided)
         items = sorted(spans.items(), key=lambda kv: -(kv[1][1] - kv[1][0]))[:max_labels]
-        last = None
-        for obj, (a, b) in sorted(items, key=lambda kv: kv[1][0]):
-            xc = (a + b) / 2
-            if last is not None and xc - last < total / 80:
-                continue
+        fig = ax.figure
+        axis_pt = max(ax.get_position().width * fig.get_figwidth() * 72, 1.0)
+        char = 7 * 0.6 / axis_pt * total                       # one 7 pt character in data units
+        rows_used: list = [[] for _ in range(3)]
+        for obj, (a, b) in items:
             text = names.get(obj, "")
             text = text if len(text) <= 26 else text[:25] + "…"
-            ax.text(xc, 1.04, text, rotation=40, fontsize=7, ha="left", va="bottom", rotation_mode="anchor")
-            last, longest = xc, max(longest, len(text))
+            if not text:
+                continue
+            xc = (a + b) / 2
+            half = len(text) * char / 2 + char / 2
+            xt = min(max(xc, half), total - half)
+            row = next((k for k, used in enumerate(rows_used)
+                        if all(xt + half < lo or xt - half > hi for lo, hi in used)), None)
+            if row is None:
+                continue
+            rows_used[row].append((xt - half, xt + half))
+            y = 1.08 + 0.22 * row
+            ax.plot([xc, xc, xt], [1.0, y - 0.05, y - 0.01], color="#90a4ae", linewidth=0.6, clip_on=False)
+            ax.text(xt, y, text, fontsize=7, ha="center", va="bottom")
+            longest = max(longest, 1 + row)
     kinds = [k for k in KIND_COLORS if any(r["kind"] == k for r in rows)]
     ax.legend(handles=[Patch(facecolor=KIND_COLORS[k], edgecolor="#424242", label=k) for k in kinds],
               loc="center left", bbox_to_anchor=(1.005, 0.5), fontsize=7, frameon=False)
     ax.set_title(title or f"context arena: used {ctx.used_mem()} of {ctx.mem_size} bytes, {len(ctx.objects)} objects",
-                 fontsize=9, pad=(12 + 3.0 * longest) if labels else 6)
+                 fontsize=9, pad=_label_pad(ax, longest) if labels else 6)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     return ax
+
+
+def _label_pad(ax, n_rows: int) -> float:
+    """The title's pad (points) above ``n_rows`` rows of labels (rows at 1.08 + 0.22 k in axes units)."""
+    if n_rows == 0:
+        return 6.0
+    h_pt = ax.get_position().height * ax.figure.get_figheight() * 72
+    return (0.08 + 0.22 * (n_rows - 1)) * h_pt + 16.0
 
 
 def hexdump(ctx_or_bytes, start: int = 0, length: int | None = None, width: int = 16) -> Text:

@@ -13,6 +13,7 @@ records are decoded again from their bytes here, as a hex editor would):
 """
 from __future__ import annotations
 
+import re
 import struct
 
 import matplotlib
@@ -23,6 +24,8 @@ from matplotlib.patches import Patch, Rectangle
 from ..ggml import consts as C
 from ..ggml import quants
 from .table import Table
+
+_BLK = re.compile(r"blk\.(\d+)\.")
 
 SECTION_ORDER = ["header", "kv", "tensor_info", "padding", "tensor_data"]
 SECTION_NAMES = {"header": "header", "kv": "KV pairs (metadata)", "tensor_info": "tensor infos",
@@ -199,18 +202,35 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
     # ---- bottom: piecewise
     x0, w, spans = map_positions(lay)
     sel_idx = []
+    # the 272 tensor infos / data ranges would draw as a barcode of thin stripes: inside a layer's group of tensors
+    # (blk.N.*) they get no edges and no alternating shades; each group is outlined and numbered instead
+    groups: dict = {}
+    for i, r in enumerate(lay):
+        m = _BLK.match(r.get("name") or "") if r["kind"] in ("tensor_info", "tensor_data") else None
+        if m:
+            a, b = groups.get((r["kind"], int(m.group(1))), (x0[i], x0[i] + w[i]))
+            groups[(r["kind"], int(m.group(1)))] = (min(a, x0[i]), max(b, x0[i] + w[i]))
     for i, r in enumerate(lay):
         k = r["kind"]
         fc = TYPE_COLORS.get(r.get("type", ""), SECTION_COLORS[k]) if k == "tensor_data" else SECTION_COLORS[k]
-        if w[i] < 0.004 and i % 2:              # dense sections: alternate shades instead of edges
+        grouped = k in ("tensor_info", "tensor_data") and _BLK.match(r.get("name") or "")
+        if w[i] < 0.004 and i % 2 and not grouped:     # dense sections: alternate shades instead of edges
             fc = tuple(0.72 * np.asarray(matplotlib.colors.to_rgb(fc)) + 0.28)
         is_sel = selected is not None and (r.get("name") == selected or (k == "kv" and selected == f"kv:{r['key']}"))
         if is_sel:
             sel_idx.append(i)
-        p = Rectangle((x0[i], 0), w[i], 1, facecolor=fc, edgecolor="#424242" if w[i] >= 0.004 else "none",
-                      linewidth=0.3)
+        p = Rectangle((x0[i], 0), w[i], 1, facecolor=fc,
+                      edgecolor="#424242" if w[i] >= 0.004 and not grouped else "none", linewidth=0.3)
         p.set_gid(f"{gid_prefix}r{i}")
         ax2.add_patch(p)
+    for (k, il), (a, b) in groups.items():
+        ax2.add_patch(Rectangle((a, 0), b - a, 1, facecolor="none", edgecolor="#263238", linewidth=0.7, zorder=3))
+        if il % 5 == 0 or b - a > 0.02:
+            ax2.text((a + b) / 2, 0.5, str(il), ha="center", va="center", fontsize=6.5, color="#263238", zorder=4,
+                     rotation=90 if b - a < 0.012 else 0)
+    if groups:
+        ax2.text(1.0, -0.05, "boxes: the tensors of one layer (blk.N); the file orders them by name: blk.0, blk.1, "
+                 "blk.10 … blk.19, blk.2, …", ha="right", va="top", fontsize=7.5, color="#546e7a", style="italic")
     for i in sel_idx:
         ax2.add_patch(Rectangle((x0[i], -0.06), max(w[i], 0.002), 1.12, facecolor="#d50000", alpha=0.35,
                                 edgecolor="#d50000", linewidth=2.0, zorder=5))
@@ -233,18 +253,28 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
     td_idx = sorted([i for i, r in enumerate(lay) if r["kind"] == "tensor_data"],
                     key=lambda i: -(lay[i]["end"] - lay[i]["start"]))
     lab = sorted(set(kv_idx[:label_kv] + td_idx[:label_tensors] + sel_idx))
-    placed: list = []
+    # horizontal labels in rows under the bar, each joined to its range by a leader line; a label goes to the first
+    # row where it overlaps no other (widths estimated from the text length), none left if all rows are full
+    rows: list = [[] for _ in range(4)]
+    char_w = 8 * 0.6 / (fig.get_figwidth() * 72 * 0.8)           # one 8 pt character, as a fraction of the axis
     for i in sorted(lab, key=lambda i: (i not in sel_idx, i)):      # the selection first, then left to right
         xc = x0[i] + w[i] / 2
-        if i not in sel_idx and any(abs(xc - q) < 0.018 for q in placed):
-            continue
         r = lay[i]
         txt = (r.get("key") or r.get("name") or r["label"])
         txt = txt if len(txt) <= 30 else txt[:29] + "…"
         txt += f" ({_fmt_size(r['end'] - r['start'])})"
-        ax2.text(xc, -0.14, txt, rotation=35, ha="right", va="top", fontsize=8, rotation_mode="anchor",
-                 color="#d50000" if i in sel_idx else "#212121", fontweight="bold" if i in sel_idx else "normal")
-        placed.append(xc)
+        half = len(txt) * char_w / 2 + 0.004
+        xt = min(max(xc, half), 1 - half)
+        row = next((k for k, used in enumerate(rows) if all(xt + half < a or xt - half > b for a, b in used)), None)
+        if row is None:
+            continue
+        rows[row].append((xt - half, xt + half))
+        y = -0.16 - 0.2 * row
+        sel = i in sel_idx
+        ax2.plot([xc, xc, xt], [0, y + 0.08, y + 0.02], color="#d50000" if sel else "#90a4ae", linewidth=0.6,
+                 clip_on=False)
+        ax2.text(xt, y, txt, ha="center", va="top", fontsize=8, color="#d50000" if sel else "#212121",
+                 fontweight="bold" if sel else "normal")
     al = gf.alignment
     ax2.set_title(f"every byte range ({len(lay)}: 1 header, {gf.n_kv} KV pairs, {gf.n_tensors} tensor infos, "
                   f"{gf.n_tensors} tensor data) on a piecewise axis: each section gets a fixed share, each range a "

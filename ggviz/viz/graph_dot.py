@@ -120,7 +120,8 @@ OP_COLORS = {
     "MUL_MAT": "#90caf9", "ADD": "#a5d6a7", "MUL": "#dce775", "RMS_NORM": "#ffe082", "NORM": "#ffe082",
     "ROPE": "#ce93d8", "SOFT_MAX": "#ef9a9a", "GET_ROWS": "#80deea", "SET_ROWS": "#ffab91", "SWIGLU": "#f48fb1",
     "SILU": "#f48fb1", "GELU": "#f48fb1", "CONT": "#bcaaa4", "CPY": "#bcaaa4", "DUP": "#bcaaa4", "SCALE": "#b39ddb",
-    "RESHAPE": "#eeeeee", "VIEW": "#eeeeee", "PERMUTE": "#eeeeee", "TRANSPOSE": "#eeeeee", "SUM_ROWS": "#fff59d",
+    # the ops that compute nothing (views) in one grey family, each its own shade
+    "RESHAPE": "#ebebeb", "VIEW": "#d2d2d2", "PERMUTE": "#b5b5b5", "TRANSPOSE": "#969696", "SUM_ROWS": "#fff59d",
     "FLASH_ATTN_EXT": "#ef9a9a", "SUB": "#a5d6a7", "DIV": "#dce775", "SQR": "#dce775", "SQRT": "#dce775",
 }
 _EXTRA_COLORS = ["#b2dfdb", "#f8bbd0", "#d1c4e9", "#ffccbc", "#c8e6c9", "#b3e5fc", "#fff9c4", "#d7ccc8",
@@ -138,8 +139,36 @@ def layer_of(name: str):
 
 
 def node_layers(gf) -> list:
-    """Per node of ``gf``: its layer (from the name) or None (embeddings, output head)."""
-    return [layer_of(t.name) for t in gf.nodes]
+    """Per node of ``gf``: its layer (from the name) or None (embeddings, output head).
+
+    A node whose name carries no layer (``node_1073``: llama.cpp's ``ggml_get_rows(cur, inp_out_ids)`` in the last
+    layer, which it leaves unnamed) belongs to layer il when it sits among layer il's nodes in the node order and
+    every node that reads it is in layer il: drawn inside its layer's box, not as a stray node with edges both ways."""
+    layers = [layer_of(t.name) for t in gf.nodes]
+    if None not in layers:
+        return layers
+    span: dict = {}
+    for i, il in enumerate(layers):
+        if il is not None:
+            lo, hi = span.get(il, (i, i))
+            span[il] = (min(lo, i), max(hi, i))
+    index = {t.addr: i for i, t in enumerate(gf.nodes)}
+    users: dict = {}
+    for i, t in enumerate(gf.nodes):
+        for s in t.src:
+            if s is not None and s.addr in index:
+                users.setdefault(index[s.addr], set()).add(i)
+    out = list(layers)
+    for i, il in enumerate(layers):
+        if il is not None:
+            continue
+        got = {layers[j] for j in users.get(i, ())}
+        if len(got) == 1 and None not in got:
+            cand = got.pop()
+            lo, hi = span[cand]
+            if lo < i < hi:
+                out[i] = cand
+    return out
 
 
 def categorical_colors(values) -> dict:

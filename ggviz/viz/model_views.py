@@ -344,53 +344,104 @@ def _draw_text(h: dict) -> str:
 
 
 def sampler_figure(history, vocab=None, title: str | None = None, show: int = 12):
-    """One panel per entry of ``SamplerChain.history`` (logits, then each sampler): the best ``show`` candidates
-    that survive the stage, as bars of the probability each would have if the chain drew now (softmax over the
-    survivors), annotated with the logit as the stage left it and ``p`` as the candidate array holds it (llama.cpp's
-    ``llama_token_data.p``; only fresh after a stage that ran a softmax, shown as "p=–" otherwise); the panel title
-    says how many candidates survive; the selected token is red, and the random draw of ``dist`` is written under
-    its panel."""
+    """The sampler chain as one grid: a row per candidate (the best ``show`` by logit as they came in, and the
+    selected token), a column per entry of ``SamplerChain.history`` (logits, then each sampler). A cell holds the
+    probability the candidate would have if the chain drew now (softmax over that stage's survivors; colour bar);
+    a red ✗ marks the stage that removed it, grey the stages after. Column heads say how many candidates survive
+    and how many the stage removed; the selected token is outlined in red, and the random draw of ``dist`` is
+    written under the grid. (Six bar charts of the same candidates looked alike: the grid shows what changed.)"""
 
     hist = list(history)
     if not hist:
         raise ValueError("empty sampler history: sample a token first (llama.sampler_sample)")
     sel = next((h.get("selected") for h in reversed(hist) if h.get("selected") is not None), None)
     n_vocab = hist[0]["n"] if hist[0].get("step") == "logits" else None
-    n = len(hist)
-    cols = min(n, 3)
-    rows = -(-n // cols)
-    fig, axs = plt.subplots(rows, cols, figsize=(5.0 * cols, 0.26 * show * rows + 1.4 * rows + 0.6), squeeze=False)
-    for ax in axs.flat[n:]:
-        ax.set_axis_off()
-    for ax, h in zip(axs.flat, hist):
-        cands = _stage_cands(h)[:show]
-        ids = [c["id"] for c in cands]
-        probs = [c["prob"] if c.get("prob") is not None else np.nan for c in cands]
-        y = np.arange(len(cands))
-        ax.barh(y, probs, color=["#e53935" if t == sel else "#90caf9" for t in ids], edgecolor="#424242")
-        ax.set_yticks(y)
-        ax.set_yticklabels([(_label(vocab, t) if vocab is not None else str(t)) + f"  ({t})" for t in ids],
-                           fontsize=8)
-        ax.invert_yaxis()
-        fin = [x for x in probs if np.isfinite(x)]
-        ax.set_xlim(0, max(fin + [1e-3]) * 1.9)
-        for yi, c, pr in zip(y, cands, probs):
-            lg = c["logit"]
-            ptxt = f"p={c['p']:.3f}" if (h.get("p_valid") and c.get("p") is not None) else "p=–"
-            ax.text(pr if np.isfinite(pr) else 0, yi, f" {pr:.3f}  logit {lg:.3g}  {ptxt}", va="center", fontsize=7)
-        more = h["n"] - len(cands)
-        ax.set_title(_stage_title(h, n_vocab), fontsize=9)
-        xl = "probability if drawn now (softmax over the survivors)"
-        if more > 0:
-            xl += f"; {more} more not shown"
-        dt = _draw_text(h)
-        if dt:
-            xl += "\n" + dt
-        ax.set_xlabel(xl, fontsize=7)
-        ax.tick_params(axis="x", labelsize=7)
-    fig.suptitle(title or ("sampler chain: the candidates that survive each stage" +
+    first = _stage_cands(hist[0])
+    order = {c["id"]: r for r, c in enumerate(first)}         # rank by logit as the candidates came in
+    # rows: the best candidates, and the ones on each side of every cut a stage made (what it removed), as far as
+    # the history recorded them; in rank order
+    ranks = set(range(min(show, len(first))))
+    for j in range(1, len(hist)):
+        cut = hist[j]["n"]
+        if cut < hist[j - 1]["n"]:
+            ranks |= {r for r in (cut - 1, cut, cut + 1) if 0 <= r < len(first)}
+    ids = [first[r]["id"] for r in sorted(ranks)]
+    if sel is not None and sel not in ids:
+        ids.append(sel)
+    S, R = len(hist), len(ids)
+    prob = np.full((R, S), np.nan)
+    state = np.zeros((R, S), np.int8)          # 0 kept (recorded), 1 removed by this stage, 2 removed earlier, 3 kept
+    for j, h in enumerate(hist):
+        by = {c["id"]: c for c in _stage_cands(h)}
+        for r, t in enumerate(ids):
+            if t in by:
+                pr = by[t].get("prob")
+                prob[r, j] = np.nan if pr is None else pr
+            elif order.get(t, 1 << 30) < h["n"] and (j == 0 or state[r, j - 1] in (0, 3)):
+                # the filters keep the best by logit (temp keeps the order): ranked inside the survivors, but
+                # beyond the history's best history_k
+                state[r, j] = 3
+            else:
+                state[r, j] = 2 if j > 0 and state[r, j - 1] in (1, 2) else 1
+    fig, ax = plt.subplots(figsize=(2.4 + 1.55 * S, 1.6 + 0.36 * R))
+    fin = prob[np.isfinite(prob)]
+    vmax = float(fin.max()) if fin.size else 1.0
+    im = ax.imshow(np.ma.masked_invalid(prob), cmap="Blues", vmin=0.0, vmax=vmax, aspect="auto",
+                   interpolation="nearest")
+    cb = fig.colorbar(im, ax=ax, fraction=0.035, pad=0.02)
+    cb.set_label("probability if drawn now (softmax over the stage's survivors)", fontsize=8)
+    cb.ax.tick_params(labelsize=7)
+    for r in range(R):
+        for j in range(S):
+            st = state[r, j]
+            if st == 1:
+                ax.add_patch(Rectangle((j - 0.5, r - 0.5), 1, 1, facecolor="#ffebee", edgecolor="none"))
+                ax.text(j, r, "✗ removed", ha="center", va="center", fontsize=7.5, color="#c62828")
+            elif st == 2:
+                ax.add_patch(Rectangle((j - 0.5, r - 0.5), 1, 1, facecolor="#eeeeee", edgecolor="none"))
+            elif st == 3:
+                ax.text(j, r, "kept", ha="center", va="center", fontsize=7, color="#546e7a")
+            elif np.isfinite(prob[r, j]):
+                v = prob[r, j]
+                ax.text(j, r, f"{v:.3f}", ha="center", va="center", fontsize=7.5,
+                        color="white" if v > 0.6 * vmax else "#212121")
+    heads = []
+    for j, h in enumerate(hist):
+        params = h.get("params") or {}
+        ps = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+        if h["step"] == "logits":
+            heads.append(f"logits\n{h['n']}" + (f" of {n_vocab}" if n_vocab else "") + " in")
+        else:
+            gone = hist[j - 1]["n"] - h["n"] if j else 0
+            heads.append(f"{h['step']}" + (f"\n{ps}" if ps else "") + f"\n{h['n']} kept"
+                         + (f", −{gone}" if gone else ", none removed"))
+    ax.set_xticks(range(S))
+    ax.set_xticklabels(heads, fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(R))
+    ax.set_yticklabels([(f"#{order[t]}  " if t in order else "") + (_label(vocab, t) if vocab is not None else str(t))
+                        + f"  ({t})" for t in ids], fontsize=8)
+    for lab, t in zip(ax.get_yticklabels(), ids):
+        if t == sel:
+            lab.set_color("#d50000")
+            lab.set_fontweight("bold")
+    if sel is not None:
+        r = ids.index(sel)
+        ax.add_patch(Rectangle((-0.5, r - 0.5), S, 1, facecolor="none", edgecolor="#d50000", linewidth=2.0))
+    ax.set_xticks(np.arange(-0.5, S, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, R, 1), minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.5)
+    ax.tick_params(which="minor", length=0)
+    more = (hist[0]["n"] - len(ids)) if hist[0]["n"] > len(ids) else 0
+    notes = ["rows (#rank by logit as they came in): the best candidates and those on each side of a stage's cut"
+             + (f"; {more} more not shown" if more else "")]
+    dt = next((_draw_text(h) for h in hist if _draw_text(h)), "")
+    if dt:
+        notes.append(dt)
+    ax.set_xlabel("\n".join(notes), fontsize=8)
+    ax.set_title(title or ("sampler chain: what each stage kept and removed" +
                            (f" → selected {_label(vocab, sel) if vocab is not None else sel} ({sel})"
-                            if sel is not None else "")), fontsize=11)
+                            if sel is not None else "")), fontsize=11, pad=12)
     fig.tight_layout()
     return fig
 

@@ -10,6 +10,9 @@ Every widget is a plain object with ``state()`` (plain data of what is shown), a
 - ``QuantBlockExplorer``: one block of Q4_0/Q4_1/Q8_0/Q4_K/Q6_K: bytes -> scales, mins, quants -> values.
 - ``GraphView``: the cgraph DAG, collapsible per layer; ``VisitAnimation``: ggml_visit_parents replayed.
 - ``ThreadTimeline``: per-thread Gantt of one graph compute (nodes, mul_mat chunks, barrier waits).
+- ``VecDotLanes``: one output element of a real Q4_1 MUL_MAT as ggml's AVX2 vec_dot computes it (8 lanes, FMAs,
+  the horizontal reduce), bit for bit.
+- ``Exercise``: predict, then reveal: a question checked against a value computed from a real run.
 - ``DecodeStepper``: one llama decode, node by node: DAG, values, memory.
 - ``DecodeExplorer``: one decode step, every view linked to one selection (graph, bytes, thread lanes, scheduler cause,
   values), with llama_decode's call path as its spine.
@@ -20,6 +23,8 @@ from .graph import GraphView, VisitAnimation  # noqa: F401
 from .stepper import DecodeStepper  # noqa: F401
 from .tensor import QuantBlockExplorer, TensorExplorer  # noqa: F401
 from .timeline import ThreadTimeline  # noqa: F401
+from .vecdot import VecDotLanes  # noqa: F401
+from .exercise import Exercise  # noqa: F401
 from .alloc_view import AllocatorView  # noqa: F401,E402
 from .sched_view import SchedulerView  # noqa: F401,E402
 from .explorer import DecodeExplorer  # noqa: F401,E402

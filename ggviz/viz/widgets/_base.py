@@ -67,17 +67,9 @@ def png_img(png: bytes, style: str = "") -> str:
     return f"<img style='{style}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/>"
 
 
-def array_png(a, cmap: str = "RdBu_r", vmin=None, vmax=None, scale: int = 1, symmetric: bool = True,
-              yscale: int | None = None) -> bytes:
-    """A 2-D array as a PNG, one pixel block per value: fast (no matplotlib figure), for per-step updates.
-
-    Non-finite values are drawn black (-inf) / magenta (+inf, NaN).
-    """
-
+def value_range(a, symmetric: bool = True, vmin=None, vmax=None) -> tuple[float, float]:
+    """The colour range ``array_png`` uses for ``a``: its finite min/max (symmetric around 0 if asked)."""
     a = np.asarray(a, dtype=np.float64)
-    if a.ndim == 1:
-        a = a[None, :]
-    a = a.reshape(a.shape[0], -1) if a.ndim == 2 else a.reshape(-1, a.shape[-1])
     fin = np.isfinite(a)
     if vmin is None or vmax is None:
         if fin.any():
@@ -89,11 +81,70 @@ def array_png(a, cmap: str = "RdBu_r", vmin=None, vmax=None, scale: int = 1, sym
             lo, hi = -m, m
         vmin = lo if vmin is None else vmin
         vmax = hi if vmax is None else vmax
+    return float(vmin), float(vmax)
+
+
+def wrap_vector(a, max_cols: int = 256):
+    """A 2-D array that is one long row or column (a [49152] logits vector would draw as a one-pixel strip) as a
+    grid of rows of ``w`` values (a power of two, at most ``max_cols``), read left to right, top to bottom.
+    Returns ``(grid, blank, w)``: ``blank`` marks the padding after the last value (None if there is none); an
+    array that is not a long vector comes back as ``(a, None, None)``."""
+    a = np.asarray(a)
+    if a.ndim != 2 or min(a.shape) != 1 or a.size <= 96:
+        return a, None, None
+    v = a.reshape(-1)
+    n = v.size
+    w = int(min(max_cols, max(64, 2 ** int(np.ceil(np.log2(np.sqrt(2.0 * n)))))))
+    rows = -(-n // w)
+    grid = np.zeros(rows * w, dtype=np.float64)
+    grid[:n] = v
+    blank = None
+    if rows * w > n:
+        blank = np.zeros(rows * w, dtype=bool)
+        blank[n:] = True
+        blank = blank.reshape(rows, w)
+    return grid.reshape(rows, w), blank, w
+
+
+def colorbar_html(vmin: float, vmax: float, cmap: str = "RdBu_r", label: str = "", width: int = 220) -> str:
+    """A colour bar for an ``array_png`` picture: the colormap as a CSS gradient, with its ends (and 0 where it is
+    inside the range) written under it."""
+    stops = ", ".join(matplotlib.colors.to_hex(colormaps[cmap](x)) + f" {100 * x:.0f}%" for x in np.linspace(0, 1, 9))
+    zero = ""
+    if vmin < 0 < vmax:
+        zx = (0 - vmin) / (vmax - vmin) * 100
+        zero = f"<span style='position:absolute;left:{zx:.1f}%;transform:translateX(-50%)'>0</span>"
+    return (f"<div style='display:inline-block;font-size:10px;font-family:sans-serif;margin:2px 0'>"
+            f"<div style='width:{width}px;height:10px;border:1px solid #9e9e9e;background:linear-gradient(to right, "
+            f"{stops})'></div><div style='position:relative;width:{width}px;height:12px'>"
+            f"<span style='position:absolute;left:0'>{vmin:.3g}</span>{zero}"
+            f"<span style='position:absolute;right:0'>{vmax:.3g}</span></div>"
+            + (f"<div>{esc(label)}</div>" if label else "") + "</div>")
+
+
+def array_png(a, cmap: str = "RdBu_r", vmin=None, vmax=None, scale: int = 1, symmetric: bool = True,
+              yscale: int | None = None, blank=None) -> bytes:
+    """A 2-D array as a PNG, one pixel block per value: fast (no matplotlib figure), for per-step updates.
+
+    Non-finite values are drawn black (-inf) / magenta (+inf, NaN); cells where ``blank`` is True white (padding).
+    The colour range is ``value_range(a, symmetric, vmin, vmax)`` (``colorbar_html`` draws its legend).
+    """
+
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[None, :]
+    a = a.reshape(a.shape[0], -1) if a.ndim == 2 else a.reshape(-1, a.shape[-1])
+    fin = np.isfinite(a)
+    if blank is not None:
+        fin = fin & ~np.asarray(blank, bool).reshape(a.shape)
+    vmin, vmax = value_range(np.where(fin, a, np.nan), symmetric, vmin, vmax)
     span = (vmax - vmin) or 1.0
     norm = np.clip((np.where(fin, a, vmin) - vmin) / span, 0.0, 1.0)
     rgba = (colormaps[cmap](norm) * 255).astype(np.uint8)
     rgba[np.isneginf(a)] = (0, 0, 0, 255)
     rgba[np.isposinf(a) | np.isnan(a)] = (255, 0, 255, 255)
+    if blank is not None:
+        rgba[np.asarray(blank, bool).reshape(a.shape)] = (255, 255, 255, 255)
     img = Image.fromarray(rgba, "RGBA")
     ys = scale if yscale is None else yscale
     if scale > 1 or ys > 1:

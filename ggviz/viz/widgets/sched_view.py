@@ -305,8 +305,18 @@ class SchedulerView(VizWidget):
                     col = self.colors[a["backend"]]
                     img[r, a["index"]] = _rgb(col) if a["changed"] else _pale(col)
         h_grid = 0.42 * len(rows) + (0.8 if small else 0.2)
-        fig, (ax, axs) = plt.subplots(2, 1, figsize=(13, h_grid + 2.6), sharex=True,
-                                      gridspec_kw=dict(height_ratios=[h_grid, 1.3], hspace=0.3))
+        # hundreds of short splits (BLAS/CPU alternating on a prompt) are a barcode at full width: then a third
+        # panel zooms on a window of ZOOM_SPLITS splits around the selected one, each labelled
+        zoom = self.stage == "5" and not small and len(self.splits) > self.ZOOM_SPLITS
+        if zoom:
+            fig = plt.figure(figsize=(13, h_grid + 4.6))
+            gs = fig.add_gridspec(3, 1, height_ratios=[h_grid, 1.3, 1.5], hspace=0.55)
+            ax = fig.add_subplot(gs[0])
+            axs = fig.add_subplot(gs[1], sharex=ax)
+            self._draw_split_zoom(fig.add_subplot(gs[2]))
+        else:
+            fig, (ax, axs) = plt.subplots(2, 1, figsize=(13, h_grid + 2.6), sharex=True,
+                                          gridspec_kw=dict(height_ratios=[h_grid, 1.3], hspace=0.3))
         ax.imshow(img, aspect="auto", interpolation="nearest", extent=(-0.5, n - 0.5, len(rows) - 0.5, -0.5))
         if small:
             for x in range(n + 1):
@@ -400,6 +410,41 @@ class SchedulerView(VizWidget):
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9.5, frameon=False)
         fig.subplots_adjust(left=0.08, right=0.78, top=0.92, bottom=0.22 if small else 0.1)
         return fig
+
+    ZOOM_SPLITS = 40
+
+    def _draw_split_zoom(self, az):
+        """The splits around the selected one (or the first ones), wide enough to read: backend, nodes, inputs."""
+        k = self.split_sel if self.split_sel is not None else 0
+        n_win = 14
+        lo = max(0, min(k - n_win // 3, len(self.splits) - n_win))
+        win = self.splits[lo:lo + n_win]
+        x = 0.0
+        for s in win:
+            col = self.colors.get(s["backend"], "#bdbdbd")
+            sel = self.split_sel == s["index"]
+            az.add_patch(Rectangle((x, 0.1), 1, 0.8, facecolor=col, edgecolor="#d50000" if sel else "white",
+                                   linewidth=2.5 if sel else 1.0))
+            first = self.node_names[s["i_start"]][:14] if s["i_start"] < len(self.node_names) else ""
+            az.text(x + 0.5, 0.62, f"#{s['index']} {s['backend']}", ha="center", va="center", fontsize=7)
+            az.text(x + 0.5, 0.34, f"{s['n_nodes']} node{'s' if s['n_nodes'] != 1 else ''}\n{first}", ha="center",
+                    va="center", fontsize=6.5, color="#37474f")
+            if s["inputs"]:
+                az.annotate(f"{len(s['inputs'])}", xy=(x, 0.9), xytext=(x, 1.3), ha="center", fontsize=8,
+                            color="#d84315", arrowprops=dict(arrowstyle="-|>", color="#d84315", lw=1.0))
+            x += 1
+        az.set_xlim(0, max(x, 1))
+        az.set_ylim(0, 1.6)
+        az.set_yticks([])
+        az.set_xticks([])
+        for sp in ("top", "right", "left", "bottom"):
+            az.spines[sp].set_visible(False)
+        by = {}
+        for s in self.splits:
+            by[s["backend"]] = by.get(s["backend"], 0) + 1
+        az.set_title(f"zoom: splits #{win[0]['index']}–#{win[-1]['index']} of {len(self.splits)} (each drawn the same "
+                     f"width; {', '.join(f'{b}: {c}' for b, c in by.items())}); select a split to move the window",
+                     fontsize=10, loc="left")
 
     def png(self, dpi: int = 100) -> bytes:
         return fig_to_png(self.figure(), dpi=dpi)

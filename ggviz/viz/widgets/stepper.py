@@ -20,7 +20,18 @@ from ...ggml import memory
 from ...ggml.tensor import get_data_f32, nbytes, nelements, op_desc, type_name
 from ...run import load_model
 from .. import graph_dot as G
-from ._base import VizWidget, array_png, esc, on_click, png_img, svg_canvas, svg_window
+from ._base import (
+    VizWidget,
+    array_png,
+    colorbar_html,
+    esc,
+    on_click,
+    png_img,
+    svg_canvas,
+    svg_window,
+    value_range,
+    wrap_vector,
+)
 from .graph import GraphView
 
 
@@ -213,16 +224,32 @@ class DecodeStepper(VizWidget):
                 "n_sharing": len(self.sharing()), "tokens": list(self.tokens), "text": self.text}
 
     # ---------------------------------------------------------------- rendering
+    def _heatmap(self, i: int | None, max_rows: int, max_cols: int):
+        v = _as_rows(np.asarray(self.values(i)))
+        grid, blank, w = wrap_vector(v)
+        if w is None:
+            grid = v[:max_rows, :max_cols]
+        fin = np.isfinite(grid) if blank is None else np.isfinite(grid) & ~blank
+        nonneg = bool(fin.any() and np.min(grid[fin]) >= 0)
+        cmap = "viridis" if nonneg else "RdBu_r"
+        lo, hi = value_range(np.where(fin, grid, np.nan), symmetric=not nonneg)
+        return grid, blank, w, cmap, lo, hi, v.size
+
     def heatmap_png(self, i: int | None = None, max_rows: int = 48, max_cols: int = 512) -> bytes:
         """The recorded values as an image: rows = ne[1..3], columns = ne[0] (diverging colours around 0, or
-        viridis when no value is negative, e.g. a softmax)."""
-        v = _as_rows(np.asarray(self.values(i)))
-        v = v[:max_rows, :max_cols]
-        xs = max(1, min(8, 640 // max(v.shape[1], 1)))
-        ys = max(1, min(24, 240 // max(v.shape[0], 1)))       # rows at least a few pixels tall
-        fin = np.isfinite(v)
-        nonneg = bool(fin.any() and np.min(v[fin]) >= 0)
-        return array_png(v, cmap="viridis" if nonneg else "RdBu_r", symmetric=not nonneg, scale=xs, yscale=ys)
+        viridis when no value is negative, e.g. a softmax); one long row or column (the logits) wrapped into a
+        grid (``wrap_vector``) instead of a one-pixel strip."""
+        grid, blank, w, cmap, lo, hi, n = self._heatmap(i, max_rows, max_cols)
+        xs = max(1, min(8, 640 // max(grid.shape[1], 1)))
+        ys = max(1, min(24, 240 // max(grid.shape[0], 1))) if w is None else xs     # rows at least a few px tall
+        return array_png(grid, cmap=cmap, vmin=lo, vmax=hi, scale=xs, yscale=ys, blank=blank)
+
+    def heatmap_html(self, i: int | None = None) -> str:
+        """The heatmap with its colour bar (and, for a wrapped vector, how it was wrapped)."""
+        grid, blank, w, cmap, lo, hi, n = self._heatmap(i, 48, 512)
+        note = (f"{n} values wrapped into rows of {w} (read left to right, top to bottom)" if w is not None else "")
+        return (png_img(self.heatmap_png(i), "max-width:660px") + "<br/>"
+                + colorbar_html(lo, hi, cmap, label=note))
 
     def memory_svg(self, i: int | None = None, width: int = 640) -> str:
         """The buffer holding node ``i`` as a bar: its bytes red, the other nodes' spans in that buffer grey."""
@@ -266,7 +293,7 @@ class DecodeStepper(VizWidget):
                 + (f" — view of {esc(st['view_src'])}" if st["view_src"] else "") +
                 f"<br/><b>values</b>: {stat}<br/><span style='font-size:11px'>{kept}; heatmap rows = ne[1..3], "
                 f"columns = ne[0] (blue &lt; 0 &lt; red; viridis if none &lt; 0)</span><br/>"
-                f"{png_img(self.heatmap_png(), 'max-width:660px')}"
+                f"{self.heatmap_html()}"
                 f"<br/><b>memory</b>: {self.memory_svg()}<br/>"
                 + (f"<b>same bytes also used by</b>: {share_txt}" if share else "") + "</div>")
 

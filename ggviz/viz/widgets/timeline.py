@@ -9,8 +9,19 @@ Drawn only from recorded events of the CPU backend (``ggml_graph_compute``):
 - ``cpu.chunk``: thread ``ith`` computed chunk ``chunk`` of a mul_mat (rows ``ir0`` x columns ``ir1``) from
   ``t_start`` to ``t_end`` (without those fields: from the event time ``t`` to its next chunk or the node's end);
 - ``cpu.barrier``: thread ``ith`` waited in ``ggml_barrier`` from ``t_enter`` to ``t_exit`` (after every node).
+
+Which walk recorded it matters for what the picture teaches, so it is labelled: the compiled walk
+(``ggviz/ggml/cpu/fast``, ``compiled: True``) runs the threads truly in parallel, as ggml's C does: both threads
+compute chunks of the same MUL_MAT at the same time, then meet at the barrier. The node-by-node walk runs NumPy kernels
+on Python threads: the GIL serialises everything but NumPy's inner loops (a 2-thread decode there takes ~4 s, half
+of it in barriers). ggml's barrier spins on ``n_barrier_passed``; the compiled walk's
+spins the same way for ``SPIN_CYCLES`` (~40 µs), then sleeps on a futex (a ggviz addition for oversubscribed
+machines): the figure draws the spin as spin and the rest as sleep. ``thread_accounting`` splits each thread's wall
+time into kernel work, barrier waits and time in the pool outside the walk (kickoff, join), so that they add up.
 """
 from __future__ import annotations
+
+import time
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
@@ -19,6 +30,34 @@ from matplotlib.patches import Patch, Rectangle
 
 from .. import graph_dot as G
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+
+try:        # the compiled walk's barrier: how long it spins before it sleeps (ticks of the timestamp counter)
+    from ...ggml.cpu.fast import kernels as _fast_kernels
+    from ...ggml.cpu.fast.program import SPIN_CYCLES
+except ImportError:          # no Numba: only the node-by-node walk exists, whose barrier sleeps on a condition
+    _fast_kernels, SPIN_CYCLES = None, 0
+
+_SPIN_US: list = []
+
+
+def spin_us() -> float:
+    """How long the compiled walk's barrier spins before it sleeps, in µs (SPIN_CYCLES ticks of the timestamp
+    counter, measured against perf_counter once per process; 0 without the compiled walk)."""
+    if not _SPIN_US:
+        if _fast_kernels is None:
+            _SPIN_US.append(0.0)
+        else:
+            p0, c0 = time.perf_counter_ns(), _fast_kernels.time_ns()
+            while time.perf_counter_ns() - p0 < 2_000_000:       # 2 ms: enough for 3 significant digits
+                pass
+            p1, c1 = time.perf_counter_ns(), _fast_kernels.time_ns()
+            _SPIN_US.append(SPIN_CYCLES * (p1 - p0) / max(c1 - c0, 1) / 1e3)
+    return _SPIN_US[0]
+
+
+WALK_LABEL = {True: "compiled walk: threads run truly in parallel, as in ggml's C",
+              False: "node-by-node NumPy walk: Python threads, the GIL serialises all but NumPy's inner loops "
+                     "(not how ggml's C runs)"}
 
 
 def timeline_data(events, which: int = -1) -> dict:
@@ -84,9 +123,74 @@ def timeline_data(events, which: int = -1) -> dict:
         j = int(np.searchsorted(t1s.get(b["ith"], np.zeros(0)), b["t0"] + 1e-9, side="right")) - 1
         b["node_n"] = lst[j]["node_n"] if j >= 0 else None
     t_end = (evs[e_end]["t"] - t_base) * us if e_end < len(evs) else max((n["t1"] for n in nodes), default=0.0)
-    return {"n_threads": int(n_threads), "n_tasks": list(plan["n_tasks"]) if plan else None,
+    compiled = bool(start.get("compiled")) or any(n.get("compiled") for n in evs[s + 1:e_end][:50]
+                                                  if n["kind"] == "cpu.node")
+    return {"n_threads": int(n_threads), "compiled": compiled, "n_tasks": list(plan["n_tasks"]) if plan else None,
             "work_size": plan["work_size"] if plan else None, "n_nodes": start.get("n_nodes"),
             "nodes": nodes, "chunks": chunks, "barriers": barriers, "t_end": t_end}
+
+
+def thread_accounting(data: dict) -> list[dict]:
+    """Each thread's wall time (the compute's, ``t_end``) split into parts that add up, in µs:
+
+    - ``kernel_us``: inside a node's kernel (node spans, less the barrier a MUL_MAT kernel waits in after converting
+      its src1);
+    - ``barrier_us``: waiting in ``ggml_barrier`` (``spin_us`` of it spinning on n_barrier_passed, ``sleep_us``
+      asleep: only the compiled walk's barrier sleeps, after ~40 µs of spin; the node-by-node walk's waits on a
+      condition variable and counts as asleep);
+    - ``pool_us``: in the threadpool but outside the walk: before the thread's first node (the kickoff wakes it) and
+      after its last node, outside the final barriers (returning from the walk, the main thread joining the workers);
+    - ``other_us``: what no record covers: the walk's own loop between a barrier and the next node (well under a
+      µs each), or the OS running another process while the thread was between records.
+
+    ``busy_us`` = kernel_us, ``wait_us`` = barrier_us + pool_us; busy + wait + other = wall."""
+    wall = float(data["t_end"])
+    sp = spin_us() if data.get("compiled") else 0.0
+    out = []
+    for i in range(data["n_threads"]):
+        ns = [n for n in data["nodes"] if n["ith"] == i]
+        bs = [b for b in data["barriers"] if b["ith"] == i]
+        clip = lambda a, b: max(0.0, min(b, wall) - max(a, 0.0))  # noqa: E731 - an interval inside the compute
+        node = sum(clip(n["t0"], n["t1"]) for n in ns)
+        bar = [clip(b["t0"], b["t1"]) for b in bs]
+        inside = sum(w for b, w in zip(bs, bar) if b.get("where") == "kernel")
+        spin = sum(min(w, sp) for w in bar)
+        if ns:
+            # before its first node the thread waits for the kickoff; after its last node it passes the final
+            # barriers (counted as barrier time) and otherwise runs the pool's own code (return, join, handing over)
+            first, last = min(n["t0"] for n in ns), max(n["t1"] for n in ns)
+            tail_bar = sum(clip(max(b["t0"], last), b["t1"]) for b in bs if b["t1"] > last)
+            pool = clip(0.0, first) + clip(last, wall) - tail_bar
+        else:
+            pool = wall - sum(bar)            # a thread that took no part (ith >= the threads the walk used)
+        kernel = node - inside
+        barrier = sum(bar)
+        out.append({"thread": i, "wall_us": wall, "kernel_us": kernel, "barrier_us": barrier, "spin_us": spin,
+                    "sleep_us": barrier - spin, "pool_us": pool, "other_us": wall - kernel - barrier - pool,
+                    "busy_us": kernel, "wait_us": barrier + pool, "nodes": len(ns), "barriers": len(bs),
+                    "chunks": sum(c["ith"] == i for c in data["chunks"])})
+    return out
+
+
+def concurrent_chunks(data: dict) -> dict:
+    """node_n -> [(chunk of thread a, chunk of thread b)] for each MUL_MAT whose chunks on two different threads ran
+    at the same time (their time spans overlap): the threads worked on the same node together."""
+    by: dict = {}
+    for c in data["chunks"]:
+        by.setdefault(c["node_n"], []).append(c)
+    out: dict = {}
+    for nn, cs in by.items():
+        cs = sorted(cs, key=lambda c: c["t0"])
+        pairs = []
+        for k, a in enumerate(cs):
+            for b in cs[k + 1:]:
+                if b["t0"] >= a["t1"]:
+                    break
+                if b["ith"] != a["ith"] and b["t0"] < b["t1"] and a["t0"] < a["t1"]:
+                    pairs.append((a, b))
+        if pairs:
+            out[nn] = pairs
+    return out
 
 
 def plot_timeline(data: dict, node_range=None, highlight: int | None = None, ax=None, title: str | None = None):
@@ -137,13 +241,24 @@ def plot_timeline(data: dict, node_range=None, highlight: int | None = None, ax=
         cg.setdefault((c["ith"], shade), []).append((c["t0"], max(c["t1"] - c["t0"], minw)))
     for (ith, shade), xr in cg.items():
         ax.broken_barh(xr, (ith - H / 2 - 0.13, 0.11), facecolors=shade, edgecolors="none", zorder=2)
-    bg: dict = {}
+    # a barrier wait: spinning on n_barrier_passed (as ggml's barrier always does) for up to spin_us(), then
+    # asleep (the compiled walk's futex; the node-by-node walk's condition variable sleeps from the start)
+    sp = spin_us() if data.get("compiled") else 0.0
+    bspin: dict = {}
+    bsleep: dict = {}
     for b in barriers:
         t0, t1 = max(b["t0"], t_lo), min(b["t1"], t_hi)
-        bg.setdefault(b["ith"], []).append((t0, max(t1 - t0, minw)))
-    for ith, xr in bg.items():
-        ax.broken_barh(xr, (ith + H / 2 + 0.03, 0.12), facecolors="#9e9e9e", edgecolors="#616161", hatch="////",
+        ts = min(t1, b["t0"] + sp)
+        if ts > t0:
+            bspin.setdefault(b["ith"], []).append((t0, max(ts - t0, minw)))
+        if t1 > ts:
+            bsleep.setdefault(b["ith"], []).append((max(ts, t0), max(t1 - max(ts, t0), minw)))
+    for ith, xr in bspin.items():
+        ax.broken_barh(xr, (ith + H / 2 + 0.03, 0.12), facecolors="#ff8f00", edgecolors="#e65100", hatch="xxxx",
                        linewidth=0.3, zorder=2)
+    for ith, xr in bsleep.items():
+        ax.broken_barh(xr, (ith + H / 2 + 0.03, 0.12), facecolors="#cfd8dc", edgecolors="#90a4ae", linewidth=0.3,
+                       zorder=2)
     if highlight is not None:
         hn = [n for n in nodes if n["node_n"] == highlight]
         if hn:
@@ -155,11 +270,17 @@ def plot_timeline(data: dict, node_range=None, highlight: int | None = None, ax=
     ax.set_xlabel("time since ggml_graph_compute started (µs)", fontsize=10)
     ax.tick_params(axis="x", labelsize=9)
     handles = [Patch(facecolor=c, edgecolor="#424242", label=op) for op, c in ops_seen.items()]
-    handles += [Patch(facecolor="#1565c0", label="mul_mat chunk (alternating shades)"),
-                Patch(facecolor="#9e9e9e", hatch="////", edgecolor="#616161", label="waiting in ggml_barrier")]
+    handles += [Patch(facecolor="#1565c0", label="mul_mat chunk (alternating shades)")]
+    if sp:
+        handles.append(Patch(facecolor="#ff8f00", hatch="xxxx", edgecolor="#e65100",
+                             label=f"ggml_barrier: spinning on n_barrier_passed (first {sp:.0f} µs)"))
+    handles.append(Patch(facecolor="#cfd8dc", edgecolor="#90a4ae",
+                         label="ggml_barrier: asleep (ggviz's futex; ggml keeps spinning)" if sp
+                         else "ggml_barrier: asleep on a condition variable"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     rng = f"nodes {min(sel)}–{max(sel)}" if node_range is not None else f"all {len(sel)} computed nodes"
-    ax.set_title(title or f"graph compute on {nt} threads: {rng}", fontsize=11)
+    walk = WALK_LABEL[bool(data.get("compiled"))]
+    ax.set_title(title or f"graph compute on {nt} threads, {rng}\n{walk}", fontsize=11)
     for s in ("top", "right"):
         ax.spines[s].set_visible(False)
     fig.tight_layout()
@@ -221,7 +342,21 @@ class ThreadTimeline(VizWidget):
                 "node": self.node_info(), "total_us": d["t_end"],
                 "barrier_wait_us": {i: sum(b["t1"] - b["t0"] for b in d["barriers"] if b["ith"] == i)
                                     for i in range(d["n_threads"])},
-                "n_chunks": len(d["chunks"])}
+                "n_chunks": len(d["chunks"]), "compiled": d["compiled"], "walk": WALK_LABEL[d["compiled"]],
+                "accounting": thread_accounting(d), "concurrent_mul_mats": len(concurrent_chunks(d))}
+
+    def accounting_html(self) -> str:
+        """Per thread: where its wall time went (the parts add up to the compute's wall time)."""
+        d = self.data
+        rows = [{"thread": a["thread"], "in kernels (µs)": round(a["kernel_us"]),
+                 "barrier: spinning (µs)": round(a["spin_us"]), "barrier: asleep (µs)": round(a["sleep_us"]),
+                 "pool: kickoff/join (µs)": round(a["pool_us"]), "unrecorded (µs)": round(a["other_us"]),
+                 "wall (µs)": round(a["wall_us"]), "chunks claimed": a["chunks"]} for a in thread_accounting(d)]
+        cc = concurrent_chunks(d)
+        n_mm = len({c["node_n"] for c in d["chunks"]})
+        head = (f"<p><b>{esc(WALK_LABEL[d['compiled']])}.</b> MUL_MATs whose chunks ran on two threads at the same "
+                f"time: {len(cc)} of {n_mm}.</p>")
+        return head + html_table(rows, list(rows[0]) if rows else [])
 
     def figure(self, node_range=None, highlight="current"):
         hl = self.node if highlight == "current" else highlight
@@ -235,7 +370,7 @@ class ThreadTimeline(VizWidget):
                                                  "barrier_wait_us"])
 
     def to_html(self) -> str:
-        return png_img(fig_to_png(self.figure()), "max-width:100%") + self.info_html()
+        return png_img(fig_to_png(self.figure()), "max-width:100%") + self.accounting_html() + self.info_html()
 
     def _build(self):
 
@@ -245,7 +380,7 @@ class ThreadTimeline(VizWidget):
                              "value")
         self._w_img = W.HTML()
         self._w_info = W.HTML()
-        return W.VBox([self._w_node, self._w_img, self._w_info])
+        return W.VBox([self._w_node, self._w_img, W.HTML(self.accounting_html()), self._w_info])
 
     def _refresh(self):
         if self._w_node.value != self.node:

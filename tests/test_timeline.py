@@ -1,0 +1,103 @@
+"""The thread timeline of a real decode, recorded from the compiled walk (ggviz/ggml/cpu/fast), where the threads
+truly run in parallel as ggml's C threads do.
+
+Checked against the recorded events themselves, by ggml's rules:
+
+* both threads work on the same MUL_MAT at the same time (chunks of one node on two threads with overlapping spans);
+* each thread's busy time (in kernels) + waiting time (barriers, kickoff/join) adds up to the compute's wall time
+  within 5 %: the records neither double-count (a MUL_MAT's in-kernel barrier lies inside its node span) nor leave
+  much of the wall time unexplained;
+* the timeline labels the walk it was recorded from, and a barrier's spin part never exceeds the compiled barrier's
+  spin budget.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggviz.ggml import consts as C
+
+pytest.importorskip("ggviz.ggml.cpu.fast.compiler", reason="the compiled fast path needs Numba")
+
+from ggviz import trace  # noqa: E402 - after the importorskip
+from ggviz.export import decode_step  # noqa: E402
+from ggviz.viz.widgets.timeline import (  # noqa: E402
+    WALK_LABEL,
+    ThreadTimeline,
+    concurrent_chunks,
+    spin_us,
+    thread_accounting,
+    timeline_data,
+)
+
+
+def _decode(model):
+    step = decode_step("The ggml library is", threads=2, model=model)
+    return step, timeline_data(step.events)
+
+
+def test_two_thread_decode_timeline_is_parallel_and_adds_up(model):
+    # The machine may be shared: while another process holds a core, a thread is descheduled and the other one
+    # spends the compute in barriers, so no two chunks overlap, and a thread descheduled between two records leaves
+    # time no record covers. Take the first of a few decodes without that.
+    tries = []
+    for _ in range(8):
+        step, d = _decode(model)
+        cc = concurrent_chunks(d)
+        worst = max(abs(x["busy_us"] + x["wait_us"] - x["wall_us"]) / x["wall_us"] for x in thread_accounting(d))
+        tries.append((len(cc), round(worst, 3)))
+        if cc and worst <= 0.05:
+            break
+    assert d["compiled"] and d["n_threads"] == 2
+    gf = step.graph.gf
+    mm = {c["node_n"] for c in d["chunks"]}
+    assert mm and all(gf.nodes[n].op == C.GGML_OP_MUL_MAT for n in mm)
+    assert cc, f"no MUL_MAT had chunks running on both threads at the same time ((overlaps, worst gap) per try: {tries})"
+    n, pairs = next(iter(cc.items()))
+    a, b = pairs[0]
+    assert {a["ith"], b["ith"]} == {0, 1} and a["node_n"] == b["node_n"] == n
+    assert a["t0"] < b["t1"] and b["t0"] < a["t1"]                       # the two spans overlap in time
+    # the two chunks are different rows of the same output (ggml's chunk counter hands each chunk out once)
+    assert a["chunk"] != b["chunk"]
+
+    acc = thread_accounting(d)
+    assert [x["thread"] for x in acc] == [0, 1]
+    for x in acc:
+        wall = x["wall_us"]
+        assert wall > 0
+        # independently of thread_accounting: node spans, less the barrier inside MUL_MAT kernels, ...
+        ns = [s for s in d["nodes"] if s["ith"] == x["thread"]]
+        bs = [s for s in d["barriers"] if s["ith"] == x["thread"]]
+        busy = sum(s["t1"] - s["t0"] for s in ns) - sum(b["t1"] - b["t0"] for b in bs if b["where"] == "kernel")
+        barrier = sum(b["t1"] - b["t0"] for b in bs)
+        assert busy == pytest.approx(x["busy_us"], rel=1e-6)
+        assert barrier == pytest.approx(x["barrier_us"], rel=1e-6)
+        assert x["pool_us"] >= 0 and x["spin_us"] <= barrier + 1e-6
+        # ... plus the waits add up to the wall time within 5 %
+        assert abs(x["busy_us"] + x["wait_us"] - wall) <= 0.05 * wall, (x, tries)
+    # every spin part is at most the compiled barrier's spin budget (SPIN_CYCLES of the timestamp counter)
+    assert 5.0 < spin_us() < 500.0
+    tt = ThreadTimeline(step.events)
+    st = tt.state()
+    assert st["compiled"] and st["walk"] == WALK_LABEL[True] and st["concurrent_mul_mats"] == len(cc)
+    html = tt.to_html()
+    assert "compiled walk" in html and "data:image/png;base64," in html
+
+
+def test_faithful_walk_is_labelled_as_such(model):
+    """A compute forced onto the node-by-node walk (ggml's abort_callback keeps it off the compiled one) is drawn
+    with the GIL label, not the parallel one."""
+    from ggviz.ggml.cpu import ggml_cpu
+    from test_fast_trace import _graph  # the small llama-like graph with repacked weights
+
+    gf, out, keep = _graph()
+    plan = ggml_cpu.graph_plan(gf, 2)
+    plan.abort_callback = lambda data: False
+    if plan.work_size:
+        plan.work_data = np.zeros(plan.work_size, np.uint8)
+    with trace.Recorder() as rec:
+        ggml_cpu.graph_compute(gf, plan)
+    d = timeline_data(rec)
+    assert not d["compiled"]
+    assert ThreadTimeline(rec).state()["walk"] == WALK_LABEL[False]
+    assert sum(a["spin_us"] for a in thread_accounting(d)) == 0.0       # its barrier sleeps from the start
