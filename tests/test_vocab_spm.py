@@ -4,7 +4,6 @@ differential test against the installed llama_cpp (AVX2 build) on a few hundred 
 262,144-token vocabulary. The Gemma tests skip when the model is absent (`ggviz fetch gemma3-270m` fetches it)."""
 from __future__ import annotations
 
-import ctypes
 import json
 import pathlib
 import random
@@ -14,6 +13,7 @@ import pytest
 
 from ggviz import fetch, gguf_file
 from ggviz.llama.vocab import LLAMA_VOCAB_TYPE_SPM, TokenAttr, TokenType, Vocab
+from tests.llamacpp_vocab import LlamaCppUnavailable, LlamaCppVocab
 
 DATA = pathlib.Path(__file__).parent / "data"
 VECTORS = DATA / "llamacpp_vocab"
@@ -31,15 +31,23 @@ def gemma() -> Vocab:
     return Vocab.from_gguf_kv(gguf_file.load_gguf(path).kv)
 
 
+def _llamacpp(path):
+    """llama.cpp's tokenizer for ``path`` in a child process (see tests/llamacpp_vocab.py), or skip."""
+    try:
+        return LlamaCppVocab(path)
+    except LlamaCppUnavailable as e:
+        pytest.skip(f"llama_cpp is not usable here: {e}")
+
+
 @pytest.fixture(scope="module")
 def gemma_llamacpp():
-    """llama.cpp's vocabulary of the same file (vocab_only) and its llama_vocab pointer."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    """llama.cpp's vocabulary of the same file (vocab_only), served by a child process."""
     path = gemma_path()
     if not path.is_file():
         pytest.skip(f"the Gemma-3 model is absent ({path}): `ggviz fetch gemma3-270m` fetches it")
-    llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-    return llama_cpp, llm, llm._model.vocab
+    lc = _llamacpp(path)
+    yield lc
+    lc.close()
 
 
 # ------------------------------------------------------------------------------------------------ Gemma-3 reference
@@ -106,14 +114,16 @@ def test_llamacpp_spm_vectors(name):
 
 def test_llamacpp_spm_vectors_detokenize():
     """llama_detokenize of the vector outputs, against the installed llama.cpp on the same vocabulary."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     name = "ggml-vocab-llama-spm.gguf"
     vocab = Vocab.from_gguf_kv(gguf_file.load_gguf(VECTORS / name).kv)
-    llm = llama_cpp.Llama(str(VECTORS / name), vocab_only=True, verbose=False)
-    for _, ids in read_vectors(name):
-        for flags in ((False, False), (True, True)):
-            assert vocab.detokenize_bytes([1, *ids], *flags) == lc_detokenize(llama_cpp, llm._model.vocab,
-                                                                               [1, *ids], *flags)
+    lc = _llamacpp(VECTORS / name)
+    try:
+        items = [([1, *ids], *flags) for _, ids in read_vectors(name) for flags in ((False, False), (True, True))]
+        want = lc.detokenize(items)
+    finally:
+        lc.close()
+    for (ids, rs, us), w in zip(items, want):
+        assert vocab.detokenize_bytes(ids, rs, us) == w
 
 
 # ------------------------------------------------------------------------------------------------ hand-checked cases
@@ -195,22 +205,6 @@ def test_spm_missing_byte_token_is_a_clear_error():
 
 # ------------------------------------------------------------------------------------------------ differential
 
-def lc_detokenize(llama_cpp, vocab_ptr, ids, remove_special, unparse_special) -> bytes:
-    arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
-    size = 64 + 32 * len(ids)
-    buf = ctypes.create_string_buffer(size)
-    n = llama_cpp.llama_detokenize(vocab_ptr, arr, len(ids), buf, size, remove_special, unparse_special)
-    assert n >= 0
-    return buf.raw[:n]
-
-
-def lc_piece(llama_cpp, vocab_ptr, tid, lstrip, special) -> bytes:
-    buf = ctypes.create_string_buffer(256)
-    n = llama_cpp.llama_token_to_piece(vocab_ptr, tid, buf, 256, lstrip, special)
-    assert n >= 0
-    return buf.raw[:n]
-
-
 _ALPHABET = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") * 3
              + list(" " * 30 + "\t\n\r" * 3 + ".,;:!?'\"()[]{}<>/\\|-_=+*&^%$#@~`")
              + list("éèàçüöäßñøåÆŒĳǅ") + list("αβγδΩЖжщЯ") + list("数学是科学的语言ひらがなカタカナ한국어")
@@ -257,32 +251,25 @@ def structured_strings(n: int, seed: int = 5) -> list[str]:
 def test_gemma_differential_tokenize(gemma, gemma_llamacpp):
     """300 random strings (letters, scripts, emoji, spaces, controls, special-token texts, invalid UTF-8) and 150 of
     whitespace runs and tags, all four add_special x parse_special settings: the ids equal llama.cpp's."""
-    llama_cpp, llm, _ = gemma_llamacpp
-    bad = []
-    for s in random_strings(300) + structured_strings(150):
-        b = s if isinstance(s, bytes) else s.encode("utf-8")
-        for add_special in (False, True):
-            for parse_special in (False, True):
-                want = llm.tokenize(b, add_bos=add_special, special=parse_special)
-                got = gemma.tokenize(s, add_special=add_special, parse_special=parse_special)
-                if got != want:
-                    bad.append((s, add_special, parse_special, got, want))
+    cases = [(s, a, p) for s in random_strings(300) + structured_strings(150) for a in (False, True)
+             for p in (False, True)]
+    want = gemma_llamacpp.tokenize([(s if isinstance(s, bytes) else s.encode("utf-8"), a, p) for s, a, p in cases])
+    bad = [(s, a, p, got, w) for (s, a, p), w in zip(cases, want)
+           if (got := gemma.tokenize(s, add_special=a, parse_special=p)) != w]
     assert not bad, bad[:3]
 
 
 def test_gemma_differential_detokenize(gemma, gemma_llamacpp):
     """llama_detokenize (both flags) of those tokenizations, and llama_token_to_piece of 3000 ids (every special,
     byte and user-defined one among them), special on/off, lstrip 0/1."""
-    llama_cpp, llm, vp = gemma_llamacpp
-    for s in random_strings(300)[:150]:
-        b = s if isinstance(s, bytes) else s.encode("utf-8")
-        ids = llm.tokenize(b, add_bos=True, special=True)
-        for flags in ((False, False), (True, False), (False, True), (True, True)):
-            assert gemma.detokenize_bytes(ids, *flags) == lc_detokenize(llama_cpp, vp, ids, *flags), (s, flags)
+    strs = [s if isinstance(s, bytes) else s.encode("utf-8") for s in random_strings(300)[:150]]
+    all_ids = gemma_llamacpp.tokenize([(b, True, True) for b in strs])
+    items = [(ids, *flags) for ids in all_ids for flags in ((False, False), (True, False), (False, True), (True, True))]
+    for (ids, rs, us), w in zip(items, gemma_llamacpp.detokenize(items)):
+        assert gemma.detokenize_bytes(ids, rs, us) == w, (ids, rs, us)
     rng = np.random.default_rng(3)
     odd = [i for i in range(gemma.n_tokens) if gemma.attrs[i] & ~int(TokenAttr.NORMAL)]
     sample = sorted(set(rng.integers(0, gemma.n_tokens, 3000 - min(len(odd), 1500)).tolist()) | set(odd[:1500]))
-    for tid in sample:
-        for special in (False, True):
-            for lstrip in (0, 1):
-                assert gemma.token_to_piece(tid, special, lstrip) == lc_piece(llama_cpp, vp, tid, lstrip, special), tid
+    items = [(tid, lstrip, special) for tid in sample for special in (False, True) for lstrip in (0, 1)]
+    for (tid, lstrip, special), w in zip(items, gemma_llamacpp.token_to_piece(items)):
+        assert gemma.token_to_piece(tid, special, lstrip) == w, tid
