@@ -1,0 +1,222 @@
+"""llamafile's tinyBLAS (``ggviz/ggml/cpu/llamafile/sgemm.py`` and the compiled ``fast/sgemm.py``) against the real one.
+
+Oracle: the ggml that llama-cpp-python 0.3.36 ships (``llama_cpp/lib/libggml-cpu.so``, built for AVX2 with
+``LLAMAFILE = 1``: see tests/data/llamacpp/README.md), driven through its C graph API by ctypes below. (The
+libggml-python 0.20.2 of tests/oracle is built without llamafile: ``ggml_cpu_has_llamafile() == 0``.) A MUL_MAT with
+random operands is computed by both, with 1 and 2 threads, and the results must be the same bits -- for every type
+tinyBLAS takes on x86 (F32, F16, BF16, Q8_0, Q4_0, Q5_0) and for shapes that pick each of its paths: the float
+kernel's BM = 4 / 2 / 1 tilings and its refusals (``m % 4``, ``k % 8``: ggml's vec_dot chunks then), ``n = 1``
+(never sgemm), the Q0 kernel's ragged edges, GQA broadcast and a permuted src1 (not contiguous: only the second
+llamafile_sgemm call, after the conversion to vec_dot_type).
+"""
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+from ggviz import ggml
+from ggviz.ggml import consts as C
+from ggviz.ggml import quants as Q
+from ggviz.ggml.cpu import ggml_cpu, mul_mat
+from ggviz.ggml.cpu.llamafile import sgemm
+
+F32, F16, BF16 = C.GGML_TYPE_F32, C.GGML_TYPE_F16, C.GGML_TYPE_BF16
+Q8_0, Q4_0, Q5_0 = C.GGML_TYPE_Q8_0, C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q5_0
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def _llamacpp_ggml():
+    try:
+        import llama_cpp
+    except Exception:  # noqa: BLE001 - any failure to import means: no oracle
+        return None
+    lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    try:
+        base = ctypes.CDLL(os.path.join(lib, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+        cpu = ctypes.CDLL(os.path.join(lib, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    for name, res, args in (("ggml_init", vp, [_InitParams]), ("ggml_free", None, [vp]),
+                            ("ggml_new_tensor_3d", vp, [vp, ctypes.c_int, i64, i64, i64]),
+                            ("ggml_get_data", vp, [vp]), ("ggml_mul_mat", vp, [vp, vp, vp]),
+                            ("ggml_permute", vp, [vp, vp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
+                            ("ggml_new_graph", vp, [vp]), ("ggml_build_forward_expand", None, [vp, vp]),
+                            ("ggml_nbytes", ctypes.c_size_t, [vp])):
+        f = getattr(base, name)
+        f.restype, f.argtypes = res, args
+    cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+    cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
+    cpu.ggml_cpu_has_llamafile.restype = ctypes.c_int
+    cpu.ggml_cpu_has_avx2.restype = ctypes.c_int
+    if not (cpu.ggml_cpu_has_llamafile() and cpu.ggml_cpu_has_avx2()):
+        return None
+    cpu.ggml_cpu_init()
+    return base, cpu
+
+
+_LIB = _llamacpp_ggml()
+needs_oracle = pytest.mark.skipif(_LIB is None, reason="llama_cpp (AVX2 build with llamafile) not importable")
+
+
+def _random_rows(t, rows, k, rng):
+    """Raw bytes (rows, row_size) of random values of type t (quant blocks: random levels, moderate scales)."""
+    if t == F32:
+        return rng.standard_normal((rows, k)).astype(np.float32).view(np.uint8)
+    if t == F16:
+        return rng.standard_normal((rows, k)).astype(np.float16).view(np.uint8)
+    if t == BF16:
+        return (rng.standard_normal((rows, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    blocks = np.zeros(rows * (k // 32), Q.BLOCK_DTYPES[t])
+    blocks["d"] = (rng.uniform(0.5, 2.0, blocks.shape) * 2.0 ** -7).astype(np.float16)
+    if t == Q8_0:
+        blocks["qs"] = rng.integers(-127, 128, blocks["qs"].shape)
+    else:
+        blocks["qs"] = rng.integers(0, 256, blocks["qs"].shape)
+        if t == Q5_0:
+            blocks["qh"] = rng.integers(0, 256, blocks["qh"].shape)
+    return blocks.view(np.uint8).reshape(rows, -1)
+
+
+def _case(t, m, n, k, heads=1, kv_heads=1, permuted=False, seed=0):
+    """src0 (k, m, kv_heads) of type t, src1 F32 (k, n, heads) -- or its permutation when ``permuted``."""
+    rng = np.random.default_rng(seed)
+    a = _random_rows(t, m * kv_heads, k, rng)
+    b = rng.standard_normal((heads, n, k)).astype(np.float32)
+    return a, b
+
+
+def _ggviz(t, m, n, k, heads, kv_heads, permuted, a, b, nth, fast=False):
+    ctx = ggml.init(64 << 20)
+    w = ggml.new_tensor_3d(ctx, t, k, m, kv_heads)
+    ggml.get_data(w).reshape(-1).view(np.uint8)[:] = a.reshape(-1)
+    if permuted:
+        x = ggml.new_tensor_3d(ctx, F32, k, heads, n)
+        ggml.get_data(x)[...] = b.transpose(1, 0, 2)
+        x = ggml.permute(ctx, x, 0, 2, 1, 3)
+    else:
+        x = ggml.new_tensor_3d(ctx, F32, k, n, heads)
+        ggml.get_data(x)[...] = b
+    y = ggml.mul_mat(ctx, w, x)
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, y)
+    plan = ggml_cpu.graph_plan(gf, nth)
+    if fast:
+        from ggviz.ggml.cpu.fast import compiler
+        plan.extra = compiler.compile_graph(gf)
+        assert plan.extra is not None
+    else:
+        plan.extra = None
+    if plan.work_size:
+        plan.work_data = np.zeros(plan.work_size, np.uint8)
+    assert ggml_cpu.graph_compute(gf, plan) == C.GGML_STATUS_SUCCESS
+    return np.array(ggml.get_data(y), copy=True).reshape(heads, n, m), mul_mat.mul_mat_kernel(y, nth)
+
+
+def _real(t, m, n, k, heads, kv_heads, permuted, a, b, nth):
+    base, cpu = _LIB
+    ctx = base.ggml_init(_InitParams(64 << 20, None, False))
+    try:
+        w = base.ggml_new_tensor_3d(ctx, t, k, m, kv_heads)
+        ctypes.memmove(base.ggml_get_data(w), a.ctypes.data, a.nbytes)
+        if permuted:
+            x = base.ggml_new_tensor_3d(ctx, F32, k, heads, n)
+            bb = np.ascontiguousarray(b.transpose(1, 0, 2))
+            ctypes.memmove(base.ggml_get_data(x), bb.ctypes.data, bb.nbytes)
+            x = base.ggml_permute(ctx, x, 0, 2, 1, 3)
+        else:
+            x = base.ggml_new_tensor_3d(ctx, F32, k, n, heads)
+            ctypes.memmove(base.ggml_get_data(x), b.ctypes.data, b.nbytes)
+        y = base.ggml_mul_mat(ctx, w, x)
+        gf = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(gf, y)
+        assert cpu.ggml_graph_compute_with_ctx(ctx, gf, nth) == 0
+        out = np.empty((heads, n, m), np.float32)
+        ctypes.memmove(out.ctypes.data, base.ggml_get_data(y), out.nbytes)
+        return out
+    finally:
+        base.ggml_free(ctx)
+
+
+# (type, m, n, k, heads, kv_heads, permuted, kernel llama.cpp's ggml runs)
+CASES = [
+    (F32, 64, 7, 64, 1, 1, False, "sgemm"),          # BM 4 (m % 16, m/16 >= nth)
+    (F32, 24, 5, 40, 1, 1, False, "sgemm"),          # BM 2
+    (F32, 20, 29, 16, 1, 1, False, "sgemm"),         # BM 1, RN 3, ragged columns
+    (F32, 18, 4, 64, 1, 1, False, "vec_dot chunks"),  # m % 4: refused
+    (F32, 16, 3, 36, 1, 1, False, "vec_dot chunks"),  # k % 8: refused
+    (F32, 16, 1, 64, 1, 1, False, "vec_dot chunks"),  # n = 1: never sgemm
+    (F16, 256, 9, 64, 9, 3, True, "sgemm"),          # the KQ of a prefill: GQA 9 -> 3, q permuted
+    (F16, 64, 2, 256, 9, 3, False, "sgemm"),         # the KQV: RN 2
+    (F16, 52, 30, 24, 2, 1, True, "sgemm"),          # BM 1, 2 column blocks
+    (F16, 36, 5, 20, 1, 1, False, "vec_dot chunks"),
+    (BF16, 48, 6, 32, 1, 1, False, "sgemm"),
+    (Q8_0, 37, 7, 64, 1, 1, False, "sgemm"),         # odd m: every Q0 tile shape
+    (Q8_0, 40, 2, 96, 2, 2, False, "sgemm"),
+    (Q4_0, 19, 11, 64, 1, 1, False, "sgemm"),
+    (Q4_0, 8, 1, 64, 1, 1, False, "vec_dot chunks"),
+    (Q5_0, 21, 6, 96, 1, 1, False, "sgemm"),
+]
+
+
+@needs_oracle
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{Q.type_name(c[0])}-m{c[1]}-n{c[2]}-k{c[3]}"
+                         + ("-perm" if c[6] else "") + f"-h{c[4]}")
+def test_faithful_mul_mat_bitexact_with_llamacpp(case):
+    t, m, n, k, heads, kv_heads, permuted, kernel = case
+    a, b = _case(t, m, n, k, heads, kv_heads, permuted)
+    for nth in (1, 2):
+        real = _real(t, m, n, k, heads, kv_heads, permuted, a, b, nth)
+        got, used = _ggviz(t, m, n, k, heads, kv_heads, permuted, a, b, nth)
+        assert used == kernel
+        if kernel == "sgemm" or t in (F32, F16, BF16):     # quant vec_dot is exact only on the compiled path
+            assert np.array_equal(got.view(np.uint32), real.view(np.uint32)), \
+                (nth, int((got != real).sum()), float(np.abs(got - real).max()))
+
+
+@needs_oracle
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in (F32, F16)],
+                         ids=lambda c: f"{Q.type_name(c[0])}-m{c[1]}-n{c[2]}-k{c[3]}" + ("-perm" if c[6] else ""))
+def test_compiled_mul_mat_bitexact_with_llamacpp(case):
+    pytest.importorskip("numba")
+    from ggviz.ggml.cpu.fast import intrinsics
+    if not intrinsics.HAVE_AVX2:
+        pytest.skip("the compiled kernels are ggml's bits on AVX2 machines")
+    t, m, n, k, heads, kv_heads, permuted, _ = case
+    a, b = _case(t, m, n, k, heads, kv_heads, permuted)
+    for nth in (1, 2):
+        real = _real(t, m, n, k, heads, kv_heads, permuted, a, b, nth)
+        got, _ = _ggviz(t, m, n, k, heads, kv_heads, permuted, a, b, nth, fast=True)
+        assert np.array_equal(got.view(np.uint32), real.view(np.uint32)), (nth, int((got != real).sum()))
+
+
+def test_tinyblas_job_grid_covers_c_once():
+    """The float kernel's jobs tile C exactly once (hand-checked rule: rows in blocks of 4*BM, columns in
+    BN-tile blocks of RN-1 / RN columns), for the shapes of a prefill."""
+    for m, n in ((256, 115), (64, 2), (20, 29), (48, 3), (4096, 1000)):
+        for nth in (1, 2, 3):
+            bm = sgemm.tinyblas_bm(m, 64, nth)
+            rn, nb_job, box = sgemm.tinyblas_jobs(m, n, bm)
+            cover = np.zeros((m, n), np.int32)
+            for job in range(nb_job):
+                i0, i1, j0, j2 = box(job)
+                cover[i0:i1, j0:j2] += 1
+            assert (cover == 1).all(), (m, n, nth)
+    assert sgemm.block_size(3, 115) == 3 and sgemm.block_size(3, 2) == 2 and sgemm.block_size(3, 4) == 2
+    assert sgemm.tinyblas_bm(256, 64, 2) == 4 and sgemm.tinyblas_bm(24, 64, 2) == 2 and sgemm.tinyblas_bm(18, 64, 1) == 0
+
+
+def test_q0_tiles_cover_c_once():
+    """tinyBLAS_Q0_AVX's mnpack regions and each thread's static share tile C exactly once."""
+    for m, n in ((37, 7), (49152, 115), (5, 3), (1, 2), (8, 9)):
+        for nth in (1, 2, 3):
+            cover = np.zeros((m, n), np.int32)
+            for m0, m1, n0, n1, rm, rn in sgemm.q0_regions(m, n):
+                for ith in range(nth):
+                    for i0, i1, j0, j1 in sgemm.q0_thread_tiles(m0, m1, n0, n1, rm, rn, ith, nth):
+                        cover[i0:i1, j0:j1] += 1
+            assert (cover == 1).all(), (m, n, nth)
