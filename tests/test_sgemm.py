@@ -220,3 +220,44 @@ def test_q0_tiles_cover_c_once():
                     for i0, i1, j0, j1 in sgemm.q0_thread_tiles(m0, m1, n0, n1, rm, rn, ith, nth):
                         cover[i0:i1, j0:j1] += 1
             assert (cover == 1).all(), (m, n, nth)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# a one-batch prefill of the model: every row of logits, llama.cpp's bits
+# ---------------------------------------------------------------------------------------------------------------------
+
+PREFILL_NPZ = os.path.join(os.path.dirname(__file__), "data", "llamacpp", "smollm2_prefill115_sgemm.npz")
+
+
+def _prefill(model, ids, nth):
+    from ggviz.llama.batch import batch_add, batch_init
+    from ggviz.llama.context import context_default_params, init_from_model
+    p = context_default_params()
+    p.n_ctx, p.n_batch, p.n_ubatch = 512, 512, 512          # as captured (tools/capture_llamacpp_prefill.py)
+    p.n_threads = p.n_threads_batch = nth
+    p.flash_attn_type = 0
+    ctx = init_from_model(model, p)
+    b = batch_init(len(ids))
+    for i, t in enumerate(ids):
+        batch_add(b, int(t), i, [0], True)
+    assert ctx.decode(b) == 0
+    return np.asarray(ctx.get_logits(), np.float32).reshape(len(ids), -1)
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_prefill_logits_bitexact_with_llamacpp(model, nth):
+    """The 115-token text in one llama_decode with logits for every token (SmolLM2 Q4_1, compiled path): each row's
+    float32 bits hash to what llama.cpp's AVX2 build gave (captured with 1 and 2 threads). The KV attention goes
+    through tinyBLAS there; through ggml_vec_dot_f16 only 3 of the 115 rows came out the same."""
+    import hashlib
+    pytest.importorskip("numba")
+    from ggviz.ggml.cpu.fast import intrinsics
+    if not intrinsics.HAVE_AVX2:
+        pytest.skip("llama.cpp's bits are those of its AVX2 build")
+    ref = np.load(PREFILL_NPZ)
+    lg = _prefill(model, ref["ids"], nth)
+    got = np.array([hashlib.sha256(r.tobytes()).hexdigest() for r in lg])
+    bad = np.nonzero(got != ref[f"sha256_t{nth}"])[0]
+    rows = list(ref["rows"])
+    assert len(bad) == 0, (f"{len(bad)} of {len(got)} rows differ (first {bad[:8]}); max |diff| on the stored rows "
+                           f"{float(np.abs(lg[rows] - ref['logits']).max())}")
