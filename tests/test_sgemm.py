@@ -261,3 +261,75 @@ def test_prefill_logits_bitexact_with_llamacpp(model, nth):
     rows = list(ref["rows"])
     assert len(bad) == 0, (f"{len(bad)} of {len(got)} rows differ (first {bad[:8]}); max |diff| on the stored rows "
                            f"{float(np.abs(lg[rows] - ref['logits']).max())}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# BLAS is opt-in; the kernel each MUL_MAT ran is in the trace and the scheduler view
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _ctx(model, **kw):
+    from ggviz.llama.context import context_default_params, init_from_model
+    p = context_default_params()
+    p.n_ctx, p.n_threads, p.n_threads_batch, p.flash_attn_type = 256, 2, 2, 0
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return init_from_model(model, p)
+
+
+def test_blas_backend_is_opt_in(model):
+    """llama.cpp's default CPU build has no BLAS backend: a context gets the CPU only, unless ``use_blas``."""
+    from ggviz.ggml import backend as B
+    assert [B.backend_name(b) for b in _ctx(model).backends] == ["CPU"]
+    assert [B.backend_name(b) for b in _ctx(model, use_blas=True).backends] == ["BLAS", "CPU"]
+
+
+def _kernels_by_node(events):
+    out = {}
+    for e in events:
+        if e["kind"] == "cpu.node" and e["op"] == "MUL_MAT":
+            out.setdefault(e["name"].split("-")[0], set()).add(e["kernel"])
+    return out
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_trace_names_the_mul_mat_kernel(model, compiled):
+    """cpu.node events of a MUL_MAT carry the kernel it ran: a 6-token prompt sends the KV attention through
+    tinyBLAS and the repacked weights through CPU_REPACK's gemm; a 1-token decode's attention is vec_dot chunks.
+    The faithful walk (an abort callback forces it) records the same names."""
+    from ggviz import trace
+    from ggviz.llama.batch import batch_get_one
+    ctx = _ctx(model) if compiled else _ctx(model, abort_callback=lambda data: False)
+    with trace.recording(("cpu.node",)) as rec:
+        assert ctx.decode(batch_get_one([1, 2, 3, 4, 5, 6])) == 0
+    k = _kernels_by_node(rec.events)
+    assert k["kq"] == k["kqv"] == {mul_mat.KERNEL_SGEMM}
+    assert k["Qcur"] == k["ffn_up"] == k["result_output"] == {mul_mat.KERNEL_REPACK}
+    with trace.recording(("cpu.node",)) as rec:
+        assert ctx.decode(batch_get_one([7])) == 0
+    k = _kernels_by_node(rec.events)
+    assert k["kq"] == k["kqv"] == {mul_mat.KERNEL_VEC_DOT}
+
+
+def test_scheduler_view_shows_the_kernels(model):
+    from ggviz import llama, trace
+    from ggviz.ggml import sched as S
+    from ggviz.viz.widgets.sched_view import SchedulerView
+    mp = llama.model_default_params()
+    mp.use_extra_bufts = False                     # weights in host memory: BLAS can take them when it is there
+    m2 = llama.model_load_from_file(model.path, mp)
+    # Q4_1 weights: tinyBLAS refuses them (ggml's vec_dot chunks), BLAS takes them when it is there
+    for use_blas, want in ((False, mul_mat.KERNEL_VEC_DOT), (True, mul_mat.KERNEL_BLAS)):
+        ctx = _ctx(m2, use_blas=use_blas)
+        with trace.recording(SchedulerView.KINDS) as rec:
+            S.backend_sched_reset(ctx.sched)
+            res = ctx.build_graph(32, 32, 256)
+            assert S.backend_sched_alloc_graph(ctx.sched, res.gf)
+        sv = SchedulerView(ctx.sched, res.gf, rec)
+        i = sv.node_names.index("Qcur-0")
+        assert sv.kernel(i).startswith(want)
+        kq = sv.kernel(sv.node_names.index("kq-0"))
+        assert kq == mul_mat.KERNEL_SGEMM                                # q is permuted: BLAS cannot take it
+        out = sv.kernel(sv.node_names.index("result_output"))
+        assert out == (mul_mat.KERNEL_SGEMM if not use_blas else mul_mat.KERNEL_BLAS + " (opt-in: GGML_BLAS build)")
+        sv.select_split(0)
+        assert "kernel" in sv.info_html() and want in sv.info_html()

@@ -35,11 +35,18 @@ from .. import consts as C
 from ..context import GGMLError
 from ..tensor import blck_size, is_contiguous, row_size, type_size
 from . import quants as cq
+from . import repack, traits
 from .common import ComputeParams, tensor_bytes
 from .llamafile import sgemm as llamafile
 
 # GGML_USE_LLAMAFILE: ggml-cpu's default build (llama.cpp's too) hands MUL_MATs of 2+ columns to tinyBLAS
 USE_LLAMAFILE = True
+
+# the names of the kernels a MUL_MAT can run on (trace events' ``kernel``, the views)
+KERNEL_SGEMM = "sgemm"                  # llamafile's tinyBLAS (cpu/llamafile/sgemm.py)
+KERNEL_REPACK = "repack gemm"           # the CPU_REPACK extra buffer type's forward_mul_mat (cpu/repack.py)
+KERNEL_VEC_DOT = "vec_dot chunks"       # ggml_compute_forward_mul_mat_one_chunk
+KERNEL_BLAS = "BLAS"                    # the BLAS backend (ggml-blas; opt-in, as llama.cpp built with GGML_BLAS)
 
 
 def _rows(t, i2: int, i3: int, r0: int, r1: int, rb: int) -> np.ndarray:
@@ -155,18 +162,28 @@ def _llamafile_all(params, dst, b_ptr, nb_b, ldb: int, btype: int, r2: int, r3: 
     return True
 
 
-def mul_mat_kernel(dst, nth: int) -> str:
-    """Which kernel ``forward_mul_mat`` runs for this node with nth threads: "sgemm" (llamafile's tinyBLAS) or
-    "vec_dot chunks" (the same conditions as the two llamafile_sgemm calls, without computing)."""
+def mul_mat_kernel(dst, nth: int = 1) -> str:
+    """Which kernel ``forward_mul_mat`` runs for this node: KERNEL_SGEMM (llamafile's tinyBLAS) or KERNEL_VEC_DOT
+    (the conditions of the two llamafile_sgemm calls, evaluated without computing; the thread count changes only
+    tinyBLAS's tiling, never whether it takes the matrix)."""
     src0, src1 = dst.src[0], dst.src[1]
-    m, n, k = src0.ne[0 + 1], dst.ne[1], src0.ne[0] // blck_size(src0.type)
+    m, n, k = src0.ne[1], dst.ne[1], src0.ne[0] // blck_size(src0.type)
     if USE_LLAMAFILE:
         if is_contiguous(src1) and llamafile.accepts(m, n, k, src0.type, src1.type, dst.type, nth):
-            return "sgemm"
+            return KERNEL_SGEMM
         vdt = cq.VEC_DOT_TYPE[src0.type]
         if src1.type != vdt and llamafile.accepts(m, n, k, src0.type, vdt, dst.type, nth):
-            return "sgemm"
-    return "vec_dot chunks"
+            return KERNEL_SGEMM
+    return KERNEL_VEC_DOT
+
+
+def cpu_kernel(dst, nth: int = 1) -> str:
+    """The kernel the CPU backend runs for a MUL_MAT node: an extra buffer type first (as
+    ``ggml_cpu_extra_compute_forward``: CPU_REPACK weights), else ``mul_mat_kernel``."""
+    if repack.in_use() and any(extra.context.get_tensor_traits(dst) is not None
+                               for extra in traits.get_extra_buffer_types()):
+        return KERNEL_REPACK
+    return mul_mat_kernel(dst, nth)
 
 
 def _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_start, ir1_end):

@@ -23,6 +23,7 @@ from .. import repack
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
 from . import kernels, sync
+from .sgemm import row_kernel
 from .program import (
     CPY_DTYPE,
     CPY_STYPE,
@@ -296,7 +297,7 @@ class _FastTraceExpander:
                     out.append({"kind": "cpu.node", "ith": ith, "node_n": idx[k], "addr": addr, "name": names[k],
                                 "op": op, "t_start": t0, "t_end": t1,
                                 "fused": bool(P[k, OP] == OP_RMS_NORM and P[k, SUBOP] == 1), "pool": pool,
-                                "n_graph": n_graph, "compiled": True, "t": t1})
+                                "n_graph": n_graph, "compiled": True, "t": t1, "kernel": row_kernel(P, k)})
                 elif kind == TR_BARRIER:
                     final = k >= len(idx)
                     out.append({"kind": "cpu.barrier", "ith": ith, "pool": pool, "n_graph": n_graph, "seq": r[3],

@@ -37,6 +37,9 @@ from .program import (
     NE1,
     NE2,
     NE3,
+    OP,
+    OP_MUL_MAT_F,
+    OP_MUL_MAT_Q,
     S0,
     S1,
     SYNC_CHUNK,
@@ -213,3 +216,19 @@ def llamafile_mul_mat_f(P, k, ith, nth, sync, wdata, converted):
                               nb1 // 4, ne01, ne11, tr):
                 return False
     return True
+
+
+def row_kernel(P, k) -> str | None:
+    """The kernel a MUL_MAT program row runs (for its trace events): "repack gemm", "sgemm" (where
+    ``llamafile_mul_mat_f`` takes it) or "vec_dot chunks"; None for other ops."""
+    op = P[k, OP]
+    if op == OP_MUL_MAT_Q:
+        return "repack gemm"
+    if op != OP_MUL_MAT_F:
+        return None
+    m, n, kk = int(P[k, S0 + NE1]), int(P[k, S1 + NE1]), int(P[k, S0 + NE0])
+    if n >= 2 and tinyblas_bm(m, kk, 1) > 0:
+        if P[k, MMF_TYPE] == T_F16 or is_contiguous_f32(*(int(P[k, S1 + c]) for c in (NE0, NE1, NE2, NE3, NB0, NB1,
+                                                                                         NB2, NB3))):
+            return "sgemm"
+    return "vec_dot chunks"
