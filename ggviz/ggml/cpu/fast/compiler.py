@@ -209,6 +209,9 @@ class FastGraph:
                 nr0 = int(P[k, DST + NE0])
                 nr1 = int(P[k, DST + NE1]) * int(P[k, S1 + NE2]) * int(P[k, S1 + NE3])
                 cap += 1 + ((nr0 + 15) // 16) * ((nr1 + 15) // 16) + 4 * n_threads
+                # tinyBLAS (fast/sgemm.py): per matrix two barriers and at most (m/4) x (n/36 + 2) jobs
+                mats = int(P[k, S1 + NE2]) * int(P[k, S1 + NE3])
+                cap += mats * (2 + (nr0 // 4 + 1) * (int(P[k, DST + NE1]) // 36 + 2))
         self._caps[n_threads] = cap
         return cap
 
