@@ -1,16 +1,19 @@
 """llamafile's tinyBLAS (``ggviz/ggml/cpu/llamafile/sgemm.py`` and the compiled ``fast/sgemm.py``) against the real one.
 
 Oracle: the ggml that llama-cpp-python 0.3.36 ships (``llama_cpp/lib/libggml-cpu.so``, built for AVX2 with
-``LLAMAFILE = 1``: see tests/data/llamacpp/README.md), driven through its C graph API by ctypes below. (The
-libggml-python 0.20.2 of tests/oracle is built without llamafile: ``ggml_cpu_has_llamafile() == 0``.) A MUL_MAT with
+``LLAMAFILE = 1``: see tests/data/llamacpp/README.md), driven through its C graph API by ctypes in a subprocess
+(tests/oracle/llamacpp_mul_mat.py). (The libggml-python 0.20.2 of tests/oracle is built without llamafile:
+``ggml_cpu_has_llamafile() == 0``.) A MUL_MAT with
 random operands is computed by both, with 1 and 2 threads, and the results must be the same bits -- for every type
 tinyBLAS takes on x86 (F32, F16, BF16, Q8_0, Q4_0, Q5_0) and for shapes that pick each of its paths: the float
 kernel's BM = 4 / 2 / 1 tilings and its refusals (``m % 4``, ``k % 8``: ggml's vec_dot chunks then), ``n = 1``
 (never sgemm), the Q0 kernel's ragged edges, GQA broadcast and a permuted src1 (not contiguous: only the second
 llamafile_sgemm call, after the conversion to vec_dot_type).
 """
-import ctypes
+import importlib.util
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -25,42 +28,9 @@ F32, F16, BF16 = C.GGML_TYPE_F32, C.GGML_TYPE_F16, C.GGML_TYPE_BF16
 Q8_0, Q4_0, Q5_0 = C.GGML_TYPE_Q8_0, C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q5_0
 
 
-class _InitParams(ctypes.Structure):
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
-
-
-def _llamacpp_ggml():
-    try:
-        import llama_cpp
-    except Exception:  # noqa: BLE001 - any failure to import means: no oracle
-        return None
-    lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    try:
-        base = ctypes.CDLL(os.path.join(lib, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-        cpu = ctypes.CDLL(os.path.join(lib, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
-    except OSError:
-        return None
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    for name, res, args in (("ggml_init", vp, [_InitParams]), ("ggml_free", None, [vp]),
-                            ("ggml_new_tensor_3d", vp, [vp, ctypes.c_int, i64, i64, i64]),
-                            ("ggml_get_data", vp, [vp]), ("ggml_mul_mat", vp, [vp, vp, vp]),
-                            ("ggml_permute", vp, [vp, vp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
-                            ("ggml_new_graph", vp, [vp]), ("ggml_build_forward_expand", None, [vp, vp]),
-                            ("ggml_nbytes", ctypes.c_size_t, [vp])):
-        f = getattr(base, name)
-        f.restype, f.argtypes = res, args
-    cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
-    cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
-    cpu.ggml_cpu_has_llamafile.restype = ctypes.c_int
-    cpu.ggml_cpu_has_avx2.restype = ctypes.c_int
-    if not (cpu.ggml_cpu_has_llamafile() and cpu.ggml_cpu_has_avx2()):
-        return None
-    cpu.ggml_cpu_init()
-    return base, cpu
-
-
-_LIB = _llamacpp_ggml()
-needs_oracle = pytest.mark.skipif(_LIB is None, reason="llama_cpp (AVX2 build with llamafile) not importable")
+_ORACLE = os.path.join(os.path.dirname(__file__), "oracle", "llamacpp_mul_mat.py")
+needs_oracle = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                  reason="llama-cpp-python (the AVX2 build with llamafile) not installed")
 
 
 def _random_rows(t, rows, k, rng):
@@ -117,29 +87,15 @@ def _ggviz(t, m, n, k, heads, kv_heads, permuted, a, b, nth, fast=False):
     return np.array(ggml.get_data(y), copy=True).reshape(heads, n, m), mul_mat.mul_mat_kernel(y, nth)
 
 
-def _real(t, m, n, k, heads, kv_heads, permuted, a, b, nth):
-    base, cpu = _LIB
-    ctx = base.ggml_init(_InitParams(64 << 20, None, False))
-    try:
-        w = base.ggml_new_tensor_3d(ctx, t, k, m, kv_heads)
-        ctypes.memmove(base.ggml_get_data(w), a.ctypes.data, a.nbytes)
-        if permuted:
-            x = base.ggml_new_tensor_3d(ctx, F32, k, heads, n)
-            bb = np.ascontiguousarray(b.transpose(1, 0, 2))
-            ctypes.memmove(base.ggml_get_data(x), bb.ctypes.data, bb.nbytes)
-            x = base.ggml_permute(ctx, x, 0, 2, 1, 3)
-        else:
-            x = base.ggml_new_tensor_3d(ctx, F32, k, n, heads)
-            ctypes.memmove(base.ggml_get_data(x), b.ctypes.data, b.nbytes)
-        y = base.ggml_mul_mat(ctx, w, x)
-        gf = base.ggml_new_graph(ctx)
-        base.ggml_build_forward_expand(gf, y)
-        assert cpu.ggml_graph_compute_with_ctx(ctx, gf, nth) == 0
-        out = np.empty((heads, n, m), np.float32)
-        ctypes.memmove(out.ctypes.data, base.ggml_get_data(y), out.nbytes)
-        return out
-    finally:
-        base.ggml_free(ctx)
+def _real(t, m, n, k, heads, kv_heads, permuted, a, b, nth, tmp):
+    """The same MUL_MAT by llama.cpp's ggml, in a subprocess (tests/oracle/llamacpp_mul_mat.py says why)."""
+    src, dst = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
+    np.savez(src, type=t, m=m, n=n, k=k, heads=heads, kv_heads=kv_heads, permuted=int(permuted), nth=nth, a=a, b=b)
+    r = subprocess.run([sys.executable, _ORACLE, src, dst], capture_output=True, text=True, timeout=120)
+    if r.returncode == 3:
+        pytest.skip("llama-cpp-python here is not an AVX2 build with llamafile")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return np.load(dst)["out"]
 
 
 # (type, m, n, k, heads, kv_heads, permuted, kernel llama.cpp's ggml runs)
@@ -166,11 +122,11 @@ CASES = [
 @needs_oracle
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{Q.type_name(c[0])}-m{c[1]}-n{c[2]}-k{c[3]}"
                          + ("-perm" if c[6] else "") + f"-h{c[4]}")
-def test_faithful_mul_mat_bitexact_with_llamacpp(case):
+def test_faithful_mul_mat_bitexact_with_llamacpp(case, tmp_path):
     t, m, n, k, heads, kv_heads, permuted, kernel = case
     a, b = _case(t, m, n, k, heads, kv_heads, permuted)
     for nth in (1, 2):
-        real = _real(t, m, n, k, heads, kv_heads, permuted, a, b, nth)
+        real = _real(t, m, n, k, heads, kv_heads, permuted, a, b, nth, str(tmp_path))
         got, used = _ggviz(t, m, n, k, heads, kv_heads, permuted, a, b, nth)
         assert used == kernel
         if kernel == "sgemm" or t in (F32, F16, BF16):     # quant vec_dot is exact only on the compiled path
@@ -181,7 +137,7 @@ def test_faithful_mul_mat_bitexact_with_llamacpp(case):
 @needs_oracle
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] in (F32, F16)],
                          ids=lambda c: f"{Q.type_name(c[0])}-m{c[1]}-n{c[2]}-k{c[3]}" + ("-perm" if c[6] else ""))
-def test_compiled_mul_mat_bitexact_with_llamacpp(case):
+def test_compiled_mul_mat_bitexact_with_llamacpp(case, tmp_path):
     pytest.importorskip("numba")
     from ggviz.ggml.cpu.fast import intrinsics
     if not intrinsics.HAVE_AVX2:
@@ -189,7 +145,7 @@ def test_compiled_mul_mat_bitexact_with_llamacpp(case):
     t, m, n, k, heads, kv_heads, permuted, _ = case
     a, b = _case(t, m, n, k, heads, kv_heads, permuted)
     for nth in (1, 2):
-        real = _real(t, m, n, k, heads, kv_heads, permuted, a, b, nth)
+        real = _real(t, m, n, k, heads, kv_heads, permuted, a, b, nth, str(tmp_path))
         got, _ = _ggviz(t, m, n, k, heads, kv_heads, permuted, a, b, nth, fast=True)
         assert np.array_equal(got.view(np.uint32), real.view(np.uint32)), (nth, int((got != real).sum()))
 

@@ -39,7 +39,8 @@ from . import repack, traits
 from .common import ComputeParams, tensor_bytes
 from .llamafile import sgemm as llamafile
 
-# GGML_USE_LLAMAFILE: ggml-cpu's default build (llama.cpp's too) hands MUL_MATs of 2+ columns to tinyBLAS
+# GGML_USE_LLAMAFILE: ggml-cpu's default build (llama.cpp's too) hands MUL_MATs of 2+ columns to tinyBLAS. False
+# shows what a build without it computes, on this faithful path only (the compiled path is always the default build)
 USE_LLAMAFILE = True
 
 # the names of the kernels a MUL_MAT can run on (trace events' ``kernel``, the views)
@@ -157,7 +158,7 @@ def _llamafile_all(params, dst, b_ptr, nb_b, ldb: int, btype: int, r2: int, r3: 
                     (a_arr, a_off + i12 // r2 * nb02 + i13 // r3 * nb03), nb01 // type_size(src0.type),
                     (b_ptr[0], b_ptr[1] + i12 * nb_b[2] + i13 * nb_b[3]), ldb,
                     (d_arr, d_off + i12 * nb2 + i13 * nb3), nb1 // 4,
-                    src0.type, btype, dst.type):
+                    src0.type, btype, dst.type, trace_as=(dst.name, i13 * ne12 + i12, ne12 * ne13)):
                 return False
     return True
 

@@ -121,9 +121,11 @@ def tinyblas_bm(m, k, nth):
 
 
 @compiled
-def tinyblas_f(is_f16, ith, nth, sync, kk, k, a, lda, b, ldb, c, ldc, m, n, tr):
+def tinyblas_f(is_f16, ith, nth, sync, kk, k, a, lda, b, ldb, c, ldc, m, n, tr, mat, mats):
     """``tinyBLAS<8, __m256, __m256, T, T, float>::matmul(m, n)`` for one matrix (element strides lda/ldb/ldc of
-    2-byte F16 or 4-byte F32 values); returns False, before any barrier, where tinyBLAS refuses."""
+    2-byte F16 or 4-byte F32 values); returns False, before any barrier, where tinyBLAS refuses.
+    The trace records job j of matrix ``mat`` (of ``mats``) as chunk mat*nb_job + j of a (ytiles, nb_bn*mats) grid,
+    its columns offset by mat*n: the chunks of all the node's matrices tile dst (ne0, ne1*ne2*ne3) once."""
     bm = tinyblas_bm(m, k, nth)
     if bm == 0:
         return False
@@ -155,8 +157,8 @@ def tinyblas_f(is_f16, ith, nth, sync, kk, k, a, lda, b, ldb, c, ldc, m, n, tr):
             else:
                 tb_rows_f32(a + ii * lda * es, lda * es, RM * bm, b + jj * ldb * es, k // KN, c + (jj * ldc + ii) * 4)
         if tr:
-            tr_rec(sync, ith, TR_CHUNK, kk, job, ii, ii + RM * bm, jj0, jj2, (ytiles << 32) | nb_bn,
-                   t0, rdtsc())
+            tr_rec(sync, ith, TR_CHUNK, kk, mat * nb_job + job, ii, ii + RM * bm, mat * n + jj0, mat * n + jj2,
+                   (ytiles << 32) | (nb_bn * mats), t0, rdtsc())
         job = atomic_add(sync + 8 * SYNC_CHUNK, 1)
     traced_barrier(sync, nth, ith, kk, TRW_KERNEL, tr)
     return True
@@ -213,7 +215,7 @@ def llamafile_mul_mat_f(P, k, ith, nth, sync, wdata, converted):
                 b = src1 + i12 * nb12 + i13 * nb13
                 ldb = nb11 // 4
             if not tinyblas_f(is_f16, ith, nth, sync, k, ne00, a, nb01 // es, b, ldb, dst + i12 * nb2 + i13 * nb3,
-                              nb1 // 4, ne01, ne11, tr):
+                              nb1 // 4, ne01, ne11, tr, i13 * ne12 + i12, ne12 * ne13):
                 return False
     return True
 

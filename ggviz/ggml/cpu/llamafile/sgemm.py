@@ -28,8 +28,11 @@ exactly: products are exact in float64, fused multiply-adds get one rounding via
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from .... import trace
 from ... import consts as C
 from ... import quants as Q
 from ..vec import _fma_step, hsum8
@@ -52,11 +55,15 @@ def accepts(m: int, n: int, k: int, Atype: int, Btype: int, Ctype: int, nth: int
 
 
 def llamafile_sgemm(params, m: int, n: int, k: int, A, lda: int, B, ldb: int, Cp, ldc: int,
-                    Atype: int, Btype: int, Ctype: int) -> bool:
+                    Atype: int, Btype: int, Ctype: int, trace_as=None) -> bool:
     """``llamafile_sgemm``: A, B and C are "pointers", (uint8 buffer, byte offset) pairs; lda / ldb / ldc count
     elements (blocks for the quant types), k too. Every thread of the pool calls it with the same arguments and its
     own ``params.ith``; thread ith writes its share of C. Returns False (nothing done, no barrier) where tinyBLAS
-    refuses the types or shapes."""
+    refuses the types or shapes.
+
+    ``trace_as`` (ggviz): (node name, matrix index, number of matrices) -- when tracing, each job of the float
+    kernel is a ``cpu.chunk`` event, numbered and placed so that the jobs of all of a node's matrices tile its dst
+    (ne0, ne1*ne2*ne3) once, as the compiled walk records them."""
     assert m >= 0 and n >= 0 and k >= 0 and lda >= k and ldb >= k and ldc >= m
     if n < 2:           # only enable sgemm for prompt processing
         return False
@@ -65,7 +72,7 @@ def llamafile_sgemm(params, m: int, n: int, k: int, A, lda: int, B, ldb: int, Cp
     if Atype in FLOAT_TYPES:
         if Btype != Atype:
             return False
-        return _tinyblas_matmul(params, m, n, k, A, lda, B, ldb, Cp, ldc, Atype)
+        return _tinyblas_matmul(params, m, n, k, A, lda, B, ldb, Cp, ldc, Atype, trace_as)
     if Atype in Q0_TYPES:
         if Btype != C.GGML_TYPE_Q8_0:
             return False
@@ -163,11 +170,12 @@ def _store(Cp, ldc: int, i0: int, j0: int, vals: np.ndarray) -> None:
     out[...] = vals
 
 
-def _tinyblas_matmul(params, m, n, k, A, lda, B, ldb, Cp, ldc, t) -> bool:
+def _tinyblas_matmul(params, m, n, k, A, lda, B, ldb, Cp, ldc, t, trace_as=None) -> bool:
     bm = tinyblas_bm(m, k, params.nth)
     if bm == 0:
         return False
     _, nb_job, job_box = tinyblas_jobs(m, n, bm)
+    ytiles = m // (4 * bm)
     tp = params.threadpool
     if params.ith == 0 and tp is not None:
         tp.current_chunk = params.nth       # ggml_threadpool_chunk_set: every thread starts at job ith
@@ -175,8 +183,14 @@ def _tinyblas_matmul(params, m, n, k, A, lda, B, ldb, Cp, ldc, t) -> bool:
     job = params.ith
     while job < nb_job:
         i0, i1, j0, j2 = job_box(job)
+        t0 = time.perf_counter_ns() if trace.active else 0
         if j2 > j0:
             _store(Cp, ldc, i0, j0, tinyblas_lanes(_float_rows(A, lda, i0, i1, k, t), _float_rows(B, ldb, j0, j2, k, t)))
+        if trace.active and trace_as is not None:
+            name, mat, mats = trace_as
+            trace.emit("cpu.chunk", ith=params.ith, node=name, chunk=mat * nb_job + job,
+                       nchunk=(ytiles, nb_job // ytiles * mats), ir0=(i0, i1), ir1=(mat * n + j0, mat * n + j2),
+                       t_start=t0, t_end=time.perf_counter_ns(), kernel="sgemm")
         job = tp.chunk_fetch_add(1) if tp is not None else job + params.nth
     params.barrier()
     return True
