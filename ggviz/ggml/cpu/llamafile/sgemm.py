@@ -188,8 +188,9 @@ def _tinyblas_matmul(params, m, n, k, A, lda, B, ldb, Cp, ldc, t, trace_as=None)
             _store(Cp, ldc, i0, j0, tinyblas_lanes(_float_rows(A, lda, i0, i1, k, t), _float_rows(B, ldb, j0, j2, k, t)))
         if trace.active and trace_as is not None:
             name, mat, mats = trace_as
-            trace.emit("cpu.chunk", ith=params.ith, node=name, chunk=mat * nb_job + job,
-                       nchunk=(ytiles, nb_job // ytiles * mats), ir0=(i0, i1), ir1=(mat * n + j0, mat * n + j2),
+            trace.emit("cpu.chunk", ith=params.ith, node=name, chunk=int(mat * nb_job + job),
+                       nchunk=(int(ytiles), int(nb_job // ytiles * mats)), ir0=(int(i0), int(i1)),
+                       ir1=(int(mat * n + j0), int(mat * n + j2)),
                        t_start=t0, t_end=time.perf_counter_ns(), kernel="sgemm")
         job = tp.chunk_fetch_add(1) if tp is not None else job + params.nth
     params.barrier()
