@@ -289,3 +289,29 @@ def test_scheduler_view_shows_the_kernels(model):
         assert out == (mul_mat.KERNEL_SGEMM if not use_blas else mul_mat.KERNEL_BLAS + " (opt-in: GGML_BLAS build)")
         sv.select_split(0)
         assert "kernel" in sv.info_html() and want in sv.info_html()
+
+
+def test_q0_lanes_integer_paths():
+    """The Q0 kernel's 8 integer lanes per block: the matmul shortcut equals the intrinsic emulation (psignb,
+    pmaddubsw, pmaddwd) on values in [-127, 127]; a = b = -128 follows the intrinsics, hand-checked: psignb(-128,
+    -128) wraps to -128, |a| = 128 as unsigned, so each product is -16384, each pair -32768 (pmaddubsw's int16 floor,
+    not saturated), each lane -65536 -- not +65536."""
+    rng = np.random.default_rng(3)
+    qa = rng.integers(-127, 128, (5, 3, 32)).astype(np.int16)
+    qb = rng.integers(-127, 128, (4, 3, 32)).astype(np.int16)
+    da = rng.uniform(0.5, 2, (5, 3)).astype(np.float32)
+    db = rng.uniform(0.5, 2, (4, 3)).astype(np.float32)
+    fast = sgemm.q0_lanes(qa, da, qb, db)
+    qa2 = qa.copy()
+    qa2[0, 0, 0] = -128                                     # forces the emulation path (with qb2's -128 below)
+    qb2 = qb.copy()
+    qb2[3, 2, 31] = -128
+    slow = sgemm.q0_lanes(qa2, da, qb2, db)
+    # the changed elements meet nowhere (row 0 block 0 vs column 3 block 2): every other product is unchanged
+    ref = sgemm.q0_lanes(qa2, da, qb, db)                    # no -128 in b: the matmul path
+    assert np.array_equal(slow[:3], ref[:3])
+    lanes = sgemm._updot(np.full(32, -128, np.int16), np.full(32, -128, np.int16))
+    assert lanes.tolist() == [-65536] * 8
+    assert np.array_equal(sgemm._updot(qa[:, None, 0, :], qb[None, :, 0, :]).sum(-1),
+                          (qa[:, None, 0, :].astype(np.int64) * qb[None, :, 0, :]).sum(-1))
+    assert fast.dtype == np.float32 and fast.shape == (4, 5)

@@ -274,10 +274,22 @@ def _updot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return pair[..., 0::2] + pair[..., 1::2]                   # pmaddwd with ones
 
 
+def _lanes_by_matmul(a, qb) -> np.ndarray:
+    """The same 8 lanes per block as ``_updot`` where no lane saturates (no a = b = -128 pair): exact integer dot
+    products of 4 bytes, by one float32 matmul per (block, lane) -- exact, the sums stay far below 2^24.
+    a: src0's values as (k*8, 4, M) float32; returns (k, 8, N, M) float32."""
+    k8, M = a.shape[0], a.shape[2]
+    N = qb.shape[0]
+    b = qb.reshape(N, k8, 4).transpose(1, 0, 2).astype(np.float32)             # (k*8, N, 4)
+    return np.matmul(b, a).reshape(k8 // KN, KN, N, M)
+
+
 def q0_lanes(qa, da, qb, db) -> np.ndarray:
     """The Q0 kernels' arithmetic for every (column j, row i): (N, M) float32."""
     M, N, k = qa.shape[0], qb.shape[0], qa.shape[1]
     out = np.empty((N, M), np.float32)
+    saturates = bool((qa == -128).any() and (qb == -128).any())
+    a = None if saturates else qa.reshape(M, k * KN, 4).transpose(1, 2, 0).astype(np.float32)     # (k*8, 4, M)
     step = max(1, _ROW_CHUNK // max(1, M * KN))
     for j0 in range(0, N, step):
         qbj, dbj = qb[j0:j0 + step], db[j0:j0 + step]
@@ -285,9 +297,13 @@ def q0_lanes(qa, da, qb, db) -> np.ndarray:
         acc = np.zeros(shape, np.float32)
         p, s = np.empty(shape, np.float64), np.empty(shape, np.float64)
         low, risky = np.empty(shape, np.int64), np.empty(shape, np.bool_)
+        fast = None if saturates else _lanes_by_matmul(a, qbj)
         with np.errstate(invalid="ignore", over="ignore"):
             for l in range(k):
-                lanes = _updot(qa[None, :, l, :], qbj[:, None, l, :])               # (N, M, 8) int32
+                if fast is not None:
+                    lanes = fast[l].transpose(1, 2, 0)                              # (N, M, 8)
+                else:
+                    lanes = _updot(qa[None, :, l, :], qbj[:, None, l, :])           # (N, M, 8) int32
                 scale = (dbj[:, None, l] * da[None, :, l]).astype(np.float32)       # unhalf(A.d) * unhalf(B.d)
                 np.multiply(scale.astype(np.float64)[..., None], lanes, out=p)      # exact
                 _fma_step(acc, p, s, low, risky, True)
