@@ -197,6 +197,8 @@ class SchedulerView(VizWidget):
                                     i_start=e["i_start"], i_end=e["i_end"], n_nodes=e["i_end"] - e["i_start"],
                                     inputs=ins))
         fin = self.snapshots["5"]
+        # each MUL_MAT's kernel on its final backend, decided now, while the graph's tensors are alive
+        self.kernels = {i: self._kernel_on(t, self._name(fin["backend"][i])) for i, t in self._mul_mats.items()}
         self.graph_inputs = sorted({self.leaf_names[j] for j, c in enumerate(fin["leaf_cause"]) if c == "1.inp"}
                                    | {self.node_names[i] for i, c in enumerate(fin["cause"]) if c == "1.inp"})
         self.stage = stage if stage in STAGES else "5"
@@ -252,18 +254,17 @@ class SchedulerView(VizWidget):
                             backend_id=b, cause=c, changed=bool(changed), view_op=self.view_op[i]))
         return out
 
-    def kernel(self, i: int, backend: str | None = None) -> str:
-        """The kernel MUL_MAT node i runs on its (final, or the given) backend; "" for other nodes and devices."""
-        node = self._mul_mats.get(i)
-        if backend is None:
-            backend = self._name(self.snapshots["5"]["backend"][i])
-        if node is None:
-            return ""
+    @staticmethod
+    def _kernel_on(node, backend: str | None) -> str:
         if backend == "BLAS":
             return mul_mat.KERNEL_BLAS + " (opt-in: GGML_BLAS build)"
         if backend == "CPU":
             return mul_mat.cpu_kernel(node)
         return ""
+
+    def kernel(self, i: int) -> str:
+        """The kernel MUL_MAT node i runs on its final backend; "" for other nodes and devices."""
+        return self.kernels.get(i, "")
 
     def mul_mat_kernels(self) -> dict:
         """How many MUL_MATs run on each kernel (final assignment)."""
@@ -283,7 +284,7 @@ class SchedulerView(VizWidget):
         if i is None:
             return None
         s = self.splits[i]
-        nodes = [dict(index=j, name=self.node_names[j], op=self.node_ops[j], kernel=self.kernel(j, s["backend"]))
+        nodes = [dict(index=j, name=self.node_names[j], op=self.node_ops[j], kernel=self.kernel(j))
                  for j in range(s["i_start"], s["i_end"]) if not self.view_op[j]]
         return dict(s, nodes=nodes, n_compute_nodes=len(nodes),
                     copied_bytes=sum(x["nbytes"] or 0 for x in s["inputs"]))
