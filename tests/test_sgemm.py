@@ -315,3 +315,16 @@ def test_q0_lanes_integer_paths():
     assert np.array_equal(sgemm._updot(qa[:, None, 0, :], qb[None, :, 0, :]).sum(-1),
                           (qa[:, None, 0, :].astype(np.int64) * qb[None, :, 0, :]).sum(-1))
     assert fast.dtype == np.float32 and fast.shape == (4, 5)
+
+
+@needs_oracle
+@pytest.mark.parametrize("t", [Q8_0, Q4_0, Q5_0], ids=lambda t: Q.type_name(t))
+def test_q0_sgemm_equals_llamacpp_vec_dot(t, tmp_path):
+    """For Q8_0 / Q4_0 / Q5_0 weights tinyBLAS_Q0's arithmetic is that of ggml's AVX2 vec_dot: ggviz's tinyBLAS on a
+    2-column product gives, in each column, the bits llama.cpp's vec_dot gives that column alone (n = 1)."""
+    a, b = _case(t, 37, 1, 256, seed=5)
+    real1 = _real(t, 37, 1, 256, 1, 1, False, a, b, 1, str(tmp_path))
+    mine, used = _ggviz(t, 37, 2, 256, 1, 1, False, a, np.concatenate([b, b], axis=1), 1)
+    assert used == mul_mat.KERNEL_SGEMM
+    for j in (0, 1):
+        assert np.array_equal(mine[0, j].view(np.uint32), real1[0, 0].view(np.uint32))

@@ -21,7 +21,7 @@ What makes the bits (the part that matters for a reader comparing with vec_dot):
 
 For Q8_0 / Q4_0 / Q5_0 this is, operation for operation, what ggml's AVX2 ``ggml_vec_dot_{q8_0,q4_0,q5_0}_q8_0``
 compute too (8 lanes of ``fmadd(d, float(maddubs/madd sums), acc)``, the same hsum), so a prefill through tinyBLAS
-and a decode through vec_dot agree for these types; for the float types they differ.
+and a decode through vec_dot agree for these types (tests/test_sgemm.py checks it); for the float types they differ.
 
 What only decides who computes what (never a bit): the float kernel's ``mnpack<4, RN, BM>`` tiles and its jobs
 (row blocks of 4*BM times about 24 column tiles) claimed through the threadpool's ``current_chunk`` between two
