@@ -40,7 +40,8 @@ def _random_rows(t, rows, k, rng):
     if t == F16:
         return rng.standard_normal((rows, k)).astype(np.float16).view(np.uint8)
     if t == BF16:
-        return (rng.standard_normal((rows, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        bits = rng.standard_normal((rows, k)).astype(np.float32).view(np.uint32) >> 16
+        return bits.astype(np.uint16).view(np.uint8)
     blocks = np.zeros(rows * (k // 32), Q.BLOCK_DTYPES[t])
     blocks["d"] = (rng.uniform(0.5, 2.0, blocks.shape) * 2.0 ** -7).astype(np.float16)
     if t == Q8_0:
@@ -163,7 +164,8 @@ def test_tinyblas_job_grid_covers_c_once():
                 cover[i0:i1, j0:j2] += 1
             assert (cover == 1).all(), (m, n, nth)
     assert sgemm.block_size(3, 115) == 3 and sgemm.block_size(3, 2) == 2 and sgemm.block_size(3, 4) == 2
-    assert sgemm.tinyblas_bm(256, 64, 2) == 4 and sgemm.tinyblas_bm(24, 64, 2) == 2 and sgemm.tinyblas_bm(18, 64, 1) == 0
+    assert sgemm.tinyblas_bm(256, 64, 2) == 4 and sgemm.tinyblas_bm(24, 64, 2) == 2
+    assert sgemm.tinyblas_bm(18, 64, 1) == 0 and sgemm.tinyblas_bm(16, 36, 1) == 0
 
 
 def test_q0_tiles_cover_c_once():

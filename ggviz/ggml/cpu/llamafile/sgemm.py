@@ -1,4 +1,4 @@
-"""llamafile's tinyBLAS: ``ggml/src/ggml-cpu/llamafile/sgemm.cpp`` (``llamafile_sgemm``), as built for AVX2 + FMA + F16C.
+"""llamafile's tinyBLAS: ``ggml/src/ggml-cpu/llamafile/sgemm.cpp`` (``llamafile_sgemm``), built for AVX2 + FMA + F16C.
 
 ``ggml_compute_forward_mul_mat`` (``cpu/mul_mat.py``) calls ``llamafile_sgemm`` once per (i12, i13) matrix -- first
 with src1 as it is (when src1 is contiguous), then with src1 converted to the ``vec_dot_type`` -- and falls back to
@@ -189,7 +189,8 @@ def _tinyblas_matmul(params, m, n, k, A, lda, B, ldb, Cp, ldc, t, trace_as=None)
         i0, i1, j0, j2 = job_box(job)
         t0 = time.perf_counter_ns() if trace.active else 0
         if j2 > j0:
-            _store(Cp, ldc, i0, j0, tinyblas_lanes(_float_rows(A, lda, i0, i1, k, t), _float_rows(B, ldb, j0, j2, k, t)))
+            vals = tinyblas_lanes(_float_rows(A, lda, i0, i1, k, t), _float_rows(B, ldb, j0, j2, k, t))
+            _store(Cp, ldc, i0, j0, vals)
         if trace.active and trace_as is not None:
             name, mat, mats = trace_as
             trace.emit("cpu.chunk", ith=params.ith, node=name, chunk=int(mat * nb_job + job),
