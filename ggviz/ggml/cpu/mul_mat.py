@@ -40,7 +40,8 @@ from .common import ComputeParams, tensor_bytes
 from .llamafile import sgemm as llamafile
 
 # GGML_USE_LLAMAFILE: ggml-cpu's default build (llama.cpp's too) hands MUL_MATs of 2+ columns to tinyBLAS. False
-# shows what a build without it computes, on this faithful path only (the compiled path is always the default build)
+# computes as a build without it (libggml-python 0.20.2, the tests' oracle, is one): read by this faithful path at
+# each compute, by the compiled path when it compiles a graph (fast/compiler.py)
 USE_LLAMAFILE = True
 
 # the names of the kernels a MUL_MAT can run on (trace events' ``kernel``, the views)

@@ -19,7 +19,7 @@ from .... import trace
 from ... import consts as C
 from ...impl import EMPTY_OPS, GGMLError
 from ...tensor import Tensor, get_glu_op, get_op_params_f32, get_op_params_i32, is_empty, nelements, nrows, op_desc
-from .. import repack
+from .. import mul_mat, repack
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
 from . import kernels, sync
@@ -34,6 +34,7 @@ from .program import (
     ERR_SET_ROWS_INDEX,
     GET_ROWS_ITYPE,
     GET_ROWS_TYPE,
+    MMF_LLAMAFILE,
     MMF_TYPE,
     MMQ_D,
     MMQ_M,
@@ -411,6 +412,7 @@ def _build(cgraph, require_repack: bool = True):
                     _need(int(s1.ne[2]) % int(s0.ne[2]) == 0 and int(s1.ne[3]) % int(s0.ne[3]) == 0)
                     P[k, OP] = OP_MUL_MAT_F
                     P[k, MMF_TYPE] = s0.type
+                    P[k, MMF_LLAMAFILE] = 1 if mul_mat.USE_LLAMAFILE else 0     # the build's GGML_USE_LLAMAFILE
                     if s0.type == GGML_TYPE_F16:
                         wsize = max(wsize, 2 * nelements(s1))
             elif op == C.GGML_OP_RMS_NORM:

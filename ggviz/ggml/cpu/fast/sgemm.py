@@ -28,6 +28,7 @@ from .intrinsics import _decl, _hsum8, _i16, _i64, _ptr, _vec, atomic_add, atomi
 from .program import (
     DATA,
     DST,
+    MMF_LLAMAFILE,
     MMF_TYPE,
     NB0,
     NB1,
@@ -188,6 +189,8 @@ def llamafile_mul_mat_f(P, k, ith, nth, sync, wdata, converted):
     """The two ``#if GGML_USE_LLAMAFILE`` blocks of ``ggml_compute_forward_mul_mat`` for an OP_MUL_MAT_F row:
     ``converted`` False: before src1's conversion (src1 contiguous, Atype F32 / Btype F32); True: after it (src1
     as F16 rows in wdata). Calls llamafile_sgemm per (i12, i13) matrix; False (nothing done) where it refuses."""
+    if P[k, MMF_LLAMAFILE] == 0:
+        return False        # compiled from a graph with mul_mat.USE_LLAMAFILE off (a build without llamafile)
     t0 = P[k, MMF_TYPE]
     is_f16 = t0 == T_F16
     if converted != is_f16:
@@ -229,7 +232,7 @@ def row_kernel(P, k) -> str | None:
     if op != OP_MUL_MAT_F:
         return None
     m, n, kk = int(P[k, S0 + NE1]), int(P[k, S1 + NE1]), int(P[k, S0 + NE0])
-    if n >= 2 and tinyblas_bm(m, kk, 1) > 0:
+    if P[k, MMF_LLAMAFILE] and n >= 2 and tinyblas_bm(m, kk, 1) > 0:
         if P[k, MMF_TYPE] == T_F16 or is_contiguous_f32(*(int(P[k, S1 + c]) for c in (NE0, NE1, NE2, NE3, NB0, NB1,
                                                                                          NB2, NB3))):
             return "sgemm"
