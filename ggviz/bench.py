@@ -160,13 +160,14 @@ def _best(fn, reps):
     return best
 
 
-def _ggviz_measure(model, n_threads, n_decode, n_prefill, reps, log):
+def _ggviz_measure(model, n_threads, n_decode, n_prefill, reps, log, use_blas=False):
     """decode tok/s; prefill tok/s with the graph reused (the steady state llama-bench measures: the KV cache is
     emptied with seq_rm, so the next prompt of the same length reuses the graph) and with a fresh graph (after
     memory_clear: graph build, scheduler split, allocation and compiling the graph included)."""
     p = context_default_params()
     p.n_ctx = max(512, n_prefill + 64, len(PROMPT_IDS) + n_decode + 16)
     p.n_threads = p.n_threads_batch = n_threads
+    p.use_blas = use_blas
     ctx = init_from_model(model, p)
 
     def decode_run():
@@ -271,6 +272,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", type=cli.int_arg(1), default=128, help="prompt length for the prefill measurement")
     ap.add_argument("--reps", type=cli.int_arg(1), default=3, help="repetitions per measurement (best is reported)")
     ap.add_argument("--faithful", action="store_true", help="measure the faithful path (use_extra_bufts=False)")
+    ap.add_argument("--blas", action="store_true",
+                    help="add the BLAS backend (NumPy's BLAS takes large prompt MUL_MATs), as llama.cpp built with "
+                         "GGML_BLAS; default: llama.cpp's default CPU build (tinyBLAS sgemm / vec_dot)")
     ap.add_argument("--no-reference", action="store_true", help="skip the NumPy reference")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if importable")
     args = ap.parse_args(argv)
@@ -330,7 +334,7 @@ def main(argv=None) -> int:
     n_prefill = args.prefill if not args.faithful else min(args.prefill, 16)    # the faithful path is slow
     for nt in threads:
         results[("ggviz", nt)] = _ggviz_measure(model, nt, n_decode, n_prefill,
-                                                args.reps if not args.faithful else 1, log)
+                                                args.reps if not args.faithful else 1, log, use_blas=args.blas)
         done()
     rss_ggviz = _peak_rss_mb()
     log(f"  peak RSS (ggviz) {rss_ggviz:.0f} MB")

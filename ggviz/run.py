@@ -79,8 +79,9 @@ def make_sampler(temp: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p:
 
 def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: float = 0.0, seed: int = 1234,
              top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, threads: int = 2, n_ctx: int = 2048,
-             model=None, stream=None, ctx=None) -> Generation:
-    """Generate up to ``n_predict`` tokens after ``prompt``; ``stream(piece: str)`` receives text as it comes."""
+             model=None, stream=None, ctx=None, use_blas: bool = False) -> Generation:
+    """Generate up to ``n_predict`` tokens after ``prompt``; ``stream(piece: str)`` receives text as it comes.
+    ``use_blas``: add the BLAS backend (as llama.cpp built with GGML_BLAS; by default, as its default build, none)."""
     t0 = time.perf_counter()
     # model: a loaded model, or what load_model takes (None: the default; a name of the registry; a GGUF path)
     if model is None or isinstance(model, (str, os.PathLike)):
@@ -89,6 +90,7 @@ def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: floa
         cp = llama.context_default_params()
         cp.n_ctx = n_ctx
         cp.n_threads = cp.n_threads_batch = threads
+        cp.use_blas = use_blas
         ctx = llama.init_from_model(model, cp)
     t_load = (time.perf_counter() - t0) * 1e3
     vocab = llama.model_get_vocab(model)
@@ -142,6 +144,9 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=cli.thread_count, default=2, help=f"threads (1..{cli.MAX_THREADS})")
     ap.add_argument("-c", "--ctx-size", type=cli.int_arg(0), default=2048,
                     help="context size in tokens (0: the model's training context)")
+    ap.add_argument("--blas", action="store_true",
+                    help="add the BLAS backend for the prompt's MUL_MATs, as llama.cpp built with GGML_BLAS "
+                         "(default: llama.cpp's default CPU build: tinyBLAS sgemm / vec_dot)")
     a = ap.parse_args(argv)
     model = load_model(a.model)
     # the prompt is echoed with the first generated piece, so that an error before it (the context, the chat
@@ -159,7 +164,8 @@ def main(argv=None) -> int:
 
     try:
         g = generate(a.prompt, a.n_predict, chat=a.chat, temp=a.temp, seed=a.seed, top_k=a.top_k, top_p=a.top_p,
-                     min_p=a.min_p, threads=a.threads, n_ctx=a.ctx_size, model=model, stream=write)
+                     min_p=a.min_p, threads=a.threads, n_ctx=a.ctx_size, model=model, stream=write,
+                     use_blas=a.blas)
     except BaseException:
         if state["mid_line"]:
             sys.stdout.write("\n")

@@ -125,7 +125,8 @@ viz.Table(sel["alive"], title="alive at node 5")
 #
 # A later `llama_decode` builds the graph of its batch and hands it to the scheduler: `ggml_backend_sched_alloc_graph`
 # splits it over the backends (notebook 05) and runs `ggml_gallocr_alloc_graph` on the scheduler's copy of the graph,
-# one buffer per backend. BLAS and the CPU share the CPU buffer type, so here there is one compute buffer. The
+# one buffer per backend. Here the CPU is the only backend (llama.cpp's default build; BLAS, opted in with
+# `use_blas`, would share the CPU buffer type), so there is one compute buffer. The
 # one-token graph has as many nodes as the reserved one, so gallocr keeps the worst-case plan and puts each tensor in
 # its reserved slot: no new plan, no new buffer.
 #

@@ -186,19 +186,21 @@ print("compute buffers:", {backend.backend_name(b): S.backend_sched_get_buffer_s
 #
 # `llama_model_params.n_gpu_layers` puts the *last* n repeating layers' weights (and their KV cache) on the offload
 # devices; with more layers than the model has (31 > 30), the output layer too. For a one-token batch llama.cpp pins
-# each layer's norms to the layer's device (`ggml_backend_sched_set_tensor_backend`, cause "usr"). The context's
+# each layer's norms to the layer's device (`ggml_backend_sched_set_tensor_backend`, cause "usr"). We opt in to the
+# BLAS backend (`use_blas`, as llama.cpp built with `GGML_BLAS`; its default CPU build has none), so the context's
 # scheduler gets the backends [ACCEL0, BLAS, CPU]. We only build, split and allocate the decode graph (no compute).
 
 # %%
 from ggviz.fetch import fetch_default_model
 MODEL = str(fetch_default_model(quiet=True))
 
-def decode_plan(ngl, devices, n_tokens=1):
+def decode_plan(ngl, devices, n_tokens=1, use_blas=True):
     mp = llama.model_default_params()
     mp.devices, mp.n_gpu_layers, mp.use_extra_bufts = devices, ngl, False
     model = llama.model_load_from_file(MODEL, mp)
     cp = llama.context_default_params()
     cp.n_ctx, cp.flash_attn_type = 256, 0
+    cp.use_blas = use_blas
     c = llama.init_from_model(model, cp)
     with trace.recording(SchedulerView.KINDS) as rec:       # the graph step of llama_decode, recorded
         S.backend_sched_reset(c.sched)
@@ -251,6 +253,10 @@ for a in v32.assignment():
         mm[(a["backend"], a["cause"])] = mm.get((a["backend"], a["cause"]), 0) + 1
 print("backends:", v32.backends, "| MUL_MAT (backend, cause):", mm)
 print(f"{v32.state()['n_splits']} splits, {v32.state()['n_inputs']} copies")
+print("MUL_MAT kernels:", v32.mul_mat_kernels())
+# the same prompt as llama.cpp's default build runs it: no BLAS backend, the CPU's own kernels
+c32d, v32d = decode_plan(0, [], n_tokens=32, use_blas=False)
+print("without BLAS -- backends:", v32d.backends, "| MUL_MAT kernels:", v32d.mul_mat_kernels())
 v32.figure();
 
 # %% [markdown]
@@ -258,7 +264,11 @@ v32.figure();
 # > output token (in layer 29), its feed-forward and the output head (`result_output`) are too small for BLAS. The
 # > attention's `kqv-l` (V·softmax) goes to BLAS by expansion in pass 2 ("2.sup": BLAS is a non-CPU backend, so
 # > passes 2.1/2.2 spread it to the neighbours it supports), while `kq-l` reads K and Q through permuted,
-# > non-contiguous views that BLAS refuses: the CPU.
+# > non-contiguous views that BLAS refuses: the CPU, where llamafile's tinyBLAS computes it ("sgemm": src1 converted
+# > to F16, then one 8-lane FMA accumulator per element). Without BLAS -- llama.cpp's default build -- the Q4_1
+# > weights go through ggml's vec_dot chunks (tinyBLAS takes only F32/F16/BF16 and Q8_0/Q4_0/Q5_0/IQ4_NL), the
+# > attention through tinyBLAS, and so would the Q8_0 output head if several rows' logits were asked for (here one:
+# > vec_dot): that is the prefill whose logits equal llama.cpp's bit for bit.
 
 # %% [markdown]
 # When the weight's buffer is *not* marked as a weights buffer, pass 1 does not look at it: the MUL_MAT is left

@@ -56,6 +56,17 @@ def real() -> RealGGML:
     return real_ggml()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _as_the_oracle_build():
+    """The oracle (libggml-python 0.20.2) is built without GGML_USE_LLAMAFILE: ggviz computes as that build here
+    (no tinyBLAS; llama.cpp's default build, with it, is tests/test_sgemm.py's oracle)."""
+    from ggviz.ggml.cpu import mul_mat
+    saved = mul_mat.USE_LLAMAFILE
+    mul_mat.USE_LLAMAFILE = False
+    yield
+    mul_mat.USE_LLAMAFILE = saved
+
+
 @pytest.fixture(autouse=True)
 def _quiet():
     with warnings.catch_warnings():

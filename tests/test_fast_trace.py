@@ -8,7 +8,7 @@ out is what the walk did, by ggml's rules rather than by the log's own word:
 * every thread that took part has one node span per program row, in program order, non-overlapping, and the
   node indices/names are the graph's;
 * every thread passes the same barriers (ggml's barrier: all threads, same sequence numbers), one per node but the
-  last, one in every MUL_MAT kernel (after src1's conversion) and the final one;
+  last, one in every MUL_MAT kernel (after src1's conversion; two more per matrix in tinyBLAS) and the final one;
 * the MUL_MAT chunks claimed by all threads together are each chunk of ggml's chunking exactly once, and their row
   ranges tile the output;
 * a listener that does not take batches gets the same events one by one; kind filters apply to batches.
@@ -62,6 +62,16 @@ def _compute(gf, nth):
     return plan.extra
 
 
+def _kernel_barriers(fg, k):
+    """ggml's barriers inside a MUL_MAT: one after src1's conversion; with llamafile's tinyBLAS (which takes the F16
+    KQ after the conversion and the contiguous F32 x F32 before it, returning at once) two per matrix."""
+    from ggviz.ggml.cpu.fast.sgemm import row_kernel
+    if row_kernel(fg.P, k) != "sgemm":
+        return 1
+    mats = int(fg.P[k, program.S1 + program.NE2]) * int(fg.P[k, program.S1 + program.NE3])
+    return 2 * mats + (1 if fg.P[k, program.MMF_TYPE] == C.GGML_TYPE_F16 else 0)
+
+
 @pytest.mark.parametrize("nth", [1, 2, 3])
 def test_traced_compiled_walk(nth):
     gf, out, keep = _graph()
@@ -100,7 +110,7 @@ def test_traced_compiled_walk(nth):
             continue
         where = [b["where"] for b in bars]
         assert where.count("node") == rows - 1
-        assert where.count("kernel") == len(mm_rows)
+        assert where.count("kernel") == sum(_kernel_barriers(fg, k) for k in mm_rows)
         assert where.count("final") == 2                           # the compiled walk's and the pool's own
         compiled = [b for b in bars if b.get("where") != "final" or b["node_n"] == gf.n_nodes]
         s = [b["seq"] for b in compiled if b["where"] != "final"]

@@ -139,6 +139,7 @@ def _load(ngl=0, devices=True, ops=None):
     model = llama.model_load_from_file(MODEL, mp)
     cp = llama.context_default_params()
     cp.n_ctx, cp.flash_attn_type = 256, llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.use_blas = True                  # the views show BLAS sharing the CPU's buffer type and taking MUL_MATs
     return llama.init_from_model(model, cp)
 
 

@@ -622,6 +622,7 @@ def _decode_plan(llama, ngl, ops=None, n_tokens=1):
     model = llama.model_load_from_file(MODEL, mp)
     cp = llama.context_default_params()
     cp.n_ctx, cp.flash_attn_type = 256, llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.use_blas = True                  # [ACCEL0, BLAS, CPU]: the BLAS backend opted in (a GGML_BLAS build)
     ctx = llama.init_from_model(model, cp)
     S.backend_sched_reset(ctx.sched)
     res = ctx.build_graph(n_tokens, 1, 256)
@@ -721,6 +722,7 @@ def test_smollm2_prompt_through_blas_keeps_quality():
     cp = llama.context_default_params()
     cp.n_ctx, cp.flash_attn_type = 256, llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cp.n_threads = cp.n_threads_batch = 2
+    cp.use_blas = True                          # opt-in, as llama.cpp built with GGML_BLAS
     ctx = llama.init_from_model(model, cp)
     assert [B.backend_name(b) for b in ctx.backends] == ["BLAS", "CPU"]
     b = llama.batch_init(len(ids))

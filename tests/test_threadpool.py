@@ -15,7 +15,7 @@ import pytest
 
 from ggviz import ggml, trace
 from ggviz.ggml import consts as C
-from ggviz.ggml.cpu import ggml_cpu
+from ggviz.ggml.cpu import ggml_cpu, mul_mat
 from ggviz.ggml.cpu import threadpool as tpm
 from tests import graphs as G
 
@@ -360,7 +360,11 @@ def test_second_caller_on_a_busy_pool_is_refused(monkeypatch, refs, pool4):
 # ---------------------------------------------------------------------------------------------- chunks
 
 @pytest.mark.parametrize("type_", [C.GGML_TYPE_F32, C.GGML_TYPE_Q4_0])
-def test_chunk_claims_cover_every_chunk_once(type_):
+def test_chunk_claims_cover_every_chunk_once(type_, monkeypatch):
+    # F32: llamafile's tinyBLAS claims its jobs from current_chunk like ggml's chunks; Q4_0: tinyBLAS_Q0 splits
+    # statically (nothing to claim), so the chunked vec_dot path is shown as a build without GGML_USE_LLAMAFILE runs it
+    if type_ == C.GGML_TYPE_Q4_0:
+        monkeypatch.setattr(mul_mat, "USE_LLAMAFILE", False)
     ctx = ggml.init(MEM)
     w = ggml.new_tensor_2d(ctx, type_, 576, 1536)
     ggml.set_name(w, "w.weight")
@@ -480,7 +484,8 @@ def test_timeline_of_failed_and_aborted_computes(monkeypatch, pool4):
     assert {e["name"] for e in evs if e["ph"] == "i"} == {"abort", "worker_error"}
 
 
-def test_recorder_by_kind():
+def test_recorder_by_kind(monkeypatch):
+    monkeypatch.setattr(mul_mat, "USE_LLAMAFILE", False)      # Q4_0 through ggml's vec_dot chunks (cpu.chunk events)
     b = _build("build_q4_0_mul_mat")
     with trace.Recorder() as rec:
         _guarded(lambda: _compute(b, 2))

@@ -26,7 +26,8 @@ than CPU cores are accepted, as in llama.cpp, with a warning (above the default 
 interpreter lock, so extra threads only add barrier waits.
 
 The graph runs through ``ggml_backend_sched`` as in llama.cpp: the context's backends are one per offload device of
-the model (``n_gpu_layers``), then the ACCEL-type devices of the registry (BLAS), then the CPU; every new graph is
+the model (``n_gpu_layers``), then the ACCEL-type devices of the registry (BLAS: only with ``use_blas``), then the
+CPU; every new graph is
 ``backend_sched_reset`` + build (whose callback pins each layer's ``norm`` to its layer's device for small batches,
 ``llama_context::graph_get_cb``) + ``backend_sched_alloc_graph``, and ``backend_sched_graph_compute_async`` runs
 the splits (``ctx.sched.last_plan`` holds the last split plan).
@@ -97,6 +98,13 @@ class LlamaContextParams:
     op_offload: bool = True          # let offload devices take large-batch ops whose weights are in host memory
     n_outputs_max: int = 0           # max outputs of a batch (0: n_batch); the pp reserve graph has min(n_ubatch, this)
     swa_full: bool = True            # a full-size sliding-window KV cache (llama.cpp's default: true)
+    use_blas: bool = False           # ggviz: add the BLAS backend (as llama.cpp built with GGML_BLAS); llama.cpp's
+                                     # default build has none: prefill MUL_MATs go to the CPU's tinyBLAS / vec_dot
+
+
+def _is_blas(dev) -> bool:
+    """The BLAS device: present in the registry (ggviz is "built" with GGML_BLAS), used only with ``use_blas``."""
+    return gb.backend_dev_name(dev) == "BLAS"
 
 
 def context_default_params() -> LlamaContextParams:
@@ -319,7 +327,7 @@ class LlamaContext:
         # add ACCEL backends (such as BLAS)
         for i in range(backend_reg.backend_dev_count()):
             dev = backend_reg.backend_dev_get(i)
-            if gb.backend_dev_type(dev) == gb.GGML_BACKEND_DEVICE_TYPE_ACCEL:
+            if gb.backend_dev_type(dev) == gb.GGML_BACKEND_DEVICE_TYPE_ACCEL and (p.use_blas or not _is_blas(dev)):
                 self.backends.append(gb.backend_dev_init(dev, None))
         # add CPU backend
         self.backend_cpu = backend_reg.backend_init_by_type(gb.GGML_BACKEND_DEVICE_TYPE_CPU, None)

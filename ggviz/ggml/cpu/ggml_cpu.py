@@ -222,7 +222,8 @@ def _compute_thread(ith: int, nth: int, cgraph: CGraph, cplan: Cplan, tp: _tp.Th
         if trace.active:
             trace.emit("cpu.node", ith=ith, node_n=node_n, addr=node.addr, name=node.name, op=op_desc(node),
                        t_start=t0, t_end=time.perf_counter_ns(), fused=fused is not None, pool=tp.serial,
-                       n_graph=tp.n_graph)
+                       n_graph=tp.n_graph,
+                       kernel=mul_mat.cpu_kernel(node, nth) if node.op == C.GGML_OP_MUL_MAT else None)
         if fused is not None:
             node_n += 1
             state.node_n = node_n

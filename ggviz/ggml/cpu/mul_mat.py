@@ -1,7 +1,13 @@
 """MUL_MAT on the CPU, the way ggml-cpu.c does it.
 
-Mirrors ``ggml_compute_forward_mul_mat`` and ``ggml_compute_forward_mul_mat_one_chunk``:
+Mirrors ``ggml_compute_forward_mul_mat`` and ``ggml_compute_forward_mul_mat_one_chunk`` as built with
+``GGML_USE_LLAMAFILE`` (ggml-cpu's default, llama.cpp's default CPU build):
 
+0. If src1 is contiguous, ``llamafile_sgemm`` (tinyBLAS, ``cpu/llamafile/sgemm.py``) is offered each (i12, i13)
+   matrix as it is; it takes F32 x F32 of 2+ columns. Otherwise, or if it refuses, step 1 converts src1, and after
+   the barrier tinyBLAS is offered the converted matrices (F16 x F16, BF16 x BF16, Q8_0/Q4_0/Q5_0 x Q8_0: so every
+   prefill MUL_MAT with such weights, and the F16 KV-cache attention, goes through it). Only what it refuses (n = 1,
+   the other quant types, shapes it does not tile) reaches steps 2-3. ``mul_mat_kernel`` names the path a node takes.
 1. src1 (F32 activations) is converted to src0's ``vec_dot_type`` (Q8_0 for Q4_0/Q5_0/Q8_0 weights, Q8_1 for
    Q4_1/Q5_1, Q8_K for K-quants, F16 for F16 ...) into the work buffer; thread ``ith`` converts its share of the
    *blocks of every row*, as ggml does, then all threads meet at a barrier.
@@ -29,7 +35,20 @@ from .. import consts as C
 from ..context import GGMLError
 from ..tensor import blck_size, is_contiguous, row_size, type_size
 from . import quants as cq
+from . import repack, traits
 from .common import ComputeParams, tensor_bytes
+from .llamafile import sgemm as llamafile
+
+# GGML_USE_LLAMAFILE: ggml-cpu's default build (llama.cpp's too) hands MUL_MATs of 2+ columns to tinyBLAS. False
+# computes as a build without it (libggml-python 0.20.2, the tests' oracle, is one): read by this faithful path at
+# each compute, by the compiled path when it compiles a graph (fast/compiler.py)
+USE_LLAMAFILE = True
+
+# the names of the kernels a MUL_MAT can run on (trace events' ``kernel``, the views)
+KERNEL_SGEMM = "sgemm"                  # llamafile's tinyBLAS (cpu/llamafile/sgemm.py)
+KERNEL_REPACK = "repack gemm"           # the CPU_REPACK extra buffer type's forward_mul_mat (cpu/repack.py)
+KERNEL_VEC_DOT = "vec_dot chunks"       # ggml_compute_forward_mul_mat_one_chunk
+KERNEL_BLAS = "BLAS"                    # the BLAS backend (ggml-blas; opt-in, as llama.cpp built with GGML_BLAS)
 
 
 def _rows(t, i2: int, i3: int, r0: int, r1: int, rb: int) -> np.ndarray:
@@ -58,6 +77,13 @@ def forward_mul_mat(params: ComputeParams, dst) -> None:
     if not (nb0 == 4 and nb0 <= nb1 <= nb2 <= nb3):
         raise GGMLError("mul_mat: dst cannot be transposed or permuted")
 
+    r2, r3 = ne12 // src0.ne[2], ne13 // src0.ne[3]
+    if USE_LLAMAFILE and is_contiguous(src1):
+        # src1 as it is (F32 x F32 for the float kernel; quantized src0 wants Q8_0 and answers false here)
+        arr, off = tensor_bytes(src1)
+        if _llamafile_all(params, dst, (arr, off), src1.strides, nb11 // type_size(src1.type), src1.type, r2, r3):
+            return
+
     wdata = params.wdata
     row_vd = row_size(vdt, ne10)
     if src1.type != vdt:
@@ -80,6 +106,12 @@ def forward_mul_mat(params: ComputeParams, dst) -> None:
         # every thread starts at its own chunk ith, so the first unclaimed chunk is nth
         tp.current_chunk = nth
     params.barrier()
+
+    if USE_LLAMAFILE and src1.type != vdt:
+        # src1 converted to vec_dot_type in wdata: contiguous rows of row_vd bytes
+        nbw = (row_vd, row_vd * ne11, row_vd * ne11 * ne12)
+        if _llamafile_all(params, dst, (wdata, 0), (0,) + nbw, row_vd // type_size(vdt), vdt, r2, r3):
+            return
 
     nr0 = ne0
     nr1 = ne1 * ne2 * ne3
@@ -112,6 +144,51 @@ def forward_mul_mat(params: ComputeParams, dst) -> None:
         if nth >= nchunk0 * nchunk1:
             break
         current_chunk = tp.chunk_fetch_add(1) if tp is not None else current_chunk + nth
+
+
+def _llamafile_all(params, dst, b_ptr, nb_b, ldb: int, btype: int, r2: int, r3: int) -> bool:
+    """One ``llamafile_sgemm`` per (i12, i13) matrix of dst, as ggml_compute_forward_mul_mat's GGML_USE_LLAMAFILE
+    blocks do; False at the first refusal (then ggml goes on with its own path: ``goto UseGgmlGemm``)."""
+    src0 = dst.src[0]
+    a_arr, a_off = tensor_bytes(src0)
+    d_arr, d_off = tensor_bytes(dst)
+    nb01, nb02, nb03 = src0.strides[1:]
+    nb1, nb2, nb3 = dst.strides[1:]
+    ne12, ne13 = dst.ne[2], dst.ne[3]
+    for i13 in range(ne13):
+        for i12 in range(ne12):
+            if not llamafile.llamafile_sgemm(
+                    params, src0.ne[1], dst.ne[1], src0.ne[0] // blck_size(src0.type),
+                    (a_arr, a_off + i12 // r2 * nb02 + i13 // r3 * nb03), nb01 // type_size(src0.type),
+                    (b_ptr[0], b_ptr[1] + i12 * nb_b[2] + i13 * nb_b[3]), ldb,
+                    (d_arr, d_off + i12 * nb2 + i13 * nb3), nb1 // 4,
+                    src0.type, btype, dst.type, trace_as=(dst.name, i13 * ne12 + i12, ne12 * ne13)):
+                return False
+    return True
+
+
+def mul_mat_kernel(dst, nth: int = 1) -> str:
+    """Which kernel ``forward_mul_mat`` runs for this node: KERNEL_SGEMM (llamafile's tinyBLAS) or KERNEL_VEC_DOT
+    (the conditions of the two llamafile_sgemm calls, evaluated without computing; the thread count changes only
+    tinyBLAS's tiling, never whether it takes the matrix)."""
+    src0, src1 = dst.src[0], dst.src[1]
+    m, n, k = src0.ne[1], dst.ne[1], src0.ne[0] // blck_size(src0.type)
+    if USE_LLAMAFILE:
+        if is_contiguous(src1) and llamafile.accepts(m, n, k, src0.type, src1.type, dst.type, nth):
+            return KERNEL_SGEMM
+        vdt = cq.VEC_DOT_TYPE[src0.type]
+        if src1.type != vdt and llamafile.accepts(m, n, k, src0.type, vdt, dst.type, nth):
+            return KERNEL_SGEMM
+    return KERNEL_VEC_DOT
+
+
+def cpu_kernel(dst, nth: int = 1) -> str:
+    """The kernel the CPU backend runs for a MUL_MAT node: an extra buffer type first (as
+    ``ggml_cpu_extra_compute_forward``: CPU_REPACK weights), else ``mul_mat_kernel``."""
+    if repack.in_use() and any(extra.context.get_tensor_traits(dst) is not None
+                               for extra in traits.get_extra_buffer_types()):
+        return KERNEL_REPACK
+    return mul_mat_kernel(dst, nth)
 
 
 def _one_chunk(params, dst, src0, src1, vdt, row_vd, ir0_start, ir0_end, ir1_start, ir1_end, tiled=False):

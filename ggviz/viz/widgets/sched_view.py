@@ -16,7 +16,10 @@ else fills unassigned nodes only. The final row is checked against the scheduler
 (``sched.last_plan``, ``backend_sched_get_tensor_cause``).
 
 ``step_pass()`` / ``goto_pass(name)`` move through the passes, ``select_split(i)`` lists a split's inputs and their
-copies.
+copies, and its nodes -- each MUL_MAT with the kernel it runs on its backend: "sgemm" (llamafile's tinyBLAS, what
+llama.cpp's default CPU build gives a prefill), "repack gemm" (weights in CPU_REPACK), "vec_dot chunks" (ggml's own
+loop: decode, and the types tinyBLAS refuses) or "BLAS" (the BLAS backend, only when asked for: ``use_blas`` /
+``--blas``, as llama.cpp built with GGML_BLAS).
 """
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ from matplotlib.patches import Patch, Rectangle
 from ... import trace
 from ...ggml import backend as B
 from ...ggml import impl
+from ...ggml import consts as C
 from ...ggml import sched as S
+from ...ggml.cpu import mul_mat
 from ...ggml.sched import is_view_op
 from ...ggml.tensor import op_desc
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
@@ -105,6 +110,7 @@ class SchedulerView(VizWidget):
         self.node_names = [t.name for t in nodes]
         self.node_ops = [op_desc(t) for t in nodes]
         self.view_op = [bool(is_view_op(t.op)) for t in nodes]
+        self._mul_mats = {i: t for i, t in enumerate(nodes) if t.op == C.GGML_OP_MUL_MAT}
         self.leaf_names = [t.name for t in graph.leafs]
         node_ix = {t.addr: i for i, t in enumerate(nodes)}
         leaf_ix = {t.addr: i for i, t in enumerate(graph.leafs)}
@@ -191,6 +197,8 @@ class SchedulerView(VizWidget):
                                     i_start=e["i_start"], i_end=e["i_end"], n_nodes=e["i_end"] - e["i_start"],
                                     inputs=ins))
         fin = self.snapshots["5"]
+        # each MUL_MAT's kernel on its final backend, decided now, while the graph's tensors are alive
+        self.kernels = {i: self._kernel_on(t, self._name(fin["backend"][i])) for i, t in self._mul_mats.items()}
         self.graph_inputs = sorted({self.leaf_names[j] for j, c in enumerate(fin["leaf_cause"]) if c == "1.inp"}
                                    | {self.node_names[i] for i, c in enumerate(fin["cause"]) if c == "1.inp"})
         self.stage = stage if stage in STAGES else "5"
@@ -246,6 +254,26 @@ class SchedulerView(VizWidget):
                             backend_id=b, cause=c, changed=bool(changed), view_op=self.view_op[i]))
         return out
 
+    @staticmethod
+    def _kernel_on(node, backend: str | None) -> str:
+        if backend == "BLAS":
+            return mul_mat.KERNEL_BLAS + " (opt-in: GGML_BLAS build)"
+        if backend == "CPU":
+            return mul_mat.cpu_kernel(node)
+        return ""
+
+    def kernel(self, i: int) -> str:
+        """The kernel MUL_MAT node i runs on its final backend; "" for other nodes and devices."""
+        return self.kernels.get(i, "")
+
+    def mul_mat_kernels(self) -> dict:
+        """How many MUL_MATs run on each kernel (final assignment)."""
+        out: dict = {}
+        for i in self._mul_mats:
+            k = self.kernel(i) or "(device)"
+            out[k] = out.get(k, 0) + 1
+        return out
+
     def leaf_assignment(self, stage: str | None = None) -> list[dict]:
         snap = self.snapshots[self.stage if stage is None else stage]
         return [dict(name=n, backend=self._name(snap["leaf_backend"][j]), backend_id=snap["leaf_backend"][j],
@@ -256,8 +284,8 @@ class SchedulerView(VizWidget):
         if i is None:
             return None
         s = self.splits[i]
-        nodes = [dict(index=j, name=self.node_names[j], op=self.node_ops[j]) for j in range(s["i_start"], s["i_end"])
-                 if not self.view_op[j]]
+        nodes = [dict(index=j, name=self.node_names[j], op=self.node_ops[j], kernel=self.kernel(j))
+                 for j in range(s["i_start"], s["i_end"]) if not self.view_op[j]]
         return dict(s, nodes=nodes, n_compute_nodes=len(nodes),
                     copied_bytes=sum(x["nbytes"] or 0 for x in s["inputs"]))
 
@@ -284,6 +312,7 @@ class SchedulerView(VizWidget):
                 "n_copies": sum(len(x["copies"]) for s in self.splits for x in s["inputs"]),
                 "copies_per_backend": copies_per_backend, "graph_inputs": list(self.graph_inputs),
                 "selected_split": self.split_sel, "split": self.split_info(), "which": self.which,
+                "mul_mat_kernels": self.mul_mat_kernels(),
                 "is_last_split_of_sched": self.is_last}
 
     # ------------------------------------------------------------------------------------------------ drawing
@@ -472,6 +501,8 @@ class SchedulerView(VizWidget):
                          f"{esc(', '.join(st['graph_inputs']))}")
             parts.append(html_table(rows, ["split", "backend", "nodes", "n_nodes", "inputs"], max_rows=max_rows,
                                     title="splits (ggml_backend_sched_split)"))
+            if st["mul_mat_kernels"]:
+                parts.append(f"MUL_MAT kernels: {esc(st['mul_mat_kernels'])}")
         si = st["split"]
         if si is not None:
             parts.append(f"<h4 style='margin:6px 0 2px'>split #{si['index']} on {esc(si['backend'])}: nodes "
@@ -481,7 +512,8 @@ class SchedulerView(VizWidget):
                 parts.append(html_table(si["inputs"], ["name", "from_backend", "copy", "nbytes", "consumer"],
                                         title="inputs copied into the split's backend before it runs "
                                               "(ggml_backend_sched_compute_splits)"))
-            parts.append(html_table(si["nodes"], ["index", "name", "op"], max_rows=max_rows, title="its nodes"))
+            parts.append(html_table(si["nodes"], ["index", "name", "op", "kernel"], max_rows=max_rows,
+                                    title="its nodes (kernel: what a MUL_MAT runs on this backend)"))
         return "".join(parts)
 
     def to_html(self) -> str:

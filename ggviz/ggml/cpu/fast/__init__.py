@@ -9,6 +9,8 @@ compute and far too slow for a 600-node decode. This package is the same arithme
   array and the trace log -- NumPy only;
 * ``compiler.py``: ``FastGraph`` (a compiled graph: build once, cache while the graph is unchanged, walk, trace);
 * ``kernels.py``: the compiled kernels and the compiled ``ggml_graph_compute_thread``;
+* ``sgemm.py``: llamafile's tinyBLAS float kernel (``llamafile_sgemm`` for F32 / F16), called by kernels.py's
+  MUL_MAT where ggml_compute_forward_mul_mat calls it;
 * ``sync.py``: ggml's barrier and chunk counter with real atomics, the error slot, the trace records;
 * ``intrinsics.py``: LLVM intrinsics (raw memory, atomics, FMA), SIMD micro-kernels, bit-exact scalar helpers.
 

@@ -19,10 +19,11 @@ from .... import trace
 from ... import consts as C
 from ...impl import EMPTY_OPS, GGMLError
 from ...tensor import Tensor, get_glu_op, get_op_params_f32, get_op_params_i32, is_empty, nelements, nrows, op_desc
-from .. import repack
+from .. import mul_mat, repack
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
 from . import gemma_ops, kernels, sync
+from .sgemm import row_kernel
 from .program import (
     CPY_DTYPE,
     CPY_STYPE,
@@ -33,6 +34,7 @@ from .program import (
     ERR_SET_ROWS_INDEX,
     GET_ROWS_ITYPE,
     GET_ROWS_TYPE,
+    MMF_LLAMAFILE,
     MMF_TYPE,
     MMQ_D,
     MMQ_M,
@@ -209,6 +211,9 @@ class FastGraph:
                 nr0 = int(P[k, DST + NE0])
                 nr1 = int(P[k, DST + NE1]) * int(P[k, S1 + NE2]) * int(P[k, S1 + NE3])
                 cap += 1 + ((nr0 + 15) // 16) * ((nr1 + 15) // 16) + 4 * n_threads
+                # tinyBLAS (fast/sgemm.py): per matrix two barriers and at most (m/4) x (n/36 + 2) jobs
+                mats = int(P[k, S1 + NE2]) * int(P[k, S1 + NE3])
+                cap += mats * (2 + (nr0 // 4 + 1) * (int(P[k, DST + NE1]) // 36 + 2))
         self._caps[n_threads] = cap
         return cap
 
@@ -304,7 +309,7 @@ class _FastTraceExpander:
                     out.append({"kind": "cpu.node", "ith": ith, "node_n": idx[k], "addr": addr, "name": names[k],
                                 "op": op, "t_start": t0, "t_end": t1,
                                 "fused": bool(P[k, OP] == OP_RMS_NORM and P[k, SUBOP] == 1), "pool": pool,
-                                "n_graph": n_graph, "compiled": True, "t": t1})
+                                "n_graph": n_graph, "compiled": True, "t": t1, "kernel": row_kernel(P, k)})
                 elif kind == TR_BARRIER:
                     final = k >= len(idx)
                     out.append({"kind": "cpu.barrier", "ith": ith, "pool": pool, "n_graph": n_graph, "seq": r[3],
@@ -415,6 +420,7 @@ def _build(cgraph, require_repack: bool = True):
                     _need(int(s1.ne[2]) % int(s0.ne[2]) == 0 and int(s1.ne[3]) % int(s0.ne[3]) == 0)
                     P[k, OP] = OP_MUL_MAT_F
                     P[k, MMF_TYPE] = s0.type
+                    P[k, MMF_LLAMAFILE] = 1 if mul_mat.USE_LLAMAFILE else 0     # the build's GGML_USE_LLAMAFILE
                     if s0.type == GGML_TYPE_F16:
                         wsize = max(wsize, 2 * nelements(s1))
             elif op == C.GGML_OP_RMS_NORM:

@@ -156,6 +156,7 @@ from .program import (
 from .kquants import dequantize_row as kq_dequantize_row
 from .kquants import k_mul_mat_kq
 from .program import T_Q4_K, T_Q5_0, T_Q6_K
+from .sgemm import llamafile_mul_mat_f
 from .sync import new_sync, set_error, tr_rec, traced, traced_barrier
 
 F32 = np.float32
@@ -422,6 +423,8 @@ def k_mul_mat_f(P, F, k, ith, nth, sync, wdata):
     nb10, nb11, nb12, nb13 = P[k, S1 + NB0], P[k, S1 + NB1], P[k, S1 + NB2], P[k, S1 + NB3]
     ne0, ne1 = P[k, DST + NE0], P[k, DST + NE1]
     nb1, nb2, nb3 = P[k, DST + NB1], P[k, DST + NB2], P[k, DST + NB3]
+    if llamafile_mul_mat_f(P, k, ith, nth, sync, wdata, False):     # GGML_USE_LLAMAFILE, src1 as it is
+        return
     es = 2 if t0 == T_F16 else 4
     row_vd = ne10 * es
     converted = t0 == T_F16
@@ -443,6 +446,8 @@ def k_mul_mat_f(P, F, k, ith, nth, sync, wdata):
         atomic_store(sync + 8 * SYNC_CHUNK, nth)
     tr = traced(sync)
     traced_barrier(sync, nth, ith, k, TRW_KERNEL, tr)
+    if converted and llamafile_mul_mat_f(P, k, ith, nth, sync, wdata, True):     # GGML_USE_LLAMAFILE, src1 as F16
+        return
     nr0 = ne0
     nr1 = ne1 * ne12 * ne13
     chunk_size = 64 if (nr0 == 1 or nr1 == 1) else 16

@@ -46,6 +46,7 @@ DATA, NE0, NE1, NE2, NE3, NB0, NB1, NB2, NB3 = range(9)
 X = 39
 MMQ_TYPE, MMQ_QS, MMQ_D, MMQ_M = X, X + 1, X + 2, X + 3     # OP_MUL_MAT_Q: src0 type, repacked quants/scales/mins
 MMF_TYPE = X                                                # OP_MUL_MAT_F: src0 type (F16 / F32)
+MMF_LLAMAFILE = X + 1                                       # OP_MUL_MAT_F: 1 = GGML_USE_LLAMAFILE (tinyBLAS)
 GET_ROWS_TYPE, GET_ROWS_ITYPE = X, X + 1                    # OP_GET_ROWS: src0 type, index type (I32 / I64)
 SET_ROWS_TYPE, SET_ROWS_ITYPE = X, X + 1                    # OP_SET_ROWS: dst type, index type
 SOFT_MAX_MTYPE = X                                          # OP_SOFT_MAX: mask type (F32 / F16), 0 without mask

@@ -1,0 +1,239 @@
+"""llamafile's tinyBLAS (``ggml/src/ggml-cpu/llamafile/sgemm.cpp``), compiled: the fast path's ``llamafile_sgemm``.
+
+Mirrors the AVX2 + FMA + F16C build (``VECTOR_REGISTERS 16``) of the float kernel ``tinyBLAS<8, __m256, __m256,
+TA, TB, float>`` for F32 x F32 and F16 x F16, the types a llama graph's F32/F16 MUL_MATs reach it with (the KV-cache
+attention: src1 converted to F16 first). The faithful NumPy twin, with the quantized ``tinyBLAS_Q0_AVX``, is
+``ggviz/ggml/cpu/llamafile/sgemm.py``; both give the same bits, which are llama.cpp's.
+
+What makes the bits: every output ``C[j][i]`` is ONE 8-lane accumulator, ``acc = fmadd(A[i][l:l+8], B[j][l:l+8],
+acc)`` for l = 0, 8, .. k-8 (``k % 8 == 0`` or tinyBLAS refuses), then sgemm.cpp's ``hsum``: high 128 bits + low,
+``movehl`` add, ``movehdup`` add. ggml's ``ggml_vec_dot_f16`` uses 4 accumulators and another reduction, which is
+why a prefill through tinyBLAS differs from the same MUL_MAT done column by column with vec_dot.
+
+What only decides who computes what (never a bit of the result): ``matmul``'s choice of ``mnpack<RM=4, RN, BM>``
+(BM 4 when ``m % 16 == 0`` and there are at least nth row blocks of 16, else 2 for ``m % 8``, 1 for ``m % 4``, else
+refused; RN = ``BLOCK_SIZE<3>(n)``), and ``gemm``'s jobs: row blocks of RM*BM times column blocks of about BN = 24
+tiles, claimed through the threadpool's ``current_chunk`` (thread ith starts at job ith, ``chunk_set(nth)`` by
+thread 0 between two barriers, a barrier at the end). Each job's columns are computed as one call of the micro-kernel
+below over the job's RM*BM rows.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .intrinsics import _decl, _hsum8, _i16, _i64, _ptr, _vec, atomic_add, atomic_store, compiled, rdtsc
+from .program import (
+    DATA,
+    DST,
+    MMF_LLAMAFILE,
+    MMF_TYPE,
+    NB0,
+    NB1,
+    NB2,
+    NB3,
+    NE0,
+    NE1,
+    NE2,
+    NE3,
+    OP,
+    OP_MUL_MAT_F,
+    OP_MUL_MAT_Q,
+    S0,
+    S1,
+    SYNC_CHUNK,
+    T_F16,
+    TR_CHUNK,
+    TRW_KERNEL,
+)
+from .sync import tr_rec, traced, traced_barrier
+
+_f32 = ir.FloatType()
+KN = 8                  # floats per __m256
+BN = 24                 # column tiles per job (VECTOR_REGISTERS == 16)
+
+
+def _make_tb_rows(is_f16: bool):
+    """C[r] = hsum(sum over l of fmadd(A_r[l:l+8], B[l:l+8])) for ``nrows`` rows of A (A_r = a0 + r*astride),
+    one column B, k8 = k/8 steps: tinyBLAS's ``gemm_bloc`` for one element, rows in a loop (the order in which
+    independent elements are computed does not change them)."""
+    def gen(typingctx, a0, astride, nrows, b, k8, out):
+        def codegen(context, builder, sig, args):
+            a0, astride, nrows, b, k8, out = args
+            v8f = _vec(_f32, 8)
+            es = 2 if is_f16 else 4
+            fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+            acc = cgutils.alloca_once(builder, v8f)
+
+            def load(addr):
+                if is_f16:      # _mm256_cvtph_ps: exact
+                    h = builder.load(_ptr(builder, addr, _vec(_i16, 8)), align=1)
+                    return builder.fpext(builder.bitcast(h, _vec(ir.HalfType(), 8)), v8f)
+                return builder.load(_ptr(builder, addr, v8f), align=1)
+
+            with cgutils.for_range(builder, nrows) as rl:
+                a = builder.add(a0, builder.mul(rl.index, astride))
+                builder.store(ir.Constant(v8f, None), acc)
+                with cgutils.for_range(builder, k8) as loop:
+                    off = builder.mul(loop.index, ir.Constant(_i64, 8 * es))
+                    va = load(builder.add(a, off))
+                    vb = load(builder.add(b, off))
+                    builder.store(builder.call(fma8, [va, vb, builder.load(acc)]), acc)
+                r = _hsum8(builder, builder.load(acc))
+                builder.store(r, _ptr(builder, builder.add(out, builder.mul(rl.index, ir.Constant(_i64, 4))), _f32),
+                              align=1)
+            return context.get_dummy_value()
+        return types.void(*([types.int64] * 6)), codegen
+    gen.__name__ = "tb_rows_f16" if is_f16 else "tb_rows_f32"
+    return intrinsic(gen)
+
+
+tb_rows_f16 = _make_tb_rows(True)
+tb_rows_f32 = _make_tb_rows(False)
+
+
+@compiled
+def block_size3(n):
+    """``BLOCK_SIZE<3>(n)``: the RN tinyBLAS's mnpack settles on (1, 2 or 3)."""
+    nb = (n + 3 - 1) // 3
+    return n // nb if n % nb == 0 else n // nb + 1
+
+
+@compiled
+def bloc_pos(ib, ibn, bloc_size):
+    """``BLOC_POS``: the first ib blocks of ``bloc_size``, the rest one smaller."""
+    return ib * bloc_size if ib < ibn else ibn * bloc_size + (ib - ibn) * (bloc_size - 1)
+
+
+@compiled
+def tinyblas_bm(m, k, nth):
+    """tinyBLAS::matmul's choice of BM (row tiles of RM = 4 per job), 0 when it refuses (returns false)."""
+    if k % KN != 0:
+        return 0
+    if m % 16 == 0 and m // 16 >= nth:
+        return 4
+    if m % 8 == 0:
+        return 2
+    if m % 4 == 0:
+        return 1
+    return 0
+
+
+@compiled
+def tinyblas_f(is_f16, ith, nth, sync, kk, k, a, lda, b, ldb, c, ldc, m, n, tr, mat, mats):
+    """``tinyBLAS<8, __m256, __m256, T, T, float>::matmul(m, n)`` for one matrix (element strides lda/ldb/ldc of
+    2-byte F16 or 4-byte F32 values); returns False, before any barrier, where tinyBLAS refuses.
+    The trace records job j of matrix ``mat`` (of ``mats``) as chunk mat*nb_job + j of a (ytiles, nb_bn*mats) grid,
+    its columns offset by mat*n: the chunks of all the node's matrices tile dst (ne0, ne1*ne2*ne3) once."""
+    bm = tinyblas_bm(m, k, nth)
+    if bm == 0:
+        return False
+    es = 2 if is_f16 else 4
+    RM = 4
+    RN = block_size3(n)
+    ytiles = m // (RM * bm)
+    xtiles = (n + RN - 1) // RN
+    jj_rn = xtiles - (xtiles * RN - n)
+    nb_bn = 1 if xtiles < BN else (xtiles + BN // 2) // BN
+    size_bn = xtiles // nb_bn if xtiles % nb_bn == 0 else xtiles // nb_bn + 1
+    jj_bn = nb_bn - (nb_bn * size_bn - xtiles)
+    nb_job = ytiles * nb_bn
+    if ith == 0:
+        atomic_store(sync + 8 * SYNC_CHUNK, nth)
+    traced_barrier(sync, nth, ith, kk, TRW_KERNEL, tr)
+    job = ith
+    while job < nb_job:
+        t0 = rdtsc() if tr else 0
+        ii = (job % ytiles) * RM * bm
+        jb = job // ytiles
+        jr0 = bloc_pos(jb, jj_bn, size_bn)
+        jrn = bloc_pos(jb + 1, jj_bn, size_bn)
+        jj0 = bloc_pos(jr0, jj_rn, RN)
+        jj2 = bloc_pos(jrn, jj_rn, RN)
+        for jj in range(jj0, jj2):
+            if is_f16:
+                tb_rows_f16(a + ii * lda * es, lda * es, RM * bm, b + jj * ldb * es, k // KN, c + (jj * ldc + ii) * 4)
+            else:
+                tb_rows_f32(a + ii * lda * es, lda * es, RM * bm, b + jj * ldb * es, k // KN, c + (jj * ldc + ii) * 4)
+        if tr:
+            tr_rec(sync, ith, TR_CHUNK, kk, mat * nb_job + job, ii, ii + RM * bm, mat * n + jj0, mat * n + jj2,
+                   (ytiles << 32) | (nb_bn * mats), t0, rdtsc())
+        job = atomic_add(sync + 8 * SYNC_CHUNK, 1)
+    traced_barrier(sync, nth, ith, kk, TRW_KERNEL, tr)
+    return True
+
+
+@compiled
+def is_contiguous_f32(ne0, ne1, ne2, ne3, nb0, nb1, nb2, nb3):
+    """``ggml_is_contiguous`` of an F32 tensor (dimensions of size 1 are skipped)."""
+    if ne0 != 1 and nb0 != 4:
+        return False
+    nxt = 4 * ne0
+    if ne1 != 1:
+        if nb1 != nxt:
+            return False
+        nxt *= ne1
+    if ne2 != 1:
+        if nb2 != nxt:
+            return False
+        nxt *= ne2
+    if ne3 != 1 and nb3 != nxt:
+        return False
+    return True
+
+
+@compiled
+def llamafile_mul_mat_f(P, k, ith, nth, sync, wdata, converted):
+    """The two ``#if GGML_USE_LLAMAFILE`` blocks of ``ggml_compute_forward_mul_mat`` for an OP_MUL_MAT_F row:
+    ``converted`` False: before src1's conversion (src1 contiguous, Atype F32 / Btype F32); True: after it (src1
+    as F16 rows in wdata). Calls llamafile_sgemm per (i12, i13) matrix; False (nothing done) where it refuses."""
+    if P[k, MMF_LLAMAFILE] == 0:
+        return False        # compiled from a graph with mul_mat.USE_LLAMAFILE off (a build without llamafile)
+    t0 = P[k, MMF_TYPE]
+    is_f16 = t0 == T_F16
+    if converted != is_f16:
+        return False        # F16 src0 with F32 src1 is refused (x86), F32 src0 needs no conversion
+    src0, src1, dst = P[k, S0 + DATA], P[k, S1 + DATA], P[k, DST + DATA]
+    ne00, ne01, ne02, ne03 = P[k, S0 + NE0], P[k, S0 + NE1], P[k, S0 + NE2], P[k, S0 + NE3]
+    nb01, nb02, nb03 = P[k, S0 + NB1], P[k, S0 + NB2], P[k, S0 + NB3]
+    ne10, ne11, ne12, ne13 = P[k, S1 + NE0], P[k, S1 + NE1], P[k, S1 + NE2], P[k, S1 + NE3]
+    nb10, nb11, nb12, nb13 = P[k, S1 + NB0], P[k, S1 + NB1], P[k, S1 + NB2], P[k, S1 + NB3]
+    nb1, nb2, nb3 = P[k, DST + NB1], P[k, DST + NB2], P[k, DST + NB3]
+    if not converted and not is_contiguous_f32(ne10, ne11, ne12, ne13, nb10, nb11, nb12, nb13):
+        return False
+    if ne11 < 2:
+        return False        # "only enable sgemm for prompt processing"
+    es = 2 if is_f16 else 4
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    tr = traced(sync)
+    for i13 in range(ne13):
+        for i12 in range(ne12):
+            a = src0 + (i12 // r2) * nb02 + (i13 // r3) * nb03
+            if converted:
+                b = wdata + (i12 * ne11 + i13 * ne12 * ne11) * ne10 * 2
+                ldb = ne10
+            else:
+                b = src1 + i12 * nb12 + i13 * nb13
+                ldb = nb11 // 4
+            if not tinyblas_f(is_f16, ith, nth, sync, k, ne00, a, nb01 // es, b, ldb, dst + i12 * nb2 + i13 * nb3,
+                              nb1 // 4, ne01, ne11, tr, i13 * ne12 + i12, ne12 * ne13):
+                return False
+    return True
+
+
+def row_kernel(P, k) -> str | None:
+    """The kernel a MUL_MAT program row runs (for its trace events): "repack gemm", "sgemm" (where
+    ``llamafile_mul_mat_f`` takes it) or "vec_dot chunks"; None for other ops."""
+    op = P[k, OP]
+    if op == OP_MUL_MAT_Q:
+        return "repack gemm"
+    if op != OP_MUL_MAT_F:
+        return None
+    m, n, kk = int(P[k, S0 + NE1]), int(P[k, S1 + NE1]), int(P[k, S0 + NE0])
+    if P[k, MMF_LLAMAFILE] and n >= 2 and tinyblas_bm(m, kk, 1) > 0:
+        if P[k, MMF_TYPE] == T_F16 or is_contiguous_f32(*(int(P[k, S1 + c]) for c in (NE0, NE1, NE2, NE3, NB0, NB1,
+                                                                                         NB2, NB3))):
+            return "sgemm"
+    return "vec_dot chunks"
