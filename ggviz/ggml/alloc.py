@@ -451,6 +451,9 @@ class ggml_gallocr:
         self._phase = "leafs"
         self._index = -1
         self._rec: dict[int, dict] = {}
+        # ggviz: the plan lists (node_allocs / leaf_allocs) are also held by a saved plan (gallocr_save_plan): the
+        # next reserve makes new lists instead of overwriting these in place
+        self._plan_shared = False
 
     def __repr__(self):
         return (f"<ggml_gallocr n_buffers={self.n_buffers} sizes="
@@ -800,7 +803,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
     gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
     # set the node_allocs from the hash table
-    if galloc.n_nodes < graph.n_nodes:
+    if galloc.n_nodes < graph.n_nodes or galloc._plan_shared:
         galloc.node_allocs = [node_alloc() for _ in range(graph.n_nodes)]
     galloc.n_nodes = graph.n_nodes
     for i in range(graph.n_nodes):
@@ -822,9 +825,10 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
                 na.src[j].buffer_id = hn.buffer_id
                 na.src[j].addr = hn.addr
                 na.src[j].size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], src)
-    if galloc.n_leafs < graph.n_leafs:
+    if galloc.n_leafs < graph.n_leafs or galloc._plan_shared:
         galloc.leaf_allocs = [leaf_alloc() for _ in range(graph.n_leafs)]
     galloc.n_leafs = graph.n_leafs
+    galloc._plan_shared = False
     for i in range(graph.n_leafs):
         leaf = graph.leafs[i]
         hn = gallocr_hash_get(galloc, leaf)
@@ -1010,6 +1014,50 @@ def gallocr_get_buffer_size(galloc: ggml_gallocr, buffer_id: int) -> int:
 # ==================================================================================================
 # utils: every tensor of a context in one (or a few) buffers
 # ==================================================================================================
+
+class gallocr_plan:
+    """ggviz addition (no C counterpart): the plan of one graph, as ``gallocr_reserve_n`` left it -- node/leaf
+    allocations, the dynamic allocators' chunks, the plain-data record (``last_alloc``) -- and the buffers it
+    points into. A context that keeps several allocated graphs (llama's graph cache) puts a graph's plan back when
+    it computes that graph again, so that the allocator reports the plan the graph really runs with."""
+    __slots__ = ("node_allocs", "n_nodes", "leaf_allocs", "n_leafs", "chunks", "last_alloc", "buffers")
+
+
+def gallocr_save_plan(galloc: ggml_gallocr) -> gallocr_plan:
+    """The current plan (shared with ``galloc`` until its next reserve, which then makes new lists)."""
+    p = gallocr_plan()
+    p.node_allocs, p.n_nodes = galloc.node_allocs, galloc.n_nodes
+    p.leaf_allocs, p.n_leafs = galloc.leaf_allocs, galloc.n_leafs
+    # dyn_tallocr_reset replaces the chunk list, but the chunks themselves are mutated while planning: copy them
+    p.chunks = [[_chunk_copy(ch) for ch in ta.chunks] for ta in galloc.buf_tallocs]
+    p.last_alloc = galloc.last_alloc
+    p.buffers = list(galloc.buffers)
+    galloc._plan_shared = True
+    return p
+
+
+def _chunk_copy(ch: tallocr_chunk) -> tallocr_chunk:
+    c = tallocr_chunk()
+    c.free_blocks = [free_block(b.offset, b.size) for b in ch.free_blocks]
+    c.max_size = ch.max_size
+    return c
+
+
+def gallocr_plan_valid(galloc: ggml_gallocr, plan: gallocr_plan) -> bool:
+    """Do the plan's tensors still point into ``galloc``'s buffers (none was reallocated since the plan)?"""
+    return len(plan.buffers) == len(galloc.buffers) and all(a is b for a, b in zip(plan.buffers, galloc.buffers))
+
+
+def gallocr_restore_plan(galloc: ggml_gallocr, plan: gallocr_plan) -> None:
+    """Make ``plan`` the current plan again (as if its graph had just been reserved); the plan object is spent."""
+    GGML_ASSERT(gallocr_plan_valid(galloc, plan), "gallocr_restore_plan: the buffers were reallocated since the plan")
+    galloc.node_allocs, galloc.n_nodes = plan.node_allocs, plan.n_nodes
+    galloc.leaf_allocs, galloc.n_leafs = plan.leaf_allocs, plan.n_leafs
+    for ta, chunks in zip(galloc.buf_tallocs, plan.chunks):
+        ta.chunks = chunks
+    galloc.last_alloc = plan.last_alloc
+    galloc._plan_shared = False
+
 
 def _free_buffers(buffers: list) -> None:
     for b in buffers:

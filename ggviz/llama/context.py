@@ -44,6 +44,7 @@ import operator
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,9 @@ try:        # RLIMIT_AS (POSIX only): a process limited to less memory than the 
     import resource
 except ImportError:      # pragma: no cover - Windows
     resource = None
+
+# ggviz: how many allocated graphs a context keeps besides the one in the scheduler (decode, the prompt shapes ...)
+GRAPH_CACHE_SIZE = 4
 
 LLAMA_FLASH_ATTN_TYPE_AUTO = -1
 LLAMA_FLASH_ATTN_TYPE_DISABLED = 0
@@ -234,6 +238,12 @@ class LlamaContext:
         self.graph_reuse = os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None
         self._prev_key = None
         self.n_reused = 0
+        # ggviz goes further: the last few graphs of other shapes stay built, split and allocated (see
+        # _process_ubatch), so that going back to a shape seen before (decode after a prompt) costs nothing either
+        self.graph_cache_size = GRAPH_CACHE_SIZE
+        self._graph_cache: OrderedDict = OrderedDict()      # key -> (GraphResult, sched graph state), LRU last
+        self.n_graph_builds = 0           # graphs built for decode (not counting the reserve's)
+        self.n_graph_restored = 0         # of the reuses, those that put a cached graph back into the scheduler
         # the worst-case reserve (llama_context::sched_reserve): the scheduler is created there, and the compute
         # buffers are allocated once, before the first decode
         self.sched = None
@@ -355,6 +365,7 @@ class LlamaContext:
         n_tokens = min(self.n_ctx, self.n_ubatch)
         max_nodes = graph_max_nodes(self.model)
         if self.sched is not None:
+            self.graph_cache_clear()
             gs.backend_sched_free(self.sched)
         self.sched = gs.backend_sched_new(self.backends, self.backend_buft, len(self.backends), max_nodes, False,
                                           self.cparams.op_offload)
@@ -585,16 +596,24 @@ class LlamaContext:
         n_tokens = len(tokens)
         n_outputs = int(out_mask.sum())
         n_kv = self.kv.get_n_kv()
-        key = (n_tokens, n_outputs, n_kv)
+        key = self.graph_key(n_tokens, n_outputs, n_kv)
         if self.graph_reuse and self._prev_key == key and self.last_graph is not None:
             res = self.last_graph             # same shapes: only the inputs change
             self.n_reused += 1
             if trace.active:
-                trace.emit("llama.graph_reuse", n_tokens=n_tokens, n_kv=n_kv)
+                trace.emit("llama.graph_reuse", n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv, cached=False)
+        elif self.graph_reuse and (res := self._graph_cache_restore(key)) is not None:
+            self.n_reused += 1
+            self.n_graph_restored += 1
+            if trace.active:
+                trace.emit("llama.graph_reuse", n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv, cached=True)
         else:
+            if self.graph_reuse:
+                self._graph_cache_stash()
             gs.backend_sched_reset(self.sched)
             self._prev_key = None
             res = self.build_graph(n_tokens, n_outputs, n_kv)
+            self.n_graph_builds += 1
             if not self._allocate(res):
                 return ggml.GGML_STATUS_ALLOC_FAILED
             self._prev_key = key
@@ -613,6 +632,53 @@ class LlamaContext:
             out = logits[out_offset:out_offset + n_outputs]
             gb.backend_tensor_get(res.t_logits, out, 0, ggml.nbytes(res.t_logits))
         return ggml.GGML_STATUS_SUCCESS
+
+    @staticmethod
+    def graph_key(n_tokens: int, n_outputs: int, n_kv: int) -> tuple:
+        """What the decode graph depends on (llm_graph_result::can_reuse's checks for this model: the ubatch's
+        n_tokens -- one sequence per ubatch, split_simple --, n_outputs (the out_ids input), the attended KV cells
+        n_kv). Everything else it is built from is fixed for the context's life (cparams, the model, the KV cache's
+        size and types) or set per compute (thread count, eval and abort callbacks), and the inputs are set before
+        every compute."""
+        return (n_tokens, n_outputs, n_kv)
+
+    def _graph_cache_stash(self) -> None:
+        """Before the scheduler takes another graph: keep the one it holds (built, split, allocated, compiled) in
+        the cache under its key, dropping the least recently used beyond ``graph_cache_size``."""
+        key, res = self._prev_key, self.last_graph
+        self._prev_key = None
+        if key is None or res is None or not self.sched.is_alloc or self.graph_cache_size <= 0:
+            return
+        self._graph_cache[key] = (res, gs.backend_sched_save_graph(self.sched))
+        self._graph_cache.move_to_end(key)
+        while len(self._graph_cache) > self.graph_cache_size:
+            _, (_, st) = self._graph_cache.popitem(last=False)
+            gs.backend_sched_free_graph_state(self.sched, st)
+
+    def _graph_cache_restore(self, key):
+        """The cached graph of ``key`` put back into the scheduler (the one it held is stashed first), or None
+        (not cached, or its compute buffers were reallocated since: then it is dropped)."""
+        entry = self._graph_cache.pop(key, None)
+        if entry is None:
+            return None
+        res, st = entry
+        self._graph_cache_stash()
+        if not gs.backend_sched_restore_graph(self.sched, st):
+            gs.backend_sched_free_graph_state(self.sched, st)
+            return None
+        self._prev_key = key
+        return res
+
+    def graph_cache_clear(self) -> None:
+        """Drop every cached graph (not the one in the scheduler)."""
+        while self._graph_cache:
+            _, (_, st) = self._graph_cache.popitem(last=False)
+            gs.backend_sched_free_graph_state(self.sched, st)
+
+    def graph_cache_keys(self) -> list:
+        """The keys (n_tokens, n_outputs, n_kv) of the cached graphs, least recently used first; the graph in the
+        scheduler is ``last_graph`` (key ``(n_tokens, n_outputs, n_kv)`` of it)."""
+        return list(self._graph_cache)
 
     def _allocate(self, res) -> bool:
         """ggml_backend_sched_alloc_graph: split the graph over the backends and allocate its compute buffers."""
