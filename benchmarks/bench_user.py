@@ -65,7 +65,7 @@ class GGviz:
         return llama.sampler_sample(smpl, ctx, -1)
 
     def free(self, ctx, smpl=None):
-        pass
+        llama.free(ctx)
 
 
 class LlamaCpp:

@@ -194,3 +194,40 @@ def test_reallocated_buffers_drop_a_cached_graph(model):
     assert np.array_equal(_decode(ctx, TOKS[:6], 0, 0), lg1)
     assert ctx.n_graph_builds == n + 1 and ctx.n_graph_restored == 0
     assert gs.backend_sched_get_n_splits(ctx.sched) >= 1
+
+
+def _generate(ctx, n=3):
+    out = [_decode(ctx, TOKS[:4], 0, 0)]
+    for i in range(n):
+        out.append(_decode(ctx, [int(np.argmax(out[-1]))], 0, 4 + i))
+    return out
+
+
+def test_a_freed_context_is_taken_over_by_the_next_of_its_shape(model):
+    """llama_free parks the context's backends, KV cache and scheduler (compute buffers, graphs) on the model; the
+    next context of the same shape takes them over: no reserve, no graph built, the same reserve record and buffer
+    sizes, bit-identical logits (against a context created from scratch); the freed context refuses to be used."""
+    lctx.context_pool_clear()
+    a = _ctx(model)
+    la = _generate(a)
+    log, sizes = a.reserve_log, a.compute_buffer_sizes()
+    sched = a.sched
+    llama.free(a)
+    with pytest.raises(llama.ContextFreedError):
+        llama.decode(a, llama.batch_get_one([1]))
+    with pytest.raises(llama.ContextFreedError):
+        a.memory_seq_pos_max(0)
+    b = _ctx(model)
+    assert b.recycled and b.sched is sched and b.kv.seq_pos_max(0) == -1
+    assert b.reserve_log == log and b.compute_buffer_sizes() == sizes and b.check_compute_buffers() == []
+    lb = _generate(b)
+    assert b.n_graph_builds == 0
+    assert all(np.array_equal(x, y) for x, y in zip(la, lb))
+    llama.free(b)
+    other = _ctx(model, n_seq_max=2)              # another shape: a context of its own
+    assert not other.recycled
+    lctx.context_pool_clear()
+    c = _ctx(model)
+    assert not c.recycled and len(c.reserve_log) == 3
+    lc = _generate(c)
+    assert all(np.array_equal(x, y) for x, y in zip(la, lc))

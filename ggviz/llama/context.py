@@ -44,6 +44,7 @@ import operator
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -128,6 +129,89 @@ class ContextParamsError(ValueError):
 
 class ContextBusyError(DecodeError):
     """The context is already decoding (in another thread, or re-entered from its own callback)."""
+
+
+class ContextFreedError(DecodeError):
+    """The context was freed (``llama_free``): its KV cache and scheduler may belong to a new context now."""
+
+
+@dataclass
+class _Parked:
+    """ggviz: what a freed context leaves for the next context of the same model and shape (``_machinery_key``):
+    llama.cpp allocates and reserves anew in every ``llama_init_from_model`` (a few ms in C); ggviz's reserve
+    builds, splits and plans three worst-case graphs in Python (~0.5 s), and its first prompt builds a graph again
+    -- the freed context already has all of that, for exactly the same shapes."""
+    backends: tuple
+    kv: object
+    sched: object
+    backend_buf_exp_size: list
+    reserve_log: list
+    reserve_stats: dict
+    graph_cache: OrderedDict
+    prev_key: object
+    last_graph: object
+
+
+_parked: dict = {}          # id(model) -> (weakref to the model, key, _Parked); dropped when the model goes
+_parked_lock = threading.Lock()
+
+
+def _machinery_key(model, p, n_ctx: int, ctx) -> tuple:
+    """Everything the backends, the KV cache, the reserve and the graphs of a context depend on: its shapes and
+    types, the cparams baked into the graph (rope, YaRN), offload settings, and the accelerator devices registered
+    now (the backends a new context would get). Not: thread counts and callbacks (set at each compute)."""
+    accel = tuple(gb.backend_dev_name(backend_reg.backend_dev_get(i)) for i in range(backend_reg.backend_dev_count())
+                  if gb.backend_dev_type(backend_reg.backend_dev_get(i)) == gb.GGML_BACKEND_DEVICE_TYPE_ACCEL)
+    return (n_ctx, ctx.n_batch, ctx.n_ubatch, ctx.n_seq_max, ctx.n_outputs_max, p.type_k, p.type_v, p.flash_attn_type,
+            bool(p.embeddings), bool(p.offload_kqv), bool(p.op_offload), ctx.rope_freq_base, ctx.rope_freq_scale,
+            ctx.yarn_ext_factor, ctx.yarn_attn_factor, ctx.yarn_beta_fast, ctx.yarn_beta_slow, accel,
+            os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None)
+
+
+def _parked_take(model, key):
+    with _parked_lock:
+        entry = _parked.get(id(model))
+        if entry is None or entry[0]() is not model or entry[1] != key:
+            return None
+        del _parked[id(model)]
+        return entry[2]
+
+
+def _parked_put(model, key, parked: _Parked) -> None:
+    with _parked_lock:
+        old = _parked.get(id(model))
+        _parked[id(model)] = (weakref.ref(model, lambda _r, i=id(model): _parked_drop(i)), key, parked)
+    if old is not None:
+        _release_parked(old[2])
+
+
+def _parked_drop(model_id: int) -> None:
+    """The model was garbage-collected: its parked machinery goes too."""
+    with _parked_lock:
+        entry = _parked.get(model_id)
+        if entry is not None and entry[0]() is None:
+            del _parked[model_id]
+        else:
+            entry = None
+    if entry is not None:
+        _release_parked(entry[2])
+
+
+def _release_parked(parked: _Parked) -> None:
+    for _, st in parked.graph_cache.values():
+        gs.backend_sched_free_graph_state(parked.sched, st)
+    parked.graph_cache.clear()
+    gs.backend_sched_free(parked.sched)
+
+
+def context_pool_clear(model=None) -> None:
+    """Drop the machinery parked by freed contexts (of ``model``, or of every model): their memory goes back."""
+    with _parked_lock:
+        ids = [id(model)] if model is not None else list(_parked)
+        entries = [_parked.pop(i, None) for i in ids]
+    for e in entries:
+        if e is not None:
+            _release_parked(e[2])
 
 
 def available_memory() -> int | None:
@@ -216,16 +300,28 @@ class LlamaContext:
         self.yarn_attn_factor = 1.0 if p.yarn_attn_factor < 0.0 else p.yarn_attn_factor
         self.yarn_beta_fast = 32.0 if p.yarn_beta_fast < 0.0 else p.yarn_beta_fast
         self.yarn_beta_slow = 1.0 if p.yarn_beta_slow < 0.0 else p.yarn_beta_slow
-        self._init_backends(model, p)
-        # the KV cache of each layer lives on the layer's device when offload_kqv (llama_kv_cache's buft per layer)
-        kv_bufts = [gb.backend_dev_buffer_type(d) if (p.offload_kqv and d is not None) else gb.backend_cpu_buffer_type()
-                    for d in (model.dev_layer or [None] * hp.n_layer)]
-        try:
-            self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts, n_seq_max=self.n_seq_max)
-        except (MemoryError, RuntimeError) as e:       # the estimate said it fits, the allocation says no
-            if isinstance(e, RuntimeError) and "failed to allocate" not in str(e):
-                raise
-            raise self._memory_refusal(hp, n_ctx_req, f"the KV cache could not be allocated ({e})") from e
+        self._freed = False
+        # ggviz: the machinery of a context of the same model and shape that was freed (llama_free) is taken over
+        # instead of allocated and reserved again (see _Parked)
+        self._machinery_key = _machinery_key(model, p, n_ctx, self)
+        parked = _parked_take(model, self._machinery_key)
+        if parked is not None:
+            self.backends, self.backend_cpu, self.set_n_threads_fns, self.backend_buft = parked.backends
+            self.kv = parked.kv
+            self.kv.clear(True)             # as a new cache: empty cells, zeroed buffers
+        else:
+            self._init_backends(model, p)
+            # the KV cache of each layer lives on the layer's device when offload_kqv (llama_kv_cache's buft per
+            # layer)
+            kv_bufts = [gb.backend_dev_buffer_type(d) if (p.offload_kqv and d is not None)
+                        else gb.backend_cpu_buffer_type() for d in (model.dev_layer or [None] * hp.n_layer)]
+            try:
+                self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts,
+                                  n_seq_max=self.n_seq_max)
+            except (MemoryError, RuntimeError) as e:       # the estimate said it fits, the allocation says no
+                if isinstance(e, RuntimeError) and "failed to allocate" not in str(e):
+                    raise
+                raise self._memory_refusal(hp, n_ctx_req, f"the KV cache could not be allocated ({e})") from e
         self.logits = np.zeros((0, hp.n_vocab), dtype=np.float32)
         self.output_ids: dict[int, int] = {}
         self.n_outputs = 0
@@ -251,10 +347,50 @@ class LlamaContext:
         self.backend_buf_exp_size = [0] * len(self.backends)   # bytes per backend after the reserve
         self.reserve_log: list[dict] = []                      # one entry per graph_reserve, in order
         self.reserve_stats: dict = {}
+        self.recycled = parked is not None     # ggviz: the scheduler and KV cache came from a freed context
+        if parked is not None:
+            self._adopt(parked)
+            return
         try:
             self.sched_reserve()
         except (MemoryError, DecodeError) as e:
             raise self._memory_refusal(hp, n_ctx_req, f"the compute buffers could not be allocated ({e})") from e
+
+    def _adopt(self, parked: _Parked) -> None:
+        """Take over a freed context's scheduler: its compute buffers are what this context's reserve would
+        allocate (same model, same shapes: the same three worst-case graphs), its reserve record is this one's, and
+        its graphs (the one in the scheduler and the cached ones) are graphs of this context's shapes over the same KV
+        cache tensors -- their inputs are set before every compute, as always."""
+        self.sched = parked.sched
+        self.sched_need_reserve = False
+        self.backend_buf_exp_size = list(parked.backend_buf_exp_size)
+        self.reserve_log = [dict(e) for e in parked.reserve_log]
+        self.reserve_stats = dict(parked.reserve_stats)
+        self._graph_cache = parked.graph_cache
+        self._prev_key, self.last_graph = parked.prev_key, parked.last_graph
+        if trace.active:
+            trace.emit("llama.sched_reserve", ctx=id(self), sched=id(self.sched), recycled=True,
+                       sizes={gb.backend_name(b): s for b, s in zip(self.backends, self.backend_buf_exp_size)},
+                       bufts=[gb.backend_buft_name(bt) for bt in self.backend_buft], **self.reserve_stats)
+
+    def free(self) -> None:
+        """llama_free: the context can no longer be used. ggviz parks its machinery (backends, KV cache, scheduler
+        with its compute buffers and graphs) on the model, for the next context of the same shape to take over
+        (one parked context per model; ``context_pool_clear`` drops them)."""
+        with self._claim("llama_free"):
+            if self._freed:
+                return
+            self._freed = True
+            if self.sched is not None and not self.sched_need_reserve:
+                _parked_put(self.model, self._machinery_key, _Parked(
+                    backends=(self.backends, self.backend_cpu, self.set_n_threads_fns, self.backend_buft),
+                    kv=self.kv, sched=self.sched, backend_buf_exp_size=self.backend_buf_exp_size,
+                    reserve_log=self.reserve_log, reserve_stats=self.reserve_stats, graph_cache=self._graph_cache,
+                    prev_key=self._prev_key, last_graph=self.last_graph))
+            self.sched = None
+            self._graph_cache = OrderedDict()
+            self.last_graph = None
+            self._prev_key = None
 
     @staticmethod
     def _param(name: str, value, lo: int, note: str = "") -> int:
@@ -473,15 +609,23 @@ class LlamaContext:
             return self.kv.seq_rm(seq_id, p0, p1)
 
     def memory_seq_pos_max(self, seq_id: int) -> int:
+        self._check_live("llama_memory_seq_pos_max")
         return self.kv.seq_pos_max(seq_id)
 
     def memory_seq_pos_min(self, seq_id: int) -> int:
+        self._check_live("llama_memory_seq_pos_min")
         return self.kv.seq_pos_min(seq_id)
+
+    def _check_live(self, what: str) -> None:
+        if self._freed:
+            raise ContextFreedError(f"{what}: this llama context was freed (llama_free)")
 
     # ---- one caller at a time
     def _claim(self, what: str):
         """The context's lock, taken without waiting: a second caller gets ContextBusyError (ggviz; llama.cpp
         leaves two threads in one context undefined)."""
+        if what != "llama_free":
+            self._check_live(what)
         if not self._busy.acquire(blocking=False):
             same = self._busy_thread == threading.get_ident()
             raise ContextBusyError(f"{what}: this llama context is already decoding in "
