@@ -32,7 +32,7 @@ from . import backend as B
 from . import consts as C
 from .graph import HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import Tensor
+from .tensor import _Q_SRC, Tensor, tensor_at
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -60,6 +60,13 @@ def aligned_offset(buffer: int, offset: int, alignment: int) -> int:
     assert alignment and not (alignment & (alignment - 1))   # power of 2
     align = (alignment - ((buffer + offset) % alignment)) % alignment
     return offset + align
+
+
+def srcs_of(node: Tensor) -> list:
+    """ggviz: ``(j, node->src[j])`` for the non-NULL sources, in order -- what the C loops ``for (j = 0; j <
+    GGML_MAX_SRC; j++) { src = node->src[j]; if (!src) continue; ... }`` visit, read from the struct's pointer
+    array in one go (a Python-level ``node.src[j]`` per slot costs more than the loop bodies)."""
+    return [(j, tensor_at(a)) for j, a in enumerate(node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()) if a]
 
 
 def _is_view(t: Tensor) -> bool:
@@ -632,10 +639,7 @@ def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int) ->
 
         # try to reuse a parent's buffer (inplace)
         if op_can_inplace(node.op):
-            for i in range(C.GGML_MAX_SRC):
-                parent = node.src[i]
-                if parent is None:
-                    continue
+            for i, parent in srcs_of(node):
 
                 # if the node's data is external, then we cannot re-use it
                 if not gallocr_is_own(galloc, parent):
@@ -738,10 +742,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         if node.flags & C.GGML_TENSOR_FLAG_INPUT:
             gallocr_allocate_node(galloc, graph.nodes[i], get_node_buffer_id(node_buffer_ids, i))
 
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in srcs_of(node):
             gallocr_hash_get(galloc, src).n_children += 1
 
             # allocate explicit inputs
@@ -754,7 +755,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         galloc._index = i
         node = graph.nodes[i]
         buffer_id = get_node_buffer_id(node_buffer_ids, i)
-        srcs = [s for s in node.src if s is not None]
+        srcs = [s for _, s in srcs_of(node)]
 
         # allocate parents (only leafs need to be allocated at this point)
         for parent in srcs:
@@ -816,8 +817,9 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
             na.dst.buffer_id = hn.buffer_id
             na.dst.addr = hn.addr
             na.dst.size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node)
+        srcs = dict(srcs_of(node))
         for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
+            src = srcs.get(j)
             if src is None or src.view_src is not None or src.data:
                 _invalid_alloc(na.src[j])
             else:
@@ -949,10 +951,7 @@ def _realloc_reason(galloc: ggml_gallocr, graph) -> str | None:
         na = galloc.node_allocs[i]
         if not gallocr_node_needs_realloc(galloc, node, na.dst):
             return f"node {node.name} is not valid"
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in srcs_of(node):
             if not gallocr_node_needs_realloc(galloc, src, na.src[j]):
                 return f"src {j} ({src.name}) of node {node.name} is not valid"
     return None
@@ -990,10 +989,7 @@ def gallocr_alloc_graph(galloc: ggml_gallocr, graph) -> bool:
     for i in range(graph.n_nodes):
         node = graph.nodes[i]
         na = galloc.node_allocs[i]
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in srcs_of(node):
             gallocr_init_tensor(galloc, src, na.src[j])
         gallocr_init_tensor(galloc, node, na.dst)
     return True

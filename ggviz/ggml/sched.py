@@ -326,10 +326,7 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
     allow = allow and tensor.op != C.GGML_OP_FLASH_ATTN_EXT
 
     if allow:
-        for i in range(C.GGML_MAX_SRC):
-            src = tensor.src[i]
-            if src is None:
-                continue
+        for i, src in A.srcs_of(tensor):
             src_buf = B.buffer_at(src.buffer) if src.buffer else None
             if src_buf is not None and src_buf.usage == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
                 src_backend_id = backend_sched_backend_from_buffer(sched, src, tensor)
@@ -453,10 +450,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             for b in range(sched.n_backends):
                 if B.backend_supports_op(sched.backends[b], node):
                     n_supported = 0
-                    for j in range(C.GGML_MAX_SRC):
-                        src = node.src[j]
-                        if src is None:
-                            continue
+                    for j, src in A.srcs_of(node):
                         if ((_tbid(sched, src) != -1 or _tbid(sched, src.view_src) != -1)
                                 and backend_sched_buffer_supported(sched, src, b)):
                             n_supported += 1
@@ -469,10 +463,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             for b in range(tbid[h]):
                 if sched.bufts[b] is sched.bufts[tbid[h]] and B.backend_supports_op(sched.backends[b], node):
                     supported = True
-                    for j in range(C.GGML_MAX_SRC):
-                        src = node.src[j]
-                        if src is None:
-                            continue
+                    for j, src in A.srcs_of(node):
                         if not backend_sched_buffer_supported(sched, src, b):
                             supported = False
                             break
@@ -488,10 +479,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         if node.view_src is not None and tbid[h] == -1:
             tbid[h] = _tbid(sched, node.view_src)
             SET_CAUSE(sched, node, "4.vsrc", tbid[h])
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in A.srcs_of(node):
             hs = _hash_id(sched, src)
             if tbid[hs] == -1:
                 if src.view_src is not None:
@@ -536,10 +524,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         # check if we should start a new split based on the sources of the current node
         need_new_split = False
         if node_backend_id == cur_backend_id and split.n_inputs > 0:
-            for j in range(C.GGML_MAX_SRC):
-                src = node.src[j]
-                if src is None:
-                    continue
+            for j, src in A.srcs_of(node):
                 # check if a weight is on a different and incompatible backend
                 # by starting a new split, the memory of the previously offloaded weights can be reused
                 src_buf = B.buffer_at(src.buffer) if src.buffer else None
@@ -570,10 +555,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             cur_backend_id = node_backend_id
 
         # find inputs that are not on the same backend
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in A.srcs_of(node):
             src_id = _hash_id(sched, src)
             src_backend_id = tbid[src_id]
             GGML_ASSERT(src_backend_id != -1, f"source {src.name!r} of {node.name!r} has no backend")
@@ -768,7 +750,7 @@ def _make_plan(sched, graph) -> dict:
         b = tbid[h]
         nodes.append(dict(index=i, name=t.name, op=op_desc(t), backend=names[b] if b >= 0 else None, backend_id=b,
                           cause=causes.get(h, ""), split=node_split[i] if i < len(node_split) else None,
-                          view_op=is_view_op(t.op), srcs=[s.name for s in t.src if s is not None]))
+                          view_op=is_view_op(t.op), srcs=[s.name for _, s in A.srcs_of(t)]))
     leafs = []
     for t in graph.leafs:
         h = _hash_id(sched, t)

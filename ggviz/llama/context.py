@@ -601,8 +601,7 @@ class LlamaContext:
     def memory_clear(self, data: bool = True):
         """llama_memory_clear: forget every cell; with ``data`` also zero the K/V buffers."""
         with self._claim("llama_memory_clear"):
-            self.kv.clear(data)
-            self._prev_key = None
+            self.kv.clear(data)     # the graphs stay valid: they depend on the cache's tensors, not its contents
 
     def memory_seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         with self._claim("llama_memory_seq_rm"):
@@ -813,11 +812,14 @@ class LlamaContext:
         self._prev_key = key
         return res
 
-    def graph_cache_clear(self) -> None:
-        """Drop every cached graph (not the one in the scheduler)."""
+    def graph_cache_clear(self, installed: bool = False) -> None:
+        """Drop every cached graph; with ``installed`` also the one in the scheduler (the next ubatch is then built,
+        split and allocated whatever its shape)."""
         while self._graph_cache:
             _, (_, st) = self._graph_cache.popitem(last=False)
             gs.backend_sched_free_graph_state(self.sched, st)
+        if installed:
+            self._prev_key = None
 
     def graph_cache_keys(self) -> list:
         """The keys (n_tokens, n_outputs, n_kv) of the cached graphs, least recently used first; the graph in the
