@@ -330,7 +330,10 @@ class LlamaCppLib:
     name = "llama.cpp"
 
     def __init__(self, path, n_threads):
-        import llama_cpp as L
+        try:     # optional (and loaded only here: its libggml must not meet another ggml in the process first)
+            import llama_cpp as L
+        except ImportError as e:
+            raise ImportError(f"llama-cpp-python is not installed ({e})") from e
         self.L = L
         L.llama_backend_init()
         self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
