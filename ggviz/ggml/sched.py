@@ -35,7 +35,9 @@ SET_CAUSE / GET_CAUSE are ggml's debug-build records: here they are always kept 
 as in C; ``backend_sched_get_tensor_cause``). Python additions (no C counterpart): trace events ``sched.pass``,
 ``sched.assign`` (tensor, backend, cause), ``sched.split``, ``sched.copy`` (a copy created / an input copied),
 ``sched.alloc``, ``sched.compute_split``, ``sched.eval``; and ``sched.last_plan``, the last split as plain data
-(per node: backend and cause; per split: backend, node range, inputs and their copies).
+(per node: backend and cause; per split: backend, node range, inputs and their copies). Also Python-only:
+``backend_sched_save_graph`` / ``backend_sched_restore_graph`` take an allocated graph's whole state out of the
+scheduler and put it back later (llama's graph cache keeps several allocated graphs on one scheduler).
 """
 from __future__ import annotations
 

@@ -37,6 +37,19 @@ graphs are built over the *full* KV cache (``memory->init_full()``: n_kv = the c
 output (``min(n_tokens, n_outputs_max)``), a token-generation ubatch of 1 token, then the pp graph again. The sizes
 (``ctx.backend_buf_exp_size``, ``ctx.compute_buffer_sizes()``) are what llama.cpp logs as
 ``sched_reserve: CPU compute buffer size = X MiB``; decode then never grows the buffers.
+
+Graph reuse: as llama.cpp (``llm_graph_result::can_reuse``), a ubatch whose graph key (``graph_key``: n_tokens,
+n_outputs, n_kv) equals the last one's reuses the graph in the scheduler: only the inputs are set. ggviz goes further
+(no C counterpart): the last ``graph_cache_size`` graphs of other keys stay built, split, allocated and compiled
+(the scheduler's per-graph state, ``backend_sched_save_graph``, with the allocator's plan), so that the decode step
+after a prompt, or a prompt of a length seen before, builds nothing; a restored graph puts back its splits, causes,
+copies and allocator plan, so ``sched.last_plan`` and ``galloc.last_alloc`` describe the graph that runs
+(``n_graph_builds`` / ``n_graph_restored`` count; trace events ``llama.graph_reuse`` with ``cached``,
+``sched.save_graph``, ``sched.restore_graph``). ``LLAMA_GRAPH_REUSE_DISABLE`` turns both off.
+
+``llama_free`` (``LlamaContext.free``) parks the context's backends, KV cache and scheduler (compute buffers, graphs)
+on the model; the next ``init_from_model`` of the same model and shape (``_machinery_key``) takes them over -- the KV
+cache cleared as a new one is, the reserve record kept (``recycled``) -- instead of reserving and building again.
 """
 from __future__ import annotations
 
