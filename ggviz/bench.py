@@ -334,6 +334,11 @@ class LlamaCppLib:
             import llama_cpp as L
         except ImportError as e:
             raise ImportError(f"llama-cpp-python is not installed ({e})") from e
+        try:     # llama-cpp-python's log callback: errors only (as its Llama(verbose=False))
+            from llama_cpp import _logger
+            _logger.set_verbose(False)
+        except (ImportError, AttributeError):
+            pass
         self.L = L
         L.llama_backend_init()
         self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
@@ -540,7 +545,7 @@ def main(argv=None) -> int:
                     help="comma-separated thread counts (default 2; with --numpy 1,2)")
     ap.add_argument("--decode", type=cli.int_arg(1), default=None,
                     help="tokens generated per measurement (default 64; with --numpy 32)")
-    ap.add_argument("--prefill", type=cli.int_arg(2), default=128, help="prompt length for the prefill measurement")
+    ap.add_argument("--prefill", type=cli.int_arg(1), default=128, help="prompt length for the prefill measurement")
     ap.add_argument("--reps", type=cli.int_arg(1), default=3,
                     help="repetitions per measurement (the median is reported; with --numpy the best)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if importable")
