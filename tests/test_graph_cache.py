@@ -244,3 +244,24 @@ def test_a_freed_context_is_taken_over_by_the_next_of_its_shape(model):
     assert not c.recycled and len(c.reserve_log) == 3
     lc = _generate(c)
     assert all(np.array_equal(x, y) for x, y in zip(la, lc))
+
+
+def test_a_graph_allocated_on_the_scheduler_directly_is_not_taken_for_the_contexts(model):
+    """The views split and allocate graphs on ``ctx.sched`` themselves (reset, build, alloc_graph): the context's
+    next decode then neither reuses nor caches that foreign graph as its own; its logits stay a fresh build's."""
+    from ggviz.ggml import sched as gs
+    ctx = _ctx(model)
+    fresh = _ctx(model, reuse=False)
+    for c in (ctx, fresh):
+        _decode(c, TOKS[:6], 0, 0)
+    _decode(ctx, [TOKS[6]], 0, 6)
+    _decode(fresh, [TOKS[6]], 0, 6)
+    gs.backend_sched_reset(ctx.sched)                 # what tests/test_machinery_views.py's plan_decode does
+    other = ctx.build_graph(1, 1, 256)
+    assert gs.backend_sched_alloc_graph(ctx.sched, other.gf)
+    n = ctx.n_graph_builds
+    assert np.array_equal(_decode(ctx, [TOKS[7]], 0, 7), _decode(fresh, [TOKS[7]], 0, 7))
+    assert ctx.n_graph_builds == n + 1 and ctx.last_graph is not other
+    assert ctx.graph_cache_keys() == [(6, 1, 256)]
+    assert np.array_equal(_decode(ctx, TOKS[:6], 0, 8), _decode(fresh, TOKS[:6], 0, 8))     # from the cache
+    assert ctx.n_graph_restored == 1

@@ -163,6 +163,7 @@ class _Parked:
     graph_cache: OrderedDict
     prev_key: object
     last_graph: object
+    installed_uid: object
 
 
 _parked: dict = {}          # id(model) -> (weakref to the model, key, _Parked); dropped when the model goes
@@ -346,6 +347,7 @@ class LlamaContext:
         # LLAMA_GRAPH_REUSE_DISABLE turns that off, as there
         self.graph_reuse = os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None
         self._prev_key = None
+        self._installed_uid = None       # _sched_uid() of the graph this context put in the scheduler last
         self.n_reused = 0
         # ggviz goes further: the last few graphs of other shapes stay built, split and allocated (see
         # _process_ubatch), so that going back to a shape seen before (decode after a prompt) costs nothing either
@@ -381,6 +383,7 @@ class LlamaContext:
         self.reserve_stats = dict(parked.reserve_stats)
         self._graph_cache = parked.graph_cache
         self._prev_key, self.last_graph = parked.prev_key, parked.last_graph
+        self._installed_uid = parked.installed_uid
         if trace.active:
             trace.emit("llama.sched_reserve", ctx=id(self), sched=id(self.sched), recycled=True,
                        sizes={gb.backend_name(b): s for b, s in zip(self.backends, self.backend_buf_exp_size)},
@@ -399,7 +402,7 @@ class LlamaContext:
                     backends=(self.backends, self.backend_cpu, self.set_n_threads_fns, self.backend_buft),
                     kv=self.kv, sched=self.sched, backend_buf_exp_size=self.backend_buf_exp_size,
                     reserve_log=self.reserve_log, reserve_stats=self.reserve_stats, graph_cache=self._graph_cache,
-                    prev_key=self._prev_key, last_graph=self.last_graph))
+                    prev_key=self._prev_key, last_graph=self.last_graph, installed_uid=self._installed_uid))
             self.sched = None
             self._graph_cache = OrderedDict()
             self.last_graph = None
@@ -753,7 +756,7 @@ class LlamaContext:
         n_outputs = int(out_mask.sum())
         n_kv = self.kv.get_n_kv()
         key = self.graph_key(n_tokens, n_outputs, n_kv)
-        if self.graph_reuse and self._prev_key == key and self.last_graph is not None:
+        if self.graph_reuse and self._prev_key == key and self.last_graph is not None and self._installed():
             res = self.last_graph             # same shapes: only the inputs change
             self.n_reused += 1
             if trace.active:
@@ -773,6 +776,7 @@ class LlamaContext:
             if not self._allocate(res):
                 return ggml.GGML_STATUS_ALLOC_FAILED
             self._prev_key = key
+            self._installed_uid = self._sched_uid()
         self._set_inputs(res, tokens, pos, seq_ids, out_mask, idxs, n_kv)
         self.last_graph = res
         if self.graph_hook is not None:
@@ -803,7 +807,7 @@ class LlamaContext:
         the cache under its key, dropping the least recently used beyond ``graph_cache_size``."""
         key, res = self._prev_key, self.last_graph
         self._prev_key = None
-        if key is None or res is None or not self.sched.is_alloc or self.graph_cache_size <= 0:
+        if key is None or res is None or not self._installed() or self.graph_cache_size <= 0:
             return
         self._graph_cache[key] = (res, gs.backend_sched_save_graph(self.sched))
         self._graph_cache.move_to_end(key)
@@ -823,7 +827,18 @@ class LlamaContext:
             gs.backend_sched_free_graph_state(self.sched, st)
             return None
         self._prev_key = key
+        self._installed_uid = self._sched_uid()
         return res
+
+    def _sched_uid(self):
+        """The uid the scheduler's last split gave its first split graph (a new one at every split)."""
+        sp = self.sched.splits
+        return sp[0].graph.uid if self.sched.n_splits and sp[0].graph is not None else None
+
+    def _installed(self) -> bool:
+        """Is the graph this context allocated last still the one in the scheduler? (Somebody may have split and
+        allocated another graph on ``ctx.sched`` directly -- the views do -- or reserved.)"""
+        return self.sched.is_alloc and self._installed_uid is not None and self._installed_uid == self._sched_uid()
 
     def graph_cache_clear(self, installed: bool = False) -> None:
         """Drop every cached graph; with ``installed`` also the one in the scheduler (the next ubatch is then built,
