@@ -615,7 +615,8 @@ def gallocr_free_extra_space(galloc: ggml_gallocr, node: Tensor, parent: Tensor)
     parent_size = B.backend_buft_get_alloc_size(galloc.bufts[p_hn.buffer_id], parent)
     node_size = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node)
 
-    GGML_ASSERT(parent_size >= node_size, f"{parent.name!r} is smaller than {node.name!r} reusing it")
+    if not (parent_size >= node_size):      # (the message is only formatted when it fails)
+        GGML_ASSERT(False, f"{parent.name!r} is smaller than {node.name!r} reusing it")
 
     # note: we want after the freeing the chunks to continue to be aligned
     p_alloc = galloc.buf_tallocs[p_hn.buffer_id]

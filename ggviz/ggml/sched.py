@@ -496,8 +496,9 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         while b < sched.n_backends and tbid[h] == -1:
             backend_sched_set_if_supported(sched, node, b)
             b += 1
-        GGML_ASSERT(tbid[h] != -1, f"GGML_ASSERT(*cur_backend_id != -1): no backend supports node {node.name!r} "
-                                   f"({op_desc(node)})")
+        if not (tbid[h] != -1):      # (the message is only formatted when it fails)
+            GGML_ASSERT(False, f"GGML_ASSERT(*cur_backend_id != -1): no backend supports node "
+                               f"{node.name!r} ({op_desc(node)})")
 
     # pass 5: split graph, find tensors that need to be copied
     _pass(sched, "5", "split the graph, find the tensors that need to be copied")
@@ -521,7 +522,8 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             continue
         node_backend_id = tbid[_hash_id(sched, node)]
         # all nodes should be assigned by now, this can happen if there is no CPU fallback
-        GGML_ASSERT(node_backend_id != -1, f"node {node.name!r} has no backend (no CPU fallback?)")
+        if not (node_backend_id != -1):      # (the message is only formatted when it fails)
+            GGML_ASSERT(False, f"node {node.name!r} has no backend (no CPU fallback?)")
 
         # check if we should start a new split based on the sources of the current node
         need_new_split = False
@@ -560,7 +562,8 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         for j, src in A.srcs_of(node):
             src_id = _hash_id(sched, src)
             src_backend_id = tbid[src_id]
-            GGML_ASSERT(src_backend_id != -1, f"source {src.name!r} of {node.name!r} has no backend")
+            if not (src_backend_id != -1):      # (the message is only formatted when it fails)
+                GGML_ASSERT(False, f"source {src.name!r} of {node.name!r} has no backend")
 
             if (src.flags & C.GGML_TENSOR_FLAG_INPUT) and sched.n_copies > 1:
                 if _tensor_id_copy(sched, src_id, src_backend_id, 0) is None:
