@@ -32,7 +32,7 @@ from . import backend as B
 from . import consts as C
 from .graph import HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import Tensor
+from .tensor import _Q_SRC, Tensor, tensor_at
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -60,6 +60,13 @@ def aligned_offset(buffer: int, offset: int, alignment: int) -> int:
     assert alignment and not (alignment & (alignment - 1))   # power of 2
     align = (alignment - ((buffer + offset) % alignment)) % alignment
     return offset + align
+
+
+def srcs_of(node: Tensor) -> list:
+    """ggviz: ``(j, node->src[j])`` for the non-NULL sources, in order -- what the C loops ``for (j = 0; j <
+    GGML_MAX_SRC; j++) { src = node->src[j]; if (!src) continue; ... }`` visit, read from the struct's pointer
+    array in one go (a Python-level ``node.src[j]`` per slot costs more than the loop bodies)."""
+    return [(j, tensor_at(a)) for j, a in enumerate(node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()) if a]
 
 
 def _is_view(t: Tensor) -> bool:
@@ -451,6 +458,9 @@ class ggml_gallocr:
         self._phase = "leafs"
         self._index = -1
         self._rec: dict[int, dict] = {}
+        # ggviz: the plan lists (node_allocs / leaf_allocs) are also held by a saved plan (gallocr_save_plan): the
+        # next reserve makes new lists instead of overwriting these in place
+        self._plan_shared = False
 
     def __repr__(self):
         return (f"<ggml_gallocr n_buffers={self.n_buffers} sizes="
@@ -605,7 +615,8 @@ def gallocr_free_extra_space(galloc: ggml_gallocr, node: Tensor, parent: Tensor)
     parent_size = B.backend_buft_get_alloc_size(galloc.bufts[p_hn.buffer_id], parent)
     node_size = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node)
 
-    GGML_ASSERT(parent_size >= node_size, f"{parent.name!r} is smaller than {node.name!r} reusing it")
+    if not (parent_size >= node_size):      # (the message is only formatted when it fails)
+        GGML_ASSERT(False, f"{parent.name!r} is smaller than {node.name!r} reusing it")
 
     # note: we want after the freeing the chunks to continue to be aligned
     p_alloc = galloc.buf_tallocs[p_hn.buffer_id]
@@ -629,10 +640,7 @@ def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int) ->
 
         # try to reuse a parent's buffer (inplace)
         if op_can_inplace(node.op):
-            for i in range(C.GGML_MAX_SRC):
-                parent = node.src[i]
-                if parent is None:
-                    continue
+            for i, parent in srcs_of(node):
 
                 # if the node's data is external, then we cannot re-use it
                 if not gallocr_is_own(galloc, parent):
@@ -735,10 +743,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         if node.flags & C.GGML_TENSOR_FLAG_INPUT:
             gallocr_allocate_node(galloc, graph.nodes[i], get_node_buffer_id(node_buffer_ids, i))
 
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in srcs_of(node):
             gallocr_hash_get(galloc, src).n_children += 1
 
             # allocate explicit inputs
@@ -751,7 +756,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         galloc._index = i
         node = graph.nodes[i]
         buffer_id = get_node_buffer_id(node_buffer_ids, i)
-        srcs = [s for s in node.src if s is not None]
+        srcs = [s for _, s in srcs_of(node)]
 
         # allocate parents (only leafs need to be allocated at this point)
         for parent in srcs:
@@ -800,7 +805,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
     gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
     # set the node_allocs from the hash table
-    if galloc.n_nodes < graph.n_nodes:
+    if galloc.n_nodes < graph.n_nodes or galloc._plan_shared:
         galloc.node_allocs = [node_alloc() for _ in range(graph.n_nodes)]
     galloc.n_nodes = graph.n_nodes
     for i in range(graph.n_nodes):
@@ -813,8 +818,9 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
             na.dst.buffer_id = hn.buffer_id
             na.dst.addr = hn.addr
             na.dst.size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node)
+        srcs = dict(srcs_of(node))
         for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
+            src = srcs.get(j)
             if src is None or src.view_src is not None or src.data:
                 _invalid_alloc(na.src[j])
             else:
@@ -822,9 +828,10 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
                 na.src[j].buffer_id = hn.buffer_id
                 na.src[j].addr = hn.addr
                 na.src[j].size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], src)
-    if galloc.n_leafs < graph.n_leafs:
+    if galloc.n_leafs < graph.n_leafs or galloc._plan_shared:
         galloc.leaf_allocs = [leaf_alloc() for _ in range(graph.n_leafs)]
     galloc.n_leafs = graph.n_leafs
+    galloc._plan_shared = False
     for i in range(graph.n_leafs):
         leaf = graph.leafs[i]
         hn = gallocr_hash_get(galloc, leaf)
@@ -945,10 +952,7 @@ def _realloc_reason(galloc: ggml_gallocr, graph) -> str | None:
         na = galloc.node_allocs[i]
         if not gallocr_node_needs_realloc(galloc, node, na.dst):
             return f"node {node.name} is not valid"
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in srcs_of(node):
             if not gallocr_node_needs_realloc(galloc, src, na.src[j]):
                 return f"src {j} ({src.name}) of node {node.name} is not valid"
     return None
@@ -986,10 +990,7 @@ def gallocr_alloc_graph(galloc: ggml_gallocr, graph) -> bool:
     for i in range(graph.n_nodes):
         node = graph.nodes[i]
         na = galloc.node_allocs[i]
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in srcs_of(node):
             gallocr_init_tensor(galloc, src, na.src[j])
         gallocr_init_tensor(galloc, node, na.dst)
     return True
@@ -1010,6 +1011,50 @@ def gallocr_get_buffer_size(galloc: ggml_gallocr, buffer_id: int) -> int:
 # ==================================================================================================
 # utils: every tensor of a context in one (or a few) buffers
 # ==================================================================================================
+
+class gallocr_plan:
+    """ggviz addition (no C counterpart): the plan of one graph, as ``gallocr_reserve_n`` left it -- node/leaf
+    allocations, the dynamic allocators' chunks, the plain-data record (``last_alloc``) -- and the buffers it
+    points into. A context that keeps several allocated graphs (llama's graph cache) puts a graph's plan back when
+    it computes that graph again, so that the allocator reports the plan the graph really runs with."""
+    __slots__ = ("node_allocs", "n_nodes", "leaf_allocs", "n_leafs", "chunks", "last_alloc", "buffers")
+
+
+def gallocr_save_plan(galloc: ggml_gallocr) -> gallocr_plan:
+    """The current plan (shared with ``galloc`` until its next reserve, which then makes new lists)."""
+    p = gallocr_plan()
+    p.node_allocs, p.n_nodes = galloc.node_allocs, galloc.n_nodes
+    p.leaf_allocs, p.n_leafs = galloc.leaf_allocs, galloc.n_leafs
+    # dyn_tallocr_reset replaces the chunk list, but the chunks themselves are mutated while planning: copy them
+    p.chunks = [[_chunk_copy(ch) for ch in ta.chunks] for ta in galloc.buf_tallocs]
+    p.last_alloc = galloc.last_alloc
+    p.buffers = list(galloc.buffers)
+    galloc._plan_shared = True
+    return p
+
+
+def _chunk_copy(ch: tallocr_chunk) -> tallocr_chunk:
+    c = tallocr_chunk()
+    c.free_blocks = [free_block(b.offset, b.size) for b in ch.free_blocks]
+    c.max_size = ch.max_size
+    return c
+
+
+def gallocr_plan_valid(galloc: ggml_gallocr, plan: gallocr_plan) -> bool:
+    """Do the plan's tensors still point into ``galloc``'s buffers (none was reallocated since the plan)?"""
+    return len(plan.buffers) == len(galloc.buffers) and all(a is b for a, b in zip(plan.buffers, galloc.buffers))
+
+
+def gallocr_restore_plan(galloc: ggml_gallocr, plan: gallocr_plan) -> None:
+    """Make ``plan`` the current plan again (as if its graph had just been reserved); the plan object is spent."""
+    GGML_ASSERT(gallocr_plan_valid(galloc, plan), "gallocr_restore_plan: the buffers were reallocated since the plan")
+    galloc.node_allocs, galloc.n_nodes = plan.node_allocs, plan.n_nodes
+    galloc.leaf_allocs, galloc.n_leafs = plan.leaf_allocs, plan.n_leafs
+    for ta, chunks in zip(galloc.buf_tallocs, plan.chunks):
+        ta.chunks = chunks
+    galloc.last_alloc = plan.last_alloc
+    galloc._plan_shared = False
+
 
 def _free_buffers(buffers: list) -> None:
     for b in buffers:

@@ -35,7 +35,9 @@ SET_CAUSE / GET_CAUSE are ggml's debug-build records: here they are always kept 
 as in C; ``backend_sched_get_tensor_cause``). Python additions (no C counterpart): trace events ``sched.pass``,
 ``sched.assign`` (tensor, backend, cause), ``sched.split``, ``sched.copy`` (a copy created / an input copied),
 ``sched.alloc``, ``sched.compute_split``, ``sched.eval``; and ``sched.last_plan``, the last split as plain data
-(per node: backend and cause; per split: backend, node range, inputs and their copies).
+(per node: backend and cause; per split: backend, node range, inputs and their copies). Also Python-only:
+``backend_sched_save_graph`` / ``backend_sched_restore_graph`` take an allocated graph's whole state out of the
+scheduler and put it back later (llama's graph cache keeps several allocated graphs on one scheduler).
 """
 from __future__ import annotations
 
@@ -164,6 +166,7 @@ class ggml_backend_sched:
         self.causes: dict[int, str] = {}
         self._pass = ""
         self.last_plan: dict | None = None
+        self._spare_buffers: list = []    # context buffers given back by saved graph states (backend_sched_save_graph)
 
     def __repr__(self):
         names = [B.backend_name(b) for b in self.backends]
@@ -325,10 +328,7 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
     allow = allow and tensor.op != C.GGML_OP_FLASH_ATTN_EXT
 
     if allow:
-        for i in range(C.GGML_MAX_SRC):
-            src = tensor.src[i]
-            if src is None:
-                continue
+        for i, src in A.srcs_of(tensor):
             src_buf = B.buffer_at(src.buffer) if src.buffer else None
             if src_buf is not None and src_buf.usage == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
                 src_backend_id = backend_sched_backend_from_buffer(sched, src, tensor)
@@ -452,10 +452,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             for b in range(sched.n_backends):
                 if B.backend_supports_op(sched.backends[b], node):
                     n_supported = 0
-                    for j in range(C.GGML_MAX_SRC):
-                        src = node.src[j]
-                        if src is None:
-                            continue
+                    for j, src in A.srcs_of(node):
                         if ((_tbid(sched, src) != -1 or _tbid(sched, src.view_src) != -1)
                                 and backend_sched_buffer_supported(sched, src, b)):
                             n_supported += 1
@@ -468,10 +465,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             for b in range(tbid[h]):
                 if sched.bufts[b] is sched.bufts[tbid[h]] and B.backend_supports_op(sched.backends[b], node):
                     supported = True
-                    for j in range(C.GGML_MAX_SRC):
-                        src = node.src[j]
-                        if src is None:
-                            continue
+                    for j, src in A.srcs_of(node):
                         if not backend_sched_buffer_supported(sched, src, b):
                             supported = False
                             break
@@ -487,10 +481,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         if node.view_src is not None and tbid[h] == -1:
             tbid[h] = _tbid(sched, node.view_src)
             SET_CAUSE(sched, node, "4.vsrc", tbid[h])
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in A.srcs_of(node):
             hs = _hash_id(sched, src)
             if tbid[hs] == -1:
                 if src.view_src is not None:
@@ -505,8 +496,9 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         while b < sched.n_backends and tbid[h] == -1:
             backend_sched_set_if_supported(sched, node, b)
             b += 1
-        GGML_ASSERT(tbid[h] != -1, f"GGML_ASSERT(*cur_backend_id != -1): no backend supports node {node.name!r} "
-                                   f"({op_desc(node)})")
+        if not (tbid[h] != -1):      # (the message is only formatted when it fails)
+            GGML_ASSERT(False, f"GGML_ASSERT(*cur_backend_id != -1): no backend supports node "
+                               f"{node.name!r} ({op_desc(node)})")
 
     # pass 5: split graph, find tensors that need to be copied
     _pass(sched, "5", "split the graph, find the tensors that need to be copied")
@@ -530,15 +522,13 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             continue
         node_backend_id = tbid[_hash_id(sched, node)]
         # all nodes should be assigned by now, this can happen if there is no CPU fallback
-        GGML_ASSERT(node_backend_id != -1, f"node {node.name!r} has no backend (no CPU fallback?)")
+        if not (node_backend_id != -1):      # (the message is only formatted when it fails)
+            GGML_ASSERT(False, f"node {node.name!r} has no backend (no CPU fallback?)")
 
         # check if we should start a new split based on the sources of the current node
         need_new_split = False
         if node_backend_id == cur_backend_id and split.n_inputs > 0:
-            for j in range(C.GGML_MAX_SRC):
-                src = node.src[j]
-                if src is None:
-                    continue
+            for j, src in A.srcs_of(node):
                 # check if a weight is on a different and incompatible backend
                 # by starting a new split, the memory of the previously offloaded weights can be reused
                 src_buf = B.buffer_at(src.buffer) if src.buffer else None
@@ -569,13 +559,11 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             cur_backend_id = node_backend_id
 
         # find inputs that are not on the same backend
-        for j in range(C.GGML_MAX_SRC):
-            src = node.src[j]
-            if src is None:
-                continue
+        for j, src in A.srcs_of(node):
             src_id = _hash_id(sched, src)
             src_backend_id = tbid[src_id]
-            GGML_ASSERT(src_backend_id != -1, f"source {src.name!r} of {node.name!r} has no backend")
+            if not (src_backend_id != -1):      # (the message is only formatted when it fails)
+                GGML_ASSERT(False, f"source {src.name!r} of {node.name!r} has no backend")
 
             if (src.flags & C.GGML_TENSOR_FLAG_INPUT) and sched.n_copies > 1:
                 if _tensor_id_copy(sched, src_id, src_backend_id, 0) is None:
@@ -767,7 +755,7 @@ def _make_plan(sched, graph) -> dict:
         b = tbid[h]
         nodes.append(dict(index=i, name=t.name, op=op_desc(t), backend=names[b] if b >= 0 else None, backend_id=b,
                           cause=causes.get(h, ""), split=node_split[i] if i < len(node_split) else None,
-                          view_op=is_view_op(t.op), srcs=[s.name for s in t.src if s is not None]))
+                          view_op=is_view_op(t.op), srcs=[s.name for _, s in A.srcs_of(t)]))
     leafs = []
     for t in graph.leafs:
         h = _hash_id(sched, t)
@@ -1152,6 +1140,9 @@ def backend_sched_free(sched) -> None:
     if sched.context_buffer is not None:
         memory.unregister(sched.context_buffer)
         sched.context_buffer = None
+    for buf in sched._spare_buffers:
+        memory.unregister(buf)
+    sched._spare_buffers = []
 
 
 def backend_sched_reset(sched) -> None:
@@ -1166,6 +1157,116 @@ def backend_sched_reset(sched) -> None:
         sched.hv_tensor_copies[:] = [None] * (n * sched.n_backends * sched.n_copies)
         sched.is_reset = True
     sched.is_alloc = False
+
+
+# ==================================================================================================
+# ggviz addition: several allocated graphs on one scheduler (llama's graph cache)
+# ==================================================================================================
+
+_GRAPH_STATE_FIELDS = ("hash_set", "_slot", "causes", "hv_tensor_backend_ids", "hv_tensor_copies", "splits",
+                       "n_splits", "splits_capacity", "graph", "graph_inputs", "n_graph_inputs", "ctx",
+                       "context_buffer", "last_plan", "cur_copy", "debug_graph_size", "debug_prev_graph_size")
+
+
+class backend_sched_graph_state:
+    """ggviz addition (no C counterpart): everything ``backend_sched_alloc_graph`` left in the scheduler for one graph
+    -- the hash set with the backend id, cause and copies of every tensor, the splits (with their graph views, and
+    so the compiled programs cached on them), the graph copy with its inputs, the context holding the input copies,
+    the node/leaf backend ids, the allocator's plan (``gallocr_plan``) -- taken out by ``backend_sched_save_graph``
+    and put back by ``backend_sched_restore_graph``. ggml's scheduler holds one graph; llama.cpp reuses only the
+    last one (``llm_graph_result::can_reuse``); ggviz keeps a few, so that going back to a graph shape seen before
+    costs no build, split or allocation, and the scheduler and allocator then describe the graph that really runs."""
+    __slots__ = _GRAPH_STATE_FIELDS + ("sched", "node_backend_ids", "leaf_backend_ids", "prev_node_backend_ids",
+                                       "prev_leaf_backend_ids", "plan", "uid")
+
+
+def backend_sched_save_graph(sched) -> backend_sched_graph_state:
+    """Take the allocated graph's state out of the scheduler, which is left as ``backend_sched_reset`` leaves it
+    (the next graph is split and allocated from scratch, against the same previous backend ids and allocator plan
+    as without the save)."""
+    GGML_ASSERT(sched is not None, "sched")
+    GGML_ASSERT(sched.is_alloc, "backend_sched_save_graph: no allocated graph to save")
+    st = backend_sched_graph_state()
+    st.sched = sched
+    for f in _GRAPH_STATE_FIELDS:
+        setattr(st, f, getattr(sched, f))
+    st.uid = sched.graph.uid
+    # the backend id lists stay with the scheduler (the next split compares against them): the state takes copies
+    for f in ("node_backend_ids", "leaf_backend_ids", "prev_node_backend_ids", "prev_leaf_backend_ids"):
+        setattr(st, f, list(getattr(sched, f)))
+    st.plan = A.gallocr_save_plan(sched.galloc)
+    # the scheduler gets fresh per-graph containers (what reset would have cleared in place)
+    hs = st.hash_set
+    sched.hash_set = HashSet(hs.size, np.zeros_like(hs.used), np.zeros_like(hs.keys))
+    sched._slot = {}
+    sched.causes = {}
+    sched.hv_tensor_backend_ids = [-1] * hs.size
+    sched.hv_tensor_copies = [None] * (hs.size * sched.n_backends * sched.n_copies)
+    sched.splits = [ggml_backend_sched_split() for _ in range(st.splits_capacity)]
+    sched.n_splits = 0
+    sched.graph = CGraph(None, 0, _view=True)
+    sched.graph.size = st.graph.size
+    sched.graph_inputs = []
+    sched.n_graph_inputs = 0
+    sched.ctx = None
+    sched.context_buffer = (sched._spare_buffers.pop() if sched._spare_buffers else
+                            memory.aligned_malloc(sched.context_buffer_size, "ggml_backend_sched context buffer"))
+    sched.last_plan = None
+    sched.is_reset = True
+    sched.is_alloc = False
+    if trace.active:
+        trace.emit("sched.save_graph", sched=id(sched), uid=st.uid, n_splits=st.n_splits,
+                   n_nodes=st.graph.n_nodes)
+    return st
+
+
+def backend_sched_restore_graph(sched, st: backend_sched_graph_state) -> bool:
+    """Put a saved graph back: the scheduler is then as right after ``backend_sched_alloc_graph`` of that graph
+    (splits, copies, backend ids, allocator plan), and its tensors still hold their places in the compute buffers.
+    False (nothing changed) if the state cannot be used: another scheduler's, or the compute buffers were
+    reallocated since it was saved. The state is spent either way (free it if False). Whatever graph the scheduler
+    held before is dropped: save it first to keep it."""
+    GGML_ASSERT(sched is not None, "sched")
+    if st.sched is not sched or not A.gallocr_plan_valid(sched.galloc, st.plan):
+        return False
+    backend_sched_synchronize(sched)
+    if sched.ctx is not None:
+        ggml_free(sched.ctx)
+    _spare(sched, sched.context_buffer)
+    for f in _GRAPH_STATE_FIELDS:
+        setattr(sched, f, getattr(st, f))
+    for f in ("node_backend_ids", "leaf_backend_ids", "prev_node_backend_ids", "prev_leaf_backend_ids"):
+        setattr(sched, f, getattr(st, f))
+    A.gallocr_restore_plan(sched.galloc, st.plan)
+    sched.is_reset = False
+    sched.is_alloc = True
+    st.ctx = st.context_buffer = st.sched = None
+    if trace.active:
+        trace.emit("sched.restore_graph", sched=id(sched), uid=st.uid, n_splits=sched.n_splits,
+                   n_nodes=sched.graph.n_nodes,
+                   sizes={B.backend_name(sched.backends[i]): A.gallocr_get_buffer_size(sched.galloc, i)
+                          for i in range(sched.n_backends)})
+    return True
+
+
+def backend_sched_free_graph_state(sched, st: backend_sched_graph_state) -> None:
+    """Free a saved graph state that will not be restored (its copies' context; its buffer is kept for reuse)."""
+    if st.ctx is not None:
+        ggml_free(st.ctx)
+        st.ctx = None
+    if st.context_buffer is not None and sched is not None:
+        _spare(sched, st.context_buffer)
+    st.context_buffer = st.sched = None
+
+
+def _spare(sched, buf) -> None:
+    if buf is None:
+        return
+    if len(sched._spare_buffers) < 1 and sched.context_buffer_size == buf.nbytes:
+        sched._spare_buffers.append(buf)
+    else:
+        memory.unregister(buf)
+
 
 
 def backend_sched_reserve_size(sched, measure_graph, sizes=None) -> list:

@@ -27,6 +27,7 @@ from .context import (  # noqa: F401
     LLAMA_FLASH_ATTN_TYPE_DISABLED,
     LLAMA_FLASH_ATTN_TYPE_ENABLED,
     ContextBusyError,
+    ContextFreedError,
     ContextParamsError,
     DecodeError,
     LlamaContext,
@@ -69,7 +70,8 @@ def backend_free() -> None:
 
 
 def free(ctx: LlamaContext) -> None:
-    ctx.kv.ctx.free()
+    """llama_free (ggviz parks the context's machinery for the next context of the same shape: LlamaContext.free)."""
+    ctx.free()
 
 
 def model_get_vocab(model: LlamaModel):

@@ -38,6 +38,19 @@ graphs are built over the *full* KV cache (``memory->init_full()``: n_kv = the c
 output (``min(n_tokens, n_outputs_max)``), a token-generation ubatch of 1 token, then the pp graph again. The sizes
 (``ctx.backend_buf_exp_size``, ``ctx.compute_buffer_sizes()``) are what llama.cpp logs as
 ``sched_reserve: CPU compute buffer size = X MiB``; decode then never grows the buffers.
+
+Graph reuse: as llama.cpp (``llm_graph_result::can_reuse``), a ubatch whose graph key (``graph_key``: n_tokens,
+n_outputs, n_kv) equals the last one's reuses the graph in the scheduler: only the inputs are set. ggviz goes further
+(no C counterpart): the last ``graph_cache_size`` graphs of other keys stay built, split, allocated and compiled
+(the scheduler's per-graph state, ``backend_sched_save_graph``, with the allocator's plan), so that the decode step
+after a prompt, or a prompt of a length seen before, builds nothing; a restored graph puts back its splits, causes,
+copies and allocator plan, so ``sched.last_plan`` and ``galloc.last_alloc`` describe the graph that runs
+(``n_graph_builds`` / ``n_graph_restored`` count; trace events ``llama.graph_reuse`` with ``cached``,
+``sched.save_graph``, ``sched.restore_graph``). ``LLAMA_GRAPH_REUSE_DISABLE`` turns both off.
+
+``llama_free`` (``LlamaContext.free``) parks the context's backends, KV cache and scheduler (compute buffers, graphs)
+on the model; the next ``init_from_model`` of the same model and shape (``_machinery_key``) takes them over -- the KV
+cache cleared as a new one is, the reserve record kept (``recycled``) -- instead of reserving and building again.
 """
 from __future__ import annotations
 
@@ -45,6 +58,8 @@ import operator
 import os
 import threading
 import time
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +79,9 @@ try:        # RLIMIT_AS (POSIX only): a process limited to less memory than the 
     import resource
 except ImportError:      # pragma: no cover - Windows
     resource = None
+
+# ggviz: how many allocated graphs a context keeps besides the one in the scheduler (decode, the prompt shapes ...)
+GRAPH_CACHE_SIZE = 4
 
 LLAMA_FLASH_ATTN_TYPE_AUTO = -1
 LLAMA_FLASH_ATTN_TYPE_DISABLED = 0
@@ -135,6 +153,90 @@ class ContextParamsError(ValueError):
 
 class ContextBusyError(DecodeError):
     """The context is already decoding (in another thread, or re-entered from its own callback)."""
+
+
+class ContextFreedError(DecodeError):
+    """The context was freed (``llama_free``): its KV cache and scheduler may belong to a new context now."""
+
+
+@dataclass
+class _Parked:
+    """ggviz: what a freed context leaves for the next context of the same model and shape (``_machinery_key``):
+    llama.cpp allocates and reserves anew in every ``llama_init_from_model`` (a few ms in C); ggviz's reserve
+    builds, splits and plans three worst-case graphs in Python (~0.5 s), and its first prompt builds a graph again
+    -- the freed context already has all of that, for exactly the same shapes."""
+    backends: tuple
+    kv: object
+    sched: object
+    backend_buf_exp_size: list
+    reserve_log: list
+    reserve_stats: dict
+    graph_cache: OrderedDict
+    prev_key: object
+    last_graph: object
+    installed_uid: object
+
+
+_parked: dict = {}          # id(model) -> (weakref to the model, key, _Parked); dropped when the model goes
+_parked_lock = threading.Lock()
+
+
+def _machinery_key(model, p, n_ctx: int, ctx) -> tuple:
+    """Everything the backends, the KV cache, the reserve and the graphs of a context depend on: its shapes and
+    types, the cparams baked into the graph (rope, YaRN), offload settings, and the accelerator devices registered
+    now (the backends a new context would get). Not: thread counts and callbacks (set at each compute)."""
+    accel = tuple(gb.backend_dev_name(backend_reg.backend_dev_get(i)) for i in range(backend_reg.backend_dev_count())
+                  if gb.backend_dev_type(backend_reg.backend_dev_get(i)) == gb.GGML_BACKEND_DEVICE_TYPE_ACCEL)
+    return (n_ctx, ctx.n_batch, ctx.n_ubatch, ctx.n_seq_max, ctx.n_outputs_max, p.type_k, p.type_v, p.flash_attn_type,
+            bool(p.embeddings), bool(p.offload_kqv), bool(p.op_offload), ctx.rope_freq_base, ctx.rope_freq_scale,
+            ctx.yarn_ext_factor, ctx.yarn_attn_factor, ctx.yarn_beta_fast, ctx.yarn_beta_slow, accel,
+            os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None, bool(p.use_blas), bool(p.swa_full))
+
+
+def _parked_take(model, key):
+    with _parked_lock:
+        entry = _parked.get(id(model))
+        if entry is None or entry[0]() is not model or entry[1] != key:
+            return None
+        del _parked[id(model)]
+        return entry[2]
+
+
+def _parked_put(model, key, parked: _Parked) -> None:
+    with _parked_lock:
+        old = _parked.get(id(model))
+        _parked[id(model)] = (weakref.ref(model, lambda _r, i=id(model): _parked_drop(i)), key, parked)
+    if old is not None:
+        _release_parked(old[2])
+
+
+def _parked_drop(model_id: int) -> None:
+    """The model was garbage-collected: its parked machinery goes too."""
+    with _parked_lock:
+        entry = _parked.get(model_id)
+        if entry is not None and entry[0]() is None:
+            del _parked[model_id]
+        else:
+            entry = None
+    if entry is not None:
+        _release_parked(entry[2])
+
+
+def _release_parked(parked: _Parked) -> None:
+    for _, st in parked.graph_cache.values():
+        gs.backend_sched_free_graph_state(parked.sched, st)
+    parked.graph_cache.clear()
+    gs.backend_sched_free(parked.sched)
+
+
+def context_pool_clear(model=None) -> None:
+    """Drop the machinery parked by freed contexts (of ``model``, or of every model): their memory goes back."""
+    with _parked_lock:
+        ids = [id(model)] if model is not None else list(_parked)
+        entries = [_parked.pop(i, None) for i in ids]
+    for e in entries:
+        if e is not None:
+            _release_parked(e[2])
 
 
 def available_memory() -> int | None:
@@ -223,21 +325,32 @@ class LlamaContext:
         self.yarn_attn_factor = 1.0 if p.yarn_attn_factor < 0.0 else p.yarn_attn_factor
         self.yarn_beta_fast = 32.0 if p.yarn_beta_fast < 0.0 else p.yarn_beta_fast
         self.yarn_beta_slow = 1.0 if p.yarn_beta_slow < 0.0 else p.yarn_beta_slow
-        self._init_backends(model, p)
-        # the KV cache of each layer lives on the layer's device when offload_kqv (llama_kv_cache's buft per layer)
-        kv_bufts = [gb.backend_dev_buffer_type(d) if (p.offload_kqv and d is not None) else gb.backend_cpu_buffer_type()
-                    for d in (model.dev_layer or [None] * hp.n_layer)]
-        try:
-            if arch_models.uses_iswa(hp):      # llama_model::create_memory: sliding-window layers -> iSWA
-                self.kv = KVCacheISWA(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts,
-                                      n_seq_max=self.n_seq_max, n_ubatch=self.n_ubatch, swa_full=p.swa_full)
-            else:
-                self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts,
-                                  n_seq_max=self.n_seq_max)
-        except (MemoryError, RuntimeError) as e:       # the estimate said it fits, the allocation says no
-            if isinstance(e, RuntimeError) and "failed to allocate" not in str(e):
-                raise
-            raise self._memory_refusal(hp, n_ctx_req, f"the KV cache could not be allocated ({e})") from e
+        self._freed = False
+        # ggviz: the machinery of a context of the same model and shape that was freed (llama_free) is taken over
+        # instead of allocated and reserved again (see _Parked)
+        self._machinery_key = _machinery_key(model, p, n_ctx, self)
+        parked = _parked_take(model, self._machinery_key)
+        if parked is not None:
+            self.backends, self.backend_cpu, self.set_n_threads_fns, self.backend_buft = parked.backends
+            self.kv = parked.kv
+            self.kv.clear(True)             # as a new cache: empty cells, zeroed buffers
+        else:
+            self._init_backends(model, p)
+            # the KV cache of each layer lives on the layer's device when offload_kqv (llama_kv_cache's buft per
+            # layer)
+            kv_bufts = [gb.backend_dev_buffer_type(d) if (p.offload_kqv and d is not None)
+                        else gb.backend_cpu_buffer_type() for d in (model.dev_layer or [None] * hp.n_layer)]
+            try:
+                if arch_models.uses_iswa(hp):      # llama_model::create_memory: sliding-window layers -> iSWA
+                    self.kv = KVCacheISWA(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts,
+                                          n_seq_max=self.n_seq_max, n_ubatch=self.n_ubatch, swa_full=p.swa_full)
+                else:
+                    self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts,
+                                      n_seq_max=self.n_seq_max)
+            except (MemoryError, RuntimeError) as e:       # the estimate said it fits, the allocation says no
+                if isinstance(e, RuntimeError) and "failed to allocate" not in str(e):
+                    raise
+                raise self._memory_refusal(hp, n_ctx_req, f"the KV cache could not be allocated ({e})") from e
         self.logits = np.zeros((0, hp.n_vocab), dtype=np.float32)
         self.output_ids: dict[int, int] = {}
         self.n_outputs = 0
@@ -249,7 +362,14 @@ class LlamaContext:
         # LLAMA_GRAPH_REUSE_DISABLE turns that off, as there
         self.graph_reuse = os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None
         self._prev_key = None
+        self._installed_uid = None       # _sched_uid() of the graph this context put in the scheduler last
         self.n_reused = 0
+        # ggviz goes further: the last few graphs of other shapes stay built, split and allocated (see
+        # _process_ubatch), so that going back to a shape seen before (decode after a prompt) costs nothing either
+        self.graph_cache_size = GRAPH_CACHE_SIZE
+        self._graph_cache: OrderedDict = OrderedDict()      # key -> (GraphResult, sched graph state), LRU last
+        self.n_graph_builds = 0           # graphs built for decode (not counting the reserve's)
+        self.n_graph_restored = 0         # of the reuses, those that put a cached graph back into the scheduler
         # the worst-case reserve (llama_context::sched_reserve): the scheduler is created there, and the compute
         # buffers are allocated once, before the first decode
         self.sched = None
@@ -257,10 +377,51 @@ class LlamaContext:
         self.backend_buf_exp_size = [0] * len(self.backends)   # bytes per backend after the reserve
         self.reserve_log: list[dict] = []                      # one entry per graph_reserve, in order
         self.reserve_stats: dict = {}
+        self.recycled = parked is not None     # ggviz: the scheduler and KV cache came from a freed context
+        if parked is not None:
+            self._adopt(parked)
+            return
         try:
             self.sched_reserve()
         except (MemoryError, DecodeError) as e:
             raise self._memory_refusal(hp, n_ctx_req, f"the compute buffers could not be allocated ({e})") from e
+
+    def _adopt(self, parked: _Parked) -> None:
+        """Take over a freed context's scheduler: its compute buffers are what this context's reserve would
+        allocate (same model, same shapes: the same three worst-case graphs), its reserve record is this one's, and
+        its graphs (the one in the scheduler and the cached ones) are graphs of this context's shapes over the same KV
+        cache tensors -- their inputs are set before every compute, as always."""
+        self.sched = parked.sched
+        self.sched_need_reserve = False
+        self.backend_buf_exp_size = list(parked.backend_buf_exp_size)
+        self.reserve_log = [dict(e) for e in parked.reserve_log]
+        self.reserve_stats = dict(parked.reserve_stats)
+        self._graph_cache = parked.graph_cache
+        self._prev_key, self.last_graph = parked.prev_key, parked.last_graph
+        self._installed_uid = parked.installed_uid
+        if trace.active:
+            trace.emit("llama.sched_reserve", ctx=id(self), sched=id(self.sched), recycled=True,
+                       sizes={gb.backend_name(b): s for b, s in zip(self.backends, self.backend_buf_exp_size)},
+                       bufts=[gb.backend_buft_name(bt) for bt in self.backend_buft], **self.reserve_stats)
+
+    def free(self) -> None:
+        """llama_free: the context can no longer be used. ggviz parks its machinery (backends, KV cache, scheduler
+        with its compute buffers and graphs) on the model, for the next context of the same shape to take over
+        (one parked context per model; ``context_pool_clear`` drops them)."""
+        with self._claim("llama_free"):
+            if self._freed:
+                return
+            self._freed = True
+            if self.sched is not None and not self.sched_need_reserve:
+                _parked_put(self.model, self._machinery_key, _Parked(
+                    backends=(self.backends, self.backend_cpu, self.set_n_threads_fns, self.backend_buft),
+                    kv=self.kv, sched=self.sched, backend_buf_exp_size=self.backend_buf_exp_size,
+                    reserve_log=self.reserve_log, reserve_stats=self.reserve_stats, graph_cache=self._graph_cache,
+                    prev_key=self._prev_key, last_graph=self.last_graph, installed_uid=self._installed_uid))
+            self.sched = None
+            self._graph_cache = OrderedDict()
+            self.last_graph = None
+            self._prev_key = None
 
     @staticmethod
     def _param(name: str, value, lo: int, note: str = "") -> int:
@@ -371,6 +532,7 @@ class LlamaContext:
         n_tokens = min(self.n_ctx, self.n_ubatch)
         max_nodes = graph_max_nodes(self.model)
         if self.sched is not None:
+            self.graph_cache_clear()
             gs.backend_sched_free(self.sched)
         self.sched = gs.backend_sched_new(self.backends, self.backend_buft, len(self.backends), max_nodes, False,
                                           self.cparams.op_offload)
@@ -470,23 +632,30 @@ class LlamaContext:
     def memory_clear(self, data: bool = True):
         """llama_memory_clear: forget every cell; with ``data`` also zero the K/V buffers."""
         with self._claim("llama_memory_clear"):
-            self.kv.clear(data)
-            self._prev_key = None
+            self.kv.clear(data)     # the graphs stay valid: they depend on the cache's tensors, not its contents
 
     def memory_seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
         with self._claim("llama_memory_seq_rm"):
             return self.kv.seq_rm(seq_id, p0, p1)
 
     def memory_seq_pos_max(self, seq_id: int) -> int:
+        self._check_live("llama_memory_seq_pos_max")
         return self.kv.seq_pos_max(seq_id)
 
     def memory_seq_pos_min(self, seq_id: int) -> int:
+        self._check_live("llama_memory_seq_pos_min")
         return self.kv.seq_pos_min(seq_id)
+
+    def _check_live(self, what: str) -> None:
+        if self._freed:
+            raise ContextFreedError(f"{what}: this llama context was freed (llama_free)")
 
     # ---- one caller at a time
     def _claim(self, what: str):
         """The context's lock, taken without waiting: a second caller gets ContextBusyError (ggviz; llama.cpp
         leaves two threads in one context undefined)."""
+        if what != "llama_free":
+            self._check_live(what)
         if not self._busy.acquire(blocking=False):
             same = self._busy_thread == threading.get_ident()
             raise ContextBusyError(f"{what}: this llama context is already decoding in "
@@ -601,19 +770,28 @@ class LlamaContext:
         n_tokens = len(tokens)
         n_outputs = int(out_mask.sum())
         n_kv = self.kv.get_n_kv()
-        key = (n_tokens, n_outputs, n_kv)
-        if self.graph_reuse and self._prev_key == key and self.last_graph is not None:
+        key = self.graph_key(n_tokens, n_outputs, n_kv)
+        if self.graph_reuse and self._prev_key == key and self.last_graph is not None and self._installed():
             res = self.last_graph             # same shapes: only the inputs change
             self.n_reused += 1
             if trace.active:
-                trace.emit("llama.graph_reuse", n_tokens=n_tokens, n_kv=n_kv)
+                trace.emit("llama.graph_reuse", n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv, cached=False)
+        elif self.graph_reuse and (res := self._graph_cache_restore(key)) is not None:
+            self.n_reused += 1
+            self.n_graph_restored += 1
+            if trace.active:
+                trace.emit("llama.graph_reuse", n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv, cached=True)
         else:
+            if self.graph_reuse:
+                self._graph_cache_stash()
             gs.backend_sched_reset(self.sched)
             self._prev_key = None
             res = self.build_graph(n_tokens, n_outputs, n_kv)
+            self.n_graph_builds += 1
             if not self._allocate(res):
                 return ggml.GGML_STATUS_ALLOC_FAILED
             self._prev_key = key
+            self._installed_uid = self._sched_uid()
         self._set_inputs(res, tokens, pos, seq_ids, out_mask, idxs, n_kv)
         self.last_graph = res
         if self.graph_hook is not None:
@@ -629,6 +807,67 @@ class LlamaContext:
             out = logits[out_offset:out_offset + n_outputs]
             gb.backend_tensor_get(res.t_logits, out, 0, ggml.nbytes(res.t_logits))
         return ggml.GGML_STATUS_SUCCESS
+
+    @staticmethod
+    def graph_key(n_tokens: int, n_outputs: int, n_kv: int) -> tuple:
+        """What the decode graph depends on (llm_graph_result::can_reuse's checks for this model: the ubatch's
+        n_tokens -- one sequence per ubatch, split_simple --, n_outputs (the out_ids input), the attended KV cells
+        n_kv). Everything else it is built from is fixed for the context's life (cparams, the model, the KV cache's
+        size and types) or set per compute (thread count, eval and abort callbacks), and the inputs are set before
+        every compute."""
+        return (n_tokens, n_outputs, n_kv)
+
+    def _graph_cache_stash(self) -> None:
+        """Before the scheduler takes another graph: keep the one it holds (built, split, allocated, compiled) in
+        the cache under its key, dropping the least recently used beyond ``graph_cache_size``."""
+        key, res = self._prev_key, self.last_graph
+        self._prev_key = None
+        if key is None or res is None or not self._installed() or self.graph_cache_size <= 0:
+            return
+        self._graph_cache[key] = (res, gs.backend_sched_save_graph(self.sched))
+        self._graph_cache.move_to_end(key)
+        while len(self._graph_cache) > self.graph_cache_size:
+            _, (_, st) = self._graph_cache.popitem(last=False)
+            gs.backend_sched_free_graph_state(self.sched, st)
+
+    def _graph_cache_restore(self, key):
+        """The cached graph of ``key`` put back into the scheduler (the one it held is stashed first), or None
+        (not cached, or its compute buffers were reallocated since: then it is dropped)."""
+        entry = self._graph_cache.pop(key, None)
+        if entry is None:
+            return None
+        res, st = entry
+        self._graph_cache_stash()
+        if not gs.backend_sched_restore_graph(self.sched, st):
+            gs.backend_sched_free_graph_state(self.sched, st)
+            return None
+        self._prev_key = key
+        self._installed_uid = self._sched_uid()
+        return res
+
+    def _sched_uid(self):
+        """The uid the scheduler's last split gave its first split graph (a new one at every split)."""
+        sp = self.sched.splits
+        return sp[0].graph.uid if self.sched.n_splits and sp[0].graph is not None else None
+
+    def _installed(self) -> bool:
+        """Is the graph this context allocated last still the one in the scheduler? (Somebody may have split and
+        allocated another graph on ``ctx.sched`` directly -- the views do -- or reserved.)"""
+        return self.sched.is_alloc and self._installed_uid is not None and self._installed_uid == self._sched_uid()
+
+    def graph_cache_clear(self, installed: bool = False) -> None:
+        """Drop every cached graph; with ``installed`` also the one in the scheduler (the next ubatch is then built,
+        split and allocated whatever its shape)."""
+        while self._graph_cache:
+            _, (_, st) = self._graph_cache.popitem(last=False)
+            gs.backend_sched_free_graph_state(self.sched, st)
+        if installed:
+            self._prev_key = None
+
+    def graph_cache_keys(self) -> list:
+        """The keys (n_tokens, n_outputs, n_kv) of the cached graphs, least recently used first; the graph in the
+        scheduler is ``last_graph`` (key ``(n_tokens, n_outputs, n_kv)`` of it)."""
+        return list(self._graph_cache)
 
     def _allocate(self, res) -> bool:
         """ggml_backend_sched_alloc_graph: split the graph over the backends and allocate its compute buffers."""

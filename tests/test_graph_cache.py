@@ -1,0 +1,293 @@
+"""The llama context's graph cache (issue 14): graphs of shapes seen before stay built, split, allocated and compiled.
+
+* Oracle llama.cpp (the installed AVX2 ``llama_cpp``, skipped if it cannot be imported): token-by-token decode of one
+  sequence, interleaved with prompts of 6 and 10 tokens decoded into a second sequence that is removed again right
+  after (so the first sequence's cells, mask and n_kv are those of llama.cpp's plain decode): every decode step's
+  logits are llama.cpp's bits, while the graph switches decode -> prefill 6 -> decode (cached) -> prefill 10 ->
+  decode (cached).
+* Against a fresh build (``graph_reuse = False``: every ubatch built, split and allocated anew): the same logits on
+  a prefill 6 -> decode -> prefill 10 -> decode -> prefill 6 sequence, and for every restored graph the same
+  scheduler plan (backends, causes, splits), the same allocator plan (offsets, sizes, reuse) and the same place of
+  every tensor in the compute buffer.
+* A reused step builds nothing (counted by the builder, the scheduler's and allocator's trace events).
+"""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggviz import ggml, llama, trace
+from ggviz.ggml import accel
+from ggviz.ggml import backend as B
+from ggviz.llama import context as lctx
+from ggviz.llama import graph as lgraph
+
+MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOKS = [504, 3575, 282, 4649, 314, 28, 7065, 1326, 30, 2000, 300, 301, 302]
+
+
+def _ctx(model, n_seq_max=1, reuse=True):
+    cp = llama.context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, 512, 512
+    cp.n_seq_max = n_seq_max
+    cp.n_threads = cp.n_threads_batch = 2
+    ctx = llama.init_from_model(model, cp)
+    ctx.graph_reuse = reuse
+    return ctx
+
+
+def _decode(ctx, ids, seq, pos0):
+    b = llama.batch_init(len(ids))
+    for i, t in enumerate(ids):
+        llama.batch_add(b, int(t), pos0 + i, [seq], i == len(ids) - 1)
+    assert llama.decode(ctx, b) == 0
+    return llama.get_logits_ith(ctx, -1).copy()
+
+
+_LLAMACPP_DECODE = """
+import sys, numpy as np, llama_cpp as L
+path, out, toks = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3].split(",")]
+L.llama_backend_init()
+lm = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+cp = L.llama_context_default_params()
+cp.n_ctx = cp.n_batch = cp.n_ubatch = 512
+cp.n_threads = cp.n_threads_batch = 2
+cp.flash_attn_type = 0
+lc = L.llama_init_from_model(lm, cp)
+n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(lm))
+ref = []
+for t in toks:
+    arr = (L.llama_token * 1)(t)
+    assert L.llama_decode(lc, L.llama_batch_get_one(arr, 1)) == 0
+    ref.append(np.ctypeslib.as_array(L.llama_get_logits_ith(lc, -1), shape=(n_vocab,)).copy())
+np.save(out, np.array(ref))
+"""
+
+
+def test_shape_switches_keep_llamacpp_decode_bits(model, tmp_path):
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python (the AVX2 oracle build) is not installed")
+    if not MODEL.exists():
+        pytest.skip("the default model is not in data/models")
+    # in a process of its own: a test module that loaded real ggml (tests/oracle) would give llama.cpp its symbols
+    out = tmp_path / "ref.npy"
+    r = subprocess.run([sys.executable, "-c", _LLAMACPP_DECODE, str(MODEL), str(out), ",".join(map(str, TOKS))],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = list(np.load(out))
+
+    ctx = _ctx(model, n_seq_max=2)
+    mine = []
+    for i, t in enumerate(TOKS):
+        mine.append(_decode(ctx, [t], 0, i))
+        if i in (4, 8):              # a prompt of 6, then of 10 tokens into sequence 1, removed again
+            _decode(ctx, list(range(1000, 1006 if i == 4 else 1010)), 1, 0)
+            assert ctx.memory_seq_rm(1, -1, -1)
+    same = [bool(np.array_equal(a, b)) for a, b in zip(mine, ref)]
+    assert all(same), f"positions whose logits differ from llama.cpp's: {[i for i, s in enumerate(same) if not s]}"
+    # decode, prefill 6, prefill 10 built once each; the decode graph came back from the cache twice
+    assert ctx.n_graph_builds == 3 and ctx.n_graph_restored == 2
+    assert ctx.graph_cache_keys() == [(6, 1, 256), (10, 1, 256)]
+
+
+def _offsets(res):
+    """Where every tensor of the graph lives: (name, buffer id-free offset into its compute buffer) in graph order;
+    weights and the KV cache (not in a compute buffer) are left out."""
+    out = []
+    for t in list(res.gf.leafs) + list(res.gf.nodes):
+        if not t.buffer or not t.data:
+            continue
+        buf = B.buffer_at(t.buffer)
+        if buf.usage != B.GGML_BACKEND_BUFFER_USAGE_COMPUTE:
+            continue
+        out.append((t.name, t.data - B.backend_buffer_get_base(buf)))
+    return out
+
+
+def _alloc_plan(ctx):
+    recs = ctx.sched.galloc.last_alloc["tensors"]
+    return [{k: v for k, v in r.items() if k != "addr"} for r in recs], ctx.sched.galloc.last_alloc["chunk_sizes"]
+
+
+def _run(ctx):
+    """prefill 6 -> 3 decodes -> prefill 10 -> 3 decodes -> prefill 6 (a new sequence position range each time);
+    after each ubatch: logits, the scheduler plan, the allocator plan, the tensors' offsets."""
+    steps = []
+    pos = 0
+
+    def step(ids):
+        nonlocal pos
+        lg = _decode(ctx, ids, 0, pos)
+        pos += len(ids)
+        steps.append((lg, ctx.sched.last_plan, _alloc_plan(ctx), _offsets(ctx.last_graph), ctx.sched.n_splits))
+        return int(np.argmax(lg))
+
+    tok = step(TOKS[:6])
+    for _ in range(3):
+        tok = step([tok])
+    tok = step(list(range(300, 310)))
+    for _ in range(3):
+        tok = step([tok])
+    step(TOKS[:6])
+    return steps
+
+
+def test_restored_graphs_equal_fresh_builds(model):
+    cached = _ctx(model)
+    a = _run(cached)
+    assert cached.n_graph_builds == 3 and cached.n_graph_restored == 2     # decode after p10, the last p6
+    b = _run(_ctx(model, reuse=False))
+    assert len(a) == len(b) == 9
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert np.array_equal(x[0], y[0]), f"step {i}: logits differ"
+        assert x[1] == y[1], f"step {i}: the scheduler's plan differs"
+        assert x[2] == y[2], f"step {i}: the allocator's plan differs"
+        assert x[3] == y[3] and len(x[3]) > 100, f"step {i}: tensor offsets differ"
+        assert x[4] == y[4]
+
+
+def test_reused_step_rebuilds_nothing(model, monkeypatch):
+    ctx = _ctx(model)
+    builds = []
+    orig = lgraph.LlamaGraphBuilder.build
+
+    def counting_build(self):
+        builds.append((self.n_tokens, self.n_outputs, self.n_kv))
+        return orig(self)
+    monkeypatch.setattr(lctx.LlamaGraphBuilder, "build", counting_build)
+    _decode(ctx, TOKS[:6], 0, 0)
+    _decode(ctx, [TOKS[6]], 0, 6)
+    _decode(ctx, list(range(300, 310)), 0, 7)
+    assert builds == [(6, 1, 256), (1, 1, 256), (10, 1, 256)]
+    heavy = ("sched.pass", "sched.split", "sched.assign", "sched.alloc", "alloc.reserve", "alloc.alloc",
+             "llama.graph_reuse", "sched.restore_graph", "sched.save_graph")
+    with trace.recording(heavy) as rec:
+        _decode(ctx, [TOKS[7]], 0, 17)           # the decode graph, from the cache
+        _decode(ctx, [TOKS[8]], 0, 18)           # the same graph again, still in the scheduler
+    kinds = [e["kind"] for e in rec.events]
+    assert builds == [(6, 1, 256), (1, 1, 256), (10, 1, 256)], "a reused step built a graph"
+    assert kinds == ["sched.save_graph", "sched.restore_graph", "llama.graph_reuse", "llama.graph_reuse"], kinds
+    reuse = [e for e in rec.events if e["kind"] == "llama.graph_reuse"]
+    assert [e["cached"] for e in reuse] == [True, False]
+    assert ctx.graph_cache_keys() == [(6, 1, 256), (10, 1, 256)]
+
+
+def test_cache_is_bounded_and_cleared_by_a_new_reserve(model):
+    ctx = _ctx(model)
+    ctx.graph_cache_size = 2
+    pos = 0
+    for n in (2, 3, 4, 5):
+        _decode(ctx, list(range(400, 400 + n)), 0, pos)
+        pos += n
+    # the graph in the scheduler (5 tokens) is not in the cache; the least recently used (2 tokens) was dropped
+    assert ctx.graph_cache_keys() == [(3, 1, 256), (4, 1, 256)]
+    lg = _decode(ctx, [TOKS[0]], 0, pos)
+    ctx.sched_need_reserve = True                # a new scheduler: no cached graph can be used with it
+    ctx.memory_seq_rm(0, pos, -1)
+    assert np.array_equal(_decode(ctx, [TOKS[0]], 0, pos), lg)
+    assert ctx.graph_cache_keys() == []
+
+
+def test_reallocated_buffers_drop_a_cached_graph(model):
+    """A cached graph whose compute buffers were reallocated since (its tensors point into the old ones) is not
+    restored: it is built again, with the same result."""
+    from ggviz.ggml import sched as gs
+    ctx = _ctx(model)
+    lg1 = _decode(ctx, TOKS[:6], 0, 0)
+    _decode(ctx, [TOKS[6]], 0, 6)
+    assert ctx.graph_cache_keys() == [(6, 1, 256)]
+    st = ctx._graph_cache[(6, 1, 256)][1]
+    st.plan.buffers = [object()] + st.plan.buffers[1:]                 # as if buffer 0 had been reallocated
+    n = ctx.n_graph_builds
+    ctx.memory_seq_rm(0, 0, -1)
+    assert np.array_equal(_decode(ctx, TOKS[:6], 0, 0), lg1)
+    assert ctx.n_graph_builds == n + 1 and ctx.n_graph_restored == 0
+    assert gs.backend_sched_get_n_splits(ctx.sched) >= 1
+
+
+def _generate(ctx, n=3):
+    out = [_decode(ctx, TOKS[:4], 0, 0)]
+    for i in range(n):
+        out.append(_decode(ctx, [int(np.argmax(out[-1]))], 0, 4 + i))
+    return out
+
+
+def test_a_freed_context_is_taken_over_by_the_next_of_its_shape(model):
+    """llama_free parks the context's backends, KV cache and scheduler (compute buffers, graphs) on the model; the
+    next context of the same shape takes them over: no reserve, no graph built, the same reserve record and buffer
+    sizes, bit-identical logits (against a context created from scratch); the freed context refuses to be used."""
+    lctx.context_pool_clear()
+    a = _ctx(model)
+    la = _generate(a)
+    log, sizes = a.reserve_log, a.compute_buffer_sizes()
+    sched = a.sched
+    llama.free(a)
+    with pytest.raises(llama.ContextFreedError):
+        llama.decode(a, llama.batch_get_one([1]))
+    with pytest.raises(llama.ContextFreedError):
+        a.memory_seq_pos_max(0)
+    b = _ctx(model)
+    assert b.recycled and b.sched is sched and b.kv.seq_pos_max(0) == -1
+    assert b.reserve_log == log and b.compute_buffer_sizes() == sizes and b.check_compute_buffers() == []
+    lb = _generate(b)
+    assert b.n_graph_builds == 0
+    assert all(np.array_equal(x, y) for x, y in zip(la, lb))
+    llama.free(b)
+    other = _ctx(model, n_seq_max=2)              # another shape: a context of its own
+    assert not other.recycled
+    lctx.context_pool_clear()
+    c = _ctx(model)
+    assert not c.recycled and len(c.reserve_log) == 3
+    lc = _generate(c)
+    assert all(np.array_equal(x, y) for x, y in zip(la, lc))
+
+
+def test_a_graph_allocated_on_the_scheduler_directly_is_not_taken_for_the_contexts(model):
+    """The views split and allocate graphs on ``ctx.sched`` themselves (reset, build, alloc_graph): the context's
+    next decode then neither reuses nor caches that foreign graph as its own; its logits stay a fresh build's."""
+    from ggviz.ggml import sched as gs
+    ctx = _ctx(model)
+    fresh = _ctx(model, reuse=False)
+    for c in (ctx, fresh):
+        _decode(c, TOKS[:6], 0, 0)
+    _decode(ctx, [TOKS[6]], 0, 6)
+    _decode(fresh, [TOKS[6]], 0, 6)
+    gs.backend_sched_reset(ctx.sched)                 # what tests/test_machinery_views.py's plan_decode does
+    other = ctx.build_graph(1, 1, 256)
+    assert gs.backend_sched_alloc_graph(ctx.sched, other.gf)
+    n = ctx.n_graph_builds
+    assert np.array_equal(_decode(ctx, [TOKS[7]], 0, 7), _decode(fresh, [TOKS[7]], 0, 7))
+    assert ctx.n_graph_builds == n + 1 and ctx.last_graph is not other
+    assert ctx.graph_cache_keys() == [(6, 1, 256)]
+    assert np.array_equal(_decode(ctx, TOKS[:6], 0, 8), _decode(fresh, TOKS[:6], 0, 8))     # from the cache
+    assert ctx.n_graph_restored == 1
+
+
+def test_restored_graph_with_splits_and_input_copies():
+    """Every layer on a (simulated) accelerator that cannot run RMS_NORM: each graph is split in ~120 pieces whose
+    inputs are copied between the devices (copies made in the scheduler's own context). A 3-token prompt's graph,
+    restored from the cache after a decode step, computes bit for bit what a fresh build computes, with the same
+    splits, causes and copies."""
+    if not MODEL.exists():
+        pytest.skip("the default model is not in data/models")
+    runs = []
+    for reuse in (True, False):
+        dev = accel.backend_accel_device_new("ACCEL0", supported_ops=accel.DEFAULT_SUPPORTED_OPS - {ggml.GGML_OP_RMS_NORM})
+        mp = llama.model_default_params()
+        mp.devices, mp.n_gpu_layers, mp.use_extra_bufts = [dev], 31, False
+        model = llama.model_load_from_file(str(MODEL), mp)
+        ctx = _ctx(model, reuse=reuse)
+        prompt = [9690, 504, 3575]
+        out = [_decode(ctx, prompt, 0, 0)]
+        out.append(_decode(ctx, [int(np.argmax(out[-1]))], 0, 3))
+        out.append(_decode(ctx, prompt, 0, 4))
+        runs.append((out, ctx.sched.last_plan, ctx.sched.n_splits, ctx.n_graph_restored))
+    (a, plan_a, splits_a, restored), (b, plan_b, splits_b, _) = runs
+    assert restored == 1 and splits_a == splits_b > 100 and plan_a == plan_b
+    assert plan_a["n_inputs"] > 100                 # the inputs copied between the devices
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
