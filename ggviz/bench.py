@@ -419,7 +419,7 @@ def generate(lib, common: bool, n_gen: int, prompt) -> tuple[float, float]:
 
 # the parts of a shape change, by the function that does each (cumulative time in the profile)
 SHAPE_CHANGE_PARTS = [
-    ("graph build (llm_graph_context)", "graph.py", "build"),
+    ("graph build (llm_graph_context)", "/llama/models/", "build"),      # the architecture's graph class
     ("scheduler split (5 passes)", "sched.py", "backend_sched_split_graph"),
     ("allocation (gallocr)", "sched.py", "backend_sched_alloc_splits"),
     ("plan + compile (ggml_graph_plan)", "ggml_cpu.py", "graph_plan"),
@@ -460,7 +460,7 @@ def shape_change_profile(lib: GGvizLib, n_prompt: int, reps: int = 3) -> dict:
     st = pstats.Stats(prof).stats
     parts = []
     for label, file, func in SHAPE_CHANGE_PARTS:
-        ms = sum(v[3] for (f, _, fn), v in st.items() if fn == func and f.endswith(file)) * 1e3
+        ms = sum(v[3] for (f, _, fn), v in st.items() if fn == func and file in f.replace("\\", "/")) * 1e3
         parts.append((label, ms))
     lib.free(ctx)
     return dict(n_prompt=n_prompt, uncached_ms=uncached, cached_ms=cached, steady_ms=steady, profiled_ms=profiled,

@@ -25,7 +25,7 @@ from ggviz import ggml, llama, trace
 from ggviz.ggml import accel
 from ggviz.ggml import backend as B
 from ggviz.llama import context as lctx
-from ggviz.llama import graph as lgraph
+from ggviz.llama.models import llama as arch_llama
 
 MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKS = [504, 3575, 282, 4649, 314, 28, 7065, 1326, 30, 2000, 300, 301, 302]
@@ -154,12 +154,12 @@ def test_restored_graphs_equal_fresh_builds(model):
 def test_reused_step_rebuilds_nothing(model, monkeypatch):
     ctx = _ctx(model)
     builds = []
-    orig = lgraph.LlamaGraphBuilder.build
+    orig = arch_llama.LlamaGraph.build
 
     def counting_build(self):
         builds.append((self.n_tokens, self.n_outputs, self.n_kv))
         return orig(self)
-    monkeypatch.setattr(lctx.LlamaGraphBuilder, "build", counting_build)
+    monkeypatch.setattr(arch_llama.LlamaGraph, "build", counting_build)
     _decode(ctx, TOKS[:6], 0, 0)
     _decode(ctx, [TOKS[6]], 0, 6)
     _decode(ctx, list(range(300, 310)), 0, 7)
