@@ -1,16 +1,24 @@
 """Gemma-3 270M decode and prefill rates: ggviz against llama.cpp (AVX2 llama-cpp-python), alternating in one run.
 
-    .venv/bin/python benchmarks/bench_gemma3.py [--threads 2] [--reps 2] [--decode 8] [--prefill 32]
+    .venv/bin/python benchmarks/bench_gemma3.py [--threads 2] [--reps 3] [--decode 32] [--prefill 32] [--no-profile]
 
 Each library loads gemma-3-270m-q4_k_m.gguf once. Per rep: a fresh context (n_ctx 1024, flash attention off), a
 ``--prefill``-token prompt in one batch (the prefill rate), then ``--decode`` tokens one per ``llama_decode`` (the
 decode rate); the tokens are the reference text's ids (tests/data/gemma3), so no tokenizer is needed. The libraries
-run rep by rep in turn; the medians are printed with the ratio ggviz / llama.cpp (> 1: ggviz faster). It prints; it
-does not assert. Without the model file it says so and exits 0.
+run rep by rep in turn; the medians are printed with the ratio ggviz / llama.cpp (> 1: ggviz faster). The decode
+rate of a rep includes its first decode (where ggviz compiles the new context's decode graph into a program, once
+per context): ``--decode`` 32 or more keeps that from being most of it.
+
+Then (unless ``--no-profile``) ggviz's decode step profiled on the compiled walk (``FastGraph.set_profiling``: the
+timestamp-counter ticks of thread 0 per program row), summed by op and, for MUL_MAT, by weight type, as shares of
+the step, with the ms per token they come to. (llama.cpp's own per-op times are not available from its library:
+compare its kernels with benchmarks/bench_kquants.py.) It prints; it does not assert. Without the model file it says
+so and exits 0.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
@@ -83,12 +91,62 @@ class LlamaCpp:
         return n_prefill / (t1 - t0), n_decode / (t2 - t1)
 
 
+TYPE_NAMES = {0: "f32", 1: "f16", 6: "q5_0", 8: "q8_0", 12: "q4_K", 14: "q6_K"}
+
+
+def profile(model, n_threads, n_prefill, n_steps=8):
+    """ggviz's decode step per op (thread 0's ticks), averaged over n_steps decodes after an n_prefill prompt."""
+    from ggviz.ggml.cpu.fast.kernels import time_ns
+    from ggviz.ggml.cpu.fast.program import MMQ_TYPE, OP, OP_MUL_MAT_Q
+    c0, w0 = time_ns(), time.perf_counter()           # the timestamp counter's rate (ticks per second)
+    time.sleep(0.1)
+    rate = (time_ns() - c0) / (time.perf_counter() - w0)
+    cp = llama.context_default_params()
+    cp.n_ctx = 1024
+    cp.n_threads = cp.n_threads_batch = n_threads
+    cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ctx = llama.init_from_model(model, cp)
+    assert llama.decode(ctx, llama.batch_get_one(IDS[:n_prefill])) == 0
+    assert llama.decode(ctx, llama.batch_get_one([IDS[n_prefill]])) == 0
+    cached = getattr(ctx.last_graph.gf, "_ggviz_fast", None)
+    if cached is None:
+        print("the decode graph did not take the compiled walk: no profile")
+        return
+    fg = cached[1]
+    fg.set_profiling(True)
+    t0 = time.perf_counter()
+    for t in IDS[n_prefill + 1:n_prefill + 1 + n_steps]:
+        assert llama.decode(ctx, llama.batch_get_one([t])) == 0
+    wall = (time.perf_counter() - t0) / n_steps
+    ticks = fg.timings.astype(np.float64)
+    fg.set_profiling(False)
+    total = ticks.sum()
+    groups = collections.Counter()
+    for k in range(len(fg)):
+        op = fg.meta[k][1].split()[0] if fg.meta[k][1] else "?"
+        if op == "MUL_MAT":
+            if fg.P[k, OP] == OP_MUL_MAT_Q:
+                op += " " + TYPE_NAMES.get(int(fg.P[k, MMQ_TYPE]), str(int(fg.P[k, MMQ_TYPE])))
+            else:
+                op += " f16/f32 (KQ, KQV)"
+            if fg.names[k] == "result_output":
+                op += " (output, 262144 rows)"
+        groups[op] += ticks[k]
+    walk = total / n_steps / rate
+    print(f"\nggviz decode step, {n_threads} thread(s), {len(fg)} program rows, mean of {n_steps} steps: "
+          f"{wall * 1e3:.2f} ms per token, of which the compiled walk (thread 0) {walk * 1e3:.2f} ms")
+    print(f"{'op':38s} {'share':>7s} {'ms/token':>9s}")
+    for op, v in groups.most_common():
+        print(f"{op:38s} {v / total * 100:6.2f}% {v / n_steps / rate * 1e3:9.3f}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--decode", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--prefill", type=int, default=32)
+    ap.add_argument("--no-profile", action="store_true", help="skip the per-op profile of ggviz's decode step")
     a = ap.parse_args(argv)
     if not os.path.exists(MODEL):
         print(f"{MODEL} is absent (ggviz fetch gemma3-270m): nothing to measure")
@@ -114,6 +172,8 @@ def main(argv=None):
     if len(med) == 2:
         (pg, tgg), (pl, tgl) = med["ggviz"], med["llama.cpp"]
         print(f"{'ggviz/llama':12s} {pg / pl:14.3f} {tgg / tgl:13.3f}")
+    if not a.no_profile and a.prefill + 9 <= len(IDS):
+        profile(libs[0].model, a.threads, a.prefill)
     return 0
 
 
