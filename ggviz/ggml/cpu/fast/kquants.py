@@ -42,7 +42,6 @@ from .intrinsics import (
     atomic_add,
     atomic_store,
     compiled,
-    cvt_f16_f32_row,
     f32_to_f16,
     fmaf,
     fp16_to_fp32,
@@ -50,7 +49,6 @@ from .intrinsics import (
     ld_i8,
     ld_u8,
     ld_u16,
-    ld_u32,
     rdtsc,
     st_f32,
     st_i8,
@@ -491,32 +489,51 @@ def quantize_mat_q8_K_4x8(x, row_stride, y, k):
                 st_u16(yb + 16 + 1024 + 2 * (16 * (g >> 2) + 4 * r + (g & 3)), np.uint16(s & 0xFFFF))
 
 
+@intrinsic
+def q4_Kx8_gemm_block(typingctx, xb, yb, acc, accm):
+    """One super-block of ggml_gemm_q4_K_8x8_q8_K (AVX2): the 8 rows of the block_q4_Kx8 at xb times the 4 rows of
+    the block_q8_Kx4 at yb. For q8 row rr and each pair of sub-blocks (2sb, 2sb+1): the exact int32 ``sc*dot +
+    sc*dot`` and ``mn*bsum + mn*bsum``, then ``acc = fmadd((float) isum, d_x*d_y, acc)``, ``accm = fmadd((float)
+    imin, dmin_x*d_y, accm)`` on the 8 float32 lanes at acc + 32*rr / accm + 32*rr (4 of each per super-block)."""
+    def codegen(context, builder, sig, args):
+        xb, yb, acc, accm = args
+        v8f = _vec(_f32, 8)
+        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+        sc, mn = _kx8_scales_ir(builder, xb)
+        h = builder.load(_ptr(builder, xb, _vec(_i16, 16)), align=1)
+        dd = builder.fpext(builder.bitcast(h, _vec(ir.HalfType(), 16)), _vec(_f32, 16))
+        dx = builder.shuffle_vector(dd, dd, _cvec(_i32, list(range(8))))
+        dm = builder.shuffle_vector(dd, dd, _cvec(_i32, list(range(8, 16))))
+        bs = builder.sext(_ld(builder, yb, 1040, 64, _i16), _vec(_i32, 64))
+        for rr in range(4):
+            dots = _q4_Kx8_dots_ir(builder, xb, builder.add(yb, ir.Constant(_i64, 16 + 8 * rr)), ir.Constant(_i64, 32))
+            # bsums of sub-block k of row rr: the int16 pair at 16*(k >> 1) + 4*rr + 2*(k & 1) (block_q8_Kx4)
+            ia = [16 * (k >> 1) + 4 * rr + 2 * (k & 1) for k in range(8)]
+            b32 = builder.add(builder.shuffle_vector(bs, bs, _cvec(_i32, ia)),
+                              builder.shuffle_vector(bs, bs, _cvec(_i32, [i + 1 for i in ia])))
+            dy = _splat(builder, builder.load(_ptr(builder, builder.add(yb, ir.Constant(_i64, 4 * rr)), _f32),
+                                              align=1), 8)
+            ds, dms = builder.fmul(dx, dy), builder.fmul(dm, dy)
+            pa = _ptr(builder, builder.add(acc, ir.Constant(_i64, 32 * rr)), v8f)
+            pm = _ptr(builder, builder.add(accm, ir.Constant(_i64, 32 * rr)), v8f)
+            a, am = builder.load(pa, align=1), builder.load(pm, align=1)
+            for sb in range(4):
+                k0, k1 = 2 * sb, 2 * sb + 1
+                isum = builder.add(builder.mul(sc[k0], dots[k0]), builder.mul(sc[k1], dots[k1]))
+                bk0 = builder.shuffle_vector(b32, b32, _cvec(_i32, [k0] * 8))
+                bk1 = builder.shuffle_vector(b32, b32, _cvec(_i32, [k1] * 8))
+                imin = builder.add(builder.mul(mn[k0], bk0), builder.mul(mn[k1], bk1))
+                a = builder.call(fma8, [builder.sitofp(isum, v8f), ds, a])
+                am = builder.call(fma8, [builder.sitofp(imin, v8f), dms, am])
+            builder.store(a, pa, align=1)
+            builder.store(am, pm, align=1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
+
+
 # =================================================================================================================
 # q4_K_8x8_q8_K: gemv / gemm on block_q4_Kx8
 # =================================================================================================================
-
-_KMASK1, _KMASK2, _KMASK3 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x03030303)
-
-
-@compiled
-def _kx8_scales(xb, sc, mn):
-    # the 8 rows' 6-bit scales and mins of the 8 sub-blocks (sc[8*s + r], mn[8*s + r], int32): sub-block s's 12 bytes
-    # at xb + 32 + 12*s pack the 8 rows as a Q4_K packs its 8 sub-blocks; unpacked with the kernels' kmask trick
-    for sbk in range(8):
-        q = xb + 32 + 12 * sbk
-        u0, u1, u2 = ld_u32(q), ld_u32(q + 4), ld_u32(q + 8)
-        u3 = ((u2 >> np.uint32(4)) & _KMASK2) | (((u1 >> np.uint32(6)) & _KMASK3) << np.uint32(4))
-        aux = u1 & _KMASK1
-        u1 = (u2 & _KMASK2) | (((u0 >> np.uint32(6)) & _KMASK3) << np.uint32(4))
-        u2 = aux
-        u0 = u0 & _KMASK1
-        for r in range(4):
-            sh = np.uint32(8 * r)
-            sc[8 * sbk + r] = np.int32((u0 >> sh) & np.uint32(0xFF))
-            sc[8 * sbk + 4 + r] = np.int32((u1 >> sh) & np.uint32(0xFF))
-            mn[8 * sbk + r] = np.int32((u2 >> sh) & np.uint32(0xFF))
-            mn[8 * sbk + 4 + r] = np.int32((u3 >> sh) & np.uint32(0xFF))
-
 
 @compiled
 def gemv_q4_K_8x8_q8_K(n, s, vx, vy, nc):
@@ -543,43 +560,16 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
     vx -> s (row stride bs floats). Per output the float accumulation is per pair of sub-blocks (4 fmadds per
     super-block for the scales, 4 for the mins)."""
     nb = n // 256
-    dots = np.zeros(64, np.int32)
-    sc = np.zeros(64, np.int32)
-    mn = np.zeros(64, np.int32)
-    b32 = np.zeros(8, np.int32)
-    ds = np.zeros(8, np.float32)
-    dm = np.zeros(8, np.float32)
-    dd = np.zeros(16, np.float32)
     acc = np.zeros(32, np.float32)
     accm = np.zeros(32, np.float32)
+    pa, pm = acc.ctypes.data, accm.ctypes.data
     for y4 in range(nr // 4):
         for g in range(nc // 8):
             for i in range(32):
                 acc[i] = F32(0.0)
                 accm[i] = F32(0.0)
             for b in range(nb):
-                xb = vx + (g * nb + b) * Q4_KX8_SIZE
-                yb = vy + (y4 * nb + b) * Q8_KX4_SIZE
-                _kx8_scales(xb, sc, mn)
-                cvt_f16_f32_row(xb, 2, dd.ctypes.data)
-                for rr in range(4):
-                    dy = ld_f32(yb + 4 * rr)
-                    q4_Kx8_dots(xb, yb + 16 + 8 * rr, 32, dots.ctypes.data)
-                    for sbk in range(8):
-                        b0 = 2 * (16 * (sbk >> 1) + 4 * rr + 2 * (sbk & 1))
-                        b32[sbk] = np.int32(_s16(np.int64(ld_u16(yb + 1040 + b0)))
-                                            + _s16(np.int64(ld_u16(yb + 1042 + b0))))
-                    for r in range(8):
-                        ds[r] = dd[r] * dy
-                        dm[r] = dd[8 + r] * dy
-                    for sb in range(4):
-                        s0, s1 = 8 * (2 * sb), 8 * (2 * sb + 1)
-                        for r in range(8):
-                            isum = sc[s0 + r] * dots[s0 + r] + sc[s1 + r] * dots[s1 + r]
-                            imin = mn[s0 + r] * b32[2 * sb] + mn[s1 + r] * b32[2 * sb + 1]
-                            o = 8 * rr + r
-                            acc[o] = fmaf(F32(isum), ds[r], acc[o])
-                            accm[o] = fmaf(F32(imin), dm[r], accm[o])
+                q4_Kx8_gemm_block(vx + (g * nb + b) * Q4_KX8_SIZE, vy + (y4 * nb + b) * Q8_KX4_SIZE, pa, pm)
             for rr in range(4):
                 for r in range(8):
                     st_f32(s + 4 * ((4 * y4 + rr) * bs + 8 * g + r), acc[8 * rr + r] - accm[8 * rr + r])
