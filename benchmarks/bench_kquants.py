@@ -4,15 +4,14 @@
 
 Shapes are gemma-3-270m's (n_embd 640, n_ff 2048, 4 heads x 256): ffn_down Q4_K / Q6_K (2048 -> 640), attn_output
 Q4_K (1024 -> 640), ffn_up Q5_0 (640 -> 2048), and the output Q8_0 (640 -> 262,144: the tied token_embd, about half
-of a decode step; its random weight is made of random block bytes, not quantized from floats). ggviz: the weight in its CPU_REPACK buffer, one MUL_MAT graph run by
-the compiled graph program (``graph_compute``); llama.cpp: the same bytes, Q4_K in its CPU_REPACK buffer (Q5_0 / Q6_K
-on a plain CPU buffer, as llama.cpp places them on AVX2), ``ggml_backend_graph_compute`` in a child process (the two
-ggml libraries cannot share a process). The rounds alternate ggviz and llama.cpp; the table shows the median time per
-MUL_MAT of each and the ratio ggviz / llama.cpp (> 1: ggviz slower). The results are checked equal, bit for bit.
-
-With --threads > 1 on a loaded machine a one-node graph can hang for 5 minutes ("a thread never reached the barrier"):
-fast.compiler.FastGraph.compute_thread lets thread 0 change ``n_next`` at the end of a compute that a late worker
-has not entered yet, and the late worker then walks with another thread count (a race outside these kernels).
+of a decode step; its random weight is made of random block bytes, not quantized from floats). ggviz: the weight in
+its CPU_REPACK buffer, one MUL_MAT graph run by the compiled graph program (``graph_compute``, whose Python call
+costs some microseconds that a decode's compiled walk does not pay per node); llama.cpp: the same bytes, Q4_K in its
+CPU_REPACK buffer (Q5_0 / Q6_K / Q8_0 on a plain CPU buffer, as llama.cpp places them on AVX2),
+``ggml_backend_graph_compute`` in a child process (the two ggml libraries cannot share a process). The rounds
+alternate ggviz and llama.cpp; the table shows the median time per MUL_MAT of each and the ratio ggviz / llama.cpp
+(> 1: ggviz slower). The results are checked equal, bit for bit. ``--cases q4_K q8_0`` runs the cases whose name
+contains one of the words. The weights are hot in the caches here; in a decode step they are not (260 MB a token).
 """
 from __future__ import annotations
 
