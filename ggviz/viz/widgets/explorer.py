@@ -199,6 +199,14 @@ class DecodeExplorer(VizWidget):
                             ("attn_inp_k_idxs", snap.k_idxs)):
                 if name in self.leaf_names:
                     self.leaf_values[self.leaf_names.index(name)] = np.asarray(a)
+            inp = step.graph.inputs
+            if getattr(snap, "swa", None) is not None and getattr(inp, "kq_mask_swa", None) is not None:
+                # iSWA (Gemma-3): the sliding-window cache's mask and indices are leafs of the same names; find them
+                # by identity, not by name
+                for t, a in ((inp.kq_mask_swa, snap.swa.kq_mask), (inp.k_idxs_swa, snap.swa.k_idxs)):
+                    j = next((k for k, lf in enumerate(gf.leafs) if lf is t), None)
+                    if j is not None:
+                        self.leaf_values[j] = np.asarray(a)
         self.kind, self.index = None, None          # the selection: ("node" | "leaf", index)
         self.phase = None
         self._nodes_json = None
