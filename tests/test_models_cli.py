@@ -183,12 +183,19 @@ def test_trace_command(model_name, tmp_path):
     assert want <= names
 
 
-def test_run_command_greedy(model_name, capsys):
-    """``ggviz run`` greedy continues the prompt as llama.cpp does (tests/data: the greedy continuations)."""
-    assert cli.main(["run", "--model", model_name, "-p", PROMPT, "-n", "4", "--temp", "0"]) == 0
+GREEDY_ORACLE = {"smollm2": DATA / "llamacpp" / "smollm2_tokens_greedy.json",
+                 "gemma3-270m": DATA / "gemma3" / "gemma3_shared_tokens_greedy.json"}
+
+
+def test_run_command_greedy(model_name, model, capsys):
+    """``ggviz run`` greedy continues "The capital of France is" as llama.cpp does (its 32-token greedy
+    continuation, captured one token per llama_decode: the first 8 tokens, detokenized)."""
+    case = next(c for c in json.loads(GREEDY_ORACLE[model_name].read_text())["greedy"]
+                if c["prompt"] == "The capital of France is")
+    expect = b"".join(llama.token_to_piece(model.vocab, t, 0, False) for t in case["gen_ids"][:8]).decode()
+    assert cli.main(["run", "--model", model_name, "-p", case["prompt"], "-n", "8", "--temp", "0"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith(PROMPT)
-    assert len(text) > len(PROMPT)
+    assert text.startswith(case["prompt"] + expect)
 
 
 def test_demo_command(model_name, model, tmp_path, capsys):
