@@ -775,7 +775,11 @@ def sec_attention(rec: Recording) -> dict:
     # heads that put most of the prompt's weight on the first token (None: no prompt attention to look at)
     sink_heads = ([h for h in range(pa.shape[0]) if float(pa[h, 1:, 0].mean()) >= 0.5]
                   if pa is not None and pa.shape[1] > 1 else None)
-    return dict(figures=figs, hparams=rec.model.hparams, sink_heads=sink_heads)
+    # the scale ggml_soft_max_ext applies (op_params[0]): 1/sqrt(head_dim) for llama; 1 for Gemma-3, whose Q was
+    # already multiplied by f_attention_scale (a SCALE node before the attention)
+    sm = next((t for t in rec.gf.nodes if t.name == "kq_soft_max-0"), None)
+    kq_scale = ggml.get_op_params_f32(sm, 0) if sm is not None else None
+    return dict(figures=figs, hparams=rec.model.hparams, sink_heads=sink_heads, kq_scale=kq_scale)
 
 
 @section("logits", "Logits, sampler, the next token", "llama_get_logits_ith", "llama_sampler_sample",

@@ -275,3 +275,13 @@ def test_tokenizer_view(model_name, model):
     else:
         assert st["tokenizer"] == "BPE" and "rank" in st["merges"][0]
     assert "special token" not in v.to_html()
+
+
+def test_report_attention_scale(model_name, page):
+    """llama.cpp's gemma3.cpp scales Q by f_attention_scale (1/sqrt(256)) and calls build_attn with kq_scale 1;
+    llama.cpp's llama.cpp passes 1/sqrt(head_dim) to the softmax: the section says which."""
+    sec = _section(page, "attention")
+    if model_name == "gemma3-270m":
+        assert "scale is 1" in sec and "0.0625" in sec
+    else:
+        assert "scales by 1/sqrt(head_dim)" in sec
