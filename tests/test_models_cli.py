@@ -285,3 +285,22 @@ def test_report_attention_scale(model_name, page):
         assert "scale is 1" in sec and "0.0625" in sec
     else:
         assert "scales by 1/sqrt(head_dim)" in sec
+
+
+def test_attention_view(model_name, model):
+    """AttentionView on every layer (Gemma: the SWA layers and the global ones): each row a distribution over the
+    cells the mask lets the token see (the causal triangle of the prompt), none on the others."""
+    from ggviz.viz import model_views as MV
+    cp = llama.context_default_params()
+    cp.n_ctx = 256
+    ctx = llama.init_from_model(model, cp)
+    ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
+    rec = MV.capture_attention(ctx, ids)
+    assert sorted(rec.layers) == list(range(model.hparams.n_layer))
+    n = len(ids)
+    for il, w in rec.layers.items():
+        assert w.shape[:2] == (model.hparams.n_head, n)
+        np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
+        assert not np.triu(w[:, :, :n], 1).any() and not w[:, :, n:].any()
+    st = MV.AttentionView(rec, 5).state()
+    assert st["n_head"] == model.hparams.n_head and st["n_tokens"] == n
