@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggviz import cli, llama, report
+from ggviz import cli, ggml, llama, report
 from ggviz.fetch import FetchError, resolve_model
 
 DATA = Path(__file__).parent / "data"
@@ -304,3 +304,46 @@ def test_attention_view(model_name, model):
         assert not np.triu(w[:, :, :n], 1).any() and not w[:, :, n:].any()
     st = MV.AttentionView(rec, 5).state()
     assert st["n_head"] == model.hparams.n_head and st["n_tokens"] == n
+
+
+def test_machinery_widgets(model_name, model):
+    """The graph, build-replay, scheduler and allocator widgets on a prompt decode of each model: the replay of
+    ggml_build_forward_expand ends with as many nodes as llama.cpp's graph for this prompt length has (the decode
+    graph's count for one token: prefill and decode graphs have the same nodes here, both with one output row)."""
+    from ggviz import trace
+    from ggviz.viz.widgets import AllocatorView, GraphView, SchedulerView, VisitAnimation
+    cp = llama.context_default_params()
+    cp.n_ctx = 256
+    ctx = llama.init_from_model(model, cp)
+    ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
+    with trace.Recorder() as rec:
+        assert llama.decode(ctx, llama.batch_get_one(ids)) == 0
+    gf = ctx.last_graph.gf
+    assert gf.n_nodes == _n_nodes_oracle(model_name)
+    va = VisitAnimation(rec, gf)
+    assert va.state(va.n_steps - 1)["n_nodes"] == gf.n_nodes
+    assert GraphView(gf).to_html().count("<svg") >= 1
+    assert SchedulerView(ctx.sched, gf, rec).state()["n_splits"] == 1
+    assert "<img" in AllocatorView(ctx.sched.galloc, ctx.sched.graph).to_html() or \
+        "<svg" in AllocatorView(ctx.sched.galloc, ctx.sched.graph).to_html()
+
+
+def test_quant_block_explorer_every_type_of_the_file(model_name, model):
+    """QuantBlockExplorer on one tensor of each quantized type in the file (Gemma: Q8_0, Q5_0, Q4_K, Q6_K; SmolLM2:
+    Q8_0, Q4_1): the block's values are that row's dequantization (ggml's dequantize_row_*)."""
+    from ggviz.ggml import quants
+    from ggviz.viz.widgets import QuantBlockExplorer
+    seen = {}
+    for name, t in model.tensors.items():
+        ty = ggml.type_name(t.type)
+        if ty in seen or t.type in (ggml.GGML_TYPE_F32, ggml.GGML_TYPE_F16):
+            continue
+        seen[ty] = name
+        st = QuantBlockExplorer(t, row=3, block=1).state()
+        assert st["type"] == ty and not st["requantized"]
+        bs = ggml.blck_size(t.type)
+        raw = np.ascontiguousarray(np.asarray(ggml.get_data(t)).reshape(-1, ggml.row_size(t.type, t.ne[0]))[3])
+        row = quants.dequantize_row(t.type, raw)
+        assert np.array_equal(np.asarray(st["values"], np.float32), row[bs:2 * bs])
+    expect = {"q8_0", "q5_0", "q4_K", "q6_K"} if model_name == "gemma3-270m" else {"q8_0", "q4_1"}
+    assert set(seen) == expect
