@@ -142,11 +142,11 @@ print("layer 1, node by node (bold: what Gemma-3 adds or does differently)")
 display(table(rows, ["#"] + list(runs)))
 
 # %% [markdown]
-# The same layer drawn as graphs (`ggml_graph_view` of layer 1's nodes, as the scheduler cuts a split; dashed: the
-# weights, the KV cache and the inputs, from outside the view). Read Gemma's from the top: `attn_norm`, then Q and K
-# each get their own RMS_NORM + MUL (`Qcur_normed`, `Kcur_normed`) before ROPE; after the attention output's MUL_MAT
-# comes `attn_post_norm`; the FFN's GEGLU; and `ffn_post_norm` before the second ADD. The SOFT_MAX of layer 1 reads
-# the *sliding-window* mask (layer 1 is a SWA layer); layers 5, 11 and 17 read the other one.
+# The same layer drawn as graphs, SmolLM2's above Gemma's (`ggml_graph_view` of layer 1's nodes, as the scheduler
+# cuts a split; dashed: the weights, the KV cache and the inputs, from outside the view). Read Gemma's from the top:
+# `attn_norm`, then Q and K each get their own RMS_NORM + MUL (`Qcur_normed`, `Kcur_normed`) before ROPE; after the
+# attention output's MUL_MAT comes `attn_post_norm`; the FFN's GEGLU; and `ffn_post_norm` before the second ADD. The
+# SOFT_MAX of layer 1 reads the *sliding-window* mask (layer 1 is a SWA layer); layers 5, 11 and 17 read the other.
 
 # %%
 svgs = []
@@ -157,8 +157,10 @@ for name, (m, ids, ctx) in runs.items():
     dot, _ = graph_to_dot_grouped(ggml.graph_view(gf, i0, i0 + len(nodes)), title=f"{name}: layer 1",
                                   legend=False)
     svg = dot.pipe(format="svg").decode("utf-8")
-    svgs.append(f"<div style='flex:1;min-width:0;overflow:auto'>{svg[svg.find('<svg'):]}</div>")
-display(HTML("<div style='display:flex;gap:12px;align-items:flex-start'>" + "".join(svgs) + "</div>"))
+    # one above the other, each as wide as the page: side by side, Graphviz's ~1700-point-wide layouts shrink
+    # until their labels cannot be read
+    svgs.append(f"<div style='max-width:100%;overflow:auto'>{svg[svg.find('<svg'):]}</div>")
+display(HTML("".join(svgs)))
 
 # %% [markdown]
 # The ops per layer, counted: Gemma-3's layer has four more RMS_NORM + MUL pairs (QK norm, the two post-norms),
