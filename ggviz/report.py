@@ -1,4 +1,4 @@
-"""``ggviz report``: one decode step of the default model as a standalone HTML page, readable without Jupyter.
+"""``ggviz report``: one decode step of a model (SmolLM2 by default, or Gemma-3) as a standalone HTML page.
 
     ggviz report [-o report.html] [-p PROMPT] [-t THREADS] [-m MODEL]
 
@@ -895,7 +895,7 @@ def write_report(path="report.html", prompt: str = DEFAULT_PROMPT, threads: int 
 
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="ggviz report", description="write a standalone HTML walkthrough of one "
-                            "decode step of the default model")
+                            "decode step of a model (default: SmolLM2)")
     ap.add_argument("-o", "--out", default="report.html", type=cli.output_file,
                     help="output file (default: report.html)")
     ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help=f"prompt (default: {DEFAULT_PROMPT!r})")
