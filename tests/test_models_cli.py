@@ -347,3 +347,18 @@ def test_quant_block_explorer_every_type_of_the_file(model_name, model):
         assert np.array_equal(np.asarray(st["values"], np.float32), row[bs:2 * bs])
     expect = {"q8_0", "q5_0", "q4_K", "q6_K"} if model_name == "gemma3-270m" else {"q8_0", "q4_1"}
     assert set(seen) == expect
+
+
+def test_explorer_inputs_of_each_cache(model_name, model):
+    """The explorer (what `ggviz explore` serves) on each model: the graph's input leafs carry the values the
+    context set; with Gemma's iSWA cache both masks (two leafs named attn_inp_kq_mask), each its own cache's."""
+    from ggviz.viz.widgets.explorer import DecodeExplorer
+    ex = DecodeExplorer.record(PROMPT, threads=2, model=model, values=False)
+    assert ex.state()["n_nodes"] == _n_nodes_oracle(model_name)
+    masks = [j for j, lf in enumerate(ex.gf.leafs) if lf.name == "attn_inp_kq_mask"]
+    assert len(masks) == (2 if model_name == "gemma3-270m" else 1)
+    assert all(j in ex.leaf_values for j in masks)
+    n_past = len(llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True))
+    for j in masks:
+        allowed = np.isfinite(ex.leaf_values[j]).reshape(-1)
+        assert allowed[:n_past + 1].all() and not allowed[n_past + 1:].any()     # the step sees the prompt + itself
