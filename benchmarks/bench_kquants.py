@@ -3,15 +3,15 @@
     python benchmarks/bench_kquants.py [--threads 1] [--rounds 3] [--reps 20] [--tokens 1 8]
 
 Shapes are gemma-3-270m's (n_embd 640, n_ff 2048, 4 heads x 256): ffn_down Q4_K / Q6_K (2048 -> 640), attn_output
-Q4_K (1024 -> 640), ffn_up Q5_0 (640 -> 2048). ggviz: the weight in its CPU_REPACK buffer, one MUL_MAT graph run by
-the compiled graph program (``graph_compute``); llama.cpp: the same bytes, Q4_K in its CPU_REPACK buffer (Q5_0 / Q6_K
-on a plain CPU buffer, as llama.cpp places them on AVX2), ``ggml_backend_graph_compute`` in a child process (the two
-ggml libraries cannot share a process). The rounds alternate ggviz and llama.cpp; the table shows the median time per
-MUL_MAT of each and the ratio ggviz / llama.cpp (> 1: ggviz slower). The results are checked equal, bit for bit.
-
-With --threads > 1 on a loaded machine a one-node graph can hang for 5 minutes ("a thread never reached the barrier"):
-fast.compiler.FastGraph.compute_thread lets thread 0 change ``n_next`` at the end of a compute that a late worker
-has not entered yet, and the late worker then walks with another thread count (a race outside these kernels).
+Q4_K (1024 -> 640), ffn_up Q5_0 (640 -> 2048), and the output Q8_0 (640 -> 262,144: the tied token_embd, about half
+of a decode step; its random weight is made of random block bytes, not quantized from floats). ggviz: the weight in
+its CPU_REPACK buffer, one MUL_MAT graph run by the compiled graph program (``graph_compute``, whose Python call
+costs some microseconds that a decode's compiled walk does not pay per node); llama.cpp: the same bytes, Q4_K in its
+CPU_REPACK buffer (Q5_0 / Q6_K / Q8_0 on a plain CPU buffer, as llama.cpp places them on AVX2),
+``ggml_backend_graph_compute`` in a child process (the two ggml libraries cannot share a process). The rounds
+alternate ggviz and llama.cpp; the table shows the median time per MUL_MAT of each and the ratio ggviz / llama.cpp
+(> 1: ggviz slower). The results are checked equal, bit for bit. ``--cases q4_K q8_0`` runs the cases whose name
+contains one of the words. The weights are hot in the caches here; in a decode step they are not (260 MB a token).
 """
 from __future__ import annotations
 
@@ -33,7 +33,16 @@ from ggviz.ggml.cpu import ggml_cpu, repack  # noqa: E402
 from tests.oracle import llamacpp_cpu as O  # noqa: E402
 
 CASES = [("ffn_down q4_K", C.GGML_TYPE_Q4_K, 2048, 640), ("attn_output q4_K", C.GGML_TYPE_Q4_K, 1024, 640),
-         ("ffn_down q6_K", C.GGML_TYPE_Q6_K, 2048, 640), ("ffn_up q5_0", C.GGML_TYPE_Q5_0, 640, 2048)]
+         ("ffn_down q6_K", C.GGML_TYPE_Q6_K, 2048, 640), ("ffn_up q5_0", C.GGML_TYPE_Q5_0, 640, 2048),
+         ("output q8_0", C.GGML_TYPE_Q8_0, 640, 262144)]
+
+
+def random_q8_0(rng, M, K):
+    """M rows of K/32 block_q8_0 {fp16 d, int8 qs[32]} with scales around 0.05/127 and random quants."""
+    blocks = np.empty((M, K // 32, 34), np.uint8)
+    blocks[:, :, :2] = (rng.uniform(0.5, 1.5, (M, K // 32)) * 0.05 / 127).astype(np.float16)[..., None].view(np.uint8)
+    blocks[:, :, 2:] = rng.integers(-127, 128, (M, K // 32, 32), dtype=np.int8).view(np.uint8)
+    return blocks.reshape(M, -1)
 
 
 class GgvizCase:
@@ -71,14 +80,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--cases", nargs="+", help="case names to run (default: all), e.g. q4_K q8_0")
     a = ap.parse_args()
     if not O.available():
         raise SystemExit("llama_cpp (llama-cpp-python) is not installed: nothing to compare with")
     rng = np.random.default_rng(0)
     rows = []
     for name, t, K, M in CASES:
-        w = np.ascontiguousarray(Q.quantize_row_ref(t, rng.standard_normal((M, K)).astype(np.float32) * 0.05)
-                                 .reshape(M, -1))
+        if a.cases and not any(c in name for c in a.cases):
+            continue
+        if t == C.GGML_TYPE_Q8_0:
+            w = random_q8_0(rng, M, K)
+        else:
+            w = np.ascontiguousarray(Q.quantize_row_ref(t, rng.standard_normal((M, K)).astype(np.float32) * 0.05)
+                                     .reshape(M, -1))
         for N in a.tokens:
             x = rng.standard_normal((N, K)).astype(np.float32)
             g = GgvizCase(t, K, M, N, w, x, a.threads)

@@ -1,4 +1,4 @@
-"""ggviz demo: a real llama.cpp decode of SmolLM2-135M, with layer 0 copied out node by node, then a generation.
+"""ggviz demo: a real llama.cpp decode of SmolLM2-135M (or Gemma-3 270M: ``--model gemma3-270m``), with layer 0 copied out node by node, then a generation.
 
     ggviz demo [--model PATH] [--out DIR] [-p PROMPT] [-n N] [--threads N] [--quiet] [--no-report]
 
@@ -8,7 +8,8 @@ What it does, step by step -- the llama.h calls a llama.cpp program makes (``ggv
    headers; the data stays in the memory-mapped file, the matrices repacked into the CPU_REPACK buffer type);
 2. ``llama_init_from_model`` with an eval callback (``cb_eval``, as ``llama-eval-callback`` installs one): the KV
    cache, the backends, and the worst-case compute buffer (``sched_reserve``);
-3. ``llama_tokenize`` the prompt and ``llama_decode`` it: ``llm_build_llama`` builds the decode graph (1086 nodes),
+3. ``llama_tokenize`` the prompt and ``llama_decode`` it: ``llm_build_llama`` builds the decode graph (1086 nodes;
+   ``llm_build_gemma3`` for Gemma-3),
    the scheduler allocates and computes it; the callback asks for layer 0's nodes, so the scheduler stops after
    each of them and the callback copies its values out (the compute buffer is reused by later nodes);
 4. write ``layer0.dot``/``layer0.svg``: layer 0's nodes of that graph (``ggml_graph_view``, as the scheduler cuts its
@@ -35,7 +36,7 @@ import numpy as np
 from . import cli, ggml, llama
 from .fetch import FetchError, fetch_default_model
 from .progress import progress, step
-from .report import write_report
+from .report import graph_builder, kv_caches, write_report
 from .run import generate, load_model
 from .viz import arena_map, objects_table, plot_arena
 from .viz.graph_dot import graph_to_dot_grouped, layer_of
@@ -122,7 +123,7 @@ def run(model=None, prompt: str = DEFAULT_PROMPT, n_threads: int = 2, n_predict:
     for v in values:
         v["node_n"] = index.get(v.pop("addr"))
     l0 = [i for i, t in enumerate(gf.nodes) if layer_of(t.name or "") == 0]
-    i0, i1 = l0[0], l0[-1] + 1             # llm_build_llama emits a layer's nodes together
+    i0, i1 = l0[0], l0[-1] + 1             # llm_build_llama / llm_build_gemma3 emit a layer's nodes together
     return DemoRun(model=model, ctx=ctx, prompt=prompt, ids=list(ids), n_threads=n_threads, graph=res,
                    layer0_range=(i0, i1), view=ggml.graph_view(gf, i0, i1), values=values, status=status,
                    t_load_ms=t_load, t_ctx_ms=t_ctx, t_decode_ms=t_decode)
@@ -135,7 +136,8 @@ def _contexts(r: DemoRun) -> list:
     return [(f"decode graph context ({r.graph.gf.n_nodes} nodes: tensor headers + the ggml_cgraph)", r.graph.ctx,
              "sqrt"),
             (f"weights context ({len(r.model.tensors)} tensor headers)", r.model.ctx_w, "log"),
-            (f"KV cache context ({r.ctx.kv.size} cells x {r.model.hparams.n_layer} layers)", r.ctx.kv.ctx, "log")]
+            *[(f"{label + ' ' if label else ''}KV cache context ({c.size} cells x {len(c.layer_ids)} layers)", c.ctx,
+               "log") for label, c in kv_caches(r.ctx.kv)]]
 
 
 def _write_arena(out_dir: pathlib.Path, r: DemoRun):
@@ -213,15 +215,18 @@ def summary(r: DemoRun) -> str:
         f"model     {os.path.basename(r.model.path)} ({llama.model_desc(r.model)}, "
         f"{llama.model_n_params(r.model) / 1e6:.0f}M params, {llama.model_size(r.model) / 2**20:.1f} MiB): "
         f"{hp.n_layer} layers, n_embd={hp.n_embd}, n_head={hp.n_head}, n_head_kv={hp.n_head_kv}, "
-        f"head_dim={hp.n_embd_head_k}, n_ff={hp.n_ff}, rope base={hp.rope_freq_base_train:g}; "
+        f"head_dim={hp.n_embd_head_k}, n_ff={hp.n_ff}, rope base={hp.rope_freq_base_train:g}"
+        + (f" (sliding-window layers: {hp.rope_freq_base_train_swa:g}, window {hp.n_swa})" if hp.n_swa else "") + "; "
         f"llama_model_load_from_file {r.t_load_ms:.0f} ms",
         f"weights   a no_alloc context of {len(r.model.tensors)} tensor headers "
         f"(used_mem={ggml.used_mem(r.model.ctx_w):,} bytes); the data stays in the mapped file"
         + (", the matrices repacked for the CPU (CPU_REPACK)" if len(r.model.bufs) > 1 else ""),
-        f"context   llama_init_from_model {r.t_ctx_ms:.0f} ms: KV cache of {r.ctx.kv.size} cells "
-        f"({ggml.type_name(r.ctx.kv.type_k)}), {cbuf[0].split(': ', 1)[-1].strip() if cbuf else ''}",
+        f"context   llama_init_from_model {r.t_ctx_ms:.0f} ms: "
+        + " + ".join(f"{label + ' ' if label else ''}KV cache of {c.size} cells x {len(c.layer_ids)} layers"
+                     + (f" (window {c.n_swa})" if c.n_swa else "") for label, c in kv_caches(r.ctx.kv))
+        + f" ({ggml.type_name(kv_caches(r.ctx.kv)[0][1].type_k)}), {cbuf[0].split(': ', 1)[-1].strip() if cbuf else ''}",
         f"input     {len(r.ids)} tokens {r.ids}: " + " ".join(repr(p) for p in pieces),
-        f"graph     llm_build_llama: n_nodes={gf.n_nodes} n_leafs={gf.n_leafs}; layer 0 is nodes #{i0}-#{i1 - 1} "
+        f"graph     {graph_builder(r.model)}: n_nodes={gf.n_nodes} n_leafs={gf.n_leafs}; layer 0 is nodes #{i0}-#{i1 - 1} "
         f"({i1 - i0} nodes, last {gf.nodes[i1 - 1].name!r})",
         f"memory    graph context: used_mem={ggml.used_mem(r.graph.ctx):,} bytes (tensor headers + the graph object, "
         f"no data: the tensors live in the compute buffer, placed by ggml-alloc)",

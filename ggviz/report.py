@@ -1,4 +1,4 @@
-"""``ggviz report``: one decode step of the default model as a standalone HTML page, readable without Jupyter.
+"""``ggviz report``: one decode step of a model (SmolLM2 by default, or Gemma-3) as a standalone HTML page.
 
     ggviz report [-o report.html] [-p PROMPT] [-t THREADS] [-m MODEL]
 
@@ -52,7 +52,7 @@ from .viz import gguf_map as M
 from .viz import graph_dot as G
 from .viz import widgets
 from .viz.graph_dot import layer_of, node_layers, op_color
-from .viz.model_views import kv_cache_figure, sampler_figure
+from .viz.model_views import kv_cache_figure, sampler_figure, spm_trace_unit
 from .viz.widgets._base import array_png, colorbar_html, value_range, wrap_vector
 from .viz.widgets.alloc_view import AllocatorView
 from .viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
@@ -78,7 +78,7 @@ class Recording:
     sampler_history: list             # llama_sampler_chain's steps on those logits
     sampled: int                      # the token the chain picked
     units: list                       # vocab.tokenize_words(prompt): pre-tokenized words + their ids
-    merges: dict                      # word -> [BpeMerge]
+    merges: dict                      # word -> [BpeMerge] (BPE) or [SpmMerge] (SPM: Gemma-3)
     t_record_s: float = 0.0
     meta: dict = field(default_factory=dict)
 
@@ -144,7 +144,10 @@ def record(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ctx: in
     sampled = llama.sampler_sample(chain, step_b.ctx, -1)
     vocab = llama.model_get_vocab(step.model)
     units = vocab.tokenize_words(prompt, add_special=True, parse_special=True)
-    merges = {u.text: vocab.bpe_trace(u.encoded, encoded=True) for u in units if not u.special}
+    if vocab.type == "SPM":             # SentencePiece (Gemma-3): merges by score, on the escaped fragment
+        merges = {u.text: spm_trace_unit(vocab, u) for u in units if not u.special}
+    else:
+        merges = {u.text: vocab.bpe_trace(u.encoded, encoded=True) for u in units if not u.special}
     kq = prompt_attn.get("kq")
     n_p = len(step.prompt_ids)
     pa = kq.reshape(kq.shape[-3], kq.shape[-2], kq.shape[-1])[:, :n_p, :n_p] if kq is not None else None
@@ -157,6 +160,19 @@ def record(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ctx: in
 
 def _op(t) -> str:
     return op_desc(t)
+
+
+def kv_caches(kv) -> list:
+    """(label, cache) of a context's KV memory: [("", kv)] for one cache; [("base", ...), ("SWA", ...)] for an iSWA
+    one (llama_kv_cache_iswa: Gemma-3's global layers, then its sliding-window layers)."""
+    if hasattr(kv, "kv_swa"):
+        return [("base", kv.get_base()), ("SWA", kv.get_swa())]
+    return [("", kv)]
+
+
+def graph_builder(model) -> str:
+    """llama.cpp's graph builder of the model's architecture (src/models/<arch>.cpp): llm_build_llama, ..."""
+    return f"llm_build_{getattr(model, 'arch', 'llama') or 'llama'}"
 
 
 def _type(t) -> str:
@@ -265,12 +281,15 @@ def sec_overview(rec: Recording) -> dict:
     greedy = int(rec.logits.argmax())
     rows = [
         {"": "model", "value": f"{m.name or pathlib.Path(m.path).name}: {m.desc()}, {hp.n_layer} layers, "
-                               f"n_embd={hp.n_embd}, n_head={hp.n_head} (n_head_kv={hp.n_head_kv}), n_ff={hp.n_ff}, "
-                               f"n_vocab={hp.n_vocab}"},
+                               f"n_embd={hp.n_embd}, n_head={hp.n_head} (n_head_kv={hp.n_head_kv}), "
+                               f"head_dim={hp.n_embd_head_k}, n_ff={hp.n_ff}, n_vocab={hp.n_vocab}"},
         {"": "prompt", "value": repr(st.prompt)},
         {"": "decode step", "value": f"token {st.token} ({_piece(vocab, st.token)!r}) at position {st.pos}, "
                                      f"{st.n_threads} threads, n_ctx={st.ctx.n_ctx}"},
-        {"": "graph", "value": f"{rec.gf.n_nodes} nodes, {rec.gf.n_leafs} leafs"},
+        {"": "graph", "value": f"{rec.gf.n_nodes} nodes, {rec.gf.n_leafs} leafs ({graph_builder(m)})"},
+        {"": "KV cache", "value": "; ".join(
+            f"{label + ' cache: ' if label else ''}{len(c.layer_ids)} layers x {c.size} cells, n_kv={c.get_n_kv()}"
+            + (f", window {c.n_swa}" if getattr(c, "n_swa", 0) else "") for label, c in kv_caches(st.ctx.kv))},
         {"": "next token", "value": f"{rec.sampled} ({_piece(vocab, rec.sampled)!r}) sampled "
                                     f"(temp {rec.meta['temp']}, seed {rec.meta['seed']}); greedy would pick "
                                     f"{greedy} ({_piece(vocab, greedy)!r})"},
@@ -317,6 +336,10 @@ def sec_tokenize(rec: Recording) -> dict:
         rows.append({"unit": "special" if u.special else repr(u.text), "byte-level": u.encoded or "",
                      "ids": ", ".join(str(i) for i in u.ids), "tokens": [vocab.tokens[i] for i in u.ids],
                      "merges": len(rec.merges.get(u.text, ())) if not u.special else ""})
+    spm = vocab.type == "SPM"
+    if spm:
+        return dict(rows=rows, frames=_spm_frames(rec), add_bos=bool(getattr(vocab, "add_bos", False)), spm=True,
+                    mirrors=("llama_tokenize", "llama_vocab::impl::tokenize", "llm_tokenizer_spm_session::tokenize"))
     # the BPE stepper's frames: per word, its bytes as symbols, each merge, the tokens
     frames = []
     for u in rec.units:
@@ -332,7 +355,35 @@ def sec_tokenize(rec: Recording) -> dict:
                                word=u.text, merge=m, n_merges=len(ms), symbols=list(m.symbols), new=m.index))
         frames.append(dict(kind="tokens", label=f"{u.text!r}: tokens {list(u.ids)}", css="", focus="", word=u.text,
                            tokens=[(vocab.tokens[i], i) for i in u.ids]))
-    return dict(rows=rows, frames=frames, add_bos=bool(getattr(vocab, "add_bos", False)))
+    return dict(rows=rows, frames=frames, add_bos=bool(getattr(vocab, "add_bos", False)), spm=False)
+
+
+def _spm_frames(rec: Recording) -> list:
+    """The SPM stepper's frames (llm_tokenizer_spm_session): per fragment its characters as symbols, each merge
+    (the adjacent pair whose merged text is the token of highest score), the tokens."""
+    vocab = rec.model.vocab
+    frames = []
+    for u in rec.units:
+        if u.special:
+            continue
+        syms = [c for c in u.encoded]                 # one symbol per UTF-8 character (unicode_len_utf8)
+        frames.append(dict(kind="bytes", label=f"{u.encoded!r}: the characters as symbols ({len(syms)})", css="",
+                           focus="", word=u.text, encoded=u.encoded, symbols=syms, new=None))
+        ms = rec.merges.get(u.text, [])
+        for m in ms:
+            new_syms = [x.decode("utf-8", "backslashreplace") for x in m.symbols]
+            left, right = (m.left.decode("utf-8", "backslashreplace"), m.right.decode("utf-8", "backslashreplace"))
+            # where the merged symbol is: the first place the old list had left, right and the new one the merge
+            at = next((j for j in range(len(new_syms)) if syms[j:j + 2] == [left, right]
+                       and syms[:j] == new_syms[:j]), None)
+            frames.append(dict(kind="spm_merge", label=f"{u.encoded!r}: merge {m.step}/{len(ms)}: {left} + {right} "
+                                                       f"-> {new_syms[at] if at is not None else ''}", css="",
+                               focus="", word=u.text, left=left, right=right, score=float(m.score), token=m.token,
+                               step=m.step, n_merges=len(ms), symbols=new_syms, new=at))
+            syms = new_syms
+        frames.append(dict(kind="tokens", label=f"{u.encoded!r}: tokens {list(u.ids)}", css="", focus="",
+                           word=u.text, tokens=[(vocab.tokens[i], i) for i in u.ids]))
+    return frames
 
 
 def _alloc_info(ctx):
@@ -361,13 +412,15 @@ def sec_memory(rec: Recording) -> dict:
     bufs = [{"buffer": B.backend_buffer_name(b), "size": B.backend_buffer_get_size(b)}
             for b in getattr(m, "bufs", []) or []]
     # ---- contexts
-    fig, axes = plt.subplots(2, 1, figsize=(13, 4.4))
+    caches = kv_caches(kv)
+    fig, axes = plt.subplots(1 + len(caches), 1, figsize=(13, 2.2 * (1 + len(caches))))
     A.plot_arena(m.ctx_w, ax=axes[0], scale="log", max_labels=12,
                  title=f"weights context (no_alloc): {len(m.ctx_w.objects)} tensor headers, "
                        f"{m.ctx_w.used_mem():,} bytes; the data stays in the file mapping")
-    A.plot_arena(kv.ctx, ax=axes[1], scale="sqrt", max_labels=12,
-                 title=f"KV cache context: {len(kv.k_l)} K + {len(kv.v_l)} V tensors of {kv.size} cells "
-                       f"({ggml.type_name(kv.type_k)}), {kv.ctx.used_mem():,} bytes")
+    for ax, (label, c) in zip(axes[1:], caches):
+        A.plot_arena(c.ctx, ax=ax, scale="sqrt", max_labels=12,
+                     title=f"{label + ' ' if label else ''}KV cache context: {len(c.k_l)} K + {len(c.v_l)} V tensors "
+                           f"of {c.size} cells ({ggml.type_name(c.type_k)}), {c.ctx.used_mem():,} bytes")
     fig.tight_layout()
     arenas_png = fig_png(fig, 90)
     gctx = rec.step.graph.ctx
@@ -408,7 +461,8 @@ _OP_NOTES = {
     "CONT": "copy a strided view into contiguous memory",
     "CPY": "copy/convert",
     "ADD": "element-wise sum: the residual connection",
-    "GLU": "SwiGLU: silu(gate) * up",
+    "GLU": "gated FFN: SwiGLU silu(gate) * up (llama), GEGLU gelu(gate) * up (Gemma-3)",
+    "SCALE": "multiply by a constant (Gemma-3: the embeddings by sqrt(n_embd), Q by 1/sqrt(head_dim))",
 }
 
 
@@ -460,7 +514,8 @@ def sec_graph(rec: Recording) -> dict:
                f"#{vid} text{{font-weight:bold}}")
         frames.append(dict(label=f"#{i} {v['name']} ({v['op']})", css=css, focus=vid, value=_frame_values(v)))
     visits = [e for e in rec.step.events if e["kind"] == "graph.visit"]
-    return dict(svg_all=svg_markup(dot_all.pipe(format="svg")), svg_layer0=svg_markup(dot0.pipe(format="svg")),
+    builder = graph_builder(rec.model)
+    return dict(builder=builder, mirrors=(builder,) + SECTION_MIRRORS["graph"][1:], svg_all=svg_markup(dot_all.pipe(format="svg")), svg_layer0=svg_markup(dot0.pipe(format="svg")),
                 frames=frames, n_visits=len(visits), n_hits=sum(1 for e in visits if e.get("hit")))
 
 
@@ -621,16 +676,20 @@ def sec_kv(rec: Recording) -> dict:
                  "KV cells and mask, step")]
     else:
         figs = [(fig_png(_kv_masks_figure(rec), 90), "KV cells and masks")]
-    return dict(figures=figs, row={"cells": kv.size, "used": int(kv.cells.used), "head": kv.head,
-                                   "n_kv attended": kv.get_n_kv(), "K type": _type(kv.k_l[0]),
-                                   "K per layer": f"{list(kv.k_l[0].shape[:2])}",
-                                   "V (transposed)": f"{list(kv.v_l[0].shape[:2])}"})
+    rows = []
+    for label, c in kv_caches(kv):
+        rows.append({"cache": label or "one", "layers": ", ".join(map(str, c.layer_ids)), "cells": c.size,
+                     "used": int(c.cells.used), "head": c.head, "n_kv attended": c.get_n_kv(),
+                     "window": c.n_swa or "none", "K type": _type(c.k_l[0]),
+                     "K per layer": f"{list(c.k_l[0].shape[:2])}", "V (transposed)": f"{list(c.v_l[0].shape[:2])}",
+                     "K+V bytes": sum(ggml.nbytes(t) for t in c.k_l + c.v_l)})
+    return dict(figures=figs, rows=rows, iswa=len(rows) > 1)
 
 
 def _kv_masks_figure(rec: Recording):
     """The KV cells and the KQ masks from the cache and the recorded masks (without ggviz.viz.model_views)."""
 
-    kv = rec.ctx.kv
+    kv = kv_caches(rec.ctx.kv)[0][1]       # the base cache's (the recorded masks are attn_inp_kq_mask's)
     n_kv = kv.get_n_kv()
     pos = kv.cells.pos[:n_kv]
     masks = rec.step.masks
@@ -707,7 +766,11 @@ def sec_attention(rec: Recording) -> dict:
     # heads that put most of the prompt's weight on the first token (None: no prompt attention to look at)
     sink_heads = ([h for h in range(pa.shape[0]) if float(pa[h, 1:, 0].mean()) >= 0.5]
                   if pa is not None and pa.shape[1] > 1 else None)
-    return dict(figures=figs, hparams=rec.model.hparams, sink_heads=sink_heads)
+    # the scale ggml_soft_max_ext applies (op_params[0]): 1/sqrt(head_dim) for llama; 1 for Gemma-3, whose Q was
+    # already multiplied by f_attention_scale (a SCALE node before the attention)
+    sm = next((t for t in rec.gf.nodes if t.name == "kq_soft_max-0"), None)
+    kq_scale = ggml.get_op_params_f32(sm, 0) if sm is not None else None
+    return dict(figures=figs, hparams=rec.model.hparams, sink_heads=sink_heads, kq_scale=kq_scale)
 
 
 @section("logits", "Logits, sampler, the next token", "llama_get_logits_ith", "llama_sampler_sample",
@@ -760,12 +823,14 @@ def _render_section(env: jinja2.Environment, spec: SectionSpec, rec: Recording) 
     try:
         data = spec.build(rec)
         template = f"sections/{spec.sid}.html.j2"
+        mirrors = data.pop("mirrors", spec.mirrors)     # a section may name the architecture's own function
     except VIEW_ERRORS as e:
         warnings.warn(f"ggviz report: the {spec.sid!r} section failed: {type(e).__name__}: {e}", stacklevel=2)
         data = dict(error_type=type(e).__name__, error=str(e))
         template = "sections/failed.html.j2"
+        mirrors = spec.mirrors
     # rendered by an autoescaping template: safe to put into the page as it is
-    return Markup(env.get_template(template).render(sid=spec.sid, title=spec.title, mirrors=spec.mirrors, **data))
+    return Markup(env.get_template(template).render(sid=spec.sid, title=spec.title, mirrors=mirrors, **data))
 
 
 def build_report(rec: Recording, bar=None) -> str:
@@ -787,6 +852,8 @@ def build_report(rec: Recording, bar=None) -> str:
         token_piece=_piece(vocab, st.token), pos=st.pos, next_piece=_piece(vocab, rec.sampled), sections=sections,
         css=_asset("report.css"), js=_asset("report.js"))
 
+
+SECTION_MIRRORS = {spec.sid: spec.mirrors for spec in SECTIONS}
 
 _CACHE: dict = {}
 
@@ -819,7 +886,7 @@ def write_report(path="report.html", prompt: str = DEFAULT_PROMPT, threads: int 
 
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="ggviz report", description="write a standalone HTML walkthrough of one "
-                            "decode step of the default model")
+                            "decode step of a model (default: SmolLM2)")
     ap.add_argument("-o", "--out", default="report.html", type=cli.output_file,
                     help="output file (default: report.html)")
     ap.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help=f"prompt (default: {DEFAULT_PROMPT!r})")

@@ -33,21 +33,22 @@
 # it the Gemma cells say so and skip.)
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import HTML, display
 
 from ggviz import ggml, llama
-from ggviz.fetch import models_dir
+from ggviz.fetch import FetchError, resolve_model
 from ggviz.run import load_model
+from ggviz.viz import model_views as MV
+from ggviz.viz.graph_dot import graph_to_dot_grouped
 
 smol = load_model()
-GEMMA_PATH = Path(models_dir()) / "gemma-3-270m-q4_k_m.gguf"
-gemma = load_model(GEMMA_PATH) if GEMMA_PATH.exists() else None
-if gemma is None:
-    print(f"Gemma-3 is not here ({GEMMA_PATH}): its columns are skipped. Fetch it with `ggviz fetch gemma3-270m`.")
+try:
+    gemma = load_model(str(resolve_model("gemma3-270m")))     # fetched and verified (`ggviz fetch gemma3-270m`)
+except FetchError as e:
+    gemma = None
+    print(f"Gemma-3 is not here ({e}): its columns are skipped. Fetch it with `ggviz fetch gemma3-270m`.")
 models = {"SmolLM2-135M (llama)": smol} | ({"Gemma-3 270M (gemma3)": gemma} if gemma is not None else {})
 
 
@@ -76,14 +77,19 @@ display(table(rows, ["hparam"] + list(models)))
 # %% [markdown]
 # ## 2. One real decode each, and one layer of each graph
 #
-# Both models get the prompt "The ggml library is" (SmolLM2 tokenizes it with its BPE; Gemma's ids are the ones
-# llama.cpp's SentencePiece tokenizer gives, from `tests/data/gemma3`), all but the last token in one batch, then
-# the last token alone: the graph of that decode step is the one llama.cpp computes node for node
-# (1086 nodes for SmolLM2, 817 for Gemma-3; `tests/test_llama.py`, `tests/test_gemma3.py`).
+# Both models get the prompt "The ggml library is", each through its own tokenizer: SmolLM2's byte-level BPE (a
+# merge list, by rank) and Gemma's SentencePiece (no merge list: the adjacent pair whose merged text is the token of
+# highest score goes first). The ids are the ones llama.cpp gives (`tests/test_vocab_spm.py`). All but the last token
+# are decoded in one batch, then the last token alone: the graph of that decode step is the one llama.cpp computes
+# node for node (1086 nodes for SmolLM2, 817 for Gemma-3; `tests/test_llama.py`, `tests/test_gemma3.py`).
 
 # %%
 prompt = "The ggml library is"
-GEMMA_IDS = [2, 818, 40620, 1528, 9427, 563]          # llama.cpp's tokens for the prompt (BOS first)
+for name, m in models.items():
+    v = MV.BPEView(m.vocab, prompt)
+    word = next(k for k, u in enumerate(v.units) if not u.special)
+    print(f"{name}: {m.vocab.type} tokenizer")
+    display(HTML(v.select(word).to_html()))
 
 
 def decode_step(model, ids):
@@ -91,14 +97,16 @@ def decode_step(model, ids):
     cp.n_ctx = 1024
     cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
     ctx = llama.init_from_model(model, cp)
-    assert llama.decode(ctx, llama.batch_get_one(ids[:-1])) == 0
-    assert llama.decode(ctx, llama.batch_get_one(ids[-1:])) == 0
+    with MV.capture_inputs(ctx) as snaps:       # the graph inputs and KV cells of each ubatch, before its compute
+        assert llama.decode(ctx, llama.batch_get_one(ids[:-1])) == 0
+        assert llama.decode(ctx, llama.batch_get_one(ids[-1:])) == 0
+    ctx.snapshots = snaps
     return ctx
 
 
 runs = {}
 for name, m in models.items():
-    ids = llama.tokenize(m.vocab, prompt, add_special=True, parse_special=True) if m is smol else GEMMA_IDS
+    ids = llama.tokenize(m.vocab, prompt, add_special=True, parse_special=True)
     runs[name] = (m, ids, decode_step(m, ids))
     g = runs[name][2].last_graph
     print(f"{name}: prompt ids {ids}, decode graph of {len(g.gf.nodes)} nodes, "
@@ -132,6 +140,27 @@ for i in range(n):
     rows.append(r)
 print("layer 1, node by node (bold: what Gemma-3 adds or does differently)")
 display(table(rows, ["#"] + list(runs)))
+
+# %% [markdown]
+# The same layer drawn as graphs, SmolLM2's above Gemma's (`ggml_graph_view` of layer 1's nodes, as the scheduler
+# cuts a split; dashed: the weights, the KV cache and the inputs, from outside the view). Read Gemma's from the top:
+# `attn_norm`, then Q and K each get their own RMS_NORM + MUL (`Qcur_normed`, `Kcur_normed`) before ROPE; after the
+# attention output's MUL_MAT comes `attn_post_norm`; the FFN's GEGLU; and `ffn_post_norm` before the second ADD. The
+# SOFT_MAX of layer 1 reads the *sliding-window* mask (layer 1 is a SWA layer); layers 5, 11 and 17 read the other.
+
+# %%
+svgs = []
+for name, (m, ids, ctx) in runs.items():
+    gf = ctx.last_graph.gf
+    nodes = layer_nodes(gf, 1)
+    i0 = next(i for i, t in enumerate(gf.nodes) if t is nodes[0])
+    dot, _ = graph_to_dot_grouped(ggml.graph_view(gf, i0, i0 + len(nodes)), title=f"{name}: layer 1",
+                                  legend=False)
+    svg = dot.pipe(format="svg").decode("utf-8")
+    # one above the other, each as wide as the page: side by side, Graphviz's ~1700-point-wide layouts shrink
+    # until their labels cannot be read
+    svgs.append(f"<div style='max-width:100%;overflow:auto'>{svg[svg.find('<svg'):]}</div>")
+display(HTML("".join(svgs)))
 
 # %% [markdown]
 # The ops per layer, counted: Gemma-3's layer has four more RMS_NORM + MUL pairs (QK norm, the two post-norms),
@@ -192,6 +221,16 @@ else:
     p = n - 1
     print(f"position {p}: the base mask lets it see {int(np.isfinite(m_base[-1]).sum())} cells, "
           f"the SWA mask {int(np.isfinite(m_swa[-1]).sum())} (positions {p - gemma.hparams.n_swa + 1}..{p})")
+
+# %% [markdown]
+# And the real decode step of section 2, as `ggviz.viz.model_views.KVCacheView` draws it: for Gemma-3 both caches,
+# each with its own cells, the cell the step wrote (red), its n_kv and its mask. Six positions are far inside the
+# 512-position window, so here the two masks agree; the synthetic 640-position run above is where they part.
+
+# %%
+for name, (m, ids, ctx) in runs.items():
+    print(name)
+    display(HTML(MV.KVCacheView(ctx.snapshots, m.vocab).to_html()))
 
 # %% [markdown]
 # ## 4. What the caches hold after the real decode

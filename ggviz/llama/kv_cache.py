@@ -260,14 +260,17 @@ class KVCache:
                 self.rollback([c for idxs in placed for c in idxs], head0)
         return placed if ok else None
 
+    # The snapshot is taken on every decode (prepare), so it must be cheap: a fresh set per cell made ~2,000 objects
+    # per decode and the garbage collector's passes over them cost ~15 ms of a 40 ms Gemma decode step. Empty sets are
+    # shared, not copied (a cell's set is never grown in place: ``Cells.set`` replaces it), and the snapshot, owned by
+    # the one prepare() that took it, is handed back as it is.
     def _snapshot(self):
         c = self.cells
-        return (c.pos.copy(), [set(x) for x in c.seq], c.seq_mask.copy(), c.used, self.head)
+        return (c.pos.copy(), [set(x) if x else x for x in c.seq], c.seq_mask.copy(), c.used, self.head)
 
     def _restore(self, saved) -> None:
         c = self.cells
-        c.pos, seq, c.seq_mask, c.used, self.head = saved[0].copy(), saved[1], saved[2].copy(), saved[3], saved[4]
-        c.seq = [set(x) for x in seq]
+        c.pos, c.seq, c.seq_mask, c.used, self.head = saved
 
     def rollback(self, cells, head: int) -> None:
         """ggviz: undo apply_ubatch of cells that were empty before (a failed or interrupted decode): they are

@@ -12,7 +12,8 @@ Everything is recorded from a real ``ggviz.llama`` run, never recomputed:
 - ``sampler_figure(chain.history)``: the candidates that survive each sampler of a chain (logits -> top-k -> ... ->
   selected token, with the random draw of ``dist``) as bar charts; ``sampler_stage_table`` / ``sampler_tables_html``
   the same as one table per stage (logit, llama.cpp's ``p``, the probability if drawn now); ``SamplerView``.
-- ``bpe_table(vocab, word)`` / ``BPEView``: the merges BPE made on each word of a prompt (``Vocab.bpe_trace``).
+- ``bpe_table(vocab, word)`` / ``BPEView``: the merges BPE made on each word of a prompt (``Vocab.bpe_trace``);
+  for a SentencePiece vocabulary (Gemma-3) ``spm_table`` / the same view: the merges by score (``Vocab.spm_session``).
 """
 from __future__ import annotations
 
@@ -49,7 +50,11 @@ def _label(vocab, tid) -> str:
 
 @dataclass
 class DecodeSnapshot:
-    """One ubatch as the context prepared it: its inputs and the KV cells (copies, taken before compute)."""
+    """One ubatch as the context prepared it: its inputs and the KV cells of one cache (copies, taken before compute).
+
+    An iSWA cache (Gemma-3: ``llama_kv_cache_iswa``) is two caches, each with its own cells, n_kv, indices and mask
+    (``llm_graph_input_attn_kv_iswa``): the snapshot is the base cache's (``cache == "base"``) and ``swa`` holds the
+    sliding-window cache's snapshot of the same ubatch."""
     n_tokens: int
     n_kv: int
     tokens: np.ndarray
@@ -60,24 +65,43 @@ class DecodeSnapshot:
     k_idxs: np.ndarray            # the cell each token's K is written to
     kv_size: int
     head: int
+    cache: str = ""               # "" (the model has one cache), "base" or "SWA"
+    layers: list = field(default_factory=list)     # the layers whose K/V this cache holds
+    n_swa: int = 0                # the sliding window (SWA cache), 0 = none
+    swa: DecodeSnapshot | None = None               # iSWA: the sliding-window cache's snapshot
+
+
+def _cache_snapshot(res, kv, kq_mask, k_idxs, n_kv: int, cache: str = "") -> DecodeSnapshot:
+    inp = res.inputs
+    mask = np.array(get_data(kq_mask)).reshape(res.n_tokens if res.n_tokens else -1, -1)
+    layers = getattr(kv, "layer_ids", None)
+    return DecodeSnapshot(
+        n_tokens=int(res.n_tokens), n_kv=int(n_kv), tokens=np.array(get_data(inp.tokens)).reshape(-1),
+        pos=np.array(get_data(inp.pos)).reshape(-1), kq_mask=mask[:res.n_tokens, :n_kv],
+        cells_pos=kv.cells.pos.copy(), cells_seq=[sorted(s) for s in kv.cells.seq[:n_kv]],
+        k_idxs=np.array(get_data(k_idxs)).reshape(-1), kv_size=int(kv.size), head=int(kv.head), cache=cache,
+        layers=list(layers) if layers is not None else list(range(kv.hparams.n_layer)),
+        n_swa=int(getattr(kv, "n_swa", 0)))
 
 
 @contextmanager
 def capture_inputs(ctx):
-    """Record a ``DecodeSnapshot`` for every ubatch decoded inside the block (yields the list)."""
+    """Record a ``DecodeSnapshot`` for every ubatch decoded inside the block (yields the list). With an iSWA cache
+    each snapshot is the base cache's, its ``swa`` the sliding-window cache's."""
 
     snaps: list[DecodeSnapshot] = []
     prev = ctx.graph_hook
 
     def hook(res):
         inp = res.inputs
-        mask = np.array(get_data(inp.kq_mask)).reshape(res.n_tokens if res.n_tokens else -1, -1)
         kv = ctx.kv
-        snaps.append(DecodeSnapshot(
-            n_tokens=int(res.n_tokens), n_kv=int(res.n_kv), tokens=np.array(get_data(inp.tokens)).reshape(-1),
-            pos=np.array(get_data(inp.pos)).reshape(-1), kq_mask=mask[:res.n_tokens, :res.n_kv],
-            cells_pos=kv.cells.pos.copy(), cells_seq=[sorted(s) for s in kv.cells.seq[:res.n_kv]],
-            k_idxs=np.array(get_data(inp.k_idxs)).reshape(-1), kv_size=int(kv.size), head=int(kv.head)))
+        if hasattr(kv, "kv_swa"):
+            # two caches: the base one's inputs are attn_inp_kq_mask / k_idxs, the SWA one's the *_swa inputs
+            snap = _cache_snapshot(res, kv.kv_base, inp.kq_mask, inp.k_idxs, res.n_kv, "base")
+            snap.swa = _cache_snapshot(res, kv.kv_swa, inp.kq_mask_swa, inp.k_idxs_swa, res.n_kv_swa, "SWA")
+        else:
+            snap = _cache_snapshot(res, kv, inp.kq_mask, inp.k_idxs, res.n_kv)
+        snaps.append(snap)
         if prev is not None:
             prev(res)
 
@@ -88,15 +112,19 @@ def capture_inputs(ctx):
         ctx.graph_hook = prev
 
 
-def kv_cache_figure(snap: DecodeSnapshot, vocab=None, max_cells: int | None = None, title: str | None = None):
-    """Top: the KV cells (position stored in each, the cells this ubatch writes outlined); bottom: the KQ mask,
-    one row per token of the ubatch, one column per cell of the attended window n_kv (green: may attend)."""
+def _cache_name(snap: DecodeSnapshot) -> str:
+    """How a figure names the cache of ``snap``: "" for a model with one cache."""
+    if not snap.cache:
+        return ""
+    ls = snap.layers
+    which = f"layers {ls}" if len(ls) <= 4 else f"{len(ls)} layers"
+    window = f", window {snap.n_swa} positions" if snap.n_swa else ""
+    return f"{snap.cache} cache ({which}{window}): "
 
-    used = int(np.max(np.nonzero(snap.cells_pos >= 0)[0], initial=-1)) + 1
-    nc = max_cells or min(snap.n_kv, max(16, used + 4))
+
+def _draw_cache(ax1, ax2, snap: DecodeSnapshot, vocab, nc: int, title: str | None):
+    """The cells of one cache on ``ax1``, its KQ mask on ``ax2``."""
     nt = snap.n_tokens
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(min(16, 2.5 + 0.42 * nc), 1.9 + 0.36 * nt + 0.6),
-                                   gridspec_kw={"height_ratios": [0.45, max(0.9, 0.36 * nt)]})
     for c in range(nc):
         p = int(snap.cells_pos[c])
         ax1.add_patch(Rectangle((c, 0), 1, 1, facecolor="#a5d6a7" if p >= 0 else "#f5f5f5", edgecolor="#757575",
@@ -110,9 +138,9 @@ def kv_cache_figure(snap: DecodeSnapshot, vocab=None, max_cells: int | None = No
     ax1.set_yticks([])
     ax1.set_xticks(np.arange(nc) + 0.5)
     ax1.set_xticklabels([str(c) for c in range(nc)], fontsize=7)
-    ax1.set_title(title or f"KV cells 0..{nc - 1} of {snap.kv_size} (number = position stored; red = written by "
-                           f"this ubatch of {nt} tokens); n_kv = {snap.n_kv} cells attended", fontsize=10,
-                  loc="left")
+    ax1.set_title(title or f"{_cache_name(snap)}KV cells 0..{nc - 1} of {snap.kv_size} (number = position stored; "
+                           f"red = written by this ubatch of {nt} tokens); n_kv = {snap.n_kv} cells attended",
+                  fontsize=10, loc="left")
     m = np.isfinite(snap.kq_mask[:, :nc]).astype(float)
     ax2.imshow(m, cmap=ListedColormap(["#37474f", "#c8e6c9"]), vmin=0, vmax=1, aspect="auto",
                extent=(0, nc, nt, 0))
@@ -127,8 +155,33 @@ def kv_cache_figure(snap: DecodeSnapshot, vocab=None, max_cells: int | None = No
               for p, t in zip(snap.pos, snap.tokens)]
     ax2.set_yticklabels(labels, fontsize=8)
     ax2.set_xlabel("KV cell", fontsize=9)
-    ax2.set_title("kq_mask (attn_inp_kq_mask): added to KQ before softmax; a token sees the cells whose position "
-                  "is ≤ its own", fontsize=10, loc="left")
+    if snap.cache == "SWA":
+        what = f"a token sees the cells whose position is ≤ its own and > its own - {snap.n_swa}"
+    else:
+        what = "a token sees the cells whose position is ≤ its own"
+    ax2.set_title(f"{_cache_name(snap)}kq_mask: added to KQ before softmax; {what}", fontsize=10, loc="left")
+
+
+def kv_cache_figure(snap: DecodeSnapshot, vocab=None, max_cells: int | None = None, title: str | None = None):
+    """Top: the KV cells (position stored in each, the cells this ubatch writes outlined); bottom: the KQ mask,
+    one row per token of the ubatch, one column per cell of the attended window n_kv (green: may attend).
+    An iSWA snapshot (``snap.swa``) draws both caches, base then SWA, each with its own cells, n_kv and mask."""
+
+    parts = [snap] + ([snap.swa] if snap.swa is not None else [])
+    ncs = []
+    for sn in parts:
+        used = int(np.max(np.nonzero(sn.cells_pos >= 0)[0], initial=-1)) + 1
+        ncs.append(max_cells or min(sn.n_kv, max(16, used + 4)))
+    nt = snap.n_tokens
+    ratios = []
+    for _ in parts:
+        ratios += [0.45, max(0.9, 0.36 * nt)]
+    fig, axes = plt.subplots(2 * len(parts), 1, figsize=(min(16, max(12 if snap.cache else 0, 2.5 + 0.42 * max(ncs))),
+                                                         len(parts) * (1.9 + 0.36 * nt + 0.6)),
+                             gridspec_kw={"height_ratios": ratios})
+    for k, (sn, nc) in enumerate(zip(parts, ncs)):
+        _draw_cache(axes[2 * k], axes[2 * k + 1], sn, vocab, nc,
+                    (f"{_cache_name(sn)}{title}" if sn.cache and title else title))
     fig.tight_layout()
     return fig
 
@@ -153,7 +206,11 @@ class KVCacheView(VizWidget):
         return {"snapshot": self.pos, "n_snapshots": len(self.snaps), "n_tokens": s.n_tokens, "n_kv": s.n_kv,
                 "tokens": s.tokens.tolist(), "pos": s.pos.tolist(), "cells_pos": s.cells_pos[:s.n_kv].tolist(),
                 "written_cells": s.k_idxs.tolist(), "mask_allowed": np.isfinite(s.kq_mask).tolist(),
-                "n_used": int((s.cells_pos >= 0).sum())}
+                "n_used": int((s.cells_pos >= 0).sum()), "cache": s.cache, "layers": list(s.layers),
+                "swa": None if s.swa is None else {
+                    "n_kv": s.swa.n_kv, "kv_size": s.swa.kv_size, "n_swa": s.swa.n_swa, "layers": list(s.swa.layers),
+                    "cells_pos": s.swa.cells_pos[:s.swa.n_kv].tolist(), "written_cells": s.swa.k_idxs.tolist(),
+                    "mask_allowed": np.isfinite(s.swa.kq_mask).tolist(), "n_used": int((s.swa.cells_pos >= 0).sum())}}
 
     def figure(self):
         return kv_cache_figure(self.snaps[self.pos], self.vocab)
@@ -539,6 +596,37 @@ def bpe_table(vocab, word: str) -> Table:
                  title=f"BPE of {word!r}: {len(rows)} merges (rank = line in tokenizer.ggml.merges)")
 
 
+def spm_trace_unit(vocab, unit) -> list:
+    """The merges llama.cpp's SPM session performs on one raw fragment of ``vocab.tokenize_words`` (its ``encoded``
+    text: escaped, ▁ for spaces, with the space prefix exactly where ``tokenize`` put one)."""
+    trace: list = []
+    vocab.spm_session(unit.encoded.encode("utf-8", "surrogatepass"), [], trace)
+    return trace
+
+
+def _bytes_text(b: bytes) -> str:
+    return b.decode("utf-8", "backslashreplace")
+
+
+def spm_table(vocab, unit) -> Table:
+    """The merges SentencePiece (``llm_tokenizer_spm_session``) performs on one fragment, one row per merge: the
+    pair whose merged text is the token of highest score goes first (no merge list: the scores decide)."""
+    tr = spm_trace_unit(vocab, unit)
+    rows = [{"step": m.step, "score": round(float(m.score), 4), "merge": f"{_bytes_text(m.left)!r} + "
+             f"{_bytes_text(m.right)!r}", "merged": _bytes_text(m.merged), "token": m.token,
+             "symbols": " ".join(_bytes_text(x) for x in m.symbols)} for m in tr]
+    return Table(rows, ["step", "score", "merge", "merged", "token", "symbols"],
+                 title=f"SPM of {unit.encoded!r}: {len(rows)} merges (score = tokenizer.ggml.scores of the merged "
+                       f"token; highest first)")
+
+
+def merge_table(vocab, unit) -> Table:
+    """The tokenizer's merges on one unit of ``vocab.tokenize_words``: BPE's (by rank) or SPM's (by score)."""
+    if getattr(vocab, "type", "BPE") == "SPM":
+        return spm_table(vocab, unit)
+    return bpe_table(vocab, unit.text)
+
+
 class BPEView(VizWidget):
     """A prompt split into words (pre-tokenizer) and each word's merges; ``select(k)`` picks word ``k``."""
 
@@ -558,8 +646,8 @@ class BPEView(VizWidget):
 
     def state(self) -> dict:
         u = self.units[self.sel]
-        merges = [] if u.special else [dict(r) for r in bpe_table(self.vocab, u.text)]
-        return {"units": [{"text": x.text, "encoded": x.encoded, "ids": list(x.ids), "special": x.special}
+        merges = [] if u.special else [dict(r) for r in merge_table(self.vocab, u)]
+        return {"tokenizer": getattr(self.vocab, "type", "BPE"), "units": [{"text": x.text, "encoded": x.encoded, "ids": list(x.ids), "special": x.special}
                           for x in self.units], "selected": self.sel, "word": u.text, "merges": merges,
                 "ids": list(u.ids), "pieces": [_piece(self.vocab, t) for t in u.ids],
                 "all_ids": [t for x in self.units for t in x.ids]}
@@ -576,7 +664,10 @@ class BPEView(VizWidget):
 
     def to_html(self) -> str:
         st = self.state()
-        tab = html_table(bpe_table(self.vocab, st["word"])) if st["merges"] else "<i>special token: no BPE</i>"
+        u = self.units[self.sel]
+        kind = st["tokenizer"]
+        tab = (html_table(merge_table(self.vocab, u)) if not u.special
+               else f"<i>special token: no {kind}</i>")
         return self.words_html() + tab
 
     def _build(self):

@@ -195,10 +195,17 @@ class DecodeExplorer(VizWidget):
         self.leaf_values: dict[int, np.ndarray] = {}
         snap = step.snapshots[-1] if getattr(step, "snapshots", None) else None
         if snap is not None:
-            for name, a in (("inp_tokens", snap.tokens), ("inp_pos", snap.pos), ("attn_inp_kq_mask", snap.kq_mask),
-                            ("attn_inp_k_idxs", snap.k_idxs)):
-                if name in self.leaf_names:
-                    self.leaf_values[self.leaf_names.index(name)] = np.asarray(a)
+            # found by identity, not by name: with an iSWA cache (Gemma-3) two leafs are called attn_inp_kq_mask (and
+            # two attn_inp_k_idxs), and the sliding-window ones come first (layer 0 is a sliding-window layer)
+            inp = step.graph.inputs
+            pairs = [(inp.tokens, snap.tokens), (inp.pos, snap.pos), (inp.kq_mask, snap.kq_mask),
+                     (inp.k_idxs, snap.k_idxs)]
+            if getattr(snap, "swa", None) is not None:
+                pairs += [(inp.kq_mask_swa, snap.swa.kq_mask), (inp.k_idxs_swa, snap.swa.k_idxs)]
+            for t, a in pairs:
+                j = next((k for k, lf in enumerate(gf.leafs) if t is not None and lf is t), None)
+                if j is not None:
+                    self.leaf_values[j] = np.asarray(a)
         self.kind, self.index = None, None          # the selection: ("node" | "leaf", index)
         self.phase = None
         self._nodes_json = None

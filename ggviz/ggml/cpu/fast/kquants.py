@@ -30,17 +30,18 @@ from .intrinsics import (
     HAVE_AVX2,
     _cvec,
     _decl,
+    _f32,
     _i8,
     _i16,
     _i32,
     _i64,
     _maddubs,
     _ptr,
+    _splat,
     _vec,
     atomic_add,
     atomic_store,
     compiled,
-    cvt_f16_f32_row,
     f32_to_f16,
     fmaf,
     fp16_to_fp32,
@@ -48,7 +49,6 @@ from .intrinsics import (
     ld_i8,
     ld_u8,
     ld_u16,
-    ld_u32,
     rdtsc,
     st_f32,
     st_i8,
@@ -110,39 +110,64 @@ def _st_i32x8(builder, addr, v):
     builder.store(v, _ptr(builder, addr, _vec(_i32, 8)), align=1)
 
 
+def _q6_K_sumi_ir(builder, xb, yb):
+    """ggml_vec_dot_q6_K_q8_K's AVX2 integer part for one block: sumi (8 x int32, the -32 offset subtracted as
+    q8sclsub), as an IR value."""
+    sc8 = _ld(builder, xb, 192, 16)                                    # int8 scales[16]
+    sc16 = builder.sext(sc8, _vec(_i16, 16))
+    bsums = _ld(builder, yb, 260, 16, _i16)
+    sub = builder.shl(_madd(builder, bsums, sc16), _cvec(_i32, [5] * 8))
+    sumi = ir.Constant(_vec(_i32, 8), None)
+    m15 = _bsplat(builder, 15)
+    for j in range(2):
+        b1 = _ld(builder, xb, 64 * j)
+        b2 = _ld(builder, xb, 64 * j + 32)
+        bh = _ld(builder, xb, 128 + 32 * j)
+        h0 = builder.shl(builder.and_(bh, _bsplat(builder, 3)), _bsplat(builder, 4))
+        h1 = builder.shl(builder.and_(bh, _bsplat(builder, 12)), _bsplat(builder, 2))
+        h2 = builder.and_(bh, _bsplat(builder, 48))
+        h3 = builder.lshr(builder.and_(bh, _bsplat(builder, 192)), _bsplat(builder, 2))
+        qs = [builder.or_(builder.and_(b1, m15), h0), builder.or_(builder.and_(b2, m15), h1),
+              builder.or_(builder.and_(builder.lshr(b1, _bsplat(builder, 4)), m15), h2),
+              builder.or_(builder.and_(builder.lshr(b2, _bsplat(builder, 4)), m15), h3)]
+        ps = []
+        for r in range(4):
+            q8 = _ld(builder, yb, 4 + 128 * j + 32 * r)
+            p16 = _maddubs(builder, qs[r], q8)
+            k = 8 * j + 2 * r                                          # scales k (bytes 0..15), k+1 (16..31)
+            scv = builder.shuffle_vector(sc16, sc16, _cvec(_i32, [k] * 8 + [k + 1] * 8))
+            ps.append(_madd(builder, scv, p16))
+        sumi = builder.add(sumi, builder.add(ps[0], ps[1]))
+        sumi = builder.add(sumi, builder.add(ps[2], ps[3]))
+    return builder.sub(sumi, sub)
+
+
 @intrinsic
 def q6_K_sumi(typingctx, xb, yb, out):
-    """ggml_vec_dot_q6_K_q8_K's AVX2 integer part for one block: sumi (8 x int32, the -32 offset subtracted as
-    q8sclsub) stored at out."""
+    """ggml_vec_dot_q6_K_q8_K's AVX2 integer part for one block: sumi (8 x int32) stored at out."""
     def codegen(context, builder, sig, args):
         xb, yb, out = args
-        sc8 = _ld(builder, xb, 192, 16)                                    # int8 scales[16]
-        sc16 = builder.sext(sc8, _vec(_i16, 16))
-        bsums = _ld(builder, yb, 260, 16, _i16)
-        sub = builder.shl(_madd(builder, bsums, sc16), _cvec(_i32, [5] * 8))
-        sumi = ir.Constant(_vec(_i32, 8), None)
-        m15 = _bsplat(builder, 15)
-        for j in range(2):
-            b1 = _ld(builder, xb, 64 * j)
-            b2 = _ld(builder, xb, 64 * j + 32)
-            bh = _ld(builder, xb, 128 + 32 * j)
-            h0 = builder.shl(builder.and_(bh, _bsplat(builder, 3)), _bsplat(builder, 4))
-            h1 = builder.shl(builder.and_(bh, _bsplat(builder, 12)), _bsplat(builder, 2))
-            h2 = builder.and_(bh, _bsplat(builder, 48))
-            h3 = builder.lshr(builder.and_(bh, _bsplat(builder, 192)), _bsplat(builder, 2))
-            qs = [builder.or_(builder.and_(b1, m15), h0), builder.or_(builder.and_(b2, m15), h1),
-                  builder.or_(builder.and_(builder.lshr(b1, _bsplat(builder, 4)), m15), h2),
-                  builder.or_(builder.and_(builder.lshr(b2, _bsplat(builder, 4)), m15), h3)]
-            ps = []
-            for r in range(4):
-                q8 = _ld(builder, yb, 4 + 128 * j + 32 * r)
-                p16 = _maddubs(builder, qs[r], q8)
-                k = 8 * j + 2 * r                                          # scales k (bytes 0..15), k+1 (16..31)
-                scv = builder.shuffle_vector(sc16, sc16, _cvec(_i32, [k] * 8 + [k + 1] * 8))
-                ps.append(_madd(builder, scv, p16))
-            sumi = builder.add(sumi, builder.add(ps[0], ps[1]))
-            sumi = builder.add(sumi, builder.add(ps[2], ps[3]))
-        _st_i32x8(builder, out, builder.sub(sumi, sub))
+        _st_i32x8(builder, out, _q6_K_sumi_ir(builder, xb, yb))
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def q6_K_block_acc(typingctx, xb, yb, acc):
+    """One block of ggml_vec_dot_q6_K_q8_K (AVX2), the float part included: ``acc = fmadd(d, (float) sumi, acc)``
+    on the 8 float32 lanes at acc, d = y->d * fp16(x->d) (one float32 product, as the C)."""
+    def codegen(context, builder, sig, args):
+        xb, yb, acc = args
+        v8f = _vec(_f32, 8)
+        sumi = _q6_K_sumi_ir(builder, xb, yb)
+        dy = builder.load(_ptr(builder, yb, _f32), align=1)
+        hx = builder.load(_ptr(builder, builder.add(xb, ir.Constant(_i64, 208)), _i16), align=1)
+        dx = builder.fpext(builder.bitcast(hx, ir.HalfType()), _f32)
+        d = builder.fmul(dy, dx)
+        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+        pa = _ptr(builder, acc, v8f)
+        a = builder.load(pa, align=1)
+        builder.store(builder.call(fma8, [_splat(builder, d, 8), builder.sitofp(sumi, v8f), a]), pa, align=1)
         return context.get_dummy_value()
     return types.void(types.int64, types.int64, types.int64), codegen
 
@@ -170,38 +195,104 @@ def q4_K_sumi(typingctx, xb, yb, sc, out):
     return types.void(types.int64, types.int64, types.int64, types.int64), codegen
 
 
+def _q4_Kx8_dots_ir(builder, xb, q8, gstride):
+    """The 64 exact int32 dot products of one block_q4_Kx8 at xb with one q8_K row, as 8 IR vectors: vector s lane r
+    = sum over the 32 elements of sub-block s of row r's 4-bit level times the q8 value. The q8 values come in
+    groups of 8 elements, group g at q8 + g*gstride (8 for a block_q8_K, 32 for a row of block_q8_Kx4)."""
+    res = [None] * 8
+    m4 = _bsplat(builder, 15)
+    ones = _cvec(_i16, [1] * 16)
+    for j in range(4):                       # sub-blocks 2j (low nibbles) and 2j+1 (high nibbles)
+        acc = {}
+        for c in range(4):                   # 64-byte chunk 4j + c: rows 0..7 x 8 bytes (Q4_K bytes 8c'..)
+            for half in range(2):            # rows 0-3, rows 4-7
+                v = _ld(builder, xb, 128 + 64 * (4 * j + c) + 32 * half)
+                for nib in range(2):
+                    q = builder.and_(v, m4) if nib == 0 else builder.and_(builder.lshr(v, _bsplat(builder, 4)), m4)
+                    g = 8 * j + 4 * nib + c   # the 8 q8 values: elements 64j + 32*nib + 8c ..
+                    ya = builder.add(q8, builder.mul(ir.Constant(_i64, g), gstride))
+                    y8 = builder.load(_ptr(builder, ya, _vec(_i8, 8)), align=1)
+                    y32 = builder.shuffle_vector(y8, y8, _cvec(_i32, list(range(8)) * 4))
+                    p = _madd(builder, _maddubs(builder, q, y32), ones)   # 4 rows x 2 partial sums
+                    key = (nib, half)
+                    acc[key] = p if key not in acc else builder.add(acc[key], p)
+        for nib in range(2):
+            r4 = []
+            for half in range(2):
+                p = acc[(nib, half)]
+                ev = builder.shuffle_vector(p, p, _cvec(_i32, [0, 2, 4, 6]))
+                od = builder.shuffle_vector(p, p, _cvec(_i32, [1, 3, 5, 7]))
+                r4.append(builder.add(ev, od))
+            res[2 * j + nib] = builder.shuffle_vector(r4[0], r4[1], _cvec(_i32, list(range(8))))
+    return res
+
+
 @intrinsic
 def q4_Kx8_dots(typingctx, xb, q8, gstride, out):
-    """The 64 exact int32 dot products of one block_q4_Kx8 at xb with one q8_K row: out[8*s + r] = sum over the 32
-    elements of sub-block s of row r's 4-bit level times the q8 value. The q8 values come in groups of 8 elements,
-    group g at q8 + g*gstride (8 for a block_q8_K, 32 for a row of block_q8_Kx4)."""
+    """The 64 exact int32 dot products of one block_q4_Kx8 at xb with one q8_K row (``_q4_Kx8_dots_ir``) stored
+    at out: out[8*s + r]."""
     def codegen(context, builder, sig, args):
         xb, q8, gstride, out = args
-        m4 = _bsplat(builder, 15)
-        ones = _cvec(_i16, [1] * 16)
-        for j in range(4):                       # sub-blocks 2j (low nibbles) and 2j+1 (high nibbles)
-            acc = {}
-            for c in range(4):                   # 64-byte chunk 4j + c: rows 0..7 x 8 bytes (Q4_K bytes 8c'..)
-                for half in range(2):            # rows 0-3, rows 4-7
-                    v = _ld(builder, xb, 128 + 64 * (4 * j + c) + 32 * half)
-                    for nib in range(2):
-                        q = builder.and_(v, m4) if nib == 0 else builder.and_(builder.lshr(v, _bsplat(builder, 4)), m4)
-                        g = 8 * j + 4 * nib + c   # the 8 q8 values: elements 64j + 32*nib + 8c ..
-                        ya = builder.add(q8, builder.mul(ir.Constant(_i64, g), gstride))
-                        y8 = builder.load(_ptr(builder, ya, _vec(_i8, 8)), align=1)
-                        y32 = builder.shuffle_vector(y8, y8, _cvec(_i32, list(range(8)) * 4))
-                        p = _madd(builder, _maddubs(builder, q, y32), ones)   # 4 rows x 2 partial sums
-                        key = (nib, half)
-                        acc[key] = p if key not in acc else builder.add(acc[key], p)
-            for nib in range(2):
-                s = 2 * j + nib
-                for half in range(2):
-                    p = acc[(nib, half)]
-                    ev = builder.shuffle_vector(p, p, _cvec(_i32, [0, 2, 4, 6]))
-                    od = builder.shuffle_vector(p, p, _cvec(_i32, [1, 3, 5, 7]))
-                    r4 = builder.add(ev, od)
-                    builder.store(r4, _ptr(builder, builder.add(out, ir.Constant(_i64, 4 * (8 * s + 4 * half))),
-                                           _vec(_i32, 4)), align=1)
+        for s_, v in enumerate(_q4_Kx8_dots_ir(builder, xb, q8, gstride)):
+            _st_i32x8(builder, builder.add(out, ir.Constant(_i64, 32 * s_)), v)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+def _kx8_scales_ir(builder, xb):
+    """The 8 rows' 6-bit scales and mins of the 8 sub-blocks of a block_q4_Kx8, as 2 x 8 IR vectors (<8 x i32>,
+    lane = row): sub-block s's 12 bytes at xb + 32 + 12*s pack the 8 rows as a Q4_K packs its 8 sub-blocks,
+    unpacked with the kernels' kmask trick, for the 8 sub-blocks at once (lane s of u0 / u1 / u2)."""
+    v8 = _vec(_i32, 8)
+    raw = builder.load(_ptr(builder, builder.add(xb, ir.Constant(_i64, 32)), _vec(_i32, 24)), align=1)
+    u0, u1, u2 = (builder.shuffle_vector(raw, raw, _cvec(_i32, list(range(o, 24, 3)))) for o in range(3))
+    k1, k2, k3 = _cvec(_i32, [0x3F3F3F3F] * 8), _cvec(_i32, [0x0F0F0F0F] * 8), _cvec(_i32, [0x03030303] * 8)
+    c4, c6 = _cvec(_i32, [4] * 8), _cvec(_i32, [6] * 8)
+    u3 = builder.or_(builder.and_(builder.lshr(u2, c4), k2), builder.shl(builder.and_(builder.lshr(u1, c6), k3), c4))
+    u1n = builder.or_(builder.and_(u2, k2), builder.shl(builder.and_(builder.lshr(u0, c6), k3), c4))
+    u2n = builder.and_(u1, k1)
+    u0n = builder.and_(u0, k1)
+    b32 = _vec(_i8, 32)
+    sca, scb, mna, mnb = (builder.bitcast(u, b32) for u in (u0n, u1n, u2n, u3))
+    sc, mn = [], []
+    for s_ in range(8):
+        idx = _cvec(_i32, [4 * s_ + i for i in range(4)] + [32 + 4 * s_ + i for i in range(4)])
+        sc.append(builder.zext(builder.shuffle_vector(sca, scb, idx), v8))
+        mn.append(builder.zext(builder.shuffle_vector(mna, mnb, idx), v8))
+    return sc, mn
+
+
+@intrinsic
+def q4_Kx8_gemv_block(typingctx, xb, yb, acc, accm):
+    """One super-block of ggml_gemv_q4_K_8x8_q8_K (AVX2) for the 8 rows of the block_q4_Kx8 at xb and the block_q8_K
+    at yb: isum / imin (exact int32 sums over the 8 sub-blocks of scale * dot and min * bsum pair), then per row
+    ``acc = fmadd((float) isum, d_x*d_y, acc)``, ``accm = fmadd((float) imin, dmin_x*d_y, accm)`` on the 8 float32
+    lanes at acc / accm."""
+    def codegen(context, builder, sig, args):
+        xb, yb, acc, accm = args
+        v8f, v8 = _vec(_f32, 8), _vec(_i32, 8)
+        dots = _q4_Kx8_dots_ir(builder, xb, builder.add(yb, ir.Constant(_i64, 4)), ir.Constant(_i64, 8))
+        sc, mn = _kx8_scales_ir(builder, xb)
+        bs = builder.sext(_ld(builder, yb, 260, 16, _i16), _vec(_i32, 16))
+        b32 = builder.add(builder.shuffle_vector(bs, bs, _cvec(_i32, list(range(0, 16, 2)))),
+                          builder.shuffle_vector(bs, bs, _cvec(_i32, list(range(1, 16, 2)))))
+        isum = ir.Constant(v8, None)
+        imin = ir.Constant(v8, None)
+        for s_ in range(8):
+            isum = builder.add(isum, builder.mul(sc[s_], dots[s_]))
+            bsp = builder.shuffle_vector(b32, b32, _cvec(_i32, [s_] * 8))
+            imin = builder.add(imin, builder.mul(mn[s_], bsp))
+        h = builder.load(_ptr(builder, xb, _vec(_i16, 16)), align=1)
+        dd = builder.fpext(builder.bitcast(h, _vec(ir.HalfType(), 16)), _vec(_f32, 16))
+        dx = builder.shuffle_vector(dd, dd, _cvec(_i32, list(range(8))))
+        dm = builder.shuffle_vector(dd, dd, _cvec(_i32, list(range(8, 16))))
+        dy = _splat(builder, builder.load(_ptr(builder, yb, _f32), align=1), 8)
+        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+        pa, pm = _ptr(builder, acc, v8f), _ptr(builder, accm, v8f)
+        builder.store(builder.call(fma8, [builder.sitofp(isum, v8f), builder.fmul(dx, dy), builder.load(pa, align=1)]),
+                      pa, align=1)
+        builder.store(builder.call(fma8, [builder.sitofp(imin, v8f), builder.fmul(dm, dy), builder.load(pm, align=1)]),
+                      pm, align=1)
         return context.get_dummy_value()
     return types.void(types.int64, types.int64, types.int64, types.int64), codegen
 
@@ -316,10 +407,7 @@ def _vec_dot_q6_K(n, x, y, acc, sumi):
     for i in range(nb):
         xb = x + i * Q6_K_SIZE
         yb = y + i * Q8_K_SIZE
-        d = ld_f32(yb) * fp16_to_fp32(ld_u16(xb + 208))
-        q6_K_sumi(xb, yb, sumi.ctypes.data)
-        for ln in range(8):
-            acc[ln] = fmaf(d, F32(sumi[ln]), acc[ln])
+        q6_K_block_acc(xb, yb, acc.ctypes.data)
     return _hsum8(acc)
 
 
@@ -401,32 +489,51 @@ def quantize_mat_q8_K_4x8(x, row_stride, y, k):
                 st_u16(yb + 16 + 1024 + 2 * (16 * (g >> 2) + 4 * r + (g & 3)), np.uint16(s & 0xFFFF))
 
 
+@intrinsic
+def q4_Kx8_gemm_block(typingctx, xb, yb, acc, accm):
+    """One super-block of ggml_gemm_q4_K_8x8_q8_K (AVX2): the 8 rows of the block_q4_Kx8 at xb times the 4 rows of
+    the block_q8_Kx4 at yb. For q8 row rr and each pair of sub-blocks (2sb, 2sb+1): the exact int32 ``sc*dot +
+    sc*dot`` and ``mn*bsum + mn*bsum``, then ``acc = fmadd((float) isum, d_x*d_y, acc)``, ``accm = fmadd((float)
+    imin, dmin_x*d_y, accm)`` on the 8 float32 lanes at acc + 32*rr / accm + 32*rr (4 of each per super-block)."""
+    def codegen(context, builder, sig, args):
+        xb, yb, acc, accm = args
+        v8f = _vec(_f32, 8)
+        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+        sc, mn = _kx8_scales_ir(builder, xb)
+        h = builder.load(_ptr(builder, xb, _vec(_i16, 16)), align=1)
+        dd = builder.fpext(builder.bitcast(h, _vec(ir.HalfType(), 16)), _vec(_f32, 16))
+        dx = builder.shuffle_vector(dd, dd, _cvec(_i32, list(range(8))))
+        dm = builder.shuffle_vector(dd, dd, _cvec(_i32, list(range(8, 16))))
+        bs = builder.sext(_ld(builder, yb, 1040, 64, _i16), _vec(_i32, 64))
+        for rr in range(4):
+            dots = _q4_Kx8_dots_ir(builder, xb, builder.add(yb, ir.Constant(_i64, 16 + 8 * rr)), ir.Constant(_i64, 32))
+            # bsums of sub-block k of row rr: the int16 pair at 16*(k >> 1) + 4*rr + 2*(k & 1) (block_q8_Kx4)
+            ia = [16 * (k >> 1) + 4 * rr + 2 * (k & 1) for k in range(8)]
+            b32 = builder.add(builder.shuffle_vector(bs, bs, _cvec(_i32, ia)),
+                              builder.shuffle_vector(bs, bs, _cvec(_i32, [i + 1 for i in ia])))
+            dy = _splat(builder, builder.load(_ptr(builder, builder.add(yb, ir.Constant(_i64, 4 * rr)), _f32),
+                                              align=1), 8)
+            ds, dms = builder.fmul(dx, dy), builder.fmul(dm, dy)
+            pa = _ptr(builder, builder.add(acc, ir.Constant(_i64, 32 * rr)), v8f)
+            pm = _ptr(builder, builder.add(accm, ir.Constant(_i64, 32 * rr)), v8f)
+            a, am = builder.load(pa, align=1), builder.load(pm, align=1)
+            for sb in range(4):
+                k0, k1 = 2 * sb, 2 * sb + 1
+                isum = builder.add(builder.mul(sc[k0], dots[k0]), builder.mul(sc[k1], dots[k1]))
+                bk0 = builder.shuffle_vector(b32, b32, _cvec(_i32, [k0] * 8))
+                bk1 = builder.shuffle_vector(b32, b32, _cvec(_i32, [k1] * 8))
+                imin = builder.add(builder.mul(mn[k0], bk0), builder.mul(mn[k1], bk1))
+                a = builder.call(fma8, [builder.sitofp(isum, v8f), ds, a])
+                am = builder.call(fma8, [builder.sitofp(imin, v8f), dms, am])
+            builder.store(a, pa, align=1)
+            builder.store(am, pm, align=1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
+
+
 # =================================================================================================================
 # q4_K_8x8_q8_K: gemv / gemm on block_q4_Kx8
 # =================================================================================================================
-
-_KMASK1, _KMASK2, _KMASK3 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x03030303)
-
-
-@compiled
-def _kx8_scales(xb, sc, mn):
-    # the 8 rows' 6-bit scales and mins of the 8 sub-blocks (sc[8*s + r], mn[8*s + r], int32): sub-block s's 12 bytes
-    # at xb + 32 + 12*s pack the 8 rows as a Q4_K packs its 8 sub-blocks; unpacked with the kernels' kmask trick
-    for sbk in range(8):
-        q = xb + 32 + 12 * sbk
-        u0, u1, u2 = ld_u32(q), ld_u32(q + 4), ld_u32(q + 8)
-        u3 = ((u2 >> np.uint32(4)) & _KMASK2) | (((u1 >> np.uint32(6)) & _KMASK3) << np.uint32(4))
-        aux = u1 & _KMASK1
-        u1 = (u2 & _KMASK2) | (((u0 >> np.uint32(6)) & _KMASK3) << np.uint32(4))
-        u2 = aux
-        u0 = u0 & _KMASK1
-        for r in range(4):
-            sh = np.uint32(8 * r)
-            sc[8 * sbk + r] = np.int32((u0 >> sh) & np.uint32(0xFF))
-            sc[8 * sbk + 4 + r] = np.int32((u1 >> sh) & np.uint32(0xFF))
-            mn[8 * sbk + r] = np.int32((u2 >> sh) & np.uint32(0xFF))
-            mn[8 * sbk + 4 + r] = np.int32((u3 >> sh) & np.uint32(0xFF))
-
 
 @compiled
 def gemv_q4_K_8x8_q8_K(n, s, vx, vy, nc):
@@ -434,37 +541,15 @@ def gemv_q4_K_8x8_q8_K(n, s, vx, vy, nc):
     at vx. Per column and super-block: the int32 sums over the 8 sub-blocks (|sum| < 2^31: 8 * 63 * 32*15*128),
     one fmadd each for scales and mins."""
     nb = n // 256
-    dots = np.zeros(64, np.int32)
-    sc = np.zeros(64, np.int32)
-    mn = np.zeros(64, np.int32)
-    isum = np.zeros(8, np.int32)
-    imin = np.zeros(8, np.int32)
     acc = np.zeros(8, np.float32)
     accm = np.zeros(8, np.float32)
-    dd = np.zeros(16, np.float32)               # the 8 rows' d and dmin (block_q4_Kx8 keeps them side by side)
+    pa, pm = acc.ctypes.data, accm.ctypes.data
     for g in range(nc // 8):
         for r in range(8):
             acc[r] = F32(0.0)
             accm[r] = F32(0.0)
         for b in range(nb):
-            xb = vx + (g * nb + b) * Q4_KX8_SIZE
-            yb = vy + b * Q8_K_SIZE
-            dy = ld_f32(yb)
-            q4_Kx8_dots(xb, yb + 4, 8, dots.ctypes.data)
-            _kx8_scales(xb, sc, mn)
-            for r in range(8):
-                isum[r] = 0
-                imin[r] = 0
-            for sbk in range(8):
-                b32 = np.int32(_s16(np.int64(ld_u16(yb + 260 + 4 * sbk)))
-                               + _s16(np.int64(ld_u16(yb + 262 + 4 * sbk))))
-                for r in range(8):
-                    isum[r] += sc[8 * sbk + r] * dots[8 * sbk + r]
-                    imin[r] += mn[8 * sbk + r] * b32
-            cvt_f16_f32_row(xb, 2, dd.ctypes.data)                  # exact (vcvtph2ps)
-            for r in range(8):
-                acc[r] = fmaf(F32(isum[r]), dd[r] * dy, acc[r])
-                accm[r] = fmaf(F32(imin[r]), dd[8 + r] * dy, accm[r])
+            q4_Kx8_gemv_block(vx + (g * nb + b) * Q4_KX8_SIZE, vy + b * Q8_K_SIZE, pa, pm)
         for r in range(8):
             st_f32(s + 4 * (8 * g + r), acc[r] - accm[r])
 
@@ -475,43 +560,16 @@ def gemm_q4_K_8x8_q8_K(n, s, bs, vx, vy, nr, nc):
     vx -> s (row stride bs floats). Per output the float accumulation is per pair of sub-blocks (4 fmadds per
     super-block for the scales, 4 for the mins)."""
     nb = n // 256
-    dots = np.zeros(64, np.int32)
-    sc = np.zeros(64, np.int32)
-    mn = np.zeros(64, np.int32)
-    b32 = np.zeros(8, np.int32)
-    ds = np.zeros(8, np.float32)
-    dm = np.zeros(8, np.float32)
-    dd = np.zeros(16, np.float32)
     acc = np.zeros(32, np.float32)
     accm = np.zeros(32, np.float32)
+    pa, pm = acc.ctypes.data, accm.ctypes.data
     for y4 in range(nr // 4):
         for g in range(nc // 8):
             for i in range(32):
                 acc[i] = F32(0.0)
                 accm[i] = F32(0.0)
             for b in range(nb):
-                xb = vx + (g * nb + b) * Q4_KX8_SIZE
-                yb = vy + (y4 * nb + b) * Q8_KX4_SIZE
-                _kx8_scales(xb, sc, mn)
-                cvt_f16_f32_row(xb, 2, dd.ctypes.data)
-                for rr in range(4):
-                    dy = ld_f32(yb + 4 * rr)
-                    q4_Kx8_dots(xb, yb + 16 + 8 * rr, 32, dots.ctypes.data)
-                    for sbk in range(8):
-                        b0 = 2 * (16 * (sbk >> 1) + 4 * rr + 2 * (sbk & 1))
-                        b32[sbk] = np.int32(_s16(np.int64(ld_u16(yb + 1040 + b0)))
-                                            + _s16(np.int64(ld_u16(yb + 1042 + b0))))
-                    for r in range(8):
-                        ds[r] = dd[r] * dy
-                        dm[r] = dd[8 + r] * dy
-                    for sb in range(4):
-                        s0, s1 = 8 * (2 * sb), 8 * (2 * sb + 1)
-                        for r in range(8):
-                            isum = sc[s0 + r] * dots[s0 + r] + sc[s1 + r] * dots[s1 + r]
-                            imin = mn[s0 + r] * b32[2 * sb] + mn[s1 + r] * b32[2 * sb + 1]
-                            o = 8 * rr + r
-                            acc[o] = fmaf(F32(isum), ds[r], acc[o])
-                            accm[o] = fmaf(F32(imin), dm[r], accm[o])
+                q4_Kx8_gemm_block(vx + (g * nb + b) * Q4_KX8_SIZE, vy + (y4 * nb + b) * Q8_KX4_SIZE, pa, pm)
             for rr in range(4):
                 for r in range(8):
                     st_f32(s + 4 * ((4 * y4 + rr) * bs + 8 * g + r), acc[8 * rr + r] - accm[8 * rr + r])
