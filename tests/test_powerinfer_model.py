@@ -353,3 +353,18 @@ def test_vram_budget_loads_the_ffn_split(built, models):
     assert np.array_equal(a[f"ffn_up_sparse_merged-{il}"], b[f"ffn_up_sparse-{il}"])
     assert np.abs(a[f"ffn_out-{il}"] - b[f"ffn_out-{il}"]).max() <= 1e-5 * np.abs(b[f"ffn_out-{il}"]).max()
     llama.model_free(split)
+
+
+def test_build_reuses_a_saved_recording(tmp_path):
+    """--recording: the first build saves what it decoded, a smaller build reuses it (no decode) and its activation
+    counts are those of the tokens it used (the packed bits of the first tokens + heldout rows), not the file's."""
+    pipeline.build(tmp_path / "a", MODEL, tokens=48, heldout=16, seq_len=64, epochs=1, quiet=True,
+                   recording=tmp_path / "rec")
+    rec = pipeline.load_recording(tmp_path / "rec")
+    assert rec.n_tokens == 64 and rec.x[0].shape == (64, 576) and rec.active[0].shape == (64, 1536 // 8)
+    r = pipeline.build(tmp_path / "b", MODEL, tokens=32, heldout=16, seq_len=64, epochs=1, quiet=True,
+                       recording=tmp_path / "rec")
+    assert r.metrics["record_s"] == pytest.approx(rec.seconds, abs=0.1)      # the saved recording's time: reused
+    counts = np.load(tmp_path / "b" / "activation" / "activation_3.npy")
+    assert np.array_equal(counts, pipeline.unpack_active(rec.active[3][:48], 1536).sum(0))
+    assert counts.sum() < rec.counts[3].sum()

@@ -328,7 +328,9 @@ def build(out_dir, model_path=DEFAULT_MODEL, tokens: int = 30720, heldout: int =
             rec = None
         else:
             n = tokens + heldout
-            rec.x, rec.active, rec.n_tokens = [v[:n] for v in rec.x], [v[:n] for v in rec.active], n
+            if rec.n_tokens > n:            # the counts of the tokens used, as a fresh recording would have them
+                rec.x, rec.active, rec.n_tokens = [v[:n] for v in rec.x], [v[:n] for v in rec.active], n
+                rec.counts = np.stack([unpack_active(a, hp.n_ff).sum(0) for a in rec.active]).astype(np.int64)
     if rec is None:
         with progress(total=tokens + heldout, desc="record activations", unit="tok", disable=quiet or None) as bar:
             rec = record(model, ids, seq_len=seq_len, threads=threads, bar=bar)
