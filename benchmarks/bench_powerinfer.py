@@ -5,7 +5,11 @@
 
 With ``--model`` (a file written by ``ggviz powerinfer build``) it prints, for thresholds -inf, -1, -0.5 and 0, on
 held-out text (the ``pydoc_data.topics`` tokens after the ones the build trained on): the rows MUL_MAT_SPARSE
-skipped, the perplexity against the dense model's and the mean KL divergence of the next-token distributions.
+skipped, the perplexity against the dense model's and the mean KL divergence of the next-token distributions, and
+two noise-floor rows: "dense F16 down" (the dense graph with the PWRI file's F16 down weights, ``use_f16_down``)
+against the dense model, and threshold -inf against that F16-down graph. Measured (512 tokens, build on 30,720):
+-1: 7.8 % skipped, +0.82 % perplexity, KL 0.016; -0.5: 14.4 %, +0.51 %, 0.043; 0: 26.2 %, +4.3 %, 0.116;
+-inf: 0 %, -0.05 %, 0.0037 (vs F16 down 0.0029); dense F16 down vs dense: +0.05 %, 0.0037.
 
 MUL_MAT_SPARSE (ggviz/ggml/cpu/fast/sparse.py) on a Q4_1 ffn_up-like weight (1536 rows of 576) at 0 %, 50 % and
 90 % of the rows skipped (random rows, the predictor's pattern on a SwiGLU model is close to random), against two
@@ -71,7 +75,7 @@ def _lsm(L):
     return L - np.log(np.exp(L).sum(1, keepdims=True))
 
 
-def model_table(path, eval_tokens: int, skip_tokens: int, threads: int) -> None:
+def model_table(path, eval_tokens: int, skip_tokens: int, threads: int, thresholds=(-np.inf, -1.0, -0.5, 0.0)) -> None:
     """Rows skipped, perplexity and KL of the PWRI model at several thresholds, against the dense model."""
     meta = pathlib.Path(path).parent / "metrics.json"
     if skip_tokens < 0:
@@ -105,18 +109,33 @@ def model_table(path, eval_tokens: int, skip_tokens: int, threads: int) -> None:
     Ld, _, td = run(dense)
     pd = _lsm(Ld)
     tgt = np.asarray(ids[1:])
-    ppl_d = float(np.exp(-pd[np.arange(len(tgt)), tgt].mean()))
+    ppl_d = float(np.exp(-pd[:-1][np.arange(len(tgt)), tgt].mean()))
     print(f"{len(ids)} held-out tokens (after {skip_tokens}); dense perplexity {ppl_d:.3f} ({td:.1f} s, compiled)")
-    print(f"{'threshold':>10s} {'rows skipped':>13s} {'perplexity':>11s} {'delta':>8s} {'mean KL':>9s} "
+    # the like-for-like reference of threshold -inf: the dense graph with the PWRI file's F16 down weights
+    # (P.use_f16_down: the same weights and the same F16 rounding of the down projection's input as AXPY)
+    dense16 = llama.model_load_from_file(str(P.DEFAULT_MODEL))
+    keep16 = P.use_f16_down(dense16)
+    L16, _, _ = run(dense16)
+    p16 = _lsm(L16)
+    print(f"{'threshold':>14s} {'skipped':>8s} {'perplexity':>11s} {'delta':>8s} {'mean KL':>9s} "
           f"{'top-1 agree':>11s} {'s':>6s}")
-    for thr in (-np.inf, -1.0, -0.5, 0.0):
+    kl16 = float((np.exp(pd) * (pd - p16)).sum(1).mean())
+    ppl16 = float(np.exp(-p16[:-1][np.arange(len(tgt)), tgt].mean()))
+    print(f"{'dense F16 down':>14s} {'-':>8s} {ppl16:>11.3f} {ppl16 / ppl_d - 1:>+8.2%} {kl16:>9.4f} "
+          f"{float((Ld.argmax(1) == L16.argmax(1)).mean()):>11.3f}")
+    for thr in thresholds:
         Ls, skipped, ts = run(sparse, thr)
         ps = _lsm(Ls)
-        ppl = float(np.exp(-ps[np.arange(len(tgt)), tgt].mean()))
+        ppl = float(np.exp(-ps[:-1][np.arange(len(tgt)), tgt].mean()))
         kl = float((np.exp(pd) * (pd - ps)).sum(1).mean())
         top1 = float((Ld.argmax(1) == Ls.argmax(1)).mean())
-        print(f"{thr:>10} {skipped:>12.1%} {ppl:>11.3f} {ppl / ppl_d - 1:>+8.2%} {kl:>9.4f} {top1:>11.3f} "
-              f"{ts:>6.1f}")
+        print(f"{thr:>14} {skipped:>8.1%} {ppl:>11.3f} {ppl / ppl_d - 1:>+8.2%} {kl:>9.4f} {top1:>11.3f} "
+              f"{ts:>6.1f}", flush=True)
+        if thr == -np.inf:
+            kl_l = float((np.exp(p16) * (p16 - ps)).sum(1).mean())
+            print(f"{'(vs F16 down)':>14s} {'':>8s} {'':>11s} {'':>8s} {kl_l:>9.4f} "
+                  f"{float((L16.argmax(1) == Ls.argmax(1)).mean()):>11.3f}", flush=True)
+    del keep16
     print(f"(rows skipped: the mean over the {n_layer} layers' MUL_MAT_SPARSE of the rows whose predictor logit is "
           "below the threshold; the sparse model runs the faithful NumPy kernels, its time is not comparable)")
 
@@ -128,12 +147,14 @@ def main(argv=None) -> int:
     ap.add_argument("--cols", type=int, default=1, help="tokens (src1 columns), default 1 (decode)")
     ap.add_argument("--model", default=None, help="a PWRI GGUF from `ggviz powerinfer build`: the model table")
     ap.add_argument("--eval-tokens", type=int, default=128)
+    ap.add_argument("--thresholds", default="-inf,-1,-0.5,0", help="comma-separated (default -inf,-1,-0.5,0)")
     ap.add_argument("--skip-tokens", type=int, default=-1, help="corpus tokens to skip (default: the build's)")
     args = ap.parse_args(argv)
     if args.threads < 1 or args.cols < 1 or args.budget <= 0 or args.eval_tokens < 2:
         ap.error("--threads and --cols must be >= 1, --budget > 0, --eval-tokens >= 2")
     if args.model is not None:
-        model_table(args.model, args.eval_tokens, args.skip_tokens, max(args.threads, 2))
+        thr = [float(t) for t in args.thresholds.split(",")]
+        model_table(args.model, args.eval_tokens, args.skip_tokens, max(args.threads, 2), thr)
         return 0
     rng = np.random.default_rng(0)
     W = (rng.standard_normal((N_FF, N_EMBD)) * 0.05).astype(np.float32)

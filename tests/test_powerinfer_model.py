@@ -202,6 +202,77 @@ def test_cli_refuses_bad_arguments():
     assert out.returncode == 2 and "--tokens" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_threshold_minus_inf_like_for_like_dense_reference(built):
+    """The honest -inf comparison: the dense graph with the PWRI file's F16 down weights (pipeline.use_f16_down),
+    both models with plain (not repacked) weights and 8 tokens (fewer than BLAS's 32: every MUL_MAT on the CPU).
+    Then the FFN input of layer 0 is identical, SiLU x up equals the fused SWIGLU to the bit, and the down
+    projection differs only in the order of its float32 sums (AXPY row after row vs the F16 vec_dot).
+    The logits still differ by a mean KL of ~2.5e-3 (measured: 0.0025, top-1 6 of 8): every later MUL_MAT rounds
+    its input to Q8_1 blocks (steps of 1/127 of a block's max), so a 1e-7 difference that moves one value across a
+    rounding boundary becomes a 0.4 % jump, and 30 layers compound them. The issue's KL <= 1e-3 at -inf is below
+    this noise floor; what can be held exactly is the layer-local agreement."""
+    mp = llama.model_default_params()
+    mp.use_extra_bufts = False
+    sparse = llama.model_load_from_file(str(built.model_path), mp)
+    dense16 = llama.model_load_from_file(str(MODEL), mp)
+    keep = pipeline.use_f16_down(dense16)
+    assert dense16.layers[0].ffn_down.type == ggml.GGML_TYPE_F16 and list(dense16.layers[0].ffn_down.shape)[:2] == [1536, 576]
+    ids = pipeline.corpus_tokens(sparse.vocab, 8)
+
+    def capture(model):
+        got = {}
+
+        def cb(t, ask):
+            if ask:
+                return t.name in ("ffn_gate_par-0", "ffn_swiglu-0", "ffn_out-0")
+            got[t.name] = np.array(ggml.get_data(t), np.float32)
+            return True
+        ctx = pipeline._ctx(model, 16, 2)
+        ctx.cparams.cb_eval = cb
+        try:
+            assert llama.decode(ctx, pipeline._batch_all_logits(ids)) == 0
+            got["logits"] = np.array(llama.get_logits(ctx), np.float64).reshape(len(ids), -1)
+        finally:
+            llama.free(ctx)
+        return got
+    old = cpu_pi.set_sparse_pred_threshold(-np.inf)
+    try:
+        a = capture(sparse)
+    finally:
+        cpu_pi.set_sparse_pred_threshold(old)
+    b = capture(dense16)
+    assert np.array_equal(a["ffn_gate_par-0"], b["ffn_swiglu-0"])
+    d = np.abs(a["ffn_out-0"] - b["ffn_out-0"]).max() / np.abs(b["ffn_out-0"]).max()
+    assert 0 <= d <= 1e-6, d
+    kl, top1 = _kl_top1(b["logits"], a["logits"])
+    assert kl <= 0.01 and top1 >= 0.5, (kl, top1)
+    del keep
+    llama.model_free(sparse)
+    llama.model_free(dense16)
+
+
+def test_recording_round_trip_and_training_learns_a_known_rule(tmp_path):
+    """save/load_recording keep every array; train_layer on a rule it can represent (active = relu(x A) B > 0,
+    labels packed as Recording.active) reaches a held-out recall and accuracy far above chance."""
+    rng = np.random.default_rng(3)
+    n, d, n_ff = 3000, 32, 64
+    A, Bm = rng.standard_normal((d, 16)).astype(np.float32), rng.standard_normal((16, n_ff)).astype(np.float32)
+    x = rng.standard_normal((n, d)).astype(np.float16)
+    y = (np.maximum(x.astype(np.float32) @ A, 0) @ Bm - 1.0) > 0
+    rec = pipeline.Recording(x=[x], active=[np.packbits(y, axis=1)], act_threshold=np.array([0.5], np.float32),
+                             counts=y.sum(0)[None].astype(np.int64), n_tokens=n, seconds=1.0)
+    pipeline.save_recording(rec, tmp_path / "rec")
+    back = pipeline.load_recording(tmp_path / "rec")
+    assert back.n_tokens == n and np.array_equal(back.x[0], x) and np.array_equal(back.counts, rec.counts)
+    assert type(back.x[0]) is np.ndarray                                  # read into memory, not a memmap
+    assert np.array_equal(pipeline.unpack_active(back.active[0], n_ff), y)
+    p = pipeline.train_layer(back.x[0][:2500], back.active[0][:2500], n_ff, hidden=32, epochs=40, batch=128, lr=5e-3, seed=0)
+    assert p.w1.dtype == np.float32 and p.w2.dtype == np.float32 and p.loss[-1] < p.loss[0]
+    recall, skipped = pipeline.recall_sparsity(p, x[2500:], y[2500:], 0.0)
+    acc = float(((p.logits(x[2500:]) >= 0) == y[2500:]).mean())
+    assert recall >= 0.9 and acc >= 0.85 and skipped > 0.2, (recall, acc, skipped, y.mean())
+
+
 def test_sparse_down_projection_is_closer_to_exact_than_the_dense_one(models):
     """Why threshold -inf is not bit-equal to dense: the dense down projection quantizes its input to Q8_1 (llama.cpp's
     vec_dot_type for Q4_1), PowerInfer's AXPY rounds it to F16. Against the float64 product with the dequantized
@@ -282,3 +353,18 @@ def test_vram_budget_loads_the_ffn_split(built, models):
     assert np.array_equal(a[f"ffn_up_sparse_merged-{il}"], b[f"ffn_up_sparse-{il}"])
     assert np.abs(a[f"ffn_out-{il}"] - b[f"ffn_out-{il}"]).max() <= 1e-5 * np.abs(b[f"ffn_out-{il}"]).max()
     llama.model_free(split)
+
+
+def test_build_reuses_a_saved_recording(tmp_path):
+    """--recording: the first build saves what it decoded, a smaller build reuses it (no decode) and its activation
+    counts are those of the tokens it used (the packed bits of the first tokens + heldout rows), not the file's."""
+    pipeline.build(tmp_path / "a", MODEL, tokens=48, heldout=16, seq_len=64, epochs=1, quiet=True,
+                   recording=tmp_path / "rec")
+    rec = pipeline.load_recording(tmp_path / "rec")
+    assert rec.n_tokens == 64 and rec.x[0].shape == (64, 576) and rec.active[0].shape == (64, 1536 // 8)
+    r = pipeline.build(tmp_path / "b", MODEL, tokens=32, heldout=16, seq_len=64, epochs=1, quiet=True,
+                       recording=tmp_path / "rec")
+    assert r.metrics["record_s"] == pytest.approx(rec.seconds, abs=0.1)      # the saved recording's time: reused
+    counts = np.load(tmp_path / "b" / "activation" / "activation_3.npy")
+    assert np.array_equal(counts, pipeline.unpack_active(rec.active[3][:48], 1536).sum(0))
+    assert counts.sum() < rec.counts[3].sum()

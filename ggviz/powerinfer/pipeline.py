@@ -58,8 +58,9 @@ def corpus_tokens(vocab, n_tokens: int) -> list[int]:
 
 @dataclass
 class Recording:
-    """What ``record`` captured, per layer: inputs (float16, tokens x n_embd), active flags (bool, tokens x
-    n_ff), the activation magnitude threshold (the layer's median) and the per-neuron active counts."""
+    """What ``record`` captured, per layer: inputs (float16, tokens x n_embd), active flags (bits packed along the
+    neurons by ``np.packbits``: tokens x n_ff/8 bytes, 1.5 MB per 1k tokens and layer instead of 12 MB of bools),
+    the activation magnitude threshold (the layer's median) and the per-neuron active counts."""
     x: list
     active: list
     act_threshold: np.ndarray
@@ -109,7 +110,7 @@ def record(model, tokens, seq_len: int = 256, threads: int = 2, bar=None) -> Rec
                 thr[il] = np.median(mag)
             on = mag > thr[il]
             counts[il] += on.sum(0)
-            acts[il].append(on)
+            acts[il].append(np.packbits(on, axis=1))
         return True
 
     ctx = _ctx(model, seq_len, threads)
@@ -133,6 +134,31 @@ def record(model, tokens, seq_len: int = 256, threads: int = 2, bar=None) -> Rec
                      act_threshold=thr, counts=counts, n_tokens=n, seconds=time.perf_counter() - t0)
 
 
+def save_recording(rec: Recording, d) -> None:
+    """The recording as .npy files (``x_N`` float16, ``active_N`` packed bits, ``counts``, ``act_threshold``) and
+    ``recording.json``: training can then be rerun without decoding the corpus again."""
+    d = pathlib.Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    for il, (x, a) in enumerate(zip(rec.x, rec.active)):
+        np.save(d / f"x_{il}.npy", x)
+        np.save(d / f"active_{il}.npy", a)
+    np.save(d / "counts.npy", rec.counts)
+    np.save(d / "act_threshold.npy", rec.act_threshold)
+    (d / "recording.json").write_text(json.dumps({"n_tokens": rec.n_tokens, "seconds": rec.seconds,
+                                                  "n_layer": len(rec.x)}))
+
+
+def load_recording(d) -> Recording:
+    """save_recording's files, read fully into memory (np.load without mmap: no memmap reaches a matmul)."""
+    d = pathlib.Path(d)
+    meta = json.loads((d / "recording.json").read_text())
+    n_layer = int(meta["n_layer"])
+    return Recording(x=[np.load(d / f"x_{il}.npy") for il in range(n_layer)],
+                     active=[np.load(d / f"active_{il}.npy") for il in range(n_layer)],
+                     act_threshold=np.load(d / "act_threshold.npy"), counts=np.load(d / "counts.npy"),
+                     n_tokens=int(meta["n_tokens"]), seconds=float(meta["seconds"]))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the predictor
 # ---------------------------------------------------------------------------------------------------------------------
@@ -147,49 +173,62 @@ class Predictor:
         return np.maximum(np.asarray(x, F32) @ self.w1, F32(0)) @ self.w2
 
 
-def train_layer(x: np.ndarray, y: np.ndarray, hidden: int = 128, epochs: int = 4, batch: int = 256,
-                lr: float = 2e-3, pos_weight: float = 2.0, seed: int = 0) -> Predictor:
-    """Deja Vu's predictor for one layer: Adam on the weighted BCE of sigmoid(relu(x W1) W2) against y."""
+def unpack_active(packed: np.ndarray, n_ff: int) -> np.ndarray:
+    """Recording.active's packed bits -> bool (tokens x n_ff)."""
+    return np.unpackbits(np.asarray(packed, np.uint8), axis=1, count=n_ff).astype(bool)
+
+
+def train_layer(x: np.ndarray, y_packed: np.ndarray, n_ff: int, hidden: int = 128, epochs: int = 4,
+                batch: int = 256, lr: float = 2e-3, pos_weight: float = 2.0, seed: int = 0) -> Predictor:
+    """Deja Vu's predictor for one layer: Adam on the weighted BCE of sigmoid(relu(x W1) W2) against y (the packed
+    active bits, unpacked one minibatch at a time). All float32: the matmuls go to BLAS's sgemm, and every scalar
+    is a float32 or a Python float (NumPy keeps float32 then), so nothing is silently promoted to float64."""
     rng = np.random.default_rng(seed)
     x = np.asarray(x, F32)
-    y = np.asarray(y, F32)
+    y_packed = np.ascontiguousarray(y_packed, np.uint8)
     n, d = x.shape
     scale = x.std(0) + F32(1e-3)                  # per-feature scale, folded into W1 at the end
+    xs = x / scale
     w1 = (rng.standard_normal((d, hidden)) / np.sqrt(d)).astype(F32)
-    w2 = (rng.standard_normal((hidden, y.shape[1])) / np.sqrt(hidden)).astype(F32)
+    w2 = (rng.standard_normal((hidden, n_ff)) / np.sqrt(hidden)).astype(F32)
     params = [w1, w2]
     m = [np.zeros_like(p) for p in params]
     v = [np.zeros_like(p) for p in params]
     b1, b2, eps = 0.9, 0.999, 1e-8
     step = 0
     losses = []
-    pw = F32(pos_weight)
+    pw1 = F32(pos_weight - 1.0)
     for _ in range(epochs):
         order = rng.permutation(n)
-        tot = 0.0
+        tot, cnt = 0.0, 0
         for s in range(0, n, batch):
-            ix = order[s:s + batch]
-            xb = x[ix] / scale
-            yb = y[ix]
+            ix = np.sort(order[s:s + batch])               # sorted: the gathers walk memory forwards
+            xb = xs[ix]
+            yb = np.unpackbits(y_packed[ix], axis=1, count=n_ff).astype(F32)
             hpre = xb @ w1
             h = np.maximum(hpre, F32(0))
-            z = h @ w2
-            p = F32(1) / (F32(1) + np.exp(-np.clip(z, -30, 30)))
-            wgt = yb * pw + (F32(1) - yb)
-            # loss = -w [y log p + (1-y) log(1-p)]; d/dz = w (p - y)
-            tot += float(-(wgt * (yb * np.log(p + 1e-7) + (1 - yb) * np.log(1 - p + 1e-7))).mean()) * len(ix)
-            gz = (wgt * (p - yb) / F32(len(ix) * yb.shape[1])).astype(F32)
+            z = np.clip(h @ w2, F32(-30), F32(30))
+            p = F32(1) / (F32(1) + np.exp(-z))
+            wgt = F32(1) + pw1 * yb                        # positives weigh pos_weight, negatives 1
+            if step % 16 == 0:                             # the loss now and then (it costs a log per entry)
+                # -w [y log p + (1-y) log(1-p)] = w (softplus(z) - y z)
+                tot += float((wgt * (np.logaddexp(F32(0), z) - yb * z)).mean())
+                cnt += 1
+            gz = wgt * (p - yb)
+            gz *= F32(1.0 / (len(ix) * n_ff))
             g2 = h.T @ gz
-            gh = (gz @ w2.T) * (hpre > 0)
+            gh = gz @ w2.T
+            gh *= hpre > 0
             g1 = xb.T @ gh
             step += 1
+            c1, c2 = 1.0 - b1 ** step, 1.0 - b2 ** step
             for i, g in enumerate((g1, g2)):
-                m[i] = b1 * m[i] + (1 - b1) * g
-                v[i] = b2 * v[i] + (1 - b2) * g * g
-                mh = m[i] / (1 - b1 ** step)
-                vh = v[i] / (1 - b2 ** step)
-                params[i] -= (lr * mh / (np.sqrt(vh) + eps)).astype(F32)
-        losses.append(tot / n)
+                m[i] *= b1
+                m[i] += (1 - b1) * g
+                v[i] *= b2
+                v[i] += (1 - b2) * (g * g)
+                params[i] -= (lr / c1) * m[i] / (np.sqrt(v[i] / c2) + eps)
+        losses.append(tot / max(cnt, 1))
     return Predictor(w1=(w1 / scale[:, None]).astype(F32), w2=w2.astype(F32), loss=losses)
 
 
@@ -211,6 +250,24 @@ def down_t_f16(model, il: int) -> np.ndarray:
     n_embd, n_ff = int(t.ne[1]), int(t.ne[0])
     w = np.asarray(Q.dequantize_row(t.type, raw.reshape(n_embd, -1)), F32).reshape(n_embd, n_ff)
     return np.ascontiguousarray(w.T).astype(np.float16)
+
+
+def use_f16_down(model) -> list:
+    """Make ``model`` (a dense one) the like-for-like reference of a PWRI model at threshold -inf: every layer's
+    ``ffn_down`` becomes the F16 matrix the PWRI file's ``ffn_down_t`` holds (the same dequantized values, not
+    transposed: {n_ff, n_embd}), so the dense MUL_MAT rounds its input to F16 (F16's vec_dot_type) exactly as AXPY
+    does and multiplies the same weights; the two then differ only in the order of the float32 sums. Against the
+    Q4_1 dense graph the down projection would also differ in its input rounding (Q8_1 blocks vs F16), which on
+    SmolLM2 moves the logits by a mean KL of ~4e-3 by itself. Returns what keeps the new tensors alive (the caller
+    holds it as long as the model is used)."""
+    specs = []
+    for il, ly in enumerate(model.layers):
+        w = np.ascontiguousarray(down_t_f16(model, il).T)          # (n_embd, n_ff): ggml {n_ff, n_embd}
+        specs.append((ly.ffn_down.name, ggml.GGML_TYPE_F16, [w.shape[1], w.shape[0]], w))
+    ts, keep = lpi._host_tensors(specs)
+    for ly, t in zip(model.layers, ts):
+        ly.ffn_down = t
+    return [keep]
 
 
 def write_powerinfer_gguf(src_path, out_path, predictors: list, down_t: list, threshold: float) -> None:
@@ -252,7 +309,10 @@ class BuildResult:
 
 def build(out_dir, model_path=DEFAULT_MODEL, tokens: int = 30720, heldout: int = 2048, seq_len: int = 256,
           hidden: int = 128, epochs: int = 4, threshold: float = 0.0, vram_budget_gib: float | None = None,
-          threads: int = 2, quiet: bool = False) -> BuildResult:
+          threads: int = 2, quiet: bool = False, recording=None) -> BuildResult:
+    """The whole pipeline. ``recording``: a directory; when it holds a recording (``save_recording``) of at least
+    ``tokens + heldout`` tokens it is used instead of decoding the corpus again, otherwise the new recording is saved
+    there."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     mp = llama.model_default_params()
@@ -261,8 +321,21 @@ def build(out_dir, model_path=DEFAULT_MODEL, tokens: int = 30720, heldout: int =
         raise ValueError(f"{model_path} is already a PowerInfer (PWRI) model")
     hp = model.hparams
     ids = corpus_tokens(model.vocab, tokens + heldout)
-    with progress(total=tokens + heldout, desc="record activations", unit="tok", disable=quiet or None) as bar:
-        rec = record(model, ids, seq_len=seq_len, threads=threads, bar=bar)
+    rec = None
+    if recording is not None and (pathlib.Path(recording) / "recording.json").exists():
+        rec = load_recording(recording)
+        if rec.n_tokens < tokens + heldout or len(rec.x) != hp.n_layer:
+            rec = None
+        else:
+            n = tokens + heldout
+            if rec.n_tokens > n:            # the counts of the tokens used, as a fresh recording would have them
+                rec.x, rec.active, rec.n_tokens = [v[:n] for v in rec.x], [v[:n] for v in rec.active], n
+                rec.counts = np.stack([unpack_active(a, hp.n_ff).sum(0) for a in rec.active]).astype(np.int64)
+    if rec is None:
+        with progress(total=tokens + heldout, desc="record activations", unit="tok", disable=quiet or None) as bar:
+            rec = record(model, ids, seq_len=seq_len, threads=threads, bar=bar)
+        if recording is not None:
+            save_recording(rec, recording)
     act_dir = out / "activation"
     act_dir.mkdir(exist_ok=True)
     for il in range(hp.n_layer):
@@ -271,11 +344,12 @@ def build(out_dir, model_path=DEFAULT_MODEL, tokens: int = 30720, heldout: int =
     t0 = time.perf_counter()
     for il in progress(range(hp.n_layer), desc="train predictors", unit="layer", disable=quiet or None):
         x, y = rec.x[il], rec.active[il]
-        p = train_layer(x[:tokens], y[:tokens], hidden=hidden, epochs=epochs, seed=il)
+        p = train_layer(x[:tokens], y[:tokens], hp.n_ff, hidden=hidden, epochs=epochs, seed=il)
         preds.append(p)
         m = {"layer": il, "loss": [round(v, 5) for v in p.loss]}
+        y_held = unpack_active(y[tokens:], hp.n_ff)
         for thr in (0.0, -0.5, -1.0):
-            rc, sp = recall_sparsity(p, x[tokens:], y[tokens:], thr)
+            rc, sp = recall_sparsity(p, x[tokens:], y_held, thr)
             m[f"recall@{thr}"], m[f"skipped@{thr}"] = round(rc, 4), round(sp, 4)
         layer_metrics.append(m)
     t_train = time.perf_counter() - t0
@@ -316,6 +390,8 @@ def main(argv=None) -> int:
     b.add_argument("--vram-budget", type=float, default=None, metavar="GiB",
                    help="also write <model>.generated.gpuidx for this budget (the solver)")
     b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--recording", default=None, metavar="DIR",
+                   help="reuse the recording saved in DIR (or save the new one there)")
     b.add_argument("-q", "--quiet", action="store_true")
     args = ap.parse_args(argv)
     if args.tokens < 16 or args.heldout < 1 or args.epochs < 1 or args.threads < 1:
@@ -323,7 +399,8 @@ def main(argv=None) -> int:
     if args.vram_budget is not None and args.vram_budget <= 0:
         ap.error("--vram-budget must be > 0")
     r = build(args.out, args.model, tokens=args.tokens, heldout=args.heldout, epochs=args.epochs,
-              threshold=args.threshold, vram_budget_gib=args.vram_budget, threads=args.threads, quiet=args.quiet)
+              threshold=args.threshold, vram_budget_gib=args.vram_budget, threads=args.threads, quiet=args.quiet,
+              recording=args.recording)
     m = r.metrics
     write(f"wrote {r.model_path}" + (f" and {r.gpuidx_path}" if r.gpuidx_path else ""))
     write(f"record {m['record_s']} s, train {m['train_s']} s; held-out recall / rows skipped: "
