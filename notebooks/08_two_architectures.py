@@ -257,7 +257,9 @@ if gemma is not None:
     panels += [(gk.kv_swa, 0, "Gemma layer 0 (SWA cache)"), (gk.kv_base, 5, "Gemma layer 5 (base cache)")]
 for ax, (c, il, title) in zip(axs, panels):
     k = np.asarray(ggml.get_data(c.k_l[c.map_layer_ids[il]])).reshape(c.size, -1)[:6].astype(np.float32)
-    ax.imshow(k, aspect="auto", cmap="RdBu_r", vmin=-np.abs(k).max(), vmax=np.abs(k).max(), interpolation="nearest")
+    im = ax.imshow(k, aspect="auto", cmap="RdBu_r", vmin=-np.abs(k).max(), vmax=np.abs(k).max(),
+                   interpolation="nearest")
+    fig.colorbar(im, ax=ax, label="K value (F16)")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("K channel")
     ax.set_ylabel("cell")
@@ -287,6 +289,9 @@ def part_of(name):
     return "other"
 
 
+# one colour per quantization type in both panels, so the same type looks the same side by side
+all_types = sorted({ggml.type_name(t.type) for m in models.values() for t in m.tensors.values()})
+type_color = {ty: plt.cm.tab10(i % 10) for i, ty in enumerate(all_types)}
 fig, axs = plt.subplots(1, len(models), figsize=(6 * len(models), 3.2), squeeze=False)
 for ax, (name, m) in zip(axs[0], models.items()):
     by = {}
@@ -298,7 +303,7 @@ for ax, (name, m) in zip(axs[0], models.items()):
     left = np.zeros(len(parts))
     for ty in types:
         vals = np.array([by.get((p, ty), 0) / 2**20 for p in parts])
-        ax.barh(parts, vals, left=left, label=ty)
+        ax.barh(parts, vals, left=left, label=ty, color=type_color[ty])
         left += vals
     ax.set_title(f"{name}: {m.size() / 2**20:.0f} MiB of tensors", fontsize=10)
     ax.set_xlabel("MiB")
