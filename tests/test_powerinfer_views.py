@@ -178,6 +178,9 @@ def test_cost_view_flops_and_bytes(model, runs):
     kept = np.mean([(run.idx[il] >= 0.0).sum(1).mean() for il in range(30)])
     assert st["rows_skipped"] == pytest.approx(1 - kept / 1536)
     assert st["ffn_bytes_sparse"] == pytest.approx(1872 * kept * 30)
+    # the dense FFN reads Q4_1 up, gate and down: 3 x 360 bytes per neuron (the sparse path's F16 down_t row is 1152)
+    assert st["ffn_bytes_dense"] == 30 * 1536 * 1080 and st["dense_neuron_bytes"] == 1080
+    assert st["down_t_row_bytes"] == 1152
     assert st["break_even_skip"] == pytest.approx(st["predictor_flops"] / st["ffn_flops_dense"])
     assert v.select(-np.inf).state()["decode_flops_ratio"] > 1.0      # nothing skipped: the predictor is pure cost
     assert "MORE than dense" in v.verdict()

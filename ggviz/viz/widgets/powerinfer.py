@@ -612,34 +612,40 @@ class HybridTimelineView(VizWidget):
         recs = [r for r in self.records if self.layer is None or _layer_of(r["name"]) == self.layer]
         by_n = {r["node_n"]: r for r in self.records}
         y = {"gpu": 1.0, "cpu": 0.0}
-        fig, ax = plt.subplots(figsize=(11.5, 3.4))
+
+        def ms(t):
+            return self._us(t) / 1e3
+        fig, ax = plt.subplots(figsize=(11.5, 3.6))
         for r in recs:
             yy = y[r["lane"]]
-            x0, x1 = self._us(r["t_start"]), self._us(r["t_end"])
+            x0, x1 = ms(r["t_start"]), ms(r["t_end"])
             col = "#2ca02c" if r["lane"] == "gpu" else ("#1f77b4" if "sparse" in r["name"] else "#7fa7c9")
-            ax.barh(yy, max(x1 - x0, 0.5), left=x0, height=0.5, color=col, edgecolor="k", lw=0.3)
-            w0 = self._us(r["t_wait"])
-            if x0 - w0 >= self.min_wait_us:
+            ax.barh(yy, max(x1 - x0, 1e-3), left=x0, height=0.5, color=col, edgecolor="k", lw=0.3)
+            w0 = ms(r["t_wait"])
+            if (x0 - w0) * 1e3 >= self.min_wait_us:
                 ax.barh(yy + 0.32, x0 - w0, left=w0, height=0.08, color="tab:red")
                 if r["lane"] == "gpu":
                     for s in r["srcs"]:
                         if s in by_n and by_n[s]["lane"] == "cpu":
-                            ax.annotate("", xy=(x0, yy - 0.25), xytext=(self._us(by_n[s]["t_end"]), 0.25),
+                            ax.annotate("", xy=(x0, yy - 0.25), xytext=(ms(by_n[s]["t_end"]), 0.25),
                                         arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 0.6})
-        # names of the longest nodes of each lane (the rest are too short to label)
+        # names inside the nodes wide enough to carry one (the rest are in the table), staggered in two rows
+        lo = min(ms(r["t_wait"]) for r in recs)
+        span = max(ms(r["t_end"]) for r in recs) - lo or 1.0
         for lane in ("gpu", "cpu"):
-            mine = sorted((r for r in recs if r["lane"] == lane), key=lambda r: r["t_start"] - r["t_end"])
-            for r in mine[:6 if self.layer is None else 12]:
-                ax.text(self._us(r["t_start"]), y[lane] + (0.3 if lane == "cpu" else -0.42),
-                        r["name"], fontsize=6.5, rotation=0 if self.layer is not None else 12)
+            wide = [r for r in recs if r["lane"] == lane and ms(r["t_end"]) - ms(r["t_start"]) >= 0.07 * span]
+            for k, r in enumerate(sorted(wide, key=lambda r: r["t_start"])):
+                ax.text((ms(r["t_start"]) + ms(r["t_end"])) / 2, y[lane] + (0.1 if k % 2 else -0.1), r["name"],
+                        fontsize=7, ha="center", va="center", color="white")
         ax.set_yticks([0, 1], [LANE_CPU if self.n_threads is None else
                                f"CPU (threads 1…{self.n_threads - 1})", LANE_GPU])
-        ax.set_ylim(-0.5, 1.6)
-        ax.set_xlabel("µs since the first node began waiting   (red: waiting on is_finish; arrow: for which source)")
+        ax.set_ylim(-0.45, 1.5)
+        ax.set_xlim(lo - 0.01 * span, lo + 1.01 * span)
+        ax.set_xlabel("ms since the first node began waiting   (red: waiting on is_finish; arrow: for which source)")
         scope = "all layers" if self.layer is None else f"layer {self.layer}"
-        ax.set_title(f"graph_compute_hybrid, {scope}: {st['n_nodes']} nodes, wall {st['wall_us'] / 1e3:.1f} ms; "
+        ax.set_title(f"graph_compute_hybrid, {scope} (of {st['n_nodes']} nodes, wall {st['wall_us'] / 1e3:.1f} ms: "
                      f"device busy {st['busy_us']['gpu'] / 1e3:.1f} ms, waiting {st['wait_us']['gpu'] / 1e3:.1f} ms; "
-                     f"CPU busy {st['busy_us']['cpu'] / 1e3:.1f} ms", fontsize=9)
+                     f"CPU busy {st['busy_us']['cpu'] / 1e3:.1f} ms)", fontsize=9)
         for s in ("top", "right"):
             ax.spines[s].set_visible(False)
         fig.tight_layout()
@@ -649,8 +655,8 @@ class HybridTimelineView(VizWidget):
         recs = [r for r in self.records if self.layer is None or _layer_of(r["name"]) == self.layer]
         by_n = {r["node_n"]: r for r in self.records}
         rows = [{"node": r["node_n"], "name": r["name"], "op": r["op"].split("(")[0], "lane": r["lane"],
-                 "waited (µs)": round((r["t_start"] - r["t_wait"]) / 1e3, 1),
-                 "ran (µs)": round((r["t_end"] - r["t_start"]) / 1e3, 1),
+                 "waited (ms)": round((r["t_start"] - r["t_wait"]) / 1e6, 2),
+                 "ran (ms)": round((r["t_end"] - r["t_start"]) / 1e6, 2),
                  "sources (nodes)": ", ".join(by_n[s]["name"] for s in r["srcs"] if s in by_n)}
                 for r in recs if r["lane"] == "gpu" or self.layer is not None]
         return html_table(rows, title="device nodes" if self.layer is None else f"layer {self.layer}")
@@ -711,6 +717,10 @@ class SparseCostView(VizWidget):
         self.transfers = list(transfers or [])
         self.flops = decode_flops_per_token(model)
         self.neuron_bytes = neuron_bytes(model)
+        # the dense FFN reads its own matrices (ffn_down in the model's type, Q4_1 here), not the F16 ffn_down_t
+        # the sparse AXPY needs: a kept neuron costs the sparse path more bytes than the dense path pays for it
+        self.dense_ffn_bytes = sum(ggml.nbytes(ly.ffn_up) + ggml.nbytes(ly.ffn_gate) + ggml.nbytes(ly.ffn_down)
+                                   for ly in model.layers)
 
     def select(self, threshold):
         self.threshold = _check_threshold(threshold)
@@ -736,9 +746,11 @@ class SparseCostView(VizWidget):
                 "predictor_flops": int(f["predictor"]), "decode_flops_dense": int(dense_total),
                 "decode_flops_sparse": float(sparse_total), "decode_flops_ratio": float(sparse_total / dense_total),
                 "ffn_flops_ratio": float((ffn_sparse + f["predictor"]) / f["ffn"]),
-                "neuron_bytes": nbytes, "ffn_bytes_dense": int(nbytes * r.n_ff * r.n_layer),
+                "neuron_bytes": nbytes, "ffn_bytes_dense": int(self.dense_ffn_bytes),
                 "ffn_bytes_sparse": float(nbytes * kept.sum()),
                 "break_even_skip": float(f["predictor"] / f["ffn"]),
+                "dense_neuron_bytes": int(self.dense_ffn_bytes // (r.n_ff * r.n_layer)),
+                "down_t_row_bytes": int(ggml.row_size(self.model.sparse.layers[0].ffn_down_t.type, r.ffn_out[0].shape[1])),
                 "transfer_bytes": xfer, "n_transfer_tokens": r.n_tokens,
                 "kernel_times": {float(k): float(v) for k, v in sorted(self.kernel_times.items())}}
 
@@ -752,7 +764,9 @@ class SparseCostView(VizWidget):
                 f"{st['decode_flops_sparse'] / 1e6:.1f} vs {st['decode_flops_dense'] / 1e6:.1f} MFLOP per token, "
                 + (f"{gain:.1%} fewer." if gain >= 0 else f"{-gain:.1%} MORE than dense.")
                 + f" Weights read by the FFN: {st['ffn_bytes_sparse'] / 2**20:.2f} MiB instead of "
-                f"{st['ffn_bytes_dense'] / 2**20:.2f} MiB per token ({self.neuron_bytes:,} bytes per neuron).")
+                f"{st['ffn_bytes_dense'] / 2**20:.2f} MiB per token: a kept neuron costs {self.neuron_bytes:,} bytes "
+                f"(its F16 ffn_down_t row is {st['down_t_row_bytes']:,} of them), the dense FFN "
+                f"{st['dense_neuron_bytes']:,} bytes per neuron.")
 
     def figure(self):
         st = self.state()
@@ -801,8 +815,9 @@ class SparseCostView(VizWidget):
                  "sparse": f"{st['ffn_bytes_sparse'] / 2**20:.2f} MiB"}]
         if self.transfers:
             x = st["transfer_bytes"]
-            rows.append({"what": f"activations crossing CPU ↔ device ({st['n_transfer_tokens']} tokens, "
-                                 f"the layers run)", "dense": "—",
+            n_lay = len({_layer_of(t["tensor"]) for t in self.transfers})
+            rows.append({"what": f"activations crossing CPU ↔ device in the hybrid run ({st['n_transfer_tokens']} "
+                                 f"tokens, {n_lay} layers; not per token)", "dense": "none",
                          "sparse": f"{x['to_device'] / 1024:.1f} KiB to, {x['to_cpu'] / 1024:.1f} KiB back"})
         return html_table(rows, ["what", "dense", "sparse"], title="per token")
 
