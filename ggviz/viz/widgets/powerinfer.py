@@ -26,6 +26,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
 
 from ... import ggml, llama
 from ...ggml import consts as C
@@ -310,10 +311,10 @@ class HotColdView(VizWidget):
         fig.colorbar(im, ax=ax[0], label="tokens in which the neuron was active")
         # the solver's gpu_idx takes each layer's k hottest neurons: in sorted order the first k columns
         for ly, k in enumerate(st["n_on_device"]):
-            if k:
-                ax[0].plot([-0.5, k - 0.5], [ly, ly], color="#2ca02c", lw=2.2, solid_capstyle="butt")
+            if k:        # a green tick where the layer's device rows end
+                ax[0].plot([k - 0.5, k - 0.5], [ly - 0.45, ly + 0.45], color="#2ca02c", lw=2.5)
         ax[0].axhline(il, color="gold", lw=0.8, ls="--")
-        ax[0].set_xlabel("neurons, hottest first (green: rows on the device)")
+        ax[0].set_xlabel("neurons, hottest first (left of the green tick: rows on the device)")
         ax[0].set_ylabel("layer")
         ax[0].set_title("activation counts, per layer sorted hot → cold", fontsize=10)
         cs = srt[il].astype(np.float64)
@@ -332,8 +333,8 @@ class HotColdView(VizWidget):
         k = st["n_on_device"][il]
         if k:
             ax[1].axvline(k / n_ff, color="#2ca02c", lw=1)
-            ax[1].text(k / n_ff, 0.03, f" on device: {k} rows, {st['device_share'][il]:.0%} of activations",
-                       fontsize=7, color="#2ca02c")
+            ax[1].text(k / n_ff, 0.97, f" on the device: {k} rows, {st['device_share'][il]:.0%} of activations",
+                       fontsize=7, color="#2ca02c", va="top")
         ax[1].set_xlabel("hottest fraction of neurons")
         ax[1].set_ylabel("fraction of activations")
         ax[1].legend(fontsize=7, loc="lower right")
@@ -646,6 +647,11 @@ class HybridTimelineView(VizWidget):
         ax.set_title(f"graph_compute_hybrid, {scope} (of {st['n_nodes']} nodes, wall {st['wall_us'] / 1e3:.1f} ms: "
                      f"device busy {st['busy_us']['gpu'] / 1e3:.1f} ms, waiting {st['wait_us']['gpu'] / 1e3:.1f} ms; "
                      f"CPU busy {st['busy_us']['cpu'] / 1e3:.1f} ms)", fontsize=9)
+        ax.legend(handles=[Patch(color="#2ca02c", label="device node (*_gpu)"),
+                           Patch(color="#1f77b4", label="sparse CPU node"),
+                           Patch(color="#7fa7c9", label="other CPU node (predictor, act, add)"),
+                           Patch(color="tab:red", label="waiting on is_finish")],
+                  fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
         for s in ("top", "right"):
             ax.spines[s].set_visible(False)
         fig.tight_layout()
@@ -793,7 +799,7 @@ class SparseCostView(VizWidget):
             ys = np.array([kt[k] / base for k in kt], np.float64)
             ax[1].plot(xs, ys, "o-", label="measured: compiled MUL_MAT_SPARSE, 1 thread")
             ax[1].plot([0, 1], [1, 0], "k:", lw=1, label="time ∝ rows computed")
-            ax[1].axvline(st["rows_skipped"], color="tab:red", lw=1, label="this model at this threshold")
+            ax[1].axvline(st["rows_skipped"], color="tab:red", lw=1, label="rows skipped in this run at this threshold")
             ax[1].set_xlabel("fraction of rows skipped")
             ax[1].set_ylabel("time / time with no row skipped")
             ax[1].set_ylim(0, 1.1)
