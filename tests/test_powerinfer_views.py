@@ -113,6 +113,8 @@ def test_predictor_view_counts_and_refuses_a_thresholded_run(built, runs):
         v.select(layer=30)
     assert v.layer == 3
     assert "<img" in _bundle_html(v.select(threshold=0.0))
+    v._w_layer.value = 4                     # the live slider drives the same state
+    assert v.state()["layer"] == 4 and "layer 4" in v._w_tab.value
 
 
 def test_hot_cold_view_totals_and_device_rows(built, runs):
