@@ -33,20 +33,20 @@
 # are ReLU-fied; on this model the sparsity is much lower and the speed-up small. We measure both.
 
 # %%
+import json
 import os
 import pathlib
 import tempfile
 import time
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 from ggviz import ggml, llama
 from ggviz.ggml import consts as C
 from ggviz.ggml import quants as Q
-from ggviz.ggml.cpu import ggml_cpu, hybrid
-from ggviz.ggml.cpu import powerinfer as cpu_pi
+from ggviz.ggml.cpu import ggml_cpu
 from ggviz.powerinfer import pipeline as P
+from ggviz.viz.widgets import powerinfer as PV
 
 # %% [markdown]
 # ## 1. The two kernels
@@ -97,183 +97,105 @@ print(f"{ggml.op_name(ys.op)}: {keep.sum()} of {M} rows kept; kept rows equal MU
 # PowerInfer never published how it trains its predictors. `ggviz powerinfer build --out DIR` does it: it decodes
 # ~30k tokens of Python's own help text (`pydoc_data.topics`), records every layer's FFN input and `silu(gate)·up`
 # through the eval callback, trains 30 predictors (576 → 128 → 1536) in NumPy and writes a GGUF whose magic is
-# `PWRI`, with `blk.N.fc1`, `blk.N.fc2`, `blk.N.ffn_down_t` and `powerinfer.sparse_threshold`. Here we use the
-# directory in `GGVIZ_POWERINFER_DIR` if you built one, else a tiny build (a few hundred tokens: its predictor is
-# weak, the pictures are still the real mechanics).
+# `PWRI`, with `blk.N.fc1`, `blk.N.fc2`, `blk.N.ffn_down_t` and `powerinfer.sparse_threshold`; with `--vram-budget`
+# the solver also writes `<model>.generated.gpuidx` (which neurons' rows go to the device).
+#
+# **This notebook builds a tiny one** so that it runs from scratch in well under a minute: 64 training tokens, one
+# epoch, a 0.1 GiB budget. Its predictor is weak (it has seen 64 tokens), so its recall and sparsity are *not*
+# PowerInfer's or the full build's — the measured figures of a 30,720-token build are in the table of section 7 —
+# but every picture below is the real mechanics of a real run. Set `GGVIZ_POWERINFER_DIR` to the `--out` directory
+# of a full build (`ggviz powerinfer build --out DIR --vram-budget 0.2`, ~30 min) to see it with a trained one.
 
 # %%
 out_dir = pathlib.Path(os.environ.get("GGVIZ_POWERINFER_DIR", pathlib.Path.home() / ".cache" / "ggviz" / "powerinfer"))
 pwri = out_dir / "SmolLM2-135M-Instruct.Q4_1.powerinfer.gguf"
 if not pwri.exists():
-    out_dir = pathlib.Path(tempfile.gettempdir()) / "ggviz_powerinfer_tiny"
+    out_dir = pathlib.Path(tempfile.gettempdir()) / "ggviz_powerinfer_tiny_b"
     pwri = out_dir / "SmolLM2-135M-Instruct.Q4_1.powerinfer.gguf"
     if not pwri.exists():
         t0 = time.perf_counter()
-        P.build(out_dir, tokens=192, heldout=64, seq_len=128, epochs=2, quiet=True)
+        P.build(out_dir, tokens=64, heldout=32, seq_len=96, epochs=1, vram_budget_gib=0.1, quiet=True)
         print(f"tiny build: {time.perf_counter() - t0:.0f} s")
-sparse = llama.model_load_from_file(str(pwri))
-dense = llama.model_load_from_file(str(P.DEFAULT_MODEL))
-print(pwri, "magic", pwri.read_bytes()[:4], "sparse model:", sparse.sparse is not None,
-      "threshold", sparse.sparse.sparse_pred_threshold)
+mp = llama.model_default_params()
+if pathlib.Path(str(pwri) + ".generated.gpuidx").exists():
+    mp.vram_budget_gb = 0.1          # load the solver's split: the graph gets its *_gpu halves
+sparse = llama.model_load_from_file(str(pwri), mp)
+metrics = json.loads((out_dir / "metrics.json").read_text())
+n_layer = sparse.hparams.n_layer
+print(pwri.name, "magic", pwri.read_bytes()[:4], "| threshold in the file:", sparse.sparse.sparse_pred_threshold,
+      f"| trained on {metrics['tokens']} tokens, held-out recall at threshold 0: {metrics['mean_recall@0.0']:.3f}")
 
 # %% [markdown]
 # ## 3. Predictor output vs the true activations
 #
-# We decode one sentence through the PWRI model at threshold −∞ (nothing skipped) and copy out, per layer, the
-# predictor's logits (`mlp_pre_out-N`) and the true activation `silu(gate)·up` (`ffn_gate_par-N`).
+# We decode one sentence through the PWRI model **at threshold −∞** (nothing skipped) and copy out, through the eval
+# callback, each layer's predictor logits (`mlp_pre_out-N`, the `sparse_idx` every sparse node reads) and the true
+# activation `silu(gate)·up` (`ffn_gate_par-N`). Why −∞: at a finite threshold a skipped neuron's gate row is 0, so
+# its activation is silu(0)·up = 0 and it would look "inactive" *because* it was skipped (the view refuses such a run).
+#
+# A neuron counts as active when |silu(gate)·up| is above its layer's median (the build's definition: SwiGLU has
+# no exact zeros). Move the layer and the threshold: red dots are active neurons the kernels would skip (the harm),
+# orange ones inactive neurons computed anyway (the waste).
 
 # %%
 text = "The quick brown fox jumps over the lazy dog because it wanted to see the river."
-ids = llama.tokenize(sparse.vocab, text, add_special=False)
-got = {}
-
-
-def cb(t, ask):
-    if ask:
-        return t.name.startswith(("mlp_pre_out-", "ffn_gate_par-"))
-    got[t.name] = np.array(ggml.get_data(t), np.float32).reshape(len(ids), -1)
-    return True
-
-
-cpu_pi.set_sparse_pred_threshold(-np.inf)
-c = P._ctx(sparse, 64, 2)
-c.cparams.cb_eval = cb
-assert llama.decode(c, P._batch_all_logits(ids)) == 0
-llama.free(c)
-n_layer = sparse.hparams.n_layer
-layer = 10
-logit = got[f"mlp_pre_out-{layer}"].reshape(-1)
-act = np.abs(got[f"ffn_gate_par-{layer}"]).reshape(-1)
-fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
-ax[0].scatter(logit[::7], act[::7], s=2, alpha=0.4)
-ax[0].axvline(0, color="r", lw=1, label="threshold 0")
-ax[0].axvline(-1, color="orange", lw=1, label="threshold -1")
-ax[0].set_yscale("log")
-ax[0].set_xlabel("predictor logit")
-ax[0].set_ylabel("|silu(gate)·up|")
-ax[0].set_title(f"layer {layer}: one dot per (token, neuron)")
-ax[0].legend()
-skip = [[float((got[f"mlp_pre_out-{il}"] < thr).mean()) for il in range(n_layer)] for thr in (0.0, -1.0)]
-ax[1].bar(np.arange(n_layer) - 0.2, skip[0], 0.4, label="threshold 0")
-ax[1].bar(np.arange(n_layer) + 0.2, skip[1], 0.4, label="threshold -1")
-ax[1].set_xlabel("layer")
-ax[1].set_ylabel("rows MUL_MAT_SPARSE skips")
-ax[1].legend()
-plt.tight_layout()
-plt.show()
+ids = llama.tokenize(sparse.vocab, text, add_special=False)[:10]
+run_full = PV.capture_sparse_run(sparse, ids, threshold=-np.inf)
+PV.PredictorView(run_full, metrics["act_threshold"], layer=10, threshold=0.0)
 
 # %% [markdown]
 # ## 4. Hot and cold neurons
 #
-# The build counted, per neuron, how many of the recorded tokens made it "active". PowerInfer's premise is a power
-# law: on its ReLU models ~20 % of the neurons carry most of the activations, so a GPU that holds that 20 % does most
-# of the work. On SwiGLU SmolLM2 the curve is much flatter:
+# The build counted, per neuron, how many of the recorded tokens made it active (`activation/activation_N.npy`,
+# PowerInfer's `activation_N.pt`). PowerInfer's premise is a power law: on its ReLU models about 20 % of the
+# neurons carry most of the activations (its paper's figure), so a GPU that holds that 20 % does most of the work.
+# The solver sorts each layer's counts, sums them in buckets of 256 neurons and gives the device the globally
+# hottest buckets (`gpu_idx == 1`: left of the green tick). On SwiGLU SmolLM2 the curve is much flatter:
 
 # %%
 counts = np.stack([np.load(out_dir / "activation" / f"activation_{il}.npy") for il in range(n_layer)])
-share = []
-fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
-for il in (0, 10, 20, 29):
-    cs = np.sort(counts[il])[::-1].astype(np.float64)
-    cum = np.cumsum(cs) / max(cs.sum(), 1)
-    ax[0].plot(np.arange(1, len(cs) + 1) / len(cs), cum, label=f"layer {il}")
-for il in range(n_layer):
-    cs = np.sort(counts[il])[::-1].astype(np.float64)
-    share.append(cs[: len(cs) // 4].sum() / max(cs.sum(), 1))
-ax[0].plot([0, 1], [0, 1], "k:", lw=1)
-ax[0].set_xlabel("hottest fraction of neurons")
-ax[0].set_ylabel("fraction of activations")
-ax[0].legend()
-im = ax[1].imshow(np.sort(counts, axis=1)[:, ::-1], aspect="auto", cmap="magma")
-fig.colorbar(im, ax=ax[1], label="tokens in which the neuron was active")
-ax[1].set_xlabel("neurons, hottest first")
-ax[1].set_ylabel("layer")
-ax[1].set_title("activation counts (hot → cold)")
-plt.tight_layout()
-plt.show()
-print(f"the hottest 25 % of neurons carry {np.mean(share):.0%} of the activations (mean over layers)")
+PV.HotColdView(counts, run_full.gpu_idx, layer=10)
 
 # %% [markdown]
-# ## 5. The hybrid executor
+# ## 5. Which rows each MUL_MAT_SPARSE skipped
 #
-# With `--vram-budget`, PowerInfer's solver puts the hottest neurons' rows on the GPU (`gpu_idx`, `gpu_bucket`) and
-# the graph gets a second half per FFN matrix: `ffn_up_sparse_gpu` (`ggml_mul_mat_idx_upscale`) and
-# `ffn_down_sparse_gpu` (AXPY on the bucket), merged by an ADD. `ggml_graph_compute_thread_hybrid` runs them:
-# **thread 0 only drives the GPU** — it walks the graph, waits until the sources of each GPU node are finished
-# (`is_finish`, a new atomic in `ggml_tensor`), launches it — while **threads 1…N−1 run the CPU nodes** with
-# `ith − 1` and `nth − 1`. Below: two sparse FFN layers with 30 % of the rows "on the GPU" (ggviz's stand-in
-# device is a thread running the same kernels), three threads.
+# Now the same sentence at the file's threshold. For every layer, `ffn_up_sparse-N` and `ffn_gate_sparse-N`
+# skip row *r* of token *t* when `sparse_idx[t, r] < threshold` (grey) and leave the device's rows (green) to their
+# `*_gpu` half; the CPU computes the rest (blue). The skipped rows are exact zeros in the node's output — the test
+# suite checks exactly that against this view. AXPY then skips the same neurons: silu(0)·up = 0, and it skips x = 0.
 
 # %%
-def tensor(ctx, type_, arr):
-    arr = np.asarray(arr)
-    if type_ == C.GGML_TYPE_Q4_1:
-        t = ggml.new_tensor_2d(ctx, type_, arr.shape[1], arr.shape[0])
-        ggml.get_data(t).reshape(-1).view(np.uint8)[:] = np.asarray(Q.quantize_row_ref(type_, arr)).reshape(-1).view(np.uint8)
-        return t
-    t = ggml.new_tensor(ctx, type_, arr.ndim, list(arr.shape[::-1]))
-    ggml.get_data(t).reshape(-1)[:] = arr.reshape(-1)
-    return t
-
-
-def hybrid_ffn(n_layer=2, T=4, p_gpu=0.3):
-    ctx = ggml.init(96 << 20)
-    cur = tensor(ctx, C.GGML_TYPE_F32, rng.standard_normal((T, K)).astype(np.float32))
-    for il in range(n_layer):
-        G = (rng.random(M) < p_gpu).astype(np.int32)
-        bucket = np.flatnonzero(G).astype(np.int32)
-        g, gb = tensor(ctx, C.GGML_TYPE_I32, G), tensor(ctx, C.GGML_TYPE_I32, bucket)
-        idx = tensor(ctx, C.GGML_TYPE_F32, rng.standard_normal((T, M)).astype(np.float32))
-        halves = {}
-        for name in ("up", "gate"):
-            Wm = (rng.standard_normal((M, K)) * 0.05).astype(np.float32)
-            a = ggml.mul_mat_idx(ctx, tensor(ctx, C.GGML_TYPE_Q4_1, Wm), cur, idx, g)
-            ggml.format_name(a, f"ffn_{name}_sparse-%d", il)
-            b = ggml.mul_mat_idx_upscale(ctx, tensor(ctx, C.GGML_TYPE_Q4_1, Wm[bucket]), cur, idx, gb, M)
-            ggml.format_name(b, f"ffn_{name}_sparse_gpu-%d", il)
-            halves[name] = ggml.add(ctx, a, b)
-            ggml.format_name(halves[name], f"ffn_{name}_sparse_merged-%d", il)
-        h = ggml.mul(ctx, ggml.silu(ctx, halves["gate"]), halves["up"])
-        ggml.format_name(h, "ffn_gate_par-%d", il)
-        Wt = (rng.standard_normal((M, K)) * 0.05).astype(np.float16)
-        d = ggml.axpy(ctx, tensor(ctx, C.GGML_TYPE_F16, Wt), h, idx, g)
-        ggml.format_name(d, "ffn_down_sparse-%d", il)
-        dg = ggml.axpy(ctx, tensor(ctx, C.GGML_TYPE_F16, Wt[bucket]), h, idx, gb, bucket=True)
-        ggml.format_name(dg, "ffn_down_sparse_gpu-%d", il)
-        cur = ggml.add(ctx, cur, ggml.add(ctx, d, dg))
-        ggml.format_name(cur, "l_out-%d", il)
-    gf = ggml.new_graph(ctx)
-    ggml.build_forward_expand(gf, cur)
-    return ctx, gf, cur
-
-
-cpu_pi.set_sparse_pred_threshold(0.0)
-hctx, hgf, hout = hybrid_ffn()
-recs = hybrid.graph_compute_hybrid(hgf, 3, lambda n: n.name.rsplit("-", 1)[0].endswith("_gpu"))
-t0 = min(r.t_wait for r in recs)
-fig, ax = plt.subplots(figsize=(11, 3))
-for r in recs:
-    y = 1 if r.lane == "gpu" else 0
-    ax.barh(y, (r.t_end - r.t_start) / 1e6, left=(r.t_start - t0) / 1e6, height=0.6,
-            color="tab:green" if r.lane == "gpu" else "tab:blue", edgecolor="k", lw=0.3)
-    if r.t_start - r.t_wait > 200_000:   # waited > 0.2 ms on is_finish
-        ax.barh(y, (r.t_start - r.t_wait) / 1e6, left=(r.t_wait - t0) / 1e6, height=0.2, color="tab:red")
-    if (r.t_end - r.t_start) > 1_000_000:
-        ax.text((r.t_start - t0) / 1e6, y + 0.35, r.name, fontsize=7, rotation=20)
-ax.set_yticks([0, 1], ["CPU threads 1-2", "GPU (thread 0)"])
-ax.set_xlabel("ms (red: waiting on is_finish)")
-plt.tight_layout()
-plt.show()
-gpu_recs = [r for r in recs if r.lane == "gpu"]
-print(f"{len(recs)} nodes; {len(gpu_recs)} on the GPU lane:", ", ".join(r.name for r in gpu_recs))
+run = PV.capture_sparse_run(sparse, ids)
+PV.SkippedRowsView(run, layer=10, token=3)
 
 # %% [markdown]
-# ## 6. What the sparsity buys on this model
+# ## 6. The hybrid executor
 #
-# The compiled kernels (`ggviz/ggml/cpu/fast/sparse.py`, ggml's AVX2 arithmetic lane for lane) at the FFN's shape,
-# one thread, one token: MUL_MAT_SPARSE's time falls with the rows it skips; the dense reference here is the same
-# kernel keeping every row. (`benchmarks/bench_powerinfer.py` also compares ggviz's repacked dense MUL_MAT,
-# which reads 8 rows at once and is faster than any per-row kernel.)
+# With the solver's split, the graph has a second half per FFN matrix: `ffn_up_sparse_gpu` /
+# `ffn_gate_sparse_gpu` (`ggml_mul_mat_idx_upscale`) and `ffn_down_sparse_gpu` (AXPY on the bucket), merged by an
+# ADD. `ggml_graph_compute_thread_hybrid` runs them: **thread 0 only drives the device** — it walks the graph, waits
+# until the sources of each device node are finished (`is_finish`, a new atomic in `ggml_tensor`), launches it —
+# while **threads 1…N−1 run the CPU nodes** with `ith − 1` and `nth − 1`.
+#
+# Below, three real layers of the model: the graph `llm_build_ffn_sparse` builds, fed with the inputs the decode
+# above gave those layers, run by `graph_compute_hybrid` on 3 threads (ggviz's stand-in device is a thread running
+# the same kernels; their outputs equal the decode's `ffn_out-N` to the bit). Red bars are waits on `is_finish`,
+# arrows point from the CPU node a device node waited for. **The times are ggviz's Python kernels** (the predictor's
+# F32 `mlp_pre_out` is the slowest node here), not a GPU's: read the order and the overlaps, not the milliseconds.
+
+# %%
+layers = [il for il in range(n_layer) if run.gpu_idx[il].any()][8:11] or [8, 9, 10]
+recs, outs, transfers = PV.hybrid_ffn_run(sparse, run, layers, n_threads=3)
+print("outputs equal the decode's ffn_out:", all(np.array_equal(outs[il], run.ffn_out[il]) for il in layers))
+PV.HybridTimelineView(recs, n_threads=3)
+
+# %% [markdown]
+# ## 7. What the sparsity buys on this model
+#
+# First the kernel alone: the compiled MUL_MAT_SPARSE (`ggviz/ggml/cpu/fast/sparse.py`, ggml's AVX2 arithmetic lane
+# for lane) at the FFN's shape, one thread, one token, with a growing share of rows skipped. Its time falls with the
+# rows it skips. (`benchmarks/bench_powerinfer.py` also compares ggviz's repacked dense MUL_MAT, which reads 8 rows
+# at once and is faster than any per-row kernel.)
 
 # %%
 from ggviz.ggml.cpu.fast import sparse as fast_sparse
@@ -289,7 +211,15 @@ for frac in (0.0, 0.3, 0.5, 0.9):
                for _ in range(30))
     times[frac] = best
 for frac, t in times.items():
-    print(f"{frac:4.0%} rows skipped: {t * 1e6:7.1f} us  ({t / times[0.0]:.2f} x dense, FLOPs x {1 - frac:.2f})")
+    print(f"{frac:4.0%} rows skipped: {t * 1e6:7.1f} us  ({t / times[0.0]:.2f} x no row skipped)")
+
+# %% [markdown]
+# Then the whole decode, per token, from the run of section 5: the FLOPs of every matrix product, dense vs sparse at
+# the threshold (the slider recounts the rows from the run's `sparse_idx`), the predictor's price, the weight bytes
+# the FFN reads, and the activations that crossed to the device and back in section 6's hybrid run.
+
+# %%
+PV.SparseCostView(sparse, run, kernel_times=times, transfers=transfers)
 
 # %% [markdown]
 # **What the speed-up is, and is not, on SmolLM2.** The kernels' time is proportional to the rows they compute, so
@@ -312,6 +242,22 @@ for frac, t in times.items():
 # 0.003: every later MUL_MAT rounds its input to Q8_1, which turns a 1e-7 difference that crosses a rounding step
 # into a 0.4 % jump, and 30 layers compound them. A dense graph changed only in its down weights (Q4_1 → F16 of
 # the same values) moves by the same 0.0037: that is this model's noise floor.)
-# So an FFN a few per cent cheaper, a whole decode less than that. PowerInfer's large speed-ups come from ReLU
-# models where 80–90 % of the rows are skipped *and* from the GPU holding the hot rows: neither is true of SmolLM2,
-# whose neurons are neither zero nor strongly hot/cold (section 4: the hottest quarter carries about a third).
+#
+# **So, plainly.** What the speed-up *is*: each skipped row is a row of work not done — the kernel's time falls in
+# proportion (section 7's first cell), and at threshold 0 the FFN's products shrink by about a quarter. What it *is
+# not*, on this model:
+#
+# - **not free**: the predictor costs 16.2 MFLOP per token (576·128 + 128·1536 multiply-adds per layer), 10 % of
+#   the dense FFN's 159 MFLOP. Below ~10 % rows skipped the sparse decode does *more* arithmetic than the dense one
+#   — and threshold −1, the one that keeps perplexity within 1 %, skips 7.8 %. At threshold 0 (26 %) the whole
+#   decode saves about 9.5 % of its weight-matrix FLOPs, for +4.3 % perplexity.
+# - **not fewer bytes** unless most rows are skipped: a kept neuron reads 1,872 bytes (Q4_1 up and gate rows plus
+#   its F16 `ffn_down_t` row, which AXPY needs), the dense FFN 1,080 (all three Q4_1); the sparse FFN reads less only
+#   above 42 % skipped. On a memory-bound CPU decode that is the number that matters.
+#
+#   These views on the 30,720-token build (64 held-out tokens): at threshold 0, 29 % of rows skipped, recall 0.880,
+#   decode FLOPs × 0.887, FFN weight bytes × 1.23; at −1, 9.9 % skipped, recall 0.983, FLOPs × 1.002, bytes × 1.56.
+# - **not PowerInfer's result**: its large speed-ups come from ReLU models where 80–90 % of the rows are skipped
+#   *and* from a GPU holding the hot rows that carry most activations. Neither holds for SmolLM2, whose neurons are
+#   neither zero nor strongly hot/cold (section 4: the hottest quarter carries about a third); and ggviz's "device"
+#   is a thread running the same Python kernels, so section 6 shows the schedule, not a GPU's speed.

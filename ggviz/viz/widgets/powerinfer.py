@@ -1,0 +1,843 @@
+"""PowerInfer's machinery as views of one real run: predictor vs truth, hot/cold neurons, skipped rows, the hybrid
+timeline, what the sparsity costs and saves.
+
+Not a C file: the views of ggviz's PowerInfer mirror (``ggviz.llama.powerinfer``: the PWRI model and
+``llm_build_ffn_sparse``; ``ggviz.ggml.cpu.powerinfer``: MUL_MAT_SPARSE / AXPY; ``ggviz.ggml.cpu.hybrid``:
+``ggml_graph_compute_thread_hybrid``). Everything shown is read from the engine's own records:
+
+- ``capture_sparse_run``: one llama_decode of a PWRI model with the eval callback copying, per layer, the
+  predictor's logits (``mlp_pre_out-N``, the ``sparse_idx`` of every sparse node), the true activation
+  ``silu(gate)·up`` (``ffn_gate_par-N``), the CPU half of the up projection (``ffn_up_sparse-N``: a skipped row is an
+  exact 0 there), the FFN's inputs and output, and the layer's ``gpu_idx``.
+- ``PredictorView``: predictor logit vs |silu(g)·u| per layer; recall / rows skipped at a threshold.
+- ``HotColdView``: activation counts sorted, the rows the solver put on the device, the hottest-quarter share.
+- ``SkippedRowsView``: which rows each MUL_MAT_SPARSE skipped, per layer and token (sparse_idx < threshold, and the
+  device's rows).
+- ``HybridTimelineView``: ``graph_compute_hybrid``'s records (or ``hybrid.node`` trace events) as a device lane and
+  a CPU lane, the waits on ``is_finish`` drawn; ``hybrid_ffn_run`` makes such records from real layers of the run.
+- ``SparseCostView``: dense vs sparse FLOPs and weight bytes per token, the bytes crossing to the device, measured
+  kernel times; says what the speed-up is and is not on a SwiGLU model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import ipywidgets as W
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+from ... import ggml, llama
+from ...ggml import consts as C
+from ...ggml.cpu import hybrid
+from ...ggml.cpu import powerinfer as cpu_pi
+from ...llama import powerinfer as lpi
+from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+
+F32 = np.float32
+
+# PowerInfer's own figure for its ReLU models (the paper's power-law observation), drawn for contrast: not measured
+POWERINFER_HOT_FRACTION = 0.20
+POWERINFER_HOT_SHARE = 0.80
+
+LANE_GPU = "device (thread 0)"
+LANE_CPU = "CPU (threads 1…N−1)"
+
+SKIPPED, COMPUTED, ON_DEVICE = 0, 1, 2
+_ROW_COLOURS = ListedColormap(["#e0e0e0", "#1f77b4", "#2ca02c"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class SparseRun:
+    """One decode of a PWRI model, per layer (lists indexed by layer; arrays are tokens x width, float32)."""
+    ids: list
+    threshold: float                 # sparse_pred_threshold while it ran
+    n_threads: int
+    idx: list                        # mlp_pre_out-N: the predictor's logits, the sparse nodes' src[2]
+    act: list                        # ffn_gate_par-N: silu(gate)·up, what AXPY multiplies
+    up: list                         # ffn_up_sparse-N: MUL_MAT_SPARSE's CPU half (0 on skipped and device rows)
+    ffn_inp: list
+    ffn_norm: list
+    ffn_out: list                    # the FFN's output (the merged down projection)
+    gpu_idx: list                    # per layer int32 [n_ff]: 1 where the row lives on the device
+    logits: np.ndarray = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.idx)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_ff(self) -> int:
+        return int(self.idx[0].shape[1])
+
+    def row_class(self, il: int, threshold: float | None = None) -> np.ndarray:
+        """tokens x n_ff: SKIPPED (the CPU kernel's ``idx < threshold`` on a CPU row), COMPUTED, ON_DEVICE."""
+        thr = self.threshold if threshold is None else threshold
+        cls = np.where(self.idx[il] < thr, SKIPPED, COMPUTED).astype(np.int8)
+        cls[:, np.asarray(self.gpu_idx[il]) == 1] = ON_DEVICE
+        return cls
+
+
+_CAPTURE = ("mlp_pre_out", "ffn_gate_par", "ffn_up_sparse", "ffn_inp", "ffn_norm", "ffn_out")
+
+
+def capture_sparse_run(model, ids, threshold: float | None = None, n_threads: int = 2) -> SparseRun:
+    """llama_decode ``ids`` (one sequence, all logits) through a PWRI model at ``threshold`` (None: the model's
+    ``sparse_pred_threshold``), copying every layer's sparse tensors through the eval callback. The global threshold
+    is restored afterwards."""
+    if getattr(model, "sparse", None) is None:
+        raise ValueError("capture_sparse_run: the model is not a PowerInfer (PWRI) model (model.sparse is None)")
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise ValueError("capture_sparse_run: no tokens")
+    n_layer, n_ff = model.hparams.n_layer, model.hparams.n_ff
+    thr = model.sparse.sparse_pred_threshold if threshold is None else float(threshold)
+    got: dict = {}
+
+    def cb(t, ask):
+        if ask:
+            return t.name.rsplit("-", 1)[0] in _CAPTURE
+        got[t.name] = np.array(ggml.get_data(t), F32).reshape(len(ids), -1)
+        return True
+
+    cp = llama.context_default_params()
+    cp.n_ctx = cp.n_batch = cp.n_ubatch = max(len(ids), 8)
+    cp.n_threads = cp.n_threads_batch = n_threads
+    ctx = llama.init_from_model(model, cp)
+    ctx.cparams.cb_eval = cb
+    batch = llama.batch_init(len(ids))
+    for i, t in enumerate(ids):
+        llama.batch_add(batch, t, i, [0], True)
+    old = cpu_pi.set_sparse_pred_threshold(thr)
+    try:
+        rc = llama.decode(ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"capture_sparse_run: llama_decode returned {rc}")
+        logits = np.array(ctx.logits, F32)
+    finally:
+        cpu_pi.set_sparse_pred_threshold(old)
+        llama.free(ctx)
+
+    def per_layer(name):
+        return [got[f"{name}-{il}"] for il in range(n_layer)]
+    gpu = [np.array(ggml.get_data(sl.gpu_idx), np.int32).reshape(n_ff) for sl in model.sparse.layers]
+    return SparseRun(ids=ids, threshold=thr, n_threads=n_threads, idx=per_layer("mlp_pre_out"),
+                     act=per_layer("ffn_gate_par"), up=per_layer("ffn_up_sparse"), ffn_inp=per_layer("ffn_inp"),
+                     ffn_norm=per_layer("ffn_norm"), ffn_out=per_layer("ffn_out"), gpu_idx=gpu, logits=logits)
+
+
+def _check_layer(il, n_layer) -> int:
+    il = int(il)
+    if not 0 <= il < n_layer:
+        raise ValueError(f"layer {il} is out of range [0, {n_layer})")
+    return il
+
+
+def _check_threshold(thr) -> float:
+    thr = float(thr)
+    if np.isnan(thr):
+        raise ValueError("the threshold must not be NaN")
+    return thr
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 1. predictor vs truth
+# ---------------------------------------------------------------------------------------------------------------------
+
+class PredictorView(VizWidget):
+    """Per layer, one dot per (token, neuron): the predictor's logit against |silu(gate)·up|. A neuron is "active"
+    when its magnitude is above ``act_threshold[layer]`` (the build's definition: the layer's median); the predictor
+    keeps it when ``logit >= threshold`` (MUL_MAT_SPARSE skips ``idx < threshold``)."""
+
+    def __init__(self, run: SparseRun, act_threshold=None, layer: int = 0, threshold: float = 0.0):
+        if run.threshold != -np.inf:
+            # at a finite threshold a skipped neuron's gate row is 0, so silu(0)·up = 0: it would look inactive
+            # because it was skipped, and the recall would be 1 by construction
+            raise ValueError(f"PredictorView needs a run at threshold -inf (nothing skipped), got {run.threshold:g}: "
+                             f"a skipped neuron's activation is 0 by construction")
+        self.run = run
+        if act_threshold is None:      # the build's rule on this run: each layer's median magnitude
+            act_threshold = [float(np.median(np.abs(a))) for a in run.act]
+        self.act_threshold = np.asarray(act_threshold, np.float64)
+        if self.act_threshold.shape != (run.n_layer,):
+            raise ValueError(f"act_threshold: need {run.n_layer} values, got shape {self.act_threshold.shape}")
+        self.layer = _check_layer(layer, run.n_layer)
+        self.threshold = _check_threshold(threshold)
+
+    def select(self, layer=None, threshold=None):
+        lay = self.layer if layer is None else _check_layer(layer, self.run.n_layer)
+        thr = self.threshold if threshold is None else _check_threshold(threshold)
+        self.layer, self.threshold = lay, thr
+        self._changed()
+        return self
+
+    def confusion(self, il: int, threshold: float | None = None) -> dict:
+        thr = self.threshold if threshold is None else threshold
+        active = np.abs(self.run.act[il]) > self.act_threshold[il]
+        kept = ~(self.run.idx[il] < thr)
+        tp, fn = int((kept & active).sum()), int((~kept & active).sum())
+        fp, tn = int((kept & ~active).sum()), int((~kept & ~active).sum())
+        return {"layer": il, "kept_active": tp, "missed_active": fn, "kept_inactive": fp, "skipped_inactive": tn,
+                "recall": tp / max(tp + fn, 1), "skipped": (fn + tn) / max(tp + fn + fp + tn, 1)}
+
+    def state(self) -> dict:
+        per = [self.confusion(il) for il in range(self.run.n_layer)]
+        return {"layer": self.layer, "threshold": self.threshold, "n_tokens": self.run.n_tokens,
+                "current": per[self.layer], "recall": [p["recall"] for p in per],
+                "skipped": [p["skipped"] for p in per],
+                "mean_recall": float(np.mean([p["recall"] for p in per])),
+                "mean_skipped": float(np.mean([p["skipped"] for p in per]))}
+
+    def figure(self):
+        st = self.state()
+        il, thr = self.layer, self.threshold
+        logit = self.run.idx[il].reshape(-1).astype(np.float64)
+        mag = np.abs(self.run.act[il].reshape(-1)).astype(np.float64)
+        active = mag > self.act_threshold[il]
+        kept = ~(logit < thr)
+        step = max(1, logit.size // 6000)           # a readable cloud, the same every time
+        fig, ax = plt.subplots(1, 2, figsize=(11.5, 3.8), gridspec_kw={"width_ratios": [1.1, 1]})
+        for sel, col, lab in ((kept & active, "tab:blue", "active, kept"),
+                              (~kept & active, "tab:red", "active, SKIPPED (a miss)"),
+                              (kept & ~active, "tab:orange", "inactive, kept (wasted row)"),
+                              (~kept & ~active, "#9e9e9e", "inactive, skipped")):
+            s = sel[::step]
+            ax[0].scatter(logit[::step][s], np.maximum(mag[::step][s], 1e-6), s=3, alpha=0.5, color=col,
+                          label=f"{lab}: {int(sel.sum())}")
+        ax[0].axvline(thr, color="k", lw=1)
+        ax[0].axhline(self.act_threshold[il], color="k", lw=0.8, ls=":")
+        ax[0].set_yscale("log")
+        ax[0].set_xlabel(f"predictor logit (mlp_pre_out-{il}); threshold {thr:g}")
+        ax[0].set_ylabel("|silu(gate)·up|  (dotted: 'active')")
+        c = st["current"]
+        ax[0].set_title(f"layer {il}: recall {c['recall']:.3f}, rows skipped {c['skipped']:.1%}", fontsize=10)
+        ax[0].legend(fontsize=7, markerscale=3, loc="lower right")
+        x = np.arange(self.run.n_layer)
+        ax[1].bar(x - 0.2, st["recall"], 0.4, label="recall of active neurons", color="tab:blue")
+        ax[1].bar(x + 0.2, st["skipped"], 0.4, label="rows skipped", color="#9e9e9e")
+        ax[1].axvspan(il - 0.5, il + 0.5, color="gold", alpha=0.3)
+        ax[1].set_ylim(0, 1.05)
+        ax[1].set_xlabel("layer")
+        ax[1].set_title(f"all layers at threshold {thr:g}: mean recall {st['mean_recall']:.3f}, "
+                        f"mean skipped {st['mean_skipped']:.1%}", fontsize=10)
+        ax[1].legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        return fig
+
+    def summary_html(self) -> str:
+        c = self.state()["current"]
+        return html_table([{k: (round(v, 4) if isinstance(v, float) else v) for k, v in c.items()}],
+                          title=f"layer {self.layer}, threshold {self.threshold:g}, {self.run.n_tokens} tokens")
+
+    def to_html(self) -> str:
+        return png_img(fig_to_png(self.figure()), "max-width:100%") + self.summary_html()
+
+    def _build(self):
+        self._w_layer = W.IntSlider(value=self.layer, min=0, max=self.run.n_layer - 1, description="layer",
+                                    continuous_update=False)
+        self._w_thr = W.FloatSlider(value=min(max(self.threshold, -3.0), 2.0), min=-3.0, max=2.0, step=0.25, description="threshold",
+                                    continuous_update=False)
+        self._w_layer.observe(lambda ch: self._in_refresh or self.select(layer=ch["new"]), "value")
+        self._w_thr.observe(lambda ch: self._in_refresh or self.select(threshold=ch["new"]), "value")
+        self._w_img, self._w_tab = W.HTML(), W.HTML()
+        return W.VBox([W.HBox([self._w_layer, self._w_thr]), self._w_img, self._w_tab])
+
+    def _refresh(self):
+        self._w_layer.value = self.layer
+        self._w_thr.value = min(max(self.threshold, self._w_thr.min), self._w_thr.max)
+        self._w_img.value = png_img(fig_to_png(self.figure()), "max-width:100%")
+        self._w_tab.value = self.summary_html()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 2. hot and cold neurons
+# ---------------------------------------------------------------------------------------------------------------------
+
+class HotColdView(VizWidget):
+    """The build's per-neuron activation counts (``activation/activation_N.npy``, PowerInfer's ``activation_N.pt``),
+    sorted hottest first, and what the solver put on the device (``gpu_idx``: per layer the k hottest)."""
+
+    def __init__(self, counts, gpu_idx=None, layer: int = 0, top: float = 0.25):
+        self.counts = np.asarray(counts, np.int64)
+        if self.counts.ndim != 2:
+            raise ValueError(f"counts: need (n_layer, n_ff), got shape {self.counts.shape}")
+        n_layer, n_ff = self.counts.shape
+        self.gpu_idx = (np.zeros((n_layer, n_ff), np.int32) if gpu_idx is None
+                        else np.stack([np.asarray(g, np.int32).reshape(-1) for g in gpu_idx]))
+        if self.gpu_idx.shape != self.counts.shape:
+            raise ValueError(f"gpu_idx: need shape {self.counts.shape}, got {self.gpu_idx.shape}")
+        if not 0 < top < 1:
+            raise ValueError("top must be a fraction in (0, 1)")
+        self.top = float(top)
+        self.layer = _check_layer(layer, n_layer)
+
+    def select(self, layer):
+        self.layer = _check_layer(layer, self.counts.shape[0])
+        self._changed()
+        return self
+
+    def state(self) -> dict:
+        c = self.counts.astype(np.float64)
+        n_layer, n_ff = c.shape
+        srt = -np.sort(-c, axis=1)
+        tot = c.sum(1)
+        k = int(round(self.top * n_ff))
+        top_share = srt[:, :k].sum(1) / np.maximum(tot, 1)
+        on_dev = self.gpu_idx == 1
+        dev_share = (c * on_dev).sum(1) / np.maximum(tot, 1)
+        return {"layer": self.layer, "top": self.top, "totals": [int(v) for v in self.counts.sum(1)],
+                "top_share": [float(v) for v in top_share], "mean_top_share": float(top_share.mean()),
+                "n_on_device": [int(v) for v in on_dev.sum(1)], "device_share": [float(v) for v in dev_share],
+                "device_share_all": float((c * on_dev).sum() / max(c.sum(), 1)),
+                "sorted_counts": [int(v) for v in srt[self.layer]]}
+
+    def figure(self):
+        st = self.state()
+        n_layer, n_ff = self.counts.shape
+        il = self.layer
+        srt = -np.sort(-self.counts, axis=1)
+        fig, ax = plt.subplots(1, 2, figsize=(11.5, 4.0))
+        im = ax[0].imshow(srt, aspect="auto", cmap="magma", interpolation="nearest")
+        fig.colorbar(im, ax=ax[0], label="tokens in which the neuron was active")
+        # the solver's gpu_idx takes each layer's k hottest neurons: in sorted order the first k columns
+        for ly, k in enumerate(st["n_on_device"]):
+            if k:        # a green tick where the layer's device rows end
+                ax[0].plot([k - 0.5, k - 0.5], [ly - 0.45, ly + 0.45], color="#2ca02c", lw=2.5)
+        ax[0].axhline(il, color="gold", lw=0.8, ls="--")
+        ax[0].set_xlabel("neurons, hottest first (left of the green tick: rows on the device)")
+        ax[0].set_ylabel("layer")
+        ax[0].set_title("activation counts, per layer sorted hot → cold", fontsize=10)
+        cs = srt[il].astype(np.float64)
+        cum = np.concatenate([[0.0], np.cumsum(cs) / max(cs.sum(), 1.0)])
+        xs = np.arange(n_ff + 1) / n_ff
+        ax[1].plot(xs, cum, color="tab:purple", label=f"layer {il} (this build)")
+        ax[1].plot([0, 1], [0, 1], "k:", lw=1, label="all neurons equally hot")
+        share = st["top_share"][il]
+        ax[1].plot([self.top], [share], "o", color="tab:purple")
+        ax[1].annotate(f"hottest {self.top:.0%} carry {share:.0%}", (self.top, share), xytext=(8, -14),
+                       textcoords="offset points", fontsize=8)
+        ax[1].plot([POWERINFER_HOT_FRACTION], [POWERINFER_HOT_SHARE], "s", color="tab:red")
+        ax[1].annotate("PowerInfer's figure for its ReLU models:\n~20 % of neurons carry most activations\n"
+                       "(from its paper, not measured here)", (POWERINFER_HOT_FRACTION, POWERINFER_HOT_SHARE),
+                       xytext=(10, -4), textcoords="offset points", fontsize=7, color="tab:red")
+        k = st["n_on_device"][il]
+        if k:
+            ax[1].axvline(k / n_ff, color="#2ca02c", lw=1)
+            ax[1].text(k / n_ff, 0.97, f" on the device: {k} rows, {st['device_share'][il]:.0%} of activations",
+                       fontsize=7, color="#2ca02c", va="top")
+        ax[1].set_xlabel("hottest fraction of neurons")
+        ax[1].set_ylabel("fraction of activations")
+        ax[1].legend(fontsize=7, loc="lower right")
+        ax[1].set_title(f"layer {il}; mean over layers: hottest {self.top:.0%} carry {st['mean_top_share']:.0%}",
+                        fontsize=10)
+        fig.tight_layout()
+        return fig
+
+    def summary_html(self) -> str:
+        st = self.state()
+        il = self.layer
+        return (f"<p>Layer {il}: {st['totals'][il]:,} activations counted; the hottest {self.top:.0%} of neurons "
+                f"carry <b>{st['top_share'][il]:.0%}</b> (mean over layers {st['mean_top_share']:.0%}). "
+                f"On the device: {st['n_on_device'][il]} rows of this layer, {sum(st['n_on_device']):,} in all, "
+                f"holding {st['device_share_all']:.0%} of all activations. For contrast, PowerInfer's figure for its "
+                f"ReLU models (from its paper, not measured here): about {POWERINFER_HOT_FRACTION:.0%} of the neurons "
+                f"carry most of the activations.</p>")
+
+    def to_html(self) -> str:
+        return png_img(fig_to_png(self.figure()), "max-width:100%") + self.summary_html()
+
+    def _build(self):
+        self._w_layer = W.IntSlider(value=self.layer, min=0, max=self.counts.shape[0] - 1, description="layer",
+                                    continuous_update=False)
+        self._w_layer.observe(lambda ch: self._in_refresh or self.select(ch["new"]), "value")
+        self._w_img, self._w_txt = W.HTML(), W.HTML()
+        return W.VBox([self._w_layer, self._w_img, self._w_txt])
+
+    def _refresh(self):
+        self._w_layer.value = self.layer
+        self._w_img.value = png_img(fig_to_png(self.figure()), "max-width:100%")
+        self._w_txt.value = self.summary_html()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 3. the rows each MUL_MAT_SPARSE skipped
+# ---------------------------------------------------------------------------------------------------------------------
+
+class SkippedRowsView(VizWidget):
+    """Per layer, token x neuron: the rows ``ffn_up_sparse-N`` / ``ffn_gate_sparse-N`` (MUL_MAT_SPARSE) skipped on the
+    CPU (``sparse_idx < threshold``), computed, or left to the device (``gpu_idx == 1``). AXPY skips the same rows:
+    a skipped gate row gives silu(0)·up = 0, and AXPY skips x[r] == 0."""
+
+    def __init__(self, run: SparseRun, layer: int = 0, token: int = 0):
+        self.run = run
+        self.layer = _check_layer(layer, run.n_layer)
+        self.token = self._check_token(token)
+
+    def _check_token(self, t) -> int:
+        t = int(t)
+        if not 0 <= t < self.run.n_tokens:
+            raise ValueError(f"token {t} is out of range [0, {self.run.n_tokens})")
+        return t
+
+    def select(self, layer=None, token=None):
+        lay = self.layer if layer is None else _check_layer(layer, self.run.n_layer)
+        tok = self.token if token is None else self._check_token(token)
+        self.layer, self.token = lay, tok
+        self._changed()
+        return self
+
+    def counts(self, il: int) -> dict:
+        cls = self.run.row_class(il)
+        return {"layer": il, "skipped": [int(v) for v in (cls == SKIPPED).sum(1)],
+                "computed": [int(v) for v in (cls == COMPUTED).sum(1)],
+                "on_device": [int(v) for v in (cls == ON_DEVICE).sum(1)]}
+
+    def state(self) -> dict:
+        per = [self.counts(il) for il in range(self.run.n_layer)]
+        cls = self.run.row_class(self.layer)[self.token]
+        n = self.run.n_tokens * self.run.n_ff
+        return {"layer": self.layer, "token": self.token, "threshold": self.run.threshold,
+                "token_id": self.run.ids[self.token], "current": per[self.layer],
+                "skipped_rows": [int(r) for r in np.flatnonzero(cls == SKIPPED)],
+                "skipped_fraction": [sum(p["skipped"]) / n for p in per],
+                "device_fraction": [sum(p["on_device"]) / n for p in per],
+                "mean_skipped_fraction": float(np.mean([sum(p["skipped"]) / n for p in per]))}
+
+    def figure(self):
+        st = self.state()
+        il = self.layer
+        cls = self.run.row_class(il)
+        fig, ax = plt.subplots(2, 1, figsize=(11.5, 4.6), gridspec_kw={"height_ratios": [1.3, 1]})
+        ax[0].imshow(cls, aspect="auto", cmap=_ROW_COLOURS, vmin=0, vmax=2, interpolation="nearest")
+        ax[0].axhline(self.token, color="gold", lw=0.8)
+        ax[0].set_ylabel("token")
+        ax[0].set_xlabel(f"row (neuron) of ffn_up / ffn_gate, layer {il}")
+        c = st["current"]
+        tot = self.run.n_tokens * self.run.n_ff
+        ax[0].set_title(f"MUL_MAT_SPARSE, layer {il}, threshold {self.run.threshold:g}: grey skipped "
+                        f"{sum(c['skipped']) / tot:.1%}, blue computed on the CPU {sum(c['computed']) / tot:.1%}, "
+                        f"green on the device {sum(c['on_device']) / tot:.1%}", fontsize=9)
+        x = np.arange(self.run.n_layer)
+        sk, dv = np.array(st["skipped_fraction"]), np.array(st["device_fraction"])
+        ax[1].bar(x, sk, color="#9e9e9e", label="skipped (idx < threshold)")
+        ax[1].bar(x, 1 - sk - dv, bottom=sk, color="#1f77b4", label="computed on the CPU")
+        ax[1].bar(x, dv, bottom=1 - dv, color="#2ca02c", label="on the device")
+        ax[1].axvspan(il - 0.5, il + 0.5, color="gold", alpha=0.35)
+        ax[1].set_xlabel("layer")
+        ax[1].set_ylabel("share of rows")
+        ax[1].set_xlim(-0.5, self.run.n_layer - 0.5)
+        ax[1].legend(fontsize=7, ncol=3, loc="lower left")
+        fig.tight_layout()
+        return fig
+
+    def token_html(self) -> str:
+        st = self.state()
+        rows = st["skipped_rows"]
+        shown = ", ".join(str(r) for r in rows[:60]) + (" …" if len(rows) > 60 else "")
+        return (f"<p>Token {self.token} (id {st['token_id']}), layer {self.layer}: MUL_MAT_SPARSE skipped "
+                f"<b>{len(rows)}</b> of {self.run.n_ff} rows (its output there is an exact 0, no dot product "
+                f"computed): {esc(shown)}</p>")
+
+    def to_html(self) -> str:
+        return png_img(fig_to_png(self.figure()), "max-width:100%") + self.token_html()
+
+    def _build(self):
+        self._w_layer = W.IntSlider(value=self.layer, min=0, max=self.run.n_layer - 1, description="layer",
+                                    continuous_update=False)
+        self._w_tok = W.IntSlider(value=self.token, min=0, max=self.run.n_tokens - 1, description="token",
+                                  continuous_update=False)
+        self._w_layer.observe(lambda ch: self._in_refresh or self.select(layer=ch["new"]), "value")
+        self._w_tok.observe(lambda ch: self._in_refresh or self.select(token=ch["new"]), "value")
+        self._w_img, self._w_txt = W.HTML(), W.HTML()
+        return W.VBox([W.HBox([self._w_layer, self._w_tok]), self._w_img, self._w_txt])
+
+    def _refresh(self):
+        self._w_layer.value, self._w_tok.value = self.layer, self.token
+        self._w_img.value = png_img(fig_to_png(self.figure()), "max-width:100%")
+        self._w_txt.value = self.token_html()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 4. the hybrid timeline
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _is_gpu_node(node) -> bool:
+    """PowerInfer: a node runs on the GPU when its weight (src[0]) lives there; in the sparse graph those are the
+    ``*_gpu`` nodes (``ffn_up_sparse_gpu-N`` ...), whose src[0] is the layer's hot-row copy."""
+    return node.name.rsplit("-", 1)[0].endswith("_gpu")
+
+
+class _Builder:
+    """What ``llm_build_ffn_sparse`` needs of llm_build_context: ``ctx0`` and ``cb`` (name "<name>-<il>")."""
+
+    def __init__(self, ctx):
+        self.ctx0 = ctx
+
+    def cb(self, t, name, il):
+        ggml.format_name(t, "%s-%d", name, il)
+
+
+def hybrid_ffn_run(model, run: SparseRun, layers, n_threads: int = 3):
+    """Run the sparse FFNs of ``layers`` of ``model`` -- the graph ``llm_build_ffn_sparse`` builds, on the inputs the
+    decode of ``run`` gave them (its ``ffn_norm-N`` and ``ffn_inp-N``) -- through ``graph_compute_hybrid`` at the
+    run's threshold. The layers' FFNs are independent here (each gets its recorded input), so the device and the CPU
+    threads can overlap across layers as they do within one. Returns ``(records, outputs, transfers)``: outputs by
+    layer (equal to the run's ``ffn_out-N``), transfers as ``device_transfers``."""
+    sm = model.sparse
+    if sm is None:
+        raise ValueError("hybrid_ffn_run: the model is not a PowerInfer (PWRI) model")
+    layers = [_check_layer(il, run.n_layer) for il in layers]
+    ctx = ggml.init(64 << 20)
+    b = _Builder(ctx)
+    gf = ggml.new_graph(ctx)
+    outs = {}
+    cpu_inputs = []
+
+    def inp(name, il):
+        a = getattr(run, name)[il]
+        t = ggml.new_tensor_2d(ctx, C.GGML_TYPE_F32, a.shape[1], a.shape[0])
+        ggml.get_data(t)[...] = a.reshape(ggml.get_data(t).shape)
+        ggml.format_name(t, f"{name}-%d", il)
+        cpu_inputs.append(t)
+        return t
+    for il in layers:
+        outs[il] = lpi.build_ffn_sparse(b, inp("ffn_norm", il), inp("ffn_inp", il), model.layers[il],
+                                        sm.layers[il], il, sm.act_type)
+        ggml.build_forward_expand(gf, outs[il])
+    old = cpu_pi.set_sparse_pred_threshold(run.threshold)
+    try:
+        recs = hybrid.graph_compute_hybrid(gf, n_threads, _is_gpu_node)
+    finally:
+        cpu_pi.set_sparse_pred_threshold(old)
+    out = {il: np.array(ggml.get_data(t), F32).reshape(run.n_tokens, -1) for il, t in outs.items()}
+    return recs, out, device_transfers(gf, _is_gpu_node, cpu_inputs)
+
+
+def device_transfers(gf, on_gpu, cpu_inputs=()) -> list[dict]:
+    """Every tensor that crosses between the CPU and the device in a hybrid run of ``gf``: a node of one side read by
+    a node of the other, or one of ``cpu_inputs`` (activations the CPU made before this graph, e.g. the recorded
+    ffn_norm) read on the device. Weights never cross after load: the hot rows were copied there at load time."""
+    nodes = list(gf.nodes)
+    side = {t.addr: "cpu" for t in cpu_inputs}
+    side.update({n.addr: ("device" if on_gpu(n) else "cpu") for n in nodes})
+    seen, out = set(), []
+    for n in nodes:
+        for s in n.src:
+            if s is None or s.addr not in side or side[s.addr] == side[n.addr] or (s.addr, side[n.addr]) in seen:
+                continue
+            seen.add((s.addr, side[n.addr]))
+            out.append({"tensor": s.name, "from": side[s.addr], "to": side[n.addr], "bytes": int(ggml.nbytes(s)),
+                        "read_by": n.name})
+    return out
+
+
+def _layer_of(name: str):
+    head, _, tail = name.rpartition("-")
+    return int(tail) if head and tail.isdigit() else None
+
+
+class HybridTimelineView(VizWidget):
+    """``graph_compute_hybrid``'s records (``HybridRecord`` objects, or the dicts of ``hybrid.node`` trace events) as
+    lanes: thread 0 driving the device, the CPU threads (which compute every CPU node together; the record is the
+    last one to leave). A thin red bar is a wait on ``is_finish``; an arrow joins a source's end to the device node
+    that waited for it. ``layer`` zooms onto one layer's nodes (None: all)."""
+
+    def __init__(self, records, n_threads: int | None = None, layer=None, min_wait_us: float = 50.0):
+        recs = [r if isinstance(r, dict) else dict(vars(r)) for r in records]
+        if not recs:
+            raise ValueError("HybridTimelineView: no records")
+        for r in recs:
+            if r.get("lane") not in ("gpu", "cpu"):
+                raise ValueError(f"HybridTimelineView: record {r.get('name')!r} has lane {r.get('lane')!r}, "
+                                 f"expected 'gpu' or 'cpu'")
+            r.setdefault("srcs", [])
+        self.records = sorted(recs, key=lambda r: r["node_n"])
+        self.t0 = min(r["t_wait"] for r in self.records)
+        self.n_threads = n_threads
+        self.min_wait_us = float(min_wait_us)
+        self.layers = sorted({lay for r in self.records if (lay := _layer_of(r["name"])) is not None})
+        self.layer = self._check(layer)
+
+    def _check(self, layer):
+        if layer is None:
+            return None
+        if int(layer) not in self.layers:
+            raise ValueError(f"layer {layer} has no records (layers: {self.layers})")
+        return int(layer)
+
+    def select(self, layer):
+        self.layer = self._check(layer)
+        self._changed()
+        return self
+
+    def _us(self, t) -> float:
+        return (t - self.t0) / 1e3
+
+    def overlaps(self) -> list:
+        """(device node, CPU node) pairs of the same layer that ran at the same time."""
+        out = []
+        g = [r for r in self.records if r["lane"] == "gpu"]
+        c = [r for r in self.records if r["lane"] == "cpu"]
+        for a in g:
+            for b in c:
+                if _layer_of(a["name"]) == _layer_of(b["name"]) and a["t_start"] < b["t_end"] \
+                        and b["t_start"] < a["t_end"]:
+                    out.append((a["name"], b["name"]))
+        return out
+
+    def state(self) -> dict:
+        by_n = {r["node_n"]: r for r in self.records}
+        lanes = {"gpu": [r["node_n"] for r in self.records if r["lane"] == "gpu"],
+                 "cpu": [r["node_n"] for r in self.records if r["lane"] == "cpu"]}
+        late = [(r["name"], by_n[s]["name"]) for r in self.records for s in r["srcs"]
+                if s in by_n and r["t_start"] < by_n[s]["t_end"]]
+        busy = {k: sum(by_n[n]["t_end"] - by_n[n]["t_start"] for n in v) / 1e3 for k, v in lanes.items()}
+        wait = {k: sum(by_n[n]["t_start"] - by_n[n]["t_wait"] for n in v) / 1e3 for k, v in lanes.items()}
+        end = max(r["t_end"] for r in self.records)
+        return {"n_nodes": len(self.records), "lanes": lanes, "layer": self.layer, "layers": self.layers,
+                "wall_us": self._us(end), "busy_us": busy, "wait_us": wait,
+                "started_before_sources_finished": late, "overlaps": self.overlaps()}
+
+    def figure(self):
+        st = self.state()
+        recs = [r for r in self.records if self.layer is None or _layer_of(r["name"]) == self.layer]
+        by_n = {r["node_n"]: r for r in self.records}
+        y = {"gpu": 1.0, "cpu": 0.0}
+
+        def ms(t):
+            return self._us(t) / 1e3
+        fig, ax = plt.subplots(figsize=(11.5, 3.6))
+        for r in recs:
+            yy = y[r["lane"]]
+            x0, x1 = ms(r["t_start"]), ms(r["t_end"])
+            col = "#2ca02c" if r["lane"] == "gpu" else ("#1f77b4" if "sparse" in r["name"] else "#7fa7c9")
+            ax.barh(yy, max(x1 - x0, 1e-3), left=x0, height=0.5, color=col, edgecolor="k", lw=0.3)
+            w0 = ms(r["t_wait"])
+            if (x0 - w0) * 1e3 >= self.min_wait_us:
+                ax.barh(yy + 0.32, x0 - w0, left=w0, height=0.08, color="tab:red")
+                if r["lane"] == "gpu":
+                    for s in r["srcs"]:
+                        if s in by_n and by_n[s]["lane"] == "cpu":
+                            ax.annotate("", xy=(x0, yy - 0.25), xytext=(ms(by_n[s]["t_end"]), 0.25),
+                                        arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 0.6})
+        # names inside the nodes wide enough to carry one (the rest are in the table), staggered in two rows
+        lo = min(ms(r["t_wait"]) for r in recs)
+        span = max(ms(r["t_end"]) for r in recs) - lo or 1.0
+        for lane in ("gpu", "cpu"):
+            wide = [r for r in recs if r["lane"] == lane and ms(r["t_end"]) - ms(r["t_start"]) >= 0.07 * span]
+            for k, r in enumerate(sorted(wide, key=lambda r: r["t_start"])):
+                ax.text((ms(r["t_start"]) + ms(r["t_end"])) / 2, y[lane] + (0.1 if k % 2 else -0.1), r["name"],
+                        fontsize=7, ha="center", va="center", color="white")
+        ax.set_yticks([0, 1], [LANE_CPU if self.n_threads is None else
+                               f"CPU (threads 1…{self.n_threads - 1})", LANE_GPU])
+        ax.set_ylim(-0.45, 1.5)
+        ax.set_xlim(lo - 0.01 * span, lo + 1.01 * span)
+        ax.set_xlabel("ms since the first node began waiting   (red: waiting on is_finish; arrow: for which source)")
+        scope = "all layers" if self.layer is None else f"layer {self.layer}"
+        ax.set_title(f"graph_compute_hybrid, {scope} (of {st['n_nodes']} nodes, wall {st['wall_us'] / 1e3:.1f} ms: "
+                     f"device busy {st['busy_us']['gpu'] / 1e3:.1f} ms, waiting {st['wait_us']['gpu'] / 1e3:.1f} ms; "
+                     f"CPU busy {st['busy_us']['cpu'] / 1e3:.1f} ms)", fontsize=9)
+        ax.legend(handles=[Patch(color="#2ca02c", label="device node (*_gpu)"),
+                           Patch(color="#1f77b4", label="sparse CPU node"),
+                           Patch(color="#7fa7c9", label="other CPU node (predictor, act, add)"),
+                           Patch(color="tab:red", label="waiting on is_finish")],
+                  fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
+        for s in ("top", "right"):
+            ax.spines[s].set_visible(False)
+        fig.tight_layout()
+        return fig
+
+    def table_html(self) -> str:
+        recs = [r for r in self.records if self.layer is None or _layer_of(r["name"]) == self.layer]
+        by_n = {r["node_n"]: r for r in self.records}
+        rows = [{"node": r["node_n"], "name": r["name"], "op": r["op"].split("(")[0], "lane": r["lane"],
+                 "waited (ms)": round((r["t_start"] - r["t_wait"]) / 1e6, 2),
+                 "ran (ms)": round((r["t_end"] - r["t_start"]) / 1e6, 2),
+                 "sources (nodes)": ", ".join(by_n[s]["name"] for s in r["srcs"] if s in by_n)}
+                for r in recs if r["lane"] == "gpu" or self.layer is not None]
+        return html_table(rows, title="device nodes" if self.layer is None else f"layer {self.layer}")
+
+    def to_html(self) -> str:
+        st = self.state()
+        ok = ("every node started after its sources finished" if not st["started_before_sources_finished"]
+              else f"{len(st['started_before_sources_finished'])} nodes started before a source finished!")
+        return (png_img(fig_to_png(self.figure()), "max-width:100%")
+                + f"<p>{esc(ok)}; device nodes overlapping CPU nodes of their layer: {len(st['overlaps'])} pairs.</p>"
+                + self.table_html())
+
+    def _build(self):
+        opts = [("all layers", None)] + [(f"layer {x}", x) for x in self.layers]
+        self._w_layer = W.Dropdown(options=opts, value=self.layer, description="zoom")
+        self._w_layer.observe(lambda ch: self._in_refresh or self.select(ch["new"]), "value")
+        self._w_body = W.HTML()
+        return W.VBox([self._w_layer, self._w_body])
+
+    def _refresh(self):
+        self._w_layer.value = self.layer
+        self._w_body.value = self.to_html()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 5. what the sparsity costs and saves
+# ---------------------------------------------------------------------------------------------------------------------
+
+def decode_flops_per_token(model) -> dict:
+    """Multiply-add FLOPs (2 per weight) of one token's matrix products in the dense model: attention projections,
+    FFN, output; and the predictor's, which only the sparse model pays."""
+    def fl(t):
+        return 2 * int(t.ne[0]) * int(t.ne[1])
+    attn = sum(fl(ly.wq) + fl(ly.wk) + fl(ly.wv) + fl(ly.wo) for ly in model.layers)
+    ffn = sum(fl(ly.ffn_up) + fl(ly.ffn_gate) + fl(ly.ffn_down) for ly in model.layers)
+    pred = sum(fl(sl.mlp_pre_w1) + fl(sl.mlp_pre_w2) for sl in model.sparse.layers) if model.sparse else 0
+    return {"attention": attn, "ffn": ffn, "output": fl(model.output), "predictor": pred}
+
+
+def neuron_bytes(model, il: int = 0) -> int:
+    """Bytes of weights one FFN neuron costs in the sparse model: its ffn_up and ffn_gate rows and its ffn_down_t row
+    (PowerInfer reads exactly these for a kept neuron, and copies them to the device for a hot one)."""
+    ly, sl = model.layers[il], model.sparse.layers[il]
+    return sum(ggml.row_size(t.type, int(t.ne[0])) for t in (ly.ffn_up, ly.ffn_gate, sl.ffn_down_t))
+
+
+class SparseCostView(VizWidget):
+    """Per token: FLOPs and weight bytes of the FFN computed dense vs sparse at ``threshold`` (from the run's
+    sparse_idx: the rows the kernels skip), the predictor's price, the whole decode's FLOPs, the bytes that cross to
+    the device (``device_transfers``) and measured kernel times (``kernel_times``: {rows skipped fraction: seconds})."""
+
+    def __init__(self, model, run: SparseRun, threshold: float | None = None, kernel_times=None, transfers=None):
+        if model.sparse is None:
+            raise ValueError("SparseCostView: the model is not a PowerInfer (PWRI) model")
+        self.model, self.run = model, run
+        self.threshold = _check_threshold(run.threshold if threshold is None else threshold)
+        self.kernel_times = dict(kernel_times or {})
+        self.transfers = list(transfers or [])
+        self.flops = decode_flops_per_token(model)
+        self.neuron_bytes = neuron_bytes(model)
+        # the dense FFN reads its own matrices (ffn_down in the model's type, Q4_1 here), not the F16 ffn_down_t
+        # the sparse AXPY needs: a kept neuron costs the sparse path more bytes than the dense path pays for it
+        self.dense_ffn_bytes = sum(ggml.nbytes(ly.ffn_up) + ggml.nbytes(ly.ffn_gate) + ggml.nbytes(ly.ffn_down)
+                                   for ly in model.layers)
+
+    def select(self, threshold):
+        self.threshold = _check_threshold(threshold)
+        self._changed()
+        return self
+
+    def state(self) -> dict:
+        r = self.run
+        # rows each token computes: MUL_MAT_SPARSE (up, gate) and AXPY (down) keep what the predictor keeps,
+        # whichever side (CPU or device) holds the row
+        kept = np.array([(~(r.idx[il] < self.threshold)).sum(1).mean() for il in range(r.n_layer)], np.float64)
+        frac_skipped = 1.0 - kept.sum() / (r.n_layer * r.n_ff)
+        f = self.flops
+        ffn_sparse = f["ffn"] * (1.0 - frac_skipped)
+        dense_total = f["attention"] + f["ffn"] + f["output"]
+        sparse_total = f["attention"] + ffn_sparse + f["output"] + f["predictor"]
+        nbytes = self.neuron_bytes
+        xfer = {"to_device": sum(t["bytes"] for t in self.transfers if t["to"] == "device"),
+                "to_cpu": sum(t["bytes"] for t in self.transfers if t["to"] == "cpu")}
+        return {"threshold": self.threshold, "rows_skipped": float(frac_skipped),
+                "kept_rows_per_layer": [float(v) for v in kept],
+                "ffn_flops_dense": int(f["ffn"]), "ffn_flops_sparse": float(ffn_sparse),
+                "predictor_flops": int(f["predictor"]), "decode_flops_dense": int(dense_total),
+                "decode_flops_sparse": float(sparse_total), "decode_flops_ratio": float(sparse_total / dense_total),
+                "ffn_flops_ratio": float((ffn_sparse + f["predictor"]) / f["ffn"]),
+                "neuron_bytes": nbytes, "ffn_bytes_dense": int(self.dense_ffn_bytes),
+                "ffn_bytes_sparse": float(nbytes * kept.sum()),
+                "break_even_skip": float(f["predictor"] / f["ffn"]),
+                "dense_neuron_bytes": int(self.dense_ffn_bytes // (r.n_ff * r.n_layer)),
+                "down_t_row_bytes": int(ggml.row_size(self.model.sparse.layers[0].ffn_down_t.type, r.ffn_out[0].shape[1])),
+                "transfer_bytes": xfer, "n_transfer_tokens": r.n_tokens,
+                "kernel_times": {float(k): float(v) for k, v in sorted(self.kernel_times.items())}}
+
+    def verdict(self) -> str:
+        st = self.state()
+        gain = 1.0 - st["decode_flops_ratio"]
+        return (f"At threshold {st['threshold']:g} the kernels skip {st['rows_skipped']:.1%} of the FFN rows: the FFN's "
+                f"products cost {st['ffn_flops_sparse'] / 1e6:.1f} MFLOP per token instead of "
+                f"{st['ffn_flops_dense'] / 1e6:.1f}, but the predictor adds {st['predictor_flops'] / 1e6:.1f} MFLOP "
+                f"(it pays for itself only above {st['break_even_skip']:.1%} rows skipped). The whole decode: "
+                f"{st['decode_flops_sparse'] / 1e6:.1f} vs {st['decode_flops_dense'] / 1e6:.1f} MFLOP per token, "
+                + (f"{gain:.1%} fewer." if gain >= 0 else f"{-gain:.1%} MORE than dense.")
+                + f" Weights read by the FFN: {st['ffn_bytes_sparse'] / 2**20:.2f} MiB instead of "
+                f"{st['ffn_bytes_dense'] / 2**20:.2f} MiB per token: a kept neuron costs {self.neuron_bytes:,} bytes "
+                f"(its F16 ffn_down_t row is {st['down_t_row_bytes']:,} of them), the dense FFN "
+                f"{st['dense_neuron_bytes']:,} bytes per neuron.")
+
+    def figure(self):
+        st = self.state()
+        f = self.flops
+        fig, ax = plt.subplots(1, 2, figsize=(11.5, 3.6))
+        parts = [("attention", f["attention"], f["attention"], "#7fa7c9"),
+                 ("FFN", f["ffn"], st["ffn_flops_sparse"], "#1f77b4"),
+                 ("predictor", 0, f["predictor"], "tab:orange"),
+                 ("output", f["output"], f["output"], "#9e9e9e")]
+        left = np.zeros(2)
+        for name, d, s, col in parts:
+            v = np.array([d, s], np.float64) / 1e6
+            ax[0].barh([1, 0], v, left=left, color=col, edgecolor="k", lw=0.3, label=name)
+            left += v
+        ax[0].set_yticks([1, 0], ["dense", f"sparse @ {st['threshold']:g}"])
+        ax[0].set_xlabel("MFLOP per token (matrix products)")
+        ax[0].set_title(f"sparse / dense = {st['decode_flops_ratio']:.3f} (rows skipped {st['rows_skipped']:.1%})",
+                        fontsize=10)
+        ax[0].legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+        kt = st["kernel_times"]
+        if kt:
+            xs = np.array(list(kt), np.float64)
+            base = kt.get(0.0, max(kt.values()))
+            ys = np.array([kt[k] / base for k in kt], np.float64)
+            ax[1].plot(xs, ys, "o-", label="measured: compiled MUL_MAT_SPARSE, 1 thread")
+            ax[1].plot([0, 1], [1, 0], "k:", lw=1, label="time ∝ rows computed")
+            ax[1].axvline(st["rows_skipped"], color="tab:red", lw=1, label="rows skipped in this run at this threshold")
+            ax[1].set_xlabel("fraction of rows skipped")
+            ax[1].set_ylabel("time / time with no row skipped")
+            ax[1].set_ylim(0, 1.1)
+            ax[1].legend(fontsize=7)
+            ax[1].set_title("kernel time vs rows skipped", fontsize=10)
+        else:
+            ax[1].axis("off")
+        fig.tight_layout()
+        return fig
+
+    def table_html(self) -> str:
+        st = self.state()
+        rows = [{"what": "FFN products", "dense": f"{st['ffn_flops_dense'] / 1e6:.1f} MFLOP",
+                 "sparse": f"{st['ffn_flops_sparse'] / 1e6:.1f} MFLOP"},
+                {"what": "predictor (fc1, fc2)", "dense": "0", "sparse": f"{st['predictor_flops'] / 1e6:.1f} MFLOP"},
+                {"what": "whole decode", "dense": f"{st['decode_flops_dense'] / 1e6:.1f} MFLOP",
+                 "sparse": f"{st['decode_flops_sparse'] / 1e6:.1f} MFLOP"},
+                {"what": "FFN weights read", "dense": f"{st['ffn_bytes_dense'] / 2**20:.2f} MiB",
+                 "sparse": f"{st['ffn_bytes_sparse'] / 2**20:.2f} MiB"}]
+        if self.transfers:
+            x = st["transfer_bytes"]
+            n_lay = len({_layer_of(t["tensor"]) for t in self.transfers})
+            rows.append({"what": f"activations crossing CPU ↔ device in the hybrid run ({st['n_transfer_tokens']} "
+                                 f"tokens, {n_lay} layers; not per token)", "dense": "none",
+                         "sparse": f"{x['to_device'] / 1024:.1f} KiB to, {x['to_cpu'] / 1024:.1f} KiB back"})
+        return html_table(rows, ["what", "dense", "sparse"], title="per token")
+
+    def to_html(self) -> str:
+        return (png_img(fig_to_png(self.figure()), "max-width:100%") + f"<p>{esc(self.verdict())}</p>"
+                + self.table_html())
+
+    def _build(self):
+        self._w_thr = W.FloatSlider(value=min(max(self.threshold, -3.0), 2.0), min=-3.0, max=2.0, step=0.25, description="threshold",
+                                    continuous_update=False)
+        self._w_thr.observe(lambda ch: self._in_refresh or self.select(ch["new"]), "value")
+        self._w_body = W.HTML()
+        return W.VBox([self._w_thr, self._w_body])
+
+    def _refresh(self):
+        self._w_thr.value = min(max(self.threshold, self._w_thr.min), self._w_thr.max)
+        self._w_body.value = self.to_html()
