@@ -262,6 +262,10 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
                                 "--vram-budget GiB writes it)", "missing", source="PowerInfer")
             powerinfer.load_gpu_split(m, split)
     cpu_dev = _assign_devices(m, params)
+    if m.sparse is not None and m.sparse.gpu_dev is not None and m.sparse.gpu_dev not in m.devices:
+        # the FFN split's device is one of the model's devices: contexts get a backend for it, so that the
+        # scheduler can run the *_gpu nodes there (or the hybrid executor's thread 0 does)
+        m.devices.append(m.sparse.gpu_dev)
     _duplicate_tied_output(m)
     _offload_weights(m)
     if params.use_extra_bufts:
