@@ -365,6 +365,7 @@ class LlamaContext:
         self.graph_hook = None            # optional callable(GraphResult) before compute (step-through views)
         self.hybrid_records = []          # cparams.hybrid: the last ubatch's timeline (ggml.cpu.hybrid.HybridRecord)
         self._hybrid_galloc = None        # cparams.hybrid: the graph allocator of the hybrid executor's graphs
+        self._hybrid_prev = None          # cparams.hybrid: (graph_key, GraphResult) of the last graph it allocated
         self._cb_stopped = False
         # llama.cpp reuses the previous graph when the new ubatch has the same topology (llm_graph_result::can_reuse);
         # LLAMA_GRAPH_REUSE_DISABLE turns that off, as there
@@ -433,6 +434,7 @@ class LlamaContext:
             if self._hybrid_galloc is not None:
                 galloc.gallocr_free(self._hybrid_galloc)
                 self._hybrid_galloc = None
+                self._hybrid_prev = None
 
     @staticmethod
     def _param(name: str, value, lo: int, note: str = "") -> int:
@@ -751,6 +753,7 @@ class LlamaContext:
         ubatch failed or was aborted -> remove all positions of that ubatch from the memory module"), so the cache
         is as before the call; the graph is rebuilt next time."""
         self._prev_key = None
+        self._hybrid_prev = None
         if not placed:
             return
         n_placed = len(placed)
@@ -833,12 +836,19 @@ class LlamaContext:
         n_outputs = int(out_mask.sum())
         n_kv = self.kv.get_n_kv()
         self._prev_key = None            # the scheduler's graph is not this one
-        res = self.build_graph(n_tokens, n_outputs, n_kv)
-        self.n_graph_builds += 1
-        if not self._hybrid_alloc(res.gf):
-            why = impl.last_log_error() or "allocation failed"
-            impl.GGML_LOG("error", f"process_ubatch: failed to allocate graph for the hybrid executor ({why})")
-            return ggml.GGML_STATUS_ALLOC_FAILED
+        key = self.graph_key(n_tokens, n_outputs, n_kv)
+        if self.graph_reuse and self._hybrid_prev is not None and self._hybrid_prev[0] == key:
+            res = self._hybrid_prev[1]   # same shapes: the graph and its memory stay, only the inputs change
+            self.n_reused += 1
+        else:
+            self._hybrid_prev = None
+            res = self.build_graph(n_tokens, n_outputs, n_kv)
+            self.n_graph_builds += 1
+            if not self._hybrid_alloc(res.gf):
+                why = impl.last_log_error() or "allocation failed"
+                impl.GGML_LOG("error", f"process_ubatch: failed to allocate graph for the hybrid executor ({why})")
+                return ggml.GGML_STATUS_ALLOC_FAILED
+            self._hybrid_prev = (key, res)
         self._set_inputs(res, tokens, pos, seq_ids, out_mask, idxs, n_kv)
         self.last_graph = res
         if self.graph_hook is not None:
