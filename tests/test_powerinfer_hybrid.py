@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ggviz import ggml, llama, trace
+from ggviz import run as grun
 from ggviz.ggml import accel
 from ggviz.ggml import backend as B
 from ggviz.ggml.cpu import ggml_cpu, hybrid
@@ -118,8 +119,16 @@ def test_load_gpu_split_puts_the_hot_rows_in_accel_memory(split):
     # one neuron: a Q4_1 row of up and of gate (576 -> 360 bytes each), an F16 row of down_t (1152): 1872 bytes,
     # plus its 4-byte gpu_bucket entry
     assert sm.gpu_bytes == n_hot * (360 + 360 + 1152 + 4)
+    # --vram-budget's order before the neurons: attention, predictor, ffn_norm, output in the device's memory; the
+    # KV cache planned but left in host memory (ggviz's KV cache follows n_gpu_layers)
+    assert [(w, p) for w, _, p in sm.offloaded] == [("attention", True), ("predictor", True), ("ffn_norm", True),
+                                                     ("output", True), ("kv_cache", False)]
+    placed = [m.layers[0].wq, m.layers[29].wo, m.layers[3].attn_norm, sm.layers[5].mlp_pre_w1, m.layers[7].ffn_norm,
+              m.output_norm, m.output]
+    assert all(accel.tensor_device(t) is dev for t in placed)
+    assert accel.tensor_device(m.tok_embd) is None and accel.tensor_device(m.layers[0].ffn_up) is None
     st = accel.backend_accel_stats(dev)
-    assert st["used"] >= sm.gpu_bytes
+    assert st["used"] >= sm.gpu_bytes + sum(b for _, b, p in sm.offloaded if p)
 
 
 def test_hybrid_logits_equal_the_cpu_only_run_and_the_scheduler_run(split, runs):
@@ -150,9 +159,12 @@ def test_only_activations_cross_to_the_device(split, runs):
     gf = runs["ctx"].last_graph.gf
     gpu = [n for n in gf.nodes if hybrid.weight_on_device(n)]
     n_layers_split = sum(1 for sl in m.sparse.layers if sl.ffn_up_gpu is not None)
-    assert len(gpu) == 3 * n_layers_split
-    assert {n.name.rsplit("-", 1)[0] for n in gpu} == {"ffn_up_sparse_gpu", "ffn_gate_sparse_gpu",
-                                                        "ffn_down_sparse_gpu"}
+    ffn_gpu = [n for n in gpu if "_gpu-" in n.name]
+    assert len(ffn_gpu) == 3 * n_layers_split
+    assert {n.name.rsplit("-", 1)[0] for n in ffn_gpu} == {"ffn_up_sparse_gpu", "ffn_gate_sparse_gpu",
+                                                            "ffn_down_sparse_gpu"}
+    # and the nodes of the weights placed before the neurons (Q/K/V/O, predictor, norms' MULs, output)
+    assert {"Qcur-0", "mlp_pre_hidden-0", "attn_norm-0", "ffn_norm-0", "result_output"} <= {n.name for n in gpu}
     # what must cross: every operand of a GPU node that is not in the device's memory (x and the sparse index,
     # both computed by the CPU threads in this step), and every GPU node's result back
     h2d = d2h = 0
@@ -171,15 +183,16 @@ def test_only_activations_cross_to_the_device(split, runs):
     assert after["h2d_bytes"] - before["h2d_bytes"] == h2d
     assert after["d2h_bytes"] - before["d2h_bytes"] == d2h
     assert after["d2d_bytes"] == before["d2d_bytes"]
-    # per layer: x (576 floats) and idx (1536) into up and gate, x (1536) and idx into down; 1536 + 1536 + 576 back
-    assert h2d == n_layers_split * 4 * (2 * (576 + 1536) + 2 * 1536)
-    assert d2h == n_layers_split * 4 * (1536 + 1536 + 576)
+    # the FFN's GPU halves, per layer: x (576 floats) and idx (1536) into up and gate, x (1536) and idx into down;
+    # 1536 + 1536 + 576 floats back
+    rec = runs["ctx"].hybrid_records
+    assert sum(r.h2d_bytes for r in rec if "_gpu-" in r.name) == n_layers_split * 4 * (2 * (576 + 1536) + 2 * 1536)
+    assert sum(r.d2h_bytes for r in rec if "_gpu-" in r.name) == n_layers_split * 4 * (1536 + 1536 + 576)
     # transfer by transfer: only these activations, no weight, no gpu_bucket; nothing left on the device
     moved = [e for e in runs["events"] if e["kind"] == "accel.transfer"]
     assert moved and {e["tensor"] for e in moved} <= names
     assert sum(e["nbytes"] for e in moved if e["direction"] == "h2d") == h2d
     assert after["used"] == before["used"]
-    rec = runs["ctx"].hybrid_records
     assert sum(r.h2d_bytes for r in rec) == h2d and sum(r.d2h_bytes for r in rec) == d2h
 
 
@@ -233,14 +246,12 @@ def test_hybrid_refuses_one_thread_and_a_dense_model(split):
         assert ctx.cparams.n_threads == 2           # unchanged
     finally:
         llama.free(ctx)
-    dense = llama.model_load_from_file(str(MODEL))
-    try:
-        cp = llama.context_default_params()
-        cp.n_ctx, cp.hybrid, cp.n_threads = 64, True, 2
-        with pytest.raises(ContextParamsError, match="PWRI"):
-            llama.init_from_model(dense, cp)
-    finally:
-        llama.model_free(dense)
+    dense = grun.load_model(str(MODEL))        # (cached in the process: the CLI test below loads it too)
+    cp = llama.context_default_params()
+    cp.n_ctx, cp.hybrid, cp.n_threads = 64, True, 2
+    with pytest.raises(ContextParamsError, match="PWRI") as ei:
+        llama.init_from_model(dense, cp)
+    assert ei.value.param == "hybrid"
 
 
 def test_a_kernel_error_on_the_device_lane_reaches_the_caller_and_changes_nothing(split, runs, monkeypatch):
@@ -276,3 +287,19 @@ def test_a_split_that_does_not_fit_the_device_leaves_the_model_as_it_was(split):
         lp.load_gpu_split(m, r.gpuidx_path, dev=small)
     assert [(sl.ffn_up_gpu, sl.gpu_bucket, sl.gpu_idx) for sl in sm.layers] == before
     assert sm.gpu_bytes > 0 and accel.backend_accel_stats(small)["used"] == 0
+
+
+def test_cli_hybrid_flag_user_errors(capsys):
+    """`ggviz run --hybrid`: one thread, or a dense model, is a two-line user error (no traceback, no hang)."""
+    from ggviz import cli
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["run", "--hybrid", "-t", "1", "-n", "0", "-m", str(MODEL)])
+    assert ei.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--hybrid needs -t 2" in err[0]
+    assert cli.main(["run", "--hybrid", "-t", "2", "-n", "0", "-m", str(MODEL)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "PWRI" in err[0], err
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--vram-budget", "0", "-m", str(MODEL)])
+    assert "--vram-budget must be > 0" in capsys.readouterr().err

@@ -268,14 +268,18 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
         m.devices.append(m.sparse.gpu_dev)
     _duplicate_tied_output(m)
     _offload_weights(m)
+    if m.sparse is not None and m.sparse.gpu_dev is not None:
+        # PowerInfer's --vram-budget order: attention, predictor, ffn_norm, output on the device before the neurons
+        m.sparse.offloaded = powerinfer.offload_dense_part(m, int(params.vram_budget_gb * (1 << 30)),
+                                                           m.sparse.gpu_dev)
     if params.use_extra_bufts:
         # weights used by MUL_MAT go to the first extra buffer type that takes them (repacked at load)
         if repack.available():
             # (PowerInfer's sparse kernels read ffn_gate / ffn_up row by row in ggml's plain layout: not repacked)
             ffn = (lambda ly: (ly.ffn_gate, ly.ffn_up, ly.ffn_down)) if m.sparse is None else (lambda ly: ())
             mm = [w for il, ly in enumerate(layers) if m.dev_layer[il] is cpu_dev
-                  for w in (ly.wq, ly.wk, ly.wv, ly.wo) + ffn(ly)]
-            if m.dev_output is cpu_dev:
+                  for w in (ly.wq, ly.wk, ly.wv, ly.wo) + ffn(ly) if w.buffer == 0]    # (not those on a device)
+            if m.dev_output is cpu_dev and m.output.buffer == 0:
                 # a tied output was duplicated above (_duplicate_tied_output), so the copy can take the extra
                 # buffer type while GET_ROWS keeps reading the mapped token_embd
                 mm.append(m.output)

@@ -26,6 +26,7 @@ from .. import ggml
 from ..ggml import accel
 from ..ggml import alloc as galloc
 from ..ggml import backend as B
+from ..ggml import memory
 from ..ggml.cpu import powerinfer as cpu_pi
 from ..gguf_file import GGUFError, create_weight_context, load_gguf
 
@@ -60,6 +61,7 @@ class SparseModel:
     extra: list = field(default_factory=list)
     gpu_dev: object = None           # the ACCEL device holding the *_gpu rows and gpu_bucket (load_gpu_split)
     gpu_bytes: int = 0               # bytes of device memory they take
+    offloaded: list = field(default_factory=list)   # offload_dense_part: [(what, bytes, placed)] in PowerInfer's order
 
 
 def _env_threshold(default: float) -> float:
@@ -248,6 +250,58 @@ def offload_plan(model, budget_bytes: int, n_ctx: int = 512, kv_type_size: int =
             complete = False
         steps.append((what, int(size), fits))
     return {"steps": steps, "neuron_bytes": left if complete else 0}
+
+
+def _plan_groups(model) -> dict:
+    """The weights of offload_plan's steps (the KV cache is not a weight: see offload_dense_part)."""
+    sm = model.sparse
+    return {
+        "attention": [t for ly in model.layers for t in (ly.attn_norm, ly.wq, ly.wk, ly.wv, ly.wo) if t is not None],
+        "predictor": [t for sl in sm.layers for t in (sl.mlp_pre_w1, sl.mlp_pre_w2)] if sm is not None else [],
+        "ffn_norm": [ly.ffn_norm for ly in model.layers if ly.ffn_norm is not None],
+        "output": [t for t in (model.output_norm, model.output) if t is not None],
+    }
+
+
+def offload_dense_part(model, budget_bytes: int, dev) -> list:
+    """llm_load_sparse_model_tensors under --vram-budget: the steps of ``offload_plan`` that fit the budget, in
+    PowerInfer's order (attention of every layer, the predictors, the ffn_norms, the output layer), move their
+    weights into one WEIGHTS buffer of ``dev`` (ggml_cuda_transform_tensor; the host bytes are the file mapping's,
+    copied once). What ggviz's loader cannot do: the KV cache step -- ggviz's KV cache is allocated by the
+    context on each layer's device (``n_gpu_layers`` / ``offload_kqv``), so a PWRI model's cache stays in host
+    memory; the step is planned (its bytes are kept out of the neurons' budget, as PowerInfer does) but not placed.
+    Weights already in a buffer (layers offloaded by ``n_gpu_layers``) are left where they are.
+    Returns ``[(what, bytes, placed)]`` per step; raises MemoryError (nothing moved) when the device has no room."""
+    plan = offload_plan(model, budget_bytes)
+    groups = _plan_groups(model)
+    moved, steps = [], []
+    for what, size, fits in plan["steps"]:
+        placed = fits and what in groups
+        if placed:
+            moved.extend(t for t in groups[what] if t.buffer == 0 and t.data != 0)
+        steps.append((what, size, placed))
+    moved = list({t.addr: t for t in moved}.values())
+    if not moved:
+        return steps
+    buft = B.backend_dev_buffer_type(dev)
+    align = B.backend_buft_get_alignment(buft)
+    size = sum(ggml.GGML_PAD(B.backend_buft_get_alloc_size(buft, t), align) for t in moved)
+    buf = B.backend_buft_alloc_buffer(buft, size)
+    if buf is None:
+        free, total = B.backend_dev_memory(dev)
+        raise MemoryError(f"offload_dense_part: {size} bytes of {B.backend_buft_name(buft)} memory needed for "
+                          f"{', '.join(w for w, _, p in steps if p)}; {free} of {total} are free")
+    B.backend_buffer_set_usage(buf, B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    talloc = galloc.tallocr_new(buf)
+    for t in moved:
+        n = ggml.nbytes(t)
+        arr, off, _ = memory.resolve(t.data, n)
+        src = arr[off:off + n]
+        t.data = 0
+        galloc.tallocr_alloc(talloc, t)
+        B.backend_tensor_set(t, src, 0, n)
+    model.bufs.append(buf)
+    return steps
 
 
 def _rows(w, rows: np.ndarray) -> np.ndarray:

@@ -123,15 +123,22 @@ def in_device_memory(t: Tensor, dev) -> bool:
 
 def weight_on_device(node: Tensor) -> bool:
     """PowerInfer's placement of a node: llm_build_ffn_sparse's ``cb`` gives a node the GPU backend when its
-    src[0] (the weight, for MUL_MAT_SPARSE and AXPY) is on the GPU; here, when src[0] is a WEIGHTS tensor in the
-    memory of a GPU-type device (an ACCEL device; not CPU_REPACK, an extra buffer type of the CPU)."""
-    if node.op in EMPTY_OPS or node.src[0] is None:
+    src[0] (the weight, for MUL_MAT_SPARSE and AXPY) is on the GPU, and llama.cpp's offload functions do the same
+    for the attention, the norms and the output layer it placed there; here, when one of its operands is a
+    WEIGHTS tensor in the memory of a GPU-type device (an ACCEL device; not CPU_REPACK, an extra buffer type of
+    the CPU) -- the weight of a MUL_MAT, or of a norm's MUL (src[1])."""
+    if node.op in EMPTY_OPS:
         return False
-    buf = _buffer_of(node.src[0])
-    if buf is None or B.backend_buffer_get_usage(buf) != B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
-        return False
-    dev = B.backend_buft_get_device(buf.buft)
-    return dev is not None and B.backend_dev_type(dev) == B.GGML_BACKEND_DEVICE_TYPE_GPU
+    for s in node.src:
+        if s is None:
+            continue
+        buf = _buffer_of(s)
+        if buf is None or B.backend_buffer_get_usage(buf) != B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
+            continue
+        dev = B.backend_buft_get_device(buf.buft)
+        if dev is not None and B.backend_dev_type(dev) == B.GGML_BACKEND_DEVICE_TYPE_GPU:
+            return True
+    return False
 
 
 class _CpuGroup:
