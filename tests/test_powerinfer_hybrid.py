@@ -29,6 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODEL = ROOT / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="needs data/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 
+LOAD_STATS: dict = {}
 PROMPT = [1]            # one token: the step after it has the same graph shape (reused, as llama.cpp does)
 NEXT = 42
 
@@ -45,6 +46,7 @@ def split(tmp_path_factory):
     mp.vram_budget_gb = 0.075
     mp.devices = [dev]
     m = llama.model_load_from_file(str(r.model_path), mp)
+    LOAD_STATS.update(accel.backend_accel_stats(dev))
     yield m, dev, r
     llama.model_free(m)
     cpu_pi.set_sparse_pred_threshold(old)
@@ -119,16 +121,40 @@ def test_load_gpu_split_puts_the_hot_rows_in_accel_memory(split):
     # one neuron: a Q4_1 row of up and of gate (576 -> 360 bytes each), an F16 row of down_t (1152): 1872 bytes,
     # plus its 4-byte gpu_bucket entry
     assert sm.gpu_bytes == n_hot * (360 + 360 + 1152 + 4)
-    # --vram-budget's order before the neurons: attention, predictor, ffn_norm, output in the device's memory; the
-    # KV cache planned but left in host memory (ggviz's KV cache follows n_gpu_layers)
-    assert [(w, p) for w, _, p in sm.offloaded] == [("attention", True), ("predictor", True), ("ffn_norm", True),
-                                                     ("output", True), ("kv_cache", False)]
-    placed = [m.layers[0].wq, m.layers[29].wo, m.layers[3].attn_norm, sm.layers[5].mlp_pre_w1, m.layers[7].ffn_norm,
-              m.output_norm, m.output]
-    assert all(accel.tensor_device(t) is dev for t in placed)
-    assert accel.tensor_device(m.tok_embd) is None and accel.tensor_device(m.layers[0].ffn_up) is None
-    st = accel.backend_accel_stats(dev)
-    assert st["used"] >= sm.gpu_bytes + sum(b for _, b, p in sm.offloaded if p)
+    # without vram_offload_dense only the FFN split is on the device (see the next test)
+    assert sm.offloaded == [] and accel.tensor_device(m.layers[0].wq) is None
+    # loaded once, through the device's set_tensor: the load's copies are exactly the split's bytes
+    assert LOAD_STATS["used"] == sm.gpu_bytes and LOAD_STATS["h2d_bytes"] == sm.gpu_bytes
+    assert LOAD_STATS["n_h2d"] == 4 * sum(1 for sl in sm.layers if sl.ffn_up_gpu is not None)
+
+
+def test_vram_offload_dense_places_what_powerinfer_offloads_first(split):
+    """--vram-budget's order before the neurons: attention, predictor, ffn_norm, output in the device's memory; the
+    KV cache planned but left in host memory (ggviz's KV cache follows n_gpu_layers)."""
+    _, _, r = split
+    dev = accel.backend_accel_device_new("ACCEL_DENSE")
+    mp = llama.model_default_params()
+    mp.vram_budget_gb, mp.vram_offload_dense, mp.devices = 0.075, True, [dev]
+    m = llama.model_load_from_file(str(r.model_path), mp)
+    try:
+        sm = m.sparse
+        assert [(w, p) for w, _, p in sm.offloaded] == [("attention", True), ("predictor", True),
+                                                         ("ffn_norm", True), ("output", True), ("kv_cache", False)]
+        plan = lp.offload_plan(m, int(0.075 * (1 << 30)))
+        assert [b for _, b, _ in sm.offloaded] == [b for _, b, _ in plan["steps"]]
+        placed = [m.layers[0].wq, m.layers[29].wo, m.layers[3].attn_norm, sm.layers[5].mlp_pre_w1,
+                  m.layers[7].ffn_norm, m.output_norm, m.output]
+        assert all(accel.tensor_device(t) is dev for t in placed)
+        assert accel.tensor_device(m.tok_embd) is None and accel.tensor_device(m.layers[0].ffn_up) is None
+        assert accel.backend_accel_stats(dev)["used"] >= sm.gpu_bytes + sum(b for _, b, p in sm.offloaded if p)
+        # the device lane then takes every node with a device weight: Q/K/V/O, the predictor, the norms' MULs
+        ctx = ggml.init(1 << 16, no_alloc=True)
+        x = ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 576)
+        assert hybrid.weight_on_device(ggml.mul_mat(ctx, m.layers[0].wq, x))
+        assert hybrid.weight_on_device(ggml.mul(ctx, x, m.layers[0].attn_norm))       # the weight is src[1]
+        assert not hybrid.weight_on_device(ggml.mul_mat(ctx, m.layers[0].ffn_up, x))
+    finally:
+        llama.model_free(m)
 
 
 def test_hybrid_logits_equal_the_cpu_only_run_and_the_scheduler_run(split, runs):
@@ -159,12 +185,12 @@ def test_only_activations_cross_to_the_device(split, runs):
     gf = runs["ctx"].last_graph.gf
     gpu = [n for n in gf.nodes if hybrid.weight_on_device(n)]
     n_layers_split = sum(1 for sl in m.sparse.layers if sl.ffn_up_gpu is not None)
-    ffn_gpu = [n for n in gpu if "_gpu-" in n.name]
-    assert len(ffn_gpu) == 3 * n_layers_split
-    assert {n.name.rsplit("-", 1)[0] for n in ffn_gpu} == {"ffn_up_sparse_gpu", "ffn_gate_sparse_gpu",
-                                                            "ffn_down_sparse_gpu"}
-    # and the nodes of the weights placed before the neurons (Q/K/V/O, predictor, norms' MULs, output)
-    assert {"Qcur-0", "mlp_pre_hidden-0", "attn_norm-0", "ffn_norm-0", "result_output"} <= {n.name for n in gpu}
+    assert len(gpu) == 3 * n_layers_split
+    assert {n.name.rsplit("-", 1)[0] for n in gpu} == {"ffn_up_sparse_gpu", "ffn_gate_sparse_gpu",
+                                                        "ffn_down_sparse_gpu"}
+    # the device takes PowerInfer's GPU halves only (the scheduler's contrast runs them there)
+    cpu_half = next(n for n in gf.nodes if n.name == gpu[0].name.replace("_gpu", ""))
+    assert B.backend_dev_supports_op(dev, gpu[0]) and not B.backend_dev_supports_op(dev, cpu_half)
     # what must cross: every operand of a GPU node that is not in the device's memory (x and the sparse index,
     # both computed by the CPU threads in this step), and every GPU node's result back
     h2d = d2h = 0
@@ -183,11 +209,10 @@ def test_only_activations_cross_to_the_device(split, runs):
     assert after["h2d_bytes"] - before["h2d_bytes"] == h2d
     assert after["d2h_bytes"] - before["d2h_bytes"] == d2h
     assert after["d2d_bytes"] == before["d2d_bytes"]
-    # the FFN's GPU halves, per layer: x (576 floats) and idx (1536) into up and gate, x (1536) and idx into down;
-    # 1536 + 1536 + 576 floats back
+    # per layer: x (576 floats) and idx (1536) into up and gate, x (1536) and idx into down; 1536 + 1536 + 576 back
+    assert h2d == n_layers_split * 4 * (2 * (576 + 1536) + 2 * 1536)
+    assert d2h == n_layers_split * 4 * (1536 + 1536 + 576)
     rec = runs["ctx"].hybrid_records
-    assert sum(r.h2d_bytes for r in rec if "_gpu-" in r.name) == n_layers_split * 4 * (2 * (576 + 1536) + 2 * 1536)
-    assert sum(r.d2h_bytes for r in rec if "_gpu-" in r.name) == n_layers_split * 4 * (1536 + 1536 + 576)
     # transfer by transfer: only these activations, no weight, no gpu_bucket; nothing left on the device
     moved = [e for e in runs["events"] if e["kind"] == "accel.transfer"]
     assert moved and {e["tensor"] for e in moved} <= names
@@ -303,3 +328,21 @@ def test_cli_hybrid_flag_user_errors(capsys):
     with pytest.raises(SystemExit):
         cli.main(["run", "--vram-budget", "0", "-m", str(MODEL)])
     assert "--vram-budget must be > 0" in capsys.readouterr().err
+
+
+def test_abort_callback_stops_the_hybrid_run_and_rolls_back(split, runs):
+    """llama_decode returns 2 (aborted) when the abort callback says so part-way; the KV cache is as before."""
+    ctx = runs["ctx"]
+    pos_max = ctx.memory_seq_pos_max(0)
+    calls = []
+
+    def abort(data):
+        calls.append(data)
+        return len(calls) >= 40            # some way into the graph
+    ctx.cparams.abort_callback, ctx.cparams.abort_callback_data = abort, "x"
+    try:
+        assert llama.decode(ctx, llama.batch_get_one(np.array([NEXT], np.int32))) == 2
+    finally:
+        ctx.cparams.abort_callback = ctx.cparams.abort_callback_data = None
+    assert len(calls) == 40 and calls[0] == "x"
+    assert ctx.memory_seq_pos_max(0) == pos_max

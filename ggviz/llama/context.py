@@ -855,7 +855,13 @@ class LlamaContext:
             self.graph_hook(res)
         n_threads = self.cparams.n_threads if n_tokens == 1 else self.cparams.n_threads_batch
         sm = self.model.sparse
-        self.hybrid_records = hybrid.graph_compute_hybrid(res.gf, n_threads, hybrid.weight_on_device, sm.gpu_dev)
+        try:
+            self.hybrid_records = hybrid.graph_compute_hybrid(res.gf, n_threads, hybrid.weight_on_device, sm.gpu_dev,
+                                                              self.cparams.abort_callback,
+                                                              self.cparams.abort_callback_data)
+        except hybrid.HybridAborted:
+            impl.GGML_LOG("error", f"graph_compute: hybrid executor aborted, status {ggml.GGML_STATUS_ABORTED}")
+            return ggml.GGML_STATUS_ABORTED
         if n_outputs:
             out = logits[out_offset:out_offset + n_outputs]
             gb.backend_tensor_get(res.t_logits, out, 0, ggml.nbytes(res.t_logits))

@@ -138,6 +138,11 @@ class LlamaModelParams:
     use_extra_bufts: bool = True     # weights of MUL_MATs go to the CPU's extra buffer types (CPU_REPACK) if any
     devices: list | None = None      # devices to offload to (None: every GPU-type device in the registry)
     vram_budget_gb: float = -1.0     # PowerInfer (PWRI models): > 0 loads <model>.generated.gpuidx, the FFN split
+    vram_offload_dense: bool = False  # PowerInfer (with vram_budget_gb): also move what PowerInfer offloads before
+                                      # the neurons (attention, predictor, ffn_norm, output) to the device; off by
+                                      # default because the device's faithful Q4_1 MUL_MAT adds in another order
+                                      # than the CPU's repacked one (a real GPU's bits differ too), so the logits are
+                                      # then no longer the CPU-only run's bits
 
 
 def model_default_params() -> LlamaModelParams:
@@ -268,7 +273,7 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
         m.devices.append(m.sparse.gpu_dev)
     _duplicate_tied_output(m)
     _offload_weights(m)
-    if m.sparse is not None and m.sparse.gpu_dev is not None:
+    if m.sparse is not None and m.sparse.gpu_dev is not None and params.vram_offload_dense:
         # PowerInfer's --vram-budget order: attention, predictor, ffn_norm, output on the device before the neurons
         m.sparse.offloaded = powerinfer.offload_dense_part(m, int(params.vram_budget_gb * (1 << 30)),
                                                            m.sparse.gpu_dev)

@@ -270,7 +270,11 @@ def offload_dense_part(model, budget_bytes: int, dev) -> list:
     copied once). What ggviz's loader cannot do: the KV cache step -- ggviz's KV cache is allocated by the
     context on each layer's device (``n_gpu_layers`` / ``offload_kqv``), so a PWRI model's cache stays in host
     memory; the step is planned (its bytes are kept out of the neurons' budget, as PowerInfer does) but not placed.
-    Weights already in a buffer (layers offloaded by ``n_gpu_layers``) are left where they are.
+    Weights already in a buffer (layers offloaded by ``n_gpu_layers``) are left where they are. The loader does
+    this only with ``llama_model_params.vram_offload_dense``: the device runs the faithful kernels, whose Q4_1
+    MUL_MAT adds in another order than the CPU's repacked one, so the run's bits then differ from the CPU-only
+    run's (as a GPU's would); without it only the FFN split is on the device and the hybrid run keeps the CPU's
+    bits.
     Returns ``[(what, bytes, placed)]`` per step; raises MemoryError (nothing moved) when the device has no room."""
     plan = offload_plan(model, budget_bytes)
     groups = _plan_groups(model)

@@ -21,7 +21,8 @@ spinning on an atomic int (a spinning Python thread would hold the interpreter l
 the CPU threads' barrier is a ``threading.Barrier`` over the N-1 CPU threads; the GPU thread has its own work
 buffer (CUDA has its own memory). PowerInfer needs N >= 2 (with one thread no CPU node would ever run): ggviz
 raises instead of hanging. An exception in any thread stops the others (their waits are broken) and reaches the
-caller as a GGMLError naming the node.
+caller as a GGMLError naming the node; the abort callback (asked by CPU thread 1 after every node) stops them the
+same way (``HybridAborted``), and so does an interrupt of the calling thread.
 
 **The device's memory** (``device``: an ACCEL device, ``ggml.accel``). PowerInfer's GPU nodes have their weights
 in CUDA memory (``ggml_cuda_transform_tensor`` at load); their other operands -- activations the CPU threads
@@ -83,6 +84,10 @@ _LAYER = re.compile(r"-(\d+)$")
 
 class _Stop(BaseException):
     """Another thread failed: leave the graph."""
+
+
+class HybridAborted(GGMLError):
+    """The abort callback returned true: the graph was left part-way (ggml's GGML_EXIT_ABORTED)."""
 
 
 @dataclass
@@ -257,11 +262,14 @@ class _DeviceStage:
             self.buf = None
 
 
-def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=None) -> list[HybridRecord]:
+def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=None, abort_callback=None,
+                         abort_callback_data=None) -> list[HybridRecord]:
     """ggml_graph_compute with ggml_graph_compute_thread_hybrid. ``on_gpu(node)`` says whether a node's backend is
     the GPU (default ``weight_on_device``: PowerInfer's ``node->backend == GGML_BACKEND_GPU``, set when its weight
-    src[0] lives there); ``device``: the ACCEL device whose memory the GPU nodes work in (None: no staging).
-    Returns the timeline (HybridRecords, by node index); raises GGMLError when a kernel fails in any thread."""
+    src[0] lives there); ``device``: the ACCEL device whose memory the GPU nodes work in (None: no staging);
+    ``abort_callback(data)``: asked after every CPU node, as PowerInfer's threads ask ``cplan->abort_callback``.
+    Returns the timeline (HybridRecords, by node index); raises GGMLError when a kernel fails in any thread,
+    HybridAborted when the abort callback said so; an interrupt of the caller stops the threads too."""
     if n_threads < 2:
         raise GGMLError(f"graph_compute_hybrid: n_threads = {n_threads}: needs at least 2 threads (thread 0 only "
                         f"drives the GPU; PowerInfer: \"n_threads must be > 1 to enable hybrid CPU/GPU "
@@ -278,6 +286,7 @@ def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=Non
     stage = _DeviceStage(nodes, gpu, device) if device is not None else None
     table, _ = ggml_cpu._dispatch()
     failed = threading.Event()
+    aborted = threading.Event()
     errors: list[BaseException] = []
     group = _CpuGroup(n_threads - 1, failed)
     records: list[HybridRecord] = []
@@ -374,7 +383,16 @@ def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=Non
             if ith == 1:
                 record(node_n, "cpu", ith, nth, t_wait, t0, t0, tk1, time.perf_counter_ns())
                 done[node_n].set()
+                if abort_callback is not None and abort_callback(abort_callback_data):
+                    aborted.set()
+                    stop_all()
             group.barrier(ith)
+
+    def stop_all():
+        failed.set()
+        group.abort()
+        for e in done:                # wake every waiter; they see `failed` and leave
+            e.set()
 
     def run(fn, *args):
         try:
@@ -383,10 +401,7 @@ def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=Non
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             errors.append(exc)
-            failed.set()
-            group.abort()
-            for e in done:            # wake every waiter; they see `failed` and leave
-                e.set()
+            stop_all()
 
     if trace.active:
         trace.emit("hybrid.graph", n_threads=n_threads, n_nodes=len(nodes), n_gpu=sum(gpu),
@@ -399,9 +414,14 @@ def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=Non
     try:
         for t in threads:
             t.start()
+        for t in threads:
+            t.join()
+    except BaseException:
+        stop_all()                    # the caller was interrupted (Ctrl-C): the threads leave at their next wait
+        raise
     finally:
         for t in threads:
-            if t.is_alive() or t.ident is not None:
+            if t.ident is not None:
                 t.join()
         if stage is not None:
             stage.free()
@@ -409,6 +429,8 @@ def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=Non
     if trace.active:
         trace.emit("hybrid.graph.end", t=time.perf_counter_ns(), ok=not errors,
                    h2d_bytes=sum(r.h2d_bytes for r in records), d2h_bytes=sum(r.d2h_bytes for r in records))
+    if aborted.is_set() and not errors:
+        raise HybridAborted("graph_compute_hybrid: aborted by the abort callback")
     if errors:
         e = errors[0]
         if isinstance(e, GGMLError) or not isinstance(e, Exception):
