@@ -1,14 +1,15 @@
 """PowerInfer's hybrid run vs the scheduler's, through llama_decode, on a PWRI model with an FFN split on ACCEL0.
 
     python benchmarks/bench_powerinfer_hybrid.py [--model DIR/X.powerinfer.gguf] [--budget 0.075] [--threads 3]
-                                                 [--steps 4]
+                                                 [--steps 4] [--dense]
 
 Without ``--model`` a tiny build (16 training tokens, a 16-wide predictor) is made in a temporary directory
 (~10 s); with ``--model`` and ``--budget`` the split is solved again from the build's ``activation/`` counts into a
 temporary copy (so a full-offload build such as a 0.2 GiB one can be given a real hot/cold split). Two contexts
 of the same model: ``hybrid = True`` with ``--threads`` threads (thread 0 drives the device, the others compute:
 nth = threads - 1) and the scheduler's path with ``threads - 1`` CPU threads (so every CPU kernel splits its work
-alike and the logits are the same bits). Decode steps alternate between the two. Printed: median time per decode
+alike and the logits are the same bits). ``--dense``: also put what PowerInfer offloads before the neurons
+(attention, predictor, ffn_norm, output) on the device (``llama_model_params.vram_offload_dense``). Decode steps alternate between the two. Printed: median time per decode
 step of each and their ratio, the bytes each moves to / from the device per step (``backend_accel_stats``), and
 from the hybrid timeline the device lane's busy time, how much of it overlaps CPU kernels, and how long the CPU
 threads waited on ``is_finish`` of a device node. A script, not a test: on ggviz the "device" is the CPU's
@@ -79,6 +80,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0.075, help="GiB (default 0.075: ~1/3 of the neurons hot)")
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--dense", action="store_true", help="vram_offload_dense: attention etc. on the device too")
     args = ap.parse_args()
     if args.threads < 2:
         ap.error("--threads must be >= 2 (thread 0 only drives the device)")
@@ -88,12 +90,14 @@ def main() -> int:
         mp = llama.model_default_params()
         mp.vram_budget_gb = args.budget
         mp.devices = [dev]
+        mp.vram_offload_dense = args.dense
         m = llama.model_load_from_file(str(path), mp)
         sm = m.sparse
         hot = [0 if sl.gpu_bucket is None else int(sl.gpu_bucket.ne[0]) for sl in sm.layers]
         print(f"model {path.name}: {sum(hot)} of {30 * 1536} neurons on {dev.context.name} "
               f"({sm.gpu_bytes / 2**20:.1f} MiB); before them: "
-              + ", ".join(f"{w} {b / 2**20:.1f} MiB{'' if p else ' (not placed)'}" for w, b, p in sm.offloaded))
+              + (", ".join(f"{w} {b / 2**20:.1f} MiB{'' if p else ' (not placed)'}" for w, b, p in sm.offloaded)
+               or "nothing (no --dense)"))
         ctxs = {}
         for name, hyb, nt in (("hybrid", True, args.threads), ("sched", False, args.threads - 1)):
             cp = llama.context_default_params()
