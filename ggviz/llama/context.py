@@ -51,6 +51,15 @@ copies and allocator plan, so ``sched.last_plan`` and ``galloc.last_alloc`` desc
 ``llama_free`` (``LlamaContext.free``) parks the context's backends, KV cache and scheduler (compute buffers, graphs)
 on the model; the next ``init_from_model`` of the same model and shape (``_machinery_key``) takes them over -- the KV
 cache cleared as a new one is, the reserve record kept (``recycled``) -- instead of reserving and building again.
+
+PowerInfer's hybrid run (``llama_context_params.hybrid``, a build-time GGML_USE_HYBRID_THREADING in PowerInfer; a
+PWRI model only, n_threads >= 2, no eval callback): the ubatch's graph is built as above, allocated in host memory
+by a graph allocator of the context's own (the device lane's operands never freed, its results in a second buffer:
+it runs out of the graph's order) and computed by ``ggml.cpu.hybrid.graph_compute_hybrid`` -- thread 0 runs the
+nodes whose weight is in the accelerator's memory (the FFN split ``load_gpu_split`` put there) on the device,
+threads 1..N-1 the others. The same graph through the scheduler (``hybrid`` off) is the contrast: its ACCEL split
+runs the ``*_gpu`` halves, with the same bits when its CPU backend has N-1 threads. The timeline of the last
+ubatch is ``hybrid_records`` (and ``hybrid.node`` trace events); a graph of the same key is reused.
 """
 from __future__ import annotations
 
@@ -842,6 +851,7 @@ class LlamaContext:
             self.n_reused += 1
         else:
             self._hybrid_prev = None
+            gs.backend_sched_reset(self.sched)      # (the build's callback pins norms in the scheduler: start clean)
             res = self.build_graph(n_tokens, n_outputs, n_kv)
             self.n_graph_builds += 1
             if not self._hybrid_alloc(res.gf):
