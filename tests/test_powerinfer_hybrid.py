@@ -245,6 +245,15 @@ def test_timeline_respects_dependencies_and_gpu_nodes_overlap_cpu_nodes(split, r
         [(r.node_n, r.lane, r.t_start, r.t_end) for r in recs]
     g0 = [e for e in runs["events"] if e["kind"] == "hybrid.graph"]
     assert len(g0) == 1 and g0[0]["n_gpu"] == sum(r.lane == "gpu" for r in recs) and g0[0]["n_threads"] == 3
+    assert g0[0]["n_nodes"] == gf.n_nodes and g0[0]["device"] == "ACCEL_HYB"
+    # every field the module docstring documents, in every event
+    fields = {"node_n", "name", "op", "lane", "ith", "nth", "layer", "srcs", "t_wait", "t_start", "t_kernel",
+              "t_kernel_end", "t_end", "h2d_bytes", "d2h_bytes"}
+    assert all(fields <= set(e) for e in ev)
+    assert {(e["lane"], e["ith"]) for e in ev} == {("gpu", 0), ("cpu", 1)}
+    assert {e["nth"] for e in ev if e["lane"] == "cpu"} == {1, 2}       # n_tasks - 1 = 2 threads, or one thread
+    g1 = [e for e in runs["events"] if e["kind"] == "hybrid.graph.end"]
+    assert len(g1) == 1 and g1[0]["ok"] and g1[0]["h2d_bytes"] == sum(e["h2d_bytes"] for e in ev)
     # overlap depends on how the interpreter lock is handed between threads: up to 3 more decode steps
     for k in range(3):
         if _overlaps(recs):
