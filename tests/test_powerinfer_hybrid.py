@@ -355,3 +355,21 @@ def test_abort_callback_stops_the_hybrid_run_and_rolls_back(split, runs):
         ctx.cparams.abort_callback = ctx.cparams.abort_callback_data = None
     assert len(calls) == 40 and calls[0] == "x"
     assert ctx.memory_seq_pos_max(0) == pos_max
+
+
+def test_no_room_for_the_device_lanes_copies_is_a_clear_error(split, runs):
+    """The device is full (its capacity cut to what the weights use): the staging buffer cannot be allocated, the
+    decode raises before any thread starts, and nothing changed."""
+    _, dev, _ = split
+    ctx = runs["ctx"]
+    pos_max = ctx.memory_seq_pos_max(0)
+    st = accel.backend_accel_stats(dev)
+    accel.backend_accel_set_capacity(dev, st["used"])
+    try:
+        with pytest.raises(ggml.GGMLError, match="no room on ACCEL_HYB"):
+            llama.decode(ctx, llama.batch_get_one(np.array([NEXT], np.int32)))
+    finally:
+        accel.backend_accel_set_capacity(dev, st["capacity"])
+    assert ctx.memory_seq_pos_max(0) == pos_max
+    assert accel.backend_accel_stats(dev)["used"] == st["used"]
+    assert llama.decode(ctx, llama.batch_get_one(np.array([NEXT], np.int32))) == 0
