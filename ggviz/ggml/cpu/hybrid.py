@@ -19,7 +19,10 @@ beside ggml's ``ggml_graph_compute`` (``ggml_cpu.graph_compute``), where every t
 ggviz differences, each for Python's sake: a waiting thread blocks on a ``threading.Event`` per tensor instead of
 spinning on an atomic int (a spinning Python thread would hold the interpreter lock the computing threads need);
 the CPU threads' barrier is a ``threading.Barrier`` over the N-1 CPU threads; the GPU thread has its own work
-buffer (CUDA has its own memory). PowerInfer needs N >= 2 (with one thread no CPU node would ever run): ggviz
+buffer (CUDA has its own memory); the CPU threads walk node by node with the per-node kernels (CPU_REPACK's
+included), never the compiled whole-graph program of ``ggml_cpu.graph_compute``, which needs every thread on every
+node -- which is why a hybrid decode step of ggviz is slower than the scheduler's, the threads handing each node
+over in Python (``benchmarks/bench_powerinfer_hybrid.py``). PowerInfer needs N >= 2 (with one thread no CPU node would ever run): ggviz
 raises instead of hanging. An exception in any thread stops the others (their waits are broken) and reaches the
 caller as a GGMLError naming the node; the abort callback (asked by CPU thread 1 after every node) stops them the
 same way (``HybridAborted``), and so does an interrupt of the calling thread.
