@@ -79,9 +79,10 @@ def make_sampler(temp: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p:
 
 def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: float = 0.0, seed: int = 1234,
              top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, threads: int = 2, n_ctx: int = 2048,
-             model=None, stream=None, ctx=None, use_blas: bool = False) -> Generation:
+             model=None, stream=None, ctx=None, use_blas: bool = False, hybrid: bool = False) -> Generation:
     """Generate up to ``n_predict`` tokens after ``prompt``; ``stream(piece: str)`` receives text as it comes.
-    ``use_blas``: add the BLAS backend (as llama.cpp built with GGML_BLAS; by default, as its default build, none)."""
+    ``use_blas``: add the BLAS backend (as llama.cpp built with GGML_BLAS; by default, as its default build, none).
+    ``hybrid``: a PowerInfer (PWRI) model runs on the hybrid executor (``llama_context_params.hybrid``)."""
     t0 = time.perf_counter()
     # model: a loaded model, or what load_model takes (None: the default; a name of the registry; a GGUF path)
     if model is None or isinstance(model, (str, os.PathLike)):
@@ -91,6 +92,7 @@ def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: floa
         cp.n_ctx = n_ctx
         cp.n_threads = cp.n_threads_batch = threads
         cp.use_blas = use_blas
+        cp.hybrid = hybrid
         ctx = llama.init_from_model(model, cp)
     t_load = (time.perf_counter() - t0) * 1e3
     vocab = llama.model_get_vocab(model)
@@ -147,8 +149,19 @@ def main(argv=None) -> int:
     ap.add_argument("--blas", action="store_true",
                     help="add the BLAS backend for the prompt's MUL_MATs, as llama.cpp built with GGML_BLAS "
                          "(default: llama.cpp's default CPU build: tinyBLAS sgemm / vec_dot)")
+    ap.add_argument("--vram-budget", type=float, default=None, metavar="GiB",
+                    help="PowerInfer (PWRI) models: load <model>.generated.gpuidx, the FFN split, onto the simulated "
+                         "accelerator ACCEL0 (PowerInfer's --vram-budget)")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="PowerInfer (PWRI) models: run on the hybrid executor (thread 0 drives the accelerator, "
+                         "threads 1..N-1 the CPU nodes; needs -t >= 2), as PowerInfer built with "
+                         "GGML_USE_HYBRID_THREADING; default: ggml_backend_sched's splits")
     a = ap.parse_args(argv)
-    model = load_model(a.model)
+    if a.vram_budget is not None and a.vram_budget <= 0:
+        ap.error("--vram-budget must be > 0")
+    if a.hybrid and a.threads < 2:
+        ap.error("--hybrid needs -t 2 or more (thread 0 only drives the accelerator)")
+    model = load_model(a.model, **({"vram_budget_gb": a.vram_budget} if a.vram_budget is not None else {}))
     # the prompt is echoed with the first generated piece, so that an error before it (the context, the chat
     # template, the prompt's decode) prints alone; an error or Ctrl-C later starts a new line first
     state = {"echoed": False, "mid_line": False}
@@ -165,7 +178,7 @@ def main(argv=None) -> int:
     try:
         g = generate(a.prompt, a.n_predict, chat=a.chat, temp=a.temp, seed=a.seed, top_k=a.top_k, top_p=a.top_p,
                      min_p=a.min_p, threads=a.threads, n_ctx=a.ctx_size, model=model, stream=write,
-                     use_blas=a.blas)
+                     use_blas=a.blas, hybrid=a.hybrid)
     except BaseException:
         if state["mid_line"]:
             sys.stdout.write("\n")

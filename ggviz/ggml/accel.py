@@ -19,7 +19,13 @@ laptop sees what ``ggml_backend_sched`` does when part of a model lives in memor
   a large prompt's MUL_MATs with weights in host memory run on the device ("1.off") and their weights are copied;
 * **compute**: the CPU backend's faithful kernels (``ggml_cpu.graph_plan`` / ``graph_compute``, without the
   CPU_REPACK fast path) on the device's memory -- results are bitwise those of the CPU's faithful path;
-* events (``event_new/record/synchronize/wait``) that complete immediately (the device is synchronous).
+* events (``event_new/record/synchronize/wait``) that complete immediately (the device is synchronous);
+* PowerInfer's GPU halves (``GGML_OP_MUL_MAT_SPARSE`` from ``ggml_mul_mat_idx_upscale`` and ``GGML_OP_AXPY`` on
+  ``gpu_bucket``): supported, so that the hot FFN rows ``llama.powerinfer.load_gpu_split`` puts in the device's
+  memory are computed there by the scheduler; the CPU halves (on ``gpu_idx``) are not -- PowerInfer's
+  ``ggml_cuda_compute_forward`` leaves them to the CPU ("when src0 (weights) is not on device, we compute on CPU
+  with sparsity"). ``buffer_is_accel`` / ``tensor_is_accel`` tell the hybrid executor
+  (``ggml.cpu.hybrid``) which tensors live in device memory.
 
 The device type is ``GGML_BACKEND_DEVICE_TYPE_GPU``, so llama's loader offloads ``n_gpu_layers`` to it like to a
 GPU. It is not compiled into ggviz's registry: ``ggml.backend.backend_load("accel")`` (or
@@ -38,9 +44,10 @@ from . import backend as B
 from . import consts as C
 from . import memory
 from .cpu import ggml_cpu
+from .cpu import powerinfer as cpu_pi
 from .cpu.quants import VEC_DOT_TYPE
 from .impl import GGML_ASSERT, GGML_LOG, GGMLError, op_is_empty
-from .tensor import Tensor, nbytes, nrows, op_desc
+from .tensor import GGML_OP_AXPY, GGML_OP_MUL_MAT_SPARSE, Tensor, nbytes, nrows, op_desc
 
 GGML_ACCEL_ALIGNMENT = 128
 DEFAULT_CAPACITY = 2 << 30       # 2 GiB of simulated device memory
@@ -49,7 +56,7 @@ OFFLOAD_MIN_BATCH = 32           # ggml_backend_cuda_device_offload_op: min_batc
 DEFAULT_SUPPORTED_OPS = frozenset((
     C.GGML_OP_MUL_MAT, C.GGML_OP_ADD, C.GGML_OP_MUL, C.GGML_OP_RMS_NORM, C.GGML_OP_ROPE, C.GGML_OP_SOFT_MAX,
     C.GGML_OP_GET_ROWS, C.GGML_OP_SET_ROWS, C.GGML_OP_CPY, C.GGML_OP_CONT, C.GGML_OP_GLU, C.GGML_OP_UNARY,
-    C.GGML_OP_SCALE,
+    C.GGML_OP_SCALE, GGML_OP_MUL_MAT_SPARSE, GGML_OP_AXPY,
 ))
 _NO_FROM_FLOAT = {C.GGML_TYPE_IQ3_XXS, C.GGML_TYPE_IQ3_S, C.GGML_TYPE_IQ2_XXS, C.GGML_TYPE_IQ2_XS,
                   C.GGML_TYPE_IQ2_S, C.GGML_TYPE_IQ1_S, C.GGML_TYPE_IQ1_M}
@@ -226,6 +233,18 @@ def buft_is_accel(buft) -> bool:
     return buft is not None and buft.iface.alloc_buffer is _buft_alloc_buffer
 
 
+def tensor_is_accel(t: Tensor) -> bool:
+    """Does ``t`` (or the tensor it views) live in an ACCEL device's memory? (CUDA: ``t->backend == GPU``.)"""
+    buf = _operand_buffer(t)
+    return buf is not None and buft_is_accel(buf.buft)
+
+
+def tensor_device(t: Tensor):
+    """The ACCEL device whose memory holds ``t``, or None."""
+    buf = _operand_buffer(t)
+    return buf.context.dev if buf is not None and buft_is_accel(buf.buft) else None
+
+
 # ==================================================================================================
 # backend (stream)
 # ==================================================================================================
@@ -378,6 +397,9 @@ def _dev_supports_op(dev, op: Tensor) -> bool:
         return op.src[1].type == C.GGML_TYPE_F32 or op.src[1].type == VEC_DOT_TYPE.get(op.src[0].type)
     if o in (C.GGML_OP_CPY, C.GGML_OP_SET_ROWS):
         return op.type not in _NO_FROM_FLOAT
+    if o in (GGML_OP_MUL_MAT_SPARSE, GGML_OP_AXPY):
+        # PowerInfer: only the GPU half (its weight holds the hot rows, src[3] is gpu_bucket) runs on the device
+        return cpu_pi.is_upscale(op)
     return True
 
 

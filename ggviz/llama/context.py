@@ -51,6 +51,15 @@ copies and allocator plan, so ``sched.last_plan`` and ``galloc.last_alloc`` desc
 ``llama_free`` (``LlamaContext.free``) parks the context's backends, KV cache and scheduler (compute buffers, graphs)
 on the model; the next ``init_from_model`` of the same model and shape (``_machinery_key``) takes them over -- the KV
 cache cleared as a new one is, the reserve record kept (``recycled``) -- instead of reserving and building again.
+
+PowerInfer's hybrid run (``llama_context_params.hybrid``, a build-time GGML_USE_HYBRID_THREADING in PowerInfer; a
+PWRI model only, n_threads >= 2, no eval callback): the ubatch's graph is built as above, allocated in host memory
+by a graph allocator of the context's own (the device lane's operands never freed, its results in a second buffer:
+it runs out of the graph's order) and computed by ``ggml.cpu.hybrid.graph_compute_hybrid`` -- thread 0 runs the
+nodes whose weight is in the accelerator's memory (the FFN split ``load_gpu_split`` put there) on the device,
+threads 1..N-1 the others. The same graph through the scheduler (``hybrid`` off) is the contrast: its ACCEL split
+runs the ``*_gpu`` halves, with the same bits when its CPU backend has N-1 threads. The timeline of the last
+ubatch is ``hybrid_records`` (and ``hybrid.node`` trace events); a graph of the same key is reused.
 """
 from __future__ import annotations
 
@@ -67,8 +76,9 @@ import numpy as np
 from .. import ggml, trace
 from ..ggml import backend as gb
 from ..ggml import backend_reg, impl
+from ..ggml import alloc as galloc
 from ..ggml import sched as gs
-from ..ggml.cpu import cpu_backend
+from ..ggml.cpu import cpu_backend, hybrid
 from .batch import LLAMA_MAX_SEQ, DecodeError, batch_allocr_init
 from . import models as arch_models
 from .graph import graph_max_nodes
@@ -118,6 +128,9 @@ class LlamaContextParams:
     swa_full: bool = True            # a full-size sliding-window KV cache (llama.cpp's default: true)
     use_blas: bool = False           # ggviz: add the BLAS backend (as llama.cpp built with GGML_BLAS); llama.cpp's
                                      # default build has none: prefill MUL_MATs go to the CPU's tinyBLAS / vec_dot
+    hybrid: bool = False             # PowerInfer's GGML_USE_HYBRID_THREADING (a build-time choice there): a PWRI
+                                     # model's graphs run on ggml_graph_compute_thread_hybrid (thread 0 drives the
+                                     # accelerator holding the FFN split) instead of ggml_backend_sched's splits
 
 
 def _is_blas(dev) -> bool:
@@ -306,6 +319,8 @@ class LlamaContext:
         n_outputs_max = self._param("n_outputs_max", p.n_outputs_max, 0, "0: n_batch")
         for name in ("n_threads", "n_threads_batch"):
             check_n_threads(name, getattr(p, name))
+        if p.hybrid:
+            _check_hybrid(model, p, p.n_threads, p.n_threads_batch)
         self.cparams = p
         self.n_ctx = n_ctx
         self.n_batch = min(n_ctx, n_batch)
@@ -357,6 +372,9 @@ class LlamaContext:
         self.perf = _Perf(t_start_us=int(time.perf_counter() * 1e6), t_load_us=model.t_load_us)
         self.last_graph = None            # the GraphResult of the last ubatch (for the visual layer)
         self.graph_hook = None            # optional callable(GraphResult) before compute (step-through views)
+        self.hybrid_records = []          # cparams.hybrid: the last ubatch's timeline (ggml.cpu.hybrid.HybridRecord)
+        self._hybrid_galloc = None        # cparams.hybrid: the graph allocator of the hybrid executor's graphs
+        self._hybrid_prev = None          # cparams.hybrid: (graph_key, GraphResult) of the last graph it allocated
         self._cb_stopped = False
         # llama.cpp reuses the previous graph when the new ubatch has the same topology (llm_graph_result::can_reuse);
         # LLAMA_GRAPH_REUSE_DISABLE turns that off, as there
@@ -422,6 +440,10 @@ class LlamaContext:
             self._graph_cache = OrderedDict()
             self.last_graph = None
             self._prev_key = None
+            if self._hybrid_galloc is not None:
+                galloc.gallocr_free(self._hybrid_galloc)
+                self._hybrid_galloc = None
+                self._hybrid_prev = None
 
     @staticmethod
     def _param(name: str, value, lo: int, note: str = "") -> int:
@@ -478,6 +500,8 @@ class LlamaContext:
         """llama_set_n_threads (the counts are checked as at creation)."""
         n_threads = check_n_threads("n_threads", n_threads)
         n_threads_batch = check_n_threads("n_threads_batch", n_threads_batch)
+        if self.cparams.hybrid:
+            _check_hybrid(self.model, self.cparams, n_threads, n_threads_batch)
         self.cparams.n_threads = n_threads
         self.cparams.n_threads_batch = n_threads_batch
 
@@ -738,6 +762,7 @@ class LlamaContext:
         ubatch failed or was aborted -> remove all positions of that ubatch from the memory module"), so the cache
         is as before the call; the graph is rebuilt next time."""
         self._prev_key = None
+        self._hybrid_prev = None
         if not placed:
             return
         n_placed = len(placed)
@@ -767,6 +792,8 @@ class LlamaContext:
         """llama_context::process_ubatch for a ubatch already placed in the KV cache (cells ``idxs``): build (or
         reuse) the graph, set the inputs, compute, copy the output rows into ``logits[out_offset:]``. Returns the
         ggml_status."""
+        if self.cparams.hybrid:
+            return self._process_ubatch_hybrid(tokens, pos, seq_ids, out_mask, idxs, logits, out_offset)
         n_tokens = len(tokens)
         n_outputs = int(out_mask.sum())
         n_kv = self.kv.get_n_kv()
@@ -807,6 +834,74 @@ class LlamaContext:
             out = logits[out_offset:out_offset + n_outputs]
             gb.backend_tensor_get(res.t_logits, out, 0, ggml.nbytes(res.t_logits))
         return ggml.GGML_STATUS_SUCCESS
+
+    def _process_ubatch_hybrid(self, tokens, pos, seq_ids, out_mask, idxs, logits, out_offset) -> int:
+        """process_ubatch with PowerInfer's hybrid executor (``cparams.hybrid``): the graph is built as for the
+        scheduler, allocated in host memory by a graph allocator of its own (``_hybrid_alloc``) and computed by
+        ``ggml.cpu.hybrid.graph_compute_hybrid``: thread 0 runs the nodes whose weight is in the accelerator's
+        memory (the ``*_gpu`` halves of the FFN split) on the device, threads 1..N-1 the others. The timeline is
+        kept in ``hybrid_records`` (and emitted as ``hybrid.node`` trace events)."""
+        n_tokens = len(tokens)
+        n_outputs = int(out_mask.sum())
+        n_kv = self.kv.get_n_kv()
+        self._prev_key = None            # the scheduler's graph is not this one
+        key = self.graph_key(n_tokens, n_outputs, n_kv)
+        if self.graph_reuse and self._hybrid_prev is not None and self._hybrid_prev[0] == key:
+            res = self._hybrid_prev[1]   # same shapes: the graph and its memory stay, only the inputs change
+            self.n_reused += 1
+        else:
+            self._hybrid_prev = None
+            gs.backend_sched_reset(self.sched)      # (the build's callback pins norms in the scheduler: start clean)
+            res = self.build_graph(n_tokens, n_outputs, n_kv)
+            self.n_graph_builds += 1
+            if not self._hybrid_alloc(res.gf):
+                why = impl.last_log_error() or "allocation failed"
+                impl.GGML_LOG("error", f"process_ubatch: failed to allocate graph for the hybrid executor ({why})")
+                return ggml.GGML_STATUS_ALLOC_FAILED
+            self._hybrid_prev = (key, res)
+        self._set_inputs(res, tokens, pos, seq_ids, out_mask, idxs, n_kv)
+        self.last_graph = res
+        if self.graph_hook is not None:
+            self.graph_hook(res)
+        n_threads = self.cparams.n_threads if n_tokens == 1 else self.cparams.n_threads_batch
+        sm = self.model.sparse
+        try:
+            self.hybrid_records = hybrid.graph_compute_hybrid(res.gf, n_threads, hybrid.weight_on_device, sm.gpu_dev,
+                                                              self.cparams.abort_callback,
+                                                              self.cparams.abort_callback_data)
+        except hybrid.HybridAborted:
+            impl.GGML_LOG("error", f"graph_compute: hybrid executor aborted, status {ggml.GGML_STATUS_ABORTED}")
+            return ggml.GGML_STATUS_ABORTED
+        if n_outputs:
+            out = logits[out_offset:out_offset + n_outputs]
+            gb.backend_tensor_get(res.t_logits, out, 0, ggml.nbytes(res.t_logits))
+        return ggml.GGML_STATUS_SUCCESS
+
+    def _hybrid_alloc(self, gf) -> bool:
+        """ggml_gallocr for a graph the hybrid executor runs. The device lane runs out of the graph's order, so
+        the allocator's reuse of memory (a tensor's memory goes to a later node once its last consumer in graph
+        order is computed, or a node is computed in place over its source) could hand a CPU node the memory of an
+        operand thread 0 has not read yet, or hand thread 0 memory a CPU node still reads. So: the operands of the
+        device lane's nodes are flagged OUTPUT (never freed, never overwritten in place) and its results go to a
+        second buffer of their own (also OUTPUT: never reused)."""
+        cpu_buft = gb.backend_get_default_buffer_type(self.backend_cpu)
+        if self._hybrid_galloc is None:
+            self._hybrid_galloc = galloc.gallocr_new_n([cpu_buft, cpu_buft])
+        node_ids = []
+        for node in gf.nodes:
+            on = hybrid.weight_on_device(node)
+            node_ids.append(1 if on else 0)
+            if on:
+                node.flags |= ggml.GGML_TENSOR_FLAG_OUTPUT
+                for s in node.src:
+                    if s is not None:
+                        s.flags |= ggml.GGML_TENSOR_FLAG_OUTPUT
+                        if s.view_src is not None:
+                            s.view_src.flags |= ggml.GGML_TENSOR_FLAG_OUTPUT
+        leaf_ids = [0] * gf.n_leafs
+        if not galloc.gallocr_reserve_n(self._hybrid_galloc, gf, node_ids, leaf_ids):
+            return False
+        return galloc.gallocr_alloc_graph(self._hybrid_galloc, gf)
 
     @staticmethod
     def graph_key(n_tokens: int, n_outputs: int, n_kv: int) -> tuple:
@@ -961,6 +1056,22 @@ def check_n_threads(name: str, n) -> int:
         impl.GGML_LOG("warn", f"llama_context: {name} = {v} > {cores} CPU cores: ggviz's threads share the Python "
                               f"interpreter lock, extra threads only add barrier waits")
     return v
+
+
+def _check_hybrid(model, p, n_threads: int, n_threads_batch: int) -> None:
+    """``hybrid`` needs what PowerInfer's hybrid build needs: a sparse (PWRI) model, and 2 threads or more
+    (thread 0 only drives the accelerator: with one thread no CPU node would ever run)."""
+    if getattr(model, "sparse", None) is None:
+        raise ContextParamsError("llama_context: hybrid = True runs PowerInfer's hybrid executor, which needs a "
+                                 "PowerInfer (PWRI) model; this one is dense", "hybrid", True, False)
+    for name, v in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch)):
+        if v < 2:
+            raise ContextParamsError(f"llama_context: hybrid = True needs {name} >= 2 (thread 0 drives the "
+                                     f"accelerator, threads 1..N-1 compute the CPU nodes), got {v}", name, v, None)
+    if p.cb_eval is not None:
+        raise ContextParamsError("llama_context: hybrid = True: the hybrid executor has no eval callback (its "
+                                 "timeline is in ctx.hybrid_records and the hybrid.node trace events)", "cb_eval",
+                                 p.cb_eval, None)
 
 
 def init_from_model(model, params: LlamaContextParams | None = None) -> LlamaContext:

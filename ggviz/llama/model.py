@@ -138,6 +138,11 @@ class LlamaModelParams:
     use_extra_bufts: bool = True     # weights of MUL_MATs go to the CPU's extra buffer types (CPU_REPACK) if any
     devices: list | None = None      # devices to offload to (None: every GPU-type device in the registry)
     vram_budget_gb: float = -1.0     # PowerInfer (PWRI models): > 0 loads <model>.generated.gpuidx, the FFN split
+    vram_offload_dense: bool = False  # PowerInfer (with vram_budget_gb): also move what PowerInfer offloads before
+                                      # the neurons (attention, predictor, ffn_norm, output) to the device; off by
+                                      # default because the device's faithful Q4_1 MUL_MAT adds in another order
+                                      # than the CPU's repacked one (a real GPU's bits differ too), so the logits are
+                                      # then no longer the CPU-only run's bits
 
 
 def model_default_params() -> LlamaModelParams:
@@ -262,16 +267,24 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
                                 "--vram-budget GiB writes it)", "missing", source="PowerInfer")
             powerinfer.load_gpu_split(m, split)
     cpu_dev = _assign_devices(m, params)
+    if m.sparse is not None and m.sparse.gpu_dev is not None and m.sparse.gpu_dev not in m.devices:
+        # the FFN split's device is one of the model's devices: contexts get a backend for it, so that the
+        # scheduler can run the *_gpu nodes there (or the hybrid executor's thread 0 does)
+        m.devices.append(m.sparse.gpu_dev)
     _duplicate_tied_output(m)
     _offload_weights(m)
+    if m.sparse is not None and m.sparse.gpu_dev is not None and params.vram_offload_dense:
+        # PowerInfer's --vram-budget order: attention, predictor, ffn_norm, output on the device before the neurons
+        m.sparse.offloaded = powerinfer.offload_dense_part(m, int(params.vram_budget_gb * (1 << 30)),
+                                                           m.sparse.gpu_dev)
     if params.use_extra_bufts:
         # weights used by MUL_MAT go to the first extra buffer type that takes them (repacked at load)
         if repack.available():
             # (PowerInfer's sparse kernels read ffn_gate / ffn_up row by row in ggml's plain layout: not repacked)
             ffn = (lambda ly: (ly.ffn_gate, ly.ffn_up, ly.ffn_down)) if m.sparse is None else (lambda ly: ())
             mm = [w for il, ly in enumerate(layers) if m.dev_layer[il] is cpu_dev
-                  for w in (ly.wq, ly.wk, ly.wv, ly.wo) + ffn(ly)]
-            if m.dev_output is cpu_dev:
+                  for w in (ly.wq, ly.wk, ly.wv, ly.wo) + ffn(ly) if w.buffer == 0]    # (not those on a device)
+            if m.dev_output is cpu_dev and m.output.buffer == 0:
                 # a tied output was duplicated above (_duplicate_tied_output), so the copy can take the extra
                 # buffer type while GET_ROWS keeps reading the mapped token_embd
                 mm.append(m.output)

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ggml
+from ..ggml import accel
 from ..ggml import alloc as galloc
 from ..ggml import backend as B
+from ..ggml import memory
 from ..ggml.cpu import powerinfer as cpu_pi
 from ..gguf_file import GGUFError, create_weight_context, load_gguf
 
@@ -57,6 +59,9 @@ class SparseModel:
     aux_ctx: object = None           # gpu_idx / gpu_bucket tensors (PowerInfer's aux_ctx)
     act_type: str = LLM_FFN_SILU
     extra: list = field(default_factory=list)
+    gpu_dev: object = None           # the ACCEL device holding the *_gpu rows and gpu_bucket (load_gpu_split)
+    gpu_bytes: int = 0               # bytes of device memory they take
+    offloaded: list = field(default_factory=list)   # offload_dense_part: [(what, bytes, placed)] in PowerInfer's order
 
 
 def _env_threshold(default: float) -> float:
@@ -247,17 +252,110 @@ def offload_plan(model, budget_bytes: int, n_ctx: int = 512, kv_type_size: int =
     return {"steps": steps, "neuron_bytes": left if complete else 0}
 
 
+def _plan_groups(model) -> dict:
+    """The weights of offload_plan's steps (the KV cache is not a weight: see offload_dense_part)."""
+    sm = model.sparse
+    return {
+        "attention": [t for ly in model.layers for t in (ly.attn_norm, ly.wq, ly.wk, ly.wv, ly.wo) if t is not None],
+        "predictor": [t for sl in sm.layers for t in (sl.mlp_pre_w1, sl.mlp_pre_w2)] if sm is not None else [],
+        "ffn_norm": [ly.ffn_norm for ly in model.layers if ly.ffn_norm is not None],
+        "output": [t for t in (model.output_norm, model.output) if t is not None],
+    }
+
+
+def offload_dense_part(model, budget_bytes: int, dev) -> list:
+    """llm_load_sparse_model_tensors under --vram-budget: the steps of ``offload_plan`` that fit the budget, in
+    PowerInfer's order (attention of every layer, the predictors, the ffn_norms, the output layer), move their
+    weights into one WEIGHTS buffer of ``dev`` (ggml_cuda_transform_tensor; the host bytes are the file mapping's,
+    copied once). What ggviz's loader cannot do: the KV cache step -- ggviz's KV cache is allocated by the
+    context on each layer's device (``n_gpu_layers`` / ``offload_kqv``), so a PWRI model's cache stays in host
+    memory; the step is planned (its bytes are kept out of the neurons' budget, as PowerInfer does) but not placed.
+    Weights already in a buffer (layers offloaded by ``n_gpu_layers``) are left where they are. The loader does
+    this only with ``llama_model_params.vram_offload_dense``: the device runs the faithful kernels, whose Q4_1
+    MUL_MAT adds in another order than the CPU's repacked one, so the run's bits then differ from the CPU-only
+    run's (as a GPU's would); without it only the FFN split is on the device and the hybrid run keeps the CPU's
+    bits.
+    Returns ``[(what, bytes, placed)]`` per step; raises MemoryError (nothing moved) when the device has no room."""
+    plan = offload_plan(model, budget_bytes)
+    groups = _plan_groups(model)
+    moved, steps = [], []
+    for what, size, fits in plan["steps"]:
+        placed = fits and what in groups
+        if placed:
+            moved.extend(t for t in groups[what] if t.buffer == 0 and t.data != 0)
+        steps.append((what, size, placed))
+    moved = list({t.addr: t for t in moved}.values())
+    if not moved:
+        return steps
+    buft = B.backend_dev_buffer_type(dev)
+    align = B.backend_buft_get_alignment(buft)
+    size = sum(ggml.GGML_PAD(B.backend_buft_get_alloc_size(buft, t), align) for t in moved)
+    buf = B.backend_buft_alloc_buffer(buft, size)
+    if buf is None:
+        free, total = B.backend_dev_memory(dev)
+        raise MemoryError(f"offload_dense_part: {size} bytes of {B.backend_buft_name(buft)} memory needed for "
+                          f"{', '.join(w for w, _, p in steps if p)}; {free} of {total} are free")
+    B.backend_buffer_set_usage(buf, B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    talloc = galloc.tallocr_new(buf)
+    for t in moved:
+        n = ggml.nbytes(t)
+        arr, off, _ = memory.resolve(t.data, n)
+        src = arr[off:off + n]
+        t.data = 0
+        galloc.tallocr_alloc(talloc, t)
+        B.backend_tensor_set(t, src, 0, n)
+    model.bufs.append(buf)
+    return steps
+
+
 def _rows(w, rows: np.ndarray) -> np.ndarray:
     """create_striped_mat_to_gpu's source: the given rows of ``w`` (raw bytes, one row per line)."""
     rb = ggml.row_size(w.type, int(w.ne[0]))
     return np.asarray(ggml.get_data(w)).reshape(-1).view(np.uint8).reshape(int(w.ne[1]), rb)[rows]
 
 
-def load_gpu_split(model, path) -> int:
+def gpu_split_device(model):
+    """The device that takes the FFN split: the first ACCEL device of the model params' ``devices``, else the
+    ACCEL reg's ACCEL0 (PowerInfer's g_main_device)."""
+    for d in (model.params.devices or []):
+        if not isinstance(d, str) and accel.buft_is_accel(B.backend_dev_buffer_type(d)):
+            return d
+    return B.backend_reg_dev_get(accel.backend_accel_reg(), 0)
+
+
+def _device_tensors(specs, dev):
+    """New tensors (name, type, ne, bytes) in one buffer of ``dev``'s memory (usage WEIGHTS), filled with
+    ggml_backend_tensor_set: the load's only host -> device copies (PowerInfer's ggml_cuda_transform_tensor).
+    Raises MemoryError (nothing allocated) when the device has no room."""
+    ctx = ggml.init(len(specs) * ggml.tensor_overhead() + 1024, no_alloc=True)
+    ts = []
+    for name, type_, ne, _ in specs:
+        t = ggml.new_tensor(ctx, type_, len(ne), list(ne))
+        ggml.set_name(t, name)
+        ts.append(t)
+    buft = B.backend_dev_buffer_type(dev)
+    buf = galloc.backend_alloc_ctx_tensors_from_buft(ctx, buft)
+    if buf is None:
+        free, total = B.backend_dev_memory(dev)
+        need = sum(ggml.nbytes(t) for t in ts)
+        raise MemoryError(f"load_gpu_split: the FFN split needs {need} bytes of {B.backend_buft_name(buft)} memory, "
+                          f"{free} of {total} are free (a smaller --vram-budget, or a device with more capacity)")
+    B.backend_buffer_set_usage(buf, B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    for t, (_, _, _, data) in zip(ts, specs):
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if raw.nbytes:
+            B.backend_tensor_set(t, raw, 0, raw.nbytes)
+    return ts, (ctx, buf)
+
+
+def load_gpu_split(model, path, dev=None) -> int:
     """load_gpu_split_from_split_file + slice_ffn_mat_to_gpu: read ``blk.N.gpu_idx`` / ``gpu_bucket`` from a
-    .generated.gpuidx file and copy each layer's hot rows of ffn_up / ffn_gate / ffn_down_t into ``*_gpu``
-    tensors (ggviz keeps them in host memory: the graph's ``*_gpu`` nodes are the device's work, run by the hybrid
-    executor's thread 0). Returns the bytes the GPU copies take."""
+    .generated.gpuidx file, copy each layer's hot rows of ffn_up / ffn_gate / ffn_down_t into ``*_gpu`` tensors
+    and, for those layers, ``gpu_bucket`` too (PowerInfer's ``ggml_cuda_transform_tensor(gpu_bucket)``), all in one
+    buffer of the accelerator's memory (``dev``, default ``gpu_split_device``): loaded once, never copied again --
+    the graph's ``*_gpu`` nodes then run on the device (the hybrid executor's thread 0, or the scheduler's ACCEL
+    split). ``gpu_idx`` stays in host memory: the CPU halves read it. Returns the bytes the device copies take.
+    On any error (bad file, no room on the device) the model is left as it was."""
     gf = load_gguf(path)
     if not gf.sparse or gf.arch != "generic.gpu_index":
         raise GGUFError(gf.path, 0, "header", "a PowerInfer gpu index (PWRI, generic.gpu_index)",
@@ -270,21 +368,31 @@ def load_gpu_split(model, path) -> int:
         t = ts.get(f"blk.{il}.gpu_idx")
         if t is None:
             raise GGUFError(gf.path, 0, f"blk.{il}.gpu_idx", "a tensor", "missing", source="PowerInfer")
-        rows.append(np.array(ggml.get_data(t), np.int32).reshape(-1))
-    set_gpu_index(sm, rows, n_ff)
+        r = np.array(ggml.get_data(t), np.int32).reshape(-1)
+        if r.shape != (n_ff,) or not np.isin(r, (0, 1)).all():
+            raise GGUFError(gf.path, gf.tensor(f"blk.{il}.gpu_idx").file_offset, f"blk.{il}.gpu_idx",
+                            f"{n_ff} entries, each 0 or 1", f"{r.size} entries", source="PowerInfer")
+        rows.append(r)
     specs, where = [], []
     for il, (sl, ly, r) in enumerate(zip(sm.layers, model.layers, rows)):
-        bucket = np.flatnonzero(r)
+        bucket = np.flatnonzero(r).astype(np.int32)
         if not len(bucket):
-            continue
+            continue          # PowerInfer: "no hybrid inference for this layer, unset gpu_bucket"
         for attr, w in (("ffn_up_gpu", ly.ffn_up), ("ffn_gate_gpu", ly.ffn_gate), ("ffn_down_gpu", sl.ffn_down_t)):
             specs.append((w.name + "_gpu", w.type, [int(w.ne[0]), len(bucket)], _rows(w, bucket)))
-            where.append((sl, attr))
+            where.append((il, attr))
+        specs.append((f"blk.{il}.gpu_bucket", ggml.GGML_TYPE_I32, [len(bucket)], bucket))
+        where.append((il, "gpu_bucket"))
+    dev = dev if dev is not None else gpu_split_device(model)
+    placed = _device_tensors(specs, dev) if specs else None       # may raise: nothing changed yet
+    set_gpu_index(sm, rows, n_ff)
     total = 0
-    if specs:
-        ts, keep = _host_tensors(specs)
+    if placed is not None:
+        dts, keep = placed
         sm.extra.append(keep)
-        for t, (sl, attr) in zip(ts, where):
-            setattr(sl, attr, t)
+        for t, (il, attr) in zip(dts, where):
+            setattr(sm.layers[il], attr, t)
             total += ggml.nbytes(t)
+    sm.gpu_dev = dev if placed is not None else None
+    sm.gpu_bytes = total
     return total
