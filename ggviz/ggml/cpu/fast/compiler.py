@@ -157,6 +157,7 @@ class FastGraph:
         self.n_single = 0                     # computes run on one thread since the last probe ...
         self.single_ns = 0                    # ... and their time
         self.probe_every, self.probe_ns, self.probing = self.PROBE_EVERY, self.PROBE_NS, False
+        self.sparse_work = []                 # (bytes, bytes per thread) of PowerInfer's AXPY rows
         # rows of PowerInfer's MUL_MAT_SPARSE / AXPY: their threshold and n_threads are written before each compute
         self.sparse_rows = np.flatnonzero((P[:, OP] == OP_MUL_MAT_SPARSE) | (P[:, OP] == OP_AXPY)) \
             if len(P) else np.zeros(0, np.int64)
@@ -287,10 +288,13 @@ class FastGraph:
         if ith >= n_use:
             return
         nbytes = work_data.nbytes if work_data is not None else 0
-        if self.sparse_rows.size and nbytes < self.work_size:
-            # every thread sees the same and leaves before the first barrier: the caller gets the error
-            raise GGMLError(f"the compiled graph needs a work buffer of {self.work_size} bytes, got {nbytes} "
-                            "(ggml_graph_plan's work_size includes it)")
+        if self.sparse_rows.size:
+            # PowerInfer's kernels lay out the work buffer their own way: check it (every thread sees the same and
+            # leaves before the first barrier, so the caller gets the error and nothing is overrun)
+            need = max([self.work_size] + [a + nth * b for a, b in self.sparse_work])
+            if nbytes < need:
+                raise GGMLError(f"the compiled graph needs a work buffer of {need} bytes for {nth} threads, got "
+                                f"{nbytes} (ggml_graph_plan's work_size includes it)")
         w = work_data.ctypes.data if nbytes else 0
         if ith == 0:
             t0, c0 = time.perf_counter_ns(), kernels.time_ns()
@@ -412,6 +416,7 @@ def _build(cgraph, require_repack: bool = True):
     k = 0
     wsize = 0
     any_repack = False
+    sparse_work = []              # (bytes, bytes per thread) of the AXPY rows (sparse.work_size)
     i = 0
     try:
         while i < n:
@@ -511,7 +516,10 @@ def _build(cgraph, require_repack: bool = True):
             elif op in _SPARSE_OPS:
                 # PowerInfer's sparse FFN: MUL_MAT_SPARSE, AXPY and the RELU / SILU around them (sparse.py)
                 _need(sparse.build_node(P, F, k, node))
-                wsize = max(wsize, sparse.work_size(node))
+                fixed, per_thread = sparse.work_size(node)
+                wsize = max(wsize, fixed)
+                if per_thread:
+                    sparse_work.append((fixed, per_thread))
             elif op == C.GGML_OP_GET_ROWS:
                 _need(node.type == GGML_TYPE_F32 and s1.type in (C.GGML_TYPE_I32, C.GGML_TYPE_I64))
                 _need(s0.type in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
@@ -534,7 +542,9 @@ def _build(cgraph, require_repack: bool = True):
         return None
     if require_repack and not any_repack:
         return None
-    return FastGraph(P[:k].copy(), F[:k].copy(), idx, names, wsize, meta, n)
+    fg = FastGraph(P[:k].copy(), F[:k].copy(), idx, names, wsize, meta, n)
+    fg.sparse_work = sparse_work
+    return fg
 
 
 def _build_rope(P, F, k, node):

@@ -601,14 +601,17 @@ def build_node(P, F, k: int, node: Tensor) -> bool:
     return True
 
 
-def work_size(node: Tensor) -> int:
-    """What the compiled INIT pass writes to the work buffer beyond ggml_graph_plan's size for the faithful kernel
-    (MUL_MAT_SPARSE: the split Q8 layout is larger than block_q8_1 rows; AXPY: the same layout as the faithful
-    kernel's, whose size the plan already has)."""
-    if node.op != GGML_OP_MUL_MAT_SPARSE:
-        return 0
-    s0 = node.src[0]
-    return int(src1_size(int(s0.type), int(s0.ne[0]), int(node.src[1].ne[1])))
+def work_size(node: Tensor) -> tuple[int, int]:
+    """The work buffer the compiled kernel uses, as (bytes, bytes more per thread of the compute): MUL_MAT_SPARSE's
+    split Q8 layout (larger than the block_q8_1 rows ggml_graph_plan counts for the faithful kernel); AXPY's F16 x
+    and one partial per thread, the faithful kernel's layout."""
+    s0, s1 = node.src[0], node.src[1]
+    if node.op == GGML_OP_MUL_MAT_SPARSE:
+        return int(src1_size(int(s0.type), int(s0.ne[0]), int(s1.ne[1]))), 0
+    if node.op == GGML_OP_AXPY:
+        conv = (nelements(s1) * 2 + CACHE_LINE - 1) // CACHE_LINE * CACHE_LINE
+        return conv, nelements(node) * 4
+    return 0, 0
 
 
 def set_compute_params(P, F, rows: np.ndarray, n_threads: int) -> None:
