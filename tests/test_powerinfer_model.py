@@ -112,7 +112,10 @@ def _kl_top1(Ld, Ls):
 
 def test_sparse_graph_at_threshold_minus_inf_agrees_with_dense(models):
     sparse, dense = models
-    ids = pipeline.corpus_tokens(dense.vocab, 48)
+    # 96 tokens: at -inf the sparse model's up/gate rows carry the dense (repacked) MUL_MAT's bits, so what is left
+    # is the F16 down projection, whose own noise floor against the Q4_1 x Q8_1 down is a top-1 of ~0.92-0.95
+    # (measured on 48 / 96 tokens: 0.917 / 0.948); on 48 tokens one token decides the 0.9 below (0.896 measured)
+    ids = pipeline.corpus_tokens(dense.vocab, 96)
     old = cpu_pi.set_sparse_pred_threshold(-np.inf)
     try:
         Ls, names = _logits(sparse, ids)
@@ -204,17 +207,16 @@ def test_cli_refuses_bad_arguments():
 
 def test_threshold_minus_inf_like_for_like_dense_reference(built):
     """The honest -inf comparison: the dense graph with the PWRI file's F16 down weights (pipeline.use_f16_down),
-    both models with plain (not repacked) weights and 8 tokens (fewer than BLAS's 32: every MUL_MAT on the CPU).
-    Then the FFN input of layer 0 is identical, SiLU x up equals the fused SWIGLU to the bit, and the down
-    projection differs only in the order of its float32 sums (AXPY row after row vs the F16 vec_dot).
+    both models as loaded by default (attention and the dense up/gate repacked, the compiled walk) and 8 tokens
+    (fewer than BLAS's 32: every MUL_MAT on the CPU). MUL_MAT_SPARSE keeps ggml's AVX2 float order, which is the
+    repacked MUL_MAT's: the FFN input of layer 0 is identical, SiLU x up equals the fused SWIGLU to the bit, and the
+    down projection differs only in the order of its float32 sums (AXPY row after row vs the F16 MUL_MAT).
     The logits still differ by a mean KL of ~2.5e-3 (measured: 0.0025, top-1 6 of 8): every later MUL_MAT rounds
     its input to Q8_1 blocks (steps of 1/127 of a block's max), so a 1e-7 difference that moves one value across a
     rounding boundary becomes a 0.4 % jump, and 30 layers compound them. The issue's KL <= 1e-3 at -inf is below
     this noise floor; what can be held exactly is the layer-local agreement."""
-    mp = llama.model_default_params()
-    mp.use_extra_bufts = False
-    sparse = llama.model_load_from_file(str(built.model_path), mp)
-    dense16 = llama.model_load_from_file(str(MODEL), mp)
+    sparse = llama.model_load_from_file(str(built.model_path))
+    dense16 = llama.model_load_from_file(str(MODEL))
     keep = pipeline.use_f16_down(dense16)
     assert dense16.layers[0].ffn_down.type == ggml.GGML_TYPE_F16 and list(dense16.layers[0].ffn_down.shape)[:2] == [1536, 576]
     ids = pipeline.corpus_tokens(sparse.vocab, 8)
