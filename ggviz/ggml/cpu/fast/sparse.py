@@ -329,6 +329,17 @@ def mul_mat_sparse_1(qtype, w, nb01, ne00, nr0, x, nb11, nr1, wdata, idx, idx_nb
 
 
 @compiled
+def mul_mat_sparse_call(qtype, W, x, wdata, idx, gid, has_gid, out, threshold, counter):
+    """``mul_mat_sparse_1`` on arrays: the one entry ``SparseMatMul`` makes per one-thread call. Numba unboxes an
+    array in a fraction of the time NumPy's ``.ctypes.data`` takes in Python, which was most of a decode-sized
+    call's fixed cost (~16 us of a ~85 us dense row pass)."""
+    nr0, ne00, nr1 = W.shape[0], x.shape[1], x.shape[0]
+    return mul_mat_sparse_1(qtype, W.ctypes.data, W.shape[1], ne00, nr0, x.ctypes.data, ne00 * 4, nr1,
+                            wdata.ctypes.data, idx.ctypes.data, nr0 * 4, gid.ctypes.data if has_gid else 0,
+                            out.ctypes.data, nr0 * 4, threshold, counter.ctypes.data)
+
+
+@compiled
 def mul_mat_upscale(qtype, w, nb01, ne00, bucket, n_hot, nr0, wdata, nr1, idx, idx_nb1, dst, nb1, threshold):
     """The GPU half (ggml_mul_mat_idx_upscale as the simulated accelerator runs it, one thread): dst is zeroed
     (CUDA's dst is), then row ``bucket[i]`` of each column is src0's row i . src1 where the predictor keeps it."""
@@ -679,6 +690,7 @@ class SparseMatMul:
         self._w = self.W.ctypes.data
         self._cnt = self.counter.ctypes.data
         self._wdata: dict[int, np.ndarray] = {}      # work buffers by column count (reused between calls)
+        self._no_gid = np.zeros(1, np.int32)
         self.skipped = 0
 
     def _work(self, nr1: int) -> np.ndarray:
@@ -728,10 +740,8 @@ class SparseMatMul:
         nr1 = x.shape[0]
         wdata = self._work(nr1)
         idx, gid, out = self._args(nr1, idx, gpu_idx, out)
-        self.skipped = mul_mat_sparse_1(self.qtype, self._w, self.W.shape[1], self.ne00, self.nr0, x.ctypes.data,
-                                        self.ne00 * 4, nr1, wdata.ctypes.data, idx.ctypes.data, self.nr0 * 4,
-                                        0 if gid is None else gid.ctypes.data, out.ctypes.data, self.nr0 * 4,
-                                        F32(threshold), self._cnt)
+        self.skipped = mul_mat_sparse_call(self.qtype, self.W, x, wdata, idx, self._no_gid if gid is None else gid,
+                                           gid is not None, out, F32(threshold), self.counter)
         return out
 
 
