@@ -32,8 +32,9 @@ pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="needs data/models/Sm
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("pinfer")
     old = cpu_pi.sparse_pred_threshold
+    # the recording is saved too: test_build_reuses_a_saved_recording builds again from it (one decode less)
     r = pipeline.build(out, MODEL, tokens=64, heldout=32, seq_len=96, epochs=1, threshold=0.25,
-                       vram_budget_gib=0.1, quiet=True)
+                       vram_budget_gib=0.1, quiet=True, recording=out / "rec")
     yield r
     cpu_pi.set_sparse_pred_threshold(old)
 
@@ -357,15 +358,15 @@ def test_vram_budget_loads_the_ffn_split(built, models):
     llama.model_free(split)
 
 
-def test_build_reuses_a_saved_recording(tmp_path):
-    """--recording: the first build saves what it decoded, a smaller build reuses it (no decode) and its activation
-    counts are those of the tokens it used (the packed bits of the first tokens + heldout rows), not the file's."""
-    pipeline.build(tmp_path / "a", MODEL, tokens=48, heldout=16, seq_len=64, epochs=1, quiet=True,
-                   recording=tmp_path / "rec")
-    rec = pipeline.load_recording(tmp_path / "rec")
-    assert rec.n_tokens == 64 and rec.x[0].shape == (64, 576) and rec.active[0].shape == (64, 1536 // 8)
+def test_build_reuses_a_saved_recording(built, tmp_path):
+    """--recording: the first build (the ``built`` fixture) saved what it decoded, a smaller build reuses it (no
+    decode) and its activation counts are those of the tokens it used (the packed bits of the first tokens + heldout
+    rows), not the file's."""
+    rec_dir = built.model_path.parent / "rec"
+    rec = pipeline.load_recording(rec_dir)
+    assert rec.n_tokens == 96 and rec.x[0].shape == (96, 576) and rec.active[0].shape == (96, 1536 // 8)
     r = pipeline.build(tmp_path / "b", MODEL, tokens=32, heldout=16, seq_len=64, epochs=1, quiet=True,
-                       recording=tmp_path / "rec")
+                       recording=rec_dir)
     assert r.metrics["record_s"] == pytest.approx(rec.seconds, abs=0.1)      # the saved recording's time: reused
     counts = np.load(tmp_path / "b" / "activation" / "activation_3.npy")
     assert np.array_equal(counts, pipeline.unpack_active(rec.active[3][:48], 1536).sum(0))
