@@ -138,6 +138,43 @@ def test_sparse_graph_at_threshold_minus_inf_agrees_with_dense(models):
     assert "ffn_swiglu-0" in dict(dense_names)
 
 
+def test_compiled_walk_decodes_the_sparse_model_like_the_faithful_kernels(models, monkeypatch):
+    """The whole PWRI model's decode on the compiled walk (its program covers every node of the sparse graph) has
+    the bits of the node-by-node walk with the faithful NumPy kernels: 2 threads, threshold 0 (rows skipped, AXPY's
+    partials reduced in ith order). The other thresholds and thread counts: test_powerinfer.py, node by node."""
+    pytest.importorskip("ggviz.ggml.cpu.fast.sparse", reason="the compiled walk needs Numba")
+    from ggviz.ggml.cpu import ggml_cpu
+    from ggviz.ggml.cpu.fast import compiler
+    sparse, _ = models
+    ids = pipeline.corpus_tokens(sparse.vocab, 3)
+    programs = []
+    plan_graph = compiler.plan_graph
+
+    def spy(cgraph, n_threads):
+        fg = plan_graph(cgraph, n_threads)
+        programs.append((fg, {ggml.op_desc(n) for n in cgraph.nodes}))
+        return fg
+
+    def run():
+        ctx = pipeline._ctx(sparse, 4, 2)
+        try:
+            assert llama.decode(ctx, pipeline._batch_all_logits(ids)) == 0
+            return np.array(llama.get_logits(ctx), np.float32)
+        finally:
+            llama.free(ctx)
+    old = cpu_pi.set_sparse_pred_threshold(0.0)
+    try:
+        monkeypatch.setattr(compiler, "plan_graph", spy)
+        fast = run()
+        assert programs and all(fg is not None for fg, ops in programs if "MUL_MAT_SPARSE" in ops)
+        assert any("AXPY" in ops for _, ops in programs)
+        monkeypatch.setattr(ggml_cpu, "fast", None)           # no compiled program: the faithful kernels
+        faithful = run()
+    finally:
+        cpu_pi.set_sparse_pred_threshold(old)
+    assert np.array_equal(fast, faithful)
+
+
 def test_sparse_graph_skips_rows_by_the_predictor(models):
     """At a threshold the predictor output crosses, the sparse FFN's up rows are exactly 0 where idx < threshold."""
     sparse, _ = models
