@@ -75,7 +75,8 @@ def _lsm(L):
     return L - np.log(np.exp(L).sum(1, keepdims=True))
 
 
-def model_table(path, eval_tokens: int, skip_tokens: int, threads: int, thresholds=(-np.inf, -1.0, -0.5, 0.0)) -> None:
+def model_table(path, eval_tokens: int, skip_tokens: int, threads: int, thresholds=(-np.inf, -1.0, -0.5, 0.0),
+                rounds: int = 3) -> None:
     """Rows skipped, perplexity and KL of the PWRI model at several thresholds, against the dense model."""
     meta = pathlib.Path(path).parent / "metrics.json"
     if skip_tokens < 0:
@@ -142,10 +143,33 @@ def model_table(path, eval_tokens: int, skip_tokens: int, threads: int, threshol
             print(f"{'(vs F16 down)':>14s} {'':>8s} {'':>11s} {'':>8s} {kl_l:>9.4f} "
                   f"{float((L16.argmax(1) == Ls.argmax(1)).mean()):>11.3f}", flush=True)
     del keep16
+    if rounds > 0:
+        # decode times measured alternately (dense, then the sparse model at each threshold, round after round):
+        # on a shared machine only these ratios mean something
+        cases = [("dense", dense, None)] + [(f"sparse {thr}", sparse, thr) for thr in thresholds]
+        times = {name: [] for name, _, _ in cases}
+        ctxs = {name: P._ctx(m, len(ids), threads) for name, m, _ in cases}
+        try:
+            for _ in range(rounds):
+                for name, m, thr in cases:
+                    if thr is not None:
+                        cpu_pi.set_sparse_pred_threshold(thr)
+                    ctx = ctxs[name]
+                    llama.memory_clear(llama.get_memory(ctx), True)
+                    t0 = time.perf_counter()
+                    assert llama.decode(ctx, P._batch_all_logits(ids)) == 0
+                    times[name].append(time.perf_counter() - t0)
+        finally:
+            for ctx in ctxs.values():
+                llama.free(ctx)
+        base = statistics.median(times["dense"])
+        print(f"decode of the {len(ids)} tokens, {threads} threads, median of {rounds} alternating rounds:")
+        for name, v in times.items():
+            print(f"{name:>14s} {statistics.median(v):8.2f} s {statistics.median(v) / base:8.2f} x dense")
     print(f"(rows skipped: the mean over the {n_layer} layers' MUL_MAT_SPARSE of the rows whose predictor logit is "
-          "below the threshold; s: one decode of all the tokens, both models on the compiled walk: the sparse one "
-          "adds the predictor and computes up/gate row by row in ggml's plain layout, the dense one runs repacked "
-          "GEMMs)")
+          "below the threshold; s: one decode of all the tokens (a single run: see the alternating rounds), both "
+          "models on the compiled walk: the sparse one adds the predictor and computes up/gate row by row in "
+          "ggml's plain layout, the dense one runs repacked GEMMs)")
 
 
 def main(argv=None) -> int:
@@ -157,12 +181,13 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-tokens", type=int, default=128)
     ap.add_argument("--thresholds", default="-inf,-1,-0.5,0", help="comma-separated (default -inf,-1,-0.5,0)")
     ap.add_argument("--skip-tokens", type=int, default=-1, help="corpus tokens to skip (default: the build's)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds of the model run (default 3)")
     args = ap.parse_args(argv)
-    if args.threads < 1 or args.cols < 1 or args.budget <= 0 or args.eval_tokens < 2:
-        ap.error("--threads and --cols must be >= 1, --budget > 0, --eval-tokens >= 2")
+    if args.threads < 1 or args.cols < 1 or args.budget <= 0 or args.eval_tokens < 2 or args.rounds < 0:
+        ap.error("--threads and --cols must be >= 1, --budget > 0, --eval-tokens >= 2, --rounds >= 0")
     if args.model is not None:
         thr = [float(t) for t in args.thresholds.split(",")]
-        model_table(args.model, args.eval_tokens, args.skip_tokens, max(args.threads, 2), thr)
+        model_table(args.model, args.eval_tokens, args.skip_tokens, max(args.threads, 2), thr, args.rounds)
         return 0
     rng = np.random.default_rng(0)
     W = (rng.standard_normal((N_FF, N_EMBD)) * 0.05).astype(np.float32)
