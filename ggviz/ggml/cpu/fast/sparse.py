@@ -396,6 +396,18 @@ def axpy(w, nb01, ne00, n_ff, xh, nr1, idx, idx_nb1, gid, threshold, part, ith, 
 
 
 @compiled
+def axpy_call(Wt, x, xh, idx, gid, threshold, part, out):
+    """AXPY on one thread in one compiled call (``run_axpy`` with nth = 1): INIT (x -> F16), the rows, and the
+    reduction of the one partial (0 + p0, as the faithful kernel's). Returns the rows skipped."""
+    n_ff, ne00, nr1 = Wt.shape[0], Wt.shape[1], x.shape[0]
+    quantize_src1(T_F16, x.ctypes.data, n_ff, nr1, n_ff * 4, xh.ctypes.data)
+    s = axpy(Wt.ctypes.data, ne00 * 2, ne00, n_ff, xh.ctypes.data, nr1, idx.ctypes.data, n_ff * 4,
+             gid.ctypes.data, threshold, part.ctypes.data, 0, 1)
+    reduce_partials(out.ctypes.data, part.ctypes.data, nr1 * ne00, 1, 0, 1)
+    return s
+
+
+@compiled
 def axpy_upscale(w, nb01, ne00, n_ff, bucket, n_hot, xh, nr1, idx, idx_nb1, dst, threshold):
     """AXPY's GPU half (one thread): src0 holds the hot rows, row i is neuron bucket[i]; dst (zeroed by INIT) gets
     the kept rows added in bucket order."""
@@ -753,12 +765,17 @@ def run_axpy(Wt_f16: np.ndarray, x: np.ndarray, idx: np.ndarray, gpu_idx: np.nda
     n_ff, ne00 = Wt.shape
     x = _c(x, np.float32)
     nr1 = x.shape[0]
+    if x.ndim != 2 or x.shape[1] != n_ff:
+        raise ValueError(f"x must be (columns, {n_ff}) float32, got {x.shape}")
     xh = np.empty((nr1, n_ff), np.uint16)
-    quantize_src1(T_F16, x.ctypes.data, n_ff, nr1, n_ff * 4, xh.ctypes.data)
     idx = _c(idx, np.float32, (nr1, n_ff))
     gid = _c(gpu_idx, np.int32, (n_ff,))
     part = np.empty((nth, nr1, ne00), np.float32)
     out = np.empty((nr1, ne00), np.float32)
+    if nth == 1:
+        axpy_call(Wt.view(np.uint16), x, xh, idx, gid, F32(threshold), part, out)   # (Numba has no float16)
+        return out
+    quantize_src1(T_F16, x.ctypes.data, n_ff, nr1, n_ff * 4, xh.ctypes.data)
 
     def body(i):
         s = axpy(Wt.ctypes.data, ne00 * 2, ne00, n_ff, xh.ctypes.data, nr1, idx.ctypes.data, n_ff * 4,
