@@ -263,6 +263,13 @@ def test_compiled_mul_mat_sparse_has_real_ggml_bits_on_kept_rows(wtype):
         S = mm(X, I, G, 0.0, nth)
         assert np.array_equal(S[keep], real[keep]), nth
         assert np.all(S[~keep] == 0) and mm.skipped == int((~keep).sum())
+        # one column (a decode: the kernel lists the kept rows first), with and without gpu_idx
+        for j in range(T):
+            for g_ in (G, None):
+                kj = ~(I[j] < 0) & ((G != 1) if g_ is not None else True)
+                S1 = mm(X[j:j + 1], I[j:j + 1], g_, 0.0, nth)[0]
+                assert np.array_equal(S1[kj], real[j, kj]) and np.all(S1[~kj] == 0), (nth, j)
+                assert mm.skipped == int((~kj).sum()) and not np.signbit(S1[~kj]).any()
 
 
 def test_compiled_axpy_matches_the_faithful_kernel_bit_for_bit():
@@ -397,19 +404,19 @@ def _walk(gf, nth, compiled, n_next=None):
 def test_compiled_walk_equals_the_faithful_kernels_on_the_sparse_ffn(wtype):
     """llm_build_ffn_sparse's nodes (predictor MUL_MAT + RELU, MUL_MAT_SPARSE and its _upscale GPU half, SILU, MUL,
     AXPY and its bucket half, the merges) compiled: every node bit for bit the node-by-node walk's, 1 and 2
-    threads, thresholds -inf / -1 / 0."""
+    threads, 1 and 3 columns, thresholds -inf / -1 / 0."""
     pytest.importorskip("ggviz.ggml.cpu.fast.sparse", reason="the compiled walk needs Numba")
     for thr in (-np.inf, -1.0, 0.0):
         powerinfer.set_sparse_pred_threshold(thr)
-        for nth in (1, 2):
-            gf, _ = _hybrid_ffn(np.random.default_rng(int(wtype)), n_layer=1, M=512, K=256, T=3, wtype=wtype)
+        for nth, T in ((1, 1), (2, 1), (1, 3), (2, 3)):       # one column (a decode) and a small batch
+            gf, _ = _hybrid_ffn(np.random.default_rng(int(wtype)), n_layer=1, M=512, K=256, T=T, wtype=wtype)
             ref, _ = _walk(gf, nth, False)
-            gf, _ = _hybrid_ffn(np.random.default_rng(int(wtype)), n_layer=1, M=512, K=256, T=3, wtype=wtype)
+            gf, _ = _hybrid_ffn(np.random.default_rng(int(wtype)), n_layer=1, M=512, K=256, T=T, wtype=wtype)
             got, plan = _walk(gf, nth, True)
             ops = {ggml.op_desc(n) for n in gf.nodes}
             assert {"MUL_MAT_SPARSE", "AXPY", "RELU", "SILU"} <= ops
             for name, a in ref.items():
-                assert np.array_equal(got[name], a, equal_nan=True), (thr, nth, name)
+                assert np.array_equal(got[name], a, equal_nan=True), (thr, nth, T, name)
             skipped = ref["ffn_up_sparse-0"] == 0
             assert skipped.mean() > (0.25 if thr == 0.0 else 0.05) or thr == -np.inf
 

@@ -296,9 +296,29 @@ def mul_mat_sparse(qtype, w, nb01, ne00, nr0, wdata, nr1, idx, idx_nb1, gid, dst
     nb = ne00 // 32
     o_q, o_d, o_s, o_sum, total = mmq_layout(ne00, nr1)
     skipped = 0
+    kept = np.empty(dr0 if nr1 == 1 else 0, np.int64)
     while True:
         ir010 = atomic_add(counter, dr0)
         ir011 = min(ir010 + dr0, nr0)
+        if nr1 == 1:
+            # one column (a decode): the chunk's rows are zeroed, the kept ones listed without a branch per row
+            # (a row kept or not is a coin flip the branch predictor loses), then computed: the same values
+            n = 0
+            for ir0 in range(ir010, ir011):
+                st_f32(dst + ir0 * 4, F32(0.0))
+                keep = not (ld_f32(idx + ir0 * 4) < threshold)
+                if gid != 0:
+                    keep = keep & (ld_i32(gid + ir0 * 4) != 1)
+                kept[n] = ir0
+                n += np.int64(keep)
+            skipped += max(ir011 - ir010, 0) - n
+            for i in range(n):
+                ir0 = kept[i]
+                st_f32(dst + ir0 * 4, row_dot(qtype, w + ir0 * nb01, ne00, nb, wdata + o_q, wdata + o_d,
+                                              wdata + o_s))
+            if ir010 + dr0 >= nr0:
+                break
+            continue
         for ir0 in range(ir010, ir011):
             on_gpu = gid != 0 and ld_i32(gid + ir0 * 4) == 1
             row = w + ir0 * nb01
