@@ -18,6 +18,8 @@ no fastmath), for graphs whose weights sit in the CPU_REPACK extra buffer type (
   RMS_NORM+MUL fusion), ADD/SUB/MUL/DIV, ROPE (normal and NeoX, glibc's ``cosf``/``sinf`` reproduced), SET_ROWS,
   SOFT_MAX (``ggml_v_expf``'s AVX2 polynomial with real FMAs, glibc's ``expf`` for row tails), SWIGLU
   (``ggml_v_silu``), CPY/CONT/DUP. (NaN payloads may differ.)
+* PowerInfer's sparse FFN (MUL_MAT_SPARSE, AXPY, their GPU halves, RELU / SILU): ``sparse.py``, called from
+  ``compute_node``; the row helpers both use (src1 quantization, ``vec_dot_f16/f32``) live in ``rowdot.py``.
 * a compiled ``ggml_graph_compute_thread``: a graph is turned once into a table of int64/float64 rows (one per
   node: opcode, tensor addresses, ne, nb, op params; ``repack.FastGraph``), and every thread of the pool walks the
   table inside one ``nogil`` call, with ggml's counter barrier (``n_barrier``/``n_barrier_passed``, real atomics;
