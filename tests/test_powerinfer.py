@@ -48,10 +48,10 @@ def _ctx():
 
 def _tensor(ctx, type_, arr):
     arr = np.asarray(arr)
-    if type_ == Q4_1:
+    if type_ in (Q4_1, C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q8_0):
         rows, k = arr.shape
-        t = ggml.new_tensor_2d(ctx, Q4_1, k, rows)
-        raw = np.asarray(Q.quantize_row_ref(Q4_1, arr.astype(np.float32))).reshape(-1).view(np.uint8)
+        t = ggml.new_tensor_2d(ctx, type_, k, rows)
+        raw = np.asarray(Q.quantize_row_ref(type_, arr.astype(np.float32))).reshape(-1).view(np.uint8)
         ggml.get_data(t).reshape(-1).view(np.uint8)[:] = raw
         return t
     ne = list(arr.shape[::-1])
@@ -89,7 +89,7 @@ def test_mul_mat_sparse_equals_mul_mat_on_kept_rows(wtype, T, monkeypatch):
         S, D = (a.reshape(T, -1) for a in _compute([ys, yd], nth))
         keep = (G[None] != 1) & ~(I < 0)
         assert 0.3 < keep.mean() < 0.5
-        assert np.array_equal(S[keep], D[keep]), nth
+        _assert_dense_bits(S, D, keep, w, X, nth)
         assert np.all(S[~keep] == 0) and not np.signbit(S[~keep]).any()
         results.append(S)
     for r in results[1:]:
@@ -107,8 +107,38 @@ def test_mul_mat_sparse_threshold_global_and_no_gpu_idx():
         assert ggml.get_op_params_i32(ys, 0) == 1          # PowerInfer's op_params[0] = gpu_idx ? 0 : 1
         S, D = (a.reshape(2, -1) for a in _compute([ys, ggml.mul_mat(ctx, w, x)], 2))
         keep = ~(I < thr)
-        assert np.array_equal(S[keep], D[keep]) and np.all(S[~keep] == 0)
+        _assert_dense_bits(S, D, keep, w, X, thr)
+        assert np.all(S[~keep] == 0)
         assert keep.all() == (thr == -np.inf)
+
+
+def _assert_dense_bits(S, D, keep, w, X, what):
+    """Kept rows of MUL_MAT_SPARSE have dense MUL_MAT's bits. F16: ggviz's MUL_MAT (vec_dot_f16, bit-identical to
+    ggml). Q4_0 / Q4_1: MUL_MAT_SPARSE follows the AVX2 kernel lane for lane (quants.vec_dot(exact=True), as ggviz's
+    repacked dense MUL_MAT does); ggviz's MUL_MAT on plain Q4 rows keeps another float order (a few ulps: quants.py),
+    so the bits are checked against the real ggml where libggml-python is there, and the plain MUL_MAT to 1e-6."""
+    if w.type == F16:
+        assert np.array_equal(S[keep], D[keep]), what
+        return
+    assert np.abs(S[keep] - D[keep]).max() <= 1e-6 * np.abs(D[keep]).max(), what
+    g = _oracle()
+    if g is None:
+        return
+    raw = np.asarray(ggml.get_data(w)).reshape(-1).view(np.uint8)
+    ctx = g.init(64 << 20)
+    try:
+        wr = g.new_tensor_2d(ctx, w.type, int(w.ne[0]), int(w.ne[1]))
+        g.set_array(wr, raw)
+        xr = g.new_tensor_2d(ctx, g.GGML_TYPE_F32, X.shape[1], X.shape[0])
+        g.set_array(xr, X)
+        y = g.mul_mat(ctx, wr, xr)
+        gf = g.new_graph(ctx)
+        g.build_forward_expand(gf, y)
+        g.graph_compute(gf, 1)
+        real = g.to_float(y).reshape(X.shape[0], -1).copy()
+    finally:
+        g.free(ctx)
+    assert np.array_equal(S[keep], real[keep]), what
 
 
 def _axpy_ref(Wt16, X, I, G, thr):
@@ -233,6 +263,13 @@ def test_compiled_mul_mat_sparse_has_real_ggml_bits_on_kept_rows(wtype):
         S = mm(X, I, G, 0.0, nth)
         assert np.array_equal(S[keep], real[keep]), nth
         assert np.all(S[~keep] == 0) and mm.skipped == int((~keep).sum())
+        # one column (a decode: the kernel lists the kept rows first), with and without gpu_idx
+        for j in range(T):
+            for g_ in (G, None):
+                kj = ~(I[j] < 0) & ((G != 1) if g_ is not None else True)
+                S1 = mm(X[j:j + 1], I[j:j + 1], g_, 0.0, nth)[0]
+                assert np.array_equal(S1[kj], real[j, kj]) and np.all(S1[~kj] == 0), (nth, j)
+                assert mm.skipped == int((~kj).sum()) and not np.signbit(S1[~kj]).any()
 
 
 def test_compiled_axpy_matches_the_faithful_kernel_bit_for_bit():
@@ -255,7 +292,7 @@ def test_compiled_axpy_matches_the_faithful_kernel_bit_for_bit():
 
 # ---------------------------------------------------------------- the hybrid executor (ggviz/ggml/cpu/hybrid.py)
 
-def _hybrid_ffn(rng, n_layer=2, M=1536, K=576, T=2, p_gpu=0.3):
+def _hybrid_ffn(rng, n_layer=2, M=1536, K=576, T=2, p_gpu=0.3, wtype=Q4_1):
     """n_layer chained sparse FFNs (llm_build_ffn_sparse's shape: predictor, up/gate CPU + GPU halves merged,
     SiLU, MUL, AXPY CPU + GPU merged), random weights."""
     ctx = _ctx()
@@ -272,9 +309,11 @@ def _hybrid_ffn(rng, n_layer=2, M=1536, K=576, T=2, p_gpu=0.3):
         outs = {}
         for name in ("up", "gate"):
             W = (rng.standard_normal((M, K)) * 0.05).astype(np.float32)
-            c = ggml.mul_mat_idx(ctx, _tensor(ctx, Q4_1, W), cur, idx, g)
+            if wtype == F16:
+                W = W.astype(np.float16)
+            c = ggml.mul_mat_idx(ctx, _tensor(ctx, wtype, W), cur, idx, g)
             ggml.format_name(c, f"ffn_{name}_sparse-%d", il)
-            u = ggml.mul_mat_idx_upscale(ctx, _tensor(ctx, Q4_1, W[bucket]), cur, idx, gb, M)
+            u = ggml.mul_mat_idx_upscale(ctx, _tensor(ctx, wtype, W[bucket]), cur, idx, gb, M)
             ggml.format_name(u, f"ffn_{name}_sparse_gpu-%d", il)
             outs[name] = ggml.add(ctx, c, u)
         x = ggml.mul(ctx, ggml.silu(ctx, outs["gate"]), outs["up"])
@@ -342,3 +381,70 @@ def test_hybrid_executor_hands_a_kernel_error_to_the_caller(lane):
     ggml.build_forward_expand(gf, z)
     with pytest.raises(ggml.GGMLError, match="F16"):
         hybrid.graph_compute_hybrid(gf, 3, lambda n: lane == "gpu" and n.addr == y.addr)
+
+
+# ---------------------------------------------------------------- the sparse graph on the compiled walk (fast/)
+
+def _walk(gf, nth, compiled, n_next=None):
+    """graph_compute on the node-by-node walk (faithful kernels) or the compiled walk; every node's data after."""
+    from ggviz.ggml.cpu.fast import compiler
+    plan = ggml_cpu.graph_plan(gf, nth)
+    if compiled:
+        plan.extra = compiler.compile_graph(gf)
+        assert plan.extra is not None, "the compiled walk does not cover the sparse FFN graph"
+        plan.work_size = max(plan.work_size, plan.extra.work_size)
+        if n_next is not None:
+            plan.extra.n_next = n_next
+    plan.work_data = np.zeros(plan.work_size, np.uint8) if plan.work_size else None
+    assert ggml_cpu.graph_compute(gf, plan) == C.GGML_STATUS_SUCCESS
+    return {n.name: np.array(ggml.get_data(n), copy=True) for n in gf.nodes}, plan
+
+
+@pytest.mark.parametrize("wtype", [Q4_1, C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q8_0, F16])
+def test_compiled_walk_equals_the_faithful_kernels_on_the_sparse_ffn(wtype):
+    """llm_build_ffn_sparse's nodes (predictor MUL_MAT + RELU, MUL_MAT_SPARSE and its _upscale GPU half, SILU, MUL,
+    AXPY and its bucket half, the merges) compiled: every node bit for bit the node-by-node walk's, 1 and 2
+    threads, 1 and 3 columns, thresholds -inf / -1 / 0."""
+    pytest.importorskip("ggviz.ggml.cpu.fast.sparse", reason="the compiled walk needs Numba")
+    for thr in (-np.inf, -1.0, 0.0):
+        powerinfer.set_sparse_pred_threshold(thr)
+        for nth, T in ((1, 1), (2, 1), (1, 3), (2, 3)):       # one column (a decode) and a small batch
+            gf, _ = _hybrid_ffn(np.random.default_rng(int(wtype)), n_layer=1, M=512, K=256, T=T, wtype=wtype)
+            ref, _ = _walk(gf, nth, False)
+            gf, _ = _hybrid_ffn(np.random.default_rng(int(wtype)), n_layer=1, M=512, K=256, T=T, wtype=wtype)
+            got, plan = _walk(gf, nth, True)
+            ops = {ggml.op_desc(n) for n in gf.nodes}
+            assert {"MUL_MAT_SPARSE", "AXPY", "RELU", "SILU"} <= ops
+            for name, a in ref.items():
+                assert np.array_equal(got[name], a, equal_nan=True), (thr, nth, T, name)
+            skipped = ref["ffn_up_sparse-0"] == 0
+            assert skipped.mean() > (0.25 if thr == 0.0 else 0.05) or thr == -np.inf
+
+
+def test_compiled_walk_reads_the_threshold_at_compute_time_and_keeps_ggml_nth():
+    """A compiled program is reused between computes (llama.cpp reuses graphs): a new sparse_pred_threshold must
+    take effect at the next compute. And AXPY's partials follow the compute's n_threads even when the walk's thread
+    policy runs it on one thread (ggviz's choice), so the bits do not depend on the policy."""
+    pytest.importorskip("ggviz.ggml.cpu.fast.sparse", reason="the compiled walk needs Numba")
+    from ggviz.ggml.cpu.fast import compiler
+    gf, out = _hybrid_ffn(np.random.default_rng(3), n_layer=1, M=512, K=256, T=2)
+    refs = {}
+    for thr in (0.0, -1.0):
+        powerinfer.set_sparse_pred_threshold(thr)
+        refs[thr] = _walk(gf, 2, False)[0][out.name]
+    assert not np.array_equal(refs[0.0], refs[-1.0])
+    plan = ggml_cpu.graph_plan(gf, 2)
+    plan.extra = compiler.compile_graph(gf)
+    plan.work_size = max(plan.work_size, plan.extra.work_size)
+    plan.work_data = np.zeros(plan.work_size, np.uint8)
+    for thr in (0.0, -1.0, 0.0):
+        powerinfer.set_sparse_pred_threshold(thr)
+        plan.extra.n_next = 1                   # the thread policy's "one thread": still 2 partials, same sums
+        assert ggml_cpu.graph_compute(gf, plan) == C.GGML_STATUS_SUCCESS
+        assert plan.extra.n_use_now == 1
+        assert np.array_equal(np.asarray(ggml.get_data(out)), refs[thr]), thr
+    # a work buffer smaller than the compiled layout needs is refused with a message, not overrun
+    plan.work_data = np.zeros(plan.work_size // 4, np.uint8)
+    plan.work_size //= 4
+    with pytest.raises(ggml.GGMLError, match="work buffer"):
+        ggml_cpu.graph_compute(gf, plan)

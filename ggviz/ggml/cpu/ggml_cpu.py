@@ -162,6 +162,7 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
         extra = traits.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
         work_size = max(work_size, extra if extra is not None else node_work_size(node, n_tasks, n_threads))
     if prog is not None:
+        work_size = max(work_size, prog.work_size)     # what the compiled kernels lay out differently (fast/)
         prog.plan_cache[n_threads] = (work_size, max_tasks, list(per_node))
     if work_size > 0:
         # one cache line per thread so per-thread scratch slices never share a line

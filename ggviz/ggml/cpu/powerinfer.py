@@ -11,8 +11,9 @@ pass. ggml 0.20.2 has no passes any more; here thread 0 does INIT's work, then a
 
 * MUL_MAT_SPARSE. INIT: src1 -> vec_dot_type in wdata, the shared counter ``aic`` set to 0. COMPUTE: threads claim
   chunks of ``dr0 = ceil(nr0 / (8 nth))`` rows with ``atomic_fetch_add(aic, dr0)`` until the rows run out; row r of
-  column j is ``0`` where ``gpu_idx[r] == 1 || idx[j][r] < threshold``, else one ``vec_dot`` (the same vec_dot as
-  MUL_MAT's, so a kept row is MUL_MAT's value bit for bit).
+  column j is ``0`` where ``gpu_idx[r] == 1 || idx[j][r] < threshold``, else one ``vec_dot`` in the AVX2 kernel's
+  own float order (``quants.vec_dot(..., exact=True)``, also for Q4_0 / Q4_1), so a kept row has the real ggml's
+  bits, which are those of ggviz's dense (repacked) MUL_MAT and of the compiled kernel (fast/sparse.py).
 * AXPY (dst[:, j] = sum_r x[r, j] * down_t[r]): INIT zeroes dst and converts x to F16 (F16's vec_dot_type).
   COMPUTE: a static split of the n_ff rows, ``dr = ceil(n_ff / nth)``; a row is skipped where its F16 x is 0,
   ``gpu_idx[r] == 1`` (or gpu_idx is NULL: then PowerInfer's CPU kernel skips every row) or
@@ -159,7 +160,7 @@ def forward_mul_mat_sparse(params: ComputeParams, dst: Tensor) -> None:
             keep = ~(idx[:, aux] < threshold)              # (nr1, n_hot)
             rows = np.flatnonzero(keep.any(0))
             if len(rows):
-                vals = cq.vec_dot(src0.type, W[rows], y)   # (nr1, len(rows))
+                vals = cq.vec_dot(src0.type, W[rows], y, exact=True)   # (nr1, len(rows))
                 out[:, aux[rows]] = np.where(keep[:, rows], vals, F32(0))
         return
 
@@ -177,7 +178,7 @@ def forward_mul_mat_sparse(params: ComputeParams, dst: Tensor) -> None:
             rows = np.flatnonzero(~skip.all(0))
             out[:, ir010:ir011] = 0
             if len(rows):
-                vals = cq.vec_dot(src0.type, W[ir010 + rows], y)        # (nr1, len(rows))
+                vals = cq.vec_dot(src0.type, W[ir010 + rows], y, exact=True)   # (nr1, len(rows))
                 out[:, ir010 + rows] = np.where(skip[:, rows], F32(0), vals)
             if trace.active:
                 trace.emit("cpu.chunk", ith=ith, node=dst.name, chunk=ir010 // dr0, nchunk=((nr0 + dr0 - 1) // dr0, 1),

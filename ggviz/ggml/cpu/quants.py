@@ -37,7 +37,8 @@ products of a block (or sub-block) are summed exactly as integers, multiplied by
 float32 block scale ``d_x*d_y``, and the blocks are summed in float32 (q4_1 / q5_1's
 ``summs`` in the kernel's own order).  Only the order of the float32 additions differs
 from the library's 8-lane accumulators, so results agree to a few float32 ulps
-(relative ~1e-7 of the sum of |terms|), not bit for bit.
+(relative ~1e-7 of the sum of |terms|), not bit for bit. ``vec_dot(..., exact=True)`` also takes q4_0 / q4_1
+through the lane-for-lane path (``AVX2_EXACT_ON_REQUEST``; slower; PowerInfer's MUL_MAT_SPARSE uses it).
 
 Either way every output element is computed by a fixed sequence of operations of its
 own, whatever rows and columns are computed with it: no BLAS call sums floats (the
@@ -390,6 +391,9 @@ def _scaled_block_dot(X, Y, dx, dy, blk, depth, bx=None, by=None):
 
 # The src0 types whose vec_dot follows the AVX2 kernel lane for lane (the others use the block-wise order above)
 AVX2_EXACT = frozenset({GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K})
+# ... and those whose lane-for-lane order ggviz also has, used where asked (``vec_dot(..., exact=True)``: PowerInfer's
+# MUL_MAT_SPARSE on plain Q4_0 / Q4_1 rows, whose dense MUL_MAT ggviz runs repacked, in the kernel's own order)
+AVX2_EXACT_ON_REQUEST = AVX2_EXACT | frozenset({GGML_TYPE_Q4_0, GGML_TYPE_Q4_1})
 _F64 = np.float64
 _LANE_TILE = 1 << 21        # lanes * N * M elements per tile: bounds the float64 scratch to ~16 MiB a piece
 
@@ -437,13 +441,19 @@ def _vec_dot_avx2_tile(t: int, px: PreparedRows, py: PreparedRows) -> np.ndarray
     nb = px.d.shape[1]
     acc = np.zeros((8, N, M), np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
-        if t in (GGML_TYPE_Q8_0, GGML_TYPE_Q5_0):
+        if t in (GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1):
             # acc = fmadd(d_x*d_y, (float) lane sums of the block, acc), block after block; hsum_float_8
             X, Y = _by_lane(px.q, nb, 1), _by_lane(py.q, nb, 1)
             for b in range(nb):
                 d = py.d[:, b, None] * px.d[None, :, b]
                 acc = fma32(d, _lane_sums(Y[b], X[b]).astype(np.float32), acc)
-            return hsum_float_8(acc)
+            if t != GGML_TYPE_Q4_1:
+                return hsum_float_8(acc)
+            # ggml_vec_dot_q4_1_q8_1: summs += m_x * s_y block after block (exact products), then hsum + summs
+            summs = np.zeros((N, M), np.float32)
+            for b in range(nb):
+                summs += py.bias[:, b, None] * px.bias[None, :, b]
+            return hsum_float_8(acc) + summs
         # the K-quants: 8 registers of 32 per super-block; the sub-block scales are folded into px.q
         X, Y = _by_lane(px.q, nb, 8), _by_lane(py.q, nb, 8)
         bs = py.mq.reshape(N, nb, 8, 2).astype(_F64)               # bsums (of 16) in pairs
@@ -510,7 +520,7 @@ def vec_dot_tiled(t: int, x, y) -> np.ndarray:
     return buf
 
 
-def vec_dot(t: int, x, y) -> np.ndarray:
+def vec_dot(t: int, x, y, exact: bool = False) -> np.ndarray:
     """All row-by-row dot products of type_traits_cpu[t].vec_dot: returns float32 (N, M).
 
     x: M rows of src0 of type t, as uint8 (M, row_bytes) (or typed (M, n) for
@@ -532,6 +542,7 @@ def vec_dot(t: int, x, y) -> np.ndarray:
     Every output element is computed by the same sequence of float operations whatever
     the shapes of x and y (no BLAS call whose summation order depends on the matrix
     sizes), so ggml's split of a MUL_MAT into per-thread chunks cannot change a bit.
+    With ``exact``, q4_0 / q4_1 follow the AVX2 kernel lane for lane as well (bit-identical).
     """
     if t not in HAS_VEC_DOT:
         raise NotImplementedError(f"type_traits_cpu[{Q.type_name(t)}].vec_dot is NULL")
@@ -539,7 +550,7 @@ def vec_dot(t: int, x, y) -> np.ndarray:
     py = y if isinstance(y, PreparedRows) else prepare(vt, y)
     if py.type != vt:
         raise ValueError(f"vec_dot({Q.type_name(t)}): y is {Q.type_name(py.type)}, not {Q.type_name(vt)}")
-    if t in AVX2_EXACT and not isinstance(x, PreparedRows):
+    if (t in AVX2_EXACT or (exact and t in AVX2_EXACT_ON_REQUEST)) and not isinstance(x, PreparedRows):
         # unpack src0 a tile of rows at a time (a 262144-row output matrix would take GiBs unpacked at once)
         raw = _as_rows(t, x)
         M = raw.shape[0]

@@ -18,11 +18,22 @@ import numpy as np
 from .... import trace
 from ... import consts as C
 from ...impl import EMPTY_OPS, GGMLError
-from ...tensor import Tensor, get_glu_op, get_op_params_f32, get_op_params_i32, is_empty, nelements, nrows, op_desc
+from ...tensor import (
+    GGML_OP_AXPY,
+    GGML_OP_MUL_MAT_SPARSE,
+    Tensor,
+    get_glu_op,
+    get_op_params_f32,
+    get_op_params_i32,
+    is_empty,
+    nelements,
+    nrows,
+    op_desc,
+)
 from .. import mul_mat, repack
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
-from . import gemma_ops, kernels, sync
+from . import gemma_ops, kernels, sparse, sync
 from .sgemm import row_kernel
 from .program import (
     CPY_DTYPE,
@@ -48,11 +59,13 @@ from .program import (
     NE3,
     NFCOL,
     OP,
+    OP_AXPY,
     OP_BINARY,
     OP_CPY,
     OP_GET_ROWS,
     OP_MUL_MAT_F,
     OP_MUL_MAT_Q,
+    OP_MUL_MAT_SPARSE,
     OP_RMS_NORM,
     OP_ROPE,
     OP_SET_ROWS,
@@ -99,6 +112,7 @@ except (AttributeError, OSError):
 
 
 
+_SPARSE_OPS = (GGML_OP_MUL_MAT_SPARSE, GGML_OP_AXPY, C.GGML_OP_UNARY)
 _BINOP = {C.GGML_OP_ADD: 0, C.GGML_OP_MUL: 1, C.GGML_OP_SUB: 2, C.GGML_OP_DIV: 3}
 
 
@@ -143,6 +157,10 @@ class FastGraph:
         self.n_single = 0                     # computes run on one thread since the last probe ...
         self.single_ns = 0                    # ... and their time
         self.probe_every, self.probe_ns, self.probing = self.PROBE_EVERY, self.PROBE_NS, False
+        self.sparse_work = []                 # (bytes, bytes per thread) of PowerInfer's AXPY rows
+        # rows of PowerInfer's MUL_MAT_SPARSE / AXPY: their threshold and n_threads are written before each compute
+        self.sparse_rows = np.flatnonzero((P[:, OP] == OP_MUL_MAT_SPARSE) | (P[:, OP] == OP_AXPY)) \
+            if len(P) else np.zeros(0, np.int64)
 
     def __len__(self):
         return self.P.shape[0]
@@ -207,6 +225,8 @@ class FastGraph:
             op = P[k, OP]
             if op == OP_MUL_MAT_Q:
                 cap += 1 + ((int(P[k, S0 + NE1]) + 7) // 8) * int(P[k, S1 + NE2]) + n_threads
+            elif op == OP_MUL_MAT_SPARSE or op == OP_AXPY:
+                cap += 2                      # the kernel barriers after INIT (and AXPY's before its reduction)
             elif op == OP_MUL_MAT_F:
                 nr0 = int(P[k, DST + NE0])
                 nr1 = int(P[k, DST + NE1]) * int(P[k, S1 + NE2]) * int(P[k, S1 + NE3])
@@ -254,6 +274,7 @@ class FastGraph:
     def begin_compute(self, nth: int) -> None:
         """Fix the number of threads of the next compute (called by graph_compute before the kickoff)."""
         self.n_use_now = max(1, min(min(nth, N_CPUS), self.n_next))
+        sparse.set_compute_params(self.P, self.F, self.sparse_rows, nth)
 
     def compute_thread(self, ith: int, nth: int, work_data) -> None:
         """Thread ith's walk over every node (ggml_graph_compute_thread, compiled). ``self.n_next`` (decided by
@@ -266,7 +287,15 @@ class FastGraph:
         n_use = min(n_max, self.n_use_now) if self.n_use_now is not None else max(1, min(n_max, self.n_next))
         if ith >= n_use:
             return
-        w = work_data.ctypes.data if work_data is not None and work_data.nbytes else 0
+        nbytes = work_data.nbytes if work_data is not None else 0
+        if self.sparse_rows.size:
+            # PowerInfer's kernels lay out the work buffer their own way: check it (every thread sees the same and
+            # leaves before the first barrier, so the caller gets the error and nothing is overrun)
+            need = max([self.work_size] + [a + nth * b for a, b in self.sparse_work])
+            if nbytes < need:
+                raise GGMLError(f"the compiled graph needs a work buffer of {need} bytes for {nth} threads, got "
+                                f"{nbytes} (ggml_graph_plan's work_size includes it)")
+        w = work_data.ctypes.data if nbytes else 0
         if ith == 0:
             t0, c0 = time.perf_counter_ns(), kernels.time_ns()
         kernels.graph_compute_thread(self.P, self.F, w, self.sync.ctypes.data, ith, n_use, 0, len(self), self.timings)
@@ -387,6 +416,7 @@ def _build(cgraph, require_repack: bool = True):
     k = 0
     wsize = 0
     any_repack = False
+    sparse_work = []              # (bytes, bytes per thread) of the AXPY rows (sparse.work_size)
     i = 0
     try:
         while i < n:
@@ -483,6 +513,13 @@ def _build(cgraph, require_repack: bool = True):
                 P[k, SWIGLU_NROWS] = nrows(s0)
                 if s1 is None:
                     P[k, S1 + DATA] = 0
+            elif op in _SPARSE_OPS:
+                # PowerInfer's sparse FFN: MUL_MAT_SPARSE, AXPY and the RELU / SILU around them (sparse.py)
+                _need(sparse.build_node(P, F, k, node))
+                fixed, per_thread = sparse.work_size(node)
+                wsize = max(wsize, fixed)
+                if per_thread:
+                    sparse_work.append((fixed, per_thread))
             elif op == C.GGML_OP_GET_ROWS:
                 _need(node.type == GGML_TYPE_F32 and s1.type in (C.GGML_TYPE_I32, C.GGML_TYPE_I64))
                 _need(s0.type in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
@@ -505,7 +542,9 @@ def _build(cgraph, require_repack: bool = True):
         return None
     if require_repack and not any_repack:
         return None
-    return FastGraph(P[:k].copy(), F[:k].copy(), idx, names, wsize, meta, n)
+    fg = FastGraph(P[:k].copy(), F[:k].copy(), idx, names, wsize, meta, n)
+    fg.sparse_work = sparse_work
+    return fg
 
 
 def _build_rope(P, F, k, node):

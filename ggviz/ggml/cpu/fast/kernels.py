@@ -18,6 +18,8 @@ no fastmath), for graphs whose weights sit in the CPU_REPACK extra buffer type (
   RMS_NORM+MUL fusion), ADD/SUB/MUL/DIV, ROPE (normal and NeoX, glibc's ``cosf``/``sinf`` reproduced), SET_ROWS,
   SOFT_MAX (``ggml_v_expf``'s AVX2 polynomial with real FMAs, glibc's ``expf`` for row tails), SWIGLU
   (``ggml_v_silu``), CPY/CONT/DUP. (NaN payloads may differ.)
+* PowerInfer's sparse FFN (MUL_MAT_SPARSE, AXPY, their GPU halves, RELU / SILU): ``sparse.py``, called from
+  ``compute_node``; the row helpers both use (src1 quantization, ``vec_dot_f16/f32``) live in ``rowdot.py``.
 * a compiled ``ggml_graph_compute_thread``: a graph is turned once into a table of int64/float64 rows (one per
   node: opcode, tensor addresses, ne, nb, op params; ``repack.FastGraph``), and every thread of the pool walks the
   table inside one ``nogil`` call, with ggml's counter barrier (``n_barrier``/``n_barrier_passed``, real atomics;
@@ -36,7 +38,7 @@ import time
 
 import numpy as np
 
-from . import gemma_ops
+from . import gemma_ops, sparse
 from .intrinsics import (
     HAVE_AVX2,
     SCALES_F16,
@@ -72,13 +74,9 @@ from .intrinsics import (
     soft_max_exp8,
     soft_max_prep,
     st_f32,
-    st_i8,
-    st_i32,
     st_u16,
     st_u32,
     swiglu8,
-    vec_dot_f16_simd,
-    vec_dot_f32_simd,
 )
 from .program import (
     CPY_DTYPE,
@@ -109,15 +107,18 @@ from .program import (
     OP_BINARY,
     OP_CPY,
     OP_GEGLU,
+    OP_AXPY,
     OP_GET_ROWS,
     OP_MUL_MAT_F,
     OP_MUL_MAT_Q,
+    OP_MUL_MAT_SPARSE,
     OP_RMS_NORM,
     OP_ROPE,
     OP_SCALE,
     OP_SET_ROWS,
     OP_SOFT_MAX,
     OP_SWIGLU,
+    OP_UNARY,
     RMS_NORM_EPS,
     ROPE_CORR0,
     ROPE_CORR1,
@@ -156,81 +157,15 @@ from .program import (
 from .kquants import dequantize_row as kq_dequantize_row
 from .kquants import k_mul_mat_kq
 from .program import T_Q4_K, T_Q5_0, T_Q6_K
+from .rowdot import mmq_layout, quantize_row_q8, vec_dot_f16, vec_dot_f32
 from .sgemm import llamafile_mul_mat_f
 from .sync import new_sync, set_error, tr_rec, traced, traced_barrier
 
 F32 = np.float32
 
 # =================================================================================================================
-# quantization of src1 rows (quantize_row_q8_0 / quantize_row_q8_1, AVX2), split layout
-# =================================================================================================================
-
-@compiled
-def _maxps(a, b):
-    return a if a > b else b
-
-@compiled
-def quantize_row_q8(x, nb00, k, qy, dy, sy, ysum, with_sum):
-    """One row of k floats at ``x`` (element stride nb00) -> int8 quants at qy, per block float32 d (the F16C-
-    rounded scale), s (Q8_1: F16C(d*sum)), and the int32 sum of the int8 quants."""
-    nb = k // 32
-    lanes = np.empty(8, np.float32)
-    for ib in range(nb):
-        xb = x + ib * 32 * nb00
-        # max |x|: four 8-lane vectors, _mm256_max_ps in order, then 4 / 2 / 1 lanes
-        for l in range(8):
-            lanes[l] = abs(ld_f32(xb + l * nb00))
-        for v in range(1, 4):
-            for l in range(8):
-                lanes[l] = _maxps(lanes[l], abs(ld_f32(xb + (8 * v + l) * nb00)))
-        m0 = _maxps(lanes[4], lanes[0])
-        m1 = _maxps(lanes[5], lanes[1])
-        m2 = _maxps(lanes[6], lanes[2])
-        m3 = _maxps(lanes[7], lanes[3])
-        amax = _maxps(_maxps(m0, m2), _maxps(m1, m3))
-        d = amax / F32(127.0)
-        idv = F32(127.0) / amax if amax != F32(0.0) else F32(0.0)
-        isum = np.int64(0)
-        qsum = np.int32(0)
-        for j in range(32):
-            v = ld_f32(xb + j * nb00) * idv
-            # _mm256_round_ps(nearest) then _mm256_cvtps_epi32 (NaN / out of range -> INT_MIN)
-            if v != v or abs(v) >= F32(2147483648.0):
-                iv = np.int64(-2147483648)
-            else:
-                iv = np.int64(np.rint(v))
-            isum += iv
-            q = iv
-            if q > 127:
-                q = 127
-            elif q < -128:
-                q = -128
-            st_i8(qy + ib * 32 + j, np.int8(q))
-            qsum += np.int32(q)
-        dh = fp32_to_fp16(d)
-        st_f32(dy + ib * 4, fp16_to_fp32(dh))
-        st_i32(ysum + ib * 4, qsum)
-        if with_sum:
-            # hsum of the int32 lanes wraps like the SIMD adds
-            s32 = np.int32(isum)
-            st_f32(sy + ib * 4, fp16_to_fp32(fp32_to_fp16(d * F32(s32))))
-        else:
-            st_f32(sy + ib * 4, F32(0.0))
-
-# =================================================================================================================
 # repacked MUL_MAT (tensor_traits::forward_mul_mat of repack.cpp)
 # =================================================================================================================
-
-@compiled
-def mmq_layout(ne10, nrows_y):
-    """Byte offsets in the work buffer of the quantized src1: quants, d, s, sums; and the total size."""
-    nb = ne10 // 32
-    o_q = 0
-    o_d = (nrows_y * ne10 + 63) // 64 * 64
-    o_s = o_d + (nrows_y * nb * 4 + 63) // 64 * 64
-    o_sum = o_s + (nrows_y * nb * 4 + 63) // 64 * 64
-    total = o_sum + (nrows_y * nb * 4 + 63) // 64 * 64
-    return o_q, o_d, o_s, o_sum, total
 
 @compiled
 def mmq_quantize(src1, ne10, ne11, ne12, nb11, nb12, nb10, wdata, with_sum, ith, nth):
@@ -363,55 +298,6 @@ def k_mul_mat_q(P, F, k, ith, nth, sync, wdata):
 # =================================================================================================================
 # MUL_MAT with F16 / F32 src0 (ggml_compute_forward_mul_mat + vec_dot_f16 / vec_dot_f32)
 # =================================================================================================================
-
-@compiled
-def vec_dot_f16(n, x, y):
-    n32 = n // 32
-    if HAVE_AVX2:
-        sumf = np.float64(vec_dot_f16_simd(x, y, n32))
-    else:
-        acc = np.zeros(32, np.float32)
-        for i in range(n32):
-            for j in range(32):
-                acc[j] = acc[j] + fp16_to_fp32(ld_u16(x + 2 * (32 * i + j))) * fp16_to_fp32(ld_u16(y + 2 * (32 * i + j)))
-        for j in range(16):
-            acc[j] = acc[j] + acc[j + 16]
-        for j in range(8):
-            acc[j] = acc[j] + acc[j + 8]
-        t0 = np.empty(4, np.float32)
-        for j in range(4):
-            t0[j] = acc[j] + acc[j + 4]
-        sumf = np.float64((t0[0] + t0[1]) + (t0[2] + t0[3]))
-    for i in range(n32 * 32, n):
-        sumf += np.float64(fp16_to_fp32(ld_u16(x + 2 * i)) * fp16_to_fp32(ld_u16(y + 2 * i)))
-    return F32(sumf)
-
-@compiled
-def vec_dot_f32(n, x, y):
-    n32 = n // 32
-    if HAVE_AVX2:
-        sumf = vec_dot_f32_simd(x, y, n32)
-    else:
-        acc = np.zeros(32, np.float32)
-        for i in range(n32):
-            for j in range(32):
-                acc[j] = fmaf(ld_f32(x + 4 * (32 * i + j)), ld_f32(y + 4 * (32 * i + j)), acc[j])
-        for j in range(16):
-            acc[j] = acc[j] + acc[j + 16]
-        for j in range(8):
-            acc[j] = acc[j] + acc[j + 8]
-        t0 = np.empty(4, np.float32)
-        for j in range(4):
-            t0[j] = acc[j] + acc[j + 4]
-        sumf = (t0[0] + t0[1]) + (t0[2] + t0[3])
-    # the leftover loop as the compiler emits it for ggml's scalar tail: 8- and 4-wide multiplies added in order,
-    # then a fused multiply-add for the last (n % 32) % 4 elements
-    r = n - n32 * 32
-    for i in range(n32 * 32, n - r % 4):
-        sumf += ld_f32(x + 4 * i) * ld_f32(y + 4 * i)
-    for i in range(n - r % 4, n):
-        sumf = fmaf(ld_f32(x + 4 * i), ld_f32(y + 4 * i), sumf)
-    return sumf
 
 @compiled
 def k_mul_mat_f(P, F, k, ith, nth, sync, wdata):
@@ -882,6 +768,13 @@ def compute_node(P, F, k, ith, nth, sync, wdata):
         gemma_ops.k_scale(P, F, k, ith, nth, sync, wdata)
     elif op == OP_GEGLU:
         gemma_ops.k_geglu(P, F, k, ith, nth, sync, wdata)
+    # PowerInfer's sparse FFN (sparse.py)
+    elif op == OP_MUL_MAT_SPARSE:
+        sparse.k_mul_mat_sparse(P, F, k, ith, nth, sync, wdata)
+    elif op == OP_AXPY:
+        sparse.k_axpy(P, F, k, ith, nth, sync, wdata)
+    elif op == OP_UNARY:
+        sparse.k_unary(P, F, k, ith, nth, sync, wdata)
 
 @compiled
 def graph_compute_thread(P, F, wdata, sync, ith, nth, k0, k1, timings):

@@ -27,6 +27,11 @@ OP_MUL_MAT_F = 9         # src0 F16 / F32 (ggml_compute_forward_mul_mat with vec
 OP_MUL_MAT_Q = 10        # src0 in CPU_REPACK (the repack tensor_traits' forward_mul_mat)
 OP_SCALE = 11            # gemma_ops.k_scale
 OP_GEGLU = 12            # gemma_ops.k_geglu
+# PowerInfer's sparse FFN (sparse.py)
+OP_MUL_MAT_SPARSE = 13   # sparse.k_mul_mat_sparse (SP_UPSCALE = 1: the GPU half, mul_mat_idx_upscale)
+OP_AXPY = 14             # sparse.k_axpy (SP_UPSCALE = 1: the GPU half on gpu_bucket)
+OP_UNARY = 15            # sparse.k_unary: SUBOP = UNARY_RELU / UNARY_SILU (F32 rows)
+UNARY_RELU, UNARY_SILU = 0, 1
 
 # ---------------------------------------------------------------------------------------------------------------------
 # P: int64 columns of a program row
@@ -55,6 +60,10 @@ SWIGLU_NC, SWIGLU_SWAPPED, SWIGLU_NROWS = X, X + 1, X + 2   # OP_SWIGLU: row len
 ROPE_N_DIMS, ROPE_NEOX = X, X + 1                           # OP_ROPE: rotated dims, 1 for NeoX mode
 SCALE_NC, SCALE_NROWS = X, X + 1                            # OP_SCALE: row length, rows
 GEGLU_NC, GEGLU_SWAPPED, GEGLU_NROWS, GEGLU_TABLE = X, X + 1, X + 2, X + 3   # OP_GEGLU: + the GELU table address
+# OP_MUL_MAT_SPARSE / OP_AXPY: src0 type, src[3] (gpu_idx, or gpu_bucket in the GPU half; 0 = NULL) and its length,
+# 1 for the GPU half, and SP_NTH: the compute's n_threads (written before each compute: AXPY's static split and
+# its partials follow ggml's nth, not the threads the compiled walk happens to use)
+SP_TYPE, SP_AUX, SP_NAUX, SP_UPSCALE, SP_NTH = X, X + 1, X + 2, X + 3, X + 4
 
 # ---------------------------------------------------------------------------------------------------------------------
 # F: float64 columns of a program row
@@ -63,6 +72,7 @@ GEGLU_NC, GEGLU_SWAPPED, GEGLU_NROWS, GEGLU_TABLE = X, X + 1, X + 2, X + 3   # O
 RMS_NORM_EPS = 0
 SOFT_MAX_SCALE, SOFT_MAX_SLOPE = 0, 1
 SCALE_S, SCALE_B = 0, 1
+SP_THRESHOLD = 0         # OP_MUL_MAT_SPARSE / OP_AXPY: ggml.c's sparse_pred_threshold, written before each compute
 (ROPE_FREQ_SCALE, ROPE_EXT_FACTOR, ROPE_MSCALE, ROPE_THETA_SCALE, ROPE_CORR0, ROPE_CORR1,
  ROPE_SIN_SIGN) = range(7)
 
