@@ -94,13 +94,22 @@ def model_table(path, eval_tokens: int, skip_tokens: int, threads: int, threshol
     ids = P.corpus_tokens(dense.vocab, skip_tokens + eval_tokens)[skip_tokens:]
     n_layer = dense.hparams.n_layer
 
-    def run(model, thr=None):
+    def run(model, thr=None, nudge=None):
         """Logits, the fraction of rows below the threshold, and the decode's seconds. The timed decode has no eval
-        callback (a callback splits the graph at every node it asks for); a second decode counts the rows."""
+        callback (a callback splits the graph at every node it asks for); a second decode counts the rows.
+        ``nudge``: a node name whose every value is moved by one ulp (np.nextafter) before the graph goes on."""
         if thr is not None:
             cpu_pi.set_sparse_pred_threshold(thr)
         ctx = P._ctx(model, len(ids), threads)
         idx = []
+        if nudge is not None:
+            def nudge_cb(t, ask):
+                if ask:
+                    return t.name == nudge
+                a = ggml.get_data(t)
+                a[...] = np.nextafter(a, np.float32(np.inf))
+                return True
+            ctx.cparams.cb_eval = nudge_cb
         try:
             t0 = time.perf_counter()
             assert llama.decode(ctx, P._batch_all_logits(ids)) == 0
@@ -137,6 +146,14 @@ def model_table(path, eval_tokens: int, skip_tokens: int, threads: int, threshol
     ppl16 = float(np.exp(-p16[:-1][np.arange(len(tgt)), tgt].mean()))
     print(f"{'dense F16 down':>14s} {'-':>8s} {ppl16:>11.3f} {ppl16 / ppl_d - 1:>+8.2%} {kl16:>9.4f} "
           f"{float((Ld.argmax(1) == L16.argmax(1)).mean()):>11.3f}")
+    # the noise floor itself: the dense model with layer 0's FFN output moved by one ulp, nothing else changed
+    # (every later MUL_MAT rounds its input to Q8_1 blocks, so a last-bit difference can cross a rounding step)
+    Ln, _, _ = run(dense, nudge="ffn_out-0")
+    pn = _lsm(Ln)
+    kln = float((np.exp(pd) * (pd - pn)).sum(1).mean())
+    ppln = float(np.exp(-pn[:-1][np.arange(len(tgt)), tgt].mean()))
+    print(f"{'dense +1 ulp':>14s} {'-':>8s} {ppln:>11.3f} {ppln / ppl_d - 1:>+8.2%} {kln:>9.4f} "
+          f"{float((Ld.argmax(1) == Ln.argmax(1)).mean()):>11.3f}")
     for thr in thresholds:
         Ls, skipped, ts = run(sparse, thr)
         ps = _lsm(Ls)
