@@ -6,14 +6,15 @@
 With ``--model`` (a file written by ``ggviz powerinfer build``) it prints, for thresholds -inf, -1, -0.5 and 0, on
 held-out text (the ``pydoc_data.topics`` tokens after the ones the build trained on): the rows MUL_MAT_SPARSE
 skipped, the perplexity against the dense model's and the mean KL divergence of the next-token distributions, and
-two noise-floor rows: "dense F16 down" (the dense graph with the PWRI file's F16 down weights, ``use_f16_down``)
-against the dense model, and threshold -inf against that F16-down graph. Measured (512 tokens, build on 30,720):
--1: 7.8 % skipped, +0.82 % perplexity, KL 0.016; -0.5: 14.4 %, +0.51 %, 0.043; 0: 26.2 %, +4.3 %, 0.116;
--inf: 0 %, -0.05 %, 0.0037 (vs F16 down 0.0029); dense F16 down vs dense: +0.05 %, 0.0037. Then the decode times
-of the dense model and of the sparse one at each threshold, in alternating rounds (``--rounds``), both on the
-compiled walk. Measured (512 tokens, 2 threads, a shared 2-core machine): dense 6.56 s, sparse -inf 11.95 s, -1
-9.54 s, 0 10.33 s (the faithful kernels took 148 s); the sparse graph adds the predictor and computes up/gate row by
-row in ggml's plain layout, where the dense one runs repacked GEMMs.
+three noise-floor rows: "dense F16 down" (the dense graph with the PWRI file's F16 down weights, ``use_f16_down``)
+against the dense model, "dense +1 ulp" (the dense model with every value of ``ffn_out-0`` moved by one ulp) and
+threshold -inf against the F16-down graph. Measured (512 tokens, build on 30,720, 8 epochs, positive weight 1.85):
+-1: 9.7 % skipped, +0.02 % perplexity, KL 0.022; -0.5: 17.2 %, +1.55 %, 0.055; 0: 29.7 %, +4.53 %, 0.143;
+-inf: 0 %, -0.20 %, 0.0038 (vs F16 down 0.0028); dense F16 down vs dense 0.0037, dense +1 ulp vs dense 0.0035.
+Then the decode times of the dense model and of the sparse one at each threshold, in alternating rounds
+(``--rounds``), both on the compiled walk. Measured (512 tokens, 2 threads, 3 rounds): the sparse model takes 1.75x
+(threshold 0) to 2.11x (-1) the dense time (the faithful kernels took 148 s against 6.6 s); the sparse graph adds
+the predictor and computes up/gate row by row in ggml's plain layout, where the dense one runs repacked GEMMs.
 
 MUL_MAT_SPARSE (ggviz/ggml/cpu/fast/sparse.py) on a Q4_1 ffn_up-like weight (1536 rows of 576) at 0 %, 50 % and
 90 % of the rows skipped (random rows, the predictor's pattern on a SwiGLU model is close to random), against two

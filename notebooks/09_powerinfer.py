@@ -110,7 +110,8 @@ print(f"{ggml.op_name(ys.op)}: {keep.sum()} of {M} rows kept; kept rows equal gg
 # epoch, a 0.1 GiB budget. Its predictor is weak (it has seen 64 tokens), so its recall and sparsity are *not*
 # PowerInfer's or the full build's — the measured figures of a 30,720-token build are in the table of section 7 —
 # but every picture below is the real mechanics of a real run. Set `GGVIZ_POWERINFER_DIR` to the `--out` directory
-# of a full build (`ggviz powerinfer build --out DIR --vram-budget 0.2`, ~30 min) to see it with a trained one.
+# of a full build (`ggviz powerinfer build --out DIR --vram-budget 0.1`, ~50 min on 2 loaded cores) to see it with a
+# trained one.
 
 # %%
 out_dir = pathlib.Path(os.environ.get("GGVIZ_POWERINFER_DIR", pathlib.Path.home() / ".cache" / "ggviz" / "powerinfer"))
@@ -196,6 +197,44 @@ print("outputs equal the decode's ffn_out:", all(np.array_equal(outs[il], run.ff
 PV.HybridTimelineView(recs, n_threads=3)
 
 # %% [markdown]
+# The same executor runs a **whole decode step** when the context asks for it (`llama_context_params.hybrid`,
+# `ggviz run --hybrid`: PowerInfer's build-time `GGML_USE_HYBRID_THREADING`). The hot rows' `*_gpu` weights were
+# copied into the stand-in device's own memory once, at load; during a step **only activations cross**: each
+# device node's host inputs go in, its result comes back. For the contrast, the same model through
+# `ggml_backend_sched` (the device's nodes become their own splits, with copies in between) on the 2 CPU threads
+# the hybrid run computes its CPU nodes with (`nth = 3 − 1`): the logits are the same to the bit.
+
+# %%
+from ggviz.ggml import accel
+
+
+def decode_step(hybrid_on: bool, n_threads: int):
+    cp = llama.context_default_params()
+    cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.hybrid = 64, n_threads, n_threads, hybrid_on
+    c = llama.init_from_model(sparse, cp)
+    try:
+        assert llama.decode(c, llama.batch_get_one(np.array(ids[:4], np.int32))) == 0
+        s0 = accel.backend_accel_stats(sparse.sparse.gpu_dev)
+        t0 = time.perf_counter()
+        assert llama.decode(c, llama.batch_get_one(np.array(ids[4:5], np.int32))) == 0
+        dt = time.perf_counter() - t0
+        s1 = accel.backend_accel_stats(sparse.sparse.gpu_dev)
+        moved = {k: s1[k] - s0[k] for k in ("h2d_bytes", "d2h_bytes")}
+        return np.array(c.get_logits_ith(-1), copy=True), list(c.hybrid_records or []), moved, dt
+    finally:
+        llama.free(c)
+
+
+L_h, hyb_recs, moved_h, dt_h = decode_step(True, 3)
+L_s, _, moved_s, dt_s = decode_step(False, 2)
+print(f"hybrid step: {len(hyb_recs)} nodes, {sum(r.lane == 'gpu' for r in hyb_recs)} on the device lane, "
+      f"{dt_h * 1e3:.0f} ms; to / from the device {moved_h['h2d_bytes']:,} / {moved_h['d2h_bytes']:,} bytes")
+print(f"scheduler step: {dt_s * 1e3:.0f} ms; to / from the device {moved_s['h2d_bytes']:,} / "
+      f"{moved_s['d2h_bytes']:,} bytes; logits equal the hybrid run's bit for bit: {np.array_equal(L_h, L_s)}")
+hv = PV.HybridTimelineView(hyb_recs, n_threads=3, layer=10)
+hv
+
+# %% [markdown]
 # ## 7. What the sparsity buys on this model
 #
 # First the kernel alone: the compiled MUL_MAT_SPARSE (`ggviz/ggml/cpu/fast/sparse.py`, ggml's AVX2 arithmetic lane
@@ -231,38 +270,41 @@ PV.SparseCostView(sparse, run, kernel_times=times, transfers=transfers)
 # **What the speed-up is, and is not, on SmolLM2.** The kernels' time is proportional to the rows they compute, so
 # a skipped row is a saved row. But on this SwiGLU model a predictor that keeps the model's quality skips few rows.
 # Measured with `benchmarks/bench_powerinfer.py --model ... --eval-tokens 512` on 512 held-out tokens, for a build
-# on 30,720 tokens of `pydoc_data.topics` (`ggviz powerinfer build`: recording 1,004 s, training 750 s for 30 layers
-# on a loaded 2-core machine; held-out recall 0.887 with 25 % of rows predicted off at threshold 0, 0.985 at 7.2 %
-# at −1), dense perplexity 13.43:
+# on 30,720 tokens of `pydoc_data.topics` (`ggviz powerinfer build`: recording 1,004 s, training 2,049 s — 8 epochs
+# — for 30 layers on a loaded 2-core machine; held-out recall 0.868 with 28.5 % of rows predicted off at threshold
+# 0, 0.979 at 9.0 % at −1), dense perplexity 13.39:
 #
 # | threshold | rows skipped | perplexity vs dense | mean KL | top-1 agreement |
 # |---|---|---|---|---|
-# | −∞ | 0 % | −0.05 % | 0.0037 | 0.971 |
-# | −1 | 7.8 % | +0.82 % | 0.016 | 0.945 |
-# | −0.5 | 14.4 % | +0.51 % | 0.043 | 0.908 |
-# | 0 | 26.2 % | +4.3 % | 0.116 | 0.844 |
+# | −∞ | 0 % | −0.20 % | 0.0038 | 0.969 |
+# | −1 | 9.7 % | +0.02 % | 0.022 | 0.928 |
+# | −0.5 | 17.2 % | +1.55 % | 0.055 | 0.879 |
+# | 0 | 29.7 % | +4.53 % | 0.143 | 0.805 |
+# | *dense, layer 0's FFN output moved by 1 ulp* | — | +0.23 % | 0.0035 | 0.967 |
 #
 # (Even at −∞ the sparse model is not the dense one to the bit, and cannot be: AXPY sums its rows in another order
 # than a MUL_MAT. Against the *like-for-like* dense graph — the same F16 down weights through ggml's dense MUL_MAT,
 # `pipeline.use_f16_down` — the FFN output of layer 0 agrees to 1e-6, yet the logits still differ by a mean KL of
 # 0.003: every later MUL_MAT rounds its input to Q8_1, which turns a 1e-7 difference that crosses a rounding step
-# into a 0.4 % jump, and 30 layers compound them. A dense graph changed only in its down weights (Q4_1 → F16 of
-# the same values) moves by the same 0.0037: that is this model's noise floor.)
+# into a 0.4 % jump, and 30 layers compound them. The last row shows it directly: the *dense* model with nothing
+# changed but the last bit of every value of one node moves by KL 0.0035. That is this model's noise floor; a
+# KL below 1e-3 at −∞ would need AXPY to add in MUL_MAT's order.)
 #
 # **So, plainly.** What the speed-up *is*: each skipped row is a row of work not done — the kernel's time falls in
-# proportion (section 7's first cell), and at threshold 0 the FFN's products shrink by about a quarter. What it *is
-# not*, on this model:
+# proportion (section 7's first cell), and at threshold 0 the FFN's products shrink by 30 %. What it *is not*, on
+# this model:
 #
 # - **not free**: the predictor costs 16.2 MFLOP per token (576·128 + 128·1536 multiply-adds per layer), 10 % of
 #   the dense FFN's 159 MFLOP. Below ~10 % rows skipped the sparse decode does *more* arithmetic than the dense one
-#   — and threshold −1, the one that keeps perplexity within 1 %, skips 7.8 %. At threshold 0 (26 %) the whole
-#   decode saves about 9.5 % of its weight-matrix FLOPs, for +4.3 % perplexity.
+#   — and threshold −1, the one that keeps perplexity within 1 %, skips 9.7 %. At threshold 0 (29.7 %) the whole
+#   decode saves about 12 % of its weight-matrix FLOPs, for +4.5 % perplexity.
 # - **not fewer bytes** unless most rows are skipped: a kept neuron reads 1,872 bytes (Q4_1 up and gate rows plus
 #   its F16 `ffn_down_t` row, which AXPY needs), the dense FFN 1,080 (all three Q4_1); the sparse FFN reads less only
 #   above 42 % skipped. On a memory-bound CPU decode that is the number that matters.
-#
-#   These views on the 30,720-token build (64 held-out tokens): at threshold 0, 29 % of rows skipped, recall 0.880,
-#   decode FLOPs × 0.887, FFN weight bytes × 1.23; at −1, 9.9 % skipped, recall 0.983, FLOPs × 1.002, bytes × 1.56.
+# - **not faster here**: the same benchmark times both models on ggviz's compiled walk (2 threads, 512 tokens,
+#   3 alternating rounds): the sparse model takes 1.75× (threshold 0) to 2.1× (−1) the dense model's time. Its
+#   MUL_MAT_SPARSE reads one row at a time in the file's plain layout, while the dense model runs repacked
+#   8-row GEMMs, and the predictor is extra work.
 # - **not PowerInfer's result**: its large speed-ups come from ReLU models where 80–90 % of the rows are skipped
 #   *and* from a GPU holding the hot rows that carry most activations. Neither holds for SmolLM2, whose neurons are
 #   neither zero nor strongly hot/cold (section 4: the hottest quarter carries about a third); and ggviz's "device"
