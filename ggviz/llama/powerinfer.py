@@ -130,21 +130,32 @@ def set_gpu_index(sm: SparseModel, gpu_idx_rows, n_ff: int) -> None:
         sm.extra.append(old)      # tensors of an earlier index may still sit in a cached graph
 
 
-def _host_tensors(specs):
-    """New tensors (name, type, ne, bytes) in one CPU backend buffer, like the model's weights: the scheduler and
-    the allocator take a tensor without a buffer for one they must allocate (its data would be lost)."""
+def _new_tensors(specs, buft=None, usage=None):
+    """New tensors (name, type, ne, bytes) in one buffer of ``buft`` (default: the CPU's, like the model's weights:
+    the scheduler and the allocator take a tensor without a buffer for one they must allocate, and its data would
+    be lost), filled with ggml_backend_tensor_set. Returns ``(tensors, (ctx, buf))``; ``buf`` is None (nothing
+    allocated) when the buffer type has no room."""
     ctx = ggml.init(len(specs) * ggml.tensor_overhead() + 1024, no_alloc=True)
     ts = []
     for name, type_, ne, _ in specs:
         t = ggml.new_tensor(ctx, type_, len(ne), list(ne))
         ggml.set_name(t, name)
         ts.append(t)
-    buf = galloc.backend_alloc_ctx_tensors_from_buft(ctx, B.backend_cpu_buffer_type())
+    buf = galloc.backend_alloc_ctx_tensors_from_buft(ctx, B.backend_cpu_buffer_type() if buft is None else buft)
+    if buf is None:
+        return ts, (ctx, None)
+    if usage is not None:
+        B.backend_buffer_set_usage(buf, usage)
     for t, (_, _, _, data) in zip(ts, specs):
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         if raw.nbytes:
             B.backend_tensor_set(t, raw, 0, raw.nbytes)
     return ts, (ctx, buf)
+
+
+def _host_tensors(specs):
+    """New tensors (name, type, ne, bytes) in one CPU backend buffer."""
+    return _new_tensors(specs)
 
 
 def apply_threshold(sm: SparseModel) -> None:
@@ -327,25 +338,14 @@ def _device_tensors(specs, dev):
     """New tensors (name, type, ne, bytes) in one buffer of ``dev``'s memory (usage WEIGHTS), filled with
     ggml_backend_tensor_set: the load's only host -> device copies (PowerInfer's ggml_cuda_transform_tensor).
     Raises MemoryError (nothing allocated) when the device has no room."""
-    ctx = ggml.init(len(specs) * ggml.tensor_overhead() + 1024, no_alloc=True)
-    ts = []
-    for name, type_, ne, _ in specs:
-        t = ggml.new_tensor(ctx, type_, len(ne), list(ne))
-        ggml.set_name(t, name)
-        ts.append(t)
     buft = B.backend_dev_buffer_type(dev)
-    buf = galloc.backend_alloc_ctx_tensors_from_buft(ctx, buft)
-    if buf is None:
+    ts, keep = _new_tensors(specs, buft, B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    if keep[1] is None:
         free, total = B.backend_dev_memory(dev)
         need = sum(ggml.nbytes(t) for t in ts)
         raise MemoryError(f"load_gpu_split: the FFN split needs {need} bytes of {B.backend_buft_name(buft)} memory, "
                           f"{free} of {total} are free (a smaller --vram-budget, or a device with more capacity)")
-    B.backend_buffer_set_usage(buf, B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
-    for t, (_, _, _, data) in zip(ts, specs):
-        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-        if raw.nbytes:
-            B.backend_tensor_set(t, raw, 0, raw.nbytes)
-    return ts, (ctx, buf)
+    return ts, keep
 
 
 def load_gpu_split(model, path, dev=None) -> int:
