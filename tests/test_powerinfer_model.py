@@ -4,7 +4,7 @@
 A tiny build (64 training tokens, 1 epoch) makes a real PWRI file in seconds; its predictor is poor, so the model
 checks use threshold -inf (every row kept: the sparse graph must then agree with the dense one) and the graph's
 structure. Oracles: the dense model (itself checked against llama.cpp in test_llama), the GGUF bytes, the solver's
-constraints and, where scipy is installed, scipy's MILP.
+constraints and PowerInfer's ILP solved by scipy's MILP (HiGHS).
 """
 from __future__ import annotations
 
@@ -248,13 +248,45 @@ def test_solver_constraints_and_gpuidx_file(built, tmp_path):
     best = sorted(vals.reshape(-1), reverse=True)[:10]
     assert sum(s) == 2560
     assert sum(vals[i, :k // 256].sum() for i, k in enumerate(s)) == pytest.approx(sum(best))
-    try:
-        from scipy.optimize import Bounds, LinearConstraint, milp
-    except ImportError:
-        return           # scipy is not in the venv: the brute-force optimum above is the cross-check
-    res = milp(-vals.reshape(-1), constraints=LinearConstraint(np.ones((1, 20)), 0, 10),
-               integrality=np.ones(20), bounds=Bounds(0, 1))
-    assert -res.fun == pytest.approx(sum(best))
+    # the real ILP: PowerInfer's formulation (powerinfer-py/solver.py) solved by HiGHS, on the toy and on the
+    # build's own activation counts
+    for cnt, capacity in ((toy, 2560), (counts, cap), (counts, 2048)):
+        k_ilp, obj = _powerinfer_ilp(cnt, capacity)
+        k_greedy = solver.solve_gpu_split(cnt, capacity)
+        v = -np.sort(-np.asarray(cnt, np.float64), 1).reshape(len(cnt), -1, 256).sum(2)
+        assert sum(v[i, :k // 256].sum() for i, k in enumerate(k_greedy)) == pytest.approx(obj, rel=1e-12)
+        assert sum(k_ilp) == sum(k_greedy) <= capacity
+
+
+def _powerinfer_ilp(counts, capacity, batch=256, threshold=0):
+    """solve_gpu_split of powerinfer-py/solver.py as scipy MILP: per layer the sorted counts summed in buckets of
+    ``batch`` (x: one variable per bucket, y: one per layer), minimise -sum(value * x) subject to (1) sum(x) <=
+    capacity / batch, (2) -sum_j x_ij + threshold/batch * y_i <= 0, (3) sum_j x_ij - 1e6 * y_i <= 0, every variable
+    an integer (cvxopt's ``ilp(c, G, h, None, None, B=set(), I=all)``; bounded 0..1 here, the buckets being taken
+    or not). Returns (hot neurons per layer, covered activations)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    vals = -np.sort(-np.asarray(counts, np.float64), 1).reshape(len(counts), -1, batch).sum(2)
+    n_layer, nb = vals.shape
+    nx = n_layer * nb
+    c = np.concatenate([-vals.reshape(-1), np.zeros(n_layer)])
+    rows, ub = [np.concatenate([np.ones(nx), np.zeros(n_layer)])], [int(capacity) // batch]
+    for i in range(n_layer):
+        r = np.zeros(nx + n_layer)
+        r[i * nb:(i + 1) * nb] = -1
+        r[nx + i] = threshold // batch
+        rows.append(r)
+        ub.append(0)
+    for i in range(n_layer):
+        r = np.zeros(nx + n_layer)
+        r[i * nb:(i + 1) * nb] = 1
+        r[nx + i] = -1000000
+        rows.append(r)
+        ub.append(0)
+    res = milp(c, constraints=LinearConstraint(np.array(rows), -np.inf, np.array(ub, np.float64)),
+               integrality=np.ones(nx + n_layer), bounds=Bounds(0, 1))
+    assert res.success, res.message
+    x = np.round(res.x[:nx]).reshape(n_layer, nb)
+    return [int(k) * batch for k in x.sum(1)], -float(res.fun)
 
 
 def test_cli_refuses_bad_arguments():

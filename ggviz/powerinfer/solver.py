@@ -9,8 +9,9 @@ Mirrors SJTU-IPADS/PowerInfer's ``powerinfer-py/powerinfer/solver.py`` (``solve_
   the ILP maximises the activations covered, sum over buckets of count * x, with sum(x) <= neuron_cap / 256 and,
   with PowerInfer's default threshold 0, no per-layer minimum. Its bucket values fall within a layer, so the
   optimum is the globally hottest buckets: each layer gets a prefix of its sorted buckets. ``solve_gpu_split``
-  takes them greedily (cvxopt/GLPK is not a dependency of ggviz; a test cross-checks the greedy optimum against
-  scipy's MILP where scipy is installed);
+  takes them greedily (cvxopt/GLPK is not a dependency of ggviz; tests/test_powerinfer_model.py writes
+  PowerInfer's ILP, constraints and all, for scipy's MILP (HiGHS) and checks the greedy optimum against it on the
+  build's activation counts);
 * ``export_split``: per layer the ``k`` hottest neurons (k = the layer's solved count, a multiple of 256) become
   ``blk.N.gpu_idx`` (I32 0/1, [n_ff]) and ``blk.N.gpu_bucket`` (their sorted indices, I32), in a GGUF of
   architecture ``generic.gpu_index`` with ``split.vram_capacity`` (u64), its magic then patched to ``PWRI`` v3.
