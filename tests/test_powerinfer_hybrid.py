@@ -248,8 +248,16 @@ def test_timeline_respects_dependencies_and_gpu_nodes_overlap_cpu_nodes(split, r
     assert g0[0]["n_nodes"] == gf.n_nodes and g0[0]["device"] == "ACCEL_HYB"
     # every field the module docstring documents, in every event
     fields = {"node_n", "name", "op", "lane", "ith", "nth", "layer", "srcs", "t_wait", "t_start", "t_kernel",
-              "t_kernel_end", "t_end", "h2d_bytes", "d2h_bytes"}
+              "t_kernel_end", "t_end", "h2d_bytes", "d2h_bytes", "threads"}
     assert all(fields <= set(e) for e in ev)
+    # one kernel span per thread that computed the node: thread 0 alone on the GPU lane; on the CPU lane threads
+    # 1..nth (ith - 1 = 0..nth-1). Each thread waits on is_finish itself, so each span starts after every source
+    # finished (a thread may start before the recording thread 1 does) and ends before is_finish is set
+    for r in recs:
+        assert [t[0] for t in r.threads] == ([0] if r.lane == "gpu" else list(range(1, r.nth + 1))), r
+        ready = max([by_n[k].t_end for k in r.srcs], default=0)
+        assert all(ready <= a <= b <= r.t_end for _, a, b in r.threads), r
+    assert any(len(r.threads) == 2 for r in recs)
     assert {(e["lane"], e["ith"]) for e in ev} == {("gpu", 0), ("cpu", 1)}
     assert {e["nth"] for e in ev if e["lane"] == "cpu"} == {1, 2}       # n_tasks - 1 = 2 threads, or one thread
     g1 = [e for e in runs["events"] if e["kind"] == "hybrid.graph.end"]

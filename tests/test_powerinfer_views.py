@@ -156,6 +156,9 @@ def test_hybrid_timeline_is_the_executors_records(model, runs):
     assert all(r.t_start >= end[s] for r in recs for s in r.srcs)
     ev = PV.HybridTimelineView(rec.of("hybrid.node"), n_threads=3).state()
     assert ev["lanes"] == st["lanes"] and ev["wall_us"] == pytest.approx(st["wall_us"])
+    # one lane per CPU thread: the threads that left kernel spans (3 threads: the device's 0, CPU threads 1 and 2)
+    assert st["cpu_threads"] == ev["cpu_threads"] == [1, 2]
+    assert sorted({t[0] for r in recs if r.lane == "cpu" for t in r.threads}) == [1, 2]
     T = run.n_tokens
     per_layer = {("ffn_norm", "device"): T * 576 * 4, ("mlp_pre_out", "device"): T * 1536 * 4,
                  ("ffn_gate_par", "device"): T * 1536 * 4, ("ffn_up_sparse_gpu", "cpu"): T * 1536 * 4,

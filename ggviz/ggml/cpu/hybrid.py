@@ -54,12 +54,14 @@ sorted by node index, and, while a trace listener is on (``ggviz.trace``), emits
   on), ``t_wait`` (began waiting on them), ``t_start`` (all were finished: the node starts; ``t_start - t_wait``
   is the wait on ``is_finish``), ``t_kernel`` / ``t_kernel_end`` (the kernel itself; on the GPU lane the copies
   in are ``t_start..t_kernel`` and the copy back ``t_kernel_end..t_end``), ``t_end`` (``is_finish`` set; on the
-  CPU lane after the CPU threads' barrier), ``h2d_bytes`` / ``d2h_bytes`` (bytes copied to / from the device);
+  CPU lane after the CPU threads' barrier), ``h2d_bytes`` / ``d2h_bytes`` (bytes copied to / from the device),
+  ``threads`` (``[(ith, t_kernel, t_kernel_end)]``, by ith: the kernel span of each thread that computed the node
+  -- ``[(0, ...)]`` on the GPU lane, threads ``1..nth`` on the CPU lane, each with its own ``ith - 1`` share);
 * ``hybrid.graph.end`` after all threads joined: ``t``, ``ok`` (False when a thread failed), ``h2d_bytes``,
   ``d2h_bytes`` (totals).
 
 All times are ``time.perf_counter_ns()`` of one process, so lanes can be drawn on one axis: device lane = the
-"gpu" records, CPU lanes = the "cpu" records, waits = ``t_wait..t_start`` of each.
+"gpu" records, one CPU lane per thread from the "cpu" records' ``threads``, waits = ``t_wait..t_start`` of each.
 """
 from __future__ import annotations
 
@@ -111,6 +113,7 @@ class HybridRecord:
     t_kernel_end: int = 0
     h2d_bytes: int = 0
     d2h_bytes: int = 0
+    threads: list = field(default_factory=list)   # (ith, t_kernel, t_kernel_end) of every thread that computed it
 
 
 def layer_of(name: str) -> int:
@@ -294,6 +297,7 @@ def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=Non
     group = _CpuGroup(n_threads - 1, failed)
     records: list[HybridRecord] = []
     rec_lock = threading.Lock()
+    spans_of: list[list] = [[] for _ in nodes]     # per node: (ith, kernel start, kernel end) of each CPU thread
 
     def srcs_of(node: Tensor) -> list[int]:
         return [index[s.addr] for s in node.src[:3] if s is not None and s.addr in index]
@@ -325,14 +329,15 @@ def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=Non
 
     def record(node_n, lane, ith, nth, t_wait, t0, tk0, tk1, t1, h2d=0, d2h=0):
         node = nodes[node_n]
+        spans = sorted(spans_of[node_n]) if lane == "cpu" else [(0, tk0, tk1)]
         r = HybridRecord(node_n, node.name, op_desc(node), lane, ith, t_wait, t0, t1, srcs_of(node), nth,
-                         layer_of(node.name), tk0, tk1, h2d, d2h)
+                         layer_of(node.name), tk0, tk1, h2d, d2h, spans)
         with rec_lock:
             records.append(r)
         if trace.active:
             trace.emit("hybrid.node", node_n=node_n, name=r.name, op=r.op, lane=lane, ith=ith, nth=nth,
                        layer=r.layer, srcs=r.srcs, t_wait=t_wait, t_start=t0, t_kernel=tk0, t_kernel_end=tk1,
-                       t_end=t1, h2d_bytes=h2d, d2h_bytes=d2h)
+                       t_end=t1, h2d_bytes=h2d, d2h_bytes=d2h, threads=spans)
 
     def gpu_thread():
         params = ComputeParams(0, 1, wdata_gpu, None)
@@ -382,6 +387,8 @@ def graph_compute_hybrid(cgraph: CGraph, n_threads: int, on_gpu=None, device=Non
                 if ith < n_tasks:
                     compute(_Params(ith - 1, nth, wdata, group), node, node_n)
             tk1 = time.perf_counter_ns()
+            if ith == 1 or (n_tasks > 1 and ith < n_tasks):
+                spans_of[node_n].append((ith, t0, tk1))      # list.append: atomic under the interpreter lock
             group.barrier(ith)
             if ith == 1:
                 record(node_n, "cpu", ith, nth, t_wait, t0, t0, tk1, time.perf_counter_ns())

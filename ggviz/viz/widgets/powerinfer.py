@@ -548,8 +548,9 @@ def _layer_of(name: str):
 
 class HybridTimelineView(VizWidget):
     """``graph_compute_hybrid``'s records (``HybridRecord`` objects, or the dicts of ``hybrid.node`` trace events) as
-    lanes: thread 0 driving the device, the CPU threads (which compute every CPU node together; the record is the
-    last one to leave). A thin red bar is a wait on ``is_finish``; an arrow joins a source's end to the device node
+    lanes: thread 0 driving the device, then one lane per CPU thread (each CPU node is computed by threads 1..nth
+    together, each its ``ith - 1`` share: the records' ``threads`` spans; records without them are drawn as one CPU
+    lane). A thin red bar is a wait on ``is_finish``; an arrow joins a source's end to the device node
     that waited for it. ``layer`` zooms onto one layer's nodes (None: all)."""
 
     def __init__(self, records, n_threads: int | None = None, layer=None, min_wait_us: float = 50.0):
@@ -604,43 +605,65 @@ class HybridTimelineView(VizWidget):
         busy = {k: sum(by_n[n]["t_end"] - by_n[n]["t_start"] for n in v) / 1e3 for k, v in lanes.items()}
         wait = {k: sum(by_n[n]["t_start"] - by_n[n]["t_wait"] for n in v) / 1e3 for k, v in lanes.items()}
         end = max(r["t_end"] for r in self.records)
-        return {"n_nodes": len(self.records), "lanes": lanes, "layer": self.layer, "layers": self.layers,
+        return {"n_nodes": len(self.records), "lanes": lanes, "cpu_threads": self.cpu_threads(),
+                "layer": self.layer, "layers": self.layers,
                 "wall_us": self._us(end), "busy_us": busy, "wait_us": wait,
                 "started_before_sources_finished": late, "overlaps": self.overlaps()}
+
+    def cpu_threads(self) -> list:
+        """The CPU threads with kernel spans in the records (``threads`` of the "cpu" records; [] for records made
+        before ggviz kept them, which are drawn as one CPU lane)."""
+        return sorted({t[0] for r in self.records if r["lane"] == "cpu" for t in r.get("threads") or ()})
 
     def figure(self):
         st = self.state()
         recs = [r for r in self.records if self.layer is None or _layer_of(r["name"]) == self.layer]
         by_n = {r["node_n"]: r for r in self.records}
-        y = {"gpu": 1.0, "cpu": 0.0}
+        cpu_ids = self.cpu_threads()
+        # lanes, top to bottom: the device (thread 0), then CPU thread 1, 2, ... (one lane when no per-thread spans)
+        n_cpu = max(len(cpu_ids), 1)
+        y_gpu = float(n_cpu)
+        y_thr = {i: float(n_cpu - 1 - k) for k, i in enumerate(cpu_ids)}
+        y_rec = y_thr.get(1, n_cpu - 1.0)             # the recording CPU thread: waits and names are drawn there
 
         def ms(t):
             return self._us(t) / 1e3
-        fig, ax = plt.subplots(figsize=(11.5, 3.6))
+
+        def colour(r):
+            return "#2ca02c" if r["lane"] == "gpu" else ("#1f77b4" if "sparse" in r["name"] else "#7fa7c9")
+        fig, ax = plt.subplots(figsize=(11.5, 2.6 + 0.75 * n_cpu))
         for r in recs:
-            yy = y[r["lane"]]
+            yy = y_gpu if r["lane"] == "gpu" else y_rec
             x0, x1 = ms(r["t_start"]), ms(r["t_end"])
-            col = "#2ca02c" if r["lane"] == "gpu" else ("#1f77b4" if "sparse" in r["name"] else "#7fa7c9")
-            ax.barh(yy, max(x1 - x0, 1e-3), left=x0, height=0.5, color=col, edgecolor="k", lw=0.3)
+            if r["lane"] == "cpu" and cpu_ids:
+                for ith, a, b in r["threads"]:          # each thread's own share (ith - 1 of nth)
+                    ax.barh(y_thr[ith], max(ms(b) - ms(a), 1e-3), left=ms(a), height=0.5, color=colour(r),
+                            edgecolor="k", lw=0.3)
+            else:
+                ax.barh(yy, max(x1 - x0, 1e-3), left=x0, height=0.5, color=colour(r), edgecolor="k", lw=0.3)
             w0 = ms(r["t_wait"])
             if (x0 - w0) * 1e3 >= self.min_wait_us:
                 ax.barh(yy + 0.32, x0 - w0, left=w0, height=0.08, color="tab:red")
                 if r["lane"] == "gpu":
-                    for s in r["srcs"]:
-                        if s in by_n and by_n[s]["lane"] == "cpu":
-                            ax.annotate("", xy=(x0, yy - 0.25), xytext=(ms(by_n[s]["t_end"]), 0.25),
+                    for s_ in r["srcs"]:
+                        if s_ in by_n and by_n[s_]["lane"] == "cpu":
+                            ax.annotate("", xy=(x0, yy - 0.25), xytext=(ms(by_n[s_]["t_end"]), y_rec + 0.25),
                                         arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 0.6})
         # names inside the nodes wide enough to carry one (the rest are in the table), staggered in two rows
         lo = min(ms(r["t_wait"]) for r in recs)
         span = max(ms(r["t_end"]) for r in recs) - lo or 1.0
-        for lane in ("gpu", "cpu"):
+        for lane, yy in (("gpu", y_gpu), ("cpu", y_rec)):
             wide = [r for r in recs if r["lane"] == lane and ms(r["t_end"]) - ms(r["t_start"]) >= 0.07 * span]
             for k, r in enumerate(sorted(wide, key=lambda r: r["t_start"])):
-                ax.text((ms(r["t_start"]) + ms(r["t_end"])) / 2, y[lane] + (0.1 if k % 2 else -0.1), r["name"],
+                ax.text((ms(r["t_start"]) + ms(r["t_end"])) / 2, yy + (0.1 if k % 2 else -0.1), r["name"],
                         fontsize=7, ha="center", va="center", color="white")
-        ax.set_yticks([0, 1], [LANE_CPU if self.n_threads is None else
-                               f"CPU (threads 1…{self.n_threads - 1})", LANE_GPU])
-        ax.set_ylim(-0.45, 1.5)
+        if cpu_ids:
+            ticks = [(y_thr[i], f"CPU thread {i} (ith {i - 1})") for i in cpu_ids]
+        else:
+            ticks = [(0.0, LANE_CPU if self.n_threads is None else f"CPU (threads 1…{self.n_threads - 1})")]
+        ticks.append((y_gpu, LANE_GPU))
+        ax.set_yticks([t for t, _ in ticks], [lab for _, lab in ticks])
+        ax.set_ylim(-0.45, y_gpu + 0.5)
         ax.set_xlim(lo - 0.01 * span, lo + 1.01 * span)
         ax.set_xlabel("ms since the first node began waiting   (red: waiting on is_finish; arrow: for which source)")
         scope = "all layers" if self.layer is None else f"layer {self.layer}"
