@@ -294,6 +294,10 @@ def test_cli_refuses_bad_arguments():
     out = subprocess.run([sys.executable, "-m", "ggviz", "powerinfer", "build", "--out", "/tmp/x", "--tokens", "3"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--tokens" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "ggviz", "powerinfer", "build", "--out", "/tmp/x", "--pos-weight", "0"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--pos-weight" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 2
 
 
 def test_threshold_minus_inf_like_for_like_dense_reference(built):
