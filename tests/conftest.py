@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ggviz import book, llama
+from ggviz import llama
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,6 +30,10 @@ class NotebookRunner:
     tests/test_browser.py builds the book from the same runs instead of executing all of them a second time."""
 
     def __init__(self):
+        # imported here, not at the top: ggviz.book imports nbformat, whose jsonschema compiles a grammar on import
+        # (2.5 s), which sessions that run no notebook need not pay
+        from ggviz import book
+        self.book = book
         self._done: dict[Path, object] = {}
 
     def run(self, path) -> object:
@@ -38,8 +42,8 @@ class NotebookRunner:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
             try:
-                return book.execute(path)
-            except book.BookError as e:
+                return self.book.execute(path)
+            except self.book.BookError as e:
                 pytest.fail(str(e), pytrace=False)
 
     def __call__(self, path):
