@@ -349,7 +349,7 @@ def _after_nodes(n):
 
 def test_abort_callback_returns_2_and_rolls_back(model, caplog):
     def setup(ctx):
-        now = _after_nodes(1086 + 50)             # the first ubatch (1086 nodes) completes, the second is aborted
+        now = _after_nodes(50)                    # armed in the second ubatch: aborted after its 50th node
         ctx.cparams.abort_callback = lambda data: now()
 
         def undo():
@@ -364,8 +364,7 @@ def test_abort_callback_returns_2_and_rolls_back(model, caplog):
             "process_ubatch: failed to compute graph, compute status: 1",
             "decode: removing memory module entries for seq_id = 0, pos = [3, +inf)",
             "llama_decode: failed to decode, ret = 2"]
-    # the one case whose callback is there from the start: the first ubatch walks node by node, asked every time
-    _interrupted_case(model, setup, expect, arm_in_second=False)
+    _interrupted_case(model, setup, expect)
 
 
 def test_cb_eval_returning_false_returns_2_and_rolls_back(model):
