@@ -57,9 +57,7 @@ def stepper(model):
             seen.append((t.name, ggml.get_data_f32(t)))
         return True
 
-    # one thread: the stepper's decode takes the faithful node-by-node walk, which a second thread only slows down
-    # (NumPy calls on small blocks, the GIL, a barrier after each node)
-    ds = DecodeStepper(PROMPT, model=model, extra_cb=extra, n_threads=1)
+    ds = DecodeStepper(PROMPT, model=model, extra_cb=extra)
     ds.seen = seen
     return ds
 
@@ -366,7 +364,7 @@ def test_bpe_view(model):
 def test_attention_capture_matches_the_stepper(model, stepper):
     cp = llama.context_default_params()
     cp.n_ctx = 256
-    cp.n_threads = cp.n_threads_batch = 1
+    cp.n_threads = cp.n_threads_batch = 2
     ctx = llama.init_from_model(model, cp)
     rec = MV.capture_attention(ctx, stepper.tokens, layers=[0, 29])
     assert sorted(rec.layers) == [0, 29]
@@ -427,7 +425,7 @@ def test_decode_stepper_header_shows_the_given_tokens(model, stepper):
     assert stepper.text == PROMPT and stepper.prompt == PROMPT and "The capital of France is" in stepper.header_html()
     # only tokens: the header shows them, detokenized (special tokens written out), not the default prompt
     ids = [1] + llama.tokenize(model.vocab, "Bonjour, le monde", add_special=False, parse_special=False)
-    ds = DecodeStepper(tokens=ids, model=model, copy_limit=0, slice_rows=1, slice_cols=4, n_threads=1)
+    ds = DecodeStepper(tokens=ids, model=model, copy_limit=0, slice_rows=1, slice_cols=4)
     assert ds.tokens == ids and ds.state()["tokens"] == ids
     assert ds.text == ds.prompt == "<|im_start|>Bonjour, le monde" == ds.state()["text"]
     head = ds.header_html()
