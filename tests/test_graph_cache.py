@@ -277,8 +277,8 @@ def test_restored_graph_with_splits_and_input_copies():
     The device runs the faithful kernels (seconds a decode), so the fresh build is made in the same context: the
     restored prompt's positions removed again, ``graph_reuse`` off, the prompt decoded anew (the same KV history,
     built, split and allocated from scratch); a second context, fresh, splits and allocates (without computing) the
-    same graph, for the plan. One thread: two only slow the faithful kernels down (NumPy calls on small blocks, the
-    GIL, a barrier after each node: 1.5x the time, measured)."""
+    same graph, for the plan. One thread: two slow these faithful kernels down (NumPy calls on small blocks, the
+    GIL, a barrier after each of ~120 splits' nodes: 1.3x to 1.5x the time, measured on 2 shared cores)."""
     if not MODEL.exists():
         pytest.skip("the default model is not in data/models")
     from ggviz.ggml import sched as gs
