@@ -1,10 +1,12 @@
 """ggviz book: the notebooks, executed, as a browsable offline site -- a handout that needs no kernel and no network.
 
-    ggviz book -o book/ [--only 00_quickstart 04_allocator] [--timeout 600]
+    ggviz book -o book/ [--only 00_quickstart 04_allocator] [--timeout 600] [--executed DIR]
 
 Not a mirror of ggml: the classroom side of ggviz. Each ``notebooks/NN_name.ipynb`` runs top to bottom in a fresh
 kernel (nbclient, this interpreter, the notebooks folder as its working directory), then is written as
-``NN_name.html`` by nbconvert's HTML exporter, and ``index.html`` links them with their titles.
+``NN_name.html`` by nbconvert's HTML exporter, and ``index.html`` links them with their titles. ``--executed DIR``
+takes notebooks executed already (``DIR/NN_name.ipynb``, e.g. saved from JupyterLab after "Run All") instead of
+running them again; each must hold the same cells as the one in ``notebooks/`` and have run every code cell.
 
 The pages are static: every ggviz view puts its static rendering (``to_html``: HTML, SVG, PNG) in its mime bundle
 beside the live widget, and the book keeps that one -- it drops the widget views and the widget state, which would
@@ -14,6 +16,7 @@ CDN (RequireJS, MathJax), so a page opens from a USB stick the same as from a we
 from __future__ import annotations
 
 import argparse
+import copy
 import html
 import json
 import os
@@ -98,6 +101,25 @@ def make_static(nb) -> int:
     return dropped
 
 
+def read_executed(folder, path: pathlib.Path):
+    """The executed copy of notebook ``path`` in ``folder``: refused if it is missing, holds other cells than
+    ``path`` (a stale copy), or has a code cell that did not run."""
+    got = pathlib.Path(folder) / path.name
+    if not got.is_file():
+        raise BookError(f"{got}: no executed copy of {path.name} there")
+    nb = nbformat.read(got, as_version=4)
+    want = nbformat.read(path, as_version=4)
+    src = [(c.cell_type, c.source) for c in nb.cells]
+    ref = [(c.cell_type, c.source) for c in want.cells]
+    if src != ref:
+        i = next((i for i, (a, b) in enumerate(zip(src, ref)) if a != b), min(len(src), len(ref)))
+        raise BookError(f"{got}: not the cells of {path} (they differ from cell {i} on): execute it again")
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and cell.source.strip() and cell.get("execution_count") is None:
+            raise BookError(f"{got}: cell {i} has not been executed: run the whole notebook first")
+    return nb
+
+
 def title_of(nb, default: str) -> str:
     """The first markdown heading of the notebook."""
     for cell in nb.cells:
@@ -140,8 +162,12 @@ def _offline(page: str) -> str:
 
 
 def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
-               disable_progress: bool | None = None) -> list[pathlib.Path]:
-    """Execute the notebooks and write the site into ``out_dir``; returns the pages (index first)."""
+               disable_progress: bool | None = None, executed=None) -> list[pathlib.Path]:
+    """Execute the notebooks and write the site into ``out_dir``; returns the pages (index first).
+
+    ``executed``: where the executed notebooks come from instead of running each here -- a folder (see
+    ``read_executed``) or a function ``path -> executed notebook`` (the test suite's, which has run them already);
+    the notebook it gives is copied, not changed."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = notebooks(folder, only)
@@ -151,7 +177,12 @@ def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
         for path in paths:
             bar.set_postfix_str(path.stem, refresh=True)
             t0 = time.perf_counter()
-            nb = execute(path, timeout)
+            if executed is None:
+                nb = execute(path, timeout)
+            elif callable(executed):
+                nb = copy.deepcopy(executed(path))
+            else:
+                nb = read_executed(executed, path)
             n_views = make_static(nb)
             body, _ = exp.from_notebook_node(nb)
             page = out / f"{path.stem}.html"
@@ -176,10 +207,12 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--out", default="book", help="output folder (default: book)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="only these notebooks (e.g. 00_quickstart)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds a cell may run (default 600)")
+    ap.add_argument("--executed", metavar="DIR", help="take the notebooks already executed in DIR (same names) "
+                    "instead of running them")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
-        pages = build_book(a.out, a.only, timeout=a.timeout)
+        pages = build_book(a.out, a.only, timeout=a.timeout, executed=a.executed)
     except BookError as e:
         print(f"ggviz book: {e}", file=sys.stderr)
         return 1

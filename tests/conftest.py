@@ -1,13 +1,16 @@
 """Fixtures shared by the test modules (a module that defines its own fixture of the same name uses that one)."""
 from __future__ import annotations
 
+import copy
+import os
 from pathlib import Path
 
 import pytest
 
 from ggviz import llama
 
-MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -18,3 +21,44 @@ def model():
         from ggviz.fetch import fetch_default_model
         path = fetch_default_model(quiet=True)
     return llama.model_load_from_file(str(path), llama.model_default_params())
+
+
+class NotebookRunner:
+    """Executes notebooks the way ``ggviz book`` does (``book.execute``: a fresh kernel of this interpreter, the
+    notebook's folder as its working directory), in a kernel that imports this checkout's ggviz. ``runner(path)``
+    executes each notebook once per test session and hands out copies: tests/test_notebooks.py checks each one,
+    tests/test_browser.py builds the book from the same runs instead of executing all of them a second time."""
+
+    def __init__(self):
+        # imported here, not at the top: ggviz.book imports nbformat, whose jsonschema compiles a grammar on import
+        # (2.5 s), which sessions that run no notebook need not pay
+        from ggviz import book
+        self.book = book
+        self._done: dict[Path, object] = {}
+
+    def run(self, path) -> object:
+        """Execute ``path`` now (no cache); a failing cell fails the calling test, naming the notebook and cell."""
+        path = Path(path)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+            try:
+                return self.book.execute(path)
+            except self.book.BookError as e:
+                pytest.fail(str(e), pytrace=False)
+
+    def __call__(self, path):
+        path = Path(path).resolve()
+        if path not in self._done:
+            try:
+                self._done[path] = self.run(path)
+            except pytest.fail.Exception as e:
+                self._done[path] = e          # a notebook that failed fails every test that asks for it
+        got = self._done[path]
+        if isinstance(got, pytest.fail.Exception):
+            pytest.fail(str(got), pytrace=False)
+        return copy.deepcopy(got)
+
+
+@pytest.fixture(scope="session")
+def notebook_runner():
+    return NotebookRunner()

@@ -53,3 +53,54 @@ def test_cli_reports_a_bad_name_in_one_line(capsys):
     assert book.main(["-o", "unused", "--only", "99_nope"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "99_nope" in err[0]
+
+
+def _tiny(folder, source="print(6 * 7)", executed=True):
+    """A one-cell notebook ``01_tiny.ipynb`` in ``folder``; ``executed``: as a kernel would have left it (by hand)."""
+    cell = nbformat.v4.new_code_cell(source)
+    if executed:
+        cell.execution_count = 1
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="42\n")]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 01 tiny"), cell])
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / "01_tiny.ipynb")
+
+
+def test_executed_notebooks_are_taken_as_they_are(tmp_path, monkeypatch):
+    """--executed DIR: the pages come from the executed copies; nothing is executed again."""
+    _tiny(tmp_path / "src", executed=False)
+    _tiny(tmp_path / "ran")
+    monkeypatch.setattr(book, "execute", lambda *a, **k: pytest.fail("executed again"))
+    pages = book.build_book(tmp_path / "out", folder=tmp_path / "src", executed=tmp_path / "ran",
+                            disable_progress=True)
+    assert [p.name for p in pages] == ["index.html", "01_tiny.html"]
+    assert "42" in pages[1].read_text() and "01 tiny" in pages[0].read_text()
+    # a function gives the executed notebook (the test suite's runner); build_book changes a copy, not its notebook
+    ran = nbformat.read(tmp_path / "ran" / "01_tiny.ipynb", as_version=4)
+    ran.cells[1].outputs = [nbformat.v4.new_output("display_data", data={book.WIDGET_VIEW: {"model_id": "m"},
+                                                                         "text/html": "<b>static 42</b>"})]
+    book.build_book(tmp_path / "out2", folder=tmp_path / "src", executed=lambda path: ran, disable_progress=True)
+    assert book.WIDGET_VIEW in ran.cells[1].outputs[0]["data"]
+    assert "static 42" in (tmp_path / "out2" / "01_tiny.html").read_text()
+
+
+@pytest.mark.parametrize("how,message", [
+    ("missing", "no executed copy of 01_tiny.ipynb there"),
+    ("not run", "cell 1 has not been executed: run the whole notebook first"),
+    ("stale", "not the cells of"),
+])
+def test_executed_copies_that_do_not_fit_are_refused(tmp_path, how, message):
+    _tiny(tmp_path / "src")
+    if how == "not run":
+        _tiny(tmp_path / "ran", executed=False)
+    elif how == "stale":
+        _tiny(tmp_path / "ran", source="print(6 * 9)")
+    with pytest.raises(book.BookError, match=message):
+        book.build_book(tmp_path / "out", folder=tmp_path / "src", executed=tmp_path / "ran", disable_progress=True)
+    assert not (tmp_path / "out" / "01_tiny.html").exists()
+
+
+def test_cli_reports_a_missing_executed_copy_in_one_line(tmp_path, capsys):
+    assert book.main(["-o", str(tmp_path / "out"), "--only", "04_allocator", "--executed", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no executed copy of 04_allocator.ipynb" in err[0]

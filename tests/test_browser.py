@@ -362,12 +362,13 @@ def test_voila_widgets_step(browser, tmp_path):
 
 # ================================================================================================= (c) the book
 
-def test_book_pages_load_without_errors(browser, tmp_path):
+def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     """``ggviz book``: every notebook executed into a static page; each loads in Chromium with no JavaScript error,
-    requests nothing from the network, and shows its figures (every image decoded)."""
+    requests nothing from the network, and shows its figures (every image decoded). The notebooks are executed by
+    the session's runner (``book.execute``, once: tests/test_notebooks.py checks the same runs)."""
     from ggviz import book
 
-    pages = book.build_book(tmp_path / "book", disable_progress=True)
+    pages = book.build_book(tmp_path / "book", disable_progress=True, executed=notebook_runner)
     assert [p.name for p in pages[1:]] == [p.stem + ".html" for p in book.notebooks()]
     drv = browser
     drv.get("about:blank")                                       # leave the earlier tests' pages (Voila's shutdown

@@ -1,6 +1,7 @@
-"""Execute every notebooks/*.ipynb top to bottom; a failing cell fails its notebook's test."""
-import os
-import json
+"""Execute every notebooks/*.ipynb top to bottom; a failing cell fails its notebook's test.
+
+The notebooks run through the session's ``notebook_runner`` (tests/conftest.py: ``ggviz book``'s executor, each
+notebook once per session; the book test in tests/test_browser.py renders the same runs)."""
 import pathlib
 import sys
 
@@ -9,41 +10,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
-CELL_TIMEOUT = 600
-
-
-@pytest.fixture
-def this_python_kernel(tmp_path, monkeypatch):
-    """Make kernel `python3` this interpreter (a user-wide `python3` kernelspec may point elsewhere)."""
-    spec_dir = tmp_path / "jupyter" / "kernels" / "python3"
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (ggviz tests)",
-        "language": "python",
-    }))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))  # searched before all other kernel dirs
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-
-
-def run_notebook(path, cwd=NB_DIR):
-    """Execute the notebook at path in kernel `python3`, cwd as its working directory."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    from nbclient.exceptions import CellExecutionError
-
-    nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(
-        nb, timeout=CELL_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
-    )
-    try:
-        client.execute()
-    except CellExecutionError as e:
-        pytest.fail(f"{path.name}: a cell failed:\n{e}", pytrace=False)
-    return nb
-
-
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
@@ -61,9 +27,9 @@ def static_gaps(nb) -> list[str]:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path, this_python_kernel):
+def test_notebook_runs(path, notebook_runner):
     """Every notebook runs top to bottom, and every view it displays carries a static rendering."""
-    nb = run_notebook(path)
+    nb = notebook_runner(path)
     assert not static_gaps(nb), f"{path.name}: widget outputs without a static rendering: {static_gaps(nb)}"
 
 
@@ -77,20 +43,22 @@ def test_static_gap_check_can_fail():
     assert static_gaps(nb) == []
 
 
-def test_harness_reports_failing_cell(tmp_path, this_python_kernel):
-    """The harness itself: runs in this venv's kernel, in the right cwd, and reports a failing cell."""
+def test_harness_reports_failing_cell(tmp_path, notebook_runner):
+    """The harness itself: runs in this venv's kernel, importing this checkout's ggviz, in the right cwd, and
+    reports a failing cell."""
     nbformat = pytest.importorskip("nbformat")
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell("import os, sys, ggviz; print(os.getcwd()); print(sys.executable)"),
+        nbformat.v4.new_code_cell("import os, sys, ggviz; print(os.getcwd()); print(sys.executable); "
+                                  "print(ggviz.__file__)"),
         nbformat.v4.new_code_cell("raise ValueError('boom from cell 2')"),
     ]
     path = tmp_path / "failing.ipynb"
     nbformat.write(nb, path)
     with pytest.raises(pytest.fail.Exception) as ei:
-        run_notebook(path, cwd=tmp_path)
+        notebook_runner.run(path)
     assert "failing.ipynb" in str(ei.value) and "boom from cell 2" in str(ei.value)
     nb.cells.pop()
     nbformat.write(nb, path)
-    out = run_notebook(path, cwd=tmp_path).cells[0].outputs[0]["text"].split()
-    assert out == [str(tmp_path), sys.executable]
+    out = notebook_runner.run(path).cells[0].outputs[0]["text"].split()
+    assert out == [str(tmp_path), sys.executable, str(ROOT / "ggviz" / "__init__.py")]

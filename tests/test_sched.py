@@ -699,7 +699,7 @@ def test_smollm2_decode_bitwise_with_122_splits():
         model = llama.model_load_from_file(MODEL, mp)
         cp = llama.context_default_params()
         cp.n_ctx, cp.flash_attn_type = 256, llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cp.n_threads = cp.n_threads_batch = 2
+        cp.n_threads = cp.n_threads_batch = 1       # faithful kernels: a second thread only adds GIL and barriers
         ctx = llama.init_from_model(model, cp)
         assert llama.decode(ctx, llama.batch_get_one([9690])) == 0
         logits.append(llama.get_logits(ctx).copy())
@@ -721,7 +721,7 @@ def test_smollm2_prompt_through_blas_keeps_quality():
     model = llama.model_load_from_file(MODEL, mp)
     cp = llama.context_default_params()
     cp.n_ctx, cp.flash_attn_type = 256, llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.n_threads = cp.n_threads_batch = 2
+    cp.n_threads = cp.n_threads_batch = 1       # faithful kernels: a second thread only adds GIL and barriers
     cp.use_blas = True                          # opt-in, as llama.cpp built with GGML_BLAS
     ctx = llama.init_from_model(model, cp)
     assert [B.backend_name(b) for b in ctx.backends] == ["BLAS", "CPU"]
