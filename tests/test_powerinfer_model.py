@@ -196,6 +196,40 @@ def test_compiled_walk_decodes_the_sparse_model_like_the_faithful_kernels(models
     assert np.array_equal(fast, faithful)
 
 
+def test_eval_callback_segments_of_the_sparse_graph_run_compiled_with_the_same_bits(models, monkeypatch):
+    """An eval callback cuts the graph into node ranges (ggml_backend_sched_compute_splits); in a PWRI graph most
+    ranges hold no repacked MUL_MAT (sparse kernels, predictor), yet they run compiled because the graph they were
+    cut from does (compiler._has_repacked_mul_mat asks the view's root). The logits equal the callback-free run's."""
+    pytest.importorskip("ggviz.ggml.cpu.fast.sparse", reason="the compiled walk needs Numba")
+    from ggviz.ggml.cpu.fast import compiler
+    sparse, _ = models
+    ids = pipeline.corpus_tokens(sparse.vocab, 4)
+    old = cpu_pi.set_sparse_pred_threshold(0.0)
+    try:
+        plain, _ = _logits(sparse, ids)
+        seen = []
+        plan_graph = compiler.plan_graph
+
+        def spy(cgraph, n_threads):
+            fg = plan_graph(cgraph, n_threads)
+            seen.append((fg is not None, {n.op for n in cgraph.nodes}))
+            return fg
+        monkeypatch.setattr(compiler, "plan_graph", spy)
+        ctx = pipeline._ctx(sparse, len(ids), 2)
+        ctx.cparams.cb_eval = lambda t, ask: (t.name.startswith(("mlp_pre_out-", "ffn_out-")) if ask else True)
+        try:
+            assert llama.decode(ctx, pipeline._batch_all_logits(ids)) == 0
+            cut = np.array(llama.get_logits(ctx), np.float64).reshape(len(ids), -1)
+        finally:
+            llama.free(ctx)
+    finally:
+        cpu_pi.set_sparse_pred_threshold(old)
+    assert np.array_equal(cut, plain)
+    sparse_ranges = [ok for ok, ops in seen if ops & {ggml.GGML_OP_MUL_MAT_SPARSE, ggml.GGML_OP_AXPY}]
+    assert len(sparse_ranges) >= 30 and all(sparse_ranges)
+    assert len(seen) > 60 and all(ok for ok, _ in seen)
+
+
 def test_sparse_graph_skips_rows_by_the_predictor(models):
     """At a threshold the predictor output crosses, the sparse FFN's up rows are exactly 0 where idx < threshold."""
     sparse, _ = models

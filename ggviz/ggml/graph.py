@@ -399,4 +399,7 @@ def graph_view(cg: CGraph, i0: int, i1: int) -> CGraph:
     v.use_counts = cg.use_counts
     v.visited_hash_set = cg.visited_hash_set
     v.order = cg.order
+    # ggviz: the graph the view was cut from (a view of a view points at the root): the fast path asks it whether
+    # the model runs compiled when a view alone (one eval-callback segment) cannot tell
+    v.view_of = getattr(cg, "view_of", None) or cg
     return v

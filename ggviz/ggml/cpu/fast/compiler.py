@@ -113,6 +113,7 @@ except (AttributeError, OSError):
 
 
 _SPARSE_OPS = (GGML_OP_MUL_MAT_SPARSE, GGML_OP_AXPY, C.GGML_OP_UNARY)
+_POWERINFER_OPS = (GGML_OP_MUL_MAT_SPARSE, GGML_OP_AXPY)
 _BINOP = {C.GGML_OP_ADD: 0, C.GGML_OP_MUL: 1, C.GGML_OP_SUB: 2, C.GGML_OP_DIV: 3}
 
 
@@ -379,7 +380,7 @@ def plan_graph(cgraph, n_threads: int):
             return cache[1]
     if not _has_repacked_mul_mat(cgraph):
         return None
-    fg = _build(cgraph)
+    fg = _build(cgraph, require_repack=False)         # the test above stood for it (a view may hold no MUL_MAT)
     if fg is not None and getattr(cgraph, "ctx", None) is not None:
         if sig is None:
             sig = _graph_signature(cgraph)
@@ -397,9 +398,30 @@ def compile_graph(cgraph, require_repack: bool = False):
 
 
 def _has_repacked_mul_mat(cgraph) -> bool:
-    """Cheap test before compiling: does some MUL_MAT read a weight that has CPU_REPACK traits?"""
+    """Cheap test before compiling: does some MUL_MAT read a weight that has CPU_REPACK traits? A view (a split, or
+    the node range between two nodes the eval callback asked for) of a PowerInfer graph may hold none -- the sparse
+    kernels and the predictor read the plain layout -- so for those the graph it was cut from decides: a segment
+    of a compiled PWRI model's graph runs compiled too (the same bits; the node-by-node NumPy walk of ~300
+    segments cost a captured run ~2x its time). Dense graphs keep the rule as it was."""
+    if _repacked_mul_mat_in(cgraph.nodes):
+        return True
+    root = getattr(cgraph, "view_of", None)
+    if root is None:
+        return False
+    n = len(root.nodes)
+    cached = getattr(root, "_ggviz_pwri_compiled", None)
+    if cached is None or cached[0] != n:
+        cached = (n, any(x.op in _POWERINFER_OPS for x in root.nodes) and _repacked_mul_mat_in(root.nodes))
+        try:
+            root._ggviz_pwri_compiled = cached
+        except AttributeError:
+            pass
+    return cached[1]
+
+
+def _repacked_mul_mat_in(nodes) -> bool:
     mm = C.GGML_OP_MUL_MAT
-    for node in cgraph.nodes:
+    for node in nodes:
         if node.op == mm:
             s0 = node.src[0]
             if s0 is not None and s0.extra and repack.tensor_traits_of(s0) is not None:
