@@ -191,7 +191,9 @@ def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
             entries.append((page.name, title_of(nb, path.stem), n_views, time.perf_counter() - t0))
             bar.update(1)
     rows = "\n".join(f"<li><a href='{html.escape(name)}'>{html.escape(title)}</a> "
-                     f"<small>({n} views, ran in {dt:.0f} s)</small></li>" for name, title, n, dt in entries)
+                     f"<small>({n} views, "
+                     + (f"ran in {dt:.0f} s" if executed is None else "executed beforehand") + ")</small></li>"
+                     for name, title, n, dt in entries)
     index = out / "index.html"
     index.write_text("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ggviz notebooks</title>"
                      "<style>body{font-family:sans-serif;max-width:50em;margin:2em auto;line-height:1.6}</style>"
