@@ -26,6 +26,7 @@ import gguf
 import numpy as np
 
 from .. import ggml
+from ..llama import powerinfer as lpi
 
 BATCH = 256
 
@@ -94,27 +95,7 @@ def write_gpuidx(model_path, counts: np.ndarray, neuron_bytes: int, ffn_up, vram
 
 
 def read_gpuidx(path) -> list[np.ndarray]:
-    """The per-layer gpu_idx of a .generated.gpuidx file (checked against its gpu_bucket)."""
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"PWRI":
-        raise ValueError(f"{path}: not a PowerInfer gpu index (magic {magic!r})")
-    # gguf-py's reader checks the GGUF magic: read a patched copy of the header through a memory buffer
-    data = bytearray(pathlib.Path(path).read_bytes())
-    data[:4] = b"GGUF"
-    tmp = pathlib.Path(os.fspath(path) + ".tmp-read")
-    tmp.write_bytes(bytes(data))
-    try:
-        r = gguf.GGUFReader(os.fspath(tmp))
-        t = {x.name: np.array(x.data) for x in r.tensors}
-    finally:
-        tmp.unlink()
-    out = []
-    il = 0
-    while f"blk.{il}.gpu_idx" in t:
-        gi = t[f"blk.{il}.gpu_idx"].astype(np.int32).reshape(-1)
-        if not np.array_equal(np.flatnonzero(gi), t[f"blk.{il}.gpu_bucket"].reshape(-1)):
-            raise ValueError(f"{path}: blk.{il}.gpu_bucket does not list the neurons of blk.{il}.gpu_idx")
-        out.append(gi)
-        il += 1
-    return out
+    """The per-layer gpu_idx of a .generated.gpuidx file, checked (its gpu_bucket, the values 0/1, the layers: see
+    ``ggviz.llama.powerinfer.read_split_file``). Read through a read-only mapping: nothing is written anywhere, so
+    an index in a read-only folder reads as any other."""
+    return lpi.read_split_file(path)[0]
