@@ -68,12 +68,7 @@ def test_one_params_object_for_two_contexts_does_not_leak(model):
     assert llama.decode(ctx1, llama.batch_get_one([4])) == 0
     assert calls == []
     assert llama.get_logits(ctx1).tobytes() == _fresh_logits(model, [[1, 2, 3]]).tobytes()
-    # the params object set_n_threads wrote to is the context's: a third context from p has p's own counts
-    p.cb_eval = p.abort_callback = None
-    p.hybrid = False
-    ctx3 = llama.init_from_model(model, p)
-    assert ctx3.cparams.n_threads == 1
-    for c in (ctx1, ctx2, ctx3):
+    for c in (ctx1, ctx2):
         llama.free(c)
 
 
@@ -266,3 +261,133 @@ def test_a_decode_after_the_front_was_removed_warns(model, caplog):
     llama.free(ctx)
 
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 7. fuzz: random interleavings, every logits row against a fresh replay
+# ---------------------------------------------------------------------------------------------------------------
+
+def _caches(ctx):
+    kv = ctx.kv
+    return [kv.kv_base, kv.kv_swa] if hasattr(kv, "kv_swa") else [kv]
+
+
+def _whole_state(ctx) -> tuple:
+    return (tuple(tuple(sorted(_cache_state(c).items())) for c in _caches(ctx)), llama.get_logits(ctx).tobytes(),
+            dict(ctx.output_ids), ctx.n_outputs)
+
+
+def _seq_batch(tokens, s, p0):
+    b = llama.batch_init(len(tokens), 0, 2)
+    for i, t in enumerate(tokens):
+        llama.batch_add(b, int(t), p0 + i, [s], True)           # every row an output: every row is compared
+    return b
+
+
+def _fuzz(model, seed: int, n_ops: int, **kw) -> dict:
+    """``n_ops`` random calls on a 2-sequence context (seeded): valid decodes (1-5 tokens of either sequence),
+    decodes that fail -- aborted (abort_callback, code 2) or raising (the graph hook) in their second ubatch, or
+    invalid (a position gap: -1) --, seq_rm, memory_clear, llama_free + a new context (taken from the pool).
+    Every failed call must leave the state as it was. Then a fresh replay: a new context per segment (the pool
+    emptied first, so nothing is recycled) given only the calls that succeeded, in order: every logits row must
+    be the same bits."""
+    rng = np.random.default_rng(seed)
+    vocab = model.hparams.n_vocab
+
+    def new():
+        return _ctx(model, n_seq_max=2, n_ubatch=4, **kw)
+    ctx, segments, seg, hist, rows = new(), [], [], [0, 0], []
+    counts: dict = {}
+    for i in range(n_ops):
+        r = rng.random() if i != n_ops // 2 else 1.0      # one llama_free + new context half-way, whatever the draw
+        s = int(rng.integers(2))
+        toks = [int(t) for t in rng.integers(1, vocab, int(rng.integers(1, 6)))]
+        if r < 0.4 or not any(hist):                    # a valid decode
+            assert llama.decode(ctx, _seq_batch(toks, s, hist[s])) == 0
+            seg.append(("decode", s, hist[s], toks))
+            rows.append(llama.get_logits(ctx).copy())
+            hist[s] += len(toks)
+            kind = "decode"
+        elif r < 0.65:                                   # a decode failing in its second ubatch (abort, raise, ...)
+            toks = toks + [5, 6, 7, 8]                   # 5..9 tokens: two or three ubatches of 4
+            before = _whole_state(ctx)
+            how = "raise" if counts.get("abort", 0) > counts.get("raise", 0) else "abort"
+            seen = []
+
+            def hook(res, how=how, seen=seen):
+                seen.append(res)
+                if len(seen) == 2:
+                    if how == "raise":
+                        raise RuntimeError("fuzz: failure in the second ubatch")
+                    ctx.cparams.abort_callback = lambda data: True
+            ctx.graph_hook = hook
+            try:
+                if how == "abort":
+                    assert llama.decode(ctx, _seq_batch(toks, s, hist[s])) == 2
+                else:
+                    with pytest.raises(RuntimeError, match="fuzz: failure"):
+                        llama.decode(ctx, _seq_batch(toks, s, hist[s]))
+            finally:
+                ctx.graph_hook = None
+                ctx.cparams.abort_callback = None
+            assert _whole_state(ctx) == before
+            kind = how
+        elif r < 0.7:                                    # invalid: a gap in the positions
+            before = _whole_state(ctx)
+            assert llama.decode(ctx, _seq_batch(toks, s, hist[s] + 3)) == -1
+            assert _whole_state(ctx) == before
+            kind = "invalid"
+        elif r < 0.82:                                   # seq_rm of the tail
+            p = int(rng.integers(0, hist[s] + 1))
+            assert llama.memory_seq_rm(ctx, s, p, -1)
+            seg.append(("rm", s, p))
+            hist[s] = min(hist[s], p)
+            kind = "seq_rm"
+        elif r < 0.88:
+            llama.memory_clear(ctx, bool(rng.integers(2)))
+            seg.append(("clear",))
+            hist = [0, 0]
+            kind = "clear"
+        else:                                            # llama_free, and a new context (recycled from the pool)
+            llama.free(ctx)
+            ctx = new()
+            assert ctx.recycled
+            segments.append(seg)
+            seg, hist = [], [0, 0]
+            kind = "free"
+        counts[kind] = counts.get(kind, 0) + 1
+    segments.append(seg)
+    llama.free(ctx)
+    # the fresh replay
+    diffs, k = 0, 0
+    for seg in segments:
+        lctx.context_pool_clear(model)
+        fresh = new()
+        assert not fresh.recycled
+        for op in seg:
+            if op[0] == "decode":
+                _, s, p0, toks = op
+                assert llama.decode(fresh, _seq_batch(toks, s, p0)) == 0
+                diffs += int(llama.get_logits(fresh).tobytes() != rows[k].tobytes())
+                k += 1
+            elif op[0] == "rm":
+                assert llama.memory_seq_rm(fresh, op[1], op[2], -1)
+            else:
+                llama.memory_clear(fresh)
+        llama.free(fresh)
+    lctx.context_pool_clear(model)
+    assert k == len(rows)
+    return dict(counts=counts, diffs=diffs, rows=len(rows))
+
+
+def test_fuzz_interleavings_smollm2(model):
+    got = _fuzz(model, 2024, 12)
+    assert got["diffs"] == 0, got
+    assert got["rows"] >= 5 and {"abort", "raise", "free"} <= set(got["counts"]), got
+
+
+@needs_gemma
+def test_fuzz_interleavings_gemma3(gemma):
+    got = _fuzz(gemma, 24, 12, swa_full=False)
+    assert got["diffs"] == 0, got
+    assert got["rows"] >= 5 and {"abort", "raise", "free"} <= set(got["counts"]), got
