@@ -522,3 +522,18 @@ def test_a_non_finite_threshold_from_the_environment_is_refused(split, monkeypat
         monkeypatch.setenv("LLAMA_SPARSE_PRED_THRESHOLD", v)
         with pytest.raises(ValueError, match=f"LLAMA_SPARSE_PRED_THRESHOLD = {v}"):
             llama.model_load_from_file(str(r.model_path))
+
+
+def test_the_solvers_api_checks_its_numbers(split):
+    m, _, _ = split
+    for bad in (float("nan"), float("inf"), -1):
+        with pytest.raises(ValueError, match="neuron_cap: budget_bytes = .* must be a finite number of bytes >= 0"):
+            solver.neuron_cap(bad, m.layers[0].ffn_up)
+    with pytest.raises(ValueError, match="offload_plan: budget_bytes = inf must be an integer >= 0"):
+        lp.offload_plan(m, float("inf"))
+    counts = np.ones((2, 512))
+    with pytest.raises(ValueError, match="capacity = -256 must be an integer >= 0"):
+        solver.solve_gpu_split(counts, -256)
+    counts[1, 3] = np.nan
+    with pytest.raises(ValueError, match="counts must be a \\(layers, n_ff\\) array of finite counts >= 0"):
+        solver.solve_gpu_split(counts, 256)

@@ -317,7 +317,8 @@ class KVCache:
         position (``lo`` = 0), or with a sliding window those within it (``lo = p0 - n_swa + 1``); the cache holds
         ``[seq_pos_min, seq_pos_max]`` (llama.cpp keeps that range whole). A window the cache has left behind
         (evicted cells, ``seq_rm`` of the front) makes the logits differ from a replay: llama.cpp's library says
-        nothing, its server checks ``seq_pos_min`` against the window and re-processes the prompt."""
+        nothing; its server (server-context.cpp) compares ``seq_pos_min`` with ``max(0, pos_next - n_swa)``, one
+        position more cautious than this exact window, and re-processes the prompt (or restores a checkpoint)."""
         pmin = self.cells.seq_pos_min(seq_id)
         if pmin < 0 or p0 <= 0:
             return None

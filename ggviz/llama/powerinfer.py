@@ -273,6 +273,8 @@ def offload_plan(model, budget_bytes: int, n_ctx: int = 512, kv_type_size: int =
     then the ffn_norms, then the output layer, then the KV cache (llama_reserve_model_kv_cache); only when all of
     that fits (``tensor_offload_complete``) does the rest go to FFN neurons (llm_load_gpu_split). Returns
     ``{"steps": [(what, bytes, fits)], "neuron_bytes": bytes left for neurons}`` (ggviz does not move anything)."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)) or budget_bytes < 0:
+        raise ValueError(f"offload_plan: budget_bytes = {budget_bytes!r} must be an integer >= 0 (bytes)")
     hp = model.hparams
     sm = model.sparse
     left = int(budget_bytes)

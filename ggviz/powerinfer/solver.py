@@ -32,7 +32,9 @@ BATCH = 256
 
 
 def neuron_cap(budget_bytes: int, ffn_up, has_gate: bool = True) -> int:
-    """llm_load_gpu_split_with_budget's solver capacity."""
+    """llm_load_gpu_split_with_budget's solver capacity (``budget_bytes``: finite, >= 0)."""
+    if not (isinstance(budget_bytes, (int, np.integer, float)) and math.isfinite(budget_bytes) and budget_bytes >= 0):
+        raise ValueError(f"neuron_cap: budget_bytes = {budget_bytes!r} must be a finite number of bytes >= 0")
     slice_size = int(ffn_up.ne[1]) * ggml.type_size(ffn_up.type) // ggml.blck_size(ffn_up.type)
     per_slice = slice_size * (4.5 if has_gate else 2)
     return int(math.floor(budget_bytes / per_slice)) * 4
@@ -41,6 +43,11 @@ def neuron_cap(budget_bytes: int, ffn_up, has_gate: bool = True) -> int:
 def solve_gpu_split(counts: np.ndarray, capacity: int, batch: int = BATCH) -> list[int]:
     """Hot neurons per layer (multiples of ``batch``, total <= capacity) maximising the activations covered."""
     counts = np.asarray(counts, np.float64)
+    if counts.ndim != 2 or not np.isfinite(counts).all() or (counts < 0).any():
+        raise ValueError(f"solve_gpu_split: counts must be a (layers, n_ff) array of finite counts >= 0 "
+                         f"(shape {counts.shape})")
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 0:
+        raise ValueError(f"solve_gpu_split: capacity = {capacity!r} must be an integer >= 0 (neurons)")
     n_layer, n_ff = counts.shape
     if n_ff % batch:
         raise ValueError(f"n_ff = {n_ff} is not a multiple of the bucket size {batch}")
