@@ -283,7 +283,10 @@ class KVCache:
             return None
         reused = np.array(sorted({int(c) for idxs in slots for c in idxs if self.cells.pos[c] >= 0}), np.int64)
         rows = None
-        if len(reused):
+        if len(reused) and not all(gb.backend_buffer_is_host(b) for b in self.bufs):
+            # a cache in device memory (offload_kqv): its tensors whole, through the backend (get/set_tensor)
+            rows = [(None, gb.backend_tensor_get(t, None, 0, ggml.nbytes(t))) for t in self.k_l + self.v_l]
+        elif len(reused):
             rows = [(ggml.get_data(k).reshape(self.size, -1)[reused].copy(),
                      ggml.get_data(v).reshape(-1, self.size)[:, reused].copy() if self.v_trans
                      else ggml.get_data(v).reshape(self.size, -1)[reused].copy())
@@ -303,7 +306,10 @@ class KVCache:
             return
         snap, reused, rows = saved
         self._restore(snap)
-        if rows is not None:
+        if rows is not None and rows[0][0] is None:
+            for t, (_, data) in zip(self.k_l + self.v_l, rows):
+                gb.backend_tensor_set(t, data, 0, len(data))
+        elif rows is not None:
             for (k, v), (kr, vr) in zip(zip(self.k_l, self.v_l), rows):
                 ggml.get_data(k).reshape(self.size, -1)[reused] = kr
                 if self.v_trans:
