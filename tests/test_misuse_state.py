@@ -164,6 +164,16 @@ def _gctx(m, **kw):
     return _ctx(m, n_ctx=512, threads=2, n_batch=512, n_ubatch=16, swa_full=False, **kw)
 
 
+@pytest.fixture(scope="module")
+def gctx16(gemma16):
+    """A context of gemma16 (swa_full off) holding HIST: its SWA cache has wrapped. Shared: the first test leaves it
+    holding HIST + 2 tokens, the second cuts it."""
+    ctx = _gctx(gemma16)
+    assert llama.decode(ctx, llama.batch_get_one(HIST)) == 0
+    yield ctx
+    llama.free(ctx)
+
+
 def _cache_state(kv) -> dict:
     """Cells and the K/V bytes of every used cell, of one KVCache."""
     used = np.flatnonzero(kv.cells.pos >= 0)
@@ -186,14 +196,12 @@ def _gfresh(m, history, nxt):
 
 
 @needs_gemma
-def test_a_failed_decode_gives_back_the_evicted_swa_cells(gemma16, caplog):
+def test_a_failed_decode_gives_back_the_evicted_swa_cells(gemma16, gctx16, caplog):
     """swa_full = False, the SWA cache wrapped: a decode aborted in its second ubatch (the first one computed,
     its K/V written over reused cells) dropped the evicted cells (the issue: memory_seq_pos_min 232 -> 235).
     Now both caches are as before -- cells, K/V bytes, pos_min -- and the next decode equals a fresh replay."""
-    m = gemma16
-    ctx = _gctx(m)
+    m, ctx = gemma16, gctx16
     assert (ctx.kv.kv_swa.size, ctx.kv.kv_base.size) == (256, 512)
-    assert llama.decode(ctx, llama.batch_get_one(HIST)) == 0
     pos_min = llama.memory_seq_pos_min(ctx, 0)
     assert pos_min > 0 and llama.memory_seq_pos_max(ctx, 0) == len(HIST) - 1        # evicted: the cache wrapped
     before = (_cache_state(ctx.kv.kv_base), _cache_state(ctx.kv.kv_swa), llama.get_logits(ctx).tobytes())
@@ -221,17 +229,14 @@ def test_a_failed_decode_gives_back_the_evicted_swa_cells(gemma16, caplog):
     assert (_cache_state(ctx.kv.kv_base), _cache_state(ctx.kv.kv_swa), llama.get_logits(ctx).tobytes()) == before
     assert llama.decode(ctx, llama.batch_get_one([7, 8])) == 0
     assert llama.get_logits(ctx).tobytes() == _gfresh(m, [HIST], [7, 8]).tobytes()
-    llama.free(ctx)
 
 
 @needs_gemma
-def test_a_decode_into_a_window_whose_cells_are_gone_warns(gemma16, caplog):
+def test_a_decode_into_a_window_whose_cells_are_gone_warns(gemma16, gctx16, caplog):
     """seq_rm(0, p, -1) after the SWA cache evicted the front, then a decode at p: its window needs positions the
     SWA cache no longer has. The decode returns 0 (as llama.cpp's library) with logits that differ from a replay;
     ggviz says so: a warning naming the positions and a llama.kv_missing trace event."""
-    m = gemma16
-    ctx = _gctx(m)
-    assert llama.decode(ctx, llama.batch_get_one(HIST)) == 0
+    m, ctx = gemma16, gctx16
     pos_min = llama.memory_seq_pos_min(ctx, 0)
     p = pos_min + 12                       # the window of p starts at p - 15 < pos_min
     assert llama.memory_seq_rm(ctx, 0, p, -1)
@@ -244,7 +249,6 @@ def test_a_decode_into_a_window_whose_cells_are_gone_warns(gemma16, caplog):
     assert f"decode: seq_id = 0 at pos = {p} attends positions [{lo}, {p}), but the swa KV cache holds them only " \
            f"from pos_min = {pos_min}: positions {lo}..{pos_min - 1} are gone" in " ".join(caplog.messages)
     assert llama.get_logits(ctx).tobytes() != _gfresh(m, [HIST[:p]], [9]).tobytes()
-    llama.free(ctx)
 
 
 def test_a_decode_after_the_front_was_removed_warns(model, caplog):
