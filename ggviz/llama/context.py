@@ -16,6 +16,7 @@ of freed contexts' machinery are in context_pool.py; PowerInfer's hybrid executo
 """
 from __future__ import annotations
 
+import copy
 import operator
 import os
 import threading
@@ -176,7 +177,13 @@ class LlamaContext(context_pool.GraphCache):
     def __init__(self, model, params: LlamaContextParams):
         self.model = model
         hp = model.hparams
-        p = params
+        # llama_init_from_model takes llama_context_params by value: the context works on its own copy, so a params
+        # object the caller changes later (or hands to a second context) never reaches this one. A shallow copy, as
+        # C's: the callbacks and their user data are the caller's objects, the fields are the context's.
+        if not isinstance(params, LlamaContextParams):
+            raise TypeError(f"llama_init_from_model: params must be llama_context_params, not "
+                            f"{type(params).__name__}")
+        p = copy.copy(params)
         if p.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED:
             raise ValueError("flash attention is not implemented in ggviz's CPU path; use flash_attn_type = 0")
         n_ctx_req = self._param("n_ctx", p.n_ctx, 0, "0: the model's n_ctx_train")
@@ -346,7 +353,8 @@ class LlamaContext(context_pool.GraphCache):
         return ContextParamsError(msg, "n_ctx", n, fits, req["total"], avail)
 
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
-        """llama_set_n_threads (the counts are checked as at creation)."""
+        """llama_set_n_threads (the counts are checked as at creation); written to the context's own cparams,
+        never to the params object it was created from."""
         n_threads = check_n_threads("n_threads", n_threads)
         n_threads_batch = check_n_threads("n_threads_batch", n_threads_batch)
         if self.cparams.hybrid:
@@ -574,9 +582,11 @@ class LlamaContext(context_pool.GraphCache):
         if slots is None:
             impl.GGML_LOG("warn", f"decode: failed to find a memory slot for batch of size {n}")
             return 1
+        self._warn_missing(ab)
         # the outputs of this batch; they replace the previous ones only when every ubatch succeeded
         logits = np.zeros((ab.n_outputs, hp.n_vocab), dtype=np.float32)
         head0 = self.kv.head
+        saved = self.kv.backup(slots)        # a sliding-window cache: what the ubatches will evict or overwrite
         placed: list[int] = []
         done = False
         t0 = time.perf_counter()
@@ -593,7 +603,7 @@ class LlamaContext(context_pool.GraphCache):
             done = True
         finally:
             if not done:
-                self._undo(placed, head0, ab)
+                self._undo(placed, head0, ab, saved)
         self.logits = logits
         self.output_ids = {int(i): k for k, i in enumerate(np.flatnonzero(ab.output))}
         self.n_outputs = ab.n_outputs
@@ -606,10 +616,29 @@ class LlamaContext(context_pool.GraphCache):
             self.perf.n_eval += 1
         return 0
 
-    def _undo(self, placed: list, head0: int, ab) -> None:
+    def _warn_missing(self, ab) -> None:
+        """ggviz: a sequence whose first token here attends positions the KV cache no longer holds (a sliding window
+        that evicted them, a ``seq_rm`` of the front, then a decode further back) computes without them: the logits
+        differ from a replay of the history. llama.cpp's library says nothing (its server checks ``seq_pos_min``
+        against the window and re-processes the prompt); ggviz says so: a warning and a ``llama.kv_missing`` trace
+        event per sequence and cache."""
+        for s in np.unique(ab.seq0):
+            s = int(s)
+            p0 = int(ab.pos[ab.seq0 == s].min())
+            for cache, lo, pmin in self.kv.missing_windows(s, p0):
+                impl.GGML_LOG("warn", f"decode: seq_id = {s} at pos = {p0} attends positions [{lo}, {p0}), but "
+                                      f"the {'' if cache == 'kv' else cache + ' '}KV cache holds them only from "
+                                      f"pos_min = {pmin}: positions {lo}..{pmin - 1} are gone (evicted by the "
+                                      f"sliding window, or removed by seq_rm), so the logits differ from a replay "
+                                      f"of the history (llama.cpp's server re-processes the prompt here)")
+                if trace.active:
+                    trace.emit("llama.kv_missing", ctx=id(self), seq_id=s, pos=p0, lo=lo, pos_min=pmin, cache=cache)
+
+    def _undo(self, placed: list, head0: int, ab, saved=None) -> None:
         """A ubatch failed, was aborted or interrupted: free every cell this decode placed (llama.cpp: "the last
         ubatch failed or was aborted -> remove all positions of that ubatch from the memory module"), so the cache
-        is as before the call; the graph is rebuilt next time."""
+        is as before the call -- a sliding-window cache from ``saved`` (KVCache.backup), with the cells this decode
+        evicted and the K/V rows it overwrote (llama.cpp loses those); the graph is rebuilt next time."""
         self._prev_key = None
         self._hybrid_prev = None
         if not placed:
@@ -619,7 +648,7 @@ class LlamaContext(context_pool.GraphCache):
         for s in np.unique(seq0):
             impl.GGML_LOG("warn", f"decode: removing memory module entries for seq_id = {int(s)}, "
                                   f"pos = [{int(pos[seq0 == s].min())}, +inf)")
-        self.kv.rollback(placed, head0)
+        self.kv.rollback(placed, head0, saved)
 
     def build_graph(self, n_tokens: int, n_outputs: int, n_kv: int):
         b = arch_models.graph_builder(self.model.arch)(self.model, self.kv, self, n_tokens, n_outputs, n_kv,

@@ -105,6 +105,20 @@ _VOCAB_TYPES = {"gpt2": "BPE", "llama": "SPM"}
 SPM_SPACE = "\u2581"
 SPM_SPACE_UTF8 = SPM_SPACE.encode("utf-8")
 
+def _check_text(text, fn: str) -> None:
+    """A str must be valid Unicode: a lone surrogate (U+D800..U+DFFF, e.g. from ``'\\ud800'`` or a bad
+    ``surrogateescape`` decode) has no UTF-8 encoding. llama.cpp takes ``const char *`` bytes and maps invalid UTF-8
+    to U+FFFD (pass bytes for that); llama-cpp-python's ``text.encode("utf-8")`` raises on a lone surrogate before
+    llama.cpp sees it -- ggviz refuses it too, naming it, instead of tokenizing its "surrogatepass" bytes."""
+    if isinstance(text, str) and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{fn}: the text has a lone surrogate U+{ord(text[e.start]):04X} at index {e.start} "
+                             f"(not valid Unicode: it has no UTF-8 encoding); pass bytes to tokenize invalid UTF-8 "
+                             f"(mapped to U+FFFD, as llama.cpp does)") from None
+
+
 def byte_decode(text: str) -> bytes:
     """Inverse of :func:`byte_encode` as llama.cpp's ``llama_decode_text`` does it (unknown code points are
     rendered as ``[UNK_BYTE_0x..<text>]``)."""
@@ -739,6 +753,7 @@ class Vocab:
 
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """``llama_tokenize(vocab, text, ..., add_special, parse_special)``."""
+        _check_text(text, "llama_tokenize")
         if self.type == "SPM":
             return [t for _, _, ids in self._spm_fragments(text, add_special, parse_special) for t in ids]
         out: list[int] = []
@@ -759,6 +774,7 @@ class Vocab:
         """Like :meth:`tokenize` but keeps the intermediate units (special tokens and pre-tokenized words with
         their byte-level form and ids) for display; ``[i for u in units for i in u.ids] == tokenize(...)``.
         SPM: one unit per raw fragment (``encoded``: the escaped text, spaces as ▁)."""
+        _check_text(text, "llama_tokenize")
         if self.type == "SPM":
             return [PreToken(self.tokens[ids[0]], None, ids, True) if frag is None else
                     PreToken(self._fragment_text(frag), esc.decode("utf-8", "replace"), ids, False)
