@@ -25,7 +25,7 @@ import pytest
 
 from ggviz import ggml, llama, trace
 from ggviz.fetch import models_dir
-from ggviz.llama import context as lctx
+from ggviz.llama import context_pool
 from tests.test_misuse_llama import _ctx, _fresh_logits
 
 GEMMA = models_dir() / "gemma-3-270m-q4_k_m.gguf"
@@ -148,7 +148,7 @@ def gemma():
         pytest.skip(f"{GEMMA.name} is absent (ggviz fetch gemma3-270m)")
     m = llama.model_load_from_file(str(GEMMA))
     yield m
-    lctx.context_pool_clear(m)
+    context_pool.context_pool_clear(m)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def gemma16(gemma):
     m = copy.copy(gemma)
     m.hparams = dataclasses.replace(gemma.hparams, n_swa=N_SWA)
     yield m
-    lctx.context_pool_clear(m)
+    context_pool.context_pool_clear(m)
 
 
 def _gctx(m, **kw):
@@ -365,7 +365,7 @@ def _fuzz(model, seed: int, n_ops: int, **kw) -> dict:
     # the fresh replay
     diffs, k = 0, 0
     for seg in segments:
-        lctx.context_pool_clear(model)
+        context_pool.context_pool_clear(model)
         fresh = new()
         assert not fresh.recycled
         for op in seg:
@@ -379,7 +379,7 @@ def _fuzz(model, seed: int, n_ops: int, **kw) -> dict:
             else:
                 llama.memory_clear(fresh)
         llama.free(fresh)
-    lctx.context_pool_clear(model)
+    context_pool.context_pool_clear(model)
     assert k == len(rows)
     return dict(counts=counts, diffs=diffs, rows=len(rows))
 
