@@ -15,8 +15,10 @@ What it renders (the views issue #19 item 4 split into phases, and the scripts t
   static page (``to_html``) with nothing, a node, a leaf and the compute phase selected, its per-node table;
 * the anywidget ES modules and stylesheets the live widgets send (the same text the book's pages embed).
 
-Deterministic: matplotlib's SVG hash salt and date are fixed; the trace clock counts (``time.perf_counter_ns`` is
-replaced while the explorer's step is recorded). Exit status 1 if ``--against`` finds a difference.
+Deterministic: matplotlib's SVG hash salt and date are fixed; the compiled fast path is off (GGVIZ_NO_NUMBA=1: its
+walk times nodes with a clock inside the compiled code) and ggviz's clocks count (its modules' ``time`` is a
+counting clock while the explorer's step is recorded); each part numbers its SVG id prefixes from 1.
+Exit status 1 if ``--against`` finds a difference.
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ import matplotlib
 matplotlib.use("Agg")
 matplotlib.rcParams["svg.hashsalt"] = "ggviz-render-views"
 os.environ.setdefault("SOURCE_DATE_EPOCH", "0")
+# the faithful kernels: the compiled walk times its nodes with its own clock, which no Python patch reaches
+os.environ.setdefault("GGVIZ_NO_NUMBA", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,7 +52,10 @@ from ggviz.ggml.cpu import cpu_backend  # noqa: E402
 from ggviz.viz import graph_dot as G  # noqa: E402
 from ggviz.viz import widgets  # noqa: E402,F401  (every widget module, for the anywidget classes)
 from ggviz.viz.widgets import _base  # noqa: E402
-from ggviz.export import decode_graph  # noqa: E402
+try:                                          # where the capture branch (#19 items 1-2) puts it
+    from ggviz.capture.decode import decode_graph  # noqa: E402
+except ImportError:
+    from ggviz.export import decode_graph  # noqa: E402
 from ggviz.run import load_model  # noqa: E402
 from ggviz.viz.widgets.alloc_view import AllocatorView  # noqa: E402
 from ggviz.viz.widgets.explorer import DecodeExplorer, ExplorerPane  # noqa: E402
@@ -163,14 +170,34 @@ def gguf_map(out: Out):
     out("gguf_map_sel.html", v.to_html())
 
 
+class _CountingClock:
+    """The ``time`` module, except that its performance counters count: each call is 1 us after the one before."""
+
+    def __init__(self):
+        self._ticks = itertools.count(1_000_000, 1000)
+
+    def perf_counter_ns(self):
+        return next(self._ticks)
+
+    def perf_counter(self):
+        return next(self._ticks) / 1e9
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
 def explorer(out: Out):
-    ticks = itertools.count(1_000_000, 1000)
-    real = time.perf_counter_ns
-    time.perf_counter_ns = lambda: next(ticks)
+    # ggviz's modules read a counting clock (only theirs: library code calling time.perf_counter in between would
+    # shift the count from run to run)
+    clock = _CountingClock()
+    patched = [m for name, m in sys.modules.items() if name.startswith("ggviz") and getattr(m, "time", None) is time]
+    for m in patched:
+        m.time = clock
     try:
         ex = DecodeExplorer.record("The capital of France is", threads=1, model=load_model(str(SMOL)), values=True)
     finally:
-        time.perf_counter_ns = real
+        for m in patched:
+            m.time = time
     out("explorer_none.html", ex.to_html())
     out("explorer_nodes.json", ex.nodes_json())
     out("explorer_phases.json", ex.phases())
@@ -182,9 +209,6 @@ def explorer(out: Out):
     out("explorer_compute.html", ex.to_html())
     out("explorer_mem.svg", ex.mem_svg())
     out("explorer_lanes.svg", ex.lanes_svg())
-    out("esm_explorer.js", ExplorerPane._esm)
-    css = getattr(ExplorerPane, "_css", None)
-    out("esm_explorer.css", css if isinstance(css, str) else "")
 
 
 def scripts(out: Out):
@@ -197,7 +221,9 @@ def scripts(out: Out):
                 if isinstance(v, str):
                     seen[f"{cls.__module__}.{cls.__qualname__}.{attr}"] = v
     canvas = _base.svg_canvas("<svg/>", prefix="p-", css="#p-n1{}")
-    seen["svg_canvas._esm"] = type(canvas)._esm if hasattr(type(canvas), "_esm") else ""
+    seen["svg_canvas._esm"] = canvas._esm
+    pane = ExplorerPane()
+    seen["ExplorerPane._esm"], seen["ExplorerPane._css"] = pane._esm, getattr(pane, "_css", "")
     out("scripts.json", seen)
 
 
@@ -216,20 +242,27 @@ def main(argv=None) -> int:
     out = Out(pathlib.Path(a.out))
     parts = set(a.only.split(",")) if a.only else {"graphs", "alloc", "sched", "gguf", "explorer", "scripts"}
     t0 = time.perf_counter()
+    # each part numbers its SVG id prefixes from 1 (``new_prefix``), so a part renders the same whichever ran before
     if "graphs" in parts:
+        _base._uid = itertools.count(1)
         graphs(out, "synthetic", _layered_graph())
         for tag, path in (("smollm2", SMOL), ("gemma3", GEMMA)):
             if path is not None and path.exists():
                 graphs(out, tag, decode_graph(load_model(str(path))).gf)
     if "alloc" in parts:
+        _base._uid = itertools.count(1)
         allocator(out)
     if "sched" in parts:
+        _base._uid = itertools.count(1)
         scheduler(out)
     if "gguf" in parts:
+        _base._uid = itertools.count(1)
         gguf_map(out)
     if "explorer" in parts:
+        _base._uid = itertools.count(1)
         explorer(out)
     if "scripts" in parts:
+        _base._uid = itertools.count(1)
         scripts(out)
     print(f"{out.n} files in {a.out} ({time.perf_counter() - t0:.0f} s)")
     if a.against:
