@@ -18,7 +18,8 @@ What it renders (the views issue #19 item 4 split into phases, and the scripts t
 Deterministic: matplotlib's SVG hash salt and date are fixed; the compiled fast path is off (GGVIZ_NO_NUMBA=1: its
 walk times nodes with a clock inside the compiled code) and ggviz's clocks count (its modules' ``time`` is a
 counting clock while the explorer's step is recorded); each part numbers its SVG id prefixes from 1.
-Exit status 1 if ``--against`` finds a difference.
+``GGVIZ_NO_NUMBA=0 ... --only graphs,alloc,sched,gguf`` renders with the compiled path (CPU_REPACK weights in the
+plans) instead. Exit status 1 if ``--against`` finds a difference.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ from ggviz.viz.widgets.explorer import DecodeExplorer, ExplorerPane  # noqa: E40
 from ggviz.viz.widgets.gguf import GGUFMapWidget  # noqa: E402
 from ggviz.viz.widgets.graph import GraphView  # noqa: E402
 from ggviz.viz.widgets.sched_view import STAGES, SchedulerView  # noqa: E402
+import tests.test_machinery_views  # noqa: E402
 from tests.test_graph_layout import _layered_graph  # noqa: E402
 from tests.test_machinery_views import _load, plan_decode, small_graph  # noqa: E402
 from tests.test_sched import _accel, build_mini, place  # noqa: E402
@@ -69,6 +71,7 @@ from tests.test_sched import _accel, build_mini, place  # noqa: E402
 MODELS = pathlib.Path(os.environ.get("GGVIZ_MODELS", ROOT / "data" / "models"))
 SMOL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = next(iter(sorted(MODELS.glob("gemma-3-270m*.gguf"))), None) if MODELS.exists() else None
+tests.test_machinery_views.MODEL = str(SMOL)     # its _load reads the checkout's data/models otherwise
 
 
 class Out:
