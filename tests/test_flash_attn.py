@@ -1,0 +1,123 @@
+"""ggml_flash_attn_ext and its CPU kernel against the real ggml (libggml-python 0.20.2, whose FLASH_ATTN_EXT kernels --
+one-chunk, tiled, split-KV -- are those of the ggml llama-cpp-python 0.3.36 vendors): the result bits, for each of
+the three kernels, 1 to 4 threads, GQA, ALiBi, F16 and F32 K/V; and the op's checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggviz import ggml as gg
+from ggviz.ggml.cpu.ops import fa_kernel
+
+from tests.oracle.ggml_lib import RealGGML, available, unavailable_reason
+
+_REAL = None
+
+
+def _real():
+    global _REAL
+    if _REAL is None:
+        _REAL = RealGGML()
+    return _REAL
+
+
+def _fa(G, ctx, DK, DV, N, NKV, H, HKV, with_mask, scale, max_bias, kvt):
+    q = G.new_tensor_4d(ctx, G.GGML_TYPE_F32, DK, N, H, 1)
+    k = G.new_tensor_4d(ctx, kvt, DK, NKV, HKV, 1)
+    v = G.new_tensor_4d(ctx, kvt, DV, NKV, HKV, 1)
+    m = G.new_tensor_4d(ctx, G.GGML_TYPE_F16, NKV, N, 1, 1) if with_mask else None
+    out = G.flash_attn_ext(ctx, q, k, v, m, scale, max_bias, 0.0)
+    G.flash_attn_ext_set_prec(out, G.GGML_PREC_F32)
+    gf = G.new_graph(ctx)
+    G.build_forward_expand(gf, out)
+    return (q, k, v, m), out, gf
+
+
+def _inputs(DK, DV, N, NKV, H, HKV, kvt, seed=0):
+    rng = np.random.default_rng(seed)
+    Q = rng.standard_normal((1, H, N, DK)).astype(np.float32) * 2
+    dt = np.float16 if kvt == gg.GGML_TYPE_F16 else np.float32
+    K = rng.standard_normal((1, HKV, NKV, DK)).astype(np.float16).astype(dt)
+    V = rng.standard_normal((1, HKV, NKV, DV)).astype(np.float16).astype(dt)
+    Mk = np.zeros((1, 1, N, NKV), np.float16)
+    for i in range(N):                      # causal over the last N cells, and one cell masked for every row
+        Mk[0, 0, i, NKV - N + i + 1:] = -np.inf
+    Mk[0, 0, :, 3] = -np.inf
+    return Q, K, V, Mk
+
+
+CASES = {
+    # one query row (decode): the one-chunk kernel, F16 accumulator
+    "decode": dict(N=1, NKV=40, nth=(1, 2)),
+    "decode_nomask": dict(N=1, NKV=40, with_mask=False, nth=(1,)),
+    "few_rows": dict(N=3, NKV=30, nth=(1, 2)),
+    # >= 64 query rows: the tiled kernel (F32 Q, simd_gemm, ggml_v_expf softmax), tiles cut by heads and chunks
+    "tiled": dict(N=70, NKV=100, nth=(1, 2)),
+    # one query row over >= 512 cells: the split-KV kernel, whose merge depends on the thread count
+    "split_kv": dict(N=1, NKV=600, nth=(1, 2, 3)),
+    "f32_kv": dict(N=1, NKV=40, kvt=gg.GGML_TYPE_F32, nth=(1,)),
+    "f32_kv_tiled": dict(N=70, NKV=130, kvt=gg.GGML_TYPE_F32, nth=(1,)),
+    "alibi": dict(N=1, NKV=40, max_bias=8.0, nth=(1,)),
+    "alibi_tiled": dict(N=70, NKV=100, max_bias=8.0, nth=(1,)),
+    "gemma_heads": dict(DK=256, DV=256, H=4, HKV=1, N=5, NKV=50, nth=(2,)),
+}
+
+
+@pytest.mark.skipif(not available(), reason="real ggml oracle: " + unavailable_reason())
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_flash_attn_ext_bits_equal_ggml(name):
+    c = dict(DK=64, DV=64, H=9, HKV=3, with_mask=True, scale=0.125, max_bias=0.0, kvt=gg.GGML_TYPE_F16)
+    c.update(CASES[name])
+    nths = c.pop("nth")
+    Q, K, V, Mk = _inputs(c["DK"], c["DV"], c["N"], c["NKV"], c["H"], c["HKV"], c["kvt"])
+    g = _real()
+    for nth in nths:
+        outs = []
+        for G in (g, gg):
+            ctx = G.init(64 << 20)
+            try:
+                ins, out, gf = _fa(G, ctx, **c)
+                for t, a in zip(ins, (Q, K, V, Mk)):
+                    if t is None:
+                        continue
+                    if G is g:
+                        G.set_array(t, a.ravel())
+                    else:
+                        gg.get_data(t)[...] = a.reshape(gg.get_data(t).shape)
+                assert G.graph_compute_with_ctx(ctx, gf, nth) == 0
+                outs.append(np.array(G.get_array(out) if G is g else gg.get_data(out), np.float32).ravel())
+                if G is gg:
+                    kern = fa_kernel(out)
+            finally:
+                G.free(ctx)
+        real, mine = outs
+        assert np.isfinite(real).all()
+        diff = int(np.sum(real.view(np.uint32) != mine.view(np.uint32)))
+        assert diff == 0, f"{name} ({kern}), {nth} threads: {diff} of {real.size} values differ from ggml's"
+
+
+def test_flash_attn_ext_checks():
+    ctx = gg.init(1 << 20)
+    try:
+        q = gg.new_tensor_4d(ctx, gg.GGML_TYPE_F32, 64, 2, 4, 1)
+        k = gg.new_tensor_4d(ctx, gg.GGML_TYPE_F16, 64, 8, 2, 1)
+        v = gg.new_tensor_4d(ctx, gg.GGML_TYPE_F16, 32, 8, 2, 1)
+        m32 = gg.new_tensor_4d(ctx, gg.GGML_TYPE_F32, 8, 2, 1, 1)
+        with pytest.raises(gg.GGMLError, match="mask must be F16"):
+            gg.flash_attn_ext(ctx, q, k, v, m32, 1.0, 0.0, 0.0)
+        with pytest.raises(gg.GGMLError, match="ALiBi"):
+            gg.flash_attn_ext(ctx, q, k, v, None, 1.0, 8.0, 0.0)
+        kbad = gg.new_tensor_4d(ctx, gg.GGML_TYPE_F16, 32, 8, 2, 1)
+        with pytest.raises(gg.GGMLError, match="shapes do not match"):
+            gg.flash_attn_ext(ctx, q, kbad, v, None, 1.0, 0.0, 0.0)
+        r = gg.flash_attn_ext(ctx, q, k, v, None, 0.5, 0.0, 0.0)
+        # permute(0, 2, 1, 3) of [DV, n_tokens, n_head]: [DV, n_head, n_tokens]
+        assert list(r.ne) == [32, 4, 2, 1] and r.type == gg.GGML_TYPE_F32
+        assert gg.get_op_params_f32(r, 0) == 0.5
+        gg.prec_set_acc(r, gg.GGML_PREC_F32)
+        assert gg.flash_attn_ext_get_prec(r) == gg.GGML_PREC_F32
+        with pytest.raises(gg.GGMLError, match="n_kv_max must be >= 0"):
+            gg.flash_attn_ext_set_n_kv_max(r, -1)
+        assert fa_kernel(r) == "one_chunk"
+    finally:
+        gg.free(ctx)
