@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from ggviz import ggml as gg
+from ggviz.ggml.cpu import ggml_cpu
 from ggviz.ggml.cpu.ops import fa_kernel
+
+try:
+    from ggviz.ggml.cpu.fast import compiler
+except ImportError:         # no Numba: only the faithful kernels
+    compiler = None
 
 from tests.oracle.ggml_lib import RealGGML, available, unavailable_reason
 
@@ -88,12 +94,24 @@ def test_flash_attn_ext_bits_equal_ggml(name):
                 outs.append(np.array(G.get_array(out) if G is g else gg.get_data(out), np.float32).ravel())
                 if G is gg:
                     kern = fa_kernel(out)
+                    prog = compiler.compile_graph(gf) if compiler is not None else None
+                    if prog is not None:        # the compiled walk (fast/fattn.py), when it takes the node
+                        gg.get_data(out)[...] = 0
+                        plan = ggml_cpu.graph_plan(gf, nth)
+                        plan.extra = prog
+                        plan.work_data = np.zeros(plan.work_size, np.uint8)
+                        assert ggml_cpu.graph_compute(gf, plan) == 0
+                        outs.append(np.array(gg.get_data(out), np.float32).ravel())
             finally:
                 G.free(ctx)
-        real, mine = outs
+        real = outs[0]
         assert np.isfinite(real).all()
-        diff = int(np.sum(real.view(np.uint32) != mine.view(np.uint32)))
-        assert diff == 0, f"{name} ({kern}), {nth} threads: {diff} of {real.size} values differ from ggml's"
+        for how, mine in zip(("faithful", "compiled"), outs[1:]):
+            diff = int(np.sum(real.view(np.uint32) != mine.view(np.uint32)))
+            assert diff == 0, f"{name} ({kern}, {how}), {nth} threads: {diff} of {real.size} values differ from ggml's"
+        # which cases the compiled kernel takes (fast/fattn.py's docstring): not split-KV, not ALiBi, not F32 K/V
+        if compiler is not None:
+            assert (len(outs) == 3) == (kern != "split_kv" and c["max_bias"] == 0 and c["kvt"] == gg.GGML_TYPE_F16)
 
 
 def test_flash_attn_ext_checks():

@@ -33,7 +33,7 @@ from ...tensor import (
 from .. import mul_mat, repack
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
-from . import gemma_ops, kernels, sparse, sync
+from . import fattn, gemma_ops, kernels, sparse, sync
 from .sgemm import row_kernel
 from .program import (
     CPY_DTYPE,
@@ -542,6 +542,8 @@ def _build(cgraph, require_repack: bool = True):
                 wsize = max(wsize, fixed)
                 if per_thread:
                     sparse_work.append((fixed, per_thread))
+            elif op == C.GGML_OP_FLASH_ATTN_EXT:
+                _need(fattn.build_node(P, F, k, node))
             elif op == C.GGML_OP_GET_ROWS:
                 _need(node.type == GGML_TYPE_F32 and s1.type in (C.GGML_TYPE_I32, C.GGML_TYPE_I64))
                 _need(s0.type in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
