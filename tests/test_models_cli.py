@@ -292,7 +292,7 @@ def test_attention_view(model_name, model):
     cells the mask lets the token see (the causal triangle of the prompt), none on the others."""
     from ggviz.viz import model_views as MV
     cp = llama.context_default_params()
-    cp.n_ctx = 256
+    cp.n_ctx, cp.flash_attn_type = 256, 0        # the weights are a node (kq_soft_max) only without flash attention
     ctx = llama.init_from_model(model, cp)
     ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
     rec = MV.capture_attention(ctx, ids)

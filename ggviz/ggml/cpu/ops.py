@@ -809,11 +809,13 @@ def forward_soft_max(params: ComputeParams, dst: Tensor):
 # A query row's result depends only on the kernel, never on the chunk or tile it was computed in (every row's
 # arithmetic is its own), except in the split-KV kernel, whose merge depends on the number of threads.
 
-# ``S = S*ms + vs`` is not contracted into an FMA in the AVX2 build (a product and an add, each rounded: measured
-# against the real ggml, tests/test_flash_attn.py)
-FA_S_FMA = False
-# how the split-KV merge's ``VKQ_final[d]*scale_old + VKQ_chunk[d]*scale_new`` rounds: 0 = two products and an add,
-# 1 = the first product fused, 2 = the second product fused
+# The one-chunk kernel's ``S = S*ms + vs``: gcc contracts it into one FMA in llama-cpp-python 0.3.36's AVX2 build
+# (measured: SmolLM2's decode logits equal llama.cpp's only so, tests/test_flash_attn_llamacpp.py), while
+# libggml-python 0.20.2's build keeps a product and an add (its differential test sets this False).
+FA_S_FMA = True
+# The split-KV merge's ``VKQ_final[d]*scale_old + VKQ_chunk[d]*scale_new``: 0 = two products and an add, 1 = the first
+# product fused, 2 = the second fused. 1 as libggml-python 0.20.2 computes it; llama.cpp's build not yet measured
+# (it runs only over >= 512 KV cells).
 FA_REDUCE_FMA = 1
 
 

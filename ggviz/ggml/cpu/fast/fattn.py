@@ -7,7 +7,7 @@ to the faithful NumPy kernels (``cpu/ops.py``, which document the arithmetic):
 * one-chunk (fewer than GGML_FA_TILE_Q query rows: a decode step, a short prompt): Q rounded to fp16, one
   ``ggml_vec_dot_f16`` per unmasked KV cell, the online softmax with glibc's ``expf``, the F16 VKQ accumulator
   (``ggml_vec_scale_f16`` / ``ggml_vec_mad_f16``: float math, one FMA, rounded back to fp16), ``S = S*ms + vs``
-  (not fused), then ``VKQ / S``;
+  (one FMA in llama.cpp's build; ``cpu/ops.py``'s FA_S_FMA), then ``VKQ / S``;
 * tiled (>= GGML_FA_TILE_Q query rows): per 64-cell KV tile, K·Q as a sequential FMA chain over DK from 0 (simd_gemm),
   times scale, plus the mask; the tile max, the rescale of VKQ and S by ``expf(Mold - Mnew)``,
   ``ggml_vec_soft_max_f32`` (8-lane ``ggml_v_expf``, a double sum added to the float S), and softmax·V as a
@@ -24,6 +24,7 @@ import numpy as np
 
 from ... import consts as C
 from ...tensor import get_op_params_f32, get_op_params_i32
+from .. import ops as cpu_ops
 from ..common import FA_TILE_KV, FA_TILE_Q
 from .intrinsics import compiled, f32_to_f16, fmaf, fp16_to_fp32, glibc_expf, ld_f32, ld_u16, soft_max_exp8, st_f32
 from .program import (
@@ -36,6 +37,7 @@ from .program import (
     FA_MNE2,
     FA_MNE3,
     FA_SCALE,
+    FA_SFMA,
     NB1,
     NB2,
     NB3,
@@ -77,6 +79,7 @@ def build_node(P, F, k, node) -> bool:
         P[k, FA_MNE2], P[k, FA_MNE3] = int(mask.ne[2]), int(mask.ne[3])
         P[k, FA_MNB1], P[k, FA_MNB2], P[k, FA_MNB3] = int(mask.nb[1]), int(mask.nb[2]), int(mask.nb[3])
     P[k, OP] = OP_FLASH_ATTN
+    P[k, FA_SFMA] = 1 if cpu_ops.FA_S_FMA else 0
     F[k, FA_SCALE] = get_op_params_f32(node, 0)
     return True
 
@@ -91,6 +94,7 @@ def _one_row(P, F, k, iq1, iq2, iq3, qq, acc):
     iv2 = iq2 // (neq2 // P[k, S2 + NE2])
     iv3 = iq3 // (P[k, S0 + NE3] // P[k, S2 + NE3])
     scale = F32(F[k, FA_SCALE])
+    sfma = P[k, FA_SFMA] != 0
     mask = P[k, FA_MASK]
     mp = 0
     if mask != 0:
@@ -127,7 +131,7 @@ def _one_row(P, F, k, iq1, iq2, iq3, qq, acc):
         vrow = vb + ic * nbv1
         for d in range(DV):
             acc[d] = f32_to_f16(fmaf(fp16_to_fp32(ld_u16(vrow + 2 * d)), vs, fp16_to_fp32(acc[d])))
-        S = F32(F32(S * ms) + vs)
+        S = fmaf(S, ms, vs) if sfma else F32(F32(S * ms) + vs)
     s_inv = F32(0.0) if S == F32(0.0) else F32(F32(1.0) / S)
     ne1 = neq2
     out = dst + (iq3 * neq1 * ne1 + iq2 + iq1 * ne1) * P[k, DST + NB1]
