@@ -114,9 +114,9 @@ def test_flash_attn_ext_bits_equal_ggml(name, monkeypatch):
         for how, mine in zip(("faithful", "compiled"), outs[1:]):
             diff = int(np.sum(real.view(np.uint32) != mine.view(np.uint32)))
             assert diff == 0, f"{name} ({kern}, {how}), {nth} threads: {diff} of {real.size} values differ from ggml's"
-        # which cases the compiled kernel takes (fast/fattn.py's docstring): not split-KV, not ALiBi, not F32 K/V
+        # which cases the compiled kernel takes (fast/fattn.py's docstring): F16 K/V, no ALiBi
         if compiler is not None:
-            assert (len(outs) == 3) == (kern != "split_kv" and c["max_bias"] == 0 and c["kvt"] == gg.GGML_TYPE_F16)
+            assert (len(outs) == 3) == (c["max_bias"] == 0 and c["kvt"] == gg.GGML_TYPE_F16)
 
 
 def test_flash_attn_ext_checks():

@@ -52,6 +52,7 @@ from .program import (
     MMQ_QS,
     MMQ_TYPE,
     NB3,
+    FA_NTH,
     NCOL,
     NE0,
     NE1,
@@ -62,6 +63,7 @@ from .program import (
     OP_AXPY,
     OP_BINARY,
     OP_CPY,
+    OP_FLASH_ATTN,
     OP_GET_ROWS,
     OP_MUL_MAT_F,
     OP_MUL_MAT_Q,
@@ -159,6 +161,8 @@ class FastGraph:
         self.single_ns = 0                    # ... and their time
         self.probe_every, self.probe_ns, self.probing = self.PROBE_EVERY, self.PROBE_NS, False
         self.sparse_work = []                 # (bytes, bytes per thread) of PowerInfer's AXPY rows
+        # rows of FLASH_ATTN_EXT: ggml's n_threads is written before each compute (the split-KV chunks)
+        self.fa_rows = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
         # rows of PowerInfer's MUL_MAT_SPARSE / AXPY: their threshold and n_threads are written before each compute
         self.sparse_rows = np.flatnonzero((P[:, OP] == OP_MUL_MAT_SPARSE) | (P[:, OP] == OP_AXPY)) \
             if len(P) else np.zeros(0, np.int64)
@@ -276,6 +280,8 @@ class FastGraph:
         """Fix the number of threads of the next compute (called by graph_compute before the kickoff)."""
         self.n_use_now = max(1, min(min(nth, N_CPUS), self.n_next))
         sparse.set_compute_params(self.P, self.F, self.sparse_rows, nth)
+        if self.fa_rows.size:
+            self.P[self.fa_rows, FA_NTH] = int(nth)      # the split-KV kernel's chunks follow ggml's nth
 
     def compute_thread(self, ith: int, nth: int, work_data) -> None:
         """Thread ith's walk over every node (ggml_graph_compute_thread, compiled). ``self.n_next`` (decided by

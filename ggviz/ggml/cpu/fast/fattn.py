@@ -13,10 +13,13 @@ to the faithful NumPy kernels (``cpu/ops.py``, which document the arithmetic):
   ``ggml_vec_soft_max_f32`` (8-lane ``ggml_v_expf``, a double sum added to the float S), and softmax·V as a
   sequential FMA chain over the tile's cells (simd_gemm).
 
+* split-KV (one query row over >= 512 cells): the one-chunk loop over ggml's per-thread KV chunks (ggml's thread
+  count, written into the program before each compute: the merge's bits depend on it), partials in the work buffer,
+  a barrier, the merge.
+
 A query row's bits depend only on the kernel, so the rows are split over the threads that run the compiled walk
-(ggml hands them out in chunks from a counter). The split-KV kernel (one query row over >= 512 cells, whose merge
-depends on ggml's thread count), ALiBi, the softcap, sinks and non-F16 K/V are not compiled: ``build_node`` returns
-False for them and the graph runs node by node on the faithful kernels.
+(ggml hands them out in chunks from a counter). ALiBi, the softcap, sinks and non-F16 K/V are not compiled:
+``build_node`` returns False for them and the graph runs node by node on the faithful kernels.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from .. import ops as cpu_ops
 from ..common import FA_TILE_KV, FA_TILE_Q
 from .intrinsics import compiled, f32_to_f16, fmaf, fp16_to_fp32, glibc_expf, ld_f32, ld_u16, soft_max_exp8, st_f32
 from .program import (
+    TRW_KERNEL,
     DATA,
     DST,
     FA_MASK,
@@ -37,7 +41,9 @@ from .program import (
     FA_MNE2,
     FA_MNE3,
     FA_SCALE,
+    FA_NTH,
     FA_SFMA,
+    FA_SPLIT,
     NB1,
     NB2,
     NB3,
@@ -52,6 +58,7 @@ from .program import (
     S2,
 )
 from .rowdot import vec_dot_f16
+from .sync import traced, traced_barrier
 
 F32 = np.float32
 TQ, TKV = FA_TILE_Q, FA_TILE_KV
@@ -70,7 +77,9 @@ def build_node(P, F, k, node) -> bool:
         return False
     if int(q.nb[0]) != 4 or int(kk.nb[0]) != 2 or int(v.nb[0]) != 2 or int(node.nb[0]) != 4:
         return False
-    if int(q.ne[1]) == 1 and int(q.ne[3]) == 1 and int(kk.ne[1]) >= 512:             # split-KV
+    # split-KV: its partials in the work buffer where ggml's kernel has them (the plan's work size holds them)
+    P[k, FA_SPLIT] = 1 if (int(q.ne[1]) == 1 and int(q.ne[3]) == 1 and int(kk.ne[1]) >= 512) else 0
+    if P[k, FA_SPLIT] and cpu_ops.FA_REDUCE_FMA != 1:
         return False
     if mask is not None:
         if mask.type != C.GGML_TYPE_F16 or int(mask.nb[0]) != 2 or not mask.data:
@@ -85,10 +94,10 @@ def build_node(P, F, k, node) -> bool:
 
 
 @compiled
-def _one_row(P, F, k, iq1, iq2, iq3, qq, acc):
-    q, kd, vd, dst = P[k, S0 + DATA], P[k, S1 + DATA], P[k, S2 + DATA], P[k, DST + DATA]
-    DK, nek1, DV = P[k, S1 + NE0], P[k, S1 + NE1], P[k, S2 + NE0]
-    neq1, neq2 = P[k, S0 + NE1], P[k, S0 + NE2]
+def _online(P, F, k, iq1, iq2, iq3, ic0, ic1, qq, acc):
+    """The one-chunk kernel's loop for one query row over KV cells [ic0, ic1): acc (fp16 bits) and (M, S)."""
+    q, kd, vd = P[k, S0 + DATA], P[k, S1 + DATA], P[k, S2 + DATA]
+    DK, DV, neq2 = P[k, S1 + NE0], P[k, S2 + NE0], P[k, S0 + NE2]
     ik2 = iq2 // (neq2 // P[k, S1 + NE2])
     ik3 = iq3 // (P[k, S0 + NE3] // P[k, S1 + NE3])
     iv2 = iq2 // (neq2 // P[k, S2 + NE2])
@@ -109,7 +118,7 @@ def _one_row(P, F, k, iq1, iq2, iq3, qq, acc):
     kb = kd + ik2 * P[k, S1 + NB2] + ik3 * P[k, S1 + NB3]
     vb = vd + iv2 * P[k, S2 + NB2] + iv3 * P[k, S2 + NB3]
     nbk1, nbv1 = P[k, S1 + NB1], P[k, S2 + NB1]
-    for ic in range(nek1):
+    for ic in range(ic0, ic1):
         mv = F32(0.0)
         if mp != 0:
             mv = fp16_to_fp32(ld_u16(mp + 2 * ic))
@@ -132,11 +141,73 @@ def _one_row(P, F, k, iq1, iq2, iq3, qq, acc):
         for d in range(DV):
             acc[d] = f32_to_f16(fmaf(fp16_to_fp32(ld_u16(vrow + 2 * d)), vs, fp16_to_fp32(acc[d])))
         S = fmaf(S, ms, vs) if sfma else F32(F32(S * ms) + vs)
+    return M, S
+
+
+@compiled
+def _one_row(P, F, k, iq1, iq2, iq3, qq, acc):
+    DV, neq1, neq2 = P[k, S2 + NE0], P[k, S0 + NE1], P[k, S0 + NE2]
+    M, S = _online(P, F, k, iq1, iq2, iq3, 0, P[k, S1 + NE1], qq, acc)
     s_inv = F32(0.0) if S == F32(0.0) else F32(F32(1.0) / S)
     ne1 = neq2
-    out = dst + (iq3 * neq1 * ne1 + iq2 + iq1 * ne1) * P[k, DST + NB1]
+    out = P[k, DST + DATA] + (iq3 * neq1 * ne1 + iq2 + iq1 * ne1) * P[k, DST + NB1]
     for d in range(DV):
         st_f32(out + 4 * d, F32(fp16_to_fp32(acc[d]) * s_inv))
+
+
+@compiled
+def _split_kv(P, F, k, ith, nth, sync, wdata, qq, acc):
+    """The split-KV kernel with ggml's thread count NTH (the program's FA_NTH): KV chunk c of every head into the
+    partials (wdata, after NTH per-thread scratch rows of DK + 2*DV + 16 floats), chunks c = ith, ith + nth ... over
+    the threads of this walk; a barrier; the merge of heads ith, ith + nth ... (gcc fuses the first product of
+    ``VKQ_final*scale_old + VKQ_chunk*scale_new``)."""
+    DK, DV, nek1, neq2 = P[k, S1 + NE0], P[k, S2 + NE0], P[k, S1 + NE1], P[k, S0 + NE2]
+    NTH = max(P[k, FA_NTH], 1)
+    chunk = (nek1 + NTH - 1) // NTH
+    psize = 2 + DV
+    parts = wdata + 4 * NTH * (DK + 2 * DV + 16)
+    for c in range(ith, NTH, nth):
+        ic0 = c * chunk
+        for h in range(neq2):
+            pp = parts + 4 * (h * NTH + c) * psize
+            if ic0 < nek1:
+                M, S = _online(P, F, k, 0, h, 0, ic0, min(ic0 + chunk, nek1), qq, acc)
+                st_f32(pp, M)
+                st_f32(pp + 4, S)
+                for d in range(DV):
+                    st_f32(pp + 8 + 4 * d, fp16_to_fp32(acc[d]))
+            else:
+                st_f32(pp, F32(-np.inf))
+                st_f32(pp + 4, F32(0.0))
+    traced_barrier(sync, nth, ith, k, TRW_KERNEL, traced(sync))
+    vk = np.empty(DV, np.float32)
+    out0 = P[k, DST + DATA]
+    for h in range(ith, neq2, nth):
+        Mf = F32(-np.inf)
+        Sf = F32(0.0)
+        for d in range(DV):
+            vk[d] = F32(0.0)
+        for c in range(NTH):
+            if c * chunk >= nek1:
+                continue
+            pp = parts + 4 * (h * NTH + c) * psize
+            Mc, Sc = ld_f32(pp), ld_f32(pp + 4)
+            if Sc == F32(0.0):
+                continue
+            Mn = Mf if Mf > Mc else Mc
+            so = glibc_expf(F32(Mf - Mn))
+            sn = glibc_expf(F32(Mc - Mn))
+            for d in range(DV):
+                vk[d] = fmaf(vk[d], so, F32(ld_f32(pp + 8 + 4 * d) * sn))
+            Sf = fmaf(Sf, so, F32(Sc * sn))
+            Mf = Mn
+        if Sf != F32(0.0):
+            inv = F32(F32(1.0) / Sf)
+            for d in range(DV):
+                vk[d] = F32(vk[d] * inv)
+        out = out0 + h * P[k, DST + NB1]
+        for d in range(DV):
+            st_f32(out + 4 * d, vk[d])
 
 
 @compiled
@@ -219,6 +290,9 @@ def k_flash_attn_ext(P, F, k, ith, nth, sync, wdata):
     acc = np.empty(DV, np.uint16)
     kq = np.empty(TKV, np.float32)
     vkq = np.empty(DV, np.float32)
+    if P[k, FA_SPLIT] != 0:
+        _split_kv(P, F, k, ith, nth, sync, wdata, qq, acc)
+        return
     for ir in range(ir0, ir1):
         iq3 = ir // (neq2 * neq1)
         iq2 = (ir - iq3 * neq2 * neq1) // neq1

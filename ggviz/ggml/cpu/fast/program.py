@@ -68,6 +68,8 @@ SP_TYPE, SP_AUX, SP_NAUX, SP_UPSCALE, SP_NTH = X, X + 1, X + 2, X + 3, X + 4
 # OP_FLASH_ATTN: the mask (src[3]: data, 0 = none, ne[2..3], nb[1..3])
 FA_MASK, FA_MNE2, FA_MNE3, FA_MNB1, FA_MNB2, FA_MNB3 = X, X + 1, X + 2, X + 3, X + 4, X + 5
 FA_SFMA = X + 6          # OP_FLASH_ATTN: 1 if ``S = S*ms + vs`` is one FMA (cpu/ops.py's FA_S_FMA)
+FA_SPLIT = X + 7         # OP_FLASH_ATTN: 1 for the split-KV kernel (one query row over >= 512 cells)
+FA_NTH = X + 8           # OP_FLASH_ATTN: the compute's n_threads (the split-KV chunks follow ggml's nth), per compute
 
 # ---------------------------------------------------------------------------------------------------------------------
 # F: float64 columns of a program row
