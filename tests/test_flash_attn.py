@@ -144,3 +144,31 @@ def test_flash_attn_ext_checks():
         assert fa_kernel(r) == "one_chunk"
     finally:
         gg.free(ctx)
+
+
+def test_flash_attn_type_resolution(model):
+    """llama_context_params.flash_attn_type as llama.h spells it: AUTO (the default) probes and enables flash
+    attention on the CPU (V cache not transposed, F16 mask, FLASH_ATTN_EXT nodes), ENABLED skips the probe, DISABLED
+    keeps KQ -> SOFT_MAX -> KQV over a transposed V cache; anything else is refused before anything is allocated."""
+    from ggviz import llama
+    assert llama.context_default_params().flash_attn_type == llama.LLAMA_FLASH_ATTN_TYPE_AUTO == -1
+    assert (llama.LLAMA_FLASH_ATTN_TYPE_DISABLED, llama.LLAMA_FLASH_ATTN_TYPE_ENABLED) == (0, 1)
+    seen = {}
+    for fa in (-1, 0, 1):
+        cp = llama.context_default_params()
+        cp.n_ctx, cp.flash_attn_type = 256, fa
+        ctx = llama.init_from_model(model, cp)
+        try:
+            res = ctx.build_graph(1, 1, 256)
+            ops = {gg.op_desc(t) for t in res.gf.nodes}
+            seen[fa] = (ctx.flash_attn, ctx.kv.v_trans, [e["split_only"] for e in ctx.reserve_log],
+                        "FLASH_ATTN_EXT" in ops, "SOFT_MAX" in ops, gg.type_name(res.inputs.kq_mask.type))
+        finally:
+            llama.free(ctx)
+    assert seen[-1] == (True, False, [True, False, False, False], True, False, "f16")
+    assert seen[1] == (True, False, [False, False, False], True, False, "f16")
+    assert seen[0] == (False, True, [False, False, False], False, True, "f32")
+    cp = llama.context_default_params()
+    cp.flash_attn_type = 2
+    with pytest.raises(llama.ContextParamsError, match="flash_attn_type must be -1"):
+        llama.init_from_model(model, cp)
