@@ -160,3 +160,25 @@ def test_ggviz_run_prints_llamacpps_text(name, ref, capsys):
     assert cli.main(["run", "-m", str(MODELS[name]), "-p", "The capital of France is", "-n", "32"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("The capital of France is" + text)
+
+
+@pytest.mark.parametrize("nth", (1, 2))
+def test_split_kv_decode_as_llamacpp(name, model, nth):
+    """Past 256 cells a decode attends n_kv = 512 cells: ggml's split-KV kernel (per-thread KV chunks merged, so 1
+    and 2 threads give different bits -- llama.cpp's too). A 256-token prefill, then 8 decodes: every row bit-equal."""
+    if name != "smollm2":
+        pytest.skip("one model is enough for the split-KV kernel")
+    z = np.load(DATA / "smollm2_fa_split.npz")
+    ids, n0 = [int(t) for t in z["ids"]], int(z["n_prefill"])
+    ctx = _ctx(model, nth)
+    try:
+        assert llama.decode(ctx, llama.batch_get_one(ids[:n0])) == 0
+        rows = []
+        for t in ids[n0:]:
+            assert llama.decode(ctx, llama.batch_get_one([t])) == 0
+            rows.append(np.array(llama.get_logits_ith(ctx, -1), np.float32))
+        assert ctx.last_graph.n_kv == 512
+    finally:
+        llama.free(ctx)
+    equal = int((_sha(rows) == z[f"sha256_t{nth}"]).sum())
+    assert equal == len(rows), f"{nth} threads: {equal} of {len(rows)} rows bit-equal to llama.cpp's"
