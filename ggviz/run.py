@@ -79,8 +79,10 @@ def make_sampler(temp: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p:
 
 def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: float = 0.0, seed: int = 1234,
              top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, threads: int = 2, n_ctx: int = 2048,
-             model=None, stream=None, ctx=None, use_blas: bool = False, hybrid: bool = False) -> Generation:
+             model=None, stream=None, ctx=None, use_blas: bool = False, hybrid: bool = False,
+             flash_attn_type: int = llama.LLAMA_FLASH_ATTN_TYPE_AUTO) -> Generation:
     """Generate up to ``n_predict`` tokens after ``prompt``; ``stream(piece: str)`` receives text as it comes.
+    ``flash_attn_type``: llama.cpp's ``-fa``: AUTO (-1, its default: on for the CPU), 0 off, 1 on.
     ``use_blas``: add the BLAS backend (as llama.cpp built with GGML_BLAS; by default, as its default build, none).
     ``hybrid``: a PowerInfer (PWRI) model runs on the hybrid executor (``llama_context_params.hybrid``)."""
     t0 = time.perf_counter()
@@ -92,6 +94,7 @@ def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: floa
         cp.n_ctx = n_ctx
         cp.n_threads = cp.n_threads_batch = threads
         cp.use_blas = use_blas
+        cp.flash_attn_type = flash_attn_type
         cp.hybrid = hybrid
         ctx = llama.init_from_model(model, cp)
     t_load = (time.perf_counter() - t0) * 1e3
@@ -130,6 +133,10 @@ def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: floa
     return g
 
 
+_FA_TYPE = {"auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO, "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            "on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED}
+
+
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="ggviz run", description="generate text with ggviz's llama.cpp mirror")
     ap.add_argument("-m", "--model", default=None, type=cli.model_file,
@@ -146,6 +153,8 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=cli.thread_count, default=2, help=f"threads (1..{cli.MAX_THREADS})")
     ap.add_argument("-c", "--ctx-size", type=cli.int_arg(0), default=2048,
                     help="context size in tokens (0: the model's training context)")
+    ap.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto",
+                    help="flash attention, as llama.cpp's -fa (default auto: on for the CPU)")
     ap.add_argument("--blas", action="store_true",
                     help="add the BLAS backend for the prompt's MUL_MATs, as llama.cpp built with GGML_BLAS "
                          "(default: llama.cpp's default CPU build: tinyBLAS sgemm / vec_dot)")
@@ -176,7 +185,7 @@ def main(argv=None) -> int:
     try:
         g = generate(a.prompt, a.n_predict, chat=a.chat, temp=a.temp, seed=a.seed, top_k=a.top_k, top_p=a.top_p,
                      min_p=a.min_p, threads=a.threads, n_ctx=a.ctx_size, model=model, stream=write,
-                     use_blas=a.blas, hybrid=a.hybrid)
+                     use_blas=a.blas, hybrid=a.hybrid, flash_attn_type=_FA_TYPE[a.flash_attn])
     except BaseException:
         if state["mid_line"]:
             sys.stdout.write("\n")
