@@ -173,25 +173,31 @@ def context_memory_size(hp, n_ctx: int, n_ubatch: int, n_seq_max: int = 1, n_out
     return dict(kv=kv, cells=cells, compute=compute, total=kv + cells + compute)
 
 
+def _copy_params(model, params) -> LlamaContextParams:
+    """``llama_init_from_model``'s params, checked and copied: C takes ``llama_context_params`` by value."""
+    # llama_init_from_model takes llama_context_params by value: the context works on its own copy, so a params
+    # object the caller changes later (or hands to a second context) never reaches this one. A shallow copy, as
+    # C's: the callbacks and their user data are the caller's objects, the fields are the context's.
+    if not isinstance(params, LlamaContextParams):
+        raise TypeError(f"llama_init_from_model: params must be llama_context_params, not "
+                        f"{type(params).__name__}")
+    p = copy.copy(params)
+    if p.flash_attn_type not in (LLAMA_FLASH_ATTN_TYPE_AUTO, LLAMA_FLASH_ATTN_TYPE_DISABLED,
+                                 LLAMA_FLASH_ATTN_TYPE_ENABLED):
+        raise ContextParamsError(f"llama_init_from_model: flash_attn_type must be -1 (auto), 0 (disabled) or 1 "
+                                 f"(enabled), got {p.flash_attn_type!r}", "flash_attn_type", p.flash_attn_type)
+    if getattr(model, "sparse", None) is not None and p.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED:
+        raise ContextParamsError("llama_init_from_model: a PowerInfer (PWRI) model has no flash attention "
+                                 "(PowerInfer's llama.cpp predates it); use flash_attn_type = -1 or 0",
+                                 "flash_attn_type", p.flash_attn_type)
+    return p
+
+
 class LlamaContext(context_pool.GraphCache):
     def __init__(self, model, params: LlamaContextParams):
         self.model = model
         hp = model.hparams
-        # llama_init_from_model takes llama_context_params by value: the context works on its own copy, so a params
-        # object the caller changes later (or hands to a second context) never reaches this one. A shallow copy, as
-        # C's: the callbacks and their user data are the caller's objects, the fields are the context's.
-        if not isinstance(params, LlamaContextParams):
-            raise TypeError(f"llama_init_from_model: params must be llama_context_params, not "
-                            f"{type(params).__name__}")
-        p = copy.copy(params)
-        if p.flash_attn_type not in (LLAMA_FLASH_ATTN_TYPE_AUTO, LLAMA_FLASH_ATTN_TYPE_DISABLED,
-                                     LLAMA_FLASH_ATTN_TYPE_ENABLED):
-            raise ContextParamsError(f"llama_init_from_model: flash_attn_type must be -1 (auto), 0 (disabled) or 1 "
-                                     f"(enabled), got {p.flash_attn_type!r}", "flash_attn_type", p.flash_attn_type)
-        if getattr(model, "sparse", None) is not None and p.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED:
-            raise ContextParamsError("llama_init_from_model: a PowerInfer (PWRI) model has no flash attention "
-                                     "(PowerInfer's llama.cpp predates it); use flash_attn_type = -1 or 0",
-                                     "flash_attn_type", p.flash_attn_type)
+        p = _copy_params(model, params)
         n_ctx_req = self._param("n_ctx", p.n_ctx, 0, "0: the model's n_ctx_train")
         n_ctx = n_ctx_req if n_ctx_req > 0 else hp.n_ctx_train
         # the KV cache size is padded to 256 cells (llama_kv_cache::get_padding)
