@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggviz import cli, ggml, llama, report
+from ggviz import cli, ggml, llama
+from ggviz.tools import report
 from ggviz.fetch import FetchError, resolve_model
 
 DATA = Path(__file__).parent / "data"
@@ -213,7 +214,7 @@ def test_demo_command(model_name, model, tmp_path, capsys):
 
 
 def test_demo_summary_names_both_caches(model_name, model):
-    from ggviz import demo
+    from ggviz.tools import demo
     r = demo.run(model, PROMPT, n_threads=2)
     s = demo.summary(r)
     assert f"n_nodes={_n_nodes_oracle(model_name)}" in s

@@ -33,7 +33,7 @@ from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from .. import ggml, llama
 from ..cli import ArgumentParser
-from ..gguf_file import load_gguf
+from ..ggml.gguf import load_gguf
 from ..ggml import quants as Q
 from ..llama import powerinfer as lpi
 from ..progress import progress, write
@@ -283,7 +283,7 @@ def use_f16_down(model) -> list:
 def write_powerinfer_gguf(src_path, out_path, predictors: list, down_t: list, threshold: float) -> None:
     """Copy the dense GGUF, add fc1 / fc2 / ffn_down_t per layer and the threshold KV, mark it PWRI.
 
-    The source is read with ggviz's own GGUF reader (``gguf_file.load_gguf``: KVs with their types, tensors as
+    The source is read with ggviz's own GGUF reader (``ggml.gguf.load_gguf``: KVs with their types, tensors as
     views of the mapped file); gguf-py's ``GGUFReader`` builds a memmap slice per vocabulary string and took
     ~6-13 s here for SmolLM2's 49k tokens and merges. The file written is the same byte for byte."""
     gf = load_gguf(os.fspath(src_path))

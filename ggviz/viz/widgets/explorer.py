@@ -31,7 +31,7 @@ import ipywidgets as W
 import numpy as np
 import traitlets
 
-from ...export import DEFAULT_PROMPT, decode_step
+from ...tools.export import DEFAULT_PROMPT, decode_step
 from ...ggml import consts as C
 from ...ggml import memory
 from ...ggml.tensor import get_data_f32, nbytes, op_desc, type_name

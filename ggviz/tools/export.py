@@ -17,7 +17,7 @@ mul_mat chunks it claimed (``cpu.chunk``) and its waits in ``ggml_barrier`` (``c
 https://ui.perfetto.dev or chrome://tracing.
 
 The functions behind both (``decode_graph``, ``decode_step``, ``graph_dot``, ``chrome_trace``) are used by
-``ggviz.report`` and the notebooks as well.
+``ggviz.tools.report`` and the notebooks as well.
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 import graphviz
 
-from . import cli, ggml, llama, trace
-from .run import load_model
-from .viz import graph_dot as G
+from .. import cli, ggml, llama, trace
+from ..run import load_model
+from ..viz import graph_dot as G
 
 DEFAULT_PROMPT = "The ggml library is"
 
@@ -102,7 +102,7 @@ def decode_step(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ct
     stack = contextlib.ExitStack()
     snapshots = []
     try:                                    # ggviz.viz.model_views' snapshots of the inputs and KV cells, if there
-        from .viz.model_views import capture_inputs
+        from ..viz.model_views import capture_inputs
         snapshots = stack.enter_context(capture_inputs(ctx))
     except ImportError:
         pass

@@ -16,7 +16,7 @@ What it does, step by step -- the llama.h calls a llama.cpp program makes (``ggv
    splits), drawn by ``ggviz.viz.graph_dot``;
 5. write ``arena.png``/``arena.txt``: the ggml contexts behind the run (the graph's, the weights', the KV cache's);
 6. generate ``-n`` tokens in the same context (``ggviz.run.generate``: decode, greedy sample, decode ...);
-7. write ``report.html``: one decode step, section by section (``ggviz.report``).
+7. write ``report.html``: one decode step, section by section (``ggviz.tools.report``).
 
 ``run()`` does steps 1-3 and returns a ``DemoRun`` (what notebooks and tests read), ``write_outputs()`` steps 4-5.
 ``tests/test_demo.py`` checks the captured layer-0 values against an independent NumPy computation of the layer.
@@ -33,13 +33,13 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-from . import cli, ggml, llama
-from .fetch import FetchError, fetch_default_model
-from .progress import progress, step
+from .. import cli, ggml, llama
+from ..fetch import FetchError, fetch_default_model
+from ..progress import progress, step
 from .report import graph_builder, kv_caches, write_report
-from .run import generate, load_model
-from .viz import arena_map, objects_table, plot_arena
-from .viz.graph_dot import graph_to_dot_grouped, layer_of
+from ..run import generate, load_model
+from ..viz import arena_map, objects_table, plot_arena
+from ..viz.graph_dot import graph_to_dot_grouped, layer_of
 
 DEFAULT_PROMPT = "The ggml library is"
 STEPS = ("load the model", "create the context", "decode the prompt", "layer-0 graph", "arena files")
@@ -299,7 +299,7 @@ def main(argv=None) -> int:
         print("\n")
         print(g.timings())
     if not args.no_report:
-        # the walkthrough of one decode step of the full model, as a standalone page (ggviz/report.py)
+        # the walkthrough of one decode step of the full model, as a standalone page (ggviz/tools/report.py)
         path = write_report(pathlib.Path(args.out) / "report.html", args.prompt, threads, r.model,
                             disable_progress=True if args.quiet else None)
         print(f"\nreport    {os.path.relpath(path)}: one decode step, section by section (open it in a browser)")

@@ -48,15 +48,15 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import cli, llama
-from .fetch import fetch_default_model
-from .ggml import quants as Q
-from .ggml.cpu import ggml_cpu, repack
-from .gguf_file import load_gguf
-from .llama.batch import batch_add, batch_get_one, batch_init
-from .llama.context import context_default_params, init_from_model
-from .llama.model import load_hparams, model_default_params, model_load_from_file
-from .progress import progress, write
+from .. import cli, llama
+from ..fetch import fetch_default_model
+from ..ggml import quants as Q
+from ..ggml.cpu import ggml_cpu, repack
+from ..ggml.gguf import load_gguf
+from ..llama.batch import batch_add, batch_get_one, batch_init
+from ..llama.context import context_default_params, init_from_model
+from ..llama.model import load_hparams, model_default_params, model_load_from_file
+from ..progress import progress, write
 
 try:    # optional: the compiled kernels (Numba); without them the bench times the faithful path
     from .ggml.cpu.fast import kernels as fast_kernels

@@ -39,23 +39,23 @@ import matplotlib.pyplot as plt
 import numpy as np
 from markupsafe import Markup, escape
 
-from . import __version__, cli, ggml, llama
+from .. import __version__, cli, ggml, llama
 from .export import DEFAULT_PROMPT, decode_step
-from .ggml import alloc as GA
-from .ggml import backend as B
-from .ggml.cpu import ggml_cpu, traits
-from .ggml.tensor import op_desc, type_name
-from .progress import progress
-from .run import load_model, make_sampler
-from .viz import arena as A
-from .viz import gguf_map as M
-from .viz import graph_dot as G
-from .viz import widgets
-from .viz.graph_dot import layer_of, node_layers, op_color
-from .viz.model_views import kv_cache_figure, sampler_figure, spm_trace_unit
-from .viz.widgets._base import array_png, colorbar_html, value_range, wrap_vector
-from .viz.widgets.alloc_view import AllocatorView
-from .viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
+from ..ggml import alloc as GA
+from ..ggml import backend as B
+from ..ggml.cpu import ggml_cpu, traits
+from ..ggml.tensor import op_desc, type_name
+from ..progress import progress
+from ..run import load_model, make_sampler
+from ..viz import arena as A
+from ..viz import gguf_map as M
+from ..viz import graph_dot as G
+from ..viz import widgets
+from ..viz.graph_dot import layer_of, node_layers, op_color
+from ..viz.model_views import kv_cache_figure, sampler_figure, spm_trace_unit
+from ..viz.widgets._base import array_png, colorbar_html, value_range, wrap_vector
+from ..viz.widgets.alloc_view import AllocatorView
+from ..viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
 
 # names whose values the eval callback copies out besides layer 0's nodes
 _EXTRA_VALUES = ("embd", "inp_embd", "result_norm", "result_output")
