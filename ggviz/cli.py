@@ -37,7 +37,7 @@ from ggviz.fetch import DEFAULT_MODEL, MODELS, FetchError, fetch_model, registry
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ggviz.tools.demo", "run the ggviz demo (arguments are passed to it; try `ggviz demo --help`)"),
     "run": ("ggviz.tools.run", "generate text with the default model (`ggviz run -p PROMPT -n 64 [--chat]`)"),
-    "bench": ("ggviz.tools.bench", "decode/prefill speed vs a plain NumPy reference (and llama.cpp if importable)"),
+    "bench": ("ggviz.tools.bench", "what a user waits for, ggviz beside llama.cpp if importable (first token, generation, prefill)"),
     "graph": ("ggviz.tools.export:graph_main",
               "draw the decode graph (`ggviz graph [--layer N | --full] [--format dot|svg|png] -o FILE`)"),
     "trace": ("ggviz.tools.export:trace_main", "Chrome/Perfetto trace JSON of one decode compute (`ggviz trace -o FILE`)"),
