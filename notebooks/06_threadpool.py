@@ -34,7 +34,8 @@ from collections import defaultdict
 from ggviz import ggml, viz
 from ggviz.ggml.cpu import ggml_cpu
 from ggviz.run import load_model
-from ggviz.tools.export import decode_graph, decode_step, chrome_trace
+from ggviz.capture import decode_graph, decode_step
+from ggviz.tools.export import chrome_trace
 from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 model = load_model()

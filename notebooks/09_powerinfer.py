@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from ggviz import ggml, llama
+from ggviz import capture, ggml, llama
 from ggviz.ggml import consts as C
 from ggviz.ggml import quants as Q
 from ggviz.ggml.cpu import ggml_cpu
@@ -147,7 +147,7 @@ print(pwri.name, "magic", pwri.read_bytes()[:4], "| threshold in the file:", spa
 # %%
 text = "The quick brown fox jumps over the lazy dog because it wanted to see the river."
 ids = llama.tokenize(sparse.vocab, text, add_special=False)[:10]
-run_full = PV.capture_sparse_run(sparse, ids, threshold=-np.inf)
+run_full = capture.capture_sparse_run(sparse, ids, threshold=-np.inf)
 PV.PredictorView(run_full, metrics["act_threshold"], layer=10, threshold=0.0)
 
 # %% [markdown]
@@ -172,7 +172,7 @@ PV.HotColdView(counts, run_full.gpu_idx, layer=10)
 # suite checks exactly that against this view. AXPY then skips the same neurons: silu(0)·up = 0, and it skips x = 0.
 
 # %%
-run = PV.capture_sparse_run(sparse, ids)
+run = capture.capture_sparse_run(sparse, ids)
 PV.SkippedRowsView(run, layer=10, token=3)
 
 # %% [markdown]

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggviz import cli, ggml, llama
+from ggviz import capture, cli, ggml, llama
 from ggviz.tools import report
 from ggviz.fetch import FetchError, resolve_model
 
@@ -235,7 +235,7 @@ def test_kv_view_shows_each_cache(model_name, model):
     cp.n_ctx = 256
     ctx = llama.init_from_model(model, cp)
     ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
-    with MV.capture_inputs(ctx) as snaps:
+    with capture.capture_inputs(ctx) as snaps:
         assert llama.decode(ctx, llama.batch_get_one(ids[:-1])) == 0
         assert llama.decode(ctx, llama.batch_get_one(ids[-1:])) == 0
     assert len(snaps) == 2
@@ -296,7 +296,7 @@ def test_attention_view(model_name, model):
     cp.n_ctx = 256
     ctx = llama.init_from_model(model, cp)
     ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
-    rec = MV.capture_attention(ctx, ids)
+    rec = capture.capture_attention(ctx, ids)
     assert sorted(rec.layers) == list(range(model.hparams.n_layer))
     n = len(ids)
     for il, w in rec.layers.items():

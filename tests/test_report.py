@@ -238,7 +238,7 @@ def test_write_report_and_cli(tmp_path, model):
 # ---------------------------------------------------------------------------------------------------------- export
 
 def test_graph_command_dot(tmp_path, model):
-    from ggviz.tools.export import decode_graph
+    from ggviz.capture import decode_graph
     out = tmp_path / "g.dot"
     assert cli.main(["graph", "--format", "dot", "-o", str(out)]) == 0
     src = out.read_text()

@@ -22,7 +22,7 @@ pytest.importorskip("ggviz.ggml.cpu.fast.compiler", reason="the compiled fast pa
 from ggviz import trace  # noqa: E402 - after the importorskip
 from ggviz.ggml.cpu.fast import compiler  # noqa: E402
 from ggviz.llama import context as lctx  # noqa: E402
-from ggviz.tools.export import decode_step  # noqa: E402
+from ggviz.capture import decode_step  # noqa: E402
 from ggviz.viz.widgets.timeline import (  # noqa: E402
     WALK_LABEL,
     ThreadTimeline,

@@ -32,6 +32,7 @@ import numpy as np
 from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from .. import ggml, llama
+from ..capture import EvalCallback
 from ..cli import ArgumentParser
 from ..ggml.gguf import load_gguf
 from ..ggml import quants as Q
@@ -98,11 +99,8 @@ def record(model, tokens, seq_len: int = 256, threads: int = 2, bar=None) -> Rec
     thr = np.full(n_layer, np.nan, F32)
     counts = np.zeros((n_layer, n_ff), np.int64)
 
-    def cb(t, ask):
-        if ask:
-            return t.name in want
+    def reduce(t, a):
         kind, il = want[t.name]
-        a = np.array(ggml.get_data(t), dtype=F32).reshape(-1, int(t.ne[0]))
         if kind == "x":
             xs[il].append(a.astype(np.float16))
         else:
@@ -112,7 +110,11 @@ def record(model, tokens, seq_len: int = 256, threads: int = 2, bar=None) -> Rec
             on = mag > thr[il]
             counts[il] += on.sum(0)
             acts[il].append(np.packbits(on, axis=1))
-        return True
+
+    # the corpus is long: each value is reduced as it comes (float16 inputs, packed activity bits), not kept
+    cb = EvalCallback(lambda t: t.name in want,
+                      copy=lambda t: np.array(ggml.get_data(t), dtype=F32).reshape(-1, int(t.ne[0])),
+                      sink=reduce)
 
     ctx = _ctx(model, seq_len, threads)
     ctx.cparams.cb_eval = cb

@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 from .. import cli
-from .export import DEFAULT_PROMPT
+from ..capture import DEFAULT_PROMPT
 
 
 def notebook(prompt: str, threads: int, model: str | None, values: bool = True) -> dict:

@@ -23,6 +23,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from ... import llama
+from ...capture import EvalCallback
 from ...ggml import consts as C
 from ...ggml import get_data_f32
 from ...ggml import quants as Q
@@ -88,16 +89,14 @@ def capture_mul_mat(model=None, node: str = "Qcur-0", prompt: str = "The ggml li
     model = load_model() if model is None else model
     got: dict = {}
 
-    def cb(t, ask):
-        mine = t.name == node and t.op == C.GGML_OP_MUL_MAT
-        if ask:
-            return mine                 # ask only for this node: the rest of the graph computes uninterrupted
-        if mine:
-            src0, src1 = t.src[0], t.src[1]
-            got.update(weight=src0.name, w_type=int(src0.type), ne=(int(src0.ne[0]), int(src0.ne[1])),
-                       src1_name=src1.name, y=np.array(get_data_f32(src1), F32).reshape(-1, int(src1.ne[0])),
-                       out=np.array(get_data_f32(t), F32).reshape(-1, int(t.ne[0])))
-        return True
+    def keep(t, _):
+        src0, src1 = t.src[0], t.src[1]
+        got.update(weight=src0.name, w_type=int(src0.type), ne=(int(src0.ne[0]), int(src0.ne[1])),
+                   src1_name=src1.name, y=np.array(get_data_f32(src1), F32).reshape(-1, int(src1.ne[0])),
+                   out=np.array(get_data_f32(t), F32).reshape(-1, int(t.ne[0])))
+
+    # ask only for this node: the rest of the graph computes uninterrupted
+    cb = EvalCallback(lambda t: t.name == node and t.op == C.GGML_OP_MUL_MAT, copy=None, sink=keep)
 
     cp = llama.context_default_params()
     cp.n_ctx = 256
