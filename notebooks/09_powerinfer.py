@@ -192,7 +192,7 @@ PV.SkippedRowsView(run, layer=10, token=3)
 
 # %%
 layers = [il for il in range(n_layer) if run.gpu_idx[il].any()][8:11] or [8, 9, 10]
-recs, outs, transfers = PV.hybrid_ffn_run(sparse, run, layers, n_threads=3)
+recs, outs, transfers = capture.hybrid_ffn_run(sparse, run, layers, n_threads=3)
 print("outputs equal the decode's ffn_out:", all(np.array_equal(outs[il], run.ffn_out[il]) for il in layers))
 PV.HybridTimelineView(recs, n_threads=3)
 

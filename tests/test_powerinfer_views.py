@@ -146,7 +146,7 @@ def test_hybrid_timeline_is_the_executors_records(model, runs):
     layers = [il for il in (4, 5) if run.gpu_idx[il].any()]
     assert layers
     with trace.recording(kinds=["hybrid.node"]) as rec:
-        recs, outs, xfer = PV.hybrid_ffn_run(model, run, layers, n_threads=3)
+        recs, outs, xfer = capture.hybrid_ffn_run(model, run, layers, n_threads=3)
     for il in layers:
         assert np.array_equal(outs[il], run.ffn_out[il])
     v = PV.HybridTimelineView(recs, n_threads=3)

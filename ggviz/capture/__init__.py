@@ -8,7 +8,8 @@ and the eval callback copying, and keeps what it saw as plain records the views 
   callback and without, numbered, checked), ``decode_graph``, ``new_context``, ``DEFAULT_PROMPT``.
 - ``inputs``: ``capture_inputs`` (``DecodeSnapshot``: the graph inputs and KV cells before each compute),
   ``capture_attention`` (``AttentionRecord``: every layer's ``kq_soft_max``).
-- ``sparse``: ``capture_sparse_run`` (``SparseRun``: a PWRI model's predictor, activations and skipped rows).
+- ``sparse``: ``capture_sparse_run`` (``SparseRun``: a PWRI model's predictor, activations and skipped rows),
+  ``hybrid_ffn_run`` (real layers through the hybrid executor: its records, outputs, transfers).
 - ``records``: ``save`` / ``load``: a record (dataclasses of numpy arrays, lists, dicts) to one ``.npz`` file and back.
 
 Imports run one way: capture imports the engine (``ggviz.ggml``, ``ggviz.llama``, ``ggviz.trace``, ``ggviz.run``);
@@ -19,4 +20,4 @@ from .eval_callback import EvalCallback, NodeValue, copy_f32, copy_raw, copy_val
 from .inputs import AttentionRecord, DecodeSnapshot, capture_attention, capture_inputs  # noqa: F401
 from .nodes import layer_of, node_numbers  # noqa: F401
 from .records import load, save  # noqa: F401
-from .sparse import SparseRun, capture_sparse_run  # noqa: F401
+from .sparse import SparseRun, capture_sparse_run, device_transfers, hybrid_ffn_run  # noqa: F401

@@ -13,7 +13,7 @@ Not a C file: the views of ggviz's PowerInfer mirror (``ggviz.llama.powerinfer``
 - ``SkippedRowsView``: which rows each MUL_MAT_SPARSE skipped, per layer and token (sparse_idx < threshold, and the
   device's rows).
 - ``HybridTimelineView``: ``graph_compute_hybrid``'s records (or ``hybrid.node`` trace events) as a device lane and
-  a CPU lane, the waits on ``is_finish`` drawn; ``hybrid_ffn_run`` makes such records from real layers of the run.
+  a CPU lane, the waits on ``is_finish`` drawn; ``capture.hybrid_ffn_run`` makes such records from real layers.
 - ``SparseCostView``: dense vs sparse FLOPs and weight bytes per token, the bytes crossing to the device, measured
   kernel times; says what the speed-up is and is not on a SwiGLU model.
 """
@@ -27,10 +27,6 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
 from ... import ggml
-from ...ggml import consts as C
-from ...ggml.cpu import hybrid
-from ...ggml.cpu import powerinfer as cpu_pi
-from ...llama import powerinfer as lpi
 from ...capture.sparse import COMPUTED, ON_DEVICE, SKIPPED, SparseRun
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
 
@@ -385,76 +381,6 @@ class SkippedRowsView(VizWidget):
 # 4. the hybrid timeline
 # ---------------------------------------------------------------------------------------------------------------------
 
-def _is_gpu_node(node) -> bool:
-    """PowerInfer: a node runs on the GPU when its weight (src[0]) lives there; in the sparse graph those are the
-    ``*_gpu`` nodes (``ffn_up_sparse_gpu-N`` ...), whose src[0] is the layer's hot-row copy."""
-    return node.name.rsplit("-", 1)[0].endswith("_gpu")
-
-
-class _Builder:
-    """What ``llm_build_ffn_sparse`` needs of llm_build_context: ``ctx0`` and ``cb`` (name "<name>-<il>")."""
-
-    def __init__(self, ctx):
-        self.ctx0 = ctx
-
-    def cb(self, t, name, il):
-        ggml.format_name(t, "%s-%d", name, il)
-
-
-def hybrid_ffn_run(model, run: SparseRun, layers, n_threads: int = 3):
-    """Run the sparse FFNs of ``layers`` of ``model`` -- the graph ``llm_build_ffn_sparse`` builds, on the inputs the
-    decode of ``run`` gave them (its ``ffn_norm-N`` and ``ffn_inp-N``) -- through ``graph_compute_hybrid`` at the
-    run's threshold. The layers' FFNs are independent here (each gets its recorded input), so the device and the CPU
-    threads can overlap across layers as they do within one. Returns ``(records, outputs, transfers)``: outputs by
-    layer (equal to the run's ``ffn_out-N``), transfers as ``device_transfers``."""
-    sm = model.sparse
-    if sm is None:
-        raise ValueError("hybrid_ffn_run: the model is not a PowerInfer (PWRI) model")
-    layers = [_check_layer(il, run.n_layer) for il in layers]
-    ctx = ggml.init(64 << 20)
-    b = _Builder(ctx)
-    gf = ggml.new_graph(ctx)
-    outs = {}
-    cpu_inputs = []
-
-    def inp(name, il):
-        a = getattr(run, name)[il]
-        t = ggml.new_tensor_2d(ctx, C.GGML_TYPE_F32, a.shape[1], a.shape[0])
-        ggml.get_data(t)[...] = a.reshape(ggml.get_data(t).shape)
-        ggml.format_name(t, f"{name}-%d", il)
-        cpu_inputs.append(t)
-        return t
-    for il in layers:
-        outs[il] = lpi.build_ffn_sparse(b, inp("ffn_norm", il), inp("ffn_inp", il), model.layers[il],
-                                        sm.layers[il], il, sm.act_type)
-        ggml.build_forward_expand(gf, outs[il])
-    old = cpu_pi.set_sparse_pred_threshold(run.threshold)
-    try:
-        recs = hybrid.graph_compute_hybrid(gf, n_threads, _is_gpu_node)
-    finally:
-        cpu_pi.set_sparse_pred_threshold(old)
-    out = {il: np.array(ggml.get_data(t), F32).reshape(run.n_tokens, -1) for il, t in outs.items()}
-    return recs, out, device_transfers(gf, _is_gpu_node, cpu_inputs)
-
-
-def device_transfers(gf, on_gpu, cpu_inputs=()) -> list[dict]:
-    """Every tensor that crosses between the CPU and the device in a hybrid run of ``gf``: a node of one side read by
-    a node of the other, or one of ``cpu_inputs`` (activations the CPU made before this graph, e.g. the recorded
-    ffn_norm) read on the device. Weights never cross after load: the hot rows were copied there at load time."""
-    nodes = list(gf.nodes)
-    side = {t.addr: "cpu" for t in cpu_inputs}
-    side.update({n.addr: ("device" if on_gpu(n) else "cpu") for n in nodes})
-    seen, out = set(), []
-    for n in nodes:
-        for s in n.src:
-            if s is None or s.addr not in side or side[s.addr] == side[n.addr] or (s.addr, side[n.addr]) in seen:
-                continue
-            seen.add((s.addr, side[n.addr]))
-            out.append({"tensor": s.name, "from": side[s.addr], "to": side[n.addr], "bytes": int(ggml.nbytes(s)),
-                        "read_by": n.name})
-    return out
-
-
 def _layer_of(name: str):
     head, _, tail = name.rpartition("-")
     return int(tail) if head and tail.isdigit() else None
@@ -649,7 +575,7 @@ def neuron_bytes(model, il: int = 0) -> int:
 class SparseCostView(VizWidget):
     """Per token: FLOPs and weight bytes of the FFN computed dense vs sparse at ``threshold`` (from the run's
     sparse_idx: the rows the kernels skip), the predictor's price, the whole decode's FLOPs, the bytes that cross to
-    the device (``device_transfers``) and measured kernel times (``kernel_times``: {rows skipped fraction: seconds})."""
+    the device (``capture.device_transfers``) and measured kernel times (``kernel_times``: {rows skipped fraction: seconds})."""
 
     def __init__(self, model, run: SparseRun, threshold: float | None = None, kernel_times=None, transfers=None):
         if model.sparse is None:
