@@ -192,7 +192,7 @@ viz.Table(claims)
 
 # %%
 from ggviz.viz.widgets import VecDotLanes
-from ggviz.viz.widgets.vecdot import capture_mul_mat
+from ggviz.capture import capture_mul_mat
 
 cap = capture_mul_mat(model, "Qcur-0")
 lanes = VecDotLanes(cap, row=5, block=3)
