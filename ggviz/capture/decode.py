@@ -77,30 +77,29 @@ def decode_step(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ct
         masks.append(get_data(res.inputs.kq_mask).reshape(res.n_tokens, -1).copy())
 
     ctx.graph_hook = hook
-    inputs = capture_inputs(ctx)            # the snapshots of the inputs and KV cells, around the hook above
-    snapshots = inputs.__enter__()
+    recorders = [trace.Recorder(), trace.ComputeTimeline()] if record else []
     try:
-        t0 = time.perf_counter()
-        if llama.decode(ctx, llama.batch_get_one(ids)) != 0:
-            raise RuntimeError("llama_decode failed on the prompt")
-        t_prompt = (time.perf_counter() - t0) * 1e3
-        token = int(ctx.get_logits_ith(-1).argmax())
-        step = DecodeStep(model=model, ctx=ctx, prompt=prompt, prompt_ids=list(ids), token=token, pos=len(ids),
-                          n_threads=threads, masks=masks, snapshots=snapshots, t_prompt_ms=t_prompt)
-        ctx.cparams.cb_eval = cb_eval
-        recorders = [trace.Recorder(), trace.ComputeTimeline()] if record else []
-        step.timeline = recorders[1] if record else None
-        for r in recorders:
-            trace.listen(r)
-        try:
+        # the snapshots of the inputs and KV cells, taken by a graph hook chained after the one above
+        with capture_inputs(ctx) as snapshots:
             t0 = time.perf_counter()
-            st = llama.decode(ctx, llama.batch_get_one([token]))
-            step.t_decode_ms = (time.perf_counter() - t0) * 1e3
-        finally:
+            if llama.decode(ctx, llama.batch_get_one(ids)) != 0:
+                raise RuntimeError("llama_decode failed on the prompt")
+            t_prompt = (time.perf_counter() - t0) * 1e3
+            token = int(ctx.get_logits_ith(-1).argmax())
+            step = DecodeStep(model=model, ctx=ctx, prompt=prompt, prompt_ids=list(ids), token=token, pos=len(ids),
+                              n_threads=threads, masks=masks, snapshots=snapshots, t_prompt_ms=t_prompt,
+                              timeline=recorders[1] if record else None)
+            ctx.cparams.cb_eval = cb_eval
             for r in recorders:
-                trace.unlisten(r)
+                trace.listen(r)
+            try:
+                t0 = time.perf_counter()
+                st = llama.decode(ctx, llama.batch_get_one([token]))
+                step.t_decode_ms = (time.perf_counter() - t0) * 1e3
+            finally:
+                for r in recorders:
+                    trace.unlisten(r)
     finally:
-        inputs.__exit__(None, None, None)
         ctx.graph_hook = None
     if st != 0:
         raise RuntimeError(f"llama_decode failed on the decode step (status {st})")
