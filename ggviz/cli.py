@@ -23,6 +23,7 @@ import argparse
 import errno
 import importlib
 import logging
+import math
 import os
 import pathlib
 import platform
@@ -78,6 +79,25 @@ def int_arg(lo: int | None = None, hi: int | None = None, what: str = ""):
             raise argparse.ArgumentTypeError(f"{v} is out of range: must be {rng}" + (f" ({what})" if what else ""))
         return v
     parse.__name__ = "integer"
+    return parse
+
+
+def float_arg(lo: float | None = None, hi: float | None = None, open_lo: bool = False, what: str = ""):
+    """An argparse type: a finite number (no nan, no inf: Python's float() takes both) in [lo, hi], or (lo, hi]
+    with ``open_lo``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if lo is not None and (v <= lo if open_lo else v < lo) or (hi is not None and v > hi):
+            rng = " and ".join(([f"> {lo:g}" if open_lo else f">= {lo:g}"] if lo is not None else [])
+                               + ([f"<= {hi:g}"] if hi is not None else []))
+            raise argparse.ArgumentTypeError(f"{v:g} is out of range: must be {rng}" + (f" ({what})" if what else ""))
+        return v
+    parse.__name__ = "number"
     return parse
 
 

@@ -59,6 +59,9 @@ print("prompt tokens :", [(t, vocab.token_to_piece(t, True).decode()) for t in g
 print("new tokens    :", [(t, vocab.token_to_piece(t, True).decode()) for t in g.tokens])
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.vocab.Vocab.tokenize, ggviz.llama.context.LlamaContext.decode, ggviz.llama.sampling.sampler_sample ↔ llama-vocab.cpp llama_tokenize; llama-context.cpp llama_decode; llama-sampler.cpp llama_sampler_sample
+
+# %% [markdown]
 # ## 2. The graph of one decode step
 #
 # Each `llama_decode` builds a **compute graph** (`llm_build_llama`): a DAG of ggml operations from the token id to
@@ -80,6 +83,9 @@ from ggviz.viz.widgets import GraphView
 view = GraphView(gf)
 view.expand(0)                     # layer 0 opened up: the attention block, then the feed-forward block
 view
+
+# %% [markdown]
+# *Read the code:* ggviz.llama.context.LlamaContext.build_graph, ggviz.llama.models.llama.LlamaGraph.build ↔ llama-context.cpp llama_context::process_ubatch; models/llama.cpp llama_model_llama::build_arch_graph
 
 # %% [markdown]
 # ## 3. Memory
@@ -120,3 +126,5 @@ print(f"compute buffer: {len(plan['tensors'])} tensors placed for a {plan['n_nod
 # > **Teacher note.** The compute buffer is tiny next to the sum of the tensors it holds: `ggml_gallocr` frees a
 # > tensor after its last consumer and hands the bytes to the next node (often *in place*). Notebook 04 (the
 # > allocator) shows the plan tensor by tensor. Next: **03 · the compute graph**.
+#
+# *Read the code:* ggviz.llama.kv_cache.KVCache, ggviz.ggml.alloc.gallocr_alloc_graph ↔ llama-kv-cache.cpp llama_kv_cache::llama_kv_cache; ggml-alloc.c ggml_gallocr_alloc_graph

@@ -87,6 +87,9 @@ dot = viz.graph_to_dot(gf, title="a + b: 2 leafs (ellipses), 1 node (box)")
 dot if shutil.which("dot") else print(dot.source)      # drawing needs graphviz's `dot` program
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.context.init, ggviz.ggml.ops.add, ggviz.ggml.graph.build_forward_expand, ggviz.ggml.cpu.ggml_cpu.graph_compute_with_ctx ↔ ggml.c ggml_init, ggml_add, ggml_build_forward_expand; ggml-cpu.c ggml_graph_compute_with_ctx
+
+# %% [markdown]
 # ## 2. The tensor struct, byte by byte
 #
 # In C you would stop in a debugger and type `p *a`. `t.struct()` gives the same view, decoded from the bytes the
@@ -113,6 +116,9 @@ viz.tensor_header_table(a)
 print("data - struct address =", a.data - a.addr, "= sizeof(struct ggml_tensor) =", ggml.GGML_TENSOR_SIZE)
 print("src of result:", [t.name for t in result.src if t is not None])
 viz.tensor_header_table(result).filter(lambda r: r["field"] in ("op", "src[0]", "src[1]", "src[2]", "data"))
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.context.Context.new_tensor_impl, ggviz.ggml.tensor.Tensor ↔ ggml.c ggml_new_tensor_impl
 
 # %% [markdown]
 # ## 3. `ne`, `nb`, and the address of an element
@@ -152,6 +158,9 @@ viz.strides_table(c)
 
 # %%
 ex.permute_nb(a)          # predict first; the next section shows it
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.context.Context.new_tensor_impl, ggviz.ggml.tensor.nbytes, ggviz.ggml.impl.type_size, ggviz.ggml.impl.blck_size ↔ ggml.c ggml_new_tensor_impl, ggml_nbytes, ggml_type_size, ggml_blck_size
 
 # %% [markdown]
 # ## 4. Permute, transpose, views, reshape: new structs, same bytes
@@ -305,6 +314,9 @@ print("B @ A.T in NumPy:\n", ggml.get_data(B)[0, 0] @ ggml.get_data(A)[0, 0].T)
 print("out_prod gives the same:", np.allclose(ggml.get_data(op)[0, 0], ggml.get_data(mm)[0, 0]))
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.ops.permute, ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_2d, ggviz.ggml.ops.reshape_2d, ggviz.ggml.ops.cont, ggviz.ggml.ops.cpy, ggviz.ggml.ops.mul_mat, ggviz.ggml.ops.out_prod ↔ ggml.c ggml_permute, ggml_transpose, ggml_view_2d, ggml_reshape_2d, ggml_cont, ggml_cpy, ggml_mul_mat, ggml_out_prod
+
+# %% [markdown]
 # ## 5. A quantized block: `block_q4_0`
 #
 # `ggml-common.h` defines `block_q4_0` as one `ggml_half d` (the scale, an IEEE fp16) followed by `uint8_t qs[16]`:
@@ -380,3 +392,5 @@ viz.Table(gelu_rows)
 
 # %% [markdown]
 # **Next:** `02_context_arena.ipynb` follows the arena that all these structs and bytes live in.
+#
+# *Read the code:* ggviz.ggml.quants.quantize_row_ref, ggviz.ggml.quants.dequantize_row, ggviz.ggml.cpu.vec.gelu_f32 ↔ ggml-quants.c quantize_row_q4_0_ref, dequantize_row_q4_0; vec.h ggml_vec_gelu_f32; ggml-cpu.c ggml_cpu_init

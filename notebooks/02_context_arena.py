@@ -82,6 +82,9 @@ viz.arena_map(ctx)
 ArenaWidget(ctx).select("w")
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.context.Context.new_object, ggviz.ggml.context.Context.new_tensor_impl, ggviz.ggml.context.used_mem ↔ ggml.c ggml_new_object, ggml_new_tensor_impl, ggml_used_mem
+
+# %% [markdown]
 # ## 2. The object list and a header in hex
 #
 # The `next` field of each header holds the *address* of the next header (ggviz stores real addresses, like C). The
@@ -96,6 +99,9 @@ print(viz.hexdump(ctx, 0, OBJ))
 offs, size, nxt = mem[0:24].view(np.uint64)
 otype = mem[24:28].view(np.int32)[0]
 print(f"offs={offs}  size={size}  next=ctx.base+{int(nxt) - ctx.base}  type={otype} (GGML_OBJECT_TYPE_TENSOR=0)")
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.context.Context.new_object, ggviz.ggml.context.get_mem_buffer ↔ ggml.c ggml_new_object, ggml_get_mem_buffer
 
 # %% [markdown]
 # ## 3. A tensor struct read straight from the arena
@@ -118,6 +124,9 @@ assert by_field["data"] == w.data and by_field["name"] == "w"
 table
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.context.get_tensor, ggviz.ggml.tensor.Tensor ↔ ggml.c ggml_get_tensor
+
+# %% [markdown]
 # ## 4. Views cost a struct, not data
 #
 # A view (`ggml_view_*`, `ggml_reshape_*`, `ggml_permute`, `ggml_transpose`) is a new tensor object whose payload is
@@ -134,6 +143,9 @@ viz.arena_map(ctx)[-2:]
 
 # %%
 ArenaWidget(ctx).select(wt)        # the view's object: a struct whose data field points into w's bytes
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_tensor ↔ ggml.c ggml_transpose, ggml_view_impl
 
 # %% [markdown]
 # ## 5. A `no_alloc` context: metadata only
@@ -156,6 +168,9 @@ except ValueError as e:
 viz.plot_arena(meta);
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.context.init, ggviz.ggml.context.tensor_overhead ↔ ggml.c ggml_init, ggml_tensor_overhead
+
+# %% [markdown]
 # ## 6. The graph object
 #
 # `ggml_new_graph` is one object of `ggml_graph_nbytes(2048)` bytes: the `struct ggml_cgraph`, the `nodes` and `leafs`
@@ -173,6 +188,9 @@ ggml.build_forward_expand(gf, y)
 print(gf, [t.name for t in gf.nodes], [t.name for t in gf.leafs])
 g_rows = [r for r in viz.arena_map(ctx, detail=True) if r["kind"] == "graph" or (r["obj"] == len(ctx.objects) - 1)]
 viz.Table(g_rows, ["start", "end", "size", "kind", "name", "note"])
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.graph.new_graph, ggviz.ggml.graph.graph_nbytes, ggviz.ggml.graph.hash_size ↔ ggml.c ggml_new_graph, ggml_graph_nbytes, ggml_hash_size
 
 # %% [markdown]
 # ## 7. The work buffer
@@ -210,6 +228,9 @@ viz.plot_arena(ctx, scale="log", max_labels=20, title="the whole arena: tensors,
 viz.objects_table(ctx)
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.cpu.ggml_cpu.graph_plan, ggviz.ggml.cpu.ggml_cpu.graph_compute_with_ctx, ggviz.ggml.context.new_buffer ↔ ggml-cpu.c ggml_graph_plan, ggml_graph_compute_with_ctx; ggml.c ggml_new_buffer
+
+# %% [markdown]
 # ## 8. When the arena is full
 #
 # The arena never grows. `ggml_new_object` asserts that the new object fits and aborts otherwise; ggviz raises an
@@ -225,3 +246,6 @@ except ggml.ContextOutOfMemory as e:
 ggml.free(small)
 ggml.free(meta)
 ggml.free(ctx)
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.context.Context.new_object ↔ ggml.c ggml_new_object

@@ -90,6 +90,9 @@ anim.goto(5)
 anim
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.graph.build_forward_expand, ggviz.ggml.graph.visit_parents ↔ ggml.c ggml_build_forward_expand, ggml_visit_parents_graph
+
+# %% [markdown]
 # ## The graph of one decode step
 #
 # Now the real thing: the graph `llama_decode` builds for one new token (`llm_build_llama`). We record its
@@ -136,3 +139,6 @@ from ggviz.viz.widgets import GraphView
 view = GraphView(gfd)
 view.expand(0)
 view
+
+# %% [markdown]
+# *Read the code:* ggviz.llama.context.LlamaContext.build_graph, ggviz.llama.models.llama.LlamaGraph.build, ggviz.llama.graph.LlmGraphContext.build_attn ↔ llama-context.cpp llama_context::process_ubatch; models/llama.cpp llama_model_llama::build_arch_graph; llama-graph.cpp llm_graph_context::build_attn

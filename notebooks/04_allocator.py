@@ -116,6 +116,9 @@ print(f"node {sel['node']} {sel['name']}: {sel['alive_bytes']} bytes alive;",
 viz.Table(sel["alive"], title="alive at node 5")
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.alloc.tallocr_alloc, ggviz.ggml.alloc.backend_alloc_ctx_tensors_from_buft, ggviz.ggml.alloc.gallocr_reserve, ggviz.ggml.alloc.gallocr_alloc_graph ↔ ggml-alloc.c ggml_tallocr_alloc, ggml_backend_alloc_ctx_tensors_from_buft, ggml_gallocr_reserve, ggml_gallocr_alloc_graph
+
+# %% [markdown]
 # ## 2. The compute buffer of a SmolLM2 context, and one decode in it
 #
 # When llama.cpp creates a context it reserves the compute buffers for the worst case (`sched_reserve`): it builds
@@ -168,6 +171,9 @@ dv.figure();
 dv.set_range(0, 40).select("kq-0")
 dv
 
+# %% [markdown]
+# *Read the code:* ggviz.llama.context.LlamaContext.sched_reserve, ggviz.ggml.sched.backend_sched_reserve, ggviz.ggml.sched.backend_sched_alloc_graph ↔ llama-context.cpp llama_context::sched_reserve; ggml-backend.cpp ggml_backend_sched_reserve, ggml_backend_sched_alloc_graph
+
 
 # %% [markdown]
 # ## 3. Reserve vs alloc, and when ggml plans again
@@ -219,3 +225,6 @@ viz.Table([{"event": e["kind"], "reason": e.get("reason"), "chunk sizes": e.get(
 
 # %%
 AllocatorView(ga2, big2, title="the re-plan made by alloc_graph for 32 tokens").set_range(0, 40).figure();
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.alloc.gallocr_reserve_n, ggviz.ggml.alloc.gallocr_needs_realloc, ggviz.ggml.alloc.gallocr_alloc_graph ↔ ggml-alloc.c ggml_gallocr_reserve_n, ggml_gallocr_needs_realloc, ggml_gallocr_alloc_graph

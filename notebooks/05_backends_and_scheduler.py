@@ -100,6 +100,9 @@ viz.Table([{"iface slot": f.name, **{n: getattr(getattr(b.iface, f.name), "__nam
            for f in dataclasses.fields(backend.ggml_backend_i)], title="struct ggml_backend_i of each backend")
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.backend_reg.backend_load, ggviz.ggml.backend_reg.backend_dev_get, ggviz.ggml.backend.backend_dev_init ↔ ggml-backend-reg.cpp ggml_backend_load, ggml_backend_dev_get; ggml-backend.cpp ggml_backend_dev_init
+
+# %% [markdown]
 # ## 2. A small graph on ACCEL0 + CPU: the five passes
 #
 # Two layers of `norm-l = rms_norm(cur)`, `attn_norm-l = norm-l * norm weight`, `h-l = W x attn_norm-l`,
@@ -182,6 +185,9 @@ print(f"{S.backend_sched_get_n_splits(sched)} splits; into ACCEL0: {st['n_h2d']}
 print("compute buffers:", {backend.backend_name(b): S.backend_sched_get_buffer_size(sched, b) for b in (acc, cpu)})
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.sched.backend_sched_new, ggviz.ggml.sched.backend_sched_split_graph, ggviz.ggml.sched.backend_sched_graph_compute ↔ ggml-backend.cpp ggml_backend_sched_new, ggml_backend_sched_split_graph, ggml_backend_sched_graph_compute
+
+# %% [markdown]
 # ## 3. SmolLM2 with `-ngl 0 / 10 / 31`
 #
 # `llama_model_params.n_gpu_layers` puts the *last* n repeating layers' weights (and their KV cache) on the offload
@@ -236,6 +242,8 @@ views[10]
 # > last ADD onto the device, so both its operands are copied. The KV cache views on the CPU layers go to BLAS in
 # > pass 1 ("1.dst"): BLAS is the highest-priority backend that can use host memory and supports view ops, which
 # > compute nothing. With `-ngl 31` the output layer moves too: 2 splits.
+#
+# *Read the code:* ggviz.llama.model.model_load_from_file, ggviz.ggml.sched.backend_sched_set_tensor_backend ↔ llama.cpp llama_model_load_from_file; ggml-backend.cpp ggml_backend_sched_set_tensor_backend
 
 # %% [markdown]
 # ## 4. BLAS takes the prompt's matrix multiplications
@@ -302,3 +310,5 @@ viz.Table([{"node": a["name"], **{f"after {st}": f"{b['backend']} ({b['cause']})
 # > records the causes shown here in debug builds, `GGML_SCHED_DEBUG=2` prints them), `ggml_backend_sched_alloc_splits`
 # > (one `ggml_gallocr` buffer per backend, notebook 04) and `ggml_backend_sched_compute_splits` (copy the inputs,
 # > then `ggml_backend_graph_compute_async` on the split's backend).
+#
+# *Read the code:* ggviz.ggml.blas.backend_blas_init, ggviz.ggml.sched.backend_sched_split_graph ↔ ggml-blas.cpp ggml_backend_blas_init; ggml-backend.cpp ggml_backend_sched_split_graph

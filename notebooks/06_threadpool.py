@@ -98,6 +98,9 @@ for ith in range(nth):
 viz.Table(split, title=f"ADD (F16) on {nr} rows, {nth} threads: dr = ({nr} + {nth} - 1) / {nth} = {(nr + nth - 1) // nth}")
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.cpu.ggml_cpu.graph_plan, ggviz.ggml.cpu.ggml_cpu.get_n_tasks, ggviz.ggml.cpu.ops.forward_add ↔ ggml-cpu.c ggml_graph_plan, ggml_get_n_tasks; ops.cpp ggml_compute_forward_add
+
+# %% [markdown]
 # ## 2. A real compute, thread by thread
 
 # %%
@@ -147,6 +150,9 @@ viz.Table([{"node": step.graph.gf.nodes[n].name, "thread a: chunk": a["chunk"], 
            for n, pairs in list(cc.items())[:6] for a, b in pairs[:1]])
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.cpu.ggml_cpu.graph_compute, ggviz.ggml.cpu.threadpool.graph_compute_kickoff ↔ ggml-cpu.c ggml_graph_compute, ggml_graph_compute_thread, ggml_barrier
+
+# %% [markdown]
 # ## 3. Barrier waits and chunk claims
 #
 # A barrier wait is time a thread had nothing to do because another thread was still busy with the same node. Where
@@ -179,6 +185,8 @@ viz.Table(claims)
 # > **Teacher note.** Each thread starts with chunk `ith`; the shared counter (`current_chunk`, an atomic
 # > fetch-and-add) then hands out the next chunk to whichever thread asks first: dynamic load balancing. On the
 # > compiled walk the claims interleave as in C; a thread that was descheduled for a while finds most chunks taken.
+#
+# *Read the code:* ggviz.ggml.cpu.mul_mat.forward_mul_mat ↔ ggml-cpu.c ggml_compute_forward_mul_mat, ggml_compute_forward_mul_mat_one_chunk
 
 # %% [markdown]
 # ## 4. Inside one chunk: one row · column product, lane by lane
@@ -200,6 +208,9 @@ st = lanes.state()
 print(f"{st['node']}[{st['column']}, {st['row']}]: lanes give {st['result_bits']}, the MUL_MAT wrote "
       f"{st['output_bits']}: same bits = {st['matches_output']}")
 lanes
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.cpu.quants.from_float, ggviz.ggml.cpu.quants.vec_dot ↔ arch/x86/quants.c quantize_row_q8_1, ggml_vec_dot_q4_1_q8_1
 
 # %% [markdown]
 # ## 5. The pool itself: kickoff, pause/resume, `abort_callback`
@@ -254,3 +265,6 @@ kinds = defaultdict(int)
 for e in doc["traceEvents"]:
     kinds[(e["ph"], e.get("cat"))] += 1
 print(path, dict(kinds))
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.cpu.threadpool.threadpool_new, ggviz.ggml.cpu.threadpool.threadpool_pause, ggviz.ggml.cpu.threadpool.threadpool_resume, ggviz.ggml.cpu.threadpool.graph_compute_kickoff ↔ ggml-cpu.c ggml_threadpool_new, ggml_threadpool_pause, ggml_threadpool_resume, ggml_graph_compute_kickoff

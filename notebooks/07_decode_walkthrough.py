@@ -54,6 +54,9 @@ print(ids, [piece(t) for t in ids], "| add_bos:", vocab.add_bos)
 MV.bpe_table(vocab, " library")
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.vocab.Vocab.tokenize, ggviz.llama.vocab.Vocab.bpe_trace, ggviz.llama.unicode.regex_split ↔ llama-vocab.cpp llama_tokenize, llm_tokenizer_bpe_session::tokenize; unicode.cpp unicode_regex_split
+
+# %% [markdown]
 # ## 2 and 3. One decode, node by node
 #
 # `DecodeStepper` runs `llama_decode` on the prompt (one batch of 6 tokens) with llama.cpp's eval callback asking for
@@ -93,6 +96,9 @@ st.goto("attn_norm-0")
 st
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.context.LlamaContext.decode, ggviz.ggml.sched.backend_sched_graph_compute_async ↔ llama-context.cpp llama_context::decode, llama_context::process_ubatch; ggml-backend.cpp ggml_backend_sched_graph_compute_async
+
+# %% [markdown]
 # ## 4. Attention in layer 0
 #
 # The eval callback can also ask for just the softmax nodes (`capture_attention`): for each head, how much each token
@@ -109,6 +115,8 @@ MV.attention_figure(att, 0);
 # %% [markdown]
 # > **Teacher note.** 9 query heads share 3 K/V heads (grouped-query attention). Heads differ: some put most of their
 # > weight on the first token (an "attention sink"), others on the token itself or the one before.
+#
+# *Read the code:* ggviz.llama.graph.LlmGraphContext.build_attn, ggviz.llama.graph.LlmGraphContext.build_attn_mha ↔ llama-graph.cpp llm_graph_context::build_attn, llm_graph_context::build_attn_mha
 #
 # ## 5. Logits → sampler → token
 #
@@ -127,6 +135,9 @@ print(f"chosen: {nxt} {piece(nxt)!r} (greedy: {piece(int(np.argmax(logits)))!r})
 MV.sampler_figure(chain.history, vocab);
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.context.LlamaContext.get_logits_ith, ggviz.llama.sampling.sampler_sample ↔ llama-context.cpp llama_get_logits_ith; llama-sampler.cpp llama_sampler_sample
+
+# %% [markdown]
 # ## 6. Round again: decode the chosen token
 #
 # The chosen token is the next batch, of one token. Its K and V go into the next free KV cell; the earlier tokens' K
@@ -141,6 +152,8 @@ MV.kv_cache_figure(snaps[-1], vocab);
 # > **Teacher note.** This loop (sample, decode one token, repeat) is `ggviz.generate` (notebook 00) and llama.cpp's
 # > `llama-simple`. `ggviz report` writes this walkthrough, for one such single-token step, as a standalone web
 # > page.
+#
+# *Read the code:* ggviz.llama.batch.batch_get_one, ggviz.llama.kv_cache.KVCache.apply_ubatch, ggviz.llama.kv_cache.KVCache.set_input ↔ llama-batch.cpp llama_batch_get_one; llama-kv-cache.cpp llama_kv_cache::apply_ubatch, llama_kv_cache::set_input_kq_mask
 
 # %% [markdown]
 # ## 7. The whole step, linked
@@ -200,3 +213,5 @@ else:
 # > tensor after its last reader, `ggml_gallocr_free_node`, and the next tensor that fits takes its place.) Then
 # > select `result_output`: a graph output (`GGML_TENSOR_FLAG_OUTPUT`), never freed: every tensor that shares its
 # > bytes came before it. `ggviz explore` serves this same view in a browser tab (Voilà), without the notebook.
+#
+# *Read the code:* ggviz.llama.context.LlamaContext.decode, ggviz.ggml.sched.backend_sched_split_graph, ggviz.ggml.alloc.gallocr_alloc_graph, ggviz.ggml.cpu.ggml_cpu.graph_compute ↔ llama-context.cpp llama_context::decode; ggml-backend.cpp ggml_backend_sched_split_graph; ggml-alloc.c ggml_gallocr_alloc_graph; ggml-cpu.c ggml_graph_compute

@@ -75,6 +75,9 @@ rows.append(["global (full-attention) layers"] + [
 display(table(rows, ["hparam"] + list(models)))
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.model.load_hparams, ggviz.llama.models.llama.load_arch_hparams, ggviz.llama.models.gemma3.load_arch_hparams ↔ llama-model.cpp llama_model_base::load_hparams; models/llama.cpp llama_model_llama::load_arch_hparams; models/gemma3.cpp llama_model_gemma3::load_arch_hparams
+
+# %% [markdown]
 # ## 2. One real decode each, and one layer of each graph
 #
 # Both models get the prompt "The ggml library is", each through its own tokenizer: SmolLM2's byte-level BPE (a
@@ -181,6 +184,9 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.models.llama.LlamaGraph.build, ggviz.llama.models.gemma3.Gemma3Graph.build, ggviz.ggml.graph.graph_view ↔ models/llama.cpp llama_model_llama::build_arch_graph; models/gemma3.cpp llama_model_gemma3::build_arch_graph; ggml.c ggml_graph_view
+
+# %% [markdown]
 # ## 3. Where the sliding window sits: two caches, two masks
 #
 # `llama_model::create_memory` gives Gemma-3 an iSWA cache (`ggviz/llama/kv_cache_iswa.py`): a **base** cache
@@ -233,6 +239,9 @@ for name, (m, ids, ctx) in runs.items():
     display(HTML(MV.KVCacheView(ctx.snapshots, m.vocab).to_html()))
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.kv_cache_iswa.KVCacheISWA, ggviz.llama.kv_cache.KVCache.kq_mask_data ↔ llama-kv-cache-iswa.cpp llama_kv_cache_iswa::llama_kv_cache_iswa; llama-kv-cache.cpp llama_kv_cache::set_input_kq_mask
+
+# %% [markdown]
 # ## 4. What the caches hold after the real decode
 #
 # After the 6-token runs of section 2: SmolLM2 has one cache with 30 layers; Gemma-3 two, of 3 and 15 layers. K is
@@ -267,6 +276,9 @@ for ax in axs[len(panels):]:
     ax.axis("off")
 plt.tight_layout()
 plt.show()
+
+# %% [markdown]
+# *Read the code:* ggviz.llama.kv_cache.KVCache.get_n_kv, ggviz.llama.kv_cache.KVCache.get_k, ggviz.llama.kv_cache.KVCache.get_v ↔ llama-kv-cache.cpp llama_kv_cache::get_n_kv, llama_kv_cache::get_k, llama_kv_cache::get_v
 
 # %% [markdown]
 # ## 5. How big each part of each file is
@@ -312,6 +324,9 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# *Read the code:* ggviz.ggml.tensor.nbytes, ggviz.llama.model.LlamaModel.size ↔ ggml.c ggml_nbytes; llama-model.cpp llama_model::size
+
+# %% [markdown]
 # ## 6. What to take away
 #
 # * The ggml machinery -- graph, allocator, scheduler, threadpool, KV cells, SET_ROWS into the cache, the two
@@ -320,3 +335,6 @@ plt.show()
 # * Gemma-3's recipe adds normalization everywhere (input scale, QK norm, post-norms), a GELU gate, and a second KV
 #   cache whose mask forgets everything more than 512 positions back on five layers of six -- the reason its memory
 #   could stay small on long texts (with `swa_full = false`).
+
+# %% [markdown]
+# *Read the code:* ggviz.llama.models.llama.LlamaGraph.build, ggviz.llama.models.gemma3.Gemma3Graph.build ↔ models/llama.cpp llama_model_llama::build_arch_graph; models/gemma3.cpp llama_model_gemma3::build_arch_graph

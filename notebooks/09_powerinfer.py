@@ -98,6 +98,8 @@ print(f"{ggml.op_name(ys.op)}: {keep.sum()} of {M} rows kept; kept rows equal gg
 # `res[i] += tmp[i]` from several threads at once is a data race (two threads read the same `res[i]`, one
 # addition is lost). ggviz keeps the partial vectors and adds them in thread order after a barrier.
 #
+# *Read the code:* ggviz.ggml.ops.mul_mat_idx, ggviz.ggml.ops.axpy, ggviz.ggml.cpu.powerinfer.forward_mul_mat_sparse, ggviz.ggml.cpu.powerinfer.forward_axpy ↔ PowerInfer/ggml.c ggml_mul_mat_idx, ggml_axpy, ggml_compute_forward_mul_mat_sparse, ggml_compute_forward_mul_mat_axpy
+#
 # ## 2. A PowerInfer model of SmolLM2
 #
 # PowerInfer never published how it trains its predictors. `ggviz powerinfer build --out DIR` does it: it decodes
@@ -133,6 +135,9 @@ print(pwri.name, "magic", pwri.read_bytes()[:4], "| threshold in the file:", spa
       f"| trained on {metrics['tokens']} tokens, held-out recall at threshold 0: {metrics['mean_recall@0.0']:.3f}")
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.powerinfer.load_sparse, ggviz.llama.powerinfer.set_gpu_index ↔ PowerInfer/llama.cpp llm_load_sparse_model_tensors
+
+# %% [markdown]
 # ## 3. Predictor output vs the true activations
 #
 # We decode one sentence through the PWRI model **at threshold −∞** (nothing skipped) and copy out, through the eval
@@ -151,6 +156,9 @@ run_full = capture.capture_sparse_run(sparse, ids, threshold=-np.inf)
 PV.PredictorView(run_full, metrics["act_threshold"], layer=10, threshold=0.0)
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.powerinfer.build_ffn_sparse, ggviz.ggml.cpu.powerinfer.forward_mul_mat_sparse ↔ PowerInfer/llama.cpp llm_build_ffn_sparse; PowerInfer/ggml.c ggml_compute_forward_mul_mat_sparse
+
+# %% [markdown]
 # ## 4. Hot and cold neurons
 #
 # The build counted, per neuron, how many of the recorded tokens made it active (`activation/activation_N.npy`,
@@ -164,6 +172,9 @@ counts = np.stack([np.load(out_dir / "activation" / f"activation_{il}.npy") for 
 PV.HotColdView(counts, run_full.gpu_idx, layer=10)
 
 # %% [markdown]
+# *Read the code:* ggviz.llama.powerinfer.load_gpu_split, ggviz.llama.powerinfer.set_gpu_index ↔ PowerInfer/llama.cpp llama_model_offload_ffn_split, slice_ffn_mat_to_gpu
+
+# %% [markdown]
 # ## 5. Which rows each MUL_MAT_SPARSE skipped
 #
 # Now the same sentence at the file's threshold. For every layer, `ffn_up_sparse-N` and `ffn_gate_sparse-N`
@@ -174,6 +185,9 @@ PV.HotColdView(counts, run_full.gpu_idx, layer=10)
 # %%
 run = capture.capture_sparse_run(sparse, ids)
 PV.SkippedRowsView(run, layer=10, token=3)
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.cpu.powerinfer.forward_mul_mat_sparse ↔ PowerInfer/ggml.c ggml_compute_forward_mul_mat_sparse
 
 # %% [markdown]
 # ## 6. The hybrid executor
@@ -233,6 +247,9 @@ print(f"scheduler step: {dt_s * 1e3:.0f} ms; to / from the device {moved_s['h2d_
       f"{moved_s['d2h_bytes']:,} bytes; logits equal the hybrid run's bit for bit: {np.array_equal(L_h, L_s)}")
 hv = PV.HybridTimelineView(hyb_recs, n_threads=3, layer=10)
 hv
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.cpu.hybrid.graph_compute_hybrid, ggviz.llama.context.LlamaContext.decode ↔ PowerInfer/ggml.c ggml_graph_compute_thread_hybrid; PowerInfer/llama.cpp llm_build_ffn_sparse
 
 # %% [markdown]
 # ## 7. What the sparsity buys on this model
@@ -309,3 +326,5 @@ PV.SparseCostView(sparse, run, kernel_times=times, transfers=transfers)
 #   *and* from a GPU holding the hot rows that carry most activations. Neither holds for SmolLM2, whose neurons are
 #   neither zero nor strongly hot/cold (section 4: the hottest quarter carries about a third); and ggviz's "device"
 #   is a thread running the same Python kernels, so section 6 shows the schedule, not a GPU's speed.
+#
+# *Read the code:* ggviz.ggml.cpu.powerinfer.forward_mul_mat_sparse, ggviz.ggml.cpu.powerinfer.forward_axpy ↔ PowerInfer/ggml.c ggml_compute_forward_mul_mat_sparse, ggml_compute_forward_mul_mat_axpy

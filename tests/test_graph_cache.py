@@ -24,7 +24,7 @@ import pytest
 from ggviz import ggml, llama, trace
 from ggviz.ggml import accel
 from ggviz.ggml import backend as B
-from ggviz.llama import context as lctx
+from ggviz.llama import context_pool
 from ggviz.llama.models import llama as arch_llama
 
 MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -221,7 +221,7 @@ def test_a_freed_context_is_taken_over_by_the_next_of_its_shape(model):
     """llama_free parks the context's backends, KV cache and scheduler (compute buffers, graphs) on the model; the
     next context of the same shape takes them over: no reserve, no graph built, the same reserve record and buffer
     sizes, bit-identical logits (against a context created from scratch); the freed context refuses to be used."""
-    lctx.context_pool_clear()
+    context_pool.context_pool_clear()
     a = _ctx(model)
     la = _generate(a)
     log, sizes = a.reserve_log, a.compute_buffer_sizes()
@@ -240,7 +240,7 @@ def test_a_freed_context_is_taken_over_by_the_next_of_its_shape(model):
     llama.free(b)
     other = _ctx(model, n_seq_max=2)              # another shape: a context of its own
     assert not other.recycled
-    lctx.context_pool_clear()
+    context_pool.context_pool_clear()
     c = _ctx(model)
     assert not c.recycled and len(c.reserve_log) == 3
     lc = _generate(c)

@@ -10,6 +10,8 @@
 * Imports sit at the top of modules. Inside a function only where a dependency is optional (the import is guarded
   by ``try``) or in the allow-list below, each with its reason.
 * The helpers of ggml-impl.h (and the type traits that sit beside them) are defined once, in ``ggviz/ggml/impl.py``.
+* A departure from C is marked one way, ``ggviz:`` (``# ggviz:`` in comments, "ggviz:" opening a docstring
+  sentence), so that ``grep -rn "ggviz:" ggviz`` lists them all: none of the other phrasings once used.
 * ``ruff check`` (configured in pyproject.toml) passes on the package, the tests, the benchmarks, the tools and
   the notebook sources.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ast
 import graphlib
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +38,10 @@ LAZY_IMPORTS_ALLOWED = {
 # defined in ggviz/ggml/impl.py and nowhere else in the package
 IMPL_HELPERS = ("GGML_ASSERT", "GGML_PAD", "GGMLError", "op_is_empty", "GGML_LOG", "last_log_error", "type_size",
                 "row_size", "blck_size", "type_name", "is_quantized", "type_sizef")
+
+# the phrasings that marked a departure from C before "ggviz:" became the one marker
+OTHER_DEPARTURE_MARKERS = re.compile(r"ggviz addition|no C counterpart|Python[- ]only|Python addition|ggviz adds|"
+                                     r"ggviz goes further|ggviz[- ]only|\(ggviz(;|\):)", re.IGNORECASE)
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -165,6 +172,16 @@ def test_impl_helpers_defined_once():
                         where[t.id].append(f"{path.relative_to(ROOT)} (assigned)")
     wrong = {k: v for k, v in where.items() if v != ["ggviz/ggml/impl.py"]}
     assert not wrong, wrong
+
+
+def test_one_marker_for_departures_from_c():
+    for old in ("a ggviz addition: x", "(no C counterpart)", "Also Python-only:", "Python additions (not in C)",
+                "ggviz adds two", "ggviz goes further", "nb (ggviz only)", "(ggviz; llama.cpp ...)", "x (ggviz): y"):
+        assert OTHER_DEPARTURE_MARKERS.search(old), old
+    assert not OTHER_DEPARTURE_MARKERS.search("ggviz: a departure, marked the one way")
+    bad = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in sorted(PKG.rglob("*.py"))
+           for i, line in enumerate(p.read_text().splitlines(), 1) if OTHER_DEPARTURE_MARKERS.search(line)]
+    assert not bad, "mark departures from C with 'ggviz:' (grep -rn 'ggviz:' ggviz lists them):\n" + "\n".join(bad)
 
 
 def _ruff():

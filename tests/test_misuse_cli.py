@@ -257,3 +257,30 @@ def test_report_error_maps_the_engine_errors(capsys):
     # a bug is not a user error: it keeps its traceback
     assert cli.report_error("run", TypeError("unsupported operand")) is None
     assert cli.report_error("run", RecursionError()) is None
+
+
+def test_explore_on_a_busy_port_fails_in_two_lines_and_otherwise_binds_the_port_it_prints(monkeypatch, capsys):
+    """`ggviz explore` on a busy port printed the requested URL while Jupyter served on the next free one (Voilà's
+    port_retries). A busy port is now a two-line error, and Voilà is told to take exactly the printed port (no
+    retries: if another process takes it in between, Voilà fails rather than moving)."""
+    import socket
+    import subprocess
+    pytest.importorskip("voila")
+    from ggviz import cli
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["explore", "--port", str(port), "--no-browser"]) == 1
+        out = capsys.readouterr()
+        err = out.err.strip().splitlines()
+        assert err == [f"ggviz explore: error: port {port} on 127.0.0.1 is in use",
+                       "ggviz explore: choose another with --port N"] and out.out == ""
+    assert calls == []                         # Voilà was not started
+    # the port is free now: Voilà gets it, and only it
+    assert cli.main(["explore", "--port", str(port), "--no-browser"]) == 0
+    (cmd,) = calls
+    assert f"--port={port}" in cmd and "--Voila.port_retries=0" in cmd and "--Voila.ip=127.0.0.1" in cmd
+    assert f"http://127.0.0.1:{port}/" in capsys.readouterr().out

@@ -344,7 +344,7 @@ def test_cli_hybrid_flag_user_errors(capsys):
     assert len(err) == 2 and "PWRI" in err[0], err
     with pytest.raises(SystemExit):
         cli.main(["run", "--vram-budget", "0", "-m", str(MODEL)])
-    assert "--vram-budget must be > 0" in capsys.readouterr().err
+    assert "--vram-budget: 0 is out of range: must be > 0" in capsys.readouterr().err
 
 
 def test_abort_callback_stops_the_hybrid_run_and_rolls_back(split, runs):
@@ -381,3 +381,159 @@ def test_no_room_for_the_device_lanes_copies_is_a_clear_error(split, runs):
     assert ctx.memory_seq_pos_max(0) == pos_max
     assert accel.backend_accel_stats(dev)["used"] == st["used"]
     assert llama.decode(ctx, llama.batch_get_one(np.array([NEXT], np.int32))) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# misuse (issue 24): every number checked, the gpuidx checked against the model and the budget, nothing written
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, what", [
+    (["--threshold", "nan"], "--threshold: 'nan' is not a finite number"),
+    (["--threshold", "inf"], "--threshold: 'inf' is not a finite number"),
+    (["--threshold=-inf"], "--threshold: '-inf' is not a finite number"),
+    (["--pos-weight", "inf"], "--pos-weight: 'inf' is not a finite number"),
+    (["--pos-weight", "nan"], "--pos-weight: 'nan' is not a finite number"),
+    (["--pos-weight", "-1"], "--pos-weight: -1 is out of range: must be > 0"),
+    (["--vram-budget", "inf"], "--vram-budget: 'inf' is not a finite number"),
+    (["--vram-budget", "nan"], "--vram-budget: 'nan' is not a finite number"),
+    (["--vram-budget", "0"], "--vram-budget: 0 is out of range: must be > 0"),
+])
+def test_powerinfer_build_refuses_non_finite_numbers_in_two_lines(tmp_path, capsys, args, what):
+    """`ggviz powerinfer build` exited 0 on --threshold nan/inf and --pos-weight inf, and printed a 20-line
+    traceback on --vram-budget inf: each is now refused by the parser, before anything is read or written."""
+    from ggviz import cli
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["powerinfer", "build", "--out", str(out), *args])
+    assert ei.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and what in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kw, what", [
+    (dict(threshold=float("nan")), "threshold = nan"), (dict(threshold=float("inf")), "threshold = inf"),
+    (dict(pos_weight=float("inf")), "pos_weight = inf"), (dict(vram_budget_gib=float("inf")), "vram_budget = inf"),
+    (dict(vram_budget_gib=float("nan")), "vram_budget = nan"), (dict(vram_budget_gib=0.0), "vram_budget = 0.0"),
+    (dict(tokens=8), "tokens = 8"), (dict(epochs=0), "epochs = 0"), (dict(threads=1.5), "threads = 1.5"),
+])
+def test_powerinfer_build_api_checks_its_numbers_first(tmp_path, kw, what):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=what.replace(".", r"\.")):
+        pipeline.build(out, MODEL, **kw)
+    assert not out.exists()
+
+
+def test_a_non_finite_vram_budget_is_refused_not_ignored(split, capsys):
+    """`run --hybrid --vram-budget nan` loaded no split (nan passes `budget <= 0`): refused by the parser, and by
+    the loader for the API (nan and inf; <= 0 still means no split)."""
+    from ggviz import cli
+    _, _, r = split
+    for v in ("nan", "inf"):
+        with pytest.raises(SystemExit) as ei:
+            cli.main(["run", "--hybrid", "-t", "2", "--vram-budget", v, "-n", "0", "-m", str(r.model_path)])
+        assert ei.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 2 and f"--vram-budget: '{v}' is not a finite number" in err[0], err
+        mp = llama.model_default_params()
+        mp.vram_budget_gb = float(v)
+        with pytest.raises(ValueError, match=f"vram_budget_gb = {v}: a VRAM budget must be a finite number"):
+            llama.model_load_from_file(str(r.model_path), mp)
+
+
+def test_a_split_solved_for_a_larger_budget_is_refused(split, capsys):
+    """A gpuidx built for 0.075 GiB loaded whole under any positive budget (1e-9 GiB): its split.vram_capacity is
+    now compared with the budget, as PowerInfer's check_vram_allocable does; the model is left as it was."""
+    from ggviz import cli
+    m, dev, r = split
+    cap = int(0.075 * (1 << 30))
+    assert lp.read_split_file(r.gpuidx_path)[1] == cap
+    mp = llama.model_default_params()
+    mp.vram_budget_gb = 1e-9
+    mp.devices = [accel.backend_accel_device_new("ACCEL_TINY")]
+    with pytest.raises(ValueError, match=r"solved for a VRAM budget of 0\.075 GiB \(split\.vram_capacity = "
+                                         rf"{cap} bytes\), more than the budget \(1 bytes = "):
+        llama.model_load_from_file(str(r.model_path), mp)
+    assert accel.backend_accel_stats(mp.devices[0])["used"] == 0
+    sm = m.sparse
+    before = [(sl.ffn_up_gpu, sl.gpu_bucket, sl.gpu_idx) for sl in sm.layers]
+    with pytest.raises(ValueError, match=r"more than the budget \(75161927 bytes = 0\.07 GiB\)"):
+        lp.load_gpu_split(m, r.gpuidx_path, dev=dev, budget_bytes=int(0.07 * (1 << 30)))
+    assert [(sl.ffn_up_gpu, sl.gpu_bucket, sl.gpu_idx) for sl in sm.layers] == before
+    assert cli.main(["run", "--vram-budget", "0.01", "-n", "0", "-m", str(r.model_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "more than the budget (10737418 bytes = 0.01 GiB)" in err[0], err
+
+
+def _gpuidx_file(path, rows, cap=1 << 20):
+    solver.export_split(path, rows, cap)
+    return path
+
+
+def test_a_gpuidx_for_another_model_or_with_bad_values_is_refused(split, tmp_path):
+    """A gpuidx of 33 layers was accepted for a 30-layer model (its extra layers ignored); a gpu_idx value of 2 was
+    refused with a message about the entry count. Each is now refused naming what is wrong; the model unchanged."""
+    m, dev, r = split
+    sm = m.sparse
+    n_layer, n_ff = len(sm.layers), m.hparams.n_ff
+    before = [(sl.ffn_up_gpu, sl.gpu_bucket, sl.gpu_idx) for sl in sm.layers]
+    zeros = [np.zeros(n_ff, np.int32) for _ in range(n_layer + 3)]
+    big = _gpuidx_file(tmp_path / "33.gpuidx", zeros)
+    with pytest.raises(ValueError, match=f"block_count: expected {n_layer} layers \\(this model's\\), found "
+                                              f"{n_layer + 3} layers"):
+        lp.load_gpu_split(m, big, dev=dev)
+    short = _gpuidx_file(tmp_path / "narrow.gpuidx", [np.zeros(n_ff // 2, np.int32)] * n_layer)
+    with pytest.raises(ValueError, match=f"expected {n_ff} entries"):
+        lp.load_gpu_split(m, short, dev=dev)
+    two = [np.zeros(n_ff, np.int32) for _ in range(n_layer)]
+    two[4][17] = 2
+    bad = _gpuidx_file(tmp_path / "two.gpuidx", two)
+    for call in (lambda: lp.load_gpu_split(m, bad, dev=dev), lambda: solver.read_gpuidx(bad)):
+        with pytest.raises(ValueError, match=r"blk\.4\.gpu_idx: expected each entry 0 \(CPU\) or 1 \(GPU\), "
+                                                  r"found 2 at entry 17"):
+            call()
+    with pytest.raises(ValueError, match="gpu_idx: layer 4, entry 17 is 2"):
+        lp.set_gpu_index(sm, two, n_ff)
+    assert [(sl.ffn_up_gpu, sl.gpu_bucket, sl.gpu_idx) for sl in sm.layers] == before
+
+
+def test_read_gpuidx_writes_nothing_beside_the_index(split, tmp_path):
+    """read_gpuidx wrote a patched copy of the file beside it (failing in a read-only folder); it now reads the
+    mapping: the folder's listing and its mtime (a file created and removed there would change it) stay."""
+    _, _, r = split
+    d = tmp_path / "ro"
+    d.mkdir()
+    (d / "m.gpuidx").write_bytes(pathlib.Path(r.gpuidx_path).read_bytes())
+    d.chmod(0o555)
+    try:
+        st = d.stat().st_mtime_ns
+        time_before = sorted(p.name for p in d.iterdir())
+        gi = solver.read_gpuidx(d / "m.gpuidx")
+        assert sorted(p.name for p in d.iterdir()) == time_before and d.stat().st_mtime_ns == st
+    finally:
+        d.chmod(0o755)
+    assert [g.tolist() for g in gi] == [g.tolist() for g in solver.read_gpuidx(r.gpuidx_path)]
+    assert sum(int(g.sum()) for g in gi) > 0
+
+
+def test_a_non_finite_threshold_from_the_environment_is_refused(split, monkeypatch):
+    _, _, r = split
+    for v in ("nan", "inf"):
+        monkeypatch.setenv("LLAMA_SPARSE_PRED_THRESHOLD", v)
+        with pytest.raises(ValueError, match=f"LLAMA_SPARSE_PRED_THRESHOLD = {v}"):
+            llama.model_load_from_file(str(r.model_path))
+
+
+def test_the_solvers_api_checks_its_numbers(split):
+    m, _, _ = split
+    for bad in (float("nan"), float("inf"), -1):
+        with pytest.raises(ValueError, match="neuron_cap: budget_bytes = .* must be a finite number of bytes >= 0"):
+            solver.neuron_cap(bad, m.layers[0].ffn_up)
+    with pytest.raises(ValueError, match="offload_plan: budget_bytes = inf must be an integer >= 0"):
+        lp.offload_plan(m, float("inf"))
+    counts = np.ones((2, 512))
+    with pytest.raises(ValueError, match="capacity = -256 must be an integer >= 0"):
+        solver.solve_gpu_split(counts, -256)
+    counts[1, 3] = np.nan
+    with pytest.raises(ValueError, match="counts must be a \\(layers, n_ff\\) array of finite counts >= 0"):
+        solver.solve_gpu_split(counts, 256)

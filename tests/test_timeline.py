@@ -21,7 +21,7 @@ pytest.importorskip("ggviz.ggml.cpu.fast.compiler", reason="the compiled fast pa
 
 from ggviz import trace  # noqa: E402 - after the importorskip
 from ggviz.ggml.cpu.fast import compiler  # noqa: E402
-from ggviz.llama import context as lctx  # noqa: E402
+from ggviz.llama import context_pool  # noqa: E402
 from ggviz.capture import decode_step  # noqa: E402
 from ggviz.viz.widgets.timeline import (  # noqa: E402
     WALK_LABEL,
@@ -47,7 +47,7 @@ def test_two_thread_decode_timeline_is_parallel_and_adds_up(model, monkeypatch):
     # time no record covers. Take the first of a few decodes without that.
     tries = []
     for _ in range(8):
-        lctx.context_pool_clear()                 # fresh graphs: no thread count carried over from a parked context
+        context_pool.context_pool_clear()                 # fresh graphs: no thread count carried over from a parked context
         step, d = _decode(model)
         cc = concurrent_chunks(d)
         worst = max(abs(x["busy_us"] + x["wait_us"] - x["wall_us"]) / x["wall_us"] for x in thread_accounting(d))

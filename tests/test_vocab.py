@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from ggviz.llama.vocab import (BYTE_TO_UNICODE, TokenAttr, TokenType, Vocab, _clean_spaces, byte_decode,
-                               byte_encode, cpts_from_utf8)
+from ggviz.llama.unicode import BYTE_TO_UNICODE, byte_encode, cpts_from_utf8
+from ggviz.llama.vocab import TokenAttr, TokenType, Vocab, _clean_spaces, byte_decode
 
 REF = json.loads((pathlib.Path(__file__).parent / "data" / "llamacpp" / "smollm2_tokens_greedy.json")
                  .read_text(encoding="utf-8"))

@@ -475,7 +475,7 @@ def _reg_get_device(reg, index: int):
 
 
 def backend_accel_set_n_threads_backend(backend, n_threads: int) -> None:
-    """ggml_backend_set_n_threads_t for the accelerator (a ggviz addition: it runs the CPU kernels, whose thread
+    """ggml_backend_set_n_threads_t for the accelerator (ggviz: it runs the CPU kernels, whose thread
     count matters for bitwise equality with the CPU backend)."""
     GGML_ASSERT(backend_is_accel(backend), "ggml_backend_is_accel(backend)")
     _dev_ctx(backend.device).n_threads = int(n_threads)

@@ -17,7 +17,7 @@ Three allocators, as in C:
 
 Function names are C's without the ``ggml_`` prefix, static ones included (``ggml_dyn_tallocr_alloc`` is
 ``dyn_tallocr_alloc``, ``ggml_gallocr_allocate_node`` is ``gallocr_allocate_node``), so a grep for the C name finds
-the Python. Python additions (not in C): trace events (``alloc.alloc``, ``alloc.reuse``, ``alloc.free``,
+the Python. ggviz: trace events (``alloc.alloc``, ``alloc.reuse``, ``alloc.free``,
 ``alloc.view``, ``alloc.needs_realloc``, ``alloc.reserve``) and ``galloc.last_alloc``, a plain-data record of the
 last plan (per tensor: chunk, offset, size, the node index where it was allocated and freed, what it reused).
 """
@@ -440,7 +440,7 @@ class ggml_gallocr:
     """``struct ggml_gallocr``: one buffer type, dynamic allocator and vbuffer per buffer id, the hash table of
     per-tensor planning state, and the plan of the last reserve (``node_allocs`` / ``leaf_allocs``).
 
-    ggviz addition: ``last_alloc``, plain data describing the last plan (see ``gallocr_alloc_graph_impl``)."""
+    ggviz: ``last_alloc``, plain data describing the last plan (see ``gallocr_alloc_graph_impl``)."""
 
     def __init__(self):
         self.bufts = []            # [n_buffers]
@@ -537,7 +537,7 @@ def gallocr_is_allocated(galloc: ggml_gallocr, t: Tensor) -> bool:
             or gallocr_is_own(galloc, t))      # tensor will be allocated by galloc
 
 
-# ---- ggviz: the plan record and trace events (no C counterpart) -----------------------------------
+# ---- ggviz: the plan record and trace events ---------------------------------------------------------
 
 def _record(galloc, t: Tensor, **fields) -> dict:
     rec = galloc._rec.get(t.addr)
@@ -1013,7 +1013,7 @@ def gallocr_get_buffer_size(galloc: ggml_gallocr, buffer_id: int) -> int:
 # ==================================================================================================
 
 class gallocr_plan:
-    """ggviz addition (no C counterpart): the plan of one graph, as ``gallocr_reserve_n`` left it -- node/leaf
+    """ggviz: the plan of one graph, as ``gallocr_reserve_n`` left it -- node/leaf
     allocations, the dynamic allocators' chunks, the plain-data record (``last_alloc``) -- and the buffers it
     points into. A context that keeps several allocated graphs (llama's graph cache) puts a graph's plan back when
     it computes that graph again, so that the allocator reports the plan the graph really runs with."""

@@ -20,7 +20,7 @@ import numpy as np
 from .. import trace
 from . import consts as C
 from . import memory
-from .impl import GGML_PAD, GGMLError, type_name
+from .impl import GGML_PAD, GGMLError, row_size, type_name, type_size
 from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes
 
 
@@ -176,91 +176,25 @@ class Context:
 
     def new_tensor_impl(self, type_: int, n_dims: int, ne, view_src=None, view_offs: int = 0, nb=None,
                         fn: str = "ggml_new_tensor") -> Tensor:
-        """ggml_new_tensor_impl.
+        """ggml_new_tensor_impl. ``nb``: the strides of a view (ggml's view_2d..4d and permute write them into the
+        new tensor afterwards); ``fn`` names the caller in errors.
 
-        ggviz checks more than ggml, before anything is written. ggml checks only ``data_size + view_offs <=
-        ggml_nbytes(view_src)``, in size_t arithmetic that wraps, so real ggml accepts a negative ne, a size that
-        wraps, a negative offset and strides that leave the source (tests/test_misuse_ggml.py shows it); ggviz
-        refuses them:
-
-        * each ``ne[i]`` is an integer in 0..INT64_MAX, and the sizes derived from them (the row size, the strides,
-          ``nelements``, the data size) fit int64_t: a 2^31 x 2^31 x 4 F32 tensor has 2^64 elements, which wraps to
-          0 in ggml (and would get 0 bytes of data);
-        * a view's offset is >= 0 (a negative size_t wraps: ggml builds a view that starts before its source) and
-          at most its source's size;
-        * ``nb`` (ggviz only): the strides the caller gives the view (ggml's view_2d..4d and permute write them
-          into the new tensor afterwards) -- every byte the view can reach, ``offset + sum((ne[i]-1)*nb[i]) +``
-          the element (block) size, must lie inside its source, so nothing written through it reaches a neighbour
-          tensor or a header in the arena. ``fn`` names the caller in the error.
+        ggviz: the arguments are checked before anything is written (``_check_new_tensor``), beyond ggml's asserts.
         """
         self._check()
-        if type_ not in C.TYPE_TRAITS or C.TYPE_TRAITS[type_][2] == 0:
-            raise GGMLError(f"{fn}: invalid ggml_type {type_}")
-        n_dims = _index(n_dims, fn, "n_dims")
-        if not 1 <= n_dims <= C.GGML_MAX_DIMS:
-            raise GGMLError(f"{fn}: n_dims must be in 1..{C.GGML_MAX_DIMS}, got {n_dims}")
-        if len(ne) < n_dims:
-            raise GGMLError(f"{fn}: n_dims is {n_dims} but ne has {len(ne)} values")
-        try:
-            ne = [operator.index(x) for x in ne[:n_dims]]
-        except TypeError:
-            raise GGMLError(f"{fn}: ne must hold integers, got {list(ne[:n_dims])}") from None
-        for x in ne:
-            if not 0 <= x <= INT64_MAX:
-                raise GGMLError(f"{fn}: ne={ne}: each dimension must be in 0..INT64_MAX"
-                                + (" (negative dimension)" if x < 0 else " (does not fit int64_t)"))
-        ne += [1] * (C.GGML_MAX_DIMS - n_dims)
+        ne, view_offs, nb = _check_new_tensor(fn, type_, n_dims, ne, view_src, view_offs, nb)
+        # find the base tensor and absolute offset
+        if view_src is not None and view_src.view_src is not None:
+            view_offs += view_src.view_offs
+            view_src = view_src.view_src
         ne0, ne1, ne2, ne3 = ne
-        _, bs, ts, _ = C.TYPE_TRAITS[type_]
-        if ne0 % bs:
-            raise GGMLError(f"{fn}: ne[0] = {ne0} is not a multiple of {type_name(type_)}'s block size {bs}")
-        rs = ts * (ne0 // bs)                         # ggml_row_size
-        nb_c = [ts, rs, rs * ne1, rs * ne1 * ne2]     # the contiguous strides
-        data_size = nb_c[3] * ne3
-        if max(nb_c[2], nb_c[3], data_size, ne0 * ne1 * ne2 * ne3) > INT64_MAX:
-            raise GGMLError(f"{fn}: a {type_name(type_)} tensor of ne={ne} overflows: its size "
-                            f"({ne0 * ne1 * ne2 * ne3} elements, {data_size} bytes) does not fit int64_t")
-        if view_src is not None:
-            try:
-                view_offs = operator.index(view_offs)
-            except TypeError:
-                raise GGMLError(f"{fn}: the offset must be an integer, got {view_offs!r}") from None
-            if view_offs < 0:
-                raise GGMLError(f"{fn}: negative offset {view_offs} into {view_src.name!r} (a size_t in ggml: it "
-                                f"would wrap and point before the source)")
-            # find the base tensor and absolute offset
-            if view_src.view_src is not None:
-                view_offs += view_src.view_offs
-                view_src = view_src.view_src
-            src_size = nbytes(view_src)
-            if data_size != 0 and data_size + view_offs > src_size:
-                raise GGMLError(
-                    f"{fn}: view of {data_size} bytes at offset {view_offs} exceeds its source {view_src.name!r} "
-                    f"({src_size} bytes)")
-            if view_offs > src_size:
-                raise GGMLError(f"{fn}: offset {view_offs} is past the end of {view_src.name!r} ({src_size} bytes)")
-            if nb is not None:
-                try:
-                    nb = [operator.index(x) for x in nb]
-                except TypeError:
-                    raise GGMLError(f"{fn}: the strides nb must be integers, got {list(nb)}") from None
-                if not all(0 <= x <= INT64_MAX for x in nb):
-                    raise GGMLError(f"{fn}: the strides nb={nb} must be in 0..INT64_MAX (a size_t in ggml)")
-                if data_size:                     # an empty view reaches no byte
-                    # ggml_nbytes with these strides: the last byte the view can reach, + 1
-                    extent = (ne0 * nb[0] // bs if bs > 1 else ts + (ne0 - 1) * nb[0]) \
-                        + (ne1 - 1) * nb[1] + (ne2 - 1) * nb[2] + (ne3 - 1) * nb[3]
-                    if view_offs + extent > src_size:
-                        raise GGMLError(
-                            f"{fn}: a view of {view_src.name!r} with ne={ne}, nb={nb} at offset {view_offs} reaches "
-                            f"{extent} bytes, up to byte {view_offs + extent}, beyond its source {view_src.name!r} "
-                            f"({src_size} bytes)")
-        elif nb is not None:
-            raise GGMLError(f"{fn}: strides can be given only to a view")
+        rs = row_size(type_, ne0)
+        data_size = rs * ne1 * ne2 * ne3
         data = view_src.data if view_src is not None else 0
         if data:
             data += view_offs
         obj_alloc_size = data_size if (view_src is None and not self.no_alloc) else 0
+        nb_c = [type_size(type_), rs, rs * ne1, rs * ne1 * ne2]
 
         mark = self._mark(C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE)
         try:
@@ -389,3 +323,84 @@ def get_tensor(ctx: Context, name: str):
         if t.name == name:
             return t
     return None
+
+
+def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs, nb) -> tuple[list, int, list | None]:
+    """ggviz: the arguments of ``new_tensor_impl``, checked; returns ``ne`` (GGML_MAX_DIMS integers), ``view_offs``
+    and ``nb`` as integers.
+
+    ggml checks only ``data_size + view_offs <= ggml_nbytes(view_src)``, in size_t arithmetic that wraps, so real
+    ggml accepts a negative ne, a size that wraps, a negative offset and strides that leave the source
+    (tests/test_misuse_ggml.py shows it); ggviz refuses them:
+
+    * each ``ne[i]`` is an integer in 0..INT64_MAX, and the sizes derived from them (the row size, the strides,
+      ``nelements``, the data size) fit int64_t: a 2^31 x 2^31 x 4 F32 tensor has 2^64 elements, which wraps to
+      0 in ggml (and would get 0 bytes of data);
+    * a view's offset is >= 0 (a negative size_t wraps: ggml builds a view that starts before its source) and
+      at most its source's size;
+    * ``nb``: every byte the view can reach, ``offset + sum((ne[i]-1)*nb[i]) +`` the element (block) size, must lie
+      inside its source, so nothing written through it reaches a neighbour tensor or a header in the arena.
+    """
+    if type_ not in C.TYPE_TRAITS or C.TYPE_TRAITS[type_][2] == 0:
+        raise GGMLError(f"{fn}: invalid ggml_type {type_}")
+    n_dims = _index(n_dims, fn, "n_dims")
+    if not 1 <= n_dims <= C.GGML_MAX_DIMS:
+        raise GGMLError(f"{fn}: n_dims must be in 1..{C.GGML_MAX_DIMS}, got {n_dims}")
+    if len(ne) < n_dims:
+        raise GGMLError(f"{fn}: n_dims is {n_dims} but ne has {len(ne)} values")
+    try:
+        ne = [operator.index(x) for x in ne[:n_dims]]
+    except TypeError:
+        raise GGMLError(f"{fn}: ne must hold integers, got {list(ne[:n_dims])}") from None
+    for x in ne:
+        if not 0 <= x <= INT64_MAX:
+            raise GGMLError(f"{fn}: ne={ne}: each dimension must be in 0..INT64_MAX"
+                            + (" (negative dimension)" if x < 0 else " (does not fit int64_t)"))
+    ne += [1] * (C.GGML_MAX_DIMS - n_dims)
+    ne0, ne1, ne2, ne3 = ne
+    _, bs, ts, _ = C.TYPE_TRAITS[type_]
+    if ne0 % bs:
+        raise GGMLError(f"{fn}: ne[0] = {ne0} is not a multiple of {type_name(type_)}'s block size {bs}")
+    rs = ts * (ne0 // bs)                         # ggml_row_size
+    data_size = rs * ne1 * ne2 * ne3
+    if max(rs * ne1 * ne2, data_size, ne0 * ne1 * ne2 * ne3) > INT64_MAX:
+        raise GGMLError(f"{fn}: a {type_name(type_)} tensor of ne={ne} overflows: its size "
+                        f"({ne0 * ne1 * ne2 * ne3} elements, {data_size} bytes) does not fit int64_t")
+    if view_src is None:
+        if nb is not None:
+            raise GGMLError(f"{fn}: strides can be given only to a view")
+        return ne, view_offs, None
+    try:
+        view_offs = operator.index(view_offs)
+    except TypeError:
+        raise GGMLError(f"{fn}: the offset must be an integer, got {view_offs!r}") from None
+    if view_offs < 0:
+        raise GGMLError(f"{fn}: negative offset {view_offs} into {view_src.name!r} (a size_t in ggml: it "
+                        f"would wrap and point before the source)")
+    offs = view_offs
+    if view_src.view_src is not None:             # measured against the base tensor, as ggml does
+        offs += view_src.view_offs
+        view_src = view_src.view_src
+    src_size = nbytes(view_src)
+    if data_size != 0 and data_size + offs > src_size:
+        raise GGMLError(f"{fn}: view of {data_size} bytes at offset {offs} exceeds its source {view_src.name!r} "
+                        f"({src_size} bytes)")
+    if offs > src_size:
+        raise GGMLError(f"{fn}: offset {offs} is past the end of {view_src.name!r} ({src_size} bytes)")
+    if nb is not None:
+        try:
+            nb = [operator.index(x) for x in nb]
+        except TypeError:
+            raise GGMLError(f"{fn}: the strides nb must be integers, got {list(nb)}") from None
+        if not all(0 <= x <= INT64_MAX for x in nb):
+            raise GGMLError(f"{fn}: the strides nb={nb} must be in 0..INT64_MAX (a size_t in ggml)")
+        if data_size:                             # an empty view reaches no byte
+            # ggml_nbytes with these strides: the last byte the view can reach, + 1
+            extent = (ne0 * nb[0] // bs if bs > 1 else ts + (ne0 - 1) * nb[0]) \
+                + (ne1 - 1) * nb[1] + (ne2 - 1) * nb[2] + (ne3 - 1) * nb[3]
+            if offs + extent > src_size:
+                raise GGMLError(
+                    f"{fn}: a view of {view_src.name!r} with ne={ne}, nb={nb} at offset {offs} reaches "
+                    f"{extent} bytes, up to byte {offs + extent}, beyond its source {view_src.name!r} "
+                    f"({src_size} bytes)")
+    return ne, view_offs, nb

@@ -20,7 +20,7 @@ The file format (gguf.h), all little-endian::
 Mirrors: ``gguf_init_from_file_impl``/``gguf_init_from_reader`` (gguf.cpp): every check it makes, in its order, with
 its limits (GGUF_MAX_STRING_LENGTH, GGUF_MAX_ARRAY_ELEMENTS, GGML_MAX_NAME, GGML_MAX_DIMS, the INT64_MAX/SIZE_MAX
 overflow guards, tensor offsets that must follow one another exactly, padded to the alignment); then
-``llama_model_loader``'s "tensor data is not within the file bounds" check. ggviz adds two checks of its own: strings
+``llama_model_loader``'s "tensor data is not within the file bounds" check. ggviz: two checks of its own, strings
 must be valid UTF-8 (the spec says they are; ggml does not look) and tensor names may not contain NUL (ggml would
 silently cut the name there).
 
@@ -97,7 +97,7 @@ class GGUFError(ValueError):
 
     Attributes: ``path``, ``offset`` (byte offset in the file), ``field``, ``expected``, ``found``, and ``source``:
     whose rule rejected it: "gguf.cpp" (ggml's reader would fail too), "llama.cpp" (llama_model_loader) or "ggviz"
-    (a check of ggviz's own, beyond ggml's).
+    (ggviz: a check of its own, beyond ggml's).
     """
 
     def __init__(self, path, offset: int, field: str, expected, found, source: str = "gguf.cpp"):

@@ -32,10 +32,10 @@ with one buffer per backend (node/leaf buffer ids = backend ids). ``compute_spli
 runs the split's graph view on its backend (with the eval callback, per node range).
 
 SET_CAUSE / GET_CAUSE are ggml's debug-build records: here they are always kept (``sched.causes``, per hash slot
-as in C; ``backend_sched_get_tensor_cause``). Python additions (no C counterpart): trace events ``sched.pass``,
+as in C; ``backend_sched_get_tensor_cause``). ggviz: trace events ``sched.pass``,
 ``sched.assign`` (tensor, backend, cause), ``sched.split``, ``sched.copy`` (a copy created / an input copied),
 ``sched.alloc``, ``sched.compute_split``, ``sched.eval``; and ``sched.last_plan``, the last split as plain data
-(per node: backend and cause; per split: backend, node range, inputs and their copies). Also Python-only:
+(per node: backend and cause; per split: backend, node range, inputs and their copies). ggviz:
 ``backend_sched_save_graph`` / ``backend_sched_restore_graph`` take an allocated graph's whole state out of the
 scheduler and put it back later (llama's graph cache keeps several allocated graphs on one scheduler).
 """
@@ -1160,7 +1160,7 @@ def backend_sched_reset(sched) -> None:
 
 
 # ==================================================================================================
-# ggviz addition: several allocated graphs on one scheduler (llama's graph cache)
+# ggviz: several allocated graphs on one scheduler (llama's graph cache)
 # ==================================================================================================
 
 _GRAPH_STATE_FIELDS = ("hash_set", "_slot", "causes", "hv_tensor_backend_ids", "hv_tensor_copies", "splits",
@@ -1169,7 +1169,7 @@ _GRAPH_STATE_FIELDS = ("hash_set", "_slot", "causes", "hv_tensor_backend_ids", "
 
 
 class backend_sched_graph_state:
-    """ggviz addition (no C counterpart): everything ``backend_sched_alloc_graph`` left in the scheduler for one graph
+    """ggviz: everything ``backend_sched_alloc_graph`` left in the scheduler for one graph
     -- the hash set with the backend id, cause and copies of every tensor, the splits (with their graph views, and
     so the compiled programs cached on them), the graph copy with its inputs, the context holding the input copies,
     the node/leaf backend ids, the allocator's plan (``gallocr_plan``) -- taken out by ``backend_sched_save_graph``

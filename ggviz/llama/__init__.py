@@ -13,7 +13,7 @@ Names follow llama.h without the ``llama_`` prefix and keep its argument order::
 
 The modules behind it follow llama.cpp's sources: ``model`` (llama-model), ``vocab`` (llama-vocab), ``kv_cache``
 (llama-kv-cache), ``kv_cache_iswa`` (llama-kv-cache-iswa), ``graph`` (llama-graph), ``models/`` (src/models: llama,
-gemma3), ``context`` (llama-context), ``batch`` (llama-batch),
+gemma3), ``context`` (llama-context; its graph cache and context pool: ``context_pool``), ``batch`` (llama-batch),
 ``sampling`` (llama-sampling), ``chat`` (chat templates).
 """
 from __future__ import annotations

@@ -1,73 +1,26 @@
-"""llama_context: decode a batch through the model: ubatches, KV slots, graph, inputs, compute, logits.
+"""llama_context: decode a batch through the model -- mirrors llama.cpp's src/llama-context.cpp.
 
-Mirrors llama.cpp's ``llama_context`` (llama-context.cpp): ``llama_context_default_params``, ``llama_init_from_model``
-(cparams derived from the model: rope base/scale, YaRN defaults, n_ctx padded to 256), ``decode`` (validate the
-batch -- ``llama_batch_allocr::init``, batch.py --, split it into ubatches of ``n_ubatch`` tokens, find the KV slots
-of all of them -- ``llama_kv_cache::prepare`` --, then for each: ``apply_ubatch``, build the graph, ``set_inputs``,
-compute, copy the output rows of the logits), ``get_logits_ith``, and the scheduler's eval callback
-(``cb_eval(tensor, ask) -> bool``: asked once per node; the nodes up to one it wants are computed, then it is called
-with the data; returning False stops the decode).
+``llama_context_default_params``, ``llama_init_from_model`` (cparams derived from the model: rope base/scale, YaRN
+defaults, n_ctx padded to 256; the worst-case reserve of the compute buffers, ``sched_reserve``), ``decode``
+(validate the batch -- ``llama_batch_allocr::init``, batch.py --, split it into ubatches of ``n_ubatch`` tokens,
+find the KV slots of all of them -- ``llama_kv_cache::prepare`` --, then for each: ``apply_ubatch``, build the
+graph, ``set_inputs``, compute through ``ggml_backend_sched``, copy the output rows of the logits),
+``get_logits_ith`` and the scheduler's eval callback (``cb_eval(tensor, ask) -> bool``).
 
-``decode`` returns llama.cpp's codes: 0 success, 1 no KV slot for the batch (nothing was computed or stored),
--1 invalid input (the reason is logged with llama.cpp's text, see batch.py), 2 aborted (``abort_callback`` or
-``cb_eval`` returning False), -2 the compute buffers could not be allocated. A decode that does not succeed --
-by one of those codes, or by an exception (a kernel error, an exception or ``KeyboardInterrupt`` from a callback)
--- leaves the context as it was before the call: the KV cells it had placed are freed again (llama.cpp does
-``seq_rm`` for the failed ubatch only, keeping the ubatches computed before it; ggviz undoes the whole call) and
-the outputs (logits, output ids) of the previous decode stay. One context decodes in one thread at a time: a second
-thread gets :class:`ContextBusyError` at once, with nothing touched.
-
-Sizes are checked when the context is created, before anything is allocated (:class:`ContextParamsError`, a
-ValueError naming the parameter and the largest value that fits): the KV cache and the compute buffers of ``n_ctx``
-must fit in the memory available (``available_memory``: MemAvailable, capped by RLIMIT_AS), and the thread counts
-must be in ``[1, GGML_MAX_N_THREADS]`` (512; llama.cpp passes a count <= 0 on, and ggml_graph_plan silently uses 4
-threads; ggml's threadpool refuses more than 512, which ggviz would only find out in the first decode). More threads
-than CPU cores are accepted, as in llama.cpp, with a warning (above the default 4): ggviz's threads share the
-interpreter lock, so extra threads only add barrier waits.
-
-The graph runs through ``ggml_backend_sched`` as in llama.cpp: the context's backends are one per offload device of
-the model (``n_gpu_layers``), then the ACCEL-type devices of the registry (BLAS: only with ``use_blas``), then the
-CPU; every new graph is
-``backend_sched_reset`` + build (whose callback pins each layer's ``norm`` to its layer's device for small batches,
-``llama_context::graph_get_cb``) + ``backend_sched_alloc_graph``, and ``backend_sched_graph_compute_async`` runs
-the splits (``ctx.sched.last_plan`` holds the last split plan).
-
-The compute buffers are reserved once, when the context is created (``llama_context::sched_reserve``): worst-case
-graphs are built over the *full* KV cache (``memory->init_full()``: n_kv = the cache size) and passed to
-``ggml_backend_sched_reserve`` -- a prompt-processing ubatch of ``min(n_ctx, n_ubatch)`` tokens with all of them
-output (``min(n_tokens, n_outputs_max)``), a token-generation ubatch of 1 token, then the pp graph again. The sizes
-(``ctx.backend_buf_exp_size``, ``ctx.compute_buffer_sizes()``) are what llama.cpp logs as
-``sched_reserve: CPU compute buffer size = X MiB``; decode then never grows the buffers.
-
-Graph reuse: as llama.cpp (``llm_graph_result::can_reuse``), a ubatch whose graph key (``graph_key``: n_tokens,
-n_outputs, n_kv) equals the last one's reuses the graph in the scheduler: only the inputs are set. ggviz goes further
-(no C counterpart): the last ``graph_cache_size`` graphs of other keys stay built, split, allocated and compiled
-(the scheduler's per-graph state, ``backend_sched_save_graph``, with the allocator's plan), so that the decode step
-after a prompt, or a prompt of a length seen before, builds nothing; a restored graph puts back its splits, causes,
-copies and allocator plan, so ``sched.last_plan`` and ``galloc.last_alloc`` describe the graph that runs
-(``n_graph_builds`` / ``n_graph_restored`` count; trace events ``llama.graph_reuse`` with ``cached``,
-``sched.save_graph``, ``sched.restore_graph``). ``LLAMA_GRAPH_REUSE_DISABLE`` turns both off.
-
-``llama_free`` (``LlamaContext.free``) parks the context's backends, KV cache and scheduler (compute buffers, graphs)
-on the model; the next ``init_from_model`` of the same model and shape (``_machinery_key``) takes them over -- the KV
-cache cleared as a new one is, the reserve record kept (``recycled``) -- instead of reserving and building again.
-
-PowerInfer's hybrid run (``llama_context_params.hybrid``, a build-time GGML_USE_HYBRID_THREADING in PowerInfer; a
-PWRI model only, n_threads >= 2, no eval callback): the ubatch's graph is built as above, allocated in host memory
-by a graph allocator of the context's own (the device lane's operands never freed, its results in a second buffer:
-it runs out of the graph's order) and computed by ``ggml.cpu.hybrid.graph_compute_hybrid`` -- thread 0 runs the
-nodes whose weight is in the accelerator's memory (the FFN split ``load_gpu_split`` put there) on the device,
-threads 1..N-1 the others. The same graph through the scheduler (``hybrid`` off) is the contrast: its ACCEL split
-runs the ``*_gpu`` halves, with the same bits when its CPU backend has N-1 threads. The timeline of the last
-ubatch is ``hybrid_records`` (and ``hybrid.node`` trace events); a graph of the same key is reused.
+ggviz: a decode that does not succeed (llama.cpp's codes: 1 no KV slot, -1 invalid input, 2 aborted, -2 no compute
+buffers; or an exception from a kernel or a callback) leaves the context as it was before the call -- llama.cpp
+removes the failed ubatch only. One context decodes in one thread at a time (:class:`ContextBusyError`). Sizes and
+thread counts are checked before anything is allocated (:class:`ContextParamsError`). The graph cache and the pool
+of freed contexts' machinery are in context_pool.py; PowerInfer's hybrid executor (``hybrid``) is
+``_process_ubatch_hybrid``.
 """
 from __future__ import annotations
 
+import copy
 import operator
 import os
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -79,6 +32,7 @@ from ..ggml import backend_reg, impl
 from ..ggml import alloc as galloc
 from ..ggml import sched as gs
 from ..ggml.cpu import cpu_backend, hybrid
+from . import context_pool
 from .batch import LLAMA_MAX_SEQ, DecodeError, batch_allocr_init
 from . import models as arch_models
 from .graph import graph_max_nodes
@@ -89,9 +43,6 @@ try:        # RLIMIT_AS (POSIX only): a process limited to less memory than the 
     import resource
 except ImportError:      # pragma: no cover - Windows
     resource = None
-
-# ggviz: how many allocated graphs a context keeps besides the one in the scheduler (decode, the prompt shapes ...)
-GRAPH_CACHE_SIZE = 4
 
 LLAMA_FLASH_ATTN_TYPE_AUTO = -1
 LLAMA_FLASH_ATTN_TYPE_DISABLED = 0
@@ -155,7 +106,10 @@ class _Perf:
 class ContextParamsError(ValueError):
     """A llama_context_params value that cannot work, refused by ``init_from_model`` before anything is allocated
     (or a thread count refused by ``set_n_threads``). ``param``: the field; ``value``: what was asked; ``fits``:
-    the largest value that would work (None if none); ``required``/``available``: bytes, for sizes."""
+    the largest value that would work (None if none); ``required``/``available``: bytes, for sizes.
+
+    ggviz: the KV cache and the compute buffers of ``n_ctx`` must fit in the memory available (``available_memory``:
+    MemAvailable, capped by RLIMIT_AS); llama.cpp finds out when an allocation fails."""
 
     def __init__(self, msg: str, param: str, value, fits=None, required: int | None = None,
                  available: int | None = None):
@@ -170,86 +124,6 @@ class ContextBusyError(DecodeError):
 
 class ContextFreedError(DecodeError):
     """The context was freed (``llama_free``): its KV cache and scheduler may belong to a new context now."""
-
-
-@dataclass
-class _Parked:
-    """ggviz: what a freed context leaves for the next context of the same model and shape (``_machinery_key``):
-    llama.cpp allocates and reserves anew in every ``llama_init_from_model`` (a few ms in C); ggviz's reserve
-    builds, splits and plans three worst-case graphs in Python (~0.5 s), and its first prompt builds a graph again
-    -- the freed context already has all of that, for exactly the same shapes."""
-    backends: tuple
-    kv: object
-    sched: object
-    backend_buf_exp_size: list
-    reserve_log: list
-    reserve_stats: dict
-    graph_cache: OrderedDict
-    prev_key: object
-    last_graph: object
-    installed_uid: object
-
-
-_parked: dict = {}          # id(model) -> (weakref to the model, key, _Parked); dropped when the model goes
-_parked_lock = threading.Lock()
-
-
-def _machinery_key(model, p, n_ctx: int, ctx) -> tuple:
-    """Everything the backends, the KV cache, the reserve and the graphs of a context depend on: its shapes and
-    types, the cparams baked into the graph (rope, YaRN), offload settings, and the accelerator devices registered
-    now (the backends a new context would get). Not: thread counts and callbacks (set at each compute)."""
-    accel = tuple(gb.backend_dev_name(backend_reg.backend_dev_get(i)) for i in range(backend_reg.backend_dev_count())
-                  if gb.backend_dev_type(backend_reg.backend_dev_get(i)) == gb.GGML_BACKEND_DEVICE_TYPE_ACCEL)
-    return (n_ctx, ctx.n_batch, ctx.n_ubatch, ctx.n_seq_max, ctx.n_outputs_max, p.type_k, p.type_v, p.flash_attn_type,
-            bool(p.embeddings), bool(p.offload_kqv), bool(p.op_offload), ctx.rope_freq_base, ctx.rope_freq_scale,
-            ctx.yarn_ext_factor, ctx.yarn_attn_factor, ctx.yarn_beta_fast, ctx.yarn_beta_slow, accel,
-            os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None, bool(p.use_blas), bool(p.swa_full))
-
-
-def _parked_take(model, key):
-    with _parked_lock:
-        entry = _parked.get(id(model))
-        if entry is None or entry[0]() is not model or entry[1] != key:
-            return None
-        del _parked[id(model)]
-        return entry[2]
-
-
-def _parked_put(model, key, parked: _Parked) -> None:
-    with _parked_lock:
-        old = _parked.get(id(model))
-        _parked[id(model)] = (weakref.ref(model, lambda _r, i=id(model): _parked_drop(i)), key, parked)
-    if old is not None:
-        _release_parked(old[2])
-
-
-def _parked_drop(model_id: int) -> None:
-    """The model was garbage-collected: its parked machinery goes too."""
-    with _parked_lock:
-        entry = _parked.get(model_id)
-        if entry is not None and entry[0]() is None:
-            del _parked[model_id]
-        else:
-            entry = None
-    if entry is not None:
-        _release_parked(entry[2])
-
-
-def _release_parked(parked: _Parked) -> None:
-    for _, st in parked.graph_cache.values():
-        gs.backend_sched_free_graph_state(parked.sched, st)
-    parked.graph_cache.clear()
-    gs.backend_sched_free(parked.sched)
-
-
-def context_pool_clear(model=None) -> None:
-    """Drop the machinery parked by freed contexts (of ``model``, or of every model): their memory goes back."""
-    with _parked_lock:
-        ids = [id(model)] if model is not None else list(_parked)
-        entries = [_parked.pop(i, None) for i in ids]
-    for e in entries:
-        if e is not None:
-            _release_parked(e[2])
 
 
 def available_memory() -> int | None:
@@ -299,11 +173,17 @@ def context_memory_size(hp, n_ctx: int, n_ubatch: int, n_seq_max: int = 1, n_out
     return dict(kv=kv, cells=cells, compute=compute, total=kv + cells + compute)
 
 
-class LlamaContext:
+class LlamaContext(context_pool.GraphCache):
     def __init__(self, model, params: LlamaContextParams):
         self.model = model
         hp = model.hparams
-        p = params
+        # llama_init_from_model takes llama_context_params by value: the context works on its own copy, so a params
+        # object the caller changes later (or hands to a second context) never reaches this one. A shallow copy, as
+        # C's: the callbacks and their user data are the caller's objects, the fields are the context's.
+        if not isinstance(params, LlamaContextParams):
+            raise TypeError(f"llama_init_from_model: params must be llama_context_params, not "
+                            f"{type(params).__name__}")
+        p = copy.copy(params)
         if p.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED:
             raise ValueError("flash attention is not implemented in ggviz's CPU path; use flash_attn_type = 0")
         n_ctx_req = self._param("n_ctx", p.n_ctx, 0, "0: the model's n_ctx_train")
@@ -342,9 +222,9 @@ class LlamaContext:
         self.yarn_beta_slow = 1.0 if p.yarn_beta_slow < 0.0 else p.yarn_beta_slow
         self._freed = False
         # ggviz: the machinery of a context of the same model and shape that was freed (llama_free) is taken over
-        # instead of allocated and reserved again (see _Parked)
-        self._machinery_key = _machinery_key(model, p, n_ctx, self)
-        parked = _parked_take(model, self._machinery_key)
+        # instead of allocated and reserved again (context_pool.py)
+        self._machinery_key = context_pool.machinery_key(model, p, n_ctx, self)
+        parked = context_pool.pool_take(model, self._machinery_key)
         if parked is not None:
             self.backends, self.backend_cpu, self.set_n_threads_fns, self.backend_buft = parked.backends
             self.kv = parked.kv
@@ -382,9 +262,9 @@ class LlamaContext:
         self._prev_key = None
         self._installed_uid = None       # _sched_uid() of the graph this context put in the scheduler last
         self.n_reused = 0
-        # ggviz goes further: the last few graphs of other shapes stay built, split and allocated (see
-        # _process_ubatch), so that going back to a shape seen before (decode after a prompt) costs nothing either
-        self.graph_cache_size = GRAPH_CACHE_SIZE
+        # ggviz: the last few graphs of other shapes stay built, split and allocated (context_pool.GraphCache), so
+        # that going back to a shape seen before (decode after a prompt) costs nothing either
+        self.graph_cache_size = context_pool.GRAPH_CACHE_SIZE
         self._graph_cache: OrderedDict = OrderedDict()      # key -> (GraphResult, sched graph state), LRU last
         self.n_graph_builds = 0           # graphs built for decode (not counting the reserve's)
         self.n_graph_restored = 0         # of the reuses, those that put a cached graph back into the scheduler
@@ -404,24 +284,6 @@ class LlamaContext:
         except (MemoryError, DecodeError) as e:
             raise self._memory_refusal(hp, n_ctx_req, f"the compute buffers could not be allocated ({e})") from e
 
-    def _adopt(self, parked: _Parked) -> None:
-        """Take over a freed context's scheduler: its compute buffers are what this context's reserve would
-        allocate (same model, same shapes: the same three worst-case graphs), its reserve record is this one's, and
-        its graphs (the one in the scheduler and the cached ones) are graphs of this context's shapes over the same KV
-        cache tensors -- their inputs are set before every compute, as always."""
-        self.sched = parked.sched
-        self.sched_need_reserve = False
-        self.backend_buf_exp_size = list(parked.backend_buf_exp_size)
-        self.reserve_log = [dict(e) for e in parked.reserve_log]
-        self.reserve_stats = dict(parked.reserve_stats)
-        self._graph_cache = parked.graph_cache
-        self._prev_key, self.last_graph = parked.prev_key, parked.last_graph
-        self._installed_uid = parked.installed_uid
-        if trace.active:
-            trace.emit("llama.sched_reserve", ctx=id(self), sched=id(self.sched), recycled=True,
-                       sizes={gb.backend_name(b): s for b, s in zip(self.backends, self.backend_buf_exp_size)},
-                       bufts=[gb.backend_buft_name(bt) for bt in self.backend_buft], **self.reserve_stats)
-
     def free(self) -> None:
         """llama_free: the context can no longer be used. ggviz parks its machinery (backends, KV cache, scheduler
         with its compute buffers and graphs) on the model, for the next context of the same shape to take over
@@ -430,14 +292,8 @@ class LlamaContext:
             if self._freed:
                 return
             self._freed = True
-            if self.sched is not None and not self.sched_need_reserve:
-                _parked_put(self.model, self._machinery_key, _Parked(
-                    backends=(self.backends, self.backend_cpu, self.set_n_threads_fns, self.backend_buft),
-                    kv=self.kv, sched=self.sched, backend_buf_exp_size=self.backend_buf_exp_size,
-                    reserve_log=self.reserve_log, reserve_stats=self.reserve_stats, graph_cache=self._graph_cache,
-                    prev_key=self._prev_key, last_graph=self.last_graph, installed_uid=self._installed_uid))
+            self._park()
             self.sched = None
-            self._graph_cache = OrderedDict()
             self.last_graph = None
             self._prev_key = None
             if self._hybrid_galloc is not None:
@@ -463,7 +319,7 @@ class LlamaContext:
 
     def _check_memory(self, hp, n_ctx_req: int) -> None:
         """Refuse an n_ctx whose KV cache and compute buffers cannot be allocated, naming the largest that can --
-        before allocating anything (ggviz; llama.cpp finds out when the allocation fails)."""
+        before allocating anything. ggviz: llama.cpp finds out when the allocation fails."""
         avail = available_memory()
         if avail is not None and self._need(hp, self.n_ctx)["total"] > avail:
             raise self._memory_refusal(hp, n_ctx_req, None, avail)
@@ -497,7 +353,8 @@ class LlamaContext:
         return ContextParamsError(msg, "n_ctx", n, fits, req["total"], avail)
 
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
-        """llama_set_n_threads (the counts are checked as at creation)."""
+        """llama_set_n_threads (the counts are checked as at creation); written to the context's own cparams,
+        never to the params object it was created from."""
         n_threads = check_n_threads("n_threads", n_threads)
         n_threads_batch = check_n_threads("n_threads_batch", n_threads_batch)
         if self.cparams.hybrid:
@@ -676,8 +533,8 @@ class LlamaContext:
 
     # ---- one caller at a time
     def _claim(self, what: str):
-        """The context's lock, taken without waiting: a second caller gets ContextBusyError (ggviz; llama.cpp
-        leaves two threads in one context undefined)."""
+        """The context's lock, taken without waiting: a second caller gets ContextBusyError. ggviz:
+        llama.cpp leaves two threads in one context undefined."""
         if what != "llama_free":
             self._check_live(what)
         if not self._busy.acquire(blocking=False):
@@ -725,9 +582,11 @@ class LlamaContext:
         if slots is None:
             impl.GGML_LOG("warn", f"decode: failed to find a memory slot for batch of size {n}")
             return 1
+        self._warn_missing(ab)
         # the outputs of this batch; they replace the previous ones only when every ubatch succeeded
         logits = np.zeros((ab.n_outputs, hp.n_vocab), dtype=np.float32)
         head0 = self.kv.head
+        saved = self.kv.backup(slots)        # a sliding-window cache: what the ubatches will evict or overwrite
         placed: list[int] = []
         done = False
         t0 = time.perf_counter()
@@ -744,7 +603,7 @@ class LlamaContext:
             done = True
         finally:
             if not done:
-                self._undo(placed, head0, ab)
+                self._undo(placed, head0, ab, saved)
         self.logits = logits
         self.output_ids = {int(i): k for k, i in enumerate(np.flatnonzero(ab.output))}
         self.n_outputs = ab.n_outputs
@@ -757,10 +616,29 @@ class LlamaContext:
             self.perf.n_eval += 1
         return 0
 
-    def _undo(self, placed: list, head0: int, ab) -> None:
+    def _warn_missing(self, ab) -> None:
+        """ggviz: a sequence whose first token here attends positions the KV cache no longer holds (a sliding window
+        that evicted them, a ``seq_rm`` of the front, then a decode further back) computes without them: the logits
+        differ from a replay of the history. llama.cpp's library says nothing (its server checks ``seq_pos_min``
+        against the window and re-processes the prompt); ggviz says so: a warning and a ``llama.kv_missing`` trace
+        event per sequence and cache."""
+        for s in np.unique(ab.seq0):
+            s = int(s)
+            p0 = int(ab.pos[ab.seq0 == s].min())
+            for cache, lo, pmin in self.kv.missing_windows(s, p0):
+                impl.GGML_LOG("warn", f"decode: seq_id = {s} at pos = {p0} attends positions [{lo}, {p0}), but "
+                                      f"the {'' if cache == 'kv' else cache + ' '}KV cache holds them only from "
+                                      f"pos_min = {pmin}: positions {lo}..{pmin - 1} are gone (evicted by the "
+                                      f"sliding window, or removed by seq_rm), so the logits differ from a replay "
+                                      f"of the history (llama.cpp's server re-processes the prompt here)")
+                if trace.active:
+                    trace.emit("llama.kv_missing", ctx=id(self), seq_id=s, pos=p0, lo=lo, pos_min=pmin, cache=cache)
+
+    def _undo(self, placed: list, head0: int, ab, saved=None) -> None:
         """A ubatch failed, was aborted or interrupted: free every cell this decode placed (llama.cpp: "the last
         ubatch failed or was aborted -> remove all positions of that ubatch from the memory module"), so the cache
-        is as before the call; the graph is rebuilt next time."""
+        is as before the call -- a sliding-window cache from ``saved`` (KVCache.backup), with the cells this decode
+        evicted and the K/V rows it overwrote (llama.cpp loses those); the graph is rebuilt next time."""
         self._prev_key = None
         self._hybrid_prev = None
         if not placed:
@@ -770,7 +648,7 @@ class LlamaContext:
         for s in np.unique(seq0):
             impl.GGML_LOG("warn", f"decode: removing memory module entries for seq_id = {int(s)}, "
                                   f"pos = [{int(pos[seq0 == s].min())}, +inf)")
-        self.kv.rollback(placed, head0)
+        self.kv.rollback(placed, head0, saved)
 
     def build_graph(self, n_tokens: int, n_outputs: int, n_kv: int):
         b = arch_models.graph_builder(self.model.arch)(self.model, self.kv, self, n_tokens, n_outputs, n_kv,
@@ -840,7 +718,9 @@ class LlamaContext:
         scheduler, allocated in host memory by a graph allocator of its own (``_hybrid_alloc``) and computed by
         ``ggml.cpu.hybrid.graph_compute_hybrid``: thread 0 runs the nodes whose weight is in the accelerator's
         memory (the ``*_gpu`` halves of the FFN split) on the device, threads 1..N-1 the others. The timeline is
-        kept in ``hybrid_records`` (and emitted as ``hybrid.node`` trace events)."""
+        kept in ``hybrid_records`` (and emitted as ``hybrid.node`` trace events). A PWRI model only, n_threads >= 2,
+        no eval callback (``_check_hybrid``). The same graph through the scheduler (``hybrid`` off) is the contrast:
+        its ACCEL split runs the ``*_gpu`` halves, with the same bits when its CPU backend has N-1 threads."""
         n_tokens = len(tokens)
         n_outputs = int(out_mask.sum())
         n_kv = self.kv.get_n_kv()
@@ -911,58 +791,6 @@ class LlamaContext:
         size and types) or set per compute (thread count, eval and abort callbacks), and the inputs are set before
         every compute."""
         return (n_tokens, n_outputs, n_kv)
-
-    def _graph_cache_stash(self) -> None:
-        """Before the scheduler takes another graph: keep the one it holds (built, split, allocated, compiled) in
-        the cache under its key, dropping the least recently used beyond ``graph_cache_size``."""
-        key, res = self._prev_key, self.last_graph
-        self._prev_key = None
-        if key is None or res is None or not self._installed() or self.graph_cache_size <= 0:
-            return
-        self._graph_cache[key] = (res, gs.backend_sched_save_graph(self.sched))
-        self._graph_cache.move_to_end(key)
-        while len(self._graph_cache) > self.graph_cache_size:
-            _, (_, st) = self._graph_cache.popitem(last=False)
-            gs.backend_sched_free_graph_state(self.sched, st)
-
-    def _graph_cache_restore(self, key):
-        """The cached graph of ``key`` put back into the scheduler (the one it held is stashed first), or None
-        (not cached, or its compute buffers were reallocated since: then it is dropped)."""
-        entry = self._graph_cache.pop(key, None)
-        if entry is None:
-            return None
-        res, st = entry
-        self._graph_cache_stash()
-        if not gs.backend_sched_restore_graph(self.sched, st):
-            gs.backend_sched_free_graph_state(self.sched, st)
-            return None
-        self._prev_key = key
-        self._installed_uid = self._sched_uid()
-        return res
-
-    def _sched_uid(self):
-        """The uid the scheduler's last split gave its first split graph (a new one at every split)."""
-        sp = self.sched.splits
-        return sp[0].graph.uid if self.sched.n_splits and sp[0].graph is not None else None
-
-    def _installed(self) -> bool:
-        """Is the graph this context allocated last still the one in the scheduler? (Somebody may have split and
-        allocated another graph on ``ctx.sched`` directly -- the views do -- or reserved.)"""
-        return self.sched.is_alloc and self._installed_uid is not None and self._installed_uid == self._sched_uid()
-
-    def graph_cache_clear(self, installed: bool = False) -> None:
-        """Drop every cached graph; with ``installed`` also the one in the scheduler (the next ubatch is then built,
-        split and allocated whatever its shape)."""
-        while self._graph_cache:
-            _, (_, st) = self._graph_cache.popitem(last=False)
-            gs.backend_sched_free_graph_state(self.sched, st)
-        if installed:
-            self._prev_key = None
-
-    def graph_cache_keys(self) -> list:
-        """The keys (n_tokens, n_outputs, n_kv) of the cached graphs, least recently used first; the graph in the
-        scheduler is ``last_graph`` (key ``(n_tokens, n_outputs, n_kv)`` of it)."""
-        return list(self._graph_cache)
 
     def _allocate(self, res) -> bool:
         """ggml_backend_sched_alloc_graph: split the graph over the backends and allocate its compute buffers."""
@@ -1042,8 +870,12 @@ class _Release:
 
 
 def check_n_threads(name: str, n) -> int:
-    """A thread count for the CPU backend: an integer in [1, GGML_MAX_N_THREADS]; more than the CPU cores is
-    allowed, with a warning (see the module docstring)."""
+    """A thread count for the CPU backend: an integer in [1, GGML_MAX_N_THREADS] (512).
+
+    ggviz: llama.cpp passes a count <= 0 on, and ggml_graph_plan silently uses 4 threads; ggml's threadpool refuses
+    more than 512, which ggviz would only find out in the first decode. More threads than CPU cores are accepted,
+    as in llama.cpp, with a warning (above the default 4): ggviz's threads share the interpreter lock, so extra
+    threads only add barrier waits."""
     try:
         v = operator.index(n)
     except TypeError:

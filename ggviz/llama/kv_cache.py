@@ -272,13 +272,69 @@ class KVCache:
         c = self.cells
         c.pos, c.seq, c.seq_mask, c.used, self.head = saved
 
-    def rollback(self, cells, head: int) -> None:
-        """ggviz: undo apply_ubatch of cells that were empty before (a failed or interrupted decode): they are
-        empty again and the head is back where it was. (llama.cpp's decode does ``seq_rm(s, pos_min, -1)`` for
-        the sequences of the failed ubatch; on cells that were empty before, that frees the same cells.)"""
-        for c in cells:
-            self.cells.rm(c)
-        self.head = head
+    def backup(self, slots):
+        """ggviz: what ``rollback`` needs to undo a decode whose ubatches go to ``slots`` (prepare's cells), taken
+        before the first apply_ubatch. A cache without a sliding window only fills empty cells: nothing (None). A
+        sliding-window cache also reuses occupied cells (their old K/V rows are overwritten by the compute) and
+        apply_ubatch then drops every older position of the sequence: its cells as they are, and the K/V bytes of
+        the occupied cells the slots reuse. (llama.cpp keeps neither: a failed decode there loses the evicted
+        cells; ggviz promises that a failed decode leaves the cache as it was.)"""
+        if self.n_swa <= 0:
+            return None
+        reused = np.array(sorted({int(c) for idxs in slots for c in idxs if self.cells.pos[c] >= 0}), np.int64)
+        rows = None
+        if len(reused) and not all(gb.backend_buffer_is_host(b) for b in self.bufs):
+            # a cache in device memory (offload_kqv): its tensors whole, through the backend (get/set_tensor)
+            rows = [(None, gb.backend_tensor_get(t, None, 0, ggml.nbytes(t))) for t in self.k_l + self.v_l]
+        elif len(reused):
+            rows = [(ggml.get_data(k).reshape(self.size, -1)[reused].copy(),
+                     ggml.get_data(v).reshape(-1, self.size)[:, reused].copy() if self.v_trans
+                     else ggml.get_data(v).reshape(self.size, -1)[reused].copy())
+                    for k, v in zip(self.k_l, self.v_l)]
+        return self._snapshot(), reused, rows
+
+    def rollback(self, cells, head: int, saved=None) -> None:
+        """ggviz: undo apply_ubatch of a failed or interrupted decode. Without ``saved`` (a cache that only filled
+        empty cells): those cells are empty again and the head is back where it was (llama.cpp's decode does
+        ``seq_rm(s, pos_min, -1)`` for the sequences of the failed ubatch; on cells that were empty before, that
+        frees the same cells). With ``saved`` (``backup``'s, a sliding-window cache): the cells as they were,
+        evicted ones included, and the K/V bytes of the reused cells."""
+        if saved is None:
+            for c in cells:
+                self.cells.rm(c)
+            self.head = head
+            return
+        snap, reused, rows = saved
+        self._restore(snap)
+        if rows is not None and rows[0][0] is None:
+            for t, (_, data) in zip(self.k_l + self.v_l, rows):
+                gb.backend_tensor_set(t, data, 0, len(data))
+        elif rows is not None:
+            for (k, v), (kr, vr) in zip(zip(self.k_l, self.v_l), rows):
+                ggml.get_data(k).reshape(self.size, -1)[reused] = kr
+                if self.v_trans:
+                    ggml.get_data(v).reshape(-1, self.size)[:, reused] = vr
+                else:
+                    ggml.get_data(v).reshape(self.size, -1)[reused] = vr
+
+    def missing_window(self, seq_id: int, p0: int):
+        """ggviz: the positions a token of ``seq_id`` at ``p0`` attends that this cache no longer holds, as
+        ``(lo, pos_min)`` -- positions ``lo .. pos_min - 1`` are gone -- or None. The token attends every earlier
+        position (``lo`` = 0), or with a sliding window those within it (``lo = p0 - n_swa + 1``); the cache holds
+        ``[seq_pos_min, seq_pos_max]`` (llama.cpp keeps that range whole). A window the cache has left behind
+        (evicted cells, ``seq_rm`` of the front) makes the logits differ from a replay: llama.cpp's library says
+        nothing; its server (server-context.cpp) compares ``seq_pos_min`` with ``max(0, pos_next - n_swa)``, one
+        position more cautious than this exact window, and re-processes the prompt (or restores a checkpoint)."""
+        pmin = self.cells.seq_pos_min(seq_id)
+        if pmin < 0 or p0 <= 0:
+            return None
+        lo = max(0, p0 - self.n_swa + 1) if self.n_swa > 0 else 0
+        return (lo, pmin) if pmin > lo else None
+
+    def missing_windows(self, seq_id: int, p0: int) -> list:
+        """``missing_window`` as a list of ``(cache, lo, pos_min)`` (the iSWA cache has two caches to ask)."""
+        m = self.missing_window(seq_id, p0)
+        return [("kv", *m)] if m is not None else []
 
     def get_n_kv(self) -> int:
         return int(min(self.size, max(self.n_pad, ggml.GGML_PAD(self.cells.used_max_p1(), self.n_pad))))

@@ -128,11 +128,28 @@ class KVCacheISWA:
         self.kv_base.apply_ubatch(slot.base, pos, seq_ids)
         self.kv_swa.apply_ubatch(slot.swa, pos, seq_ids)
 
-    def rollback(self, cells, head) -> None:
-        """``cells``: the (base, swa) pairs a failed decode placed; ``head``: the (base, swa) heads before it."""
+    def backup(self, slots):
+        """What rollback needs (KVCache.backup): the base cache only fills empty cells; the sliding-window cache
+        reuses cells and drops the positions its window left behind, so its cells and reused K/V rows are kept."""
+        return self.kv_base.backup([sl.base for sl in slots]), self.kv_swa.backup([sl.swa for sl in slots])
+
+    def rollback(self, cells, head, saved=None) -> None:
+        """``cells``: the (base, swa) pairs a failed decode placed; ``head``: the (base, swa) heads before it;
+        ``saved``: ``backup``'s, taken before the decode applied anything (both caches then exactly as they were,
+        the sliding-window cells it evicted included)."""
         pairs = list(cells)
-        self.kv_base.rollback([b for b, _ in pairs], head[0])
-        self.kv_swa.rollback([s for _, s in pairs], head[1])
+        sb, ss = saved if saved is not None else (None, None)
+        self.kv_base.rollback([b for b, _ in pairs], head[0], sb)
+        self.kv_swa.rollback([s for _, s in pairs], head[1], ss)
+
+    def missing_windows(self, seq_id: int, p0: int) -> list:
+        """KVCache.missing_window of each cache: ``[("base" | "swa", lo, pos_min)]`` (empty: nothing is gone)."""
+        out = []
+        for name, kv in (("base", self.kv_base), ("swa", self.kv_swa)):
+            m = kv.missing_window(seq_id, p0)
+            if m is not None:
+                out.append((name, *m))
+        return out
 
     def get_n_kv(self):
         """(n_kv of the base cache, n_kv of the sliding-window cache): the graph's two attended windows."""

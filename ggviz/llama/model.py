@@ -12,6 +12,7 @@ memory map (llama.cpp's mmap path, ``use_mmap = true``).
 from __future__ import annotations
 
 import bisect
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -230,6 +231,12 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
     """llama_model_load_from_file: parse, validate, map the weights, build the vocabulary."""
     params = params or model_default_params()
     t0 = time.perf_counter()
+    # vram_budget_gb: <= 0 means no FFN split; NaN (which passes neither test) and inf (no byte count) are refused
+    budget_gb = float(params.vram_budget_gb)
+    if not math.isfinite(budget_gb):
+        raise ValueError(f"llama_model_params.vram_budget_gb = {budget_gb}: a VRAM budget must be a finite number "
+                         f"of GiB (> 0 loads the FFN split, <= 0 none)")
+    budget_gb = budget_gb if budget_gb > 0 else None
     gf = load_gguf(path)
     hp = load_hparams(gf)
     try:
@@ -260,12 +267,12 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
         # PowerInfer: llama_use_sparse_inference -> the predictor, ffn_down_t, the threshold, gpu_idx
         m.sparse = powerinfer.load_sparse(gf, tensors, hp)
         powerinfer.apply_threshold(m.sparse)
-        if params.vram_budget_gb > 0:
+        if budget_gb is not None:
             split = str(path) + ".generated.gpuidx"
             if not os.path.exists(split):
                 raise GGUFError(split, 0, "file", "the FFN split for --vram-budget (ggviz powerinfer build "
                                 "--vram-budget GiB writes it)", "missing", source="PowerInfer")
-            powerinfer.load_gpu_split(m, split)
+            powerinfer.load_gpu_split(m, split, budget_bytes=int(budget_gb * (1 << 30)))
     cpu_dev = _assign_devices(m, params)
     if m.sparse is not None and m.sparse.gpu_dev is not None and m.sparse.gpu_dev not in m.devices:
         # the FFN split's device is one of the model's devices: contexts get a backend for it, so that the
@@ -275,7 +282,7 @@ def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaM
     _offload_weights(m)
     if m.sparse is not None and m.sparse.gpu_dev is not None and params.vram_offload_dense:
         # PowerInfer's --vram-budget order: attention, predictor, ffn_norm, output on the device before the neurons
-        m.sparse.offloaded = powerinfer.offload_dense_part(m, int(params.vram_budget_gb * (1 << 30)),
+        m.sparse.offloaded = powerinfer.offload_dense_part(m, int(budget_gb * (1 << 30)),
                                                            m.sparse.gpu_dev)
     if params.use_extra_bufts:
         # weights used by MUL_MAT go to the first extra buffer type that takes them (repacked at load)

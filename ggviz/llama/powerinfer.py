@@ -28,7 +28,7 @@ from ..ggml import alloc as galloc
 from ..ggml import backend as B
 from ..ggml import memory
 from ..ggml.cpu import powerinfer as cpu_pi
-from ..ggml.gguf import GGUFError, create_weight_context, load_gguf
+from ..ggml.gguf import GGUFError, load_gguf
 
 LLM_KV_SPARSE_THRESHOLD = "powerinfer.sparse_threshold"
 
@@ -64,14 +64,37 @@ class SparseModel:
     offloaded: list = field(default_factory=list)   # offload_dense_part: [(what, bytes, placed)] in PowerInfer's order
 
 
+def check_threshold(value, what: str) -> float:
+    """A sparse_pred_threshold from a file, the environment or the command line: a number, not NaN (no row would
+    ever be compared true) nor +inf (every row skipped: the FFN outputs nothing); -inf keeps every row (the dense
+    reference), as PowerInfer's ``atof`` would give it."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} = {value!r} is not a number") from None
+    if np.isnan(v) or v == np.inf:
+        raise ValueError(f"{what} = {v}: the predictor's threshold must be a number below +inf (NaN compares false "
+                         f"with every logit, +inf skips every FFN row); -inf keeps every row")
+    return v
+
+
+def check_vram_budget(value, what: str = "vram_budget_gb") -> float:
+    """A VRAM budget in GiB: finite and > 0 (NaN passes ``budget <= 0`` and ``budget > 0`` alike; inf has no byte
+    count)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} = {value!r} is not a number") from None
+    if not (np.isfinite(v) and v > 0):
+        raise ValueError(f"{what} = {v}: a VRAM budget must be a finite number of GiB > 0")
+    return v
+
+
 def _env_threshold(default: float) -> float:
     v = os.environ.get("LLAMA_SPARSE_PRED_THRESHOLD")
     if v is None or not v.strip():
         return default
-    try:
-        return float(v)
-    except ValueError:
-        raise ValueError(f"LLAMA_SPARSE_PRED_THRESHOLD={v!r} is not a number") from None
+    return check_threshold(v, "LLAMA_SPARSE_PRED_THRESHOLD")
 
 
 def load_sparse(gf, tensors: dict, hp) -> SparseModel:
@@ -101,7 +124,11 @@ def load_sparse(gf, tensors: dict, hp) -> SparseModel:
             raise GGUFError(gf.path, gf.tensor(p + "ffn_down_t.weight").file_offset, p + "ffn_down_t.weight",
                             "type F16 (PowerInfer's AXPY kernel)", ggml.type_name(dt.type), source="PowerInfer")
         layers.append(SparseLayer(mlp_pre_w1=w1, mlp_pre_w2=w2, ffn_down_t=dt))
-    thr = float(gf.kv.get(LLM_KV_SPARSE_THRESHOLD, 0.0))
+    thr = gf.kv.get(LLM_KV_SPARSE_THRESHOLD, 0.0)
+    try:
+        thr = check_threshold(thr, LLM_KV_SPARSE_THRESHOLD)
+    except ValueError as e:
+        raise GGUFError(gf.path, 0, LLM_KV_SPARSE_THRESHOLD, "a number below +inf", thr, source="ggviz") from e
     sm = SparseModel(sparse_pred_threshold=_env_threshold(thr), layers=layers, n_hidden=n_hidden or 0)
     set_gpu_index(sm, None, n_ff)
     return sm
@@ -113,8 +140,14 @@ def set_gpu_index(sm: SparseModel, gpu_idx_rows, n_ff: int) -> None:
     n_layer = len(sm.layers)
     rows = [np.zeros(n_ff, np.int32) for _ in range(n_layer)] if gpu_idx_rows is None else \
         [np.asarray(r, np.int32).reshape(-1) for r in gpu_idx_rows]
-    if len(rows) != n_layer or any(r.shape != (n_ff,) or not np.isin(r, (0, 1)).all() for r in rows):
-        raise ValueError(f"gpu_idx: need {n_layer} layers of {n_ff} entries, each 0 or 1")
+    if len(rows) != n_layer or any(r.shape != (n_ff,) for r in rows):
+        raise ValueError(f"gpu_idx: need {n_layer} layers of {n_ff} entries, got {len(rows)} layers of "
+                         f"{sorted({r.size for r in rows})} entries")
+    for il, r in enumerate(rows):
+        bad = np.flatnonzero((r != 0) & (r != 1))
+        if len(bad):
+            raise ValueError(f"gpu_idx: layer {il}, entry {int(bad[0])} is {int(r[bad[0]])}: each entry is 0 (the "
+                             f"neuron's rows on the CPU) or 1 (on the GPU)")
     specs = []
     for il, r in enumerate(rows):
         bucket = np.flatnonzero(r).astype(np.int32)
@@ -240,6 +273,8 @@ def offload_plan(model, budget_bytes: int, n_ctx: int = 512, kv_type_size: int =
     then the ffn_norms, then the output layer, then the KV cache (llama_reserve_model_kv_cache); only when all of
     that fits (``tensor_offload_complete``) does the rest go to FFN neurons (llm_load_gpu_split). Returns
     ``{"steps": [(what, bytes, fits)], "neuron_bytes": bytes left for neurons}`` (ggviz does not move anything)."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)) or budget_bytes < 0:
+        raise ValueError(f"offload_plan: budget_bytes = {budget_bytes!r} must be an integer >= 0 (bytes)")
     hp = model.hparams
     sm = model.sparse
     left = int(budget_bytes)
@@ -348,31 +383,77 @@ def _device_tensors(specs, dev):
     return ts, keep
 
 
-def load_gpu_split(model, path, dev=None) -> int:
+def read_split_file(path) -> tuple[list, int | None]:
+    """A .generated.gpuidx file (PowerInfer's ``generic.gpu_index`` GGUF, magic PWRI), read-only and checked:
+    ``blk.N.gpu_idx`` (I32, each entry 0 or 1) and ``blk.N.gpu_bucket`` (I32, the sorted indices of its 1s) for
+    N = 0 .. block_count - 1, nothing else. Returns (per-layer gpu_idx arrays, ``split.vram_capacity`` or None).
+    Raises GGUFError naming the tensor, the entry and the value."""
+    gf = load_gguf(path)
+    if not gf.sparse or gf.arch != "generic.gpu_index":
+        raise GGUFError(gf.path, 0, "header", "a PowerInfer gpu index (PWRI, generic.gpu_index)",
+                        f"{gf.magic!r} / {gf.arch}", source="PowerInfer")
+    names = {t.name for t in gf.tensors}
+    n = 0
+    while f"blk.{n}.gpu_idx" in names:
+        n += 1
+    block_count = gf.kv.get("generic.gpu_index.block_count", n)
+    if len(names) != 2 * n or block_count != n:
+        extra = sorted(names - {f"blk.{i}.{k}" for i in range(n) for k in ("gpu_idx", "gpu_bucket")})
+        raise GGUFError(gf.path, 0, "tensors", f"blk.N.gpu_idx and blk.N.gpu_bucket for N < block_count "
+                        f"({block_count})", f"{len(names)} tensors" + (f", e.g. {extra[0]}" if extra else ""),
+                        source="PowerInfer")
+    rows = []
+    for il in range(n):
+        gi, gb = gf.tensor(f"blk.{il}.gpu_idx"), gf.tensor(f"blk.{il}.gpu_bucket")
+        for t in (gi, gb):
+            if t.type != ggml.GGML_TYPE_I32:
+                raise GGUFError(gf.path, t.info_start, t.name, "type I32", t.type_name, source="PowerInfer")
+        r = gf.tensor_data(gi.name).view(np.int32).copy()
+        bad = np.flatnonzero((r != 0) & (r != 1))
+        if len(bad):
+            k = int(bad[0])
+            raise GGUFError(gf.path, gi.file_offset + 4 * k, gi.name, "each entry 0 (CPU) or 1 (GPU)",
+                            f"{int(r[k])} at entry {k}", source="PowerInfer")
+        b = gf.tensor_data(gb.name).view(np.int32)
+        if not np.array_equal(np.flatnonzero(r), b):
+            raise GGUFError(gf.path, gb.file_offset, gb.name, f"the sorted indices of the 1s of {gi.name}",
+                            f"{len(b)} entries that are not", source="PowerInfer")
+        rows.append(r)
+    cap = gf.kv.get("split.vram_capacity")
+    return rows, (int(cap) if cap is not None else None)
+
+
+def load_gpu_split(model, path, dev=None, budget_bytes: int | None = None) -> int:
     """load_gpu_split_from_split_file + slice_ffn_mat_to_gpu: read ``blk.N.gpu_idx`` / ``gpu_bucket`` from a
     .generated.gpuidx file, copy each layer's hot rows of ffn_up / ffn_gate / ffn_down_t into ``*_gpu`` tensors
     and, for those layers, ``gpu_bucket`` too (PowerInfer's ``ggml_cuda_transform_tensor(gpu_bucket)``), all in one
     buffer of the accelerator's memory (``dev``, default ``gpu_split_device``): loaded once, never copied again --
     the graph's ``*_gpu`` nodes then run on the device (the hybrid executor's thread 0, or the scheduler's ACCEL
     split). ``gpu_idx`` stays in host memory: the CPU halves read it. Returns the bytes the device copies take.
+
+    The file is checked against the model as PowerInfer's loader does (``load_gpu_idx_for_model``: one gpu_idx and
+    one gpu_bucket per layer of the model, each gpu_idx of n_ff entries) and, given ``budget_bytes`` (the
+    --vram-budget), against it (``check_vram_allocable``: the file's ``split.vram_capacity`` <= the budget; a split
+    solved for a larger budget is refused -- PowerInfer solves a new one there, ggviz's build does that).
     On any error (bad file, no room on the device) the model is left as it was."""
-    gf = load_gguf(path)
-    if not gf.sparse or gf.arch != "generic.gpu_index":
-        raise GGUFError(gf.path, 0, "header", "a PowerInfer gpu index (PWRI, generic.gpu_index)",
-                        f"{gf.magic!r} / {gf.arch}", source="PowerInfer")
-    _, ts = create_weight_context(gf)
+    rows, cap = read_split_file(path)
     sm = model.sparse
     n_ff = model.hparams.n_ff
-    rows = []
-    for il in range(len(sm.layers)):
-        t = ts.get(f"blk.{il}.gpu_idx")
-        if t is None:
-            raise GGUFError(gf.path, 0, f"blk.{il}.gpu_idx", "a tensor", "missing", source="PowerInfer")
-        r = np.array(ggml.get_data(t), np.int32).reshape(-1)
-        if r.shape != (n_ff,) or not np.isin(r, (0, 1)).all():
-            raise GGUFError(gf.path, gf.tensor(f"blk.{il}.gpu_idx").file_offset, f"blk.{il}.gpu_idx",
-                            f"{n_ff} entries, each 0 or 1", f"{r.size} entries", source="PowerInfer")
-        rows.append(r)
+    if len(rows) != len(sm.layers):
+        raise GGUFError(path, 0, "block_count", f"{len(sm.layers)} layers (this model's)", f"{len(rows)} layers",
+                        source="PowerInfer")
+    for il, r in enumerate(rows):
+        if r.shape != (n_ff,):
+            raise GGUFError(path, 0, f"blk.{il}.gpu_idx", f"{n_ff} entries (this model's n_ff)",
+                            f"{r.size} entries", source="PowerInfer")
+    if budget_bytes is not None and (cap is None or cap > budget_bytes):
+        gib = 1 << 30
+        raise ValueError(f"{path}: this FFN split was solved for a VRAM budget of "
+                         + (f"{cap / gib:.4g} GiB (split.vram_capacity = {cap} bytes)" if cap is not None
+                            else "an unknown size (no split.vram_capacity)")
+                         + f", more than the budget ({budget_bytes} bytes = {budget_bytes / gib:.4g} GiB): rebuild "
+                           f"it for this budget "
+                           f"(ggviz powerinfer build --vram-budget GiB) or give a larger --vram-budget")
     specs, where = [], []
     for il, (sl, ly, r) in enumerate(zip(sm.layers, model.layers, rows)):
         bucket = np.flatnonzero(r).astype(np.int32)

@@ -736,8 +736,22 @@ def sampler_apply(smpl: Sampler, cur: TokenDataArray) -> None:
 
 
 def sampler_sample(smpl: Sampler, ctx, idx: int) -> int:
-    """llama_sampler_sample: logits of output idx -> candidates -> chain -> selected token (accepted)."""
-    cur = TokenDataArray(ctx.get_logits_ith(idx))
+    """llama_sampler_sample: logits of output idx -> candidates -> chain -> selected token (accepted).
+
+    Logits with a NaN or an infinity are refused (ValueError, before any sampler runs: the chain's state, the dist's
+    random draws included, is untouched). llama.cpp checks nothing: its greedy compares ``logit > best`` (all NaN:
+    token 0 wins), dist's softmax turns the sum into NaN and falls back to a fixed token -- a token either way, from
+    a decode that went wrong. A logit of -inf is how llama.cpp masks a token (logit_bias), but a model's logits never
+    hold one; one that does is as broken as a NaN."""
+    logits = ctx.get_logits_ith(idx)
+    bad = ~np.isfinite(logits)
+    if bad.any():
+        kinds = [k for k, m in (("NaN", np.isnan(logits)), ("+inf", np.isposinf(logits)),
+                                ("-inf", np.isneginf(logits))) if m.any()]
+        raise ValueError(f"llama_sampler_sample: the logits of output {idx} are not finite ({int(bad.sum())} of "
+                         f"{len(logits)}: {', '.join(kinds)}; first at token {int(np.flatnonzero(bad)[0])}): no token "
+                         f"can be sampled from them (the decode that produced them went wrong)")
+    cur = TokenDataArray(logits)
     smpl.apply(cur)
     if cur.selected < 0:
         raise RuntimeError("sampler chain selected no token (end it with greedy or dist)")

@@ -1,8 +1,9 @@
 """llama.cpp's tokenizers, in Python: byte-level BPE (``tokenizer.ggml.model == "gpt2"``) and SentencePiece's
 SPM (``"llama"``: Gemma-3, llama-2), as ``src/llama-vocab.cpp`` (``llm_tokenizer_bpe``, ``llm_tokenizer_spm``).
 
-This mirrors ``src/llama-vocab.cpp`` and ``src/unicode.cpp`` of llama.cpp for the vocabularies ggviz runs
-(SmolLM2: pre-tokenizer ``smollm``; the plain ``gpt-2`` family uses the same machinery):
+This mirrors ``src/llama-vocab.cpp`` of llama.cpp for the vocabularies ggviz runs (SmolLM2: pre-tokenizer
+``smollm``; the plain ``gpt-2`` family uses the same machinery); what ``src/unicode.cpp`` does for it (the byte map,
+UTF-8, character classes, the regex splits) is in unicode.py:
 
 ``tokenize(text, add_special, parse_special)`` = ``llama_tokenize``:
 
@@ -31,14 +32,9 @@ a priority queue of adjacent pairs whose concatenation is a token repeatedly mer
 highest *score* (ties: the leftmost); each final symbol is its token, or, when it is none (a character outside
 the vocabulary), one ``<0xXX>`` byte token per byte (byte fallback).  ``token_to_piece`` turns ``▁`` back into a
 space and a byte token into its byte.
-
-Character classes (letter / number / whitespace) come from llama.cpp's own Unicode table (``_unicode_classes.py``,
-generated from its ``unicode-data.cpp``), not from Python's ``unicodedata``, whose Unicode version depends on the
-Python version.
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import enum
 import heapq
@@ -49,11 +45,11 @@ from typing import Iterable, Sequence
 import gguf
 import numpy as np
 
-from . import _unicode_classes as uc
+from .unicode import UNICODE_TO_BYTE, UTF8_LEN, byte_encode, cpts_from_utf8, regex_split
 
 __all__ = [
     "TokenType", "TokenAttr", "Vocab", "BpeMerge", "PreToken",
-    "BYTE_TO_UNICODE", "UNICODE_TO_BYTE", "byte_encode", "byte_decode", "cpts_from_utf8",
+    "byte_decode",
     "read_tokenizer_kv", "SpmMerge", "SPM_SPACE", "LLAMA_VOCAB_TYPE_SPM", "LLAMA_VOCAB_TYPE_BPE",
 ]
 
@@ -109,31 +105,18 @@ _VOCAB_TYPES = {"gpt2": "BPE", "llama": "SPM"}
 SPM_SPACE = "\u2581"
 SPM_SPACE_UTF8 = SPM_SPACE.encode("utf-8")
 
-# --------------------------------------------------------------------------------------------------------------
-# byte <-> unicode mapping (unicode_byte_to_utf8_map): printable Latin-1 bytes map to themselves, the other 68
-# bytes (controls, space, DEL, NBSP, soft hyphen, ...) to U+0100.. in byte order.
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _build_byte_map() -> dict[int, str]:
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(0x100 + extra)
-            extra += 1
-    return mapping
-
-
-BYTE_TO_UNICODE: dict[int, str] = _build_byte_map()
-UNICODE_TO_BYTE: dict[str, int] = {c: b for b, c in BYTE_TO_UNICODE.items()}
-_BYTE_TABLE = [BYTE_TO_UNICODE[b] for b in range(256)]
-
-
-def byte_encode(word: str) -> str:
-    """GPT-2 byte-level encoding of a word: its UTF-8 bytes as printable code points (``" a"`` -> ``"Ġa"``)."""
-    return "".join([_BYTE_TABLE[b] for b in word.encode("utf-8", "surrogatepass")])
+def _check_text(text, fn: str) -> None:
+    """A str must be valid Unicode: a lone surrogate (U+D800..U+DFFF, e.g. from ``'\\ud800'`` or a bad
+    ``surrogateescape`` decode) has no UTF-8 encoding. llama.cpp takes ``const char *`` bytes and maps invalid UTF-8
+    to U+FFFD (pass bytes for that); llama-cpp-python's ``text.encode("utf-8")`` raises on a lone surrogate before
+    llama.cpp sees it -- ggviz refuses it too, naming it, instead of tokenizing its "surrogatepass" bytes."""
+    if isinstance(text, str) and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{fn}: the text has a lone surrogate U+{ord(text[e.start]):04X} at index {e.start} "
+                             f"(not valid Unicode: it has no UTF-8 encoding); pass bytes to tokenize invalid UTF-8 "
+                             f"(mapped to U+FFFD, as llama.cpp does)") from None
 
 
 def byte_decode(text: str) -> bytes:
@@ -148,153 +131,6 @@ def byte_decode(text: str) -> bytes:
             raw = ch.encode("utf-8", "surrogatepass")
             out += b"[UNK_BYTE_0x" + raw.hex().encode() + text.encode("utf-8", "surrogatepass") + b"]"
     return bytes(out)
-
-
-def cpts_from_utf8(data: bytes) -> str:
-    """Decode UTF-8 the lenient way llama.cpp does (``unicode_cpts_from_utf8``): a byte that does not start a
-    complete sequence becomes U+FFFD and decoding resumes at the next byte.  (A 4-byte sequence above U+10FFFF
-    also becomes U+FFFD here; llama.cpp aborts on it.)"""
-    out = []
-    i, n = 0, len(data)
-    while i < n:
-        b0 = data[i]
-        if b0 < 0x80:
-            out.append(chr(b0))
-            i += 1
-            continue
-        if b0 & 0x40 == 0:                   # stray continuation byte
-            out.append("\ufffd")
-            i += 1
-            continue
-        if b0 & 0x20 == 0:
-            need, cp = 1, b0 & 0x1F
-        elif b0 & 0x10 == 0:
-            need, cp = 2, b0 & 0x0F
-        elif b0 & 0x08 == 0:
-            need, cp = 3, b0 & 0x07
-        else:
-            out.append("\ufffd")
-            i += 1
-            continue
-        if i + need >= n:                    # truncated sequence
-            out.append("\ufffd")
-            i += 1
-            continue
-        ok = all(data[i + k] & 0xC0 == 0x80 for k in range(1, need + 1))
-        if not ok:
-            out.append("\ufffd")
-            i += 1
-            continue
-        for k in range(1, need + 1):
-            cp = (cp << 6) | (data[i + k] & 0x3F)
-        out.append(chr(cp) if cp <= 0x10FFFF else "\ufffd")
-        i += need + 1
-    return "".join(out)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# code point classes (unicode_cpt_flags: is_letter = \p{L}, is_number = \p{N}, is_whitespace = \s)
-# --------------------------------------------------------------------------------------------------------------
-
-_LETTER, _NUMBER, _WS, _OTHER = 1, 2, 4, 8
-
-
-def _load_classes() -> tuple[list[int], list[int], frozenset[str]]:
-
-    starts, classes = [], []
-    for item in "".join(uc.RANGES).split(","):
-        start, cls = item.split(":")
-        starts.append(int(start, 16))
-        classes.append(int(cls))
-    return starts, classes, frozenset(map(chr, uc.WHITESPACE))
-
-
-_RANGE_STARTS, _RANGE_CLASSES, _WHITESPACE = _load_classes()
-_CLASS_CACHE: dict[str, int] = {}
-
-
-def _char_class(ch: str) -> int:
-    """letter / number / whitespace / other, from llama.cpp's own Unicode table (see _unicode_classes.py)."""
-    c = _CLASS_CACHE.get(ch)
-    if c is None:
-        if ch in _WHITESPACE:
-            c = _WS
-        else:
-            c = _RANGE_CLASSES[bisect.bisect_right(_RANGE_STARTS, ord(ch)) - 1]
-        _CLASS_CACHE[ch] = c
-    return c
-
-
-for _i in range(128):
-    _char_class(chr(_i))
-
-
-def _split_digits(text: str) -> list[str]:
-    """The ``\\p{N}`` regex pass: every number code point is a piece of its own; the text between stays whole."""
-    pieces: list[str] = []
-    start = 0
-    for i, ch in enumerate(text):
-        if _char_class(ch) == _NUMBER:
-            if i > start:
-                pieces.append(text[start:i])
-            pieces.append(ch)
-            start = i + 1
-    if start < len(text):
-        pieces.append(text[start:])
-    return pieces
-
-
-def _split_gpt2(piece: str) -> list[str]:
-    """GPT-2's pre-tokenizer regex exactly as llama.cpp's ``unicode_regex_split_custom_gpt2`` matches it.
-
-    Positions outside ``piece`` have no class (0): a match never extends past the piece it started in."""
-    n = len(piece)
-    if n == 0:
-        return []
-    cls = [_char_class(ch) for ch in piece]
-    cls.append(0)  # OUT_OF_RANGE sentinel
-    words: list[str] = []
-    pos = 0
-    while pos < n:
-        start = pos
-        ch = piece[pos]
-        # 's|'t|'re|'ve|'m|'ll|'d
-        if ch == "'" and pos + 1 < n:
-            c1 = piece[pos + 1]
-            if c1 in "stmd":
-                words.append(piece[pos:pos + 2])
-                pos += 2
-                continue
-            if pos + 2 < n and c1 + piece[pos + 2] in ("re", "ve", "ll"):
-                words.append(piece[pos:pos + 3])
-                pos += 3
-                continue
-        f2 = cls[pos + 1] if ch == " " else cls[pos]
-        if f2 == _LETTER or f2 == _NUMBER:          # <space>?\p{L}+  and  <space>?\p{N}+
-            if ch == " ":
-                pos += 1
-            while cls[pos] == f2:
-                pos += 1
-            words.append(piece[start:pos])
-            continue
-        if f2 == _OTHER:                             # <space>?[^\s\p{L}\p{N}]+
-            if ch == " ":
-                pos += 1
-            while cls[pos] == _OTHER:
-                pos += 1
-            words.append(piece[start:pos])
-            continue
-        n_ws = 0
-        while cls[pos + n_ws] == _WS:
-            n_ws += 1
-        if n_ws > 1 and pos + n_ws < n:              # \s+(?!\S): leave the last space for the next word
-            pos += n_ws - 1
-        elif n_ws > 0:                               # \s+
-            pos += n_ws
-        else:                                        # no match: one code point
-            pos += 1
-        words.append(piece[start:pos])
-    return words
 
 
 # pre-tokenizer name -> (regex passes, clean_spaces); only the byte-level families ggviz supports
@@ -697,11 +533,7 @@ class Vocab:
 
     def pretokenize(self, text: str) -> list[str]:
         """``unicode_regex_split`` without the byte encoding: the raw words of one text fragment."""
-        pieces = [text] if text else []
-        for kind in self.regex_passes:
-            split = _split_digits if kind == "digits" else _split_gpt2
-            pieces = [w for p in pieces for w in split(p)]
-        return pieces
+        return regex_split(text, self.regex_passes)
 
     def _bpe_symbols(self, encoded: str, trace: list | None = None) -> list[str]:
         """Run the BPE merge loop of ``llm_tokenizer_bpe_session::tokenize`` on one byte-encoded word."""
@@ -814,7 +646,7 @@ class Vocab:
         size: list[int] = []
         offs, total = 0, len(text)
         while offs < total:
-            n = min(_UTF8_LEN[text[offs] >> 4], total - offs)     # unicode_len_utf8 of the lead byte
+            n = min(UTF8_LEN[text[offs] >> 4], total - offs)     # unicode_len_utf8 of the lead byte
             start.append(offs)
             size.append(n)
             offs += n
@@ -890,6 +722,13 @@ class Vocab:
         self.spm_session(esc, [], trace)
         return trace
 
+    def spm_trace_unit(self, unit: PreToken) -> list[SpmMerge]:
+        """The merges the SPM session performs on one raw fragment of :meth:`tokenize_words` (its ``encoded`` text:
+        escaped, ▁ for spaces, with the space prefix exactly where ``tokenize`` put one)."""
+        trace: list[SpmMerge] = []
+        self.spm_session(unit.encoded.encode("utf-8", "surrogatepass"), [], trace)
+        return trace
+
     def _spm_fragments(self, text: str | bytes, add_special: bool, parse_special: bool):
         """The SPM branch of ``llama_vocab::impl::tokenize``: yield (fragment or None, escaped bytes or None, ids)
         per unit: BOS, a special token, or a raw fragment (escaped, with the space prefix after BOS/special/start)."""
@@ -914,6 +753,7 @@ class Vocab:
 
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """``llama_tokenize(vocab, text, ..., add_special, parse_special)``."""
+        _check_text(text, "llama_tokenize")
         if self.type == "SPM":
             return [t for _, _, ids in self._spm_fragments(text, add_special, parse_special) for t in ids]
         out: list[int] = []
@@ -934,6 +774,7 @@ class Vocab:
         """Like :meth:`tokenize` but keeps the intermediate units (special tokens and pre-tokenized words with
         their byte-level form and ids) for display; ``[i for u in units for i in u.ids] == tokenize(...)``.
         SPM: one unit per raw fragment (``encoded``: the escaped text, spaces as ▁)."""
+        _check_text(text, "llama_tokenize")
         if self.type == "SPM":
             return [PreToken(self.tokens[ids[0]], None, ids, True) if frag is None else
                     PreToken(self._fragment_text(frag), esc.decode("utf-8", "replace"), ids, False)
@@ -1011,10 +852,6 @@ class Vocab:
         return (f"Vocab(type={self.type}, model={self.model!r}, pre={self.pre!r}, n_tokens={len(self.tokens)}, "
                 f"n_merges={len(self.bpe_ranks)}, bos={self.bos_id}, eos={self.eos_id}, "
                 f"add_bos={self.add_bos}, add_eos={self.add_eos})")
-
-
-# unicode_len_utf8: a UTF-8 sequence's length from the high nibble of its first byte (a stray byte counts as 1)
-_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)
 
 
 def _is_c_space(c) -> bool:

@@ -33,7 +33,7 @@ from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from .. import ggml, llama
 from ..capture import EvalCallback
-from ..cli import ArgumentParser
+from ..cli import ArgumentParser, float_arg
 from ..ggml.gguf import load_gguf
 from ..ggml import quants as Q
 from ..llama import powerinfer as lpi
@@ -327,12 +327,41 @@ class BuildResult:
     metrics: dict
 
 
+def check_build_args(*, tokens, heldout, seq_len, hidden, epochs, threads, threshold, vram_budget_gib,
+                     pos_weight) -> tuple:
+    """build's numbers: the counts integers >= their minimum, ``threshold`` a finite number (NaN: the file is
+    refused when loaded; +-inf: every FFN row skipped, or none), ``pos_weight`` finite and > 0, ``vram_budget_gib``
+    None or finite and > 0 (inf has no byte count). Returns (threshold, vram_budget_gib, pos_weight) as floats."""
+    for name, v, lo in (("tokens", tokens, 16), ("heldout", heldout, 1), ("seq_len", seq_len, 1),
+                        ("hidden", hidden, 1), ("epochs", epochs, 1), ("threads", threads, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"powerinfer build: {name} = {v!r} must be an integer >= {lo}")
+    out = []
+    for name, v, positive in (("threshold", threshold, False), ("pos_weight", pos_weight, True),
+                              ("vram_budget", vram_budget_gib, True)):
+        if v is None and name == "vram_budget":
+            out.append(None)
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"powerinfer build: {name} = {v!r} is not a number") from None
+        if not np.isfinite(f) or (positive and not f > 0):
+            raise ValueError(f"powerinfer build: {name} = {f} must be a finite number" + (" > 0" if positive else ""))
+        out.append(f)
+    return out[0], out[2], out[1]
+
+
 def build(out_dir, model_path=DEFAULT_MODEL, tokens: int = 30720, heldout: int = 2048, seq_len: int = 256,
           hidden: int = 128, epochs: int = EPOCHS, threshold: float = 0.0, vram_budget_gib: float | None = None,
           threads: int = 2, quiet: bool = False, recording=None, pos_weight: float = POS_WEIGHT) -> BuildResult:
     """The whole pipeline. ``recording``: a directory; when it holds a recording (``save_recording``) of at least
     ``tokens + heldout`` tokens it is used instead of decoding the corpus again, otherwise the new recording is saved
-    there."""
+    there. Every number is checked before anything is read or written (ValueError naming it)."""
+    threshold, vram_budget_gib, pos_weight = check_build_args(tokens=tokens, heldout=heldout, seq_len=seq_len,
+                                                              hidden=hidden, epochs=epochs, threads=threads,
+                                                              threshold=threshold, vram_budget_gib=vram_budget_gib,
+                                                              pos_weight=pos_weight)
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     mp = llama.model_default_params()
@@ -408,10 +437,10 @@ def main(argv=None) -> int:
     b.add_argument("--tokens", type=int, default=30720, help="training tokens (default 30720)")
     b.add_argument("--heldout", type=int, default=2048, help="held-out tokens for the recall figures")
     b.add_argument("--epochs", type=int, default=EPOCHS, help=f"training epochs (default {EPOCHS})")
-    b.add_argument("--pos-weight", type=float, default=POS_WEIGHT,
+    b.add_argument("--pos-weight", type=float_arg(0.0, open_lo=True), default=POS_WEIGHT,
                    help=f"weight of an active neuron in the BCE (default {POS_WEIGHT}; higher keeps more rows)")
-    b.add_argument("--threshold", type=float, default=0.0, help="powerinfer.sparse_threshold written to the file")
-    b.add_argument("--vram-budget", type=float, default=None, metavar="GiB",
+    b.add_argument("--threshold", type=float_arg(), default=0.0, help="powerinfer.sparse_threshold written to the file")
+    b.add_argument("--vram-budget", type=float_arg(0.0, open_lo=True), default=None, metavar="GiB",
                    help="also write <model>.generated.gpuidx for this budget (the solver)")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--recording", default=None, metavar="DIR",
@@ -420,10 +449,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.tokens < 16 or args.heldout < 1 or args.epochs < 1 or args.threads < 1:
         ap.error("--tokens must be >= 16, --heldout, --epochs and --threads >= 1")
-    if not args.pos_weight > 0:
-        ap.error("--pos-weight must be > 0")
-    if args.vram_budget is not None and args.vram_budget <= 0:
-        ap.error("--vram-budget must be > 0")
     r = build(args.out, args.model, tokens=args.tokens, heldout=args.heldout, epochs=args.epochs,
               threshold=args.threshold, vram_budget_gib=args.vram_budget, threads=args.threads, quiet=args.quiet,
               recording=args.recording, pos_weight=args.pos_weight)

@@ -26,12 +26,15 @@ import gguf
 import numpy as np
 
 from .. import ggml
+from ..llama import powerinfer as lpi
 
 BATCH = 256
 
 
 def neuron_cap(budget_bytes: int, ffn_up, has_gate: bool = True) -> int:
-    """llm_load_gpu_split_with_budget's solver capacity."""
+    """llm_load_gpu_split_with_budget's solver capacity (``budget_bytes``: finite, >= 0)."""
+    if not (isinstance(budget_bytes, (int, np.integer, float)) and math.isfinite(budget_bytes) and budget_bytes >= 0):
+        raise ValueError(f"neuron_cap: budget_bytes = {budget_bytes!r} must be a finite number of bytes >= 0")
     slice_size = int(ffn_up.ne[1]) * ggml.type_size(ffn_up.type) // ggml.blck_size(ffn_up.type)
     per_slice = slice_size * (4.5 if has_gate else 2)
     return int(math.floor(budget_bytes / per_slice)) * 4
@@ -40,6 +43,11 @@ def neuron_cap(budget_bytes: int, ffn_up, has_gate: bool = True) -> int:
 def solve_gpu_split(counts: np.ndarray, capacity: int, batch: int = BATCH) -> list[int]:
     """Hot neurons per layer (multiples of ``batch``, total <= capacity) maximising the activations covered."""
     counts = np.asarray(counts, np.float64)
+    if counts.ndim != 2 or not np.isfinite(counts).all() or (counts < 0).any():
+        raise ValueError(f"solve_gpu_split: counts must be a (layers, n_ff) array of finite counts >= 0 "
+                         f"(shape {counts.shape})")
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 0:
+        raise ValueError(f"solve_gpu_split: capacity = {capacity!r} must be an integer >= 0 (neurons)")
     n_layer, n_ff = counts.shape
     if n_ff % batch:
         raise ValueError(f"n_ff = {n_ff} is not a multiple of the bucket size {batch}")
@@ -94,27 +102,7 @@ def write_gpuidx(model_path, counts: np.ndarray, neuron_bytes: int, ffn_up, vram
 
 
 def read_gpuidx(path) -> list[np.ndarray]:
-    """The per-layer gpu_idx of a .generated.gpuidx file (checked against its gpu_bucket)."""
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"PWRI":
-        raise ValueError(f"{path}: not a PowerInfer gpu index (magic {magic!r})")
-    # gguf-py's reader checks the GGUF magic: read a patched copy of the header through a memory buffer
-    data = bytearray(pathlib.Path(path).read_bytes())
-    data[:4] = b"GGUF"
-    tmp = pathlib.Path(os.fspath(path) + ".tmp-read")
-    tmp.write_bytes(bytes(data))
-    try:
-        r = gguf.GGUFReader(os.fspath(tmp))
-        t = {x.name: np.array(x.data) for x in r.tensors}
-    finally:
-        tmp.unlink()
-    out = []
-    il = 0
-    while f"blk.{il}.gpu_idx" in t:
-        gi = t[f"blk.{il}.gpu_idx"].astype(np.int32).reshape(-1)
-        if not np.array_equal(np.flatnonzero(gi), t[f"blk.{il}.gpu_bucket"].reshape(-1)):
-            raise ValueError(f"{path}: blk.{il}.gpu_bucket does not list the neurons of blk.{il}.gpu_idx")
-        out.append(gi)
-        il += 1
-    return out
+    """The per-layer gpu_idx of a .generated.gpuidx file, checked (its gpu_bucket, the values 0/1, the layers: see
+    ``ggviz.llama.powerinfer.read_split_file``). Read through a read-only mapping: nothing is written anywhere, so
+    an index in a read-only folder reads as any other."""
+    return lpi.read_split_file(path)[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,18 @@ def notebook(prompt: str, threads: int, model: str | None, values: bool = True) 
                        "outputs": [], "source": src}]}
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Can a server bind ``host:port`` now? (A test bind, closed at once; SO_REUSEADDR as Tornado sets it, so a
+    port in TIME_WAIT counts as free, as it is for Voilà.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="ggviz explore", description="serve the linked decode explorer (graph, bytes, "
                             "thread lanes, scheduler, values of one decode step) with Voilà")
@@ -49,10 +62,17 @@ def main(argv=None) -> int:
     except ImportError:
         print("ggviz explore: error: Voilà is not installed (pip install voila)", file=sys.stderr)
         return 1
+    if not port_free(a.port):
+        print(f"ggviz explore: error: port {a.port} on 127.0.0.1 is in use\n"
+              f"ggviz explore: choose another with --port N", file=sys.stderr)
+        return 1
     d = pathlib.Path(tempfile.mkdtemp(prefix="ggviz-explore-"))
     nb = d / "ggviz_explorer.ipynb"
     nb.write_text(json.dumps(notebook(a.prompt, a.threads, a.model and os.path.abspath(a.model), not a.no_values), indent=1))
-    cmd = [sys.executable, "-m", "voila", str(nb), f"--port={a.port}", "--Voila.ip=127.0.0.1"]
+    # exactly the port printed below: Voilà would otherwise move on to the next free one (port_retries, 50) while
+    # the URL printed names this one; taken between the check above and Voilà's bind, Voilà fails instead
+    cmd = [sys.executable, "-m", "voila", str(nb), f"--port={a.port}", "--Voila.port_retries=0",
+           "--Voila.ip=127.0.0.1"]
     if a.no_browser:
         cmd.append("--no-browser")
     print(f"ggviz explore: http://127.0.0.1:{a.port}/ (recording the decode step takes ~10 s after the page opens; "

@@ -52,7 +52,7 @@ from ..viz import gguf_map as M
 from ..viz import graph_dot as G
 from ..viz import widgets
 from ..viz.graph_dot import node_layers, op_color
-from ..viz.model_views import kv_cache_figure, sampler_figure, spm_trace_unit
+from ..viz.model_views import kv_cache_figure, sampler_figure
 from ..viz.widgets._base import array_png, colorbar_html, value_range, wrap_vector
 from ..viz.widgets.alloc_view import AllocatorView
 from ..viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
@@ -114,7 +114,7 @@ def record(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ctx: in
     vocab = llama.model_get_vocab(step.model)
     units = vocab.tokenize_words(prompt, add_special=True, parse_special=True)
     if vocab.type == "SPM":             # SentencePiece (Gemma-3): merges by score, on the escaped fragment
-        merges = {u.text: spm_trace_unit(vocab, u) for u in units if not u.special}
+        merges = {u.text: vocab.spm_trace_unit(u) for u in units if not u.special}
     else:
         merges = {u.text: vocab.bpe_trace(u.encoded, encoded=True) for u in units if not u.special}
     kq = prompt_attn.by_name().get("kq_soft_max-0")

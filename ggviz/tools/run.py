@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--blas", action="store_true",
                     help="add the BLAS backend for the prompt's MUL_MATs, as llama.cpp built with GGML_BLAS "
                          "(default: llama.cpp's default CPU build: tinyBLAS sgemm / vec_dot)")
-    ap.add_argument("--vram-budget", type=float, default=None, metavar="GiB",
+    ap.add_argument("--vram-budget", type=cli.float_arg(0.0, open_lo=True), default=None, metavar="GiB",
                     help="PowerInfer (PWRI) models: load <model>.generated.gpuidx, the FFN split, onto the simulated "
                          "accelerator ACCEL0 (PowerInfer's --vram-budget)")
     ap.add_argument("--hybrid", action="store_true",
@@ -38,8 +38,6 @@ def main(argv=None) -> int:
                          "threads 1..N-1 the CPU nodes; needs -t >= 2), as PowerInfer built with "
                          "GGML_USE_HYBRID_THREADING; default: ggml_backend_sched's splits")
     a = ap.parse_args(argv)
-    if a.vram_budget is not None and a.vram_budget <= 0:
-        ap.error("--vram-budget must be > 0")
     if a.hybrid and a.threads < 2:
         ap.error("--hybrid needs -t 2 or more (thread 0 only drives the accelerator)")
     model = load_model(a.model, **({"vram_budget_gb": a.vram_budget} if a.vram_budget is not None else {}))

@@ -466,14 +466,6 @@ def bpe_table(vocab, word: str) -> Table:
                  title=f"BPE of {word!r}: {len(rows)} merges (rank = line in tokenizer.ggml.merges)")
 
 
-def spm_trace_unit(vocab, unit) -> list:
-    """The merges llama.cpp's SPM session performs on one raw fragment of ``vocab.tokenize_words`` (its ``encoded``
-    text: escaped, ▁ for spaces, with the space prefix exactly where ``tokenize`` put one)."""
-    trace: list = []
-    vocab.spm_session(unit.encoded.encode("utf-8", "surrogatepass"), [], trace)
-    return trace
-
-
 def _bytes_text(b: bytes) -> str:
     return b.decode("utf-8", "backslashreplace")
 
@@ -481,7 +473,7 @@ def _bytes_text(b: bytes) -> str:
 def spm_table(vocab, unit) -> Table:
     """The merges SentencePiece (``llm_tokenizer_spm_session``) performs on one fragment, one row per merge: the
     pair whose merged text is the token of highest score goes first (no merge list: the scores decide)."""
-    tr = spm_trace_unit(vocab, unit)
+    tr = vocab.spm_trace_unit(unit)
     rows = [{"step": m.step, "score": round(float(m.score), 4), "merge": f"{_bytes_text(m.left)!r} + "
              f"{_bytes_text(m.right)!r}", "merged": _bytes_text(m.merged), "token": m.token,
              "symbols": " ".join(_bytes_text(x) for x in m.symbols)} for m in tr]

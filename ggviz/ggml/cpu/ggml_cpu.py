@@ -175,11 +175,6 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
     return plan
 
 
-def DisposableThreadpool(n_threads: int):
-    """The threadpool ggml_graph_compute makes when cplan.threadpool is NULL (freed after the compute)."""
-    return _tp.threadpool_new_impl(_tp.threadpool_params_default(n_threads))
-
-
 def _dispatch():
     table = dict(cpu_ops.FORWARD)
     table[C.GGML_OP_MUL_MAT] = mul_mat.forward_mul_mat

@@ -18,7 +18,7 @@ Where ggviz differs from ggml, and why:
 
 * The layouts: ``q4_0_8x4``, ``q4_1_8x4`` and ``q8_0_8x4`` -- 8 rows interleaved in 4-byte groups per block, the
   8 rows' block scales in their own array (fp16, or float32 on CPUs without hardware fp16 conversion). ggml on AVX2
-  has no repack for Q4_1 or Q8_0 weights; ggviz adds them because its test model is Q4_1 with a tied Q8_0 output,
+  has no repack for Q4_1 or Q8_0 weights. ggviz: they are added because its test model is Q4_1 with a tied Q8_0 output,
   and computes them with the arithmetic of ggml's *non*-repacked AVX2 vec_dot, so the results are ggml's bits.
   Likewise for Gemma-3: Q5_0 weights are expanded to ``q8_0_8x4`` (int8 levels q - 16; ggml_vec_dot_q5_0_q8_0 is
   vec_dot_q8_0 on those levels) and Q6_K weights are kept as rows (``q6_K_rows_q8_K``: vec_dot_q6_K, or tiled.cpp's

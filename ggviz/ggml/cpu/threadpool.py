@@ -111,7 +111,7 @@ def threadpool_params_match(p0: ThreadpoolParams, p1: ThreadpoolParams) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 
 class ComputeState:
-    """struct ggml_compute_state: one worker's own state (ggviz adds where it is, for traces and diagnostics)."""
+    """struct ggml_compute_state: one worker's own state. ggviz: where it is, for traces and diagnostics."""
     __slots__ = ("thrd", "last_graph", "pending", "cpumask", "threadpool", "ith",
                  "node_n", "done_graph", "dead")
 
@@ -150,7 +150,7 @@ class Threadpool:
         self.prio = tpp.prio
         self.poll = tpp.poll
         self.ec = C.GGML_STATUS_SUCCESS
-        # ggviz additions
+        # ggviz:
         self.serial = next(_serial)   # tells pools apart in traces (ids of freed objects are reused)
         self.error: BaseException | None = None
         self.broken: str | None = None    # why the pool cannot be used any more (a worker stuck past the timeout)

@@ -154,12 +154,6 @@ def array_png(a, cmap: str = "RdBu_r", vmin=None, vmax=None, scale: int = 1, sym
     return buf.getvalue()
 
 
-def svg_size(svg: str) -> tuple[float, float]:
-    """(width, height) of an SVG in its own units (pt for Graphviz and matplotlib)."""
-    m = re.search(r'<svg[^>]*?width="([\d.]+)(?:pt|px)?"[^>]*?height="([\d.]+)(?:pt|px)?"', svg, re.S)
-    return (float(m.group(1)), float(m.group(2))) if m else (0.0, 0.0)
-
-
 def svg_element_center(svg: str, elem_id: str):
     """Centre (x, y) of element ``elem_id`` of a Graphviz SVG, in the SVG's viewBox coordinates (None if absent)."""
     gid = re.escape(elem_id).replace("\\-", "(?:-|&#45;)")
@@ -387,11 +381,3 @@ class VizWidget:
             data.update((live[0] if isinstance(live, tuple) else live) or {})    # (data, metadata) or data
         data["text/html"] = self.to_html()
         return data
-
-    def save_html(self, path) -> str:
-        """Write ``to_html()`` into a minimal standalone HTML page."""
-        page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(type(self).__name__)}</title></head>"
-                f"<body style='font-family:sans-serif'>{self.to_html()}</body></html>")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(page)
-        return str(path)

@@ -15,7 +15,7 @@ Which walk recorded it matters for what the picture teaches, so it is labelled: 
 compute chunks of the same MUL_MAT at the same time, then meet at the barrier. The node-by-node walk runs NumPy kernels
 on Python threads: the GIL serialises everything but NumPy's inner loops (a 2-thread decode there takes ~4 s, half
 of it in barriers). ggml's barrier spins on ``n_barrier_passed``; the compiled walk's
-spins the same way for ``SPIN_CYCLES`` (~40 µs), then sleeps on a futex (a ggviz addition for oversubscribed
+spins the same way for ``SPIN_CYCLES`` (~40 µs), then sleeps on a futex (ggviz: for oversubscribed
 machines): the figure draws the spin as spin and the rest as sleep. ``thread_accounting`` splits each thread's wall
 time into kernel work, barrier waits and time in the pool outside the walk (kickoff, join), so that they add up.
 """

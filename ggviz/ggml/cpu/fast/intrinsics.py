@@ -284,10 +284,6 @@ def _sign_b(builder, a, b):
     r = builder.select(builder.icmp_signed("<", b, zero), neg, a)
     return builder.select(builder.icmp_signed("==", b, zero), zero, r)
 
-def _abs_b(builder, a):
-    zero = ir.Constant(_vec(_i8, 32), None)
-    return builder.select(builder.icmp_signed("<", a, zero), builder.sub(zero, a), a)
-
 def _bcast4(builder, addr):
     """The 4 bytes at addr repeated 8 times (vpbroadcastd)."""
     v = builder.load(_ptr(builder, addr, _i32), align=1)

@@ -227,18 +227,6 @@ def _q4_Kx8_dots_ir(builder, xb, q8, gstride):
     return res
 
 
-@intrinsic
-def q4_Kx8_dots(typingctx, xb, q8, gstride, out):
-    """The 64 exact int32 dot products of one block_q4_Kx8 at xb with one q8_K row (``_q4_Kx8_dots_ir``) stored
-    at out: out[8*s + r]."""
-    def codegen(context, builder, sig, args):
-        xb, q8, gstride, out = args
-        for s_, v in enumerate(_q4_Kx8_dots_ir(builder, xb, q8, gstride)):
-            _st_i32x8(builder, builder.add(out, ir.Constant(_i64, 32 * s_)), v)
-        return context.get_dummy_value()
-    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
-
-
 def _kx8_scales_ir(builder, xb):
     """The 8 rows' 6-bit scales and mins of the 8 sub-blocks of a block_q4_Kx8, as 2 x 8 IR vectors (<8 x i32>,
     lane = row): sub-block s's 12 bytes at xb + 32 + 12*s pack the 8 rows as a Q4_K packs its 8 sub-blocks,

@@ -1,7 +1,7 @@
 """The thread sync of the compiled walk: ggml's barrier and chunk counter, the error slot and the trace log.
 
 Mirrors ggml-cpu.c's ``ggml_barrier`` (``n_barrier`` / ``n_barrier_passed``: the last thread in bumps the passed
-counter, the others spin on it) with real atomics on the shared ``sync`` array (``program.SYNC_*``). ggviz adds two
+counter, the others spin on it) with real atomics on the shared ``sync`` array (``program.SYNC_*``). ggviz: two
 things C does not need: a waiter spins ~40 us (``SPIN_CYCLES``), then sleeps on a futex, so that an oversubscribed
 machine does not burn the core the late thread needs; and a barrier gives up after ~5 minutes and reports the thread
 that never came (``ERR_BARRIER_TIMEOUT``) instead of hanging. ``tr_rec`` appends a record to the calling thread's

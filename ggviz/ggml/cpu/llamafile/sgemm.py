@@ -65,7 +65,7 @@ def llamafile_sgemm(params, m: int, n: int, k: int, A, lda: int, B, ldb: int, Cp
     own ``params.ith``; thread ith writes its share of C. Returns False (nothing done, no barrier) where tinyBLAS
     refuses the types or shapes.
 
-    ``trace_as`` (ggviz): (node name, matrix index, number of matrices) -- when tracing, each job of the float
+    ``trace_as``: ggviz: (node name, matrix index, number of matrices) -- when tracing, each job of the float
     kernel is a ``cpu.chunk`` event, numbered and placed so that the jobs of all of a node's matrices tile its dst
     (ne0, ne1*ne2*ne3) once, as the compiled walk records them."""
     assert m >= 0 and n >= 0 and k >= 0 and lda >= k and ldb >= k and ldc >= m
