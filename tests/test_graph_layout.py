@@ -1,4 +1,4 @@
-"""The layered layout of the Graph DAG view (``graph_dot.layered_layout``): the whole decode graph, every node, leaf
+"""The layered layout of the Graph DAG view (``ggviz.viz.layout.layered_layout``): the whole decode graph, every node, leaf
 and edge, laid out layer by layer -- checked on a small synthetic layered graph and on the real decode graph."""
 import pathlib
 import re
@@ -10,6 +10,7 @@ import pytest
 
 from ggviz import ggml
 from ggviz.viz import graph_dot as G
+from ggviz.viz import layout
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODEL = ROOT / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,7 +50,7 @@ def _strip_layout(body):
 
 
 def _spline(pos):
-    start, end, pts = G._parse_spline(pos)
+    start, end, pts = layout._parse_spline(pos)
     return end, pts
 
 
@@ -154,12 +155,12 @@ def test_layered_layout_small_graph():
 
 def test_node_bands():
     L = None
-    assert G._node_bands([L, 0, 0, L, 0, 1, L, L, 2, L]) == [
+    assert layout.node_bands([L, 0, 0, L, 0, 1, L, L, 2, L]) == [
         ("x", 0), ("L", 0), ("L", 0), ("L", 0), ("L", 0), ("L", 1), ("x", 6), ("x", 6), ("L", 2), ("x", 9)]
 
 
 def test_polyline_bezier():
-    pts = G._polyline_bezier([(0, 0), (0, 3), (6, 3)])
+    pts = layout._polyline_bezier([(0, 0), (0, 3), (6, 3)])
     assert len(pts) == 7 and pts[0] == (0, 0) and pts[3] == (0, 3) and pts[6] == (6, 3)
     assert pts[1] == (0, 1) and pts[5] == (4, 3)
 

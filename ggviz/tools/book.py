@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import html
+import importlib.resources
 import json
 import os
 import pathlib
@@ -31,6 +32,9 @@ from nbclient.exceptions import CellExecutionError
 from nbconvert import HTMLExporter
 
 from ..progress import progress
+
+# the index page's stylesheet (a package file, like the report's: no CSS in Python strings)
+_INDEX_CSS = importlib.resources.files("ggviz").joinpath("templates", "book", "index.css").read_text("utf-8").strip()
 
 NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -196,7 +200,7 @@ def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
                      for name, title, n, dt in entries)
     index = out / "index.html"
     index.write_text("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ggviz notebooks</title>"
-                     "<style>body{font-family:sans-serif;max-width:50em;margin:2em auto;line-height:1.6}</style>"
+                     f"<style>{_INDEX_CSS}</style>"
                      "</head><body><h1>ggviz: how ggml and llama.cpp run a language model</h1>"
                      "<p>The notebooks of ggviz, executed on a real model. Every figure is static: no kernel and "
                      f"no network needed.</p><ol>\n{rows}\n</ol></body></html>", encoding="utf-8")

@@ -176,9 +176,52 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
     if fig is None:
         fig = plt.figure(figsize=(14, 6.4))
     ax1, ax2 = fig.subplots(2, 1, gridspec_kw={"height_ratios": [1, 1.6], "hspace": 1.0})
-    size = gf.file_size
+    _draw_to_scale(ax1, gf, secs)
+    # ---- bottom: piecewise
+    x0, w, spans = map_positions(lay)
+    groups = _layer_groups(lay, x0, w)
+    sel_idx = _draw_ranges(ax2, lay, x0, w, selected, gid_prefix)
+    _draw_layer_groups(ax2, groups)
+    for i in sel_idx:
+        ax2.add_patch(Rectangle((x0[i], -0.06), max(w[i], 0.002), 1.12, facecolor="#d50000", alpha=0.35,
+                                edgecolor="#d50000", linewidth=2.0, zorder=5))
+        ax2.plot([x0[i] + w[i] / 2], [1.1], marker="v", color="#d50000", markersize=11, zorder=6, clip_on=False)
+    ax2.set_xlim(0, 1)
+    ax2.set_ylim(-0.1, 1.1)
+    ax2.set_yticks([])
+    ax2.set_xticks([])
+    _draw_section_marks(ax2, lay, x0, spans, gf.file_size)
+    # labels under the bar: the biggest KVs and tensors, and the selection
+    kv_idx = sorted([i for i, r in enumerate(lay) if r["kind"] == "kv"],
+                    key=lambda i: -(lay[i]["end"] - lay[i]["start"]))
+    td_idx = sorted([i for i, r in enumerate(lay) if r["kind"] == "tensor_data"],
+                    key=lambda i: -(lay[i]["end"] - lay[i]["start"]))
+    lab = sorted(set(kv_idx[:label_kv] + td_idx[:label_tensors] + sel_idx))
+    _draw_range_labels(ax2, fig, lay, x0, w, lab, sel_idx)
+    al = gf.alignment
+    ax2.set_title(f"every byte range ({len(lay)}: 1 header, {gf.n_kv} KV pairs, {gf.n_tensors} tensor infos, "
+                  f"{gf.n_tensors} tensor data) on a piecewise axis: each section gets a fixed share, each range a "
+                  f"width ∝ log(bytes)\ndata section at offset {gf.data_offset} = {gf.data_offset // al} × {al} "
+                  f"(general.alignment = {al}); every tensor's offset is a multiple of {al}; small numbers: start "
+                  f"offsets", fontsize=10,
+                  loc="left", pad=44)
+    for sp in ("top", "right", "left", "bottom"):
+        ax2.spines[sp].set_visible(False)
+    types = sorted({r["type"] for r in lay if r["kind"] == "tensor_data"})
+    handles = [Patch(facecolor=SECTION_COLORS[k], edgecolor="#424242", label=SECTION_NAMES[k])
+               for k in SECTION_ORDER if k != "tensor_data" and any(s["section"] == k for s in secs)]
+    handles += [Patch(facecolor=TYPE_COLORS.get(t, SECTION_COLORS["tensor_data"]), edgecolor="#424242",
+                      label=f"data: {t}") for t in types]
+    ax2.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9, frameon=False)
+    return fig
 
-    # ---- top: to scale
+
+# The phases of ``plot_gguf_map``, in the order they draw.
+
+def _draw_to_scale(ax1, gf, secs):
+    """The top bar: the sections to scale, so the reader sees the file is almost all tensor data; the small
+    sections are named in the title (they are a sliver)."""
+    size = gf.file_size
     for s in secs:
         ax1.add_patch(Rectangle((s["start"] / size, 0), s["size"] / size, 1, facecolor=SECTION_COLORS[s["section"]],
                                 edgecolor="#424242", linewidth=0.5))
@@ -199,17 +242,23 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
     for sp in ("top", "right", "left"):
         ax1.spines[sp].set_visible(False)
 
-    # ---- bottom: piecewise
-    x0, w, spans = map_positions(lay)
-    sel_idx = []
-    # the 272 tensor infos / data ranges would draw as a barcode of thin stripes: inside a layer's group of tensors
-    # (blk.N.*) they get no edges and no alternating shades; each group is outlined and numbered instead
+
+def _layer_groups(lay, x0, w) -> dict:
+    """{(kind, layer): (x from, x to)}: the 272 tensor infos / data ranges would draw as a barcode of thin stripes,
+    so inside a layer's group of tensors (blk.N.*) they get no edges and no alternating shades; each group is
+    outlined and numbered instead."""
     groups: dict = {}
     for i, r in enumerate(lay):
         m = _BLK.match(r.get("name") or "") if r["kind"] in ("tensor_info", "tensor_data") else None
         if m:
             a, b = groups.get((r["kind"], int(m.group(1))), (x0[i], x0[i] + w[i]))
             groups[(r["kind"], int(m.group(1)))] = (min(a, x0[i]), max(b, x0[i] + w[i]))
+    return groups
+
+
+def _draw_ranges(ax2, lay, x0, w, selected, gid_prefix: str) -> list:
+    """Every byte range on the piecewise bar (gid ``gid_prefix + r<i>``, for clicks); returns the selected ones."""
+    sel_idx = []
     for i, r in enumerate(lay):
         k = r["kind"]
         fc = TYPE_COLORS.get(r.get("type", ""), SECTION_COLORS[k]) if k == "tensor_data" else SECTION_COLORS[k]
@@ -223,6 +272,10 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
                       edgecolor="#424242" if w[i] >= 0.004 and not grouped else "none", linewidth=0.3)
         p.set_gid(f"{gid_prefix}r{i}")
         ax2.add_patch(p)
+    return sel_idx
+
+
+def _draw_layer_groups(ax2, groups: dict):
     for (k, il), (a, b) in groups.items():
         ax2.add_patch(Rectangle((a, 0), b - a, 1, facecolor="none", edgecolor="#263238", linewidth=0.7, zorder=3))
         if il % 5 == 0 or b - a > 0.02:
@@ -231,15 +284,10 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
     if groups:
         ax2.text(1.0, -0.05, "boxes: the tensors of one layer (blk.N); the file orders them by name: blk.0, blk.1, "
                  "blk.10 … blk.19, blk.2, …", ha="right", va="top", fontsize=7.5, color="#546e7a", style="italic")
-    for i in sel_idx:
-        ax2.add_patch(Rectangle((x0[i], -0.06), max(w[i], 0.002), 1.12, facecolor="#d50000", alpha=0.35,
-                                edgecolor="#d50000", linewidth=2.0, zorder=5))
-        ax2.plot([x0[i] + w[i] / 2], [1.1], marker="v", color="#d50000", markersize=11, zorder=6, clip_on=False)
-    ax2.set_xlim(0, 1)
-    ax2.set_ylim(-0.1, 1.1)
-    ax2.set_yticks([])
-    ax2.set_xticks([])
-    # section names and their real start offsets above the bar
+
+
+def _draw_section_marks(ax2, lay, x0, spans, size: int):
+    """Section names and their real start offsets above the piecewise bar (its x axis is not to scale)."""
     for g, (a, b) in spans.items():
         first = min(i for i, r in enumerate(lay) if abs(x0[i] - a) < 1e-12)
         ax2.text((a + b) / 2, 1.36, f"{SECTION_NAMES.get(g, g)}", ha="center", va="bottom", fontsize=10.5,
@@ -247,14 +295,11 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
         ax2.text(a + 0.002, 1.13, f"{lay[first]['start']}", ha="left", va="bottom", fontsize=8, color="#37474f")
         ax2.plot([a, a], [0, 1.3], color="#37474f", linewidth=1.4, clip_on=False)
     ax2.text(1.0, 1.13, f"{size}", ha="right", va="bottom", fontsize=8, color="#37474f")
-    # labels under the bar: the biggest KVs and tensors, and the selection
-    kv_idx = sorted([i for i, r in enumerate(lay) if r["kind"] == "kv"],
-                    key=lambda i: -(lay[i]["end"] - lay[i]["start"]))
-    td_idx = sorted([i for i, r in enumerate(lay) if r["kind"] == "tensor_data"],
-                    key=lambda i: -(lay[i]["end"] - lay[i]["start"]))
-    lab = sorted(set(kv_idx[:label_kv] + td_idx[:label_tensors] + sel_idx))
-    # horizontal labels in rows under the bar, each joined to its range by a leader line; a label goes to the first
-    # row where it overlaps no other (widths estimated from the text length), none left if all rows are full
+
+
+def _draw_range_labels(ax2, fig, lay, x0, w, lab, sel_idx):
+    """Horizontal labels in rows under the bar, each joined to its range by a leader line; a label goes to the
+    first row where it overlaps no other (widths estimated from the text length), none left if all rows are full."""
     rows: list = [[] for _ in range(4)]
     char_w = 8 * 0.6 / (fig.get_figwidth() * 72 * 0.8)           # one 8 pt character, as a fraction of the axis
     for i in sorted(lab, key=lambda i: (i not in sel_idx, i)):      # the selection first, then left to right
@@ -275,19 +320,3 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
                  clip_on=False)
         ax2.text(xt, y, txt, ha="center", va="top", fontsize=8, color="#d50000" if sel else "#212121",
                  fontweight="bold" if sel else "normal")
-    al = gf.alignment
-    ax2.set_title(f"every byte range ({len(lay)}: 1 header, {gf.n_kv} KV pairs, {gf.n_tensors} tensor infos, "
-                  f"{gf.n_tensors} tensor data) on a piecewise axis: each section gets a fixed share, each range a "
-                  f"width ∝ log(bytes)\ndata section at offset {gf.data_offset} = {gf.data_offset // al} × {al} "
-                  f"(general.alignment = {al}); every tensor's offset is a multiple of {al}; small numbers: start "
-                  f"offsets", fontsize=10,
-                  loc="left", pad=44)
-    for sp in ("top", "right", "left", "bottom"):
-        ax2.spines[sp].set_visible(False)
-    types = sorted({r["type"] for r in lay if r["kind"] == "tensor_data"})
-    handles = [Patch(facecolor=SECTION_COLORS[k], edgecolor="#424242", label=SECTION_NAMES[k])
-               for k in SECTION_ORDER if k != "tensor_data" and any(s["section"] == k for s in secs)]
-    handles += [Patch(facecolor=TYPE_COLORS.get(t, SECTION_COLORS["tensor_data"]), edgecolor="#424242",
-                      label=f"data: {t}") for t in types]
-    ax2.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9, frameon=False)
-    return fig

@@ -8,16 +8,13 @@ node order then src slot order, and are labelled with the slot ``k`` when a node
 from __future__ import annotations
 
 import html
-import json
 import os
-import re as _re
-import shutil
-import subprocess
 
 import graphviz
 
 from ..capture.nodes import layer_of
 from ..ggml.tensor import op_desc, type_name
+from .layout import _GROUPED_EDGE_ATTR, _GROUPED_GRAPH_ATTR, _GROUPED_NODE_ATTR, _dot_program, layered_layout, node_bands
 
 # a fixed palette so the same op gets the same colour in every picture
 _PALETTE = ["#e3f2fd", "#fff3e0", "#e8f5e9", "#fce4ec", "#ede7f6", "#e0f7fa", "#fffde7", "#efebe9", "#f1f8e9",
@@ -193,11 +190,6 @@ class DotInfo(dict):
     """What a grouped picture contains (plain data): counts, and which vertex stands for each node/leaf."""
 
 
-# Graphviz settings shared by the grouped pictures (and the per-layer templates of the layered layout)
-_GROUPED_GRAPH_ATTR = {"rankdir": "TB", "fontname": "Helvetica", "fontsize": "12", "nodesep": "0.25", "ranksep": "0.35"}
-_GROUPED_NODE_ATTR = {"fontname": "Helvetica", "fontsize": "10", "margin": "0.08,0.04"}
-_GROUPED_EDGE_ATTR = {"fontname": "Helvetica", "fontsize": "8", "color": "#616161", "arrowsize": "0.6"}
-
 # "auto" lays a graph out per layer (see ``layered_layout``) from this many drawn vertices on
 LAYERED_MIN_VERTICES = 200
 
@@ -243,7 +235,38 @@ def graph_to_dot_grouped(gf, collapse=(), color_by="op", title: str | None = Non
     if title:
         graph_attr.update(label=title, labelloc="t", fontsize="14")
 
-    # ---- fill colours
+    node_fill, legend_items = _node_fills(gf, color_by)
+    vx = _Vertices(gf, layers, collapse, hide_leafs)
+    # the picture as statements, in the order they are written to the DOT source: ("node", name, attrs) and
+    # ("edge", src, dst, attrs); both layouts write the same statements
+    stmts = _vertex_stmts(gf, vx, node_fill, color_by, highlight, id_prefix)
+    n_edges = _edge_stmts(gf, vx, stmts, edge_labels, id_prefix)
+    legend_spec = _legend_spec(legend_items, color_by) if legend else None
+
+    # ---- layout: dot for the whole picture, or the layered layout (every layer open, top to bottom)
+    n_vertices = sum(1 for st in stmts if st[0] == "node")
+    bands = node_bands(layers) if not collapse and rankdir == "TB" and len(all_layers) >= 2 else None
+    use_layers = layout == "layers" or (layout == "auto" and n_vertices >= LAYERED_MIN_VERTICES)
+    if layout == "layers" and bands is None:
+        raise ValueError("layout='layers' needs a graph with at least 2 layers, every layer open and rankdir 'TB'")
+    if use_layers and bands is not None and _dot_program() is not None:
+        band_of = {vx.node[i]: b for i, b in enumerate(bands)}
+        dot, lay = layered_layout(stmts, band_of, graph_attr, legend_spec)
+        used = "layers"
+    else:
+        dot, lay, used = _dot_picture(stmts, graph_attr, legend_spec), {}, "dot"
+
+    info = DotInfo(n_nodes_drawn=sum(1 for v in vx.node if not v.startswith("L")) + len(vx.box_members),
+                   n_leafs_drawn=sum(v is not None for v in vx.leaf), boxes={il: len(m) for il, m in
+                                                                            vx.box_members.items()},
+                   collapsed=sorted(collapse), vertex_of_node=vx.node, vertex_of_leaf=vx.leaf,
+                   colors=legend_items, n_edges=n_edges, layers=layers, layout=used, **lay)
+    return dot, info
+
+
+def _node_fills(gf, color_by) -> tuple[list, dict]:
+    """Each node's fill colour and the legend ({category: colour}): by op, by type, none (white), or by a user
+    mapping/callable (one colour per category value, stable across pictures)."""
     extra: dict = {}
     legend_items: dict = {}
     node_fill = []
@@ -267,103 +290,121 @@ def graph_to_dot_grouped(gf, collapse=(), color_by="op", title: str | None = Non
         cmap = categorical_colors(vals)
         node_fill = [cmap[v] for v in vals]
         legend_items = {str(v): c for v, c in cmap.items()}
+    return node_fill, legend_items
 
-    # ---- vertices
-    vert_node = [None] * gf.n_nodes
-    vert_leaf = [None] * gf.n_leafs
-    addr_vert: dict = {}
-    box_members: dict = {}
-    for i, (t, il) in enumerate(zip(gf.nodes, layers)):
-        if il in collapse:
-            vert_node[i] = f"L{il}"
-            box_members.setdefault(il, []).append(i)
-        else:
-            vert_node[i] = f"n{i}"
-        addr_vert[t.addr] = vert_node[i]
 
-    # leafs: visible when a visible node reads them; folded into the boxes otherwise
-    leaf_idx = {t.addr: j for j, t in enumerate(gf.leafs)}
-    readers: dict = {}
-    for i, t in enumerate(gf.nodes):
-        for s in t.src:
-            if s is not None and s.addr in leaf_idx:
-                readers.setdefault(s.addr, set()).add(vert_node[i])
-    box_leafs: dict = {}
-    for j, t in enumerate(gf.leafs):
-        rd = readers.get(t.addr, set())
-        visible = any(not v.startswith("L") for v in rd) or not rd
-        if visible and not hide_leafs:
-            vert_leaf[j] = f"l{j}"
-            addr_vert[t.addr] = vert_leaf[j]
-        # a leaf read by a collapsed layer is counted in its box (and not wired to it: shared inputs such as
-        # inp_pos would otherwise draw one edge per layer)
-        for v in rd:
-            if v.startswith("L"):
-                box_leafs.setdefault(int(v[1:]), []).append(j)
+class _Vertices:
+    """Which vertex stands for each node and leaf: ``node[i]`` is ``n<i>`` or, in a collapsed layer, its box
+    ``L<il>``; ``leaf[j]`` is ``l<j>`` or None (folded into boxes, or hidden); ``addr`` maps a tensor's address to
+    its vertex (sources are found by address: a node's ``src`` are tensor objects, not indices)."""
 
-    def vid(name):
-        return f"{id_prefix}{name}"
+    def __init__(self, gf, layers, collapse, hide_leafs: bool):
+        self.node = [None] * gf.n_nodes
+        self.leaf = [None] * gf.n_leafs
+        self.addr: dict = {}
+        self.box_members: dict = {}
+        for i, (t, il) in enumerate(zip(gf.nodes, layers)):
+            if il in collapse:
+                self.node[i] = f"L{il}"
+                self.box_members.setdefault(il, []).append(i)
+            else:
+                self.node[i] = f"n{i}"
+            self.addr[t.addr] = self.node[i]
+        # leafs: visible when a visible node reads them; folded into the boxes otherwise
+        self.leaf_idx = {t.addr: j for j, t in enumerate(gf.leafs)}
+        readers: dict = {}
+        for i, t in enumerate(gf.nodes):
+            for s in t.src:
+                if s is not None and s.addr in self.leaf_idx:
+                    readers.setdefault(s.addr, set()).add(self.node[i])
+        self.box_leafs: dict = {}
+        for j, t in enumerate(gf.leafs):
+            rd = readers.get(t.addr, set())
+            visible = any(not v.startswith("L") for v in rd) or not rd
+            if visible and not hide_leafs:
+                self.leaf[j] = f"l{j}"
+                self.addr[t.addr] = self.leaf[j]
+            # a leaf read by a collapsed layer is counted in its box (and not wired to it: shared inputs such as
+            # inp_pos would otherwise draw one edge per layer)
+            for v in rd:
+                if v.startswith("L"):
+                    self.box_leafs.setdefault(int(v[1:]), []).append(j)
 
-    # the picture as statements, in the order they are written to the DOT source: ("node", name, attrs) and
-    # ("edge", src, dst, attrs)
+
+_HIGHLIGHT = {"penwidth": "4", "color": "#d50000"}
+
+
+def _vertex_stmts(gf, vx: _Vertices, node_fill, color_by, highlight, id_prefix: str) -> list:
+    """The vertex statements: the visible leafs (ellipses) first, then the nodes (rounded boxes) and layer boxes
+    (one box3d each, written where its first node would be), in graph order."""
     stmts: list = []
-    hl = {"penwidth": "4", "color": "#d50000"}
     for j, t in enumerate(gf.leafs):
-        if vert_leaf[j] is None:
+        if vx.leaf[j] is None:
             continue
         label = (f"<<font point-size='8'>leaf {j}</font><br/><b>{_esc(t.name or '?')}</b><br/>"
                  f"{_esc(type_name(t.type))} {_esc(_shape(t))}>")
-        stmts.append(("node", vert_leaf[j], {"label": label, "shape": "ellipse", "style": "filled",
-                                             "fillcolor": _LEAF_COLOR, "id": vid(vert_leaf[j]),
-                                             "tooltip": f"leaf {j}: {t.name}"}))
+        stmts.append(("node", vx.leaf[j], {"label": label, "shape": "ellipse", "style": "filled",
+                                           "fillcolor": _LEAF_COLOR, "id": id_prefix + vx.leaf[j],
+                                           "tooltip": f"leaf {j}: {t.name}"}))
     emitted_boxes = set()
     for i, t in enumerate(gf.nodes):
-        v = vert_node[i]
+        v = vx.node[i]
         if v.startswith("L"):
             il = int(v[1:])
-            if il in emitted_boxes:
-                continue
-            emitted_boxes.add(il)
-            mem = box_members[il]
-            nl = len(set(box_leafs.get(il, ())))
-            label = (f"<<b>layer {il} ({len(mem)} nodes)</b><br/><font point-size='9'>#{mem[0]}–#{mem[-1]}: "
-                     f"{_esc(gf.nodes[mem[0]].name)} … {_esc(gf.nodes[mem[-1]].name)}"
-                     + (f"<br/>+ {nl} leafs (weights, cache, inputs)" if nl else "") + "</font>>")
-            fills = {node_fill[k] for k in mem}
-            fill = fills.pop() if len(fills) == 1 and not (isinstance(color_by, str) or color_by is None) else BOX_COLOR
-            attrs = {"label": label, "shape": "box3d", "style": "filled", "fillcolor": fill, "id": vid(v),
-                     "margin": "0.2,0.1", "tooltip": f"layer {il}: nodes {mem[0]}..{mem[-1]}"}
-            if highlight & set(mem):
-                attrs.update(hl)
-            stmts.append(("node", v, attrs))
+            if il not in emitted_boxes:
+                emitted_boxes.add(il)
+                stmts.append(("node", v, _box_attrs(gf, vx, il, node_fill, color_by, highlight, id_prefix + v)))
             continue
         op = op_desc(t)
         label = (f"<<font point-size='8'>#{i}</font> <b>{_esc(t.name or '?')}</b><br/>"
                  f"{_esc(op)}<br/>{_esc(type_name(t.type))} {_esc(_shape(t))}>")
-        attrs = {"label": label, "shape": "box", "style": "rounded,filled", "fillcolor": node_fill[i], "id": vid(v),
-                 "tooltip": f"node {i}: {t.name} ({op})"}
+        attrs = {"label": label, "shape": "box", "style": "rounded,filled", "fillcolor": node_fill[i],
+                 "id": id_prefix + v, "tooltip": f"node {i}: {t.name} ({op})"}
         if i in highlight:
-            attrs.update(hl)
+            attrs.update(_HIGHLIGHT)
         stmts.append(("node", v, attrs))
+    return stmts
 
-    # ---- edges (deduplicated between boxes)
+
+def _box_attrs(gf, vx: _Vertices, il: int, node_fill, color_by, highlight, vid: str) -> dict:
+    """A collapsed layer's box: its node range, first and last names, how many leafs it folds in. Grey, unless a
+    user colouring gives all its nodes one colour (e.g. every node of the layer on one device)."""
+    mem = vx.box_members[il]
+    nl = len(set(vx.box_leafs.get(il, ())))
+    label = (f"<<b>layer {il} ({len(mem)} nodes)</b><br/><font point-size='9'>#{mem[0]}–#{mem[-1]}: "
+             f"{_esc(gf.nodes[mem[0]].name)} … {_esc(gf.nodes[mem[-1]].name)}"
+             + (f"<br/>+ {nl} leafs (weights, cache, inputs)" if nl else "") + "</font>>")
+    fills = {node_fill[k] for k in mem}
+    fill = fills.pop() if len(fills) == 1 and not (isinstance(color_by, str) or color_by is None) else BOX_COLOR
+    attrs = {"label": label, "shape": "box3d", "style": "filled", "fillcolor": fill, "id": vid,
+             "margin": "0.2,0.1", "tooltip": f"layer {il}: nodes {mem[0]}..{mem[-1]}"}
+    if highlight & set(mem):
+        attrs.update(_HIGHLIGHT)
+    return attrs
+
+
+def _edge_stmts(gf, vx: _Vertices, stmts: list, edge_labels: bool, id_prefix: str) -> int:
+    """Append the edges (node order, then src slot order, as ggml_graph_dump_dot) to ``stmts``, and a dashed
+    ellipse ``x<k>`` for each source that is neither a node nor a leaf of ``gf`` (a tensor of another graph).
+    Between boxes an edge is drawn once (thick); a leaf read by a box is counted in its label, not wired.
+    Returns the number of edges."""
     seen = set()
     n_ext = 0
     for i, t in enumerate(gf.nodes):
-        dst = vert_node[i]
+        dst = vx.node[i]
         srcs = [(k, s) for k, s in enumerate(t.src) if s is not None]
         for k, s in srcs:
-            if s.addr in leaf_idx and dst.startswith("L"):
+            if s.addr in vx.leaf_idx and dst.startswith("L"):
                 continue                     # counted in the box's label
-            src = addr_vert.get(s.addr)
+            src = vx.addr.get(s.addr)
             if src is None:
-                if s.addr in leaf_idx:       # a hidden leaf
+                if s.addr in vx.leaf_idx:    # a hidden leaf
                     continue
                 src = f"x{n_ext}"
                 n_ext += 1
-                addr_vert[s.addr] = src
+                vx.addr[s.addr] = src
                 stmts.append(("node", src, {"label": f"{s.name or '?'}\n{type_name(s.type)} {_shape(s)}",
-                                            "shape": "ellipse", "style": "dashed", "id": vid(src)}))
+                                            "shape": "ellipse", "style": "dashed", "id": id_prefix + src}))
             if src == dst:
                 continue
             boxed = src.startswith("L") or dst.startswith("L")
@@ -375,507 +416,34 @@ def graph_to_dot_grouped(gf, collapse=(), color_by="op", title: str | None = Non
             if boxed:
                 attrs["penwidth"] = "2"
             stmts.append(("edge", src, dst, attrs))
-
-    legend_spec = None
-    if legend and legend_items:
-        rows = "".join(f"<tr><td bgcolor='{c}' width='18'> </td><td align='left'>{_esc(str(k))}</td></tr>"
-                       for k, c in legend_items.items())
-        legend_spec = ({"label": "colour = " + (color_by if isinstance(color_by, str) else "attribute"),
-                        "fontsize": "10", "style": "dashed", "color": "#9e9e9e"},
-                       {"label": f"<<table border='0' cellspacing='2' cellpadding='2'>{rows}</table>>",
-                        "shape": "plaintext", "fontsize": "10"})
-
-    # ---- layout: dot for the whole picture, or the layered layout (every layer open, top to bottom)
-    n_vertices = sum(1 for st in stmts if st[0] == "node")
-    bands = _node_bands(layers) if not collapse and rankdir == "TB" and len(all_layers) >= 2 else None
-    use_layers = layout == "layers" or (layout == "auto" and n_vertices >= LAYERED_MIN_VERTICES)
-    if layout == "layers" and bands is None:
-        raise ValueError("layout='layers' needs a graph with at least 2 layers, every layer open and rankdir 'TB'")
-    if use_layers and bands is not None and _dot_program() is not None:
-        band_of = {vert_node[i]: b for i, b in enumerate(bands)}
-        dot, lay = layered_layout(stmts, band_of, graph_attr, legend_spec)
-        used = "layers"
-    else:
-        dot = graphviz.Digraph(name="ggml_cgraph", graph_attr=graph_attr, node_attr=_GROUPED_NODE_ATTR,
-                               edge_attr=_GROUPED_EDGE_ATTR)
-        for st in stmts:
-            if st[0] == "node":
-                dot.node(st[1], **st[2])
-            else:
-                dot.edge(st[1], st[2], **st[3])
-        if legend_spec is not None:
-            with dot.subgraph(name="cluster_legend") as lg:
-                lg.attr(**legend_spec[0])
-                lg.node("legend", **legend_spec[1])
-        lay, used = {}, "dot"
-
-    info = DotInfo(n_nodes_drawn=sum(1 for v in vert_node if not v.startswith("L")) + len(box_members),
-                   n_leafs_drawn=sum(v is not None for v in vert_leaf), boxes={il: len(m) for il, m in
-                                                                              box_members.items()},
-                   collapsed=sorted(collapse), vertex_of_node=vert_node, vertex_of_leaf=vert_leaf,
-                   colors=legend_items, n_edges=len(seen), layers=layers, layout=used, **lay)
-    return dot, info
+    return len(seen)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The layered layout: the whole decode graph in well under a second.
-#
-# Graphviz ``dot`` lays a graph out globally (rank assignment, crossing minimisation over every rank, x placement by
-# network simplex); on the fully opened decode graph -- 1086 nodes, ~340 leafs, ~1700 edges, some of them (inp_pos,
-# the KQ mask) reaching into all 30 layers -- that takes 15-20 s even with its iteration limits turned down. But the
-# graph is 30 copies of one layer: llama.cpp's ``llm_build_llama`` emits the same 36 nodes for every layer, reading
-# the previous layer's residual stream ``l_out-(il-1)`` and the same few inputs. So the picture is built from bands:
-#
-# 1. every node gets a band (its layer, from the ``-<il>`` name suffix; un-named nodes between two nodes of one layer
-#    join it, e.g. the ``out_ids`` GET_ROWS of the last layer; other runs of them -- the embeddings, the output
-#    head -- are bands of their own); a leaf read by one band only (the layer's weights, its KV cache) belongs to it,
-#    one read by several bands (inp_pos, the KQ mask, the KV index inputs) is *shared*;
-# 2. bands whose contents match -- same vertex shapes and labels up to the numbers in them, same edges -- share one
-#    *template*: ``dot`` lays out one of them (the one with the longest labels, so no other copy is wider), with a
-#    tiny point ("stub") standing for each source outside the band. All templates go through one ``dot`` call
-#    (for the decode graph: 5 small graphs instead of one of 1400 vertices);
-# 3. the templates are stacked top to bottom in graph order, aligned horizontally along the edges between
-#    neighbouring bands (the residual stream runs straight down); every vertex's position and every edge's spline
-#    is written into the DOT source: an edge inside a band is the template's spline moved to the band; an edge from
-#    outside runs to its stub -- straight from the bottom row of the band just above (the residual stream), down a
-#    lane left of the stack from a shared leaf (drawn once, at the top of its lane), or down a lane right of it
-#    otherwise -- and then along the template's spline from the stub. Lanes turn into a band in the free gap
-#    between two rows, so they cross edges but no vertex;
-# 4. Graphviz only draws it: ``neato -n2`` keeps the positions and splines as given (0.3-0.5 s for the SVG).
-#
-# Nothing is dropped or merged: every vertex and every (node, src) edge of the dot layout is in the picture, with
-# the same labels, colours and ids.
-
-def _dot_program():
-
-    return shutil.which("dot")
+def _legend_spec(legend_items: dict, color_by):
+    """The legend: (cluster attributes, node attributes) of a dashed cluster holding one HTML table, colour swatch
+    and category per row; None when nothing is coloured."""
+    if not legend_items:
+        return None
+    rows = "".join(f"<tr><td bgcolor='{c}' width='18'> </td><td align='left'>{_esc(str(k))}</td></tr>"
+                   for k, c in legend_items.items())
+    return ({"label": "colour = " + (color_by if isinstance(color_by, str) else "attribute"),
+             "fontsize": "10", "style": "dashed", "color": "#9e9e9e"},
+            {"label": f"<<table border='0' cellspacing='2' cellpadding='2'>{rows}</table>>",
+             "shape": "plaintext", "fontsize": "10"})
 
 
-class PinnedDigraph:
-    """What every picture laid out by ``layered_layout`` is an instance of: a ``graphviz.Digraph`` (made by
-    ``_pinned_digraph_class``, graphviz being imported lazily) whose ``pipe``/``render`` run ``neato -n2``."""
-
-
-_PINNED_CLS = None
-
-
-def _pinned_digraph_class():
-    """A ``graphviz.Digraph`` whose positions are fixed: rendered (pipe, render, Jupyter display) by ``neato -n2``."""
-    global _PINNED_CLS
-    if _PINNED_CLS is None:
-
-        class _Pinned(graphviz.Digraph, PinnedDigraph):
-            """A Digraph with every node ``pos`` and edge ``pos`` given: ``neato -n2`` draws it as laid out."""
-
-            def pipe(self, *args, **kwargs):
-                kwargs.setdefault("neato_no_op", 2)
-                kwargs.setdefault("engine", "neato")
-                return super().pipe(*args, **kwargs)
-
-            def render(self, *args, **kwargs):
-                kwargs.setdefault("neato_no_op", 2)
-                kwargs.setdefault("engine", "neato")
-                return super().render(*args, **kwargs)
-
-        _Pinned.__name__ = _Pinned.__qualname__ = "PinnedDigraph"
-        _PINNED_CLS = _Pinned
-    return _PINNED_CLS
-
-
-def _node_bands(layers) -> list:
-    """Per node: its band, ``("L", il)`` for a layer's nodes, ``("x", first node)`` for a run of un-layered nodes
-    that is not inside one layer (un-layered nodes between two nodes of the same layer join that layer)."""
-    n = len(layers)
-    prev, nxt = [None] * n, [None] * n
-    last = None
-    for i, il in enumerate(layers):
-        last = il if il is not None else last
-        prev[i] = last
-    last = None
-    for i in range(n - 1, -1, -1):
-        last = layers[i] if layers[i] is not None else last
-        nxt[i] = last
-    out, run = [], None
-    for i, il in enumerate(layers):
-        if il is None and prev[i] is not None and prev[i] == nxt[i]:
-            il = prev[i]
-        if il is not None:
-            out.append(("L", il))
-            run = None
-        else:
-            run = run or ("x", i)
-            out.append(run)
-    return out
-
-
-_NODE_LAYOUT_KEYS = ("label", "shape", "margin", "fontsize", "fontname", "width", "height", "fixedsize",
-                     "peripheries")
-_EDGE_LAYOUT_KEYS = ("label", "fontsize", "fontname", "weight", "minlen", "constraint", "headport", "tailport",
-                     "arrowhead", "arrowtail", "dir")
-_DIGITS = _re.compile(r"\d+")
-
-
-def _parse_spline(pos: str):
-    start = end = None
-    pts = []
-    for tok in pos.split(";")[0].split():
-        if tok.startswith("e,"):
-            end = tuple(float(v) for v in tok[2:].split(","))
-        elif tok.startswith("s,"):
-            start = tuple(float(v) for v in tok[2:].split(","))
-        else:
-            x, y = tok.split(",")[:2]
-            pts.append((float(x), float(y)))
-    return start, end, pts
-
-
-def _fmt_spline(start, end, pts) -> str:
-    out = []
-    if start is not None:
-        out.append(f"s,{start[0]:.2f},{start[1]:.2f}")
-    if end is not None:
-        out.append(f"e,{end[0]:.2f},{end[1]:.2f}")
-    out += [f"{x:.2f},{y:.2f}" for x, y in pts]
-    return " ".join(out)
-
-
-def _polyline_bezier(pts) -> list:
-    """A polyline as cubic Bézier control points (1 + 3 per segment), the form of a Graphviz edge ``pos``."""
-    out = [pts[0]]
-    for (ax, ay), (bx, by) in zip(pts, pts[1:]):
-        out += [(ax + (bx - ax) / 3, ay + (by - ay) / 3), (ax + 2 * (bx - ax) / 3, ay + 2 * (by - ay) / 3), (bx, by)]
-    return out
-
-
-def _lane_offset(k: int) -> float:
-    """Where lane ``k`` crosses a gap between two rows, relative to the gap's middle (rows are >= 25 pt apart)."""
-    return ((k % 5) - 2) * 3.5
-
-
-def _run_dot_json(sources: list) -> list:
-    """Lay out several graphs with one ``dot -Tjson0`` call; their JSON documents, in order."""
-
-    exe = _dot_program()
-    if exe is None:
-        raise graphviz.ExecutableNotFound(["dot"])
-    res = subprocess.run([exe, "-Tjson0"], input="\n".join(sources).encode("utf-8"), capture_output=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"dot failed laying out the layer templates: {res.stderr.decode(errors='replace')}")
-    text = res.stdout.decode("utf-8")
-    dec = json.JSONDecoder()
-    docs, k = [], 0
-    while True:
-        while k < len(text) and text[k].isspace():
-            k += 1
-        if k >= len(text):
-            break
-        doc, k = dec.raw_decode(text, k)
-        docs.append(doc)
-    if len(docs) != len(sources):
-        raise RuntimeError(f"dot returned {len(docs)} layouts for {len(sources)} graphs")
-    return docs
-
-
-class _Template:
-    """One ``dot`` layout: vertex boxes ``{name: (x, y, w, h)}`` in points (y up), edge splines by id, bb."""
-
-    def __init__(self, doc):
-        self.bb = tuple(float(v) for v in doc["bb"].split(","))
-        self.v = {}
-        self.clusters = {}
-        for o in doc.get("objects", []):
-            if "pos" in o:
-                x, y = (float(a) for a in o["pos"].split(",")[:2])
-                self.v[o["name"]] = (x, y, float(o["width"]) * 72.0, float(o["height"]) * 72.0)
-            elif "bb" in o:
-                self.clusters[o["name"]] = o
-        self.e = {}
-        for e in doc.get("edges", []):
-            if "id" in e and "pos" in e:
-                lp = tuple(float(a) for a in e["lp"].split(",")) if "lp" in e else None
-                self.e[e["id"]] = (*_parse_spline(e["pos"]), lp)
-        ys = [(y, h) for n, (x, y, w, h) in self.v.items() if n.startswith("v")]
-        self.bottom_y = min((y for y, h in ys), default=self.bb[1])
-        self._rows = ys + [(y, h) for n, (x, y, w, h) in self.v.items() if n.startswith("s")]
-
-    def gap_above(self, y, h):
-        """A y in the free gap between the row at ``y`` and the row above it (None: that is the top row)."""
-        above = [yy - hh / 2 for yy, hh in self._rows if yy > y + 1.0]
-        if not above:
-            return None
-        row_top = max([yy + hh / 2 for yy, hh in self._rows if abs(yy - y) <= 1.0] + [y + h / 2])
-        return (row_top + min(above)) / 2
-
-    def gap_below(self, y, h):
-        """A y in the free gap between the row at ``y`` and the row below it (None: that is the bottom row)."""
-        below = [yy + hh / 2 for yy, hh in self._rows if yy < y - 1.0]
-        if not below:
-            return None
-        row_bottom = min([yy - hh / 2 for yy, hh in self._rows if abs(yy - y) <= 1.0] + [y - h / 2])
-        return (row_bottom + max(below)) / 2
-
-
-def layered_layout(stmts, band_of: dict, graph_attr: dict, legend_spec=None, band_gap: float = 18.0):
-    """Position every vertex and edge of a picture of a layered graph (see the comment above); returns
-    ``(PinnedDigraph, info)``.
-
-    ``stmts``: the picture, ``("node", name, attrs)`` / ``("edge", src, dst, attrs)``; ``band_of``: {vertex name of
-    a node: its band key}, in graph order (every other vertex is placed by its readers); ``legend_spec``:
-    (cluster attrs, legend node attrs) or None.
-    """
-
-    verts = {st[1]: st[2] for st in stmts if st[0] == "node"}
-    edges = [(st[1], st[2], st[3]) for st in stmts if st[0] == "edge"]
-    order = list(dict.fromkeys(band_of.values()))
-    bidx = {b: k for k, b in enumerate(order)}
-
-    # ---- which band each vertex belongs to; shared vertices (read by several bands) get a lane
-    readers: dict = {}
-    for s, d, _a in edges:
-        readers.setdefault(s, set()).add(band_of[d])
-    owner = dict(band_of)
-    shared = []
-    for v in verts:
-        if v in band_of:
-            continue
-        rb = readers.get(v, ())
-        if len(rb) == 1:
-            owner[v] = next(iter(rb))
-        elif not rb:
-            owner[v] = order[0]
-        else:
-            shared.append(v)
-
-    # ---- per band: members (nodes in graph order, then owned leafs by first use), stubs, edges
-    members = {b: [] for b in order}
-    for v in verts:
-        if v in band_of:
-            members[band_of[v]].append(v)
-    band_edges = {b: [] for b in order}
-    for j, (s, d, a) in enumerate(edges):
-        band_edges[band_of[d]].append(j)
-    stubs = {b: [] for b in order}
-    for b in order:
-        mem = members[b]
-        seen = set(mem)
-        for j in band_edges[b]:
-            s = edges[j][0]
-            if s not in seen and owner.get(s) == b:
-                mem.append(s)
-                seen.add(s)
-        st_seen = set()
-        for j in band_edges[b]:
-            s = edges[j][0]
-            if s not in seen and s not in st_seen:
-                stubs[b].append(s)
-                st_seen.add(s)
-    for v in verts:                                   # owned vertices nobody reads
-        if v not in band_of and v not in shared and not readers.get(v):
-            members[owner[v]].append(v)
-    local = {b: {v: k for k, v in enumerate(members[b])} for b in order}
-    stub_idx = {b: {v: k for k, v in enumerate(stubs[b])} for b in order}
-    edge_local = {}
-    for b in order:
-        for k, j in enumerate(band_edges[b]):
-            edge_local[j] = k
-
-    def sref(b, v):
-        return ("v", local[b][v]) if v in local[b] else ("s", stub_idx[b][v])
-
-    def signature(b):
-        vs = tuple((verts[v].get("shape"), _DIGITS.sub("0", verts[v].get("label", v)),
-                    tuple(verts[v].get(k) for k in _NODE_LAYOUT_KEYS[2:])) for v in members[b])
-        es = tuple((sref(b, edges[j][0]), local[b][edges[j][1]],
-                    tuple((k, _DIGITS.sub("0", str(edges[j][2][k]))) for k in _EDGE_LAYOUT_KEYS
-                          if k in edges[j][2])) for j in band_edges[b])
-        return vs, len(stubs[b]), es
-
-    groups: dict = {}
-    for b in order:
-        groups.setdefault(signature(b), []).append(b)
-    group_of, reps = {}, []
-    for g, bs in enumerate(groups.values()):
-        # the copy with the longest labels is laid out: every other copy fits in its boxes
-        rep = max(reversed(bs), key=lambda b: sum(len(verts[v].get("label", "")) for v in members[b]))
-        reps.append(rep)
-        for b in bs:
-            group_of[b] = g
-
-    # ---- one dot call for every template (+ the shared vertices and the legend, to learn their sizes)
-    tattr = {k: v for k, v in graph_attr.items() if k not in ("label", "labelloc")}
-
-    def layout_attrs(a, keys):
-        return {k: str(a[k]) for k in keys if k in a}
-
-    sources = []
-    for rep in reps:
-        g = graphviz.Digraph(name="template", graph_attr=tattr, node_attr=_GROUPED_NODE_ATTR,
-                             edge_attr=_GROUPED_EDGE_ATTR)
-        for k, v in enumerate(members[rep]):
-            g.node(f"v{k}", **layout_attrs(verts[v], _NODE_LAYOUT_KEYS))
-        for k in range(len(stubs[rep])):
-            g.node(f"s{k}", label="", shape="point", width="0.05", height="0.05")
-        for k, j in enumerate(band_edges[rep]):
-            s, d, a = edges[j]
-            ss = f"v{local[rep][s]}" if s in local[rep] else f"s{stub_idx[rep][s]}"
-            g.edge(ss, f"v{local[rep][d]}", id=f"e{k}", **layout_attrs(a, _EDGE_LAYOUT_KEYS))
-        sources.append(g.source)
-    aux = graphviz.Digraph(name="aux", graph_attr=tattr, node_attr=_GROUPED_NODE_ATTR, edge_attr=_GROUPED_EDGE_ATTR)
-    for k, v in enumerate(shared):
-        aux.node(f"v{k}", **layout_attrs(verts[v], _NODE_LAYOUT_KEYS))
-    if legend_spec is not None:
-        with aux.subgraph(name="cluster_legend") as lg:
-            lg.attr(**legend_spec[0])
-            lg.node("legend", **legend_spec[1])
-    sources.append(aux.source)
-    docs = _run_dot_json(sources)
-    temps = [_Template(d) for d in docs[:-1]]
-    auxt = _Template(docs[-1])
-
-    def T(b):
-        return temps[group_of[b]]
-
-    # ---- stack the bands top to bottom (y up: band 0's top at 0)
-    dy, top = {}, 0.0
-    for b in order:
-        x0, y0, x1, y1 = T(b).bb
-        dy[b] = top - y1
-        top -= (y1 - y0) + band_gap
-
-    # ---- x: the biggest group stays put; the others line up with a neighbour along an edge between them
-    dx = {}
-    main = max(groups.values(), key=len)
-    if len(main) == 1:
-        main = [order[0]]
-    for b in main:
-        dx[b] = 0.0
-
-    def tpos(b, v):
-        k = f"v{local[b][v]}"
-        return T(b).v[k]
-
-    def align(b, a):
-        """dx for band b from placed neighbour a."""
-        for j in band_edges[b]:
-            s = edges[j][0]
-            if s in local[a] and s in stub_idx[b]:
-                return tpos(a, s)[0] + dx[a] - T(b).v[f"s{stub_idx[b][s]}"][0]
-        for j in band_edges[a]:
-            s = edges[j][0]
-            if s in local[b] and s in stub_idx[a]:
-                return T(a).v[f"s{stub_idx[a][s]}"][0] + dx[a] - tpos(b, s)[0]
-        ta, tb = T(a).bb, T(b).bb
-        return (ta[0] + ta[2]) / 2 + dx[a] - (tb[0] + tb[2]) / 2
-
-    while len(dx) < len(order):
-        progress = False
-        for k, b in enumerate(order):
-            if b in dx:
-                continue
-            for a in ([order[k - 1]] if k > 0 else []) + ([order[k + 1]] if k + 1 < len(order) else []):
-                if a in dx:
-                    dx[b] = align(b, a)
-                    progress = True
-                    break
-        if not progress:                                # cannot happen for a chain; keep going regardless
-            dx[next(b for b in order if b not in dx)] = 0.0
-
-    pos: dict = {}
-    for b in order:
-        t = T(b)
-        for v, k in local[b].items():
-            x, y, w, h = t.v[f"v{k}"]
-            pos[v] = (x + dx[b], y + dy[b], w, h)
-    xmin = min(T(b).bb[0] + dx[b] for b in order)
-    xmax = max(T(b).bb[2] + dx[b] for b in order)
-
-    # ---- shared vertices: one lane each, left of the stack, the vertex at the top of its lane
-    lane_w = max((auxt.v[f"v{k}"][2] for k in range(len(shared))), default=0.0) + 16.0
-    lane_x, lane_dy = {}, {}
-    for k, v in enumerate(shared):
-        lane_dy[v] = _lane_offset(k)
-        _x, _y, w, h = auxt.v[f"v{k}"]
-        lane_x[v] = xmin - 24.0 - lane_w * k - lane_w / 2
-        pos[v] = (lane_x[v], 10.0 + h / 2, w, h)
-
-    # ---- edges
-    right_lane: dict = {}
-    epos = []
-    for j, (s, d, a) in enumerate(edges):
-        b = band_of[d]
-        t = T(b)
-        start, end, pts, lp = t.e[f"e{edge_local[j]}"]
-        mv = (lambda p, b=b: (p[0] + dx[b], p[1] + dy[b]))
-        pts = [mv(p) for p in pts]
-        start = mv(start) if start is not None else None
-        end = mv(end) if end is not None else None
-        lp = mv(lp) if lp is not None else None
-        if s not in local[b]:
-            _sx, sy, _sw, sh = t.v[f"s{stub_idx[b][s]}"]
-            gy = t.gap_above(sy, sh)
-            gy = (t.bb[3] + band_gap / 2) if gy is None else gy
-            gy += dy[b]
-            p0 = pts[0]
-            x, y, w, h = pos[s]
-            if s in lane_x:
-                gy += lane_dy[s]                            # lanes entering one gap do not overlap
-                route = [(x, y - h / 2), (x, gy), (p0[0], gy), p0]
-            else:
-                a_band = owner[s]
-                ta = T(a_band)
-                k_s = local[a_band][s]
-                at_bottom = ta.v[f"v{k_s}"][1] <= ta.bottom_y + 1.0
-                if bidx[a_band] + 1 == bidx[b] and at_bottom:
-                    route = [(x, y - h / 2), p0]           # the row just above: straight down
-                else:
-                    if s not in right_lane:
-                        right_lane[s] = len(right_lane)
-                    rx = xmax + 24.0 + 10.0 * right_lane[s]
-                    ty_, th = ta.v[f"v{k_s}"][1], ta.v[f"v{k_s}"][3]
-                    gb = ta.gap_below(ty_, th)
-                    gb = (ta.bb[1] - band_gap / 2) if gb is None else gb
-                    gb += dy[a_band] + _lane_offset(right_lane[s])
-                    gy += _lane_offset(right_lane[s])
-                    route = [(x, y - h / 2), (x, gb), (rx, gb), (rx, gy), (p0[0], gy), p0]
-            pts = _polyline_bezier(route)[:-1] + pts
-        attrs = {"pos": _fmt_spline(start, end, pts)}
-        if lp is not None:
-            attrs["lp"] = f"{lp[0]:.2f},{lp[1]:.2f}"
-        epos.append(attrs)
-
-    # ---- the legend: right of everything, at the top
-    legend_at = None
-    if legend_spec is not None:
-        cl = auxt.clusters.get("cluster_legend")
-        if cl is not None:
-            cx0, cy0, cx1, cy1 = (float(v) for v in cl["bb"].split(","))
-            ldx = xmax + 24.0 + 10.0 * len(right_lane) + 16.0 - cx0
-            ldy = 10.0 + max((p[3] for v, p in pos.items() if v in lane_x), default=0.0) - cy1
-            lx, ly = auxt.v["legend"][:2]
-            lpx, lpy = (float(v) for v in cl["lp"].split(","))
-            legend_at = {"bb": f"{cx0 + ldx:.2f},{cy0 + ldy:.2f},{cx1 + ldx:.2f},{cy1 + ldy:.2f}",
-                         "lp": f"{lpx + ldx:.2f},{lpy + ldy:.2f}", "pos": f"{lx + ldx:.2f},{ly + ldy:.2f}"}
-
-    # ---- the picture: every position given, drawn by neato -n2 (layout=nop2 for a plain ``dot`` run)
-    gattr = dict(graph_attr, layout="nop2")
-    dot = _pinned_digraph_class()(name="ggml_cgraph", graph_attr=gattr, node_attr=_GROUPED_NODE_ATTR,
-                                  edge_attr=_GROUPED_EDGE_ATTR,
-                                  comment="laid out by ggviz.viz.graph_dot.layered_layout: positions are fixed, "
-                                          "render with neato -n2 (or -Knop2)")
-    k_edge = 0
+def _dot_picture(stmts, graph_attr: dict, legend_spec):
+    """The statements as a plain ``graphviz.Digraph``: Graphviz ``dot`` lays the whole picture out."""
+    dot = graphviz.Digraph(name="ggml_cgraph", graph_attr=graph_attr, node_attr=_GROUPED_NODE_ATTR,
+                           edge_attr=_GROUPED_EDGE_ATTR)
     for st in stmts:
         if st[0] == "node":
-            # the template's box sizes for every copy (it has the longest labels): the copies of a layer look
-            # alike, and the template's splines end exactly on their borders
-            x, y, w, h = pos[st[1]]
-            dot.node(st[1], **st[2], pos=f"{x:.2f},{y:.2f}", width=f"{w / 72:.4f}", height=f"{h / 72:.4f}")
+            dot.node(st[1], **st[2])
         else:
-            dot.edge(st[1], st[2], **st[3], **epos[k_edge])
-            k_edge += 1
-    if legend_spec is not None and legend_at is not None:
+            dot.edge(st[1], st[2], **st[3])
+    if legend_spec is not None:
         with dot.subgraph(name="cluster_legend") as lg:
-            lg.attr(**legend_spec[0], bb=legend_at["bb"], lp=legend_at["lp"])
-            lg.node("legend", **legend_spec[1], pos=legend_at["pos"])
-    info = {"bands": len(order), "templates": len(reps), "band_of_vertex": {v: owner.get(v) for v in verts},
-            "band_order": order, "positions": dict(pos)}
-    return dot, info
+            lg.attr(**legend_spec[0])
+            lg.node("legend", **legend_spec[1])
+    return dot
+

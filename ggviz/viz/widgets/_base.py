@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import html
+import importlib.resources
 import io
 import itertools
 import re
@@ -232,56 +233,12 @@ def pre(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------------- canvas
 
-_CANVAS_ESM = r"""
-function render({ model, el }) {
-  const style = document.createElement("style");
-  const box = document.createElement("div");
-  box.style.overflow = "auto";
-  box.style.border = "1px solid #ddd";
-  el.appendChild(style);
-  el.appendChild(box);
-  const scroll = () => {
-    const f = model.get("focus");
-    if (!f) return;
-    const n = box.querySelector('[id="' + f + '"]');
-    if (!n) return;
-    const b = box.getBoundingClientRect(), r = n.getBoundingClientRect();
-    if (r.top < b.top || r.bottom > b.bottom) box.scrollTop += (r.top + r.bottom) / 2 - (b.top + b.bottom) / 2;
-    if (r.left < b.left || r.right > b.right) box.scrollLeft += (r.left + r.right) / 2 - (b.left + b.right) / 2;
-  };
-  const draw = () => {
-    box.innerHTML = model.get("svg");
-    box.style.maxHeight = model.get("max_height");
-    box.style.maxWidth = model.get("max_width");
-    const svg = box.querySelector("svg");
-    if (svg && model.get("fit_width")) { svg.style.maxWidth = "100%"; svg.style.height = "auto"; }
-    requestAnimationFrame(scroll);
-  };
-  const restyle = () => { style.textContent = model.get("css"); requestAnimationFrame(scroll); };
-  box.addEventListener("click", (e) => {
-    const p = model.get("prefix");
-    let n = e.target;
-    while (n && n !== box) {
-      if (n.id && p && n.id.startsWith(p)) {
-        model.set("clicked", n.id.slice(p.length));
-        model.set("n_clicks", model.get("n_clicks") + 1);
-        model.save_changes();
-        return;
-      }
-      n = n.parentNode;
-    }
-  });
-  box.style.cursor = "pointer";
-  model.on("change:svg", draw);
-  model.on("change:max_height", draw);
-  model.on("change:max_width", draw);
-  model.on("change:css", restyle);
-  model.on("change:focus", scroll);
-  draw();
-  restyle();
-}
-export default { render };
-"""
+def template(name: str) -> str:
+    """A widget's ES module or stylesheet, ``ggviz/templates/widgets/<name>``: the browser code lives in .js/.css
+    files (linted, highlighted, diffed as what they are), read from the installed package, so the live widget
+    (anywidget ``_esm``/``_css``) and the pages that embed its state carry the one copy."""
+    return importlib.resources.files("ggviz").joinpath("templates", "widgets", name).read_text(encoding="utf-8")
+
 
 _canvas_cls = None
 
@@ -298,7 +255,7 @@ def svg_canvas(svg: str = "", prefix: str = "", css: str = "", max_height: str =
             class SVGCanvas(anywidget.AnyWidget):
                 """Shows ``svg``; ``css`` restyles it; a click on an element with id ``prefix + key`` sets
                 ``clicked = key`` (and bumps ``n_clicks``); ``focus`` (an element id) is scrolled into view."""
-                _esm = _CANVAS_ESM
+                _esm = template("svg_canvas.js")
                 svg = traitlets.Unicode("").tag(sync=True)
                 css = traitlets.Unicode("").tag(sync=True)
                 prefix = traitlets.Unicode("").tag(sync=True)

@@ -22,6 +22,8 @@ and for a view the tensor it looks into (``view_src``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
@@ -117,6 +119,36 @@ def inv_mid(fwd, y0, y1):
         else:
             hi = m
     return (lo + hi) / 2
+
+
+def _break_scale(brk, hi):
+    """The forward and inverse functions of a broken offset axis: [0, brk] -> [0, 0.75] to scale, [brk, hi] ->
+    [0.75, 1] (a decode's logits would otherwise squash every other tensor into a sliver)."""
+    def fwd(y):
+        y = np.asarray(y, dtype=float)
+        return np.where(y <= brk, y * (0.75 / brk), 0.75 + (y - brk) * (0.25 / max(hi - brk, 1e-9)))
+
+    def inv(u):
+        u = np.asarray(u, dtype=float)
+        return np.where(u <= 0.75, u * (brk / 0.75), brk + (u - 0.75) * (max(hi - brk, 1e-9) / 0.25))
+    return fwd, inv
+
+
+@dataclass
+class _Window:
+    """What ``AllocatorView.figure``'s phases share: the node range [a, b], the offset axis (``top``, the break
+    ``ybrk`` or None, its forward function ``fwd``), the unit (``kib``: 1024 or 1), the plan's size and the tiny
+    threshold."""
+    a: int
+    b: int
+    n_shown: int
+    top: float
+    ybrk: float | None
+    kib: float
+    unit: str
+    size: int
+    thr: int
+    fwd: object
 
 
 class AllocatorView(VizWidget):
@@ -386,40 +418,57 @@ class AllocatorView(VizWidget):
         return top, None
 
     def figure(self, highlight="current"):
-
+        """The chart (a matplotlib Figure): tensors as rectangles above, the bytes alive per node in a band below,
+        both over the node range; ``highlight``: a node to mark (default: the selected one)."""
         hl = self.node if highlight == "current" else highlight
-        sp = self.spaces[self.space]
         items = self.space_items()
-        thr = self.tiny_threshold()
-        a, b = self.node_range if self.node_range is not None else (-1, self.n_nodes - 1)
-        shown = [it for it in items if it["alloc_node"] <= b and it["end_node"] >= a]
-        big = [it for it in shown if it["alloc_size"] >= thr]
-        n_shown = b - a + 1
-        lb = self.live_bytes()
-        top, ybrk = self._yscale(items, lb, a, b)
-        kib = 1024.0 if top >= 8192 else 1.0
-        unit = "KiB" if kib > 1 else "bytes"
-        size = self.space_size()
-
-        def scale_fns(brk, hi):
-            # piecewise linear: [0, brk] -> [0, 0.75], [brk, hi] -> [0.75, 1]
-            def fwd(y):
-                y = np.asarray(y, dtype=float)
-                return np.where(y <= brk, y * (0.75 / brk), 0.75 + (y - brk) * (0.25 / max(hi - brk, 1e-9)))
-
-            def inv(u):
-                u = np.asarray(u, dtype=float)
-                return np.where(u <= 0.75, u * (brk / 0.75), brk + (u - 0.75) * (max(hi - brk, 1e-9) / 0.25))
-            return fwd, inv
-
+        w = self._window(items)
+        shown = [it for it in items if it["alloc_node"] <= w.b and it["end_node"] >= w.a]
+        big = [it for it in shown if it["alloc_size"] >= w.thr]
         fig, (ax, axb) = plt.subplots(2, 1, figsize=(13, 7.2), sharex=True,
                                       gridspec_kw=dict(height_ratios=[5, 1.15], hspace=0.08))
+        if w.ybrk is not None:
+            ax.set_yscale("function", functions=_break_scale(w.ybrk / w.kib, w.top / w.kib))
+        xs = self._draw_tensors(ax, big, w)
+        self._draw_handovers(ax, big, xs, w)
+        self._draw_views(ax, w)
+        self._draw_labels(ax, big, xs, w)
+        self._draw_buffer_lines(ax, w)
+        ax.set_ylim(0, w.top / w.kib)
+        ax.set_xlim(w.a - 0.5, w.b + 0.5)
+        ax.set_ylabel(f"offset in the buffer ({w.unit})", fontsize=11)
+        ax.tick_params(labelsize=10)
+        if hl is not None and w.a <= hl <= w.b:
+            for axx in (ax, axb):
+                axx.axvspan(hl - 0.5, hl + 0.5, facecolor="#fff176", alpha=0.35, edgecolor="#f9a825",
+                            linewidth=1.5, zorder=4.5)
+        self._draw_legend(ax, big, items, w)
+        self._draw_band(axb, items, w)
+        self._finish_axes(fig, ax, axb, w)
+        return fig
+
+    # The phases of ``figure``, in the order they draw (matplotlib keeps that order for artists of one zorder).
+
+    def _window(self, items) -> _Window:
+        """The node range and offset axis of the picture: the whole graph, or ``node_range``; bytes or KiB."""
+        a, b = self.node_range if self.node_range is not None else (-1, self.n_nodes - 1)
+        top, ybrk = self._yscale(items, self.live_bytes(), a, b)
+        kib = 1024.0 if top >= 8192 else 1.0
         if ybrk is not None:
-            fwd, inv = scale_fns(ybrk / kib, top / kib)
-            ax.set_yscale("function", functions=(fwd, inv))
+            fwd, _inv = _break_scale(ybrk / kib, top / kib)
         else:
             def fwd(y):
                 return np.asarray(y, dtype=float) / (top / kib)
+        return _Window(a=a, b=b, n_shown=b - a + 1, top=top, ybrk=ybrk, kib=kib, unit="KiB" if kib > 1 else "bytes",
+                       size=self.space_size(), thr=self.tiny_threshold(), fwd=fwd)
+
+    def _ymid(self, w: _Window, y0, y1) -> float:
+        """Where the middle of [y0, y1] is drawn (on a broken axis, not the data midpoint)."""
+        return float(inv_mid(w.fwd, y0, y1)) if w.ybrk is not None else (y0 + y1) / 2
+
+    def _draw_tensors(self, ax, big, w: _Window) -> dict:
+        """Each tensor's rectangle, [alloc node, free node] x [offset, offset + size), in one PolyCollection (the
+        decode plan has ~1,000); the edge colour says what is special about it. Returns {id: (x0, x1, y0, y1)}."""
         polys, faces, edges, lws = [], [], [], []
         xs = {}
         for it in big:
@@ -431,8 +480,8 @@ class AllocatorView(VizWidget):
                 x1 = it["end_node"]
             if it["never_freed"]:
                 x1 = self.n_nodes - 0.5
-            y0 = (self._ybase(it["chunk"]) + it["offset"]) / kib
-            y1 = y0 + it["alloc_size"] / kib
+            y0 = (self._ybase(it["chunk"]) + it["offset"]) / w.kib
+            y1 = y0 + it["alloc_size"] / w.kib
             xs[it["id"]] = (x0, x1, y0, y1)
             polys.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
             faces.append(G.op_color(it["op"] or "NONE") if it["phase"] == "nodes" else "#c8e6c9")
@@ -449,43 +498,54 @@ class AllocatorView(VizWidget):
                 edges.append("#37474f")
                 lws.append(0.5)
         ax.add_collection(PolyCollection(polys, facecolors=faces, edgecolors=edges, linewidths=lws, zorder=2))
-        # hand-over arrows
+        return xs
+
+    def _draw_handovers(self, ax, big, xs, w: _Window):
+        """An arrow where a node writes its result over a dying parent (ggml_op_can_inplace)."""
         hx, hy = [], []
         for it in big:
-            if it["reused_from_id"] is not None and a <= it["alloc_node"] <= b:
+            if it["reused_from_id"] is not None and w.a <= it["alloc_node"] <= w.b:
                 x0, x1, y0, y1 = xs[it["id"]]
                 hx.append(x0)
-                hy.append(float(inv_mid(fwd, y0, y1)) if ybrk is not None else (y0 + y1) / 2)
+                hy.append(self._ymid(w, y0, y1))
         if hx:
-            ax.scatter(hx, hy, marker=">", s=36 if n_shown > 120 else 70, color=_REUSE, edgecolors="white",
+            ax.scatter(hx, hy, marker=">", s=36 if w.n_shown > 120 else 70, color=_REUSE, edgecolors="white",
                        linewidths=0.5, zorder=4)
-        # views: diamonds on their source, at the node that creates them
+
+    def _draw_views(self, ax, w: _Window):
+        """Views own no bytes: a diamond on their source, at the node that creates them."""
+        kib = w.kib
         vx, vy = [], []
         for v in self.views:
             if v["space"] != self.space or v["src_id"] is None or v["src_id"] not in self._by_id:
                 continue
             src = self._by_id[v["src_id"]]
-            if src["alloc_size"] < thr or not a <= v["node"] <= b:
+            if src["alloc_size"] < w.thr or not w.a <= v["node"] <= w.b:
                 continue
             y0 = (self._ybase(v["chunk"]) + v["offset"]) / kib
             ys = (self._ybase(src["chunk"]) + src["offset"] + src["alloc_size"]) / kib
             vx.append(v["node"])
-            vy.append(y0 + min(ys - y0, top / kib * 0.02) / 2)
+            vy.append(y0 + min(ys - y0, w.top / kib * 0.02) / 2)
         if vx:
-            ax.scatter(vx, vy, marker="D", s=14 if n_shown > 120 else 30, facecolors="white", edgecolors="#455a64",
-                       linewidths=0.8, zorder=3)
-        # labels where they fit (width in inches at ~9.5 in of axis, height in inches at ~5 in)
-        u_top = float(fwd(top / kib))
+            ax.scatter(vx, vy, marker="D", s=14 if w.n_shown > 120 else 30, facecolors="white",
+                       edgecolors="#455a64", linewidths=0.8, zorder=3)
+
+    def _draw_labels(self, ax, big, xs, w: _Window):
+        """Names inside the rectangles where they fit (width in inches at ~9.5 in of axis, height at ~5 in)."""
+        u_top = float(w.fwd(w.top / w.kib))
         for it in big:
             x0, x1, y0, y1 = xs[it["id"]]
-            vis0, vis1 = max(x0, a - 0.5), min(x1, b + 0.5)
-            w_in = (vis1 - vis0) / max(n_shown, 1) * 9.5
-            h_in = float(fwd(y1) - fwd(y0)) / u_top * 5.0
+            vis0, vis1 = max(x0, w.a - 0.5), min(x1, w.b + 0.5)
+            w_in = (vis1 - vis0) / max(w.n_shown, 1) * 9.5
+            h_in = float(w.fwd(y1) - w.fwd(y0)) / u_top * 5.0
             label = it["name"]
             if w_in > 0.075 * len(label) + 0.05 and h_in > 0.17:
-                ym = float(inv_mid(fwd, y0, y1)) if ybrk is not None else (y0 + y1) / 2
-                ax.text((vis0 + vis1) / 2, ym, label, ha="center", va="center", fontsize=9, clip_on=True, zorder=5)
-        # the buffer size, chunk borders
+                ax.text((vis0 + vis1) / 2, self._ymid(w, y0, y1), label, ha="center", va="center", fontsize=9,
+                        clip_on=True, zorder=5)
+
+    def _draw_buffer_lines(self, ax, w: _Window):
+        """The buffer the plan needs (dashed, per chunk), the one allocated when bigger (dotted), the axis break."""
+        sp, kib, size, top = self.spaces[self.space], w.kib, w.size, w.top
         y_chunk = 0
         for cs in sp["chunk_sizes"]:
             y_chunk += cs
@@ -494,29 +554,26 @@ class AllocatorView(VizWidget):
         note = (f"buffer needed by this plan: {_fmt_bytes(size)}"
                 + (f" in {len(sp['chunk_sizes'])} chunks" if len(sp["chunk_sizes"]) > 1 else ""))
         if size <= top:
-            ax.text(a - 0.5 + n_shown * 0.005, size / kib, " " + note, va="bottom", ha="left", fontsize=10, zorder=6)
+            ax.text(w.a - 0.5 + w.n_shown * 0.005, size / kib, " " + note, va="bottom", ha="left", fontsize=10,
+                    zorder=6)
         else:
             ax.text(0.005, 0.985, note + " (above this window)", transform=ax.transAxes, va="top", ha="left",
                     fontsize=10, zorder=6)
         if sp["allocated"] and sp["allocated"] > size and sp["allocated"] <= top:
             ax.axhline(sp["allocated"] / kib, color="#757575", linestyle=":", linewidth=1.2)
-            ax.text(b + 0.5, sp["allocated"] / kib, f"allocated buffer: {_fmt_bytes(sp['allocated'])} ",
+            ax.text(w.b + 0.5, sp["allocated"] / kib, f"allocated buffer: {_fmt_bytes(sp['allocated'])} ",
                     va="bottom", ha="right", fontsize=9, color="#616161")
-        if ybrk is not None:
-            ax.axhline(ybrk / kib, color="#9e9e9e", linestyle=(0, (1, 3)), linewidth=1.0, zorder=1)
-            ax.text(b + 0.5, ybrk / kib, f"axis break: to scale below {_fmt_bytes(ybrk)}, compressed above ",
+        if w.ybrk is not None:
+            ax.axhline(w.ybrk / kib, color="#9e9e9e", linestyle=(0, (1, 3)), linewidth=1.0, zorder=1)
+            ax.text(w.b + 0.5, w.ybrk / kib, f"axis break: to scale below {_fmt_bytes(w.ybrk)}, compressed above ",
                     va="bottom", ha="right", fontsize=9, color="#616161", zorder=6)
-            lo = np.linspace(0, ybrk / kib, 5)[:-1]
-            ax.set_yticks(list(lo) + [ybrk / kib, size / kib])
+            lo = np.linspace(0, w.ybrk / kib, 5)[:-1]
+            ax.set_yticks(list(lo) + [w.ybrk / kib, size / kib])
             ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 10 else f"{v:.1f}"))
-        ax.set_ylim(0, top / kib)
-        ax.set_xlim(a - 0.5, b + 0.5)
-        ax.set_ylabel(f"offset in the buffer ({unit})", fontsize=11)
-        ax.tick_params(labelsize=10)
-        if hl is not None and a <= hl <= b:
-            for axx in (ax, axb):
-                axx.axvspan(hl - 0.5, hl + 0.5, facecolor="#fff176", alpha=0.35, edgecolor="#f9a825",
-                            linewidth=1.5, zorder=4.5)
+
+    def _draw_legend(self, ax, big, items, w: _Window):
+        """The legend (what the edges and marks mean, then up to 14 ops in order of first appearance) and title."""
+        sp = self.spaces[self.space]
         handles = [Patch(facecolor="#c8e6c9", edgecolor=_INPUT, label="leaf / graph input (before node 0)"),
                    Patch(facecolor="#eeeeee", edgecolor=_OUTPUT, linewidth=2.4, label="output: never freed"),
                    Patch(facecolor="#eeeeee", edgecolor=_REUSE, linewidth=1.3, label="took over its parent in place"),
@@ -529,44 +586,50 @@ class AllocatorView(VizWidget):
                 ops_seen.append(it["op"])
         handles += [Patch(facecolor=G.op_color(o), edgecolor="#37474f", label=o) for o in ops_seen[:14]]
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9, frameon=False)
-        rng = f", nodes {a}..{b}" if self.node_range is not None else ""
+        rng = f", nodes {w.a}..{w.b}" if self.node_range is not None else ""
         title = self.title or (f"ggml_gallocr plan: {sp['name']} buffer, {len(items)} tensors over "
                                f"{self.n_nodes} nodes{rng}")
         ax.set_title(title, fontsize=12, pad=16)
-        # the band: bytes alive per node, the tiny tensors' share
+
+    def _draw_band(self, axb, items, w: _Window):
+        """The band under the chart: bytes alive per node, and the share of the tiny tensors left out above (so no
+        byte of the plan goes unshown)."""
+        kib, size, a, b = w.kib, w.size, w.a, w.b
+        lb = self.live_bytes()
         xs_all = np.arange(-1, self.n_nodes)
-        tiny_items = [it for it in items if it["alloc_size"] < thr]
+        tiny_items = [it for it in items if it["alloc_size"] < w.thr]
         axb.fill_between(xs_all, lb / kib, step="mid", color="#90caf9", label="bytes alive (all tensors)")
         if tiny_items:
             axb.fill_between(xs_all, self._accumulate(tiny_items) / kib, step="mid", color="#1565c0",
-                             label=f"of which {len(tiny_items)} tiny tensors (< {_fmt_bytes(thr)}), not drawn above")
+                             label=f"of which {len(tiny_items)} tiny tensors (< {_fmt_bytes(w.thr)}), not drawn above")
         win = lb[a + 1:b + 2]
         hi_b = max(int(win.max()) if len(win) else 0, 1)
         if self.node_range is None or size <= hi_b * 1.5:
             axb.axhline(size / kib, color="#212121", linestyle="--", linewidth=1.2)
             hi_b = max(hi_b, size)
-        if ybrk is not None:
-            fwd_b, inv_b = scale_fns(ybrk / kib, top / kib)
-            axb.set_yscale("function", functions=(fwd_b, inv_b))
-            axb.set_yticks([0, ybrk / kib, size / kib])
+        if w.ybrk is not None:
+            axb.set_yscale("function", functions=_break_scale(w.ybrk / kib, w.top / kib))
+            axb.set_yticks([0, w.ybrk / kib, size / kib])
             axb.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0f}"))
-            axb.set_ylim(0, top / kib)
+            axb.set_ylim(0, w.top / kib)
         else:
             axb.set_ylim(0, hi_b / kib * 1.2)
-        axb.set_ylabel(f"alive ({unit})", fontsize=10)
+        axb.set_ylabel(f"alive ({w.unit})", fontsize=10)
         axb.set_xlabel("node index (execution order; -1 = leafs and inputs, placed before node 0)", fontsize=11)
         axb.tick_params(labelsize=10)
         axb.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9, frameon=False)
+
+    def _finish_axes(self, fig, ax, axb, w: _Window):
+        """Open frames; with 48 nodes or fewer, every node named on the x axis."""
         for s in ("top", "right"):
             ax.spines[s].set_visible(False)
             axb.spines[s].set_visible(False)
-        if n_shown <= 48 and any(self.node_names):
-            ticks = list(range(a, b + 1))
+        if w.n_shown <= 48 and any(self.node_names):
+            ticks = list(range(w.a, w.b + 1))
             axb.set_xticks(ticks)
             axb.set_xticklabels([f"{i} {(self.node_names[i] or '')[:22]}" if i >= 0 else "-1 (leafs, inputs)"
-                                 for i in ticks], rotation=60, ha="right", fontsize=9 if n_shown <= 24 else 8)
-        fig.subplots_adjust(left=0.07, right=0.74, top=0.93, bottom=0.12 if n_shown > 48 else 0.25)
-        return fig
+                                 for i in ticks], rotation=60, ha="right", fontsize=9 if w.n_shown <= 24 else 8)
+        fig.subplots_adjust(left=0.07, right=0.74, top=0.93, bottom=0.12 if w.n_shown > 48 else 0.25)
 
     def png(self, dpi: int = 100) -> bytes:
         return fig_to_png(self.figure(), dpi=dpi)

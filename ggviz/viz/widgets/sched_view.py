@@ -86,6 +86,27 @@ def _rgb(hexcol: str) -> tuple:
     return tuple(int(h[i:i + 2], 16) / 255.0 for i in (0, 2, 4))
 
 
+def _splits_from(split_evs, copy_evs) -> list[dict]:
+    """Pass 5's splits from their ``sched.split`` events, each input with the copies made of it (``sched.copy``:
+    one per copy slot, ``n_copies`` > 1 for pipeline parallelism)."""
+    copies: dict = {}
+    for c in copy_evs:
+        copies.setdefault((c["split"], c["input"]), []).append(c)
+    splits = []
+    for e in split_evs:
+        ins = []
+        for name in e["inputs"]:
+            cs = copies.get((e["split"], name), [])
+            ins.append(dict(name=name, copy=cs[0]["copy"] if cs else None, copies=[c["copy"] for c in cs],
+                            from_backend=cs[0]["from_backend"] if cs else None,
+                            nbytes=cs[0]["nbytes"] if cs else None,
+                            consumer=cs[0]["node"] if cs else None))
+        splits.append(dict(index=e["split"], backend=e["backend"], backend_id=e["backend_id"],
+                           i_start=e["i_start"], i_end=e["i_end"], n_nodes=e["i_end"] - e["i_start"],
+                           inputs=ins))
+    return splits
+
+
 class SchedulerView(VizWidget):
     """The backend assignment of one ``backend_sched_split_graph``, after every pass, and its splits and copies.
 
@@ -112,10 +133,24 @@ class SchedulerView(VizWidget):
         self.view_op = [bool(is_view_op(t.op)) for t in nodes]
         self._mul_mats = {i: t for i, t in enumerate(nodes) if t.op == C.GGML_OP_MUL_MAT}
         self.leaf_names = [t.name for t in graph.leafs]
-        node_ix = {t.addr: i for i, t in enumerate(nodes)}
-        leaf_ix = {t.addr: i for i, t in enumerate(graph.leafs)}
+        window = self._split_window(events, which)
+        self._replay(window, {t.addr: i for i, t in enumerate(nodes)}, {t.addr: i for i, t in enumerate(graph.leafs)})
+        fin = self.snapshots["5"]
+        # each MUL_MAT's kernel on its final backend, decided now, while the graph's tensors are alive
+        self.kernels = {i: self._kernel_on(t, self._name(fin["backend"][i])) for i, t in self._mul_mats.items()}
+        self.graph_inputs = sorted({self.leaf_names[j] for j, c in enumerate(fin["leaf_cause"]) if c == "1.inp"}
+                                   | {self.node_names[i] for i, c in enumerate(fin["cause"]) if c == "1.inp"})
+        self.stage = stage if stage in STAGES else "5"
+        self.split_sel: int | None = None
+
+    # The phases of __init__: pick this split's events out of the recording, replay them pass by pass.
+
+    def _split_window(self, events, which: int) -> list:
+        """The recorded events of split ``which`` of this scheduler (a recording may hold several: one per
+        ``ggml_backend_sched_split_graph``), with the "usr" pins made just before it. Sets ``n_recorded``,
+        ``which``, ``is_last``."""
         evs = events.events if hasattr(events, "events") else list(events)
-        sid = id(sched)
+        sid = id(self.sched)
         mine = [e for e in evs if e.get("sched") == sid and e["kind"] in KINDS
                 and not (e["kind"] == "sched.copy" and e.get("phase") != "split")]
         starts = [k for k, e in enumerate(mine) if e["kind"] == "sched.pass" and e["pass"] == "1"]
@@ -133,9 +168,13 @@ class SchedulerView(VizWidget):
             if not (e["kind"] == "sched.assign" and e.get("pass") == "usr"):
                 prev_end = k + 1
                 break
-        window = mine[prev_end:s] + mine[s:e_end]
         self.is_last = self.which == len(starts) - 1
-        # replay
+        return mine[prev_end:s] + mine[s:e_end]
+
+    def _replay(self, window: list, node_ix: dict, leaf_ix: dict):
+        """Replay the assign events in order: ``snapshots`` holds every node's and leaf's backend and cause as each
+        pass ended (what SET_CAUSE had written by then), ``events_by_stage`` the assignments each pass made,
+        ``splits`` pass 5's splits with their inputs and copies."""
         nb = [-1] * self.n_nodes
         nc = [""] * self.n_nodes
         lb = [-1] * len(self.leaf_names)
@@ -180,29 +219,7 @@ class SchedulerView(VizWidget):
                 self.snapshots[st] = self.snapshots[prev] if prev else dict(
                     backend=[-1] * self.n_nodes, cause=[""] * self.n_nodes,
                     leaf_backend=[-1] * len(self.leaf_names), leaf_cause=[""] * len(self.leaf_names))
-        # pass 5: splits and the copies made for them (from the events)
-        copies: dict = {}
-        for c in copy_evs:
-            copies.setdefault((c["split"], c["input"]), []).append(c)
-        self.splits = []
-        for e in split_evs:
-            ins = []
-            for name in e["inputs"]:
-                cs = copies.get((e["split"], name), [])
-                ins.append(dict(name=name, copy=cs[0]["copy"] if cs else None, copies=[c["copy"] for c in cs],
-                                from_backend=cs[0]["from_backend"] if cs else None,
-                                nbytes=cs[0]["nbytes"] if cs else None,
-                                consumer=cs[0]["node"] if cs else None))
-            self.splits.append(dict(index=e["split"], backend=e["backend"], backend_id=e["backend_id"],
-                                    i_start=e["i_start"], i_end=e["i_end"], n_nodes=e["i_end"] - e["i_start"],
-                                    inputs=ins))
-        fin = self.snapshots["5"]
-        # each MUL_MAT's kernel on its final backend, decided now, while the graph's tensors are alive
-        self.kernels = {i: self._kernel_on(t, self._name(fin["backend"][i])) for i, t in self._mul_mats.items()}
-        self.graph_inputs = sorted({self.leaf_names[j] for j, c in enumerate(fin["leaf_cause"]) if c == "1.inp"}
-                                   | {self.node_names[i] for i, c in enumerate(fin["cause"]) if c == "1.inp"})
-        self.stage = stage if stage in STAGES else "5"
-        self.split_sel: int | None = None
+        self.splits = _splits_from(split_evs, copy_evs)
 
     # ------------------------------------------------------------------------------------------------ capture
     @classmethod
@@ -317,22 +334,13 @@ class SchedulerView(VizWidget):
 
     # ------------------------------------------------------------------------------------------------ drawing
     def figure(self):
-
+        """The passes as a grid (a row per pass, a column per node, coloured by backend) above pass 5's splits;
+        up to the current stage (``goto_pass``); with many splits a third panel zooms on the selected one."""
         n = self.n_nodes
         rows = STAGES[:-1]
         k_cur = STAGES.index(self.stage)
         small = n <= 40
-        img = np.ones((len(rows), n, 3))
-        for r, st in enumerate(rows):
-            if r > k_cur:
-                continue
-            asg = self.assignment(st)
-            for a in asg:
-                if a["backend"] is None:
-                    img[r, a["index"]] = _rgb(_UNASSIGNED)
-                else:
-                    col = self.colors[a["backend"]]
-                    img[r, a["index"]] = _rgb(col) if a["changed"] else _pale(col)
+        img = self._pass_image(rows, k_cur)
         h_grid = 0.42 * len(rows) + (0.8 if small else 0.2)
         # hundreds of short splits (BLAS/CPU alternating on a prompt) are a barcode at full width: then a third
         # panel zooms on a window of ZOOM_SPLITS splits around the selected one, each labelled
@@ -346,6 +354,42 @@ class SchedulerView(VizWidget):
         else:
             fig, (ax, axs) = plt.subplots(2, 1, figsize=(13, h_grid + 2.6), sharex=True,
                                           gridspec_kw=dict(height_ratios=[h_grid, 1.3], hspace=0.3))
+        self._draw_passes(ax, img, rows, k_cur, small)
+        if self.stage == "5":
+            self._draw_splits(axs, small)
+        else:
+            axs.text(n / 2, 0.5, "splits: after pass 5", ha="center", va="center", fontsize=10, color="#9e9e9e")
+        self._finish_split_axes(axs, small)
+        handles = [Patch(facecolor=self.colors[b], label=f"{b} (buffer type {bt})")
+                   for b, bt in zip(self.backends, self.bufts)]
+        handles += [Patch(facecolor=_pale("#78909c"), label="pale: set by an earlier pass"),
+                    Patch(facecolor=_UNASSIGNED, label="unassigned")]
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9.5, frameon=False)
+        fig.subplots_adjust(left=0.08, right=0.78, top=0.92, bottom=0.22 if small else 0.1)
+        return fig
+
+    # The phases of ``figure``, in the order they draw.
+
+    def _pass_image(self, rows, k_cur) -> np.ndarray:
+        """The grid as an RGB image: saturated where that pass set the node's backend, pale where an earlier pass
+        did, light grey while unassigned, white for the passes not run yet."""
+        img = np.ones((len(rows), self.n_nodes, 3))
+        for r, st in enumerate(rows):
+            if r > k_cur:
+                continue
+            asg = self.assignment(st)
+            for a in asg:
+                if a["backend"] is None:
+                    img[r, a["index"]] = _rgb(_UNASSIGNED)
+                else:
+                    col = self.colors[a["backend"]]
+                    img[r, a["index"]] = _rgb(col) if a["changed"] else _pale(col)
+        return img
+
+    def _draw_passes(self, ax, img, rows, k_cur, small: bool):
+        """The grid panel: the image, each pass's causes written in (a small graph) or its changes drawn as lines
+        at least a pixel wide (a big one), the current pass outlined."""
+        n = self.n_nodes
         ax.imshow(img, aspect="auto", interpolation="nearest", extent=(-0.5, n - 0.5, len(rows) - 0.5, -0.5))
         if small:
             for x in range(n + 1):
@@ -377,48 +421,52 @@ class SchedulerView(VizWidget):
             ax.text(n / 2, r, "not run yet", ha="center", va="center", fontsize=9, color="#9e9e9e")
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([STAGE_SHORT[s] for s in rows], fontsize=10)
-        # views (skipped by passes 2 and 3): a dot under the grid
-        vx = [i for i in range(n) if self.view_op[i]]
         ax.set_xlim(-0.5, n - 0.5)
         ax.set_title(f"ggml_backend_sched_split_graph: {n} nodes on {', '.join(self.backends)} "
                      f"(priority left to right) — after {STAGE_SHORT[self.stage]}", fontsize=12)
-        # the splits
-        if self.stage == "5":
-            min_w = 0 if small else n * 0.0035           # a one-node split stays visible (~3 px)
-            last_lab = -1e9
+
+    def _draw_splits(self, axs, small: bool):
+        """Pass 5's splits as bars in their backend's colour (the selected one outlined), an arrow at each split
+        that copies inputs in (how many; their copies' names under a small graph)."""
+        n = self.n_nodes
+        min_w = 0 if small else n * 0.0035           # a one-node split stays visible (~3 px)
+        last_lab = -1e9
+        for s in self.splits:
+            col = self.colors.get(s["backend"], "#bdbdbd")
+            sel = self.split_sel == s["index"]
+            w = max(s["n_nodes"], min_w)
+            axs.add_patch(Rectangle((s["i_start"] - 0.5, 0.1), w, 0.8, facecolor=col,
+                                    edgecolor="#d50000" if sel else ("white" if small else "none"),
+                                    linewidth=2.5 if sel else 1.0,
+                                    zorder=4 if sel else (3 if s["n_nodes"] < min_w else 2)))
+            label = f"#{s['index']} {s['backend']}"
+            if s["n_nodes"] / n * 9.5 > 0.085 * len(label):
+                axs.text(s["i_start"] - 0.5 + s["n_nodes"] / 2, 0.5, label, ha="center", va="center",
+                         fontsize=10 if small else 8.5, zorder=5)
+            if s["inputs"]:
+                x = s["i_start"] - 0.5
+                lab = f"{len(s['inputs'])}" if small or x - last_lab > n * 0.03 else ""
+                if lab:
+                    last_lab = x
+                axs.annotate(lab, xy=(x, 0.9), xytext=(x, 1.35), ha="center", fontsize=9,
+                             arrowprops=dict(arrowstyle="-|>", color="#d84315", lw=1.2), color="#d84315",
+                             zorder=5)
+        if small:
             for s in self.splits:
-                col = self.colors.get(s["backend"], "#bdbdbd")
-                sel = self.split_sel == s["index"]
-                w = max(s["n_nodes"], min_w)
-                axs.add_patch(Rectangle((s["i_start"] - 0.5, 0.1), w, 0.8, facecolor=col,
-                                        edgecolor="#d50000" if sel else ("white" if small else "none"),
-                                        linewidth=2.5 if sel else 1.0,
-                                        zorder=4 if sel else (3 if s["n_nodes"] < min_w else 2)))
-                label = f"#{s['index']} {s['backend']}"
-                if s["n_nodes"] / n * 9.5 > 0.085 * len(label):
-                    axs.text(s["i_start"] - 0.5 + s["n_nodes"] / 2, 0.5, label, ha="center", va="center",
-                             fontsize=10 if small else 8.5, zorder=5)
                 if s["inputs"]:
-                    x = s["i_start"] - 0.5
-                    lab = f"{len(s['inputs'])}" if small or x - last_lab > n * 0.03 else ""
-                    if lab:
-                        last_lab = x
-                    axs.annotate(lab, xy=(x, 0.9), xytext=(x, 1.35), ha="center", fontsize=9,
-                                 arrowprops=dict(arrowstyle="-|>", color="#d84315", lw=1.2), color="#d84315",
-                                 zorder=5)
-            if small:
-                for s in self.splits:
-                    if s["inputs"]:
-                        txt = "\n".join(f"{x['copy']}" for x in s["inputs"])
-                        axs.text(s["i_start"] - 0.4, -0.05, txt, ha="left", va="top", fontsize=8.5, color="#bf360c")
-            n_in = sum(len(s["inputs"]) for s in self.splits)
-            gi = ", ".join(self.graph_inputs[:4]) + (f" … ({len(self.graph_inputs)})" if len(self.graph_inputs) > 4
-                                                       else "")
-            axs.set_title(f"pass 5: {len(self.splits)} splits; arrows: inputs copied into the split's backend "
-                          f"({n_in} in all)\ngraph inputs (\"1.inp\", on the CPU): {gi or 'none'}", fontsize=10.5,
-                          loc="left")
-        else:
-            axs.text(n / 2, 0.5, "splits: after pass 5", ha="center", va="center", fontsize=10, color="#9e9e9e")
+                    txt = "\n".join(f"{x['copy']}" for x in s["inputs"])
+                    axs.text(s["i_start"] - 0.4, -0.05, txt, ha="left", va="top", fontsize=8.5, color="#bf360c")
+        n_in = sum(len(s["inputs"]) for s in self.splits)
+        gi = ", ".join(self.graph_inputs[:4]) + (f" … ({len(self.graph_inputs)})" if len(self.graph_inputs) > 4
+                                                   else "")
+        axs.set_title(f"pass 5: {len(self.splits)} splits; arrows: inputs copied into the split's backend "
+                      f"({n_in} in all)\ngraph inputs (\"1.inp\", on the CPU): {gi or 'none'}", fontsize=10.5,
+                      loc="left")
+
+    def _finish_split_axes(self, axs, small: bool):
+        """Views (skipped by passes 2 and 3) as grey ticks under the splits; node names on the x axis when few."""
+        n = self.n_nodes
+        vx = [i for i in range(n) if self.view_op[i]]
         if vx:
             axs.scatter(vx, [0.02] * len(vx), marker="|", s=30 if small else 6, color="#9e9e9e", zorder=1)
         axs.set_ylim(-0.9 if small else 0, 1.9)
@@ -432,13 +480,6 @@ class SchedulerView(VizWidget):
         else:
             axs.set_xlabel("node index (graph order; grey ticks: view ops, skipped by passes 2 and 3)", fontsize=10.5)
         axs.tick_params(labelsize=10)
-        handles = [Patch(facecolor=self.colors[b], label=f"{b} (buffer type {bt})")
-                   for b, bt in zip(self.backends, self.bufts)]
-        handles += [Patch(facecolor=_pale("#78909c"), label="pale: set by an earlier pass"),
-                    Patch(facecolor=_UNASSIGNED, label="unassigned")]
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9.5, frameon=False)
-        fig.subplots_adjust(left=0.08, right=0.78, top=0.92, bottom=0.22 if small else 0.1)
-        return fig
 
     ZOOM_SPLITS = 40
 
