@@ -80,8 +80,10 @@ def make_sampler(temp: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p:
 
 def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: float = 0.0, seed: int = 1234,
              top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, threads: int = 2, n_ctx: int = 2048,
-             model=None, stream=None, ctx=None, use_blas: bool = False, hybrid: bool = False) -> Generation:
+             model=None, stream=None, ctx=None, use_blas: bool = False, hybrid: bool = False,
+             flash_attn_type: int = llama.LLAMA_FLASH_ATTN_TYPE_AUTO) -> Generation:
     """Generate up to ``n_predict`` tokens after ``prompt``; ``stream(piece: str)`` receives text as it comes.
+    ``flash_attn_type``: llama.cpp's ``-fa``: AUTO (-1, its default: on for the CPU), 0 off, 1 on.
     ``use_blas``: add the BLAS backend (as llama.cpp built with GGML_BLAS; by default, as its default build, none).
     ``hybrid``: a PowerInfer (PWRI) model runs on the hybrid executor (``llama_context_params.hybrid``)."""
     t0 = time.perf_counter()
@@ -93,6 +95,7 @@ def generate(prompt: str, n_predict: int = 64, *, chat: bool = False, temp: floa
         cp.n_ctx = n_ctx
         cp.n_threads = cp.n_threads_batch = threads
         cp.use_blas = use_blas
+        cp.flash_attn_type = flash_attn_type
         cp.hybrid = hybrid
         ctx = llama.init_from_model(model, cp)
     t_load = (time.perf_counter() - t0) * 1e3

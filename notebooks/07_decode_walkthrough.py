@@ -103,11 +103,13 @@ st
 #
 # The eval callback can also ask for just the softmax nodes (`capture_attention`): for each head, how much each token
 # attends to each earlier token. Rows are queries, columns the KV cells; the causal mask leaves the upper triangle
-# empty.
+# empty. (Those weights are a tensor only without flash attention: llama.cpp's default on the CPU fuses KQ, softmax
+# and KQV into one FLASH_ATTN_EXT per layer, so this context, like the stepper's, sets `flash_attn_type = 0`.)
 
 # %%
 cp = llama.context_default_params()
 cp.n_ctx, cp.n_threads, cp.n_threads_batch = 256, 2, 2
+cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
 ctx = llama.init_from_model(model, cp)
 att = capture.capture_attention(ctx, ids, layers=[0])          # this is the decode of the prompt on ctx
 MV.attention_figure(att, 0);

@@ -33,6 +33,9 @@ PROMPT = "The ggml library is"
 MODELS = ["smollm2", "gemma3-270m"]
 GRAPH_ORACLE = {"smollm2": DATA / "llamacpp" / "smollm2_decode_graph.json",
                 "gemma3-270m": DATA / "gemma3" / "gemma3_shared_graph.json"}
+# llama.cpp's graphs with its default context params (flash attention: one FLASH_ATTN_EXT per layer)
+FA_GRAPH_ORACLE = {"smollm2": DATA / "flash_attn" / "smollm2_fa_graph.json",
+                   "gemma3-270m": DATA / "flash_attn" / "gemma3_fa_graph.json"}
 
 
 def _path(name: str) -> str:
@@ -54,8 +57,8 @@ def model(model_name):
     return load_model(_path(model_name))
 
 
-def _n_nodes_oracle(name: str) -> int:
-    return len(json.loads(GRAPH_ORACLE[name].read_text())["nodes"])
+def _n_nodes_oracle(name: str, flash_attn: bool = False) -> int:
+    return len(json.loads((FA_GRAPH_ORACLE if flash_attn else GRAPH_ORACLE)[name].read_text())["nodes"])
 
 
 _LLAMACPP_LOG: dict = {}
@@ -293,7 +296,7 @@ def test_attention_view(model_name, model):
     cells the mask lets the token see (the causal triangle of the prompt), none on the others."""
     from ggviz.viz import model_views as MV
     cp = llama.context_default_params()
-    cp.n_ctx = 256
+    cp.n_ctx, cp.flash_attn_type = 256, 0        # the weights are a node (kq_soft_max) only without flash attention
     ctx = llama.init_from_model(model, cp)
     ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
     rec = capture.capture_attention(ctx, ids)
@@ -309,8 +312,9 @@ def test_attention_view(model_name, model):
 
 def test_machinery_widgets(model_name, model):
     """The graph, build-replay, scheduler and allocator widgets on a prompt decode of each model: the replay of
-    ggml_build_forward_expand ends with as many nodes as llama.cpp's graph for this prompt length has (the decode
-    graph's count for one token: prefill and decode graphs have the same nodes here, both with one output row)."""
+    ggml_build_forward_expand ends with as many nodes as llama.cpp's graph for this prompt length has with its default
+    params, flash attention on (the decode graph's count for one token: prefill and decode graphs have the same nodes
+    here, both with one output row)."""
     from ggviz import trace
     from ggviz.viz.widgets import AllocatorView, GraphView, SchedulerView, VisitAnimation
     cp = llama.context_default_params()
@@ -320,7 +324,7 @@ def test_machinery_widgets(model_name, model):
     with trace.Recorder() as rec:
         assert llama.decode(ctx, llama.batch_get_one(ids)) == 0
     gf = ctx.last_graph.gf
-    assert gf.n_nodes == _n_nodes_oracle(model_name)
+    assert gf.n_nodes == _n_nodes_oracle(model_name, flash_attn=True)
     va = VisitAnimation(rec, gf)
     assert va.state(va.n_steps - 1)["n_nodes"] == gf.n_nodes
     assert GraphView(gf).to_html().count("<svg") >= 1

@@ -274,3 +274,37 @@ def test_gemma_differential_detokenize(gemma, gemma_llamacpp):
     items = [(tid, lstrip, special) for tid in sample for special in (False, True) for lstrip in (0, 1)]
     for (tid, lstrip, special), w in zip(items, gemma_llamacpp.token_to_piece(items)):
         assert gemma.token_to_piece(tid, special, lstrip) == w, tid
+
+
+# ------------------------------------------------------------------------------------------------ 60 KB text
+
+def test_gemma_60k_text_as_llamacpp(gemma, monkeypatch):
+    """The ~60 KB mixed text of tests/spm_text.py (prose, digits, scripts, emoji, whitespace runs, code, special-token
+    texts, byte-fallback characters) gives llama.cpp's stored ids (tests/data/gemma3/gemma3_tokenize_60k.npz), with
+    add_special + parse_special and with neither: through the compiled session and trie (vocab_fast.py) when Numba
+    is there, and through the faithful Python session (spm_session) too; and both sessions agree on 150 of the random
+    and whitespace-run strings of the differential test (invalid UTF-8 included), all four settings."""
+    from ggviz.llama import vocab as vocab_mod
+    from tests.spm_text import spm_text
+
+    ref = np.load(DATA / "gemma3" / "gemma3_tokenize_60k.npz")
+    text = spm_text(int(ref["seed"]))
+    assert len(text.encode("utf-8")) == int(ref["n_bytes"])
+    want = {True: ref["ids_special"].tolist(), False: ref["ids_plain"].tolist()}
+    strings = random_strings(100) + structured_strings(50)
+    settings = [(a, p) for a in (False, True) for p in (False, True)]
+
+    monkeypatch.setattr(gemma, "_spm_tables", None)           # built here, dropped after (monkeypatch restores)
+    monkeypatch.setattr(gemma, "_special_trie", None)
+    compiled = vocab_mod._vocab_fast() is not None
+    if compiled:
+        for flag in (True, False):
+            assert gemma.tokenize(text, flag, flag) == want[flag]
+        assert gemma._spm_tables is not None and gemma._special_trie is not None    # the compiled path ran
+        fast_ids = [gemma.tokenize(s, a, p) for s in strings for a, p in settings]
+    # the faithful session (the special-token search keeps its trie: its Python twin is what the tests above ran)
+    monkeypatch.setattr(gemma, "_spm_tables", None)
+    monkeypatch.setattr(vocab_mod, "_FAST_MIN_BYTES", 1 << 62)
+    assert gemma.tokenize(text, True, True) == want[True]
+    if compiled:
+        assert [gemma.tokenize(s, a, p) for s in strings for a, p in settings] == fast_ids

@@ -36,6 +36,7 @@ def run(model):
     cp = llama.context_default_params()
     cp.n_ctx = 256
     cp.n_threads = cp.n_threads_batch = 2
+    cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED     # the views below show KQ -> SOFT_MAX -> KQV
     ctx = llama.init_from_model(model, cp)
     ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
     with trace.Recorder() as rec, capture.capture_inputs(ctx) as snaps:
@@ -366,7 +367,7 @@ def test_bpe_view(model):
 
 def test_attention_capture_matches_the_stepper(model, stepper, tmp_path):
     cp = llama.context_default_params()
-    cp.n_ctx = 256
+    cp.n_ctx, cp.flash_attn_type = 256, 0        # the weights are a node (kq_soft_max) only without flash attention
     cp.n_threads = cp.n_threads_batch = 2
     ctx = llama.init_from_model(model, cp)
     rec = capture.capture_attention(ctx, stepper.tokens, layers=[0, 29])

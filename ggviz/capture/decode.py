@@ -46,14 +46,19 @@ class DecodeStep:
     t_decode_ms: float = 0.0
 
 
-def new_context(model=None, n_ctx: int = 256, threads: int = 2, cb_eval=None):
-    """``llama_init_from_model`` with a small KV cache (n_ctx cells) and ``threads`` threads."""
+def new_context(model=None, n_ctx: int = 256, threads: int = 2, cb_eval=None,
+                flash_attn_type: int = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED):
+    """``llama_init_from_model`` with a small KV cache (n_ctx cells) and ``threads`` threads. Flash attention off by
+    default here: the exported graphs and steps (and the views and exercises built on them) show attention as
+    KQ -> SOFT_MAX -> KQV, with the weights in a tensor; ``flash_attn_type`` = -1 gives llama.cpp's default graph
+    (one FLASH_ATTN_EXT per layer)."""
 
     model = model if model is not None else load_model()
     cp = llama.context_default_params()
     cp.n_ctx = n_ctx
     cp.n_threads = cp.n_threads_batch = threads
     cp.cb_eval = cb_eval
+    cp.flash_attn_type = flash_attn_type
     return model, llama.init_from_model(model, cp)
 
 

@@ -118,6 +118,9 @@ def capture_attention(ctx, tokens, layers=None) -> AttentionRecord:
     ranges ending at those nodes and the callback sees each softmax before later nodes can reuse its memory.
     """
 
+    if getattr(ctx, "flash_attn", False):
+        raise ValueError("capture_attention needs a context without flash attention (flash_attn_type = 0): with "
+                         "FLASH_ATTN_EXT the attention weights are never a tensor (llama.cpp's default on the CPU)")
     want = None if layers is None else {int(x) for x in layers}
     rec = AttentionRecord(tokens=list(tokens), pos=[])
 

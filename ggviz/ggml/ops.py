@@ -18,6 +18,7 @@ from .tensor import (
     can_mul_mat,
     can_out_prod,
     can_repeat,
+    get_op_params_i32,
     is_contiguous,
     is_contiguous_1,
     is_contiguous_rows,
@@ -559,6 +560,77 @@ def soft_max_inplace(ctx, a):
 
 def soft_max_ext(ctx, a, mask, scale, max_bias):
     return _soft_max(ctx, a, mask, scale, max_bias, False)
+
+
+def flash_attn_ext(ctx, q, k, v, mask, scale, max_bias, logit_softcap):
+    """ggml_flash_attn_ext: softmax(scale * K·Q + mask) · V fused, with the online softmax (no KQ matrix).
+
+    q [DK, n_tokens, n_head, ne3] F32, k [DK, n_kv, n_head_kv, ne3], v [DV, n_kv, n_head_kv, ne3] (not transposed),
+    mask [n_kv, >= n_tokens, ne2 | n_head, ne3 | ...] F16 (optional). The result is permuted as ggml's:
+    [DV, n_head, n_tokens, ne3] F32. op_params: scale, max_bias, logit_softcap (floats 0..2), the precision
+    (int 3, ``flash_attn_ext_set_prec``) and n_kv_max (int 4, ``flash_attn_ext_set_n_kv_max``)."""
+    _require(can_mul_mat(k, q), "flash_attn_ext",
+             "shapes do not match: need k.ne[0] == q.ne[0] and q.ne[2], q.ne[3] multiples of k's", k, q)
+    _require(q.ne[3] == k.ne[3] and q.ne[3] == v.ne[3], "flash_attn_ext", "q, k, v must have the same ne[3]", q, k, v)
+    if mask is not None:
+        _require(mask.type == C.GGML_TYPE_F16, "flash_attn_ext", "mask must be F16", mask)
+        _require(is_contiguous(mask), "flash_attn_ext", "mask must be contiguous", mask)
+        _require(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0, "flash_attn_ext",
+                 "mask must broadcast over q in ne[2], ne[3]", q, mask)
+    if max_bias > 0.0:
+        _require(mask is not None, "flash_attn_ext", "max_bias (ALiBi) needs a mask", q)
+    params = _f32_params(scale, max_bias, logit_softcap, op="flash_attn_ext")
+    # permute(0, 2, 1, 3): the heads of a token are next to each other, ready for the output projection
+    ne = [int(v.ne[0]), int(q.ne[2]), int(q.ne[1]), int(q.ne[3])]
+    r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
+    set_op_params(r, params)
+    r.op = C.GGML_OP_FLASH_ATTN_EXT
+    r.src[0], r.src[1], r.src[2], r.src[3] = q, k, v, mask
+    return r
+
+
+def flash_attn_ext_set_prec(a, prec: int) -> None:
+    """ggml_flash_attn_ext_set_prec: op_params[3] (after scale, max_bias, logit_softcap)."""
+    _require(a.op == C.GGML_OP_FLASH_ATTN_EXT, "flash_attn_ext_set_prec", "a must be a FLASH_ATTN_EXT node", a)
+    set_op_params_i32(a, 3, _index(prec, "flash_attn_ext_set_prec", "prec"))
+
+
+def flash_attn_ext_get_prec(a) -> int:
+    _require(a.op == C.GGML_OP_FLASH_ATTN_EXT, "flash_attn_ext_get_prec", "a must be a FLASH_ATTN_EXT node", a)
+    return get_op_params_i32(a, 3)
+
+
+def flash_attn_ext_set_n_kv_max(a, n_kv_max: int) -> None:
+    """ggml_flash_attn_ext_set_n_kv_max: op_params[4] (0: all of k's cells; a hint the CPU kernel does not read)."""
+    _require(a.op == C.GGML_OP_FLASH_ATTN_EXT, "flash_attn_ext_set_n_kv_max", "a must be a FLASH_ATTN_EXT node", a)
+    n_kv_max = _index(n_kv_max, "flash_attn_ext_set_n_kv_max", "n_kv_max")
+    _require(n_kv_max >= 0, "flash_attn_ext_set_n_kv_max", f"n_kv_max must be >= 0, got {n_kv_max}", a)
+    set_op_params_i32(a, 4, n_kv_max)
+
+
+def flash_attn_ext_add_sinks(a, sinks) -> None:
+    """ggml_flash_attn_ext_add_sinks: src[4], one F32 sink logit per query head (None: no sinks)."""
+    if sinks is None:
+        a.src[4] = None
+        return
+    _require(a.op == C.GGML_OP_FLASH_ATTN_EXT, "flash_attn_ext_add_sinks", "a must be a FLASH_ATTN_EXT node", a)
+    _require(a.src[4] is None, "flash_attn_ext_add_sinks", "the node already has sinks", a)
+    _require(a.src[0].ne[2] == sinks.ne[0], "flash_attn_ext_add_sinks", "need one sink per query head", a, sinks)
+    _require(sinks.type == C.GGML_TYPE_F32, "flash_attn_ext_add_sinks", "sinks must be F32", sinks)
+    a.src[4] = sinks
+
+
+def prec_set_acc(a, prec: int) -> bool:
+    """ggml_prec_set_acc: the accumulator precision op param of MUL_MAT / MUL_MAT_ID (op_params[0]) and
+    FLASH_ATTN_EXT (op_params[3]); False for any other op."""
+    prec = _index(prec, "prec_set_acc", "prec")
+    if a.op in (C.GGML_OP_MUL_MAT, C.GGML_OP_MUL_MAT_ID):
+        set_op_params_i32(a, 0, prec)
+    elif a.op == C.GGML_OP_FLASH_ATTN_EXT:
+        set_op_params_i32(a, 3, prec)
+    else:
+        return False
+    return True
 
 
 def _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,

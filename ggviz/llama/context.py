@@ -35,7 +35,7 @@ from ..ggml.cpu import cpu_backend, hybrid
 from . import context_pool
 from .batch import LLAMA_MAX_SEQ, DecodeError, batch_allocr_init
 from . import models as arch_models
-from .graph import graph_max_nodes
+from .graph import LLM_FUSED_OP_FLASH_ATTN, graph_max_nodes
 from .kv_cache import KVCache
 from .kv_cache_iswa import KVCacheISWA
 
@@ -184,8 +184,14 @@ class LlamaContext(context_pool.GraphCache):
             raise TypeError(f"llama_init_from_model: params must be llama_context_params, not "
                             f"{type(params).__name__}")
         p = copy.copy(params)
-        if p.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED:
-            raise ValueError("flash attention is not implemented in ggviz's CPU path; use flash_attn_type = 0")
+        if p.flash_attn_type not in (LLAMA_FLASH_ATTN_TYPE_AUTO, LLAMA_FLASH_ATTN_TYPE_DISABLED,
+                                     LLAMA_FLASH_ATTN_TYPE_ENABLED):
+            raise ContextParamsError(f"llama_init_from_model: flash_attn_type must be -1 (auto), 0 (disabled) or 1 "
+                                     f"(enabled), got {p.flash_attn_type!r}", "flash_attn_type", p.flash_attn_type)
+        if getattr(model, "sparse", None) is not None and p.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED:
+            raise ContextParamsError("llama_init_from_model: a PowerInfer (PWRI) model has no flash attention "
+                                     "(PowerInfer's llama.cpp predates it); use flash_attn_type = -1 or 0",
+                                     "flash_attn_type", p.flash_attn_type)
         n_ctx_req = self._param("n_ctx", p.n_ctx, 0, "0: the model's n_ctx_train")
         n_ctx = n_ctx_req if n_ctx_req > 0 else hp.n_ctx_train
         # the KV cache size is padded to 256 cells (llama_kv_cache::get_padding)
@@ -220,6 +226,13 @@ class LlamaContext(context_pool.GraphCache):
         self.yarn_attn_factor = 1.0 if p.yarn_attn_factor < 0.0 else p.yarn_attn_factor
         self.yarn_beta_fast = 32.0 if p.yarn_beta_fast < 0.0 else p.yarn_beta_fast
         self.yarn_beta_slow = 1.0 if p.yarn_beta_slow < 0.0 else p.yarn_beta_slow
+        # cparams.flash_attn / auto_fa: AUTO starts enabled (the KV cache is made for it: V not transposed) and is
+        # resolved by the reserve's probe (resolve_fused_ops). ggviz: a PowerInfer model keeps its own attention
+        # (PowerInfer's llama.cpp, Dec 2023, has no FLASH_ATTN_EXT), so AUTO is off there from the start.
+        self.flash_attn = p.flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.auto_fa = p.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_AUTO
+        if getattr(model, "sparse", None) is not None:
+            self.flash_attn = self.auto_fa = False
         self._freed = False
         # ggviz: the machinery of a context of the same model and shape that was freed (llama_free) is taken over
         # instead of allocated and reserved again (context_pool.py)
@@ -237,10 +250,11 @@ class LlamaContext(context_pool.GraphCache):
                         else gb.backend_cpu_buffer_type() for d in (model.dev_layer or [None] * hp.n_layer)]
             try:
                 if arch_models.uses_iswa(hp):      # llama_model::create_memory: sliding-window layers -> iSWA
-                    self.kv = KVCacheISWA(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts,
+                    self.kv = KVCacheISWA(hp, n_ctx, p.type_k, p.type_v, v_trans=not self.flash_attn,
+                                          bufts=kv_bufts,
                                           n_seq_max=self.n_seq_max, n_ubatch=self.n_ubatch, swa_full=p.swa_full)
                 else:
-                    self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=True, bufts=kv_bufts,
+                    self.kv = KVCache(hp, n_ctx, p.type_k, p.type_v, v_trans=not self.flash_attn, bufts=kv_bufts,
                                       n_seq_max=self.n_seq_max)
             except (MemoryError, RuntimeError) as e:       # the estimate said it fits, the allocation says no
                 if isinstance(e, RuntimeError) and "failed to allocate" not in str(e):
@@ -402,9 +416,10 @@ class LlamaContext(context_pool.GraphCache):
         reallocations during inference". The buffers keep the largest size any of them needed; the sizes per
         backend go to ``backend_buf_exp_size`` (llama.cpp's ``sched_reserve: CPU compute buffer size = X MiB``).
 
-        Not mirrored: the fused-op probes llama.cpp runs before (``resolve_fused_ops``: flash attention when
-        ``flash_attn_type`` is AUTO, and the DeepSeek-V4 HC ops, each a 1-token graph that is only split, never
-        allocated) -- ggviz has none of those ops, and a split-only graph changes no buffer."""
+        Before them, ``resolve_fused_ops``: with ``flash_attn_type`` AUTO, a 1-token graph is split (not
+        allocated) and flash attention stays enabled only if every FLASH_ATTN_EXT node landed on its layer's device
+        (on the CPU it does; a layer on a device without the op turns it off). llama.cpp's other probes (Gated Delta
+        Net, DeepSeek-V4 HC ...) are for ops ggviz's models do not have."""
         if not self.sched_need_reserve:
             return
         self.sched_need_reserve = False
@@ -420,6 +435,7 @@ class LlamaContext(context_pool.GraphCache):
         self._prev_key = None
         self.last_graph = None
         self.reserve_log = []
+        self.resolve_fused_ops(n_seqs)
         n_outputs_pp = min(n_tokens, self.n_outputs_max)
         # reserve pp (prompt processing) graph first so that buffers are only allocated once
         pp = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
@@ -433,11 +449,43 @@ class LlamaContext(context_pool.GraphCache):
         self.reserve_stats = dict(n_tokens_pp=n_tokens, n_outputs_pp=n_outputs_pp, n_tokens_tg=n_seqs,
                                   n_kv=self.kv.size, n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg,
                                   n_splits_pp=n_splits_pp, n_splits_tg=n_splits_tg, max_nodes=max_nodes,
+                                  flash_attn=self.flash_attn,
                                   t_us=int((time.perf_counter() - t0) * 1e6))
         if trace.active:
             trace.emit("llama.sched_reserve", ctx=id(self), sched=id(self.sched),
                        sizes={gb.backend_name(b): s for b, s in zip(self.backends, self.backend_buf_exp_size)},
                        bufts=[gb.backend_buft_name(bt) for bt in self.backend_buft], **self.reserve_stats)
+
+    def resolve_fused_ops(self, n_seqs: int) -> None:
+        """llama_context::resolve_fused_ops for flash attention (``cparams.auto_fa``): split a graph of one token per
+        sequence and keep flash attention only if the scheduler put each FLASH_ATTN_EXT on the device of its layer
+        (``model.dev_layer(il)``; the CPU when the layer is not offloaded)."""
+        if not self.auto_fa:
+            return
+        self.auto_fa = False
+        res = self.graph_reserve(n_seqs, n_seqs, n_seqs, split_only=True)
+        cpu = gb.backend_get_device(self.backend_cpu)
+        mismatch = None
+        for op, t, il in res.fused_nodes:
+            if op != LLM_FUSED_OP_FLASH_ATTN:
+                continue
+            backend = gs.backend_sched_get_tensor_backend(self.sched, t)
+            dev_fused = gb.backend_get_device(backend) if backend is not None else None
+            dev_layer = (self.model.dev_layer[il] if self.model.dev_layer else None) or cpu
+            if dev_fused is not dev_layer:
+                mismatch = (il, dev_layer, dev_fused)
+                break
+        if mismatch is not None:
+            il, dl, df = mismatch
+            impl.GGML_LOG("warn", f"resolve_fused_ops: layer {il} is assigned to device {gb.backend_dev_name(dl)} "
+                                  f"but Flash Attention is assigned to device "
+                                  f"{gb.backend_dev_name(df) if df is not None else 'none'} (usually due to missing "
+                                  f"support)")
+            impl.GGML_LOG("warn", "resolve_fused_ops: Flash Attention not supported, set to disabled")
+            self.flash_attn = False
+        else:
+            impl.GGML_LOG("info", "resolve_fused_ops: Flash Attention enabled")
+            self.flash_attn = True
 
     def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False):
         """llama_context::graph_reserve: build the graph of a dummy ubatch (``n_tokens`` tokens, the first

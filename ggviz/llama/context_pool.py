@@ -101,6 +101,7 @@ class GraphCache:
         self.backend_buf_exp_size = list(parked.backend_buf_exp_size)
         self.reserve_log = [dict(e) for e in parked.reserve_log]
         self.reserve_stats = dict(parked.reserve_stats)
+        self.flash_attn, self.auto_fa = self.reserve_stats["flash_attn"], False
         self._graph_cache = parked.graph_cache
         self._prev_key, self.last_graph = parked.prev_key, parked.last_graph
         self._installed_uid = parked.installed_uid

@@ -3,10 +3,11 @@
 Mirrors ``build_inp_embd``, ``build_inp_pos``, ``build_attn_inp_kv``, ``build_attn_inp_kv_iswa``,
 ``build_inp_out_ids``, ``build_norm``, ``build_qkv`` (separate Q/K/V weights), ``build_ffn`` (SILU or GELU with a
 parallel gate: the fused SWIGLU / GEGLU), ``build_attn`` (KV-cache and iSWA-KV-cache versions) and
-``build_attn_mha`` (no flash attention). The architectures' graphs are in ``models/`` (llama.cpp's
+``build_attn_mha`` (flash attention -- one FLASH_ATTN_EXT reading K and V from the cache, V not transposed, an F16
+mask -- or KQ, SOFT_MAX, KQV). The architectures' graphs are in ``models/`` (llama.cpp's
 ``src/models/<arch>.cpp``). The callback ``cb`` names tensors ``"<name>-<il>"`` exactly like llama.cpp's graph
 callback, so node names, order, ops and shapes equal llama.cpp's decode graphs (1086 nodes for one SmolLM2 decode
-step, 817 for Gemma-3 270M).
+step, 817 for Gemma-3 270M without flash attention; 936 and 727 with it, llama.cpp's default on the CPU).
 
 The builder only creates tensors in a ``no_alloc`` context and records the graph inputs; the llama context fills
 the inputs, allocates and computes.
@@ -24,7 +25,7 @@ class GraphInputs:
     tokens: object = None        # inp_tokens   I32 [n_tokens]
     embd: object = None          # inp_embd     F32 [n_embd, n_tokens] (vector embeddings input; unused for tokens)
     pos: object = None           # inp_pos      I32 [n_tokens]
-    kq_mask: object = None       # attn_inp_kq_mask F32 [n_kv, n_tokens]
+    kq_mask: object = None       # attn_inp_kq_mask F32 [n_kv, n_tokens] (F16 with flash attention)
     k_idxs: object = None        # attn_inp_k_idxs  I64 [n_tokens]
     v_idxs: object = None        # attn_inp_v_idxs  I64 [n_tokens*n_embd_v_gqa] (transposed V)
     out_ids: object = None       # out_ids      I32 [n_outputs]
@@ -47,6 +48,12 @@ class GraphResult:
     n_tokens: int = 0
     n_outputs: int = 0
     named: dict = field(default_factory=dict)
+    # llm_graph_result::add_fused_node: (LLM_FUSED_OP_*, tensor, il) of each fused node (the FLASH_ATTN_EXTs), which
+    # llama_context::resolve_fused_ops checks against the layers' devices
+    fused_nodes: list = field(default_factory=list)
+
+
+LLM_FUSED_OP_FLASH_ATTN = 0
 
 
 def graph_max_nodes(model) -> int:
@@ -76,6 +83,7 @@ class LlmGraphContext:
         self.gf = ggml.new_graph_custom(self.ctx0, max_nodes, False)
         self.inputs = GraphInputs()
         self.user_cb = cb_name
+        self.fused_nodes: list = []
 
     # llm_graph_context::cb -> llama_context's graph callback: name the tensor "<name>-<il>"
     def cb(self, t, name: str, il: int):
@@ -127,7 +135,9 @@ class LlmGraphContext:
         v_idxs = ggml.new_tensor_1d(ctx0, ggml.GGML_TYPE_I64, n_v)
         ggml.set_input(v_idxs)
         ggml.set_name(v_idxs, "attn_inp_v_idxs")
-        mask = ggml.new_tensor_4d(ctx0, ggml.GGML_TYPE_F32, n_kv, self.n_tokens, 1, 1)
+        # flash attention requires an f16 mask
+        type_mask = ggml.GGML_TYPE_F16 if self.cparams.flash_attn else ggml.GGML_TYPE_F32
+        mask = ggml.new_tensor_4d(ctx0, type_mask, n_kv, self.n_tokens, 1, 1)
         ggml.set_input(mask)
         ggml.set_name(mask, "attn_inp_kq_mask")
         return k_idxs, v_idxs, mask
@@ -203,6 +213,23 @@ class LlmGraphContext:
         q = ggml.permute(ctx0, q, 0, 2, 1, 3)
         k = ggml.permute(ctx0, k, 0, 2, 1, 3)
         v = ggml.permute(ctx0, v, 0, 2, 1, 3)
+        if self.cparams.flash_attn:
+            if v_trans:
+                v = ggml.transpose(ctx0, v)
+            # without a KV cache K and V could be F32 (an embedding model's non-causal attention): cast to F16
+            if k.type == ggml.GGML_TYPE_F32:
+                k = ggml.cast(ctx0, k, ggml.GGML_TYPE_F16)
+            if v.type == ggml.GGML_TYPE_F32:
+                v = ggml.cast(ctx0, v, ggml.GGML_TYPE_F16)
+            # hparams.f_max_alibi_bias and the attention softcap are 0 for the models ggviz runs
+            cur = ggml.flash_attn_ext(ctx0, q, k, v, kq_mask, kq_scale, 0.0, 0.0)
+            self.fused_nodes.append((LLM_FUSED_OP_FLASH_ATTN, cur, il))
+            ggml.flash_attn_ext_add_sinks(cur, None)
+            ggml.flash_attn_ext_set_n_kv_max(cur, 0)
+            ggml.prec_set_acc(cur, ggml.GGML_PREC_F32)
+            cur = ggml.reshape_2d(ctx0, cur, int(cur.ne[0]) * int(cur.ne[1]), int(cur.ne[2]) * int(cur.ne[3]))
+            ggml.build_forward_expand(self.gf, cur)
+            return cur
         kq = ggml.mul_mat(ctx0, k, q)
         self.cb(kq, "kq", il)
         # this op tends to require high floating point range: ggml_mul_mat_set_prec(kq, GGML_PREC_F32)
@@ -253,7 +280,8 @@ class LlmGraphContext:
     def result(self, t_logits, t_embd) -> GraphResult:
         n_kv, n_kv_swa = (self.n_kv if self.iswa else (self.n_kv, 0))
         return GraphResult(ctx=self.ctx0, gf=self.gf, inputs=self.inputs, t_logits=t_logits, t_embd=t_embd,
-                           n_kv=n_kv, n_kv_swa=n_kv_swa, n_tokens=self.n_tokens, n_outputs=self.n_outputs)
+                           n_kv=n_kv, n_kv_swa=n_kv_swa, n_tokens=self.n_tokens, n_outputs=self.n_outputs,
+                           fused_nodes=self.fused_nodes)
 
     def build(self) -> GraphResult:
         raise NotImplementedError("the architecture's graph (models/<arch>.py) builds it")

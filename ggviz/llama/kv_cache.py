@@ -4,7 +4,8 @@ Mirrors llama.cpp's ``llama_kv_cache`` (unified, one stream) and ``llama_kv_cell
 
 - K is ``cache_k_l{il}`` [n_embd_k_gqa, kv_size] and V is ``cache_v_l{il}`` [n_embd_v_gqa, kv_size], F16 by
   default. Without flash attention V is stored *transposed* (``v_trans``): channel-major, so that
-  ``kqv = V^T · softmax(KQ)`` reads contiguous rows.
+  ``kqv = V^T · softmax(KQ)`` reads contiguous rows; with flash attention (llama.cpp's default on the CPU) V is
+  stored like K, one row per cell, which FLASH_ATTN_EXT reads cell by cell.
 - ``find_slot`` picks free cells for a ubatch starting at ``head``; ``apply_ubatch`` marks them used;
   ``prepare`` finds the slots of every ubatch of a batch before any of them is computed (placing them one after
   the other, then restoring the cells), so a batch that does not fit is refused with nothing touched;
@@ -28,7 +29,7 @@ from ..ggml import alloc as galloc
 from ..ggml import backend as gb
 from ..ggml import impl
 
-N_PAD = 256   # llama_kv_cache's padding of n_kv when flash attention is off
+N_PAD = 256   # llama_kv_cache's padding of n_kv (max(n_pad, 256), with or without flash attention)
 
 
 class KVCells:
@@ -371,9 +372,11 @@ class KVCache:
     def cpy_v(self, ctx, v_cur, v_idxs, il: int):
         v = self.v_l[self.map_layer_ids[il]]
         n_tokens = int(v_cur.ne[2])
-        v_cur = ggml.reshape_2d(ctx, v_cur, int(v.ne[0]), n_tokens)
         if not self.v_trans:
+            # flash attention: V stored like K, one row per cell (a view of the token rows, as cpy_k)
+            v_cur = ggml.view_2d(ctx, v_cur, int(v.ne[0]), n_tokens, int(v_cur.nb[2]), 0)
             return ggml.set_rows(ctx, v, v_cur, v_idxs)
+        v_cur = ggml.reshape_2d(ctx, v_cur, int(v.ne[0]), n_tokens)
         # the transposed cache is addressed element by element: rows of one value
         v_view = ggml.reshape_2d(ctx, v, 1, int(v.ne[0]) * int(v.ne[1]))
         v_cur = ggml.reshape_2d(ctx, v_cur, 1, int(v_cur.ne[0]) * int(v_cur.ne[1]))

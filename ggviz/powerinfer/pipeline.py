@@ -77,6 +77,8 @@ def _ctx(model, n_ctx: int, threads: int):
     cp.n_ctx = n_ctx
     cp.n_batch = cp.n_ubatch = n_ctx
     cp.n_threads = cp.n_threads_batch = threads
+    # PowerInfer's llama.cpp has no flash attention: the dense model runs its attention as a PWRI model does
+    cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
     return llama.init_from_model(model, cp)
 
 

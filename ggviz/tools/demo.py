@@ -96,6 +96,7 @@ def run(model=None, prompt: str = DEFAULT_PROMPT, n_threads: int = 2, n_predict:
         t0 = time.perf_counter()
         cp = llama.context_default_params()
         cp.n_ctx = len(ids) + n_predict          # llama_init_from_model pads it to 256 cells
+        cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED   # the attention weights (kq_soft_max) are shown
         cp.n_threads = cp.n_threads_batch = n_threads
         cp.cb_eval = cb_eval
         ctx = llama.init_from_model(model, cp)

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import sys
 
-from .. import cli
+from .. import cli, llama
 from ..run import generate, load_model
+
+
+_FA_TYPE = {"auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO, "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            "on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED}
 
 
 def main(argv=None) -> int:
@@ -27,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=cli.thread_count, default=2, help=f"threads (1..{cli.MAX_THREADS})")
     ap.add_argument("-c", "--ctx-size", type=cli.int_arg(0), default=2048,
                     help="context size in tokens (0: the model's training context)")
+    ap.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto",
+                    help="flash attention, as llama.cpp's -fa (default auto: on for the CPU)")
     ap.add_argument("--blas", action="store_true",
                     help="add the BLAS backend for the prompt's MUL_MATs, as llama.cpp built with GGML_BLAS "
                          "(default: llama.cpp's default CPU build: tinyBLAS sgemm / vec_dot)")
@@ -57,7 +63,7 @@ def main(argv=None) -> int:
     try:
         g = generate(a.prompt, a.n_predict, chat=a.chat, temp=a.temp, seed=a.seed, top_k=a.top_k, top_p=a.top_p,
                      min_p=a.min_p, threads=a.threads, n_ctx=a.ctx_size, model=model, stream=write,
-                     use_blas=a.blas, hybrid=a.hybrid)
+                     use_blas=a.blas, hybrid=a.hybrid, flash_attn_type=_FA_TYPE[a.flash_attn])
     except BaseException:
         if state["mid_line"]:
             sys.stdout.write("\n")
@@ -67,6 +73,10 @@ def main(argv=None) -> int:
     write("\n\n")
     print(g.timings(), file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.command_main("run"))
 
 
 if __name__ == "__main__":

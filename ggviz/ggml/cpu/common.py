@@ -25,6 +25,9 @@ F64 = np.float64
 
 CACHE_LINE_SIZE = 64     # ops.h on x86-64
 CACHE_LINE_SIZE_F32 = CACHE_LINE_SIZE // 4
+# common.h's GGML_FA_TILE_Q / GGML_FA_TILE_KV: flash attention's tiles of query rows and KV cells (batch kernel)
+FA_TILE_Q = 64
+FA_TILE_KV = 64
 
 
 class ComputeParams:

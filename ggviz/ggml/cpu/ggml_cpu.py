@@ -27,7 +27,7 @@ from ..tensor import Tensor, get_unary_op, is_empty, is_quantized, nelements, nr
 from . import mul_mat, powerinfer, traits
 from . import ops as cpu_ops
 from . import threadpool as _tp
-from .common import CACHE_LINE_SIZE, ComputeParams
+from .common import CACHE_LINE_SIZE, FA_TILE_KV, FA_TILE_Q, ComputeParams
 from .quants import VEC_DOT_TYPE
 from .threadpool import GGML_THREADPOOL_N_THREADS_MASK
 
@@ -120,6 +120,14 @@ def node_work_size(node: Tensor, n_tasks: int, n_threads: int) -> int:
         return f32 * int(node.ne[0]) * n_tasks
     if op == C.GGML_OP_TOP_K:
         return 4 * int(s0.ne[0]) * n_tasks
+    if op == C.GGML_OP_FLASH_ATTN_EXT:
+        # the larger of the tiled (batch) kernel's per-thread tiles and the decode kernel's accumulators + the
+        # split-KV partials (M, S, VKQ per query head and KV chunk, one chunk per thread)
+        neq2, dk, dv = int(s0.ne[2]), int(s1.ne[0]), int(node.src[2].ne[0])
+        tq, tkv = FA_TILE_Q, FA_TILE_KV
+        prefill = f32 * (tq * dk + 2 * tq * tkv + tq * dv + tkv * dv + tkv * dk) * n_tasks
+        decode = f32 * (neq2 * n_tasks * (2 + dv) + n_tasks * (dk + 2 * dv))
+        return max(prefill, decode)
     if op == C.GGML_OP_CROSS_ENTROPY_LOSS:
         return type_size(node.type) * (n_tasks + int(s0.ne[0]) * n_tasks)
     pi = powerinfer.work_size(node, n_tasks)      # PowerInfer's MUL_MAT_SPARSE / AXPY

@@ -59,6 +59,9 @@ from ..tensor import (
 from . import binary_ops, unary_ops
 from . import quants as cpu_quants
 from .common import (
+    CACHE_LINE_SIZE_F32,
+    FA_TILE_KV,
+    FA_TILE_Q,
     ComputeParams,
     as_array,
     block_view,
@@ -87,6 +90,9 @@ from .vec import (
     seq_sum_f64,
     silu_f32,
     vec_cvar_f32,
+    vec_dot_f16_simd,
+    vec_dot_f32_simd,
+    tiled,
     vec_soft_max_f32,
     vec_sum_f32,
 )
@@ -788,6 +794,303 @@ def forward_soft_max(params: ComputeParams, dst: Tensor):
 
 
 # =====================================================================================================================
+# FLASH_ATTN_EXT
+# =====================================================================================================================
+#
+# ggml_compute_forward_flash_attn_ext_f16 picks one of three kernels per node:
+#   * split-KV (one query row, n_kv >= 512, K/V F16 or F32): the KV cells are cut into one chunk per thread; every
+#     thread runs the one-chunk kernel on its cells for every head and leaves (M, S, VKQ) partials in wdata; after a
+#     barrier each thread merges the partials of heads ith, ith+nth, ...;
+#   * tiled (>= GGML_FA_TILE_Q query rows, K/V F16 or F32): 64 query rows x 64 KV cells at a time, K and V widened
+#     to float, K·Q and softmax·V as simd_gemm (sequential FMA chains), the softmax of a tile with ggml_v_expf;
+#   * one-chunk (everything else, e.g. a decode step): per query row, Q rounded to K's vec_dot_type, one
+#     ggml_vec_dot_f16 per KV cell, the online softmax with an F16 VKQ accumulator (ggml_vec_mad_f16 /
+#     ggml_vec_scale_f16: float math, rounded to fp16 after every step).
+# A query row's result depends only on the kernel, never on the chunk or tile it was computed in (every row's
+# arithmetic is its own), except in the split-KV kernel, whose merge depends on the number of threads.
+
+# The one-chunk kernel's ``S = S*ms + vs``: gcc contracts it into one FMA in llama-cpp-python 0.3.36's AVX2 build
+# (measured: SmolLM2's decode logits equal llama.cpp's only so, tests/test_flash_attn_llamacpp.py), while
+# libggml-python 0.20.2's build keeps a product and an add (its differential test sets this False).
+FA_S_FMA = True
+# The split-KV merge's ``VKQ_final[d]*scale_old + VKQ_chunk[d]*scale_new``: 0 = two products and an add, 1 = the first
+# product fused, 2 = the second fused. 1 as libggml-python 0.20.2 computes it; llama.cpp's build not yet measured
+# (it runs only over >= 512 KV cells).
+FA_REDUCE_FMA = 1
+
+
+def _fa_setup(dst):
+    q, k, v = dst.src[0], dst.src[1], dst.src[2]
+    GGML_ASSERT(int(dst.ne[0]) == int(v.ne[0]) and int(dst.ne[2]) == int(q.ne[1]),
+                "GGML_ASSERT(ne0 == DV && ne2 == N) failed")
+    GGML_ASSERT(int(q.nb[0]) == type_size(q.type) and int(k.nb[0]) == type_size(k.type)
+                and int(v.nb[0]) == type_size(v.type), "flash_attn_ext: input rows must be contiguous")
+    GGML_ASSERT(int(q.ne[0]) == int(k.ne[0]), "GGML_ASSERT(neq0 == DK) failed")
+    GGML_ASSERT(int(dst.nb[0]) == 4 and dst.nb[0] <= dst.nb[1] <= dst.nb[2] <= dst.nb[3],
+                "flash_attn_ext: dst cannot be transposed or permuted")
+    GGML_ASSERT(q.type == C.GGML_TYPE_F32, "flash_attn_ext: ggviz's kernel takes F32 Q")
+    GGML_ASSERT(k.type in (C.GGML_TYPE_F16, C.GGML_TYPE_F32) and v.type in (C.GGML_TYPE_F16, C.GGML_TYPE_F32),
+                f"flash_attn_ext: ggviz's kernel takes F16 or F32 K/V, got {type_name(k.type)}/{type_name(v.type)}")
+    scale = F32(get_op_params_f32(dst, 0))
+    max_bias = F32(get_op_params_f32(dst, 1))
+    softcap = F32(get_op_params_f32(dst, 2))
+    if softcap != 0:
+        scale = F32(scale / softcap)
+    return q, k, v, scale, max_bias, softcap
+
+
+def _fa_head(dst, iq3: int, iq2: int, i1):
+    """Q rows i1 of head (iq2, iq3), K and V of its KV head (GQA: iq2 / (neq2/nek2)) as float32, and the mask rows
+    times the head's ALiBi slope (float32, -inf where masked; 0 without a mask)."""
+    q, k, v, mask = dst.src[0], dst.src[1], dst.src[2], dst.src[3]
+    ik2, ik3 = iq2 // (int(q.ne[2]) // int(k.ne[2])), iq3 // (int(q.ne[3]) // int(k.ne[3]))
+    iv2, iv3 = iq2 // (int(q.ne[2]) // int(v.ne[2])), iq3 // (int(q.ne[3]) // int(v.ne[3]))
+    qr = as_array(q)[iq3, iq2, i1]
+    kr = as_array(k)[ik3, ik2].astype(F32)
+    vr = as_array(v)[iv3, iv2].astype(F32)
+    slope = alibi_slopes(int(q.ne[2]), get_op_params_f32(dst, 1), [iq2])[0]
+    if mask is not None:
+        m = as_array(mask)[iq3 % int(mask.ne[3]), iq2 % int(mask.ne[2])][i1, :int(k.ne[1])].astype(F32)
+        mv = slope * m if slope != 1 else m
+    else:
+        mv = np.zeros((len(i1), int(k.ne[1])), F32)
+    return qr, kr, vr, mv
+
+
+def _softcap(s, softcap):
+    # tanhf: float64 tanh rounded to float (not glibc's tanhf bit for bit; no model ggviz runs has a softcap)
+    return (softcap * np.tanh(s.astype(F64)).astype(F32)).astype(F32)
+
+
+def _fa_one_chunk(dst, iq3: int, iq2: int, i1, ic0: int, ic1: int):
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for query rows i1 of one head over KV cells [ic0, ic1):
+    returns (M, S, VKQ32) before the division by S (and before the sinks)."""
+    q, k, v, scale, max_bias, softcap = _fa_setup(dst)
+    qr, kr, vr, mv = _fa_head(dst, iq3, iq2, i1)
+    n = len(i1)
+    DV = int(v.ne[0])
+    # Q converted to K's vec_dot_type (F16: vcvtps2ph, round to nearest even), then one vec_dot per KV cell
+    if k.type == C.GGML_TYPE_F16:
+        s_all = tiled(vec_dot_f16_simd, kr[ic0:ic1], f32_to_f16(qr).astype(F32))
+    else:
+        s_all = tiled(vec_dot_f32_simd, kr[ic0:ic1], qr)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s_all = s_all * scale
+        if softcap != 0:
+            s_all = _softcap(s_all, softcap)
+        s_all = s_all + mv[:, ic0:ic1]
+    M = np.full(n, -np.inf, F32)
+    S = np.zeros(n, F32)
+    f16_acc = v.type == C.GGML_TYPE_F16
+    acc = np.zeros((n, DV), np.float16 if f16_acc else F32)
+    live = np.flatnonzero(np.any(mv[:, ic0:ic1] != -np.inf, axis=0))
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        for j in live:
+            act = mv[:, ic0 + j] != -np.inf
+            sc = s_all[:, j]
+            new = act & (sc > M)
+            old = act & ~new
+            ms = np.ones(n, F32)
+            vs = np.ones(n, F32)
+            if new.any():
+                ms[new] = expf_vec(M[new] - sc[new])
+                M[new] = sc[new]
+                # ggml_vec_scale_f16 / _f32: V = V*expf(Mold - M)
+                acc[new] = (acc[new].astype(F32) * ms[new, None]).astype(acc.dtype)
+            if old.any():
+                vs[old] = expf_vec(sc[old] - M[old])
+            # ggml_vec_mad_f16 / _f32: V += v*vs, one FMA per lane (F16: widened, fused, rounded back to fp16)
+            a = acc[act].astype(F32)
+            acc[act] = fma32(vr[ic0 + j][None, :], vs[act, None], a).astype(acc.dtype)
+            S[act] = fma32(S[act], ms[act], vs[act]) if FA_S_FMA else S[act] * ms[act] + vs[act]
+    return M, S, acc.astype(F32)
+
+
+def _fa_finish(dst, iq2: int, M, S, vkq, sinks: bool):
+    """The sinks (first KV chunk only), then V /= S (ggml_vec_scale_f32 by 1/S, 0 when S == 0)."""
+    sk = dst.src[4]
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+        if sinks and sk is not None:
+            s = F32(as_array(sk).reshape(-1)[iq2])
+            up = s > M
+            ms = np.where(up, expf_vec(M - s), F32(1)).astype(F32)
+            vs = np.where(up, F32(1), expf_vec(s - M)).astype(F32)
+            vkq = np.where(up[:, None], vkq * ms[:, None], vkq).astype(F32)
+            S = (fma32(S, ms, vs) if FA_S_FMA else S * ms + vs).astype(F32)
+        s_inv = np.where(S == 0, F32(0), F32(1) / np.where(S == 0, F32(1), S)).astype(F32)
+    return (vkq * s_inv[:, None]).astype(F32)
+
+
+def _fa_tiled(dst, iq3: int, iq2: int, i1):
+    """ggml_compute_forward_flash_attn_ext_tiled for query rows i1 of one head (a row's bits do not depend on the
+    tile it shares with other rows: skipping a KV tile whose cells are all masked for every row of the tile is the
+    same as skipping it row by row)."""
+    q, k, v, scale, max_bias, softcap = _fa_setup(dst)
+    qr, kr, vr, mv = _fa_head(dst, iq3, iq2, i1)
+    n, nek1 = len(i1), int(k.ne[1])
+    DK, DV, T = int(k.ne[0]), int(v.ne[0]), FA_TILE_KV
+    M = np.full(n, -np.inf, F32)
+    S = np.zeros(n, F32)
+    vkq = np.zeros((n, DV), F32)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        for ic in range(0, nek1, T):
+            kv = min(T, nek1 - ic)
+            m = np.full((n, T), -np.inf, F32)
+            m[:, :kv] = mv[:, ic:ic + kv]
+            if dst.src[3] is not None and not np.any(m != -np.inf):
+                continue
+            kt = np.zeros((T, DK), F32)
+            kt[:kv] = kr[ic:ic + kv]
+            # simd_gemm: KQ[q, c] = fma chain over dk in order, from 0 (the memset KQ)
+            kq = np.zeros((n, T), F32)
+            for d in range(DK):
+                kq = fma32(kt[None, :, d], qr[:, d, None], kq)
+            kq = kq * scale
+            if softcap != 0:
+                kq = _softcap(kq, softcap)
+            kq[:, kv:] = -np.inf
+            if dst.src[3] is not None:
+                kq = kq + m
+            tmax = np.max(kq, axis=1)
+            live = tmax != -np.inf
+            mnew = np.maximum(M, tmax)
+            up = live & (mnew > M)
+            if up.any():
+                ms = expf_vec(M[up] - mnew[up])
+                vkq[up] = vkq[up] * ms[:, None]
+                S[up] = S[up] * ms
+            M = np.where(live, mnew, M).astype(F32)
+            # ggml_vec_soft_max_f32 over the 64 cells (8-lane ggml_v_expf blocks, double sum), added to float S
+            y, ssum = vec_soft_max_f32(kq, M)
+            S = np.where(live, (S.astype(F64) + ssum).astype(F32), S).astype(F32)
+            y[~live] = 0
+            vt = np.zeros((T, DV), F32)
+            vt[:kv] = vr[ic:ic + kv]
+            # simd_gemm: VKQ[q, d] += softmax[q, c] * V[c, d], an fma chain over c in order
+            for c in range(T):
+                vkq = fma32(vt[None, c, :], y[:, c, None], vkq)
+    return M, S, vkq
+
+
+def _fa_split_kv(params, dst):
+    """The split-KV decode kernel: KV chunk ith for every head into wdata's partials, a barrier, then the merge of
+    heads ith, ith+nth, ... (ggml_flash_attn_ext_reduce_partials)."""
+    q, k, v = dst.src[0], dst.src[1], dst.src[2]
+    ith, nth = params.ith, params.nth
+    DK, DV, nek1, neq2 = int(k.ne[0]), int(v.ne[0]), int(k.ne[1]), int(q.ne[2])
+    chunk = (nek1 + nth - 1) // nth
+    base = nth * (DK + 2 * DV + CACHE_LINE_SIZE_F32)
+    psize = 2 + DV
+    w = params.wdata.view(F32)
+    parts = w[base:base + neq2 * nth * psize].reshape(neq2, nth, psize)
+    ic0, ic1 = ith * chunk, min(ith * chunk + chunk, nek1)
+    i1 = np.zeros(1, np.int64)
+    for h in range(neq2):
+        if ic0 < nek1:
+            M, S, vkq = _fa_one_chunk(dst, 0, h, i1, ic0, ic1)
+            if ic0 == 0 and dst.src[4] is not None:
+                M, S, vkq = _fa_sinks_partial(dst, h, M, S, vkq)
+            parts[h, ith, 0], parts[h, ith, 1], parts[h, ith, 2:] = M[0], S[0], vkq[0]
+        else:
+            parts[h, ith, 0], parts[h, ith, 1] = -np.inf, 0.0
+    params.barrier()
+    out = as_array(dst)
+    for h in range(ith, neq2, nth):
+        Mf, Sf = F32(-np.inf), F32(0)
+        acc = np.zeros(DV, F32)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            for c in range(nth):
+                if c * chunk >= nek1:
+                    continue
+                Mc, Sc, vc = F32(parts[h, c, 0]), F32(parts[h, c, 1]), parts[h, c, 2:].astype(F32)
+                if Sc == 0:
+                    continue
+                Mn = F32(max(Mf, Mc))
+                so, sn = expf_vec(F32(Mf - Mn)), expf_vec(F32(Mc - Mn))
+                acc = _fa_merge(acc, so, vc, sn)
+                Sf = F32(_fa_merge(np.atleast_1d(Sf), so, np.atleast_1d(Sc), sn)[0])
+                Mf = Mn
+            if Sf != 0:
+                acc = (acc * (F32(1) / Sf)).astype(F32)
+        out[0, 0, h] = acc
+
+
+def _fa_merge(a, sa, b, sb):
+    sa, sb = F32(sa), F32(sb)
+    if FA_REDUCE_FMA == 1:
+        return fma32(a, sa, (b * sb).astype(F32))
+    if FA_REDUCE_FMA == 2:
+        return fma32(b, sb, (a * sa).astype(F32))
+    return ((a * sa).astype(F32) + (b * sb).astype(F32)).astype(F32)
+
+
+def _fa_sinks_partial(dst, h, M, S, vkq):
+    s = F32(as_array(dst.src[4]).reshape(-1)[h])
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        up = s > M
+        ms = np.where(up, expf_vec(M - s), F32(1)).astype(F32)
+        vs = np.where(up, F32(1), expf_vec(s - M)).astype(F32)
+        vkq = np.where(up[:, None], vkq * ms[:, None], vkq).astype(F32)
+        M = np.where(up, s, M).astype(F32)
+        S = (fma32(S, ms, vs) if FA_S_FMA else S * ms + vs).astype(F32)
+    return M, S, vkq
+
+
+def fa_kernel(dst, nth: int = 1, use_ref: bool = False) -> str:
+    """Which of the three kernels ggml_compute_forward_flash_attn_ext_f16 runs for this node."""
+    q, k, v = dst.src[0], dst.src[1], dst.src[2]
+    kv_ok = k.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16) and k.type == v.type and q.type == C.GGML_TYPE_F32
+    if not use_ref and int(q.ne[1]) == 1 and int(q.ne[3]) == 1 and kv_ok and int(k.ne[1]) >= 512:
+        return "split_kv"
+    if not use_ref and kv_ok and int(q.ne[1]) >= FA_TILE_Q:
+        return "tiled"
+    return "one_chunk"
+
+
+@kernel
+def forward_flash_attn_ext(params: ComputeParams, dst: Tensor):
+    """ggml_compute_forward_flash_attn_ext: precision DEFAULT or F32 (F32 accumulators either way), then
+    ggml_compute_forward_flash_attn_ext_f16's choice of kernel and its split of the query rows into chunks
+    (4 per thread, claimed from the pool's counter)."""
+    prec = get_op_params_i32(dst, 3)
+    GGML_ASSERT(prec in (C.GGML_PREC_DEFAULT, C.GGML_PREC_F32),
+                f"flash_attn_ext: GGML_ABORT: precision {prec} (only GGML_PREC_DEFAULT / GGML_PREC_F32)")
+    _fa_setup(dst)
+    ith, nth = params.ith, params.nth
+    which = fa_kernel(dst, nth, getattr(params, "use_ref", False))
+    if which == "split_kv":
+        _fa_split_kv(params, dst)
+        return
+    q = dst.src[0]
+    neq1, neq2, neq3 = int(q.ne[1]), int(q.ne[2]), int(q.ne[3])
+    nr = neq1 * neq2 * neq3
+    nth4 = nth * 4
+    chunk_size = (nr + nth4 - 1) // nth4
+    nchunk = (nr + chunk_size - 1) // chunk_size
+    if nth == 1 or nchunk < nth:
+        nchunk = nth
+    tp = params.threadpool
+    if ith == 0 and tp is not None:
+        tp.chunk_set(nth)
+    params.barrier()
+    dr = (nr + nchunk - 1) // nchunk
+    out = as_array(dst)
+    current = ith
+    while current < nchunk:
+        ir0, ir1 = dr * current, min(dr * current + dr, nr)
+        if ir0 < ir1:
+            i3, i2, i1 = row_idx(ir0, ir1, neq1, neq2)
+            for h3, h2 in sorted(set(zip(i3.tolist(), i2.tolist()))):
+                rows = i1[(i3 == h3) & (i2 == h2)]
+                if which == "tiled":
+                    M, S, vkq = _fa_tiled(dst, h3, h2, rows)
+                else:
+                    M, S, vkq = _fa_one_chunk(dst, h3, h2, rows, 0, int(dst.src[1].ne[1]))
+                out[h3, rows, h2] = _fa_finish(dst, h2, M, S, vkq, True)
+        current = tp.chunk_add(1) if tp is not None else current + nth
+
+
+# =====================================================================================================================
 # ROPE
 # =====================================================================================================================
 
@@ -1118,6 +1421,7 @@ FORWARD = {
     C.GGML_OP_NORM: forward_norm,
     C.GGML_OP_RMS_NORM: forward_rms_norm,
     C.GGML_OP_SOFT_MAX: forward_soft_max,
+    C.GGML_OP_FLASH_ATTN_EXT: forward_flash_attn_ext,
     C.GGML_OP_ROPE: forward_rope,
     C.GGML_OP_ROPE_BACK: forward_rope_back,
     C.GGML_OP_UNARY: forward_unary,

@@ -98,6 +98,9 @@ class DecodeStepper(VizWidget):
         cp = llama.context_default_params()
         cp.n_ctx = n_ctx
         cp.n_threads = cp.n_threads_batch = n_threads
+        # the step shows attention as KQ -> SOFT_MAX -> KQV (the weights are a node); llama.cpp's default on the CPU,
+        # one FLASH_ATTN_EXT per layer, has no attention matrix in memory
+        cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
         if len(self.tokens) > cp.n_ubatch:
             raise ValueError(f"DecodeStepper records one ubatch: at most {cp.n_ubatch} tokens")
 

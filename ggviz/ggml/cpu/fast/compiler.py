@@ -33,7 +33,7 @@ from ...tensor import (
 from .. import mul_mat, repack
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
-from . import gemma_ops, kernels, sparse, sync
+from . import fattn, gemma_ops, kernels, sparse, sync
 from .sgemm import row_kernel
 from .program import (
     CPY_DTYPE,
@@ -52,6 +52,7 @@ from .program import (
     MMQ_QS,
     MMQ_TYPE,
     NB3,
+    FA_NTH,
     NCOL,
     NE0,
     NE1,
@@ -62,6 +63,7 @@ from .program import (
     OP_AXPY,
     OP_BINARY,
     OP_CPY,
+    OP_FLASH_ATTN,
     OP_GET_ROWS,
     OP_MUL_MAT_F,
     OP_MUL_MAT_Q,
@@ -159,6 +161,8 @@ class FastGraph:
         self.single_ns = 0                    # ... and their time
         self.probe_every, self.probe_ns, self.probing = self.PROBE_EVERY, self.PROBE_NS, False
         self.sparse_work = []                 # (bytes, bytes per thread) of PowerInfer's AXPY rows
+        # rows of FLASH_ATTN_EXT: ggml's n_threads is written before each compute (the split-KV chunks)
+        self.fa_rows = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
         # rows of PowerInfer's MUL_MAT_SPARSE / AXPY: their threshold and n_threads are written before each compute
         self.sparse_rows = np.flatnonzero((P[:, OP] == OP_MUL_MAT_SPARSE) | (P[:, OP] == OP_AXPY)) \
             if len(P) else np.zeros(0, np.int64)
@@ -276,6 +280,8 @@ class FastGraph:
         """Fix the number of threads of the next compute (called by graph_compute before the kickoff)."""
         self.n_use_now = max(1, min(min(nth, N_CPUS), self.n_next))
         sparse.set_compute_params(self.P, self.F, self.sparse_rows, nth)
+        if self.fa_rows.size:
+            self.P[self.fa_rows, FA_NTH] = int(nth)      # the split-KV kernel's chunks follow ggml's nth
 
     def compute_thread(self, ith: int, nth: int, work_data) -> None:
         """Thread ith's walk over every node (ggml_graph_compute_thread, compiled). ``self.n_next`` (decided by
@@ -542,6 +548,8 @@ def _build(cgraph, require_repack: bool = True):
                 wsize = max(wsize, fixed)
                 if per_thread:
                     sparse_work.append((fixed, per_thread))
+            elif op == C.GGML_OP_FLASH_ATTN_EXT:
+                _need(fattn.build_node(P, F, k, node))
             elif op == C.GGML_OP_GET_ROWS:
                 _need(node.type == GGML_TYPE_F32 and s1.type in (C.GGML_TYPE_I32, C.GGML_TYPE_I64))
                 _need(s0.type in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,

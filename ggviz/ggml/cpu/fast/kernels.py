@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from . import gemma_ops, sparse
+from . import fattn, gemma_ops, sparse
 from .intrinsics import (
     HAVE_AVX2,
     SCALES_F16,
@@ -116,6 +116,7 @@ from .program import (
     OP_ROPE,
     OP_SCALE,
     OP_SET_ROWS,
+    OP_FLASH_ATTN,
     OP_SOFT_MAX,
     OP_SWIGLU,
     OP_UNARY,
@@ -775,6 +776,8 @@ def compute_node(P, F, k, ith, nth, sync, wdata):
         sparse.k_axpy(P, F, k, ith, nth, sync, wdata)
     elif op == OP_UNARY:
         sparse.k_unary(P, F, k, ith, nth, sync, wdata)
+    elif op == OP_FLASH_ATTN:
+        fattn.k_flash_attn_ext(P, F, k, ith, nth, sync, wdata)
 
 @compiled
 def graph_compute_thread(P, F, wdata, sync, ith, nth, k0, k1, timings):

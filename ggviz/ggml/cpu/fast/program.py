@@ -31,6 +31,7 @@ OP_GEGLU = 12            # gemma_ops.k_geglu
 OP_MUL_MAT_SPARSE = 13   # sparse.k_mul_mat_sparse (SP_UPSCALE = 1: the GPU half, mul_mat_idx_upscale)
 OP_AXPY = 14             # sparse.k_axpy (SP_UPSCALE = 1: the GPU half on gpu_bucket)
 OP_UNARY = 15            # sparse.k_unary: SUBOP = UNARY_RELU / UNARY_SILU (F32 rows)
+OP_FLASH_ATTN = 16       # fattn.k_flash_attn_ext (F32 Q, F16 K/V, F16 mask or none; S0/S1/S2 = q/k/v)
 UNARY_RELU, UNARY_SILU = 0, 1
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -64,6 +65,11 @@ GEGLU_NC, GEGLU_SWAPPED, GEGLU_NROWS, GEGLU_TABLE = X, X + 1, X + 2, X + 3   # O
 # 1 for the GPU half, and SP_NTH: the compute's n_threads (written before each compute: AXPY's static split and
 # its partials follow ggml's nth, not the threads the compiled walk happens to use)
 SP_TYPE, SP_AUX, SP_NAUX, SP_UPSCALE, SP_NTH = X, X + 1, X + 2, X + 3, X + 4
+# OP_FLASH_ATTN: the mask (src[3]: data, 0 = none, ne[2..3], nb[1..3])
+FA_MASK, FA_MNE2, FA_MNE3, FA_MNB1, FA_MNB2, FA_MNB3 = X, X + 1, X + 2, X + 3, X + 4, X + 5
+FA_SFMA = X + 6          # OP_FLASH_ATTN: 1 if ``S = S*ms + vs`` is one FMA (cpu/ops.py's FA_S_FMA)
+FA_SPLIT = X + 7         # OP_FLASH_ATTN: 1 for the split-KV kernel (one query row over >= 512 cells)
+FA_NTH = X + 8           # OP_FLASH_ATTN: the compute's n_threads (the split-KV chunks follow ggml's nth), per compute
 
 # ---------------------------------------------------------------------------------------------------------------------
 # F: float64 columns of a program row
@@ -72,6 +78,7 @@ SP_TYPE, SP_AUX, SP_NAUX, SP_UPSCALE, SP_NTH = X, X + 1, X + 2, X + 3, X + 4
 RMS_NORM_EPS = 0
 SOFT_MAX_SCALE, SOFT_MAX_SLOPE = 0, 1
 SCALE_S, SCALE_B = 0, 1
+FA_SCALE = 0             # OP_FLASH_ATTN: the scale op param
 SP_THRESHOLD = 0         # OP_MUL_MAT_SPARSE / OP_AXPY: ggml.c's sparse_pred_threshold, written before each compute
 (ROPE_FREQ_SCALE, ROPE_EXT_FACTOR, ROPE_MSCALE, ROPE_THETA_SCALE, ROPE_CORR0, ROPE_CORR1,
  ROPE_SIN_SIGN) = range(7)
