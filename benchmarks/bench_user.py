@@ -12,7 +12,7 @@ Measured for each library, the model already loaded (each library loads it once,
 The two libraries run rep by rep in turn (ggviz, llama.cpp, ggviz, ...) so that the machine's state is shared; the
 median of the reps is printed with the ratio ggviz / llama.cpp (> 1: ggviz faster; for the first-token time, < 1).
 llama.cpp is llama-cpp-python (``import llama_cpp``): the build it found is named; without it only ggviz's figures are
-printed. It prints; it does not assert. The code is ``ggviz.bench``'s (``ggviz bench`` runs it too), with the profile of
+printed. It prints; it does not assert. The code is ``ggviz.tools.bench``'s (``ggviz bench`` runs it too), with the profile of
 a change of batch shape after the table.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ggviz.bench import user_main  # noqa: E402
+from ggviz.tools.bench import user_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(user_main(prog="bench_user.py"))

@@ -3,7 +3,7 @@
     python benchmarks/bench_views.py [--runs 5] [--no-old] [--n-kv 256]
 
 The graph is the one ``llama_decode`` builds for one token of the default model (SmolLM2-135M: 1086 nodes,
-~340 leafs, ``ggviz.export.decode_graph``). Each render is what a ``GraphView`` does before it can show the
+~340 leafs, ``ggviz.capture.decode_graph``). Each render is what a ``GraphView`` does before it can show the
 picture -- build the Graphviz graph from ``gf``, lay it out, and have the SVG text in hand -- timed on a fresh
 view (no cache):
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-kv", type=int, default=256, help="attended KV cells of the decode graph (default 256)")
     a = ap.parse_args(argv)
 
-    from ggviz.export import decode_graph
+    from ggviz.capture import decode_graph
 
     t0 = time.perf_counter()
     gf = decode_graph(n_kv=a.n_kv).gf

@@ -4,7 +4,7 @@
 
 Timed, alternating ggviz and llama.cpp (the installed llama_cpp, ``vocab_only=True``) in each run:
 
-* **load** -- ggviz: ``Vocab.from_gguf_kv`` on the metadata ``ggviz.gguf_file.load_gguf`` parsed (the parse
+* **load** -- ggviz: ``Vocab.from_gguf_kv`` on the metadata ``ggviz.ggml.gguf.load_gguf`` parsed (the parse
   itself timed apart); llama.cpp: ``Llama(path, vocab_only=True)``, which parses the file and builds its vocab;
 * **tokenize** -- the 10 reference strings of tests/data/gemma3/gemma3_tokenize.json, 20 times, add_special and
   parse_special on, tokens per second;
@@ -29,7 +29,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ggviz import fetch, gguf_file  # noqa: E402
+from ggviz import fetch  # noqa: E402
+from ggviz.ggml import gguf as gguf_file  # noqa: E402
 from ggviz.llama.vocab import Vocab  # noqa: E402
 from tests.spm_text import spm_text  # noqa: E402
 

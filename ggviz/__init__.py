@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # lazy re-exports, so that `import ggviz` stays light
     if name in ("GGUFError", "load_gguf"):
-        from . import gguf_file
-        return getattr(gguf_file, name)
+        from .ggml import gguf
+        return getattr(gguf, name)
     if name in ("generate", "Generation"):
         from . import run as _g
         return getattr(_g, name)

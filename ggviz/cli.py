@@ -1,13 +1,13 @@
 """The `ggviz` command line.
 
     ggviz fetch [NAME]   download (once) and verify a model (default: SmolLM2; or gemma3-270m); print its path
-    ggviz demo ...   the main demo (ggviz/demo.py)
+    ggviz demo ...   the main demo (ggviz/tools/demo.py)
     ggviz version    print versions
 
-Commands backed by a module (`demo`, `run`, `bench`, `graph`, `trace`, `report`) hand
-all their remaining arguments to `ggviz.<module>.main(argv)` (or to the function named after a colon,
-"ggviz.export:graph_main"), which parses its own options: to add one, write the module and add a line to
-MODULE_COMMANDS.
+Commands backed by a module (`demo`, `run`, `bench`, `graph`, `trace`, `report`, ...; they live in
+``ggviz/tools/``, as llama.cpp's commands in its ``tools/``) hand all their remaining arguments to
+`<module>.main(argv)` (or to the function named after a colon, "ggviz.tools.export:graph_main"), which parses its
+own options: to add one, write the module and add a line to MODULE_COMMANDS.
 
 Errors. A user's mistake prints one or two lines on stderr -- what is wrong, then what to do -- and exits non-zero,
 without a traceback: 2 for a bad argument (the commands' parsers are this module's ``ArgumentParser``, and the
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
-import importlib.util
 import logging
 import math
 import os
@@ -35,17 +34,17 @@ from importlib import metadata
 from ggviz import __version__
 from ggviz.fetch import DEFAULT_MODEL, MODELS, FetchError, fetch_model, registry, resolve_model
 
-# command -> (module under ggviz, one-line help)
+# command -> (module, one-line help)
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("ggviz.demo", "run the ggviz demo (arguments are passed to it; try `ggviz demo --help`)"),
-    "run": ("ggviz.run", "generate text with the default model (`ggviz run -p PROMPT -n 64 [--chat]`)"),
-    "bench": ("ggviz.bench", "decode/prefill speed vs a plain NumPy reference (and llama.cpp if importable)"),
-    "graph": ("ggviz.export:graph_main",
+    "demo": ("ggviz.tools.demo", "run the ggviz demo (arguments are passed to it; try `ggviz demo --help`)"),
+    "run": ("ggviz.tools.run", "generate text with the default model (`ggviz run -p PROMPT -n 64 [--chat]`)"),
+    "bench": ("ggviz.tools.bench", "what a user waits for, ggviz beside llama.cpp if importable (first token, generation, prefill)"),
+    "graph": ("ggviz.tools.export:graph_main",
               "draw the decode graph (`ggviz graph [--layer N | --full] [--format dot|svg|png] -o FILE`)"),
-    "trace": ("ggviz.export:trace_main", "Chrome/Perfetto trace JSON of one decode compute (`ggviz trace -o FILE`)"),
-    "report": ("ggviz.report", "standalone HTML walkthrough of one decode step (`ggviz report -o report.html`)"),
-    "book": ("ggviz.book", "the notebooks, executed, as an offline HTML site (`ggviz book -o book/`)"),
-    "explore": ("ggviz.explore", "the linked decode explorer, served by Voilà (`ggviz explore [--port 8866]`)"),
+    "trace": ("ggviz.tools.export:trace_main", "Chrome/Perfetto trace JSON of one decode compute (`ggviz trace -o FILE`)"),
+    "report": ("ggviz.tools.report", "standalone HTML walkthrough of one decode step (`ggviz report -o report.html`)"),
+    "book": ("ggviz.tools.book", "the notebooks, executed, as an offline HTML site (`ggviz book -o book/`)"),
+    "explore": ("ggviz.tools.explore", "the linked decode explorer, served by Voilà (`ggviz explore [--port 8866]`)"),
     "powerinfer": ("ggviz.powerinfer.pipeline",
                    "PowerInfer's offline pipeline: predictor + PWRI GGUF (`ggviz powerinfer build --out DIR`)"),
 }
@@ -223,10 +222,6 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 def _cmd_module(name: str, argv: list[str]) -> int:
     module_name, _, func = MODULE_COMMANDS[name][0].partition(":")
-    if importlib.util.find_spec(module_name) is None:
-        print(f"ggviz {name}: not available yet ({module_name} does not exist in this checkout).",
-              file=sys.stderr)
-        return 2
     module = importlib.import_module(module_name)
     rc = getattr(module, func or "main")(argv)
     return rc if isinstance(rc, int) else 0

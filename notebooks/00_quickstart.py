@@ -69,7 +69,8 @@ print("new tokens    :", [(t, vocab.token_to_piece(t, True).decode()) for t in g
 # below opens a layer when you click its box (`GraphView`).
 
 # %%
-from ggviz.export import decode_graph, graph_dot
+from ggviz.capture import decode_graph
+from ggviz.tools.export import graph_dot
 
 res = decode_graph(model)          # llama_context::build_graph for n_tokens = 1 (built, not computed)
 gf = res.gf
@@ -103,7 +104,7 @@ GGUFMapWidget(model.gguf, selected="blk.0.attn_q.weight")
 
 # %%
 import matplotlib.pyplot as plt
-from ggviz.export import decode_step
+from ggviz.capture import decode_step
 from ggviz.ggml import alloc
 
 step = decode_step("The ggml library is", threads=2, model=model, record=False)   # prompt + one decode step

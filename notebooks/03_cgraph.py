@@ -101,7 +101,8 @@ anim
 # %%
 from collections import Counter
 from ggviz.run import load_model
-from ggviz.export import decode_graph, graph_dot
+from ggviz.capture import decode_graph
+from ggviz.tools.export import graph_dot
 
 model = load_model()
 with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec_dec:

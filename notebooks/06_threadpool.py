@@ -34,7 +34,8 @@ from collections import defaultdict
 from ggviz import ggml, viz
 from ggviz.ggml.cpu import ggml_cpu
 from ggviz.run import load_model
-from ggviz.export import decode_graph, decode_step, chrome_trace
+from ggviz.capture import decode_graph, decode_step
+from ggviz.tools.export import chrome_trace
 from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
 model = load_model()
@@ -199,7 +200,7 @@ viz.Table(claims)
 
 # %%
 from ggviz.viz.widgets import VecDotLanes
-from ggviz.viz.widgets.vecdot import capture_mul_mat
+from ggviz.capture import capture_mul_mat
 
 cap = capture_mul_mat(model, "Qcur-0")
 lanes = VecDotLanes(cap, row=5, block=3)

@@ -28,7 +28,7 @@
 
 # %%
 import numpy as np
-from ggviz import ggml, llama, viz
+from ggviz import capture, ggml, llama, viz
 from ggviz.run import load_model, make_sampler
 from ggviz.viz import model_views as MV
 
@@ -111,7 +111,7 @@ cp = llama.context_default_params()
 cp.n_ctx, cp.n_threads, cp.n_threads_batch = 256, 2, 2
 cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
 ctx = llama.init_from_model(model, cp)
-att = MV.capture_attention(ctx, ids, layers=[0])          # this is the decode of the prompt on ctx
+att = capture.capture_attention(ctx, ids, layers=[0])          # this is the decode of the prompt on ctx
 MV.attention_figure(att, 0);
 
 # %% [markdown]
@@ -146,7 +146,7 @@ MV.sampler_figure(chain.history, vocab);
 # and V are already there, so nothing of the prompt is recomputed. The mask lets it see every earlier cell.
 
 # %%
-with MV.capture_inputs(ctx) as snaps:
+with capture.capture_inputs(ctx) as snaps:
     assert llama.decode(ctx, llama.batch_get_one([nxt])) == 0
 MV.kv_cache_figure(snaps[-1], vocab);
 

@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import HTML, display
 
-from ggviz import ggml, llama
+from ggviz import capture, ggml, llama
 from ggviz.fetch import FetchError, resolve_model
 from ggviz.run import load_model
 from ggviz.viz import model_views as MV
@@ -100,7 +100,7 @@ def decode_step(model, ids):
     cp.n_ctx = 1024
     cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
     ctx = llama.init_from_model(model, cp)
-    with MV.capture_inputs(ctx) as snaps:       # the graph inputs and KV cells of each ubatch, before its compute
+    with capture.capture_inputs(ctx) as snaps:       # the graph inputs and KV cells of each ubatch, before its compute
         assert llama.decode(ctx, llama.batch_get_one(ids[:-1])) == 0
         assert llama.decode(ctx, llama.batch_get_one(ids[-1:])) == 0
     ctx.snapshots = snaps

@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from ggviz import ggml, llama
+from ggviz import capture, ggml, llama
 from ggviz.ggml import consts as C
 from ggviz.ggml import quants as Q
 from ggviz.ggml.cpu import ggml_cpu
@@ -152,7 +152,7 @@ print(pwri.name, "magic", pwri.read_bytes()[:4], "| threshold in the file:", spa
 # %%
 text = "The quick brown fox jumps over the lazy dog because it wanted to see the river."
 ids = llama.tokenize(sparse.vocab, text, add_special=False)[:10]
-run_full = PV.capture_sparse_run(sparse, ids, threshold=-np.inf)
+run_full = capture.capture_sparse_run(sparse, ids, threshold=-np.inf)
 PV.PredictorView(run_full, metrics["act_threshold"], layer=10, threshold=0.0)
 
 # %% [markdown]
@@ -183,7 +183,7 @@ PV.HotColdView(counts, run_full.gpu_idx, layer=10)
 # suite checks exactly that against this view. AXPY then skips the same neurons: silu(0)·up = 0, and it skips x = 0.
 
 # %%
-run = PV.capture_sparse_run(sparse, ids)
+run = capture.capture_sparse_run(sparse, ids)
 PV.SkippedRowsView(run, layer=10, token=3)
 
 # %% [markdown]
@@ -206,7 +206,7 @@ PV.SkippedRowsView(run, layer=10, token=3)
 
 # %%
 layers = [il for il in range(n_layer) if run.gpu_idx[il].any()][8:11] or [8, 9, 10]
-recs, outs, transfers = PV.hybrid_ffn_run(sparse, run, layers, n_threads=3)
+recs, outs, transfers = capture.hybrid_ffn_run(sparse, run, layers, n_threads=3)
 print("outputs equal the decode's ffn_out:", all(np.array_equal(outs[il], run.ffn_out[il]) for il in layers))
 PV.HybridTimelineView(recs, n_threads=3)
 

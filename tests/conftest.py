@@ -30,9 +30,9 @@ class NotebookRunner:
     tests/test_browser.py builds the book from the same runs instead of executing all of them a second time."""
 
     def __init__(self):
-        # imported here, not at the top: ggviz.book imports nbformat, whose jsonschema compiles a grammar on import
+        # imported here, not at the top: ggviz.tools.book imports nbformat, whose jsonschema compiles a grammar on import
         # (2.5 s), which sessions that run no notebook need not pay
-        from ggviz import book
+        from ggviz.tools import book
         self.book = book
         self._done: dict[Path, object] = {}
 

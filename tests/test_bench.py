@@ -1,4 +1,4 @@
-"""``ggviz bench``'s user measurement (ggviz.bench.user_bench), run small and without llama.cpp: every row of the
+"""``ggviz bench``'s user measurement (ggviz.tools.bench.user_bench), run small and without llama.cpp: every row of the
 table is printed, and the profiled shape change really rebuilds (its build, split and allocation parts are not
 empty) -- it prints figures; no figure is asserted."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ggviz import bench
+from ggviz.tools import bench
 
 MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from ggviz import book
+from ggviz.tools import book
 
 
 def _cell_with(data):

@@ -124,7 +124,7 @@ return {step: k, n: frames.length, visible: vis, label: st.querySelector('.ggv-l
 def test_report_renders_and_steps(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    from ggviz import report
+    from ggviz.tools import report
 
     t0 = time.perf_counter()
     path = report.write_report(tmp_path / "report.html")          # the recording is shared with test_report.py
@@ -366,7 +366,7 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     """``ggviz book``: every notebook executed into a static page; each loads in Chromium with no JavaScript error,
     requests nothing from the network, and shows its figures (every image decoded). The notebooks are executed by
     the session's runner (``book.execute``, once: tests/test_notebooks.py checks the same runs)."""
-    from ggviz import book
+    from ggviz.tools import book
 
     pages = book.build_book(tmp_path / "book", disable_progress=True, executed=notebook_runner)
     assert [p.name for p in pages[1:]] == [p.stem + ".html" for p in book.notebooks()]

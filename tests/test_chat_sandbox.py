@@ -16,7 +16,7 @@ import sys
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ggviz.gguf_file import load_gguf
+from ggviz.ggml.gguf import load_gguf
 from ggviz.llama.chat import DEFAULT_LIMITS, ChatMessage, ChatTemplateError, ChatTemplateLimits, chat_apply_template
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

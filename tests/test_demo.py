@@ -17,7 +17,8 @@ import shutil
 import numpy as np
 import pytest
 
-from ggviz import cli, demo
+from ggviz import cli
+from ggviz.tools import demo
 from ggviz.fetch import default_model_path
 
 PROMPT = "The ggml library is"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ggviz import ggml, llama, trace
-from ggviz.export import decode_graph, decode_step
+from ggviz.capture import decode_graph, decode_step
 from ggviz.ggml import accel, backend
 from ggviz.ggml import sched as S
 from ggviz.viz.widgets import Exercise

@@ -94,8 +94,8 @@ def test_explorer_in_voila(request, tmp_path):
         import voila  # noqa: F401
     except ImportError as e:
         _unavailable(f"{e.name} is not installed")
-    from ggviz import explore
-    from ggviz.export import DEFAULT_PROMPT
+    from ggviz.tools import explore
+    from ggviz.capture import DEFAULT_PROMPT
 
     nbformat.validate(nbformat.from_dict(explore.notebook(DEFAULT_PROMPT, 2, None)))   # what it serves
     spec = tmp_path / "jupyter" / "kernels" / "python3"

@@ -51,7 +51,7 @@ def test_view_ops_have_their_own_swatch():
 
 @pytest.mark.skipif(not MODEL.exists(), reason="the default model is not in data/models")
 def test_gguf_map_labels_do_not_collide():
-    from ggviz.gguf_file import load_gguf
+    from ggviz.ggml.gguf import load_gguf
 
     gf = load_gguf(str(MODEL))
     fig = plot_gguf_map(gf, selected="blk.0.attn_q.weight", label_kv=8, label_tensors=14)

@@ -1,4 +1,4 @@
-"""ggviz.gguf_file: the GGUF reader, its file map, weights as ggml tensors, and hostile files.
+"""ggviz.ggml.gguf: the GGUF reader, its file map, weights as ggml tensors, and hostile files.
 
 Oracles: gguf-py's GGUFReader (values, tensor infos), gguf-py's quants (dequantization), and the real ggml
 (libggml-python's gguf_init_from_buffer, in a subprocess): it must accept and reject exactly what ggviz accepts and
@@ -17,7 +17,7 @@ import pytest
 import gguf
 import ggviz
 from ggviz import ggml
-from ggviz.gguf_file import (GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch)
+from ggviz.ggml.gguf import (GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch)
 from tests import hostile_gguf as H
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -258,8 +258,8 @@ def test_fuzz(tmp_path):
 
 
 def test_lazy_package_import():
-    code = ("import sys, ggviz; assert 'ggviz.gguf_file' not in sys.modules; "
-            "assert ggviz.GGUFError is __import__('ggviz.gguf_file').gguf_file.GGUFError; "
+    code = ("import sys, ggviz; assert 'ggviz.ggml.gguf' not in sys.modules; "
+            "assert ggviz.GGUFError is __import__('ggviz.ggml.gguf').ggml.gguf.GGUFError; "
             "assert issubclass(ggviz.GGUFError, ValueError); ggviz.load_gguf")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=_ROOT)
 

@@ -173,7 +173,7 @@ def decode():
         pytest.skip("SmolLM2 model not downloaded")
     if shutil.which("dot") is None:
         pytest.skip("graphviz's dot program is not installed")
-    from ggviz.export import decode_graph
+    from ggviz.capture import decode_graph
     return decode_graph()
 
 
@@ -232,7 +232,7 @@ def test_full_decode_dag(decode):
 
 
 def test_prefill_graph_uses_the_layered_layout(decode):
-    from ggviz.export import new_context
+    from ggviz.capture import new_context
     _model, ctx = new_context(n_ctx=256, threads=1)
     gf = ctx.build_graph(7, 7, 256).gf
     dot, info = G.graph_to_dot_grouped(gf, collapse=())
@@ -257,7 +257,7 @@ def test_graph_view_expand_all(decode):
 
 
 def test_export_full_graph(decode, tmp_path, monkeypatch):
-    from ggviz import export
+    from ggviz.tools import export
 
     p = export.write_graph(tmp_path / "g.dot", decode.gf, full=True)
     src = p.read_text()

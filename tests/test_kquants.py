@@ -58,7 +58,7 @@ def _quant(t, x):
 
 def _gemma_rows():
     """A few real rows of each type from gemma-3-270m (name -> (type, bytes (rows, rb), n))."""
-    from ggviz.gguf_file import GGUFFile
+    from ggviz.ggml.gguf import GGUFFile
     g = GGUFFile(GEMMA)
     out = {}
     for name in ("token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight",
@@ -116,7 +116,7 @@ def oracle():
             data[("cr", t, N)] = (w, x)
             add(("cr", t, N), op="mul_mat", type=t, w=w, x=x, n_threads=3, repack=t == GGML_TYPE_Q4_K)
     if os.path.exists(GEMMA):
-        from ggviz.gguf_file import GGUFFile
+        from ggviz.ggml.gguf import GGUFFile
         g = GGUFFile(GEMMA)
         for name in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight",
                      "blk.0.attn_q.weight", "blk.3.attn_v.weight"):

@@ -3,6 +3,10 @@
 * No import cycle among ggviz's modules, counting every import statement (at module level or inside functions),
   as the README promises ("imports one way"); the engine (``ggviz.ggml``, ``ggviz.llama``, ``ggviz.trace``) never
   imports the views (``ggviz.viz``).
+* The layers, bottom up: the engine (and what sits beside it: fetching models, progress bars, ``ggviz.run``'s
+  ``generate``) < ``ggviz.capture`` (records a run) < ``ggviz.viz`` (draws records) < the commands (``ggviz.tools``,
+  ``ggviz.cli``, PowerInfer's offline pipeline). Every module is in one layer, and no import runs back up: no view
+  imports a command, capture imports no view.
 * Imports sit at the top of modules. Inside a function only where a dependency is optional (the import is guarded
   by ``try``) or in the allow-list below, each with its reason.
 * The helpers of ggml-impl.h (and the type traits that sit beside them) are defined once, in ``ggviz/ggml/impl.py``.
@@ -98,6 +102,50 @@ def test_engine_never_imports_the_views():
     assert not bad, bad
 
 
+# the layers, bottom up: (name, the modules in it -- a package's name covers its submodules)
+LAYERS = [
+    ("engine", ("ggviz.ggml", "ggviz.llama", "ggviz.trace", "ggviz.powerinfer.solver", "ggviz.run", "ggviz.fetch",
+                "ggviz.progress")),
+    ("capture", ("ggviz.capture",)),
+    ("viz", ("ggviz.viz",)),
+    ("tools", ("ggviz.tools", "ggviz.cli", "ggviz.__main__", "ggviz.powerinfer.pipeline")),
+]
+# packages whose __init__ imports nothing of ggviz (or only lazily, ggviz's own re-exports): above every layer
+LAYER_FREE = ("ggviz", "ggviz.powerinfer")
+
+
+def _layer(mod: str) -> int | None:
+    for k, (_name, prefixes) in enumerate(LAYERS):
+        if any(mod == p or mod.startswith(p + ".") for p in prefixes):
+            return k
+    return None
+
+
+def test_every_module_has_a_layer():
+    loose = sorted(m for m in _modules() if _layer(m) is None and m not in LAYER_FREE)
+    assert not loose, f"modules in no layer (add them to LAYERS in {pathlib.Path(__file__).name}): {loose}"
+
+
+def _back_arrows(graph) -> list[str]:
+    return sorted(f"{m} ({LAYERS[_layer(m)][0]}) -> {t} ({LAYERS[_layer(t)][0]})"
+                  for m in graph if _layer(m) is not None for t in graph[m]
+                  if _layer(t) is not None and _layer(t) > _layer(m))
+
+
+def test_no_import_runs_back_up_the_layers():
+    """engine < capture < viz < tools: a module imports only from its own layer or below (0 arrows back up; before
+    the capture layer, the views imported the export command twice)."""
+    back = _back_arrows(_graph())
+    assert not back, "imports back up the layers:\n" + "\n".join(back)
+
+
+def test_views_never_import_commands():
+    graph = _graph()
+    bad = sorted(f"{m} -> {t}" for m in graph if m.startswith("ggviz.viz")
+                 for t in graph[m] if _layer(t) == len(LAYERS) - 1)
+    assert not bad, bad
+
+
 def test_imports_at_module_top():
     """Function-level imports only for optional dependencies (inside try) or with a reason (allow-list)."""
     bad = []
@@ -163,6 +211,11 @@ def test_layout_checks_can_fail(tmp_path):
     g["b"].add("a")
     with pytest.raises(graphlib.CycleError):
         list(graphlib.TopologicalSorter(g).static_order())
+    # a view importing a command, and the engine importing capture, are arrows back up
+    assert _back_arrows({"ggviz.viz.widgets.explorer": {"ggviz.tools.export", "ggviz.capture"},
+                         "ggviz.llama.context": {"ggviz.capture.decode", "ggviz.ggml"}}) == [
+        "ggviz.llama.context (engine) -> ggviz.capture.decode (capture)",
+        "ggviz.viz.widgets.explorer (viz) -> ggviz.tools.export (tools)"]
     bad = tmp_path / "bad.py"
     bad.write_text("import os\n")
     r = subprocess.run([_ruff(), "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(bad)],

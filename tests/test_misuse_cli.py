@@ -20,7 +20,7 @@ import time
 import pytest
 
 from ggviz import cli
-from ggviz.gguf_file import GGUFError, load_gguf
+from ggviz.ggml.gguf import GGUFError, load_gguf
 from ggviz.ggml.impl import GGMLError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_output_paths_checked_before_any_work(tmp_path):
 
 
 def test_module_entry_points_share_the_errors():
-    r = subprocess.run([sys.executable, "-m", "ggviz.run", "-t", "0"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "ggviz.tools.run", "-t", "0"], cwd=ROOT, capture_output=True, text=True,
                        env=_env(), timeout=120)
     assert_user_error(r, 2, "ggviz run: error: argument -t/--threads: 0 is out of range")
 
@@ -190,7 +190,7 @@ def test_debug_shows_the_traceback(tmp_path):
     for r in (ggviz("--debug", "run", "-m", bad), ggviz("run", "-m", bad, "--debug"),
               ggviz("run", "-m", bad, env=_env(GGVIZ_DEBUG="1"))):
         assert r.returncode == 1
-        assert "Traceback (most recent call last)" in r.stderr and "ggviz.gguf_file.GGUFError" in r.stderr
+        assert "Traceback (most recent call last)" in r.stderr and "ggviz.ggml.gguf.GGUFError" in r.stderr
     assert_user_error(ggviz("run", "-m", bad, env=_env(GGVIZ_DEBUG="0")), 1, "invalid GGUF")
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggviz import cli, ggml, llama, report
+from ggviz import capture, cli, ggml, llama
+from ggviz.tools import report
 from ggviz.fetch import FetchError, resolve_model
 
 DATA = Path(__file__).parent / "data"
@@ -216,7 +217,7 @@ def test_demo_command(model_name, model, tmp_path, capsys):
 
 
 def test_demo_summary_names_both_caches(model_name, model):
-    from ggviz import demo
+    from ggviz.tools import demo
     r = demo.run(model, PROMPT, n_threads=2)
     s = demo.summary(r)
     assert f"n_nodes={_n_nodes_oracle(model_name)}" in s
@@ -237,7 +238,7 @@ def test_kv_view_shows_each_cache(model_name, model):
     cp.n_ctx = 256
     ctx = llama.init_from_model(model, cp)
     ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
-    with MV.capture_inputs(ctx) as snaps:
+    with capture.capture_inputs(ctx) as snaps:
         assert llama.decode(ctx, llama.batch_get_one(ids[:-1])) == 0
         assert llama.decode(ctx, llama.batch_get_one(ids[-1:])) == 0
     assert len(snaps) == 2
@@ -298,7 +299,7 @@ def test_attention_view(model_name, model):
     cp.n_ctx, cp.flash_attn_type = 256, 0        # the weights are a node (kq_soft_max) only without flash attention
     ctx = llama.init_from_model(model, cp)
     ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
-    rec = MV.capture_attention(ctx, ids)
+    rec = capture.capture_attention(ctx, ids)
     assert sorted(rec.layers) == list(range(model.hparams.n_layer))
     n = len(ids)
     for il, w in rec.layers.items():

@@ -14,7 +14,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from ggviz import ggml, llama, trace
+from ggviz import capture, ggml, llama, trace
 from ggviz.ggml.cpu import powerinfer as cpu_pi
 from ggviz.powerinfer import pipeline, solver
 from ggviz.viz.widgets import powerinfer as PV
@@ -46,7 +46,8 @@ def model(built):
 @pytest.fixture(scope="module")
 def runs(model):
     ids = llama.tokenize(model.vocab, TEXT, add_special=False)[:8]
-    return PV.capture_sparse_run(model, ids, threshold=-np.inf), PV.capture_sparse_run(model, ids, threshold=0.0)
+    return (capture.capture_sparse_run(model, ids, threshold=-np.inf),
+            capture.capture_sparse_run(model, ids, threshold=0.0))
 
 
 def _bundle_html(view) -> str:
@@ -67,7 +68,7 @@ def test_capture_holds_the_predictor_the_file_defines(model, runs):
         assert np.abs(full.idx[il] - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-def test_skipped_rows_are_the_kernels_zeros(built, runs):
+def test_skipped_rows_are_the_kernels_zeros(built, runs, tmp_path):
     """The view's skipped rows per token = count(idx < threshold) on CPU rows of the node's sparse_idx, and they are
     exactly the rows MUL_MAT_SPARSE left at 0 (device rows are 0 in the CPU half too); the device rows are the
     gpuidx file's."""
@@ -89,6 +90,9 @@ def test_skipped_rows_are_the_kernels_zeros(built, runs):
     assert total_skipped > 0 and sum(int(g.sum()) for g in gi) > 0
     assert st["skipped_rows"] == [int(r) for r in np.flatnonzero((run.idx[5][2] < 0) & (run.gpu_idx[5] == 0))]
     assert "MUL_MAT_SPARSE skipped" in _bundle_html(v)
+    # the run is a record: saved and loaded back, the view draws the same page
+    loaded = capture.load(capture.save(run, tmp_path / "sparse.npz"))
+    assert PV.SkippedRowsView(loaded, layer=5, token=2).to_html() == v.to_html()
     with pytest.raises(ValueError, match="token 99"):
         v.select(layer=3, token=99)
     assert (v.layer, v.token) == (5, 2)                                      # a refused call changes nothing
@@ -142,7 +146,7 @@ def test_hybrid_timeline_is_the_executors_records(model, runs):
     layers = [il for il in (4, 5) if run.gpu_idx[il].any()]
     assert layers
     with trace.recording(kinds=["hybrid.node"]) as rec:
-        recs, outs, xfer = PV.hybrid_ffn_run(model, run, layers, n_threads=3)
+        recs, outs, xfer = capture.hybrid_ffn_run(model, run, layers, n_threads=3)
     for il in layers:
         assert np.array_equal(outs[il], run.ffn_out[il])
     v = PV.HybridTimelineView(recs, n_threads=3)

@@ -54,7 +54,7 @@ def test_disabled_bar_is_silent_and_write_prints(monkeypatch, capsys):
 
 
 def test_the_engine_does_not_import_tqdm():
-    code = ("import sys, ggviz, ggviz.ggml, ggviz.llama, ggviz.gguf_file, ggviz.trace; "
+    code = ("import sys, ggviz, ggviz.ggml, ggviz.llama, ggviz.ggml.gguf, ggviz.trace; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tqdm' or m == 'ggviz.progress'))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""ggviz.report and ggviz.export: the recorded decode step, the standalone HTML page, the graph/trace commands.
+"""ggviz.tools.report and ggviz.tools.export: the recorded decode step, the standalone HTML page, the graph/trace commands.
 
 The recording is checked against the engine and plain NumPy (the values the eval callback copied out are the values
 the layer computes; attention rows are distributions over the visible cells; the replay reproduces the logits), the
@@ -13,8 +13,9 @@ import shutil
 import numpy as np
 import pytest
 
-from ggviz import cli, report
-from ggviz.export import chrome_trace, chrome_trace_from_events
+from ggviz import cli
+from ggviz.tools import report
+from ggviz.tools.export import chrome_trace, chrome_trace_from_events
 
 SECTION_IDS = ["overview", "gguf", "tokenize", "memory", "graph", "plan", "timeline", "sched", "kv", "attention",
                "logits"]
@@ -237,7 +238,7 @@ def test_write_report_and_cli(tmp_path, model):
 # ---------------------------------------------------------------------------------------------------------- export
 
 def test_graph_command_dot(tmp_path, model):
-    from ggviz.export import decode_graph
+    from ggviz.capture import decode_graph
     out = tmp_path / "g.dot"
     assert cli.main(["graph", "--format", "dot", "-o", str(out)]) == 0
     src = out.read_text()
@@ -289,7 +290,7 @@ def test_chrome_trace_fallback_agrees(rec):
 def test_demo_ends_with_the_report(tmp_path, monkeypatch, capsys, model):
     """``ggviz demo`` writes report.html into its --out folder last, and says where (the writing itself is stubbed
     here: test_write_report_and_cli covers it)."""
-    from ggviz import demo
+    from ggviz.tools import demo
 
     calls = []
 

@@ -22,7 +22,7 @@ pytest.importorskip("ggviz.ggml.cpu.fast.compiler", reason="the compiled fast pa
 from ggviz import trace  # noqa: E402 - after the importorskip
 from ggviz.ggml.cpu.fast import compiler  # noqa: E402
 from ggviz.llama import context_pool  # noqa: E402
-from ggviz.export import decode_step  # noqa: E402
+from ggviz.capture import decode_step  # noqa: E402
 from ggviz.viz.widgets.timeline import (  # noqa: E402
     WALK_LABEL,
     ThreadTimeline,

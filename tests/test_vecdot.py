@@ -9,7 +9,8 @@ import pytest
 from ggviz.ggml import consts as C
 from ggviz.ggml import quants as Q
 from ggviz.viz.widgets import VecDotLanes
-from ggviz.viz.widgets.vecdot import capture_mul_mat, vec_dot_q4_1_q8_1_lanes
+from ggviz.capture import capture_mul_mat
+from ggviz.viz.widgets.vecdot import vec_dot_q4_1_q8_1_lanes
 
 
 @pytest.fixture(scope="module")

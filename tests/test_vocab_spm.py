@@ -11,7 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from ggviz import fetch, gguf_file
+from ggviz import fetch
+from ggviz.ggml import gguf as gguf_file
 from ggviz.llama.vocab import LLAMA_VOCAB_TYPE_SPM, TokenAttr, TokenType, Vocab
 from tests.llamacpp_vocab import LlamaCppUnavailable, LlamaCppVocab
 

@@ -8,11 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from ggviz import ggml, llama, trace
+from ggviz import capture, ggml, llama, trace
 from ggviz.ggml import memory, quants
 from ggviz.viz import model_views as MV
 from ggviz.viz import graph_dot as G
-from ggviz.viz.graph_dot import layer_of
+from ggviz.capture import layer_of
 from ggviz.viz.widgets import (ArenaWidget, DecodeStepper, GGUFMapWidget, GraphView, QuantBlockExplorer,
                                TensorExplorer, ThreadTimeline, VisitAnimation)
 from ggviz.viz.widgets._base import fig_to_png, svg_window
@@ -39,7 +39,7 @@ def run(model):
     cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED     # the views below show KQ -> SOFT_MAX -> KQV
     ctx = llama.init_from_model(model, cp)
     ids = llama.tokenize(model.vocab, PROMPT, add_special=True, parse_special=True)
-    with trace.Recorder() as rec, MV.capture_inputs(ctx) as snaps:
+    with trace.Recorder() as rec, capture.capture_inputs(ctx) as snaps:
         assert llama.decode(ctx, llama.batch_get_one(ids)) == 0
     chain = llama.sampler_chain_init()
     for s in (llama.sampler_init_top_k(40), llama.sampler_init_top_p(0.95, 1), llama.sampler_init_min_p(0.05, 1),
@@ -314,7 +314,7 @@ def test_thread_timeline_from_recorded_compute(run):
 
 # ----------------------------------------------------------------------------------------------------- model views
 
-def test_kv_cache_view_and_mask(run, model):
+def test_kv_cache_view_and_mask(run, model, tmp_path):
     snaps = run["snaps"]
     assert len(snaps) == 1
     s = snaps[0]
@@ -327,6 +327,9 @@ def test_kv_cache_view_and_mask(run, model):
     assert np.array_equal(np.asarray(st["mask_allowed"]), allowed)              # causal mask, as recorded
     assert np.array_equal(run["ctx"].kv.cells.pos[:s.n_kv], s.cells_pos[:s.n_kv])
     _png_ok(kv.figure())
+    # the snapshots are a record: saved and loaded back, the view draws the same page
+    loaded = capture.load(capture.save(snaps, tmp_path / "snaps.npz"))
+    assert MV.KVCacheView(loaded, model.vocab).to_html() == kv.to_html()
 
 
 def test_sampler_view_is_the_chain_history(run, model):
@@ -362,12 +365,12 @@ def test_bpe_view(model):
     assert "<table" in bv.to_html()
 
 
-def test_attention_capture_matches_the_stepper(model, stepper):
+def test_attention_capture_matches_the_stepper(model, stepper, tmp_path):
     cp = llama.context_default_params()
     cp.n_ctx, cp.flash_attn_type = 256, 0        # the weights are a node (kq_soft_max) only without flash attention
     cp.n_threads = cp.n_threads_batch = 2
     ctx = llama.init_from_model(model, cp)
-    rec = MV.capture_attention(ctx, stepper.tokens, layers=[0, 29])
+    rec = capture.capture_attention(ctx, stepper.tokens, layers=[0, 29])
     assert sorted(rec.layers) == [0, 29]
     n = len(stepper.tokens)
     a = rec.layers[0]
@@ -378,6 +381,10 @@ def test_attention_capture_matches_the_stepper(model, stepper):
     av = MV.AttentionView(rec)
     assert av.select(29, head=2).state()["weights"] == rec.layers[29][2].tolist()
     _png_ok(av.select(0).figure())
+    # a record: saved and loaded back, the same page
+    loaded = capture.load(capture.save(rec, tmp_path / "attention.npz"))
+    assert isinstance(loaded, capture.AttentionRecord) and loaded.pieces == rec.pieces
+    assert MV.AttentionView(loaded, 29).to_html() == MV.AttentionView(rec, 29).to_html()
 
 
 # -------------------------------------------------------------------------------------------------------- stepper

@@ -22,7 +22,7 @@ from ..ggml import alloc as galloc
 from ..ggml import backend as B
 from ..ggml import backend_reg, impl, memory
 from ..ggml.cpu import repack
-from ..gguf_file import GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch
+from ..ggml.gguf import GGUFError, GGUFFile, create_weight_context, load_gguf, require_arch
 from . import models as arch_models
 from . import powerinfer
 from .vocab import Vocab

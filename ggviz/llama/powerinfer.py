@@ -28,7 +28,7 @@ from ..ggml import alloc as galloc
 from ..ggml import backend as B
 from ..ggml import memory
 from ..ggml.cpu import powerinfer as cpu_pi
-from ..gguf_file import GGUFError, load_gguf
+from ..ggml.gguf import GGUFError, load_gguf
 
 LLM_KV_SPARSE_THRESHOLD = "powerinfer.sparse_threshold"
 

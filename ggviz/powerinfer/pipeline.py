@@ -32,8 +32,9 @@ import numpy as np
 from pydoc_data.topics import topics as PYDOC_TOPICS
 
 from .. import ggml, llama
+from ..capture import EvalCallback
 from ..cli import ArgumentParser, float_arg
-from ..gguf_file import load_gguf
+from ..ggml.gguf import load_gguf
 from ..ggml import quants as Q
 from ..llama import powerinfer as lpi
 from ..progress import progress, write
@@ -100,11 +101,8 @@ def record(model, tokens, seq_len: int = 256, threads: int = 2, bar=None) -> Rec
     thr = np.full(n_layer, np.nan, F32)
     counts = np.zeros((n_layer, n_ff), np.int64)
 
-    def cb(t, ask):
-        if ask:
-            return t.name in want
+    def reduce(t, a):
         kind, il = want[t.name]
-        a = np.array(ggml.get_data(t), dtype=F32).reshape(-1, int(t.ne[0]))
         if kind == "x":
             xs[il].append(a.astype(np.float16))
         else:
@@ -114,7 +112,11 @@ def record(model, tokens, seq_len: int = 256, threads: int = 2, bar=None) -> Rec
             on = mag > thr[il]
             counts[il] += on.sum(0)
             acts[il].append(np.packbits(on, axis=1))
-        return True
+
+    # the corpus is long: each value is reduced as it comes (float16 inputs, packed activity bits), not kept
+    cb = EvalCallback(lambda t: t.name in want,
+                      copy=lambda t: np.array(ggml.get_data(t), dtype=F32).reshape(-1, int(t.ne[0])),
+                      sink=reduce)
 
     ctx = _ctx(model, seq_len, threads)
     ctx.cparams.cb_eval = cb
@@ -285,7 +287,7 @@ def use_f16_down(model) -> list:
 def write_powerinfer_gguf(src_path, out_path, predictors: list, down_t: list, threshold: float) -> None:
     """Copy the dense GGUF, add fc1 / fc2 / ffn_down_t per layer and the threshold KV, mark it PWRI.
 
-    The source is read with ggviz's own GGUF reader (``gguf_file.load_gguf``: KVs with their types, tensors as
+    The source is read with ggviz's own GGUF reader (``ggml.gguf.load_gguf``: KVs with their types, tensors as
     views of the mapped file); gguf-py's ``GGUFReader`` builds a memmap slice per vocabulary string and took
     ~6-13 s here for SmolLM2's 49k tokens and merges. The file written is the same byte for byte."""
     gf = load_gguf(os.fspath(src_path))

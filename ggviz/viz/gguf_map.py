@@ -1,6 +1,6 @@
 """A GGUF file as a byte map: header, key-value pairs, tensor infos, padding, tensor data.
 
-Everything is read from the file (``ggviz.gguf_file.GGUFFile.layout()`` gives the byte ranges; the tensor info
+Everything is read from the file (``ggviz.ggml.gguf.GGUFFile.layout()`` gives the byte ranges; the tensor info
 records are decoded again from their bytes here, as a hex editor would):
 
 - ``sections(gf)``: the five parts of the file with their byte ranges and sizes;

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import html
 import os
-import re as _re
 
 import graphviz
 
+from ..capture.nodes import layer_of
 from ..ggml.tensor import op_desc, type_name
 from .layout import _GROUPED_EDGE_ATTR, _GROUPED_GRAPH_ATTR, _GROUPED_NODE_ATTR, _dot_program, layered_layout, node_bands
 
@@ -108,9 +108,7 @@ def render(gf, path, fmt: str = "svg", title: str | None = None, color_by: str |
 # 1086-node decode graph be drawn as 30 boxes, with one layer opened up.
 
 
-_LAYER_SUFFIX = _re.compile(r"-(\d+)(?=$|\s)")            # "Qcur-3", "Kcur-3 (view)"
-_CACHE_LAYER = _re.compile(r"^cache_[kv]_l(\d+)(?=$|\s)")  # "cache_k_l3 (view)": llama_kv_cache's names
-_WEIGHT_LAYER = _re.compile(r"^blk\.(\d+)\.")              # "blk.3.attn_q.weight"
+# (``layer_of``, the layer in a name, is ``ggviz.capture.nodes``': the recordings number layers the same way)
 
 # op -> fill colour. Fixed, so one op has one colour in every picture (and the collapsed and expanded views agree);
 # views/reshapes, which compute nothing, are light grey.
@@ -125,15 +123,6 @@ OP_COLORS = {
 _EXTRA_COLORS = ["#b2dfdb", "#f8bbd0", "#d1c4e9", "#ffccbc", "#c8e6c9", "#b3e5fc", "#fff9c4", "#d7ccc8",
                  "#cfd8dc", "#f0f4c3", "#e1bee7", "#ffe0b2"]
 BOX_COLOR = "#cfd8dc"
-
-
-def layer_of(name: str):
-    """The layer index in a tensor name (``Qcur-3``, ``cache_k_l3 (view)``, ``blk.3.ffn_up.weight``), or None."""
-    for rx in (_LAYER_SUFFIX, _CACHE_LAYER, _WEIGHT_LAYER):
-        m = rx.search(name) if rx is _LAYER_SUFFIX else rx.match(name)
-        if m:
-            return int(m.group(1))
-    return None
 
 
 def node_layers(gf) -> list:

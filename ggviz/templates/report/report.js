@@ -1,6 +1,6 @@
 // ggviz report: the step sliders (.ggv-stepper): prev/next buttons, the range input and the arrow keys show one
 // frame at a time, apply its CSS to the shared SVG and scroll its focus element into view. Inlined into
-// report.html by ggviz/report.py; sets body[data-ggv-ready] when done (tests/test_browser.py waits for it).
+// report.html by ggviz/tools/report.py; sets body[data-ggv-ready] when done (tests/test_browser.py waits for it).
 (function(){
   function setup(st){
     var frames = st.querySelectorAll('.ggv-frames > .ggv-frame');

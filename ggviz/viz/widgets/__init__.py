@@ -17,7 +17,7 @@ Every widget is a plain object with ``state()`` (plain data of what is shown), a
 - ``DecodeExplorer``: one decode step, every view linked to one selection (graph, bytes, thread lanes, scheduler cause,
   values), with llama_decode's call path as its spine.
 - ``powerinfer``: PowerInfer's run (``PredictorView``, ``HotColdView``, ``SkippedRowsView``, ``HybridTimelineView``,
-  ``SparseCostView``, fed by ``capture_sparse_run`` / ``hybrid_ffn_run``); imported as a submodule.
+  ``SparseCostView``, fed by ``ggviz.capture``'s ``capture_sparse_run`` / ``hybrid_ffn_run``); imported as a submodule.
 """
 from .arena import ArenaWidget  # noqa: F401
 from .gguf import GGUFMapWidget  # noqa: F401

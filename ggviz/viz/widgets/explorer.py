@@ -31,10 +31,10 @@ import ipywidgets as W
 import numpy as np
 import traitlets
 
-from ...export import DEFAULT_PROMPT, decode_step
+from ...capture import DEFAULT_PROMPT, EvalCallback, copy_f32, decode_step, record_decode
 from ...ggml import consts as C
 from ...ggml import memory
-from ...ggml.tensor import get_data_f32, nbytes, op_desc, type_name
+from ...ggml.tensor import nbytes, op_desc, type_name
 from .. import graph_dot as G
 from ._base import VizWidget, array_png, esc, new_prefix, png_img, svg_window, template
 from .alloc_view import AllocatorView, _fmt_bytes
@@ -109,7 +109,7 @@ def _rows(a: np.ndarray, width: int = 64):
 class DecodeExplorer(VizWidget):
     """A recorded decode step with linked views. ``DecodeExplorer.record(prompt, threads)`` runs one.
 
-    ``step``: an ``export.DecodeStep`` recorded with ``record=True`` (its ``events``, ``timeline``, the context's
+    ``step``: an ``capture.DecodeStep`` recorded with ``record=True`` (its ``events``, ``timeline``, the context's
     scheduler and allocator); ``values``: {node index: the node's output array} (``record`` copies them with the
     eval callback in a second run; None: no values pane).
     """
@@ -214,34 +214,18 @@ class DecodeExplorer(VizWidget):
     @classmethod
     def record(cls, prompt: str | None = None, threads: int = 2, model=None, n_ctx: int = 256, values: bool = True,
                **kw):
-        """Decode ``prompt`` and then one token (``export.decode_step``), recording the trace; then (``values``) the
+        """Decode ``prompt`` and then one token (``capture.decode_step``), recording the trace; then (``values``) the
         same step in a second context with the eval callback copying every node's output (the values pane). Both
         runs must pick the same token."""
         prompt = DEFAULT_PROMPT if prompt is None else prompt
-        step = decode_step(prompt, threads, model, n_ctx, record=True)
         if not values:
+            step = decode_step(prompt, threads, model, n_ctx, record=True)
             return cls(step, values=None, sampled=int(np.argmax(step.ctx.get_logits_ith(-1))), **kw)
-        got: list = []
-
-        def cb(t, ask):                              # llama.cpp's cb_eval: asked first, then called with the data
-            if ask:
-                return True
-            try:
-                a = np.array(get_data_f32(t), dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
-            except (ValueError, TypeError, NotImplementedError):     # a type get_data_f32 cannot read: no values
-                return True
-            got.append((t.addr, t.name, a))
-            return True
-
-        step_b = decode_step(prompt, threads, step.model, n_ctx, record=False, cb_eval=cb)
-        if step_b.token != step.token:
-            raise RuntimeError("the two runs of the decode step disagree on the prompt's greedy token")
-        index = {t.addr: i for i, t in enumerate(step_b.graph.gf.nodes)}
-        values = {}
-        for addr, name, a in got:
-            i = index.get(addr)
-            if i is not None and step.graph.gf.nodes[i].name == name:
-                values[i] = a
+        cb = EvalCallback(copy=copy_f32, skip_unreadable=True)     # every node, as float32 (numpy order)
+        run = record_decode(prompt, threads, model, n_ctx, values=cb, values_first=False, trace_values_run=False)
+        step = run.clean_run
+        values = {v.node_n: v.data for v in run.values
+                  if v.node_n is not None and step.graph.gf.nodes[v.node_n].name == v.name}
         logits = step.ctx.get_logits_ith(-1)
         return cls(step, values=values, sampled=int(np.argmax(logits)), **kw)
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...ggml import consts as C
 from ...ggml import quants
-from ...gguf_file import GGUFFile, load_gguf
+from ...ggml.gguf import GGUFFile, load_gguf
 from .. import gguf_map as M
 from ..arena import hexdump
 from ._base import VizWidget, esc, fig_to_svg, html_table, new_prefix, on_click, pre, svg_canvas

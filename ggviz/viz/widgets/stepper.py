@@ -16,6 +16,7 @@ import ipywidgets as W
 import numpy as np
 
 from ... import llama
+from ...capture import EvalCallback
 from ...ggml import memory
 from ...ggml.tensor import get_data_f32, nbytes, nelements, op_desc, type_name
 from ...run import load_model
@@ -108,14 +109,16 @@ class DecodeStepper(VizWidget):
             self.graph_result = res
             self.records = []
 
-        def cb(t, ask):
-            if ask:
-                if extra_cb is not None:
-                    extra_cb(t, True)
-                return True
+        def ask(t) -> bool:
+            if extra_cb is not None:
+                extra_cb(t, True)
+            return True                                 # every node, each computed alone
+
+        def keep(t, _):
             self._record(t)
             return extra_cb(t, False) if extra_cb is not None else True
 
+        cb = EvalCallback(ask, copy=None, sink=keep)
         cp.cb_eval = cb
         self.ctx = llama.init_from_model(model, cp)
         self.ctx.graph_hook = hook

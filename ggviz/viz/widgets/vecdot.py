@@ -22,13 +22,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from ... import llama
 from ...ggml import consts as C
-from ...ggml import get_data_f32
 from ...ggml import quants as Q
 from ...ggml.cpu import quants as CQ
 from ...ggml.cpu.libm import fma32
-from ...run import load_model
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
 
 F32 = np.float32
@@ -78,44 +75,6 @@ def vec_dot_q4_1_q8_1_lanes(w_row: np.ndarray, y: np.ndarray) -> dict:
     return {"nb": nb, "qx": qx, "qy": qy, "P": P, "dx": dx, "mx": mx, "dy": dy, "sy": sy, "d0d1": d0d1,
             "acc": acc, "summs": summs, "lanes": l.copy(), "pairs": pairs, "halves": halves, "hsum": hsum,
             "result": result, "y": y}
-
-
-def capture_mul_mat(model=None, node: str = "Qcur-0", prompt: str = "The ggml library is", threads: int = 2):
-    """Decode ``prompt`` (one ubatch, llama.cpp's default context on ``threads`` threads) and keep the MUL_MAT named
-    ``node``: its weight's name and Q4_1 rows (the GGUF file's bytes: the repacked copy in memory holds the same
-    blocks, interleaved), its src1 columns and its output (float32 copies, taken when llama.cpp's eval callback
-    hands the node out). Returns a dict."""
-    model = load_model() if model is None else model
-    got: dict = {}
-
-    def cb(t, ask):
-        mine = t.name == node and t.op == C.GGML_OP_MUL_MAT
-        if ask:
-            return mine                 # ask only for this node: the rest of the graph computes uninterrupted
-        if mine:
-            src0, src1 = t.src[0], t.src[1]
-            got.update(weight=src0.name, w_type=int(src0.type), ne=(int(src0.ne[0]), int(src0.ne[1])),
-                       src1_name=src1.name, y=np.array(get_data_f32(src1), F32).reshape(-1, int(src1.ne[0])),
-                       out=np.array(get_data_f32(t), F32).reshape(-1, int(t.ne[0])))
-        return True
-
-    cp = llama.context_default_params()
-    cp.n_ctx = 256
-    cp.n_threads = cp.n_threads_batch = threads
-    cp.cb_eval = cb
-    ctx = llama.init_from_model(model, cp)
-    ids = llama.tokenize(model.vocab, prompt, add_special=True, parse_special=True)
-    if llama.decode(ctx, llama.batch_get_one(ids)) != 0:
-        raise RuntimeError("llama_decode failed on the prompt")
-    if not got:
-        raise ValueError(f"the graph has no MUL_MAT named {node!r}")
-    if got["w_type"] != C.GGML_TYPE_Q4_1:
-        raise ValueError(f"{got['weight']} is {Q.type_name(got['w_type'])}: the lanes view shows Q4_1 x Q8_1")
-    raw = np.asarray(model.gguf.tensor_data(got["weight"]))
-    got["w_rows"] = raw.reshape(got["ne"][1], -1)
-    got["node"] = node
-    got["tokens"] = list(ids)
-    return got
 
 
 class VecDotLanes(VizWidget):

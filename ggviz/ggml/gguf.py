@@ -48,10 +48,10 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 
-from . import ggml
-from .ggml import consts as C
-from .ggml import memory
-from .ggml.impl import GGML_PAD  # the alignment is checked to be a power of 2 before any use
+from . import consts as C
+from . import memory, ops
+from .context import init, tensor_overhead
+from .impl import GGML_PAD  # the alignment is checked to be a power of 2 before any use
 
 __all__ = ["GGUFError", "GGUFFile", "TensorInfo", "KVInfo", "load_gguf", "create_weight_context", "require_arch",
            "GGUF_MAGIC", "GGUF_VERSION", "GGUF_DEFAULT_ALIGNMENT"]
@@ -555,12 +555,12 @@ def create_weight_context(gf: GGUFFile, names=None):
     sel = list(gf.tensors) if names is None else [gf.tensor(n) for n in names]
     if len({t.name for t in sel}) != len(sel):
         raise ValueError("create_weight_context: duplicate names")
-    ctx = ggml.init(len(sel) * ggml.tensor_overhead(), None, True)
+    ctx = init(len(sel) * tensor_overhead(), None, True)
     base = gf._register() if sel else 0
     out = {}
     for ti in sel:
-        t = ggml.new_tensor(ctx, ti.type, C.GGML_MAX_DIMS, list(ti.ne4))
-        ggml.set_name(t, ti.name)
+        t = ops.new_tensor(ctx, ti.type, C.GGML_MAX_DIMS, list(ti.ne4))
+        ops.set_name(t, ti.name)
         t.data = base + ti.file_offset
         out[ti.name] = t
     ctx.gguf_file = gf          # keeps the mapping (and its registration) alive as long as the context

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import tempfile
 
-from . import cli
-from .export import DEFAULT_PROMPT
+from .. import cli
+from ..capture import DEFAULT_PROMPT
 
 
 def notebook(prompt: str, threads: int, model: str | None, values: bool = True) -> dict:
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
           f"Ctrl-C stops)")
     # the kernel runs in the temporary folder: it must import this same ggviz (a checkout run with PYTHONPATH=.
     # would otherwise find another one, or none)
-    here = str(pathlib.Path(__file__).resolve().parents[1])
+    here = str(pathlib.Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + [os.path.abspath(p) for p in
                                                                os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     return subprocess.call(cmd, cwd=d, env=env)

@@ -39,23 +39,23 @@ import matplotlib.pyplot as plt
 import numpy as np
 from markupsafe import Markup, escape
 
-from . import __version__, cli, ggml, llama
-from .export import DEFAULT_PROMPT, decode_step
-from .ggml import alloc as GA
-from .ggml import backend as B
-from .ggml.cpu import ggml_cpu, traits
-from .ggml.tensor import op_desc, type_name
-from .progress import progress
-from .run import load_model, make_sampler
-from .viz import arena as A
-from .viz import gguf_map as M
-from .viz import graph_dot as G
-from .viz import widgets
-from .viz.graph_dot import layer_of, node_layers, op_color
-from .viz.model_views import kv_cache_figure, sampler_figure
-from .viz.widgets._base import array_png, colorbar_html, value_range, wrap_vector
-from .viz.widgets.alloc_view import AllocatorView
-from .viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
+from .. import __version__, cli, ggml, llama
+from ..capture import DEFAULT_PROMPT, EvalCallback, layer_of, record_decode
+from ..ggml import alloc as GA
+from ..ggml import backend as B
+from ..ggml.cpu import ggml_cpu, traits
+from ..ggml.tensor import op_desc, type_name
+from ..progress import progress
+from ..run import load_model, make_sampler
+from ..viz import arena as A
+from ..viz import gguf_map as M
+from ..viz import graph_dot as G
+from ..viz import widgets
+from ..viz.graph_dot import node_layers, op_color
+from ..viz.model_views import kv_cache_figure, sampler_figure
+from ..viz.widgets._base import array_png, colorbar_html, value_range, wrap_vector
+from ..viz.widgets.alloc_view import AllocatorView
+from ..viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
 
 # names whose values the eval callback copies out besides layer 0's nodes
 _EXTRA_VALUES = ("embd", "inp_embd", "result_norm", "result_output")
@@ -68,7 +68,7 @@ _EXTRA_VALUES = ("embd", "inp_embd", "result_norm", "result_output")
 @dataclass
 class Recording:
     """Everything one ``record`` run left, as engine objects and plain data."""
-    step: object                      # export.DecodeStep (model, ctx, graph, events of the decode with cb_eval)
+    step: object                      # capture.DecodeStep (model, ctx, graph, events of the decode with cb_eval)
     values: list                      # [{node_n, name, op, type, shape, src, data}] copied by cb_eval (layer 0 ...)
     prompt_attn: np.ndarray | None    # kq_soft_max-0 of the prompt: [head, query, cell]
     timeline_events: list             # trace events of the second run's decode (cpu.plan, cpu.node, cpu.chunk ...)
@@ -95,49 +95,18 @@ class Recording:
         return self.step.graph.gf
 
 
-def _copy_values(t) -> np.ndarray:
-    a = ggml.get_data(t)
-    if a.dtype == np.uint8 and t.type not in (ggml.GGML_TYPE_I8,):
-        return ggml.get_data_f32(t).reshape(a.shape[:3] + (-1,))
-    return np.array(a, dtype=np.float32 if a.dtype.kind == "f" else a.dtype)
-
-
 def record(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ctx: int = 256,
            temp: float = 0.8, seed: int = 1234) -> Recording:
     """Run the decode step (see the module doc) and keep what the report shows."""
 
     t0 = time.perf_counter()
-    values: list = []
-    prompt_attn: dict = {}
-
-    def want(t) -> bool:
-        return layer_of(t.name or "") == 0 or t.name in _EXTRA_VALUES
-
-    def cb_values(t, ask):                      # llama.cpp's cb_eval: asked first, then called with the data
-        if ask:
-            return want(t)
-        values.append(dict(name=t.name, op=_op(t), type=_type(t), shape=[int(x) for x in t.shape],
-                           src=[s.name for s in t.src if s is not None], data=_copy_values(t), addr=t.addr))
-        return True
-
-    def cb_prompt(t, ask):
-        if ask:
-            return t.name == "kq_soft_max-0"
-        prompt_attn["kq"] = _copy_values(t)
-        return True
-
-    step = decode_step(prompt, threads, model, n_ctx, record=True, cb_eval=cb_values, cb_eval_prompt=cb_prompt)
-    ctx = step.ctx
-    gf = step.graph.gf
-    index = {t.addr: i for i, t in enumerate(gf.nodes)}
-    for v in values:
-        v["node_n"] = index.get(v.pop("addr"))
-    logits_a = ctx.get_logits_ith(-1).copy()
-
-    # the same step in a second context, without the callback (one uninterrupted compute): the thread timeline
-    step_b = decode_step(prompt, threads, step.model, n_ctx, record=True)
-    if step_b.token != step.token:
-        raise RuntimeError("the two runs of the decode step disagree on the prompt's greedy token")
+    # layer 0's values (and _EXTRA_VALUES) in the decode step; kq_soft_max-0 in the prompt's decode
+    values = EvalCallback(lambda t: layer_of(t.name or "") == 0 or t.name in _EXTRA_VALUES)
+    prompt_attn = EvalCallback(lambda t: t.name == "kq_soft_max-0")
+    # then the same step in a second context, without the callback (one uninterrupted compute): the thread timeline
+    run = record_decode(prompt, threads, model, n_ctx, values=values, prompt_values=prompt_attn, values_first=True)
+    step, step_b = run.values_run, run.clean_run
+    logits_a = step.ctx.get_logits_ith(-1).copy()
     logits = step_b.ctx.get_logits_ith(-1).copy()
     tl = step_b.timeline
     chain = make_sampler(temp=temp, seed=seed)
@@ -148,18 +117,15 @@ def record(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ctx: in
         merges = {u.text: vocab.spm_trace_unit(u) for u in units if not u.special}
     else:
         merges = {u.text: vocab.bpe_trace(u.encoded, encoded=True) for u in units if not u.special}
-    kq = prompt_attn.get("kq")
+    kq = prompt_attn.by_name().get("kq_soft_max-0")
     n_p = len(step.prompt_ids)
     pa = kq.reshape(kq.shape[-3], kq.shape[-2], kq.shape[-1])[:, :n_p, :n_p] if kq is not None else None
-    return Recording(step=step, values=values, prompt_attn=pa, timeline_events=step_b.events, timeline=tl,
+    return Recording(step=step, values=[v.as_dict() for v in run.values], prompt_attn=pa,
+                     timeline_events=step_b.events, timeline=tl,
                      logits=logits, replay_max_diff=float(np.max(np.abs(logits - logits_a))),
                      sampler_history=list(chain.history), sampled=int(sampled), units=units, merges=merges,
                      t_record_s=time.perf_counter() - t0,
                      meta=dict(temp=temp, seed=seed, n_ctx=n_ctx))
-
-
-def _op(t) -> str:
-    return op_desc(t)
 
 
 def kv_caches(kv) -> list:

@@ -16,7 +16,7 @@ What it does, step by step -- the llama.h calls a llama.cpp program makes (``ggv
    splits), drawn by ``ggviz.viz.graph_dot``;
 5. write ``arena.png``/``arena.txt``: the ggml contexts behind the run (the graph's, the weights', the KV cache's);
 6. generate ``-n`` tokens in the same context (``ggviz.run.generate``: decode, greedy sample, decode ...);
-7. write ``report.html``: one decode step, section by section (``ggviz.report``).
+7. write ``report.html``: one decode step, section by section (``ggviz.tools.report``).
 
 ``run()`` does steps 1-3 and returns a ``DemoRun`` (what notebooks and tests read), ``write_outputs()`` steps 4-5.
 ``tests/test_demo.py`` checks the captured layer-0 values against an independent NumPy computation of the layer.
@@ -33,13 +33,14 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-from . import cli, ggml, llama
-from .fetch import FetchError, fetch_default_model
-from .progress import progress, step
+from .. import cli, ggml, llama
+from ..capture import EvalCallback, copy_raw, layer_of
+from ..fetch import FetchError, fetch_default_model
+from ..progress import progress, step
 from .report import graph_builder, kv_caches, write_report
-from .run import generate, load_model
-from .viz import arena_map, objects_table, plot_arena
-from .viz.graph_dot import graph_to_dot_grouped, layer_of
+from ..run import generate, load_model
+from ..viz import arena_map, objects_table, plot_arena
+from ..viz.graph_dot import graph_to_dot_grouped
 
 DEFAULT_PROMPT = "The ggml library is"
 STEPS = ("load the model", "create the context", "decode the prompt", "layer-0 graph", "arena files")
@@ -87,16 +88,9 @@ def run(model=None, prompt: str = DEFAULT_PROMPT, n_threads: int = 2, n_predict:
         if not ids:
             raise ValueError("the prompt tokenized to zero tokens")
 
-    values: list = []
-
-    def cb_eval(t, ask: bool) -> bool:
-        # llama.cpp's eval callback: asked once per node whether it wants the node's data; for the nodes it wants,
-        # the scheduler computes the graph up to there and calls it again with the data
-        if ask:
-            return layer_of(t.name or "") == 0 or t.name == "embd"
-        values.append(dict(name=t.name, op=ggml.op_desc(t), type=ggml.type_name(t.type),
-                           shape=[int(x) for x in t.shape], data=np.array(ggml.get_data(t)), addr=t.addr))
-        return True
+    # llama.cpp's eval callback: asked once per node whether it wants the node's data; for the nodes it wants (layer
+    # 0's and the embeddings), the scheduler computes the graph up to there and calls it again with the data
+    cb_eval = EvalCallback(lambda t: layer_of(t.name or "") == 0 or t.name == "embd", copy=copy_raw)
 
     with _step(bar, STEPS[1]):
         t0 = time.perf_counter()
@@ -120,9 +114,7 @@ def run(model=None, prompt: str = DEFAULT_PROMPT, n_threads: int = 2, n_predict:
         raise RuntimeError(f"llama_decode failed on the prompt (status {status})")
     res = ctx.last_graph
     gf = res.gf
-    index = {t.addr: i for i, t in enumerate(gf.nodes)}
-    for v in values:
-        v["node_n"] = index.get(v.pop("addr"))
+    values = [v.as_dict() for v in cb_eval.number(gf)]
     l0 = [i for i, t in enumerate(gf.nodes) if layer_of(t.name or "") == 0]
     i0, i1 = l0[0], l0[-1] + 1             # llm_build_llama / llm_build_gemma3 emit a layer's nodes together
     return DemoRun(model=model, ctx=ctx, prompt=prompt, ids=list(ids), n_threads=n_threads, graph=res,
@@ -300,7 +292,7 @@ def main(argv=None) -> int:
         print("\n")
         print(g.timings())
     if not args.no_report:
-        # the walkthrough of one decode step of the full model, as a standalone page (ggviz/report.py)
+        # the walkthrough of one decode step of the full model, as a standalone page (ggviz/tools/report.py)
         path = write_report(pathlib.Path(args.out) / "report.html", args.prompt, threads, r.model,
                             disable_progress=True if args.quiet else None)
         print(f"\nreport    {os.path.relpath(path)}: one decode step, section by section (open it in a browser)")

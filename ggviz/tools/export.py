@@ -16,151 +16,27 @@ Chrome trace-event JSON of that one ``ggml_graph_compute``: per thread, a span p
 mul_mat chunks it claimed (``cpu.chunk``) and its waits in ``ggml_barrier`` (``cpu.barrier``). Open it in
 https://ui.perfetto.dev or chrome://tracing.
 
-The functions behind both (``decode_graph``, ``decode_step``, ``graph_dot``, ``chrome_trace``) are used by
-``ggviz.report`` and the notebooks as well.
+The run behind both is recorded by ``ggviz.capture`` (``decode_graph``, ``decode_step``); ``graph_dot`` and
+``chrome_trace`` turn it into files, and are used by the notebooks as well.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import pathlib
 import sys
-import time
-from dataclasses import dataclass, field
 
 import graphviz
 
-from . import cli, ggml, llama, trace
-from .run import load_model
-from .viz import graph_dot as G
-
-DEFAULT_PROMPT = "The ggml library is"
-
-
-# ====================================================================================================================
-# a real decode step
-# ====================================================================================================================
-
-@dataclass
-class DecodeStep:
-    """What ``decode_step`` ran: the llama context after prompt + one token, and what was recorded.
-
-    ``graph`` is the ``GraphResult`` of the decode (``graph.gf`` the cgraph, ``graph.inputs`` its input leafs);
-    ``prompt_ids`` the prompt's tokens, ``token`` the token decoded (the greedy pick after the prompt), ``pos`` its
-    position; ``events`` every trace event of the decode (when ``record=True``); ``timeline`` the
-    ``trace.ComputeTimeline`` (or None when that class is not available); ``masks`` the KQ masks set for each
-    decode (prompt first), read through ``graph_hook`` just before each compute, and ``snapshots`` the same moments
-    as ``ggviz.viz.model_views.DecodeSnapshot`` (inputs and KV cells; empty without that module);
-    ``t_decode_ms`` the decode's wall time."""
-    model: object
-    ctx: object
-    prompt: str
-    prompt_ids: list
-    token: int
-    pos: int
-    n_threads: int
-    graph: object = None
-    events: list = field(default_factory=list)
-    timeline: object = None
-    masks: list = field(default_factory=list)
-    snapshots: list = field(default_factory=list)
-    t_prompt_ms: float = 0.0
-    t_decode_ms: float = 0.0
-
-
-def new_context(model=None, n_ctx: int = 256, threads: int = 2, cb_eval=None,
-                flash_attn_type: int = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED):
-    """``llama_init_from_model`` with a small KV cache (n_ctx cells) and ``threads`` threads. Flash attention off by
-    default here: the exported graphs and steps (and the views and exercises built on them) show attention as
-    KQ -> SOFT_MAX -> KQV, with the weights in a tensor; ``flash_attn_type`` = -1 gives llama.cpp's default graph
-    (one FLASH_ATTN_EXT per layer)."""
-
-    model = model if model is not None else load_model()
-    cp = llama.context_default_params()
-    cp.n_ctx = n_ctx
-    cp.flash_attn_type = flash_attn_type
-    cp.n_threads = cp.n_threads_batch = threads
-    cp.cb_eval = cb_eval
-    return model, llama.init_from_model(model, cp)
-
-
-def decode_step(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ctx: int = 256, record: bool = True,
-                cb_eval=None, cb_eval_prompt=None) -> DecodeStep:
-    """Decode ``prompt`` (one ubatch), pick the greedy next token, then decode that token alone: one decode step.
-
-    With ``record`` the second ``llama_decode`` runs under ``trace.Recorder`` (every event) and, when available,
-    ``trace.ComputeTimeline``. ``cb_eval(tensor, ask)`` (llama.cpp's ``cb_eval``) is installed for the decode step,
-    ``cb_eval_prompt`` for the prompt; either splits that compute at the nodes it asks for."""
-
-    model, ctx = new_context(model, n_ctx, threads, cb_eval_prompt)
-    vocab = llama.model_get_vocab(model)
-    ids = llama.tokenize(vocab, prompt, add_special=True, parse_special=True)
-    if not ids:
-        raise ValueError("the prompt tokenized to zero tokens")
-    masks = []
-
-    def hook(res):
-        masks.append(ggml_data(res.inputs.kq_mask).reshape(res.n_tokens, -1).copy())
-
-    ctx.graph_hook = hook
-    stack = contextlib.ExitStack()
-    snapshots = []
-    try:                                    # ggviz.viz.model_views' snapshots of the inputs and KV cells, if there
-        from .viz.model_views import capture_inputs
-        snapshots = stack.enter_context(capture_inputs(ctx))
-    except ImportError:
-        pass
-    t0 = time.perf_counter()
-    if llama.decode(ctx, llama.batch_get_one(ids)) != 0:
-        stack.close()
-        raise RuntimeError("llama_decode failed on the prompt")
-    t_prompt = (time.perf_counter() - t0) * 1e3
-    token = int(ctx.get_logits_ith(-1).argmax())
-    step = DecodeStep(model=model, ctx=ctx, prompt=prompt, prompt_ids=list(ids), token=token, pos=len(ids),
-                      n_threads=threads, masks=masks, snapshots=snapshots, t_prompt_ms=t_prompt)
-    ctx.cparams.cb_eval = cb_eval
-    recorders = []
-    if record:
-        rec = trace.Recorder()
-        recorders.append(rec)
-        tl_cls = getattr(trace, "ComputeTimeline", None)
-        if tl_cls is not None:
-            step.timeline = tl_cls()
-            recorders.append(step.timeline)
-    for r in recorders:
-        trace.listen(r)
-    try:
-        t0 = time.perf_counter()
-        st = llama.decode(ctx, llama.batch_get_one([token]))
-        step.t_decode_ms = (time.perf_counter() - t0) * 1e3
-    finally:
-        for r in recorders:
-            trace.unlisten(r)
-        stack.close()
-        ctx.graph_hook = None
-    if st != 0:
-        raise RuntimeError(f"llama_decode failed on the decode step (status {st})")
-    if record:
-        step.events = recorders[0].events
-    step.graph = ctx.last_graph
-    return step
-
-
-def ggml_data(t):
-    return ggml.get_data(t)
+from .. import cli
+from ..capture import DEFAULT_PROMPT, DecodeStep, decode_graph, decode_step
+from ..run import load_model
+from ..viz import graph_dot as G
 
 
 # ====================================================================================================================
 # the decode graph
 # ====================================================================================================================
-
-def decode_graph(model=None, n_kv: int = 256):
-    """The graph ``llama_decode`` builds for one token (n_tokens = 1, one output, ``n_kv`` attended cells), built
-    but neither allocated nor computed. Returns the ``GraphResult`` (``.gf`` is the cgraph)."""
-    model, ctx = new_context(model, n_ctx=max(n_kv, 256), threads=1)
-    return ctx.build_graph(1, 1, n_kv)
-
 
 def graph_dot(gf, layer: int | None = None, full: bool = False, title: str | None = None, legend: bool = True):
     """A ``graphviz.Digraph`` of ``gf``: layers folded into boxes, except ``layer`` (or all of them, ``full``)."""

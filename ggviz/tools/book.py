@@ -31,12 +31,12 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbconvert import HTMLExporter
 
-from .progress import progress
+from ..progress import progress
 
 # the index page's stylesheet (a package file, like the report's: no CSS in Python strings)
 _INDEX_CSS = importlib.resources.files("ggviz").joinpath("templates", "book", "index.css").read_text("utf-8").strip()
 
-NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 

@@ -1,0 +1,25 @@
+"""The one place that records a run, between the engine and the views (llama.cpp's ``common/debug.cpp`` and
+``llama-eval-callback``, grown into a layer): it runs ``ggviz.llama`` / ``ggviz.ggml`` with ``ggviz.trace`` listening
+and the eval callback copying, and keeps what it saw as plain records the views draw from.
+
+- ``eval_callback``: ``EvalCallback(want, copy)``, the one ``cb_eval`` routine; ``NodeValue`` what it copies.
+- ``nodes``: ``layer_of(name)``, ``node_numbers(gf)`` (tensor address -> node number).
+- ``decode``: ``decode_step`` (prompt, then one token, traced), ``record_decode`` (that step twice: with the values
+  callback and without, numbered, checked), ``decode_graph``, ``new_context``, ``DEFAULT_PROMPT``.
+- ``inputs``: ``capture_inputs`` (``DecodeSnapshot``: the graph inputs and KV cells before each compute),
+  ``capture_attention`` (``AttentionRecord``: every layer's ``kq_soft_max``).
+- ``mul_mat``: ``capture_mul_mat`` (one MUL_MAT's weight rows, src1 and output, for the vec_dot lanes).
+- ``sparse``: ``capture_sparse_run`` (``SparseRun``: a PWRI model's predictor, activations and skipped rows),
+  ``hybrid_ffn_run`` (real layers through the hybrid executor: its records, outputs, transfers).
+- ``records``: ``save`` / ``load``: a record (dataclasses of numpy arrays, lists, dicts) to one ``.npz`` file and back.
+
+Imports run one way: capture imports the engine (``ggviz.ggml``, ``ggviz.llama``, ``ggviz.trace``, ``ggviz.run``);
+the views (``ggviz.viz``) and the commands (``ggviz.tools``) import capture; capture imports neither.
+"""
+from .decode import DEFAULT_PROMPT, DecodeStep, RecordedStep, decode_graph, decode_step, new_context, record_decode  # noqa: F401
+from .eval_callback import EvalCallback, NodeValue, copy_f32, copy_raw, copy_value, installed  # noqa: F401
+from .inputs import AttentionRecord, DecodeSnapshot, capture_attention, capture_inputs  # noqa: F401
+from .mul_mat import capture_mul_mat  # noqa: F401
+from .nodes import layer_of, node_numbers  # noqa: F401
+from .records import load, save  # noqa: F401
+from .sparse import SparseRun, capture_sparse_run, device_transfers, hybrid_ffn_run  # noqa: F401

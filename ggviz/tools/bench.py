@@ -1,0 +1,317 @@
+"""ggviz bench: what a user waits for, ggviz beside llama.cpp.
+
+    python -m ggviz bench                 # or: ggviz bench [--threads 2] [--decode 64] [--prefill 128] [--reps 3]
+
+**Default: what a user gets**, through each library's own llama.h API (ggviz's ``ggviz.llama``; llama.cpp's through
+``llama_cpp``, llama-cpp-python, when it can be imported -- the build it found is named with its system info), the
+model loaded once by each, in one process, the two libraries alternating rep by rep (ggviz, llama.cpp, ggviz ...):
+
+* first token: create a context (n_ctx 512), decode a 4-token prompt, sample (greedy) -- each part timed, the
+  context freed after (``llama_free``; ggviz hands its machinery to the next context of the same shape);
+* ``--decode`` tokens generated (decode + sample), with the greedy sampler and with the common chain (top-k 40,
+  top-p 0.95, min-p 0.05, temp 0.8, dist);
+* a ``--prefill``-token prompt in one batch, then ``--decode`` greedy tokens: the prefill and decode rates;
+* ggviz's cost of a change of batch shape (prefill -> decode, the graph not cached): a profile of the decode step
+  (graph build, scheduler split, allocation, plan + compile, compute), and the same switch with the graph cached.
+
+The median of the reps is printed with the ratio ggviz / llama.cpp (> 1: ggviz faster; for times, < 1). It prints;
+it does not assert. ``benchmarks/bench_user.py`` runs the same code.
+
+The older comparison with a plain NumPy forward of the same model (``ggviz bench --numpy`` before) is the script
+``benchmarks/bench_numpy.py``.
+"""
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from .. import cli, llama
+from ..fetch import fetch_default_model
+from ..progress import write
+
+
+# =====================================================================================================================
+# what a user waits for: ggviz and llama.cpp through their llama.h APIs, alternating
+# =====================================================================================================================
+
+PROMPT4 = [504, 3575, 282, 4649]                  # "The capital of France" (SmolLM2's BPE)
+COMMON = dict(top_k=40, top_p=0.95, min_p=0.05, temp=0.8, seed=1234)
+N_CTX_USER = 512
+
+
+class GGvizLib:
+    """ggviz through ``ggviz.llama`` (llama.h's names)."""
+    name = "ggviz"
+
+    def __init__(self, path, n_threads, use_blas: bool = False):
+        self.model = llama.model_load_from_file(str(path), llama.model_default_params())
+        self.n_threads = n_threads
+        self.use_blas = use_blas
+
+    def new_ctx(self):
+        cp = llama.context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = N_CTX_USER, N_CTX_USER, N_CTX_USER
+        cp.n_threads = cp.n_threads_batch = self.n_threads
+        cp.use_blas = self.use_blas
+        return llama.init_from_model(self.model, cp)
+
+    def sampler(self, common: bool):
+        ch = llama.sampler_chain_init()
+        if common:
+            for s in (llama.sampler_init_top_k(COMMON["top_k"]), llama.sampler_init_top_p(COMMON["top_p"], 1),
+                      llama.sampler_init_min_p(COMMON["min_p"], 1), llama.sampler_init_temp(COMMON["temp"]),
+                      llama.sampler_init_dist(COMMON["seed"])):
+                llama.sampler_chain_add(ch, s)
+        else:
+            llama.sampler_chain_add(ch, llama.sampler_init_greedy())
+        return ch
+
+    def decode(self, ctx, toks):
+        assert llama.decode(ctx, llama.batch_get_one(toks)) == 0
+
+    def sample(self, smpl, ctx):
+        return llama.sampler_sample(smpl, ctx, -1)
+
+    def free(self, ctx, smpl=None):
+        llama.free(ctx)
+
+
+class LlamaCppLib:
+    """llama.cpp through llama-cpp-python's ctypes binding of llama.h (``import llama_cpp``: ImportError if absent)."""
+    name = "llama.cpp"
+
+    def __init__(self, path, n_threads):
+        try:     # optional (and loaded only here: its libggml must not meet another ggml in the process first)
+            import llama_cpp as L
+        except ImportError as e:
+            raise ImportError(f"llama-cpp-python is not installed ({e})") from e
+        try:     # llama-cpp-python's log callback: errors only (as its Llama(verbose=False))
+            from llama_cpp import _logger
+            _logger.set_verbose(False)
+        except (ImportError, AttributeError):
+            pass
+        self.L = L
+        L.llama_backend_init()
+        self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.n_threads = n_threads
+        self.build = f"llama-cpp-python {L.__version__} ({os.path.dirname(L.__file__)})"
+        try:
+            self.build += f"; system info: {L.llama_print_system_info().decode().strip()}"
+        except (AttributeError, UnicodeDecodeError):
+            pass
+
+    def new_ctx(self):
+        L = self.L
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = N_CTX_USER, N_CTX_USER, N_CTX_USER
+        cp.n_threads = cp.n_threads_batch = self.n_threads
+        cp.flash_attn_type = 0
+        return L.llama_init_from_model(self.model, cp)
+
+    def sampler(self, common: bool):
+        L = self.L
+        ch = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if common:
+            for s in (L.llama_sampler_init_top_k(COMMON["top_k"]), L.llama_sampler_init_top_p(COMMON["top_p"], 1),
+                      L.llama_sampler_init_min_p(COMMON["min_p"], 1), L.llama_sampler_init_temp(COMMON["temp"]),
+                      L.llama_sampler_init_dist(COMMON["seed"])):
+                L.llama_sampler_chain_add(ch, s)
+        else:
+            L.llama_sampler_chain_add(ch, L.llama_sampler_init_greedy())
+        return ch
+
+    def decode(self, ctx, toks):
+        arr = (self.L.llama_token * len(toks))(*toks)
+        assert self.L.llama_decode(ctx, self.L.llama_batch_get_one(arr, len(toks))) == 0
+
+    def sample(self, smpl, ctx):
+        return int(self.L.llama_sampler_sample(smpl, ctx, -1))
+
+    def free(self, ctx, smpl=None):
+        if smpl is not None:
+            self.L.llama_sampler_free(smpl)
+        self.L.llama_free(ctx)
+
+
+def first_token(lib) -> tuple[float, float, float]:
+    """(context creation, 4-token prompt, first sample) in ms; the context is freed after."""
+    smpl = lib.sampler(False)
+    t0 = time.perf_counter()
+    ctx = lib.new_ctx()
+    t1 = time.perf_counter()
+    lib.decode(ctx, PROMPT4)
+    t2 = time.perf_counter()
+    lib.sample(smpl, ctx)
+    t3 = time.perf_counter()
+    lib.free(ctx, smpl)
+    return (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+
+
+def generate(lib, common: bool, n_gen: int, prompt) -> tuple[float, float]:
+    """(prompt ms, generation tok/s) for a prompt then ``n_gen`` decode+sample steps."""
+    smpl = lib.sampler(common)
+    ctx = lib.new_ctx()
+    t0 = time.perf_counter()
+    lib.decode(ctx, prompt)
+    tok = lib.sample(smpl, ctx)
+    t1 = time.perf_counter()
+    for _ in range(n_gen):
+        lib.decode(ctx, [tok])
+        tok = lib.sample(smpl, ctx)
+    t2 = time.perf_counter()
+    lib.free(ctx, smpl)
+    return (t1 - t0) * 1e3, n_gen / (t2 - t1)
+
+
+# the parts of a shape change, by the function that does each (cumulative time in the profile)
+SHAPE_CHANGE_PARTS = [
+    ("graph build (llm_graph_context)", "/llama/models/", "build"),      # the architecture's graph class
+    ("scheduler split (5 passes)", "sched.py", "backend_sched_split_graph"),
+    ("allocation (gallocr)", "sched.py", "backend_sched_alloc_splits"),
+    ("plan + compile (ggml_graph_plan)", "ggml_cpu.py", "graph_plan"),
+    ("compute (ggml_graph_compute)", "ggml_cpu.py", "graph_compute"),
+]
+
+
+def shape_change_profile(lib: GGvizLib, n_prompt: int, reps: int = 3) -> dict:
+    """ggviz's decode step right after a ``n_prompt``-token prompt, its graph not cached (the cache is emptied
+    first): wall ms (median of ``reps``), then one profiled step split into SHAPE_CHANGE_PARTS (cProfile
+    cumulative ms -- the profiler's overhead inflates them, their shares are what counts); and the same step with
+    the decode graph cached, and a steady decode step."""
+    rng = np.random.default_rng(1)
+    prompt = [int(t) for t in rng.integers(200, 40000, n_prompt)]
+    ctx = lib.new_ctx()
+
+    def switch(cached: bool, prof=None) -> float:
+        ctx.memory_clear()
+        lib.decode(ctx, prompt)
+        if not cached:
+            ctx.graph_cache_clear()
+        t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        lib.decode(ctx, [prompt[-1]])
+        if prof is not None:
+            prof.disable()
+        return (time.perf_counter() - t0) * 1e3
+
+    lib.decode(ctx, [prompt[0]])                 # the decode graph exists once (cached for the "cached" runs)
+    uncached = statistics.median(switch(False) for _ in range(reps))
+    cached = statistics.median(switch(True) for _ in range(reps))
+    t0 = time.perf_counter()
+    lib.decode(ctx, [prompt[1]])
+    steady = (time.perf_counter() - t0) * 1e3
+    prof = cProfile.Profile()
+    profiled = switch(False, prof)
+    st = pstats.Stats(prof).stats
+    parts = []
+    for label, file, func in SHAPE_CHANGE_PARTS:
+        ms = sum(v[3] for (f, _, fn), v in st.items() if fn == func and file in f.replace("\\", "/")) * 1e3
+        parts.append((label, ms))
+    lib.free(ctx)
+    return dict(n_prompt=n_prompt, uncached_ms=uncached, cached_ms=cached, steady_ms=steady, profiled_ms=profiled,
+                parts=parts)
+
+
+def user_bench(path=None, n_threads: int = 2, reps: int = 3, n_gen: int = 64, n_prompt_long: int = 128,
+               llama_cpp: bool = True, profile: bool = True, log=print, use_blas: bool = False) -> dict:
+    """Measure and print what a user waits for (see the module docstring); returns the per-library lists."""
+    path = path or fetch_default_model(quiet=True)
+    libs = [GGvizLib(path, n_threads, use_blas)]
+    if llama_cpp:
+        try:
+            libs.append(LlamaCppLib(path, n_threads))
+            log(f"llama.cpp: {libs[1].build}")
+        except (ImportError, OSError, RuntimeError) as e:
+            log(f"llama.cpp: not available ({type(e).__name__}: {e}); ggviz alone")
+    rng = np.random.default_rng(0)
+    long_prompt = [int(t) for t in rng.integers(200, 40000, n_prompt_long)]
+    for lib in libs:                                       # warm: kernels, caches, first allocations
+        generate(lib, False, 4, PROMPT4)
+        generate(lib, False, 4, long_prompt)
+    keys = ("ctx_ms", "prompt_ms", "sample_ms", "ttft_ms", "greedy", "common", "prefill", "decode")
+    res = {lib.name: {k: [] for k in keys} for lib in libs}
+    for _ in range(reps):
+        for lib in libs:
+            r = res[lib.name]
+            c, p, s = first_token(lib)
+            r["ctx_ms"].append(c)
+            r["prompt_ms"].append(p)
+            r["sample_ms"].append(s)
+            r["ttft_ms"].append(c + p + s)
+            r["greedy"].append(generate(lib, False, n_gen, PROMPT4)[1])
+            r["common"].append(generate(lib, True, n_gen, PROMPT4)[1])
+            pms, dec = generate(lib, False, n_gen, long_prompt)
+            r["prefill"].append(n_prompt_long / pms * 1e3)
+            r["decode"].append(dec)
+    rows = [("context creation, ms", "ctx_ms", True),
+            ("4-token prompt, ms", "prompt_ms", True),
+            ("first sample, ms", "sample_ms", True),
+            ("first token (the three above), ms", "ttft_ms", True),
+            (f"{n_gen} tokens greedy, tok/s", "greedy", False),
+            (f"{n_gen} tokens, common chain, tok/s", "common", False),
+            (f"prefill of {n_prompt_long} tokens, tok/s", "prefill", False),
+            (f"decode after it ({n_gen} tokens), tok/s", "decode", False)]
+    log(f"\n{n_threads} thread(s), median of {reps} alternating reps")
+    log(f"{'':44s}" + "".join(f"{lib.name:>12s}" for lib in libs) + ("   ggviz/llama.cpp" if len(libs) > 1 else ""))
+    for label, key, lower_better in rows:
+        med = [statistics.median(res[lib.name][key]) for lib in libs]
+        line = f"{label:44s}" + "".join(f"{m:12.1f}" for m in med)
+        if len(med) > 1 and med[1] > 0:
+            line += f"   x{med[0] / med[1]:.2f}" + (" (lower is better)" if lower_better else "")
+        log(line)
+    if profile:
+        pr = shape_change_profile(libs[0], n_prompt_long, reps)
+        res["shape_change"] = pr
+        log(f"\nggviz: decode step after a {pr['n_prompt']}-token prompt (a change of batch shape)")
+        log(f"  graph not cached: {pr['uncached_ms']:.1f} ms; cached: {pr['cached_ms']:.1f} ms; "
+            f"a steady decode step: {pr['steady_ms']:.1f} ms")
+        log(f"  profile of the uncached step ({pr['profiled_ms']:.0f} ms under cProfile, cumulative ms):")
+        for label, ms in pr["parts"]:
+            log(f"    {label:36s}{ms:8.1f}")
+    return res
+
+
+def user_main(argv=None, prog: str = "ggviz bench") -> int:
+    """benchmarks/bench_user.py's entry (its own option names)."""
+    ap = cli.ArgumentParser(prog=prog, description="what a user waits for: ggviz and llama.cpp alternating")
+    ap.add_argument("--threads", type=cli.int_arg(1, 512), default=2)
+    ap.add_argument("--reps", type=cli.int_arg(1), default=3)
+    ap.add_argument("--gen", type=cli.int_arg(1), default=64)
+    ap.add_argument("--prompt-long", type=cli.int_arg(2), default=128)
+    ap.add_argument("--model", default=None, type=cli.model_file)
+    ap.add_argument("--no-profile", action="store_true", help="skip the shape-change profile")
+    a = ap.parse_args(argv)
+    user_bench(a.model, a.threads, a.reps, a.gen, a.prompt_long, profile=not a.no_profile)
+    return 0
+
+def main(argv=None) -> int:
+    ap = cli.ArgumentParser(prog="ggviz bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, type=cli.model_file,
+                    help=cli.MODEL_HELP)
+    ap.add_argument("--threads", default=[2], type=cli.thread_list, help="comma-separated thread counts (default 2)")
+    ap.add_argument("--decode", type=cli.int_arg(1), default=64, help="tokens generated per measurement (default 64)")
+    ap.add_argument("--prefill", type=cli.int_arg(1), default=128, help="prompt length for the prefill measurement")
+    ap.add_argument("--reps", type=cli.int_arg(1), default=3, help="repetitions per measurement (the median is reported)")
+    ap.add_argument("--blas", action="store_true",
+                    help="add the BLAS backend (NumPy's BLAS takes large prompt MUL_MATs), as llama.cpp built with "
+                         "GGML_BLAS; default: llama.cpp's default CPU build (tinyBLAS sgemm / vec_dot)")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if importable")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profile of a change of batch shape")
+    args = ap.parse_args(argv)
+    for nt in args.threads:
+        user_bench(args.model, nt, args.reps, args.decode, args.prefill, llama_cpp=not args.no_llama_cpp,
+                   profile=not args.no_profile, log=write, use_blas=args.blas)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.command_main("bench"))
