@@ -15,8 +15,7 @@
 * ``ruff check`` (configured in pyproject.toml) passes on the package, the tests, the benchmarks, the tools and
   the notebook sources.
 * No function over ``MAX_FUNCTION_LINES`` lines, except the mirrors of long C functions (kept whole, so they diff
-  against upstream: ``MIRRORED_LONG_FUNCTIONS`` names each one's C counterpart) and the few listed in
-  ``NOT_YET_SPLIT`` with the reason.
+  against upstream: ``MIRRORED_LONG_FUNCTIONS`` names each one's C counterpart).
 * No JavaScript or CSS in Python strings: the browser code lives in ``ggviz/templates/`` (``.js``/``.css`` files read
   with importlib.resources). A heuristic: a string (not a docstring) with JavaScript syntax, a ``<style>`` element
   with rules in it, or two CSS rules. A one-rule string built from data (a selection's highlight) passes.
@@ -234,13 +233,6 @@ MIRRORED_LONG_FUNCTIONS = {
     "GGUFFile._parse": "ggml/src/gguf.cpp: gguf_init_from_file_impl",
     "batch_allocr_init": "llama.cpp src/llama-batch.cpp: llama_batch_allocr::init",
 }
-# "path::qualified name" -> why it is still long (no C counterpart: to be split into phases)
-NOT_YET_SPLIT = {
-    "ggviz/ggml/cpu/fast/compiler.py::_build": "the fast path's compiler, one branch per op; left whole while the "
-                                               "flash branch adds FLASH_ATTN_EXT to it (issue #20)",
-    "ggviz/bench.py::main": "the --numpy comparison's options; the capture branch moves it to benchmarks/",
-}
-
 
 def _long_functions(tree, limit: int):
     """(qualified name, first line, length) of every function or method over ``limit`` lines, nested ones too."""
@@ -266,7 +258,7 @@ def test_no_long_functions():
     for path in sorted(PKG.rglob("*.py")):
         rel = str(path.relative_to(ROOT))
         for name, line, n in _long_functions(ast.parse(path.read_text()), MAX_FUNCTION_LINES):
-            if name not in MIRRORED_LONG_FUNCTIONS and f"{rel}::{name}" not in NOT_YET_SPLIT:
+            if name not in MIRRORED_LONG_FUNCTIONS:
                 bad.append(f"{rel}:{line}: {name} ({n} lines)")
     assert not bad, (f"functions over {MAX_FUNCTION_LINES} lines (split them into named phases, or list a mirror of "
                      f"a long C function in MIRRORED_LONG_FUNCTIONS):\n" + "\n".join(bad))

@@ -435,6 +435,64 @@ def _repacked_mul_mat_in(nodes) -> bool:
     return False
 
 
+def _build_mul_mat(P, k, node):
+    """MUL_MAT's row: the repacked (CPU_REPACK extra) or the float kernel; returns (work size, repacked?)."""
+    s0, s1 = node.src[0], node.src[1]
+    tr = repack.repack_buffer_type().context.get_tensor_traits(node) if repack.in_use() else None
+    _need(int(node.nb[0]) == 4 and int(s1.nb[0]) == 4)
+    if tr is not None:
+        rw = s0.py_extra
+        _need(int(s1.ne[3]) == 1 and int(node.ne[3]) == 1)
+        P[k, OP] = OP_MUL_MAT_Q
+        P[k, MMQ_TYPE] = s0.type
+        P[k, MMQ_QS] = rw.qs.ctypes.data
+        P[k, MMQ_D] = rw.d.ctypes.data
+        P[k, MMQ_M] = rw.m.ctypes.data if rw.m is not None else 0
+        return tr.work_size(1, node), True
+    else:
+        _need(s0.type in (GGML_TYPE_F16, GGML_TYPE_F32) and s1.type == GGML_TYPE_F32)
+        _need(int(s0.nb[0]) == (2 if s0.type == GGML_TYPE_F16 else 4))
+        _need(int(s1.ne[2]) % int(s0.ne[2]) == 0 and int(s1.ne[3]) % int(s0.ne[3]) == 0)
+        P[k, OP] = OP_MUL_MAT_F
+        P[k, MMF_TYPE] = s0.type
+        P[k, MMF_LLAMAFILE] = 1 if mul_mat.USE_LLAMAFILE else 0     # the build's GGML_USE_LLAMAFILE
+        return (2 * nelements(s1) if s0.type == GGML_TYPE_F16 else 0), False
+
+
+def _build_rms_norm(P, F, k, cgraph, i, node) -> int:
+    """RMS_NORM's row, fused with the MUL that follows when ggml-cpu fuses them; returns the nodes it swallowed."""
+    s0 = node.src[0]
+    _need(s0.type == GGML_TYPE_F32 and node.type == GGML_TYPE_F32 and int(s0.nb[0]) == 4)
+    _need(int(node.nb[0]) == 4)
+    P[k, OP] = OP_RMS_NORM
+    F[k, RMS_NORM_EPS] = float(np.frombuffer(node.op_params[:1].tobytes(), np.float32)[0])
+    mul = can_fuse_rms_norm_mul(cgraph, i)
+    if mul is not None:
+        a0 = mul.src[0]
+        w = mul.src[1] if (a0 is not None and a0.addr == node.addr) else a0
+        P[k, SUBOP] = 1
+        _desc(P, k, DST, mul)
+        _desc(P, k, S1, w)
+        return 1
+    return 0
+
+
+def _build_swiglu(P, k, node):
+    """GLU (SWIGLU)'s row: one input split in halves, or two inputs."""
+    s0, s1 = node.src[0], node.src[1]
+    _need(get_glu_op(node) == C.GGML_GLU_OP_SWIGLU and s0.type == GGML_TYPE_F32)
+    _need(int(s0.nb[0]) == 4 and int(node.nb[0]) == 4)
+    if s1 is not None:
+        _need(s1.type == GGML_TYPE_F32 and int(s1.nb[0]) == 4)
+    nc = int(s0.ne[0]) if s1 is not None else int(s0.ne[0]) // 2
+    P[k, OP] = OP_SWIGLU
+    P[k, SWIGLU_NC] = nc
+    P[k, SWIGLU_SWAPPED] = get_op_params_i32(node, 1)
+    P[k, SWIGLU_NROWS] = nrows(s0)
+    if s1 is None:
+        P[k, S1 + DATA] = 0
+
+
 def _build(cgraph, require_repack: bool = True):
     nodes = list(cgraph.nodes)
     n = len(nodes)
@@ -460,40 +518,11 @@ def _build(cgraph, require_repack: bool = True):
             _desc(P, k, S2, s2)
             skip = 0
             if op == C.GGML_OP_MUL_MAT:
-                tr = repack.repack_buffer_type().context.get_tensor_traits(node) if repack.in_use() else None
-                _need(int(node.nb[0]) == 4 and int(s1.nb[0]) == 4)
-                if tr is not None:
-                    rw = s0.py_extra
-                    _need(int(s1.ne[3]) == 1 and int(node.ne[3]) == 1)
-                    P[k, OP] = OP_MUL_MAT_Q
-                    P[k, MMQ_TYPE] = s0.type
-                    P[k, MMQ_QS] = rw.qs.ctypes.data
-                    P[k, MMQ_D] = rw.d.ctypes.data
-                    P[k, MMQ_M] = rw.m.ctypes.data if rw.m is not None else 0
-                    wsize = max(wsize, tr.work_size(1, node))
-                    any_repack = True
-                else:
-                    _need(s0.type in (GGML_TYPE_F16, GGML_TYPE_F32) and s1.type == GGML_TYPE_F32)
-                    _need(int(s0.nb[0]) == (2 if s0.type == GGML_TYPE_F16 else 4))
-                    _need(int(s1.ne[2]) % int(s0.ne[2]) == 0 and int(s1.ne[3]) % int(s0.ne[3]) == 0)
-                    P[k, OP] = OP_MUL_MAT_F
-                    P[k, MMF_TYPE] = s0.type
-                    P[k, MMF_LLAMAFILE] = 1 if mul_mat.USE_LLAMAFILE else 0     # the build's GGML_USE_LLAMAFILE
-                    if s0.type == GGML_TYPE_F16:
-                        wsize = max(wsize, 2 * nelements(s1))
+                ws, is_repack = _build_mul_mat(P, k, node)
+                wsize = max(wsize, ws)
+                any_repack = any_repack or is_repack
             elif op == C.GGML_OP_RMS_NORM:
-                _need(s0.type == GGML_TYPE_F32 and node.type == GGML_TYPE_F32 and int(s0.nb[0]) == 4)
-                _need(int(node.nb[0]) == 4)
-                P[k, OP] = OP_RMS_NORM
-                F[k, RMS_NORM_EPS] = float(np.frombuffer(node.op_params[:1].tobytes(), np.float32)[0])
-                mul = can_fuse_rms_norm_mul(cgraph, i)
-                if mul is not None:
-                    a0 = mul.src[0]
-                    w = mul.src[1] if (a0 is not None and a0.addr == node.addr) else a0
-                    P[k, SUBOP] = 1
-                    _desc(P, k, DST, mul)
-                    _desc(P, k, S1, w)
-                    skip = 1
+                skip = _build_rms_norm(P, F, k, cgraph, i, node)
             elif op in _BINOP:
                 _need(s0.type == GGML_TYPE_F32 and s1.type == GGML_TYPE_F32 and node.type == GGML_TYPE_F32)
                 _need(int(s0.nb[0]) == 4 and int(node.nb[0]) == 4 and s0.shape == node.shape)
@@ -530,17 +559,7 @@ def _build(cgraph, require_repack: bool = True):
             elif op == C.GGML_OP_GLU and get_glu_op(node) == C.GGML_GLU_OP_GEGLU:
                 _need(gemma_ops.build_geglu(P, F, k, node))
             elif op == C.GGML_OP_GLU:
-                _need(get_glu_op(node) == C.GGML_GLU_OP_SWIGLU and s0.type == GGML_TYPE_F32)
-                _need(int(s0.nb[0]) == 4 and int(node.nb[0]) == 4)
-                if s1 is not None:
-                    _need(s1.type == GGML_TYPE_F32 and int(s1.nb[0]) == 4)
-                nc = int(s0.ne[0]) if s1 is not None else int(s0.ne[0]) // 2
-                P[k, OP] = OP_SWIGLU
-                P[k, SWIGLU_NC] = nc
-                P[k, SWIGLU_SWAPPED] = get_op_params_i32(node, 1)
-                P[k, SWIGLU_NROWS] = nrows(s0)
-                if s1 is None:
-                    P[k, S1 + DATA] = 0
+                _build_swiglu(P, k, node)
             elif op in _SPARSE_OPS:
                 # PowerInfer's sparse FFN: MUL_MAT_SPARSE, AXPY and the RELU / SILU around them (sparse.py)
                 _need(sparse.build_node(P, F, k, node))
