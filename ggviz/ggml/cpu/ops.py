@@ -869,41 +869,55 @@ def _fa_one_chunk(dst, iq3: int, iq2: int, i1, ic0: int, ic1: int):
     qr, kr, vr, mv = _fa_head(dst, iq3, iq2, i1)
     n = len(i1)
     DV = int(v.ne[0])
-    # Q converted to K's vec_dot_type (F16: vcvtps2ph, round to nearest even), then one vec_dot per KV cell
-    if k.type == C.GGML_TYPE_F16:
-        s_all = tiled(vec_dot_f16_simd, kr[ic0:ic1], f32_to_f16(qr).astype(F32))
-    else:
-        s_all = tiled(vec_dot_f32_simd, kr[ic0:ic1], qr)
-    with np.errstate(over="ignore", invalid="ignore"):
-        s_all = s_all * scale
-        if softcap != 0:
-            s_all = _softcap(s_all, softcap)
-        s_all = s_all + mv[:, ic0:ic1]
+    s_all = fa_scores(kr[ic0:ic1], qr, k.type == C.GGML_TYPE_F16, scale, softcap, mv[:, ic0:ic1])
     M = np.full(n, -np.inf, F32)
     S = np.zeros(n, F32)
     f16_acc = v.type == C.GGML_TYPE_F16
     acc = np.zeros((n, DV), np.float16 if f16_acc else F32)
     live = np.flatnonzero(np.any(mv[:, ic0:ic1] != -np.inf, axis=0))
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        for j in live:
-            act = mv[:, ic0 + j] != -np.inf
-            sc = s_all[:, j]
-            new = act & (sc > M)
-            old = act & ~new
-            ms = np.ones(n, F32)
-            vs = np.ones(n, F32)
-            if new.any():
-                ms[new] = expf_vec(M[new] - sc[new])
-                M[new] = sc[new]
-                # ggml_vec_scale_f16 / _f32: V = V*expf(Mold - M)
-                acc[new] = (acc[new].astype(F32) * ms[new, None]).astype(acc.dtype)
-            if old.any():
-                vs[old] = expf_vec(sc[old] - M[old])
-            # ggml_vec_mad_f16 / _f32: V += v*vs, one FMA per lane (F16: widened, fused, rounded back to fp16)
-            a = acc[act].astype(F32)
-            acc[act] = fma32(vr[ic0 + j][None, :], vs[act, None], a).astype(acc.dtype)
-            S[act] = fma32(S[act], ms[act], vs[act]) if FA_S_FMA else S[act] * ms[act] + vs[act]
+    for j in live:
+        fa_online_step(M, S, acc, s_all[:, j], vr[ic0 + j], mv[:, ic0 + j] != -np.inf)
     return M, S, acc.astype(F32)
+
+
+def fa_scores(kr, qr, k_f16: bool, scale, softcap, mv):
+    """The one-chunk kernel's scores of query rows ``qr`` (n, DK) against KV cells ``kr`` (n_kv, DK, float32):
+    Q converted to K's vec_dot_type (F16: vcvtps2ph, round to nearest even), one vec_dot per KV cell, times
+    ``scale``, the softcap, plus the mask rows ``mv`` (n, n_kv). Returns (n, n_kv) float32."""
+    if k_f16:
+        s_all = tiled(vec_dot_f16_simd, kr, f32_to_f16(qr).astype(F32))
+    else:
+        s_all = tiled(vec_dot_f32_simd, kr, qr)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s_all = s_all * scale
+        if softcap != 0:
+            s_all = _softcap(s_all, softcap)
+        return s_all + mv
+
+
+def fa_online_step(M, S, acc, sc, v_row, act):
+    """One KV cell of the one-chunk kernel's online softmax, for the rows ``act`` (bool, n) whose mask lets the cell
+    in: M (running max), S (running sum) and acc (the VKQ accumulator, float16 for F16 V, float32 otherwise) are
+    updated in place from the cell's scores ``sc`` (n,) and V row ``v_row`` (DV,). Returns (ms, vs): the rescale
+    expf(Mold - M) and the cell's weight expf(s - M) (1 where not computed, as in the C code)."""
+    n = len(M)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        new = act & (sc > M)
+        old = act & ~new
+        ms = np.ones(n, F32)
+        vs = np.ones(n, F32)
+        if new.any():
+            ms[new] = expf_vec(M[new] - sc[new])
+            M[new] = sc[new]
+            # ggml_vec_scale_f16 / _f32: V = V*expf(Mold - M)
+            acc[new] = (acc[new].astype(F32) * ms[new, None]).astype(acc.dtype)
+        if old.any():
+            vs[old] = expf_vec(sc[old] - M[old])
+        # ggml_vec_mad_f16 / _f32: V += v*vs, one FMA per lane (F16: widened, fused, rounded back to fp16)
+        a = acc[act].astype(F32)
+        acc[act] = fma32(v_row[None, :], vs[act, None], a).astype(acc.dtype)
+        S[act] = fma32(S[act], ms[act], vs[act]) if FA_S_FMA else S[act] * ms[act] + vs[act]
+    return ms, vs
 
 
 def _fa_finish(dst, iq2: int, M, S, vkq, sinks: bool):
@@ -917,6 +931,12 @@ def _fa_finish(dst, iq2: int, M, S, vkq, sinks: bool):
             vs = np.where(up, F32(1), expf_vec(s - M)).astype(F32)
             vkq = np.where(up[:, None], vkq * ms[:, None], vkq).astype(F32)
             S = (fma32(S, ms, vs) if FA_S_FMA else S * ms + vs).astype(F32)
+    return fa_divide(S, vkq)
+
+
+def fa_divide(S, vkq):
+    """The kernel's last step: VKQ (float32, n x DV) scaled by 1/S (ggml_vec_scale_f32; 0 where S == 0)."""
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
         s_inv = np.where(S == 0, F32(0), F32(1) / np.where(S == 0, F32(1), S)).astype(F32)
     return (vkq * s_inv[:, None]).astype(F32)
 
