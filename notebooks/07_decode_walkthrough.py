@@ -24,7 +24,8 @@
 # 3. layer 0, node by node, values copied out by the eval callback (`cb_eval`);
 # 4. attention: which earlier tokens each head looks at;
 # 5. logits → sampler → the chosen token;
-# 6. and round again: the chosen token is decoded alone, using the KV cache.
+# 6. and round again: the chosen token is decoded alone, using the KV cache;
+# and in section 8, flash attention, llama.cpp's default: one query row of a real FLASH_ATTN_EXT, KV cell by KV cell.
 
 # %%
 import numpy as np
@@ -217,3 +218,97 @@ else:
 # > bytes came before it. `ggviz explore` serves this same view in a browser tab (Voilà), without the notebook.
 #
 # *Read the code:* ggviz.llama.context.LlamaContext.decode, ggviz.ggml.sched.backend_sched_split_graph, ggviz.ggml.alloc.gallocr_alloc_graph, ggviz.ggml.cpu.ggml_cpu.graph_compute ↔ llama-context.cpp llama_context::decode; ggml-backend.cpp ggml_backend_sched_split_graph; ggml-alloc.c ggml_gallocr_alloc_graph; ggml-cpu.c ggml_graph_compute
+
+# %% [markdown]
+# ## 8. Flash attention: llama.cpp's default
+#
+# Everything above ran with `flash_attn_type = 0`, so that the attention weights are a tensor (`kq_soft_max`) you
+# can look at. llama.cpp's default is `LLAMA_FLASH_ATTN_TYPE_AUTO`, which the CPU backend resolves to *on*: each
+# layer's KQ → SOFT_MAX → KQV becomes one `FLASH_ATTN_EXT` node that reads K and V straight from the cache and never
+# writes the KQ matrix. Build the decode graph both ways, and reserve the compute buffers both ways (the context's
+# worst-case reserve: a prompt-sized graph of `n_ubatch` tokens).
+
+# %%
+from ggviz.viz.widgets import Exercise, FlashAttnStepper
+
+
+def fa_context(fa, n_ctx=256):
+    cp = llama.context_default_params()
+    cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = n_ctx, 2, 2, fa
+    return llama.init_from_model(model, cp)
+
+
+fa_rows = []
+for n_ctx in (256, 4096):
+    for fa in (llama.LLAMA_FLASH_ATTN_TYPE_AUTO, llama.LLAMA_FLASH_ATTN_TYPE_DISABLED):
+        c = fa_context(fa, n_ctx)
+        n_nodes = c.build_graph(1, 1, n_ctx).gf.n_nodes if n_ctx == 256 else None
+        hp = model.hparams
+        fa_rows.append({"n_ctx": n_ctx, "flash_attn_type": fa, "flash attention": c.flash_attn,
+                        "decode graph nodes": n_nodes,
+                        "compute buffer (MiB)": round(sum(c.compute_buffer_sizes().values()) / 2**20, 2),
+                        "KQ of one layer, pp reserve (MiB)": round(c.n_ctx * c.n_ubatch * hp.n_head * 4 / 2**20, 2)})
+        llama.free(c)
+viz.Table(fa_rows, title="flash attention on (AUTO) and off: graph and compute buffer")
+
+# %% [markdown]
+# The graph loses 150 nodes. The compute buffer barely moves: its peak is not in attention but at the end of the
+# graph, where the logits of a whole ubatch (`n_ubatch × 49152` floats: 48 MiB at `n_ubatch` = 256, 96 MiB at 512)
+# are alive. The KQ matrix of one layer (the last column: what the non-FA graph writes and FLASH_ATTN_EXT never does)
+# is 2.25 MiB at `n_ctx` = 256 and fits under that peak; at 4096 it is 72 MiB and the fused op saves 1.13 MiB of the
+# buffer. KQ grows as `n_ctx × n_ubatch`; the logits do not grow with the context.
+
+# %%
+n_layer = model.hparams.n_layer
+fa_nodes = [r["decode graph nodes"] for r in fa_rows if r["n_ctx"] == 256]
+Exercise(f"SmolLM2 has {n_layer} layers. The decode graph has {fa_nodes[1]} nodes without flash attention. "
+         "How many nodes per layer does flash attention remove?",
+         (fa_nodes[1] - fa_nodes[0]) // n_layer, unit="nodes per layer",
+         explain="KQ (MUL_MAT), SOFT_MAX, KQV (MUL_MAT) and the PERMUTE and CONT after it are gone, one "
+                 "FLASH_ATTN_EXT (and a RESHAPE of its output) in their place; V, stored untransposed, takes fewer "
+                 "reshapes to write into the cache.")
+
+# %% [markdown]
+# **The stepper.** One query row of a real decode step (the prompt, then its greedy next token, llama.cpp's default
+# context params): `capture_flash_attn` copies a layer's FLASH_ATTN_EXT node through the eval callback, and
+# `walk_flash_attn` runs one head's row through the one-chunk kernel (the kernel a decode step runs) with that
+# kernel's own functions, keeping every step. Per KV cell: the score `s` (a `ggml_vec_dot_f16` of K's row and Q
+# rounded to F16, times the scale, plus the mask), the running max `M`, the rescale `ms = expf(Mold - M)` when `s`
+# raises the max, the cell's weight `vs = expf(s - M)` otherwise, the F16 accumulator `VKQ = VKQ·ms + vs·v`, the
+# running sum `S = S·ms + vs`. After the last cell, `VKQ / S` is the node's output row.
+
+# %%
+fa_cap = capture.capture_flash_attn(model, layer=0, prompt=prompt)
+walk = capture.walk_flash_attn(fa_cap, head=4)
+assert walk.matches_output()
+FlashAttnStepper(walk)
+
+# %% [markdown]
+# > **Teacher note.** The cells the mask hides (all but the first `pos + 1`) are skipped, not computed: the row
+# > visits as many cells as there are tokens so far. The softmax's weights never exist as a vector: each is used once
+# > (`vs`) and folded into `S`, and an earlier cell's weight is corrected later by `ms` when the max moves.
+
+# %%
+Exercise("Step 0 of every row has ms = 0. Why?",
+         "M starts at -inf, so ms = expf(-inf - s) = 0: the empty accumulator is scaled by 0",
+         choices=["M starts at -inf, so ms = expf(-inf - s) = 0: the empty accumulator is scaled by 0",
+                  "the first KV cell is masked", "expf underflows in F16"],
+         explain=f"In this walk ms[0] = {float(walk.ms[0]):g} and M[0] = s[0] = {float(walk.M[0]):.6g}.")
+
+# %% [markdown]
+# **Change a parameter, predict, rerun.** Set `longer_prompt` below to a longer text. Before running the cell:
+# how many KV cells will one row of the decode step visit?
+
+# %%
+longer_prompt = prompt + " a tensor library for machine learning"
+n_prompt = len(llama.tokenize(vocab, longer_prompt, add_special=True, parse_special=True))
+walk2 = capture.walk_flash_attn(capture.capture_flash_attn(model, layer=0, prompt=longer_prompt), head=4)
+assert walk2.matches_output()
+Exercise(f"The prompt is {n_prompt} tokens. The decode step decodes its greedy next token. How many KV cells does "
+         "one row of that step's FLASH_ATTN_EXT visit (and how many steps will the stepper show)?",
+         len(walk2.cells), unit="cells",
+         explain="The prompt's cells and the new token's own (written to the cache before attention): "
+                 "n_prompt + 1. The other cells of the 256 are masked with -inf and skipped.")
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.ops.flash_attn_ext, ggviz.ggml.cpu.ops.forward_flash_attn_ext, ggviz.ggml.cpu.ops.fa_online_step, ggviz.capture.flash_attn.walk_flash_attn ↔ ggml.c ggml_flash_attn_ext; ops.cpp ggml_compute_forward_flash_attn_ext_f16_one_chunk
