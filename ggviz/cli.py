@@ -235,6 +235,11 @@ def _cmd_version() -> int:
             print(f"{dist} {metadata.version(dist)}")
         except metadata.PackageNotFoundError:
             print(f"{dist} (not installed)")
+    # imported here, as the module commands are: the engine's import (~1 s) is not paid by `ggviz --help`
+    cpu_feats = importlib.import_module("ggviz.ggml.cpu.cpu_feats")
+    best, score = cpu_feats.ggml_backend_load_best()
+    print(f"ggml CPU variant: {cpu_feats.cpu_variant()} (GGVIZ_CPU_VARIANT); ggml's loader would load "
+          f"{best or 'none'} on this machine (score {score})")
     return 0
 
 
@@ -286,6 +291,8 @@ def _hint(e: BaseException) -> str:
         if getattr(e, "param", None) == "n_ctx":
             return "ask for less: -c/--ctx-size " + (f"{fits:,} or smaller" if fits else "smaller")
         return f"change {getattr(e, 'param', 'that setting')}" + (f" (at most {fits:,})" if fits else "")
+    if name == "CpuVariantError":
+        return "unset GGVIZ_CPU_VARIANT (or set it to haswell)"
     if name == "ChatTemplateError":
         return "the model's chat template cannot be used: run without --chat, or use another model"
     if isinstance(e, FetchError):

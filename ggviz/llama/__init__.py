@@ -18,6 +18,8 @@ gemma3), ``context`` (llama-context; its graph cache and context pool: ``context
 """
 from __future__ import annotations
 
+from ..ggml.backend import backend_reg_get_proc_address, backend_reg_name
+from ..ggml.backend_reg import backend_reg_count, backend_reg_get
 from ..ggml.impl import GGML_LOG
 from .batch import LlamaBatch, batch_add, batch_free, batch_get_one, batch_init  # noqa: F401
 from .chat import ChatMessage, ChatTemplateError, chat_apply_template  # noqa: F401
@@ -67,6 +69,22 @@ def backend_init() -> None:
 def backend_free() -> None:
     global _backend_ready
     _backend_ready = False
+
+
+def print_system_info() -> str:
+    """llama_print_system_info: each registered backend's name and the features it reports
+    (``ggml_backend_get_features``), "CPU : SSE3 = 1 | ... | " as llama.cpp prints them."""
+    s = ""
+    for i in range(backend_reg_count()):
+        reg = backend_reg_get(i)
+        get_features = backend_reg_get_proc_address(reg, "ggml_backend_get_features")
+        if get_features:
+            s += f"{backend_reg_name(reg)} : "
+            for name, value in get_features(reg):
+                if name is None:        # the NULL-terminated array's end
+                    break
+                s += f"{name} = {value} | "
+    return s
 
 
 def free(ctx: LlamaContext) -> None:

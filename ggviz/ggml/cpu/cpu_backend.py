@@ -35,7 +35,7 @@ from ..backend import (
 )
 from ..impl import GGML_ASSERT, op_is_empty
 from ..tensor import Tensor, is_contiguous, is_quantized
-from . import ggml_cpu, traits
+from . import cpu_feats, ggml_cpu, traits
 from . import threadpool as _tp
 from .quants import VEC_DOT_TYPE
 
@@ -131,6 +131,7 @@ _CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a, 0xe3, 0xaf, 0
 
 def backend_cpu_init():
     """ggml_backend_cpu_init: a CPU backend (stream) with GGML_DEFAULT_N_THREADS threads and no threadpool."""
+    cpu_feats.cpu_variant()     # ggviz: a GGVIZ_CPU_VARIANT it cannot compute as fails here, before any work
     return ggml_backend(_CPU_GUID, _cpu_backend_i, backend_reg_dev_get(backend_cpu_reg(), 0),
                         ggml_backend_cpu_context())
 
@@ -319,7 +320,11 @@ def _cpu_get_extra_bufts(device) -> list:
 
 
 def _cpu_get_features(reg) -> list:
-    feats = []
+    """ggml_backend_cpu_get_features: what the build was compiled with -- the instruction-set macros of the variant
+    ggviz computes as (``cpu_feats.cpu_variant()``, haswell), tinyBLAS (GGML_USE_LLAMAFILE, always), no OpenMP
+    (ggviz's threadpool is ggml's own), and REPACK when the repacking buffer type is there."""
+    feats = [(f, "1") for f in cpu_feats.variant_features(cpu_feats.cpu_variant())]
+    feats.append(("LLAMAFILE", "1"))
     if traits.get_extra_buffer_types():
         feats.append(("REPACK", "1"))
     feats.append((None, None))
