@@ -42,7 +42,7 @@ def test_system_info_is_the_haswell_builds():
     assert llama.print_system_info() == want
 
 
-@pytest.mark.parametrize("value, words", [("zen4", "zen4 kernels are not implemented"),
+@pytest.mark.parametrize("value, words", [("icelake", "icelake kernels are not implemented"),
                                           ("skylake", "not one of ggml's x86 CPU variants")])
 def test_an_unusable_variant_is_refused_in_two_lines(monkeypatch, capsys, value, words):
     monkeypatch.setenv("GGVIZ_CPU_VARIANT", value)
@@ -51,3 +51,12 @@ def test_an_unusable_variant_is_refused_in_two_lines(monkeypatch, capsys, value,
     assert cli.main(["version"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and words in err[0] and "GGVIZ_CPU_VARIANT" in err[1]
+
+
+def test_zen4_is_usable_and_names_its_unverified_kernels(monkeypatch):
+    monkeypatch.setenv("GGVIZ_CPU_VARIANT", "zen4")
+    assert cpu_feats.cpu_variant() == "zen4"
+    warn = cpu_feats.variant_warning("zen4")
+    unverified = [k for k, (st, _) in cpu_feats.ZEN4_KERNELS.items() if st != "verified"]
+    assert len(warn.splitlines()) == 1 and unverified and all(k in warn for k in unverified)
+    assert cpu_feats.variant_warning("haswell") == ""

@@ -33,7 +33,7 @@ from ..backend import (
     ggml_backend_reg,
     ggml_backend_reg_i,
 )
-from ..impl import GGML_ASSERT, op_is_empty
+from ..impl import GGML_ASSERT, GGML_LOG, op_is_empty
 from ..tensor import Tensor, is_contiguous, is_quantized
 from . import cpu_feats, ggml_cpu, traits
 from . import threadpool as _tp
@@ -128,10 +128,16 @@ _cpu_backend_i = ggml_backend_i(
 
 _CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a, 0xe3, 0xaf, 0xea, 0x92, 0x36, 0xbc, 0xfc, 0x89])
 
+_warned_variants: set[str] = set()
+
 
 def backend_cpu_init():
     """ggml_backend_cpu_init: a CPU backend (stream) with GGML_DEFAULT_N_THREADS threads and no threadpool."""
-    cpu_feats.cpu_variant()     # ggviz: a GGVIZ_CPU_VARIANT it cannot compute as fails here, before any work
+    variant = cpu_feats.cpu_variant()   # ggviz: a GGVIZ_CPU_VARIANT it cannot compute as fails here, before any work
+    warn = cpu_feats.variant_warning(variant)
+    if warn and variant not in _warned_variants:       # once per process and variant
+        _warned_variants.add(variant)
+        GGML_LOG("warn", warn)
     return ggml_backend(_CPU_GUID, _cpu_backend_i, backend_reg_dev_get(backend_cpu_reg(), 0),
                         ggml_backend_cpu_context())
 

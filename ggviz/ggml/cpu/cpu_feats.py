@@ -11,11 +11,11 @@ Mirrors (ggml 0.25.3, as vendored by llama-cpp-python 0.3.36):
 - ``ggml-cpu.cpp: ggml_backend_cpu_get_features``: the compile-time features a build reports (what
   ``llama_print_system_info`` prints after "CPU : ").
 
-ggviz computes as one variant, ``haswell`` (AVX/AVX2/FMA/F16C/BMI2: the build whose bits it reproduces), whatever
-the machine: its kernels are Python and Numba, so the variant is a choice of *which C build's arithmetic* to
-reproduce (vector widths, reduction trees), not of which instructions this machine may run. ``GGVIZ_CPU_VARIANT``
-names the choice; only ``haswell`` is implemented (the AVX-512 variants' kernels need an AVX-512 machine to check
-their bits against, see README).
+ggviz computes as one variant, ``haswell`` (AVX/AVX2/FMA/F16C/BMI2: the build whose bits it reproduces) unless
+``GGVIZ_CPU_VARIANT`` names another, whatever the machine: its kernels are Python and Numba, so the variant is a
+choice of *which C build's arithmetic* to reproduce (vector widths, reduction trees), not of which instructions this
+machine may run. ``zen4`` (AVX-512) is implemented where it is checked against a stored AVX-512 capture
+(``ZEN4_KERNELS`` says which kernels, and which differ from AVX2 without a capture to check them).
 """
 from __future__ import annotations
 
@@ -53,8 +53,41 @@ CPU_VARIANTS_X86 = {
 }
 
 # the variants whose arithmetic ggviz reproduces (GGVIZ_CPU_VARIANT may name these)
-IMPLEMENTED_VARIANTS = ("haswell",)
+IMPLEMENTED_VARIANTS = ("haswell", "zen4")
 DEFAULT_VARIANT = "haswell"
+
+# The kernels whose bits an AVX-512 build (the zen4 variant) computes differently from AVX2 (read in ggml-cpu's
+# vec.h / vec.cpp / simd-mappings.h / ops.cpp / arch/x86/quants.c / repack.cpp / llamafile/sgemm.cpp), with
+# ggviz's status under GGVIZ_CPU_VARIANT=zen4:
+#   "verified":    implemented (faithful and compiled), bit-identical to the stored AVX-512 capture
+#                  (tests/test_cpu_variant.py);
+#   "unverified":  implemented (faithful and compiled) as the C reads; no stored AVX-512 capture exercises it;
+#   "haswell":     not implemented: ggviz computes the AVX2 build's bits there.
+# The kernels whose AVX-512 code computes the same bits as AVX2 are listed in docs/cpu-variants.md.
+ZEN4_KERNELS = {
+    "ggml_v_expf / ggml_vec_soft_max_f32": (
+        "verified", "16 lanes; the polynomial keeps its 1 and 2^n is vscalefps (one rounding), not fma(j, k, k); "
+        "_mm512_reduce_add_ps per block; tail n % 16 to libm expf"),
+    "ggml_v_silu / ggml_vec_swiglu_f32 / ggml_vec_silu_f32": (
+        "verified", "16-lane ggml_v_expf (above); tail n % 16 to libm expf"),
+    "tinyBLAS float kernel (F16/F32 MUL_MAT, n >= 2)": (
+        "verified", "tinyBLAS<16, __m512>: one 16-lane FMA accumulator per element, _mm512_reduce_add_ps; refuses "
+        "k % 16; VECTOR_REGISTERS 32 tiles (mnpack<4, 6, BM>, BN 12)"),
+    "ggml_vec_dot_f16 (decode K·Q and softmax·V, FA one-chunk)": (
+        "unverified", "GGML_F16_STEP 64: 4 accumulators x 16 lanes, GGML_F32x16_REDUCE, n % 64 leftovers in double"),
+    "ggml_vec_cvar_f32 (NORM)": (
+        "unverified", "_mm512_reduce_add_ps of 16 squares per block added to the double sum"),
+    "flash attention, tiled kernel's softmax": (
+        "unverified", "ggml_vec_soft_max_f32 over each 64-cell tile in 16-lane blocks"),
+    "ggml_vec_dot_f32": (
+        "haswell", "4 x 16 lanes and GGML_F32x16_REDUCE, but its float leftover loop is compiler-vectorised: "
+                   "needs the AVX-512 build's disassembly (no F32 MUL_MAT in SmolLM2 / Gemma-3 graphs)"),
+    "int8 pair sums with VNNI (tinyBLAS_Q0 updot, mul_sum_i8_pairs_float)": (
+        "haswell", "vpdpbusd instead of maddubs + madd: no int16 saturation, which differs only where a -128 byte "
+                   "meets a -128 byte (ggml's Q8 quantizers never write -128)"),
+    "ggml_vec_dot_bf16": (
+        "haswell", "AVX512_BF16 vdpbf16ps (its own rounding) in 2 accumulators of 16 lanes (no BF16 tensors here)"),
+}
 
 
 class CpuVariantError(ValueError):
@@ -132,6 +165,27 @@ def variant_features(variant: str) -> list[str]:
     order = ("SSE3", "SSSE3", "AVX", "AVX_VNNI", "AVX2", "F16C", "FMA", "BMI2", "AVX512", "AVX512_VBMI",
              "AVX512_VNNI", "AVX512_BF16", "AMX_INT8")
     return [f for f in order if f in defs]
+
+
+def variant_lanes(variant: str | None = None) -> int:
+    """Floats per SIMD register in vec.h / vec.cpp's loops (``__m512`` 16 when the build defines AVX512F,
+    ``__m256`` 8 otherwise) for ``variant`` (default: the one ggviz computes as)."""
+    return 16 if "AVX512" in CPU_VARIANTS_X86[variant or cpu_variant()] else 8
+
+
+def variant_warning(variant: str) -> str:
+    """One line naming the kernels where ggviz's ``variant`` is not checked bit for bit ('' when all are)."""
+    if variant != "zen4":
+        return ""
+    unverified = [k for k, (st, _) in ZEN4_KERNELS.items() if st == "unverified"]
+    haswell = [k for k, (st, _) in ZEN4_KERNELS.items() if st == "haswell"]
+    parts = []
+    if haswell:
+        parts.append("computed as haswell: " + "; ".join(haswell))
+    if unverified:
+        parts.append("implemented but unverified: " + "; ".join(unverified))
+    return ("GGVIZ_CPU_VARIANT=zen4 reproduces the AVX-512 build only where a capture checked it; "
+            + " | ".join(parts)) if parts else ""
 
 
 def cpu_variant() -> str:

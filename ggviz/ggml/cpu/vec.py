@@ -1,4 +1,7 @@
-"""ggml-cpu's vec.h / vec.cpp: the row primitives the kernels are built from, AVX2 branch.
+"""ggml-cpu's vec.h / vec.cpp: the row primitives the kernels are built from, AVX2 branch (the haswell variant), and
+the AVX-512 branch where it computes other bits (the zen4 variant, ``cpu_feats.variant_lanes() == 16``:
+``ggml_v_expf`` with ``vscalefps``, 16-lane softmax / SiLU / cvar blocks with ``_mm512_reduce_add_ps``, and
+``ggml_vec_dot_f16`` with 4 x 16 lanes and ``GGML_F32x16_REDUCE``).
 
 Mirrors ``ggml_vec_dot_f32`` / ``ggml_vec_dot_f16`` / ``ggml_vec_dot_bf16`` (the AVX2 4 x 8 FMA lanes and
 ``GGML_F32x8_REDUCE``, emulated exactly: see the section below), ``ggml_v_expf`` / ``ggml_v_silu`` (emulated
@@ -15,6 +18,7 @@ import functools
 
 import numpy as np
 
+from . import cpu_feats
 from .common import f32_to_f16
 from .libm import expf_vec, fma32
 
@@ -63,21 +67,50 @@ def v_expf(x):
     return res
 
 
+def v_expf_avx512(x):
+    """ggml_v_expf, the ``__AVX512F__ && __AVX512DQ__`` branch of vec.h (the AVX-512 variants), lane by lane.
+
+    The same n and b as the AVX2 branch, but the polynomial includes the 1 (``fmadd(P4, b, 1)`` instead of
+    ``P4*b``) and 2^n is applied by ``vscalefps``: one correctly rounded j*2^n (subnormals included) instead of
+    AVX2's ``fma(j, k, k)`` with k = 2^n built in the exponent bits. |n| > 192 gives inf (n > 0) or 0.
+    """
+    x = np.asarray(x, F32)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        z = fma32(x, EXP_LOG2E, EXP_R)
+        n = z - EXP_R
+        b = fma32(-n, EXP_LN2_LO, fma32(-n, EXP_LN2_HI, x))
+        d = np.abs(n) > 192
+        u = b * b
+        j = fma32(fma32(fma32(EXP_P0, b, EXP_P1), u, fma32(EXP_P2, b, EXP_P3)), u, fma32(EXP_P4, b, F32(1)))
+        # vscalefps: j*2^floor(n) rounded once; exact in float64 (|n| <= 192), then one rounding to float32
+        ni = np.where(d | np.isnan(n), F32(0), n).astype(np.int32)
+        res = np.ldexp(j.astype(F64), ni).astype(F32)
+        if np.any(d):
+            res = np.where(d, np.where(n <= 0, F32(0), F32(np.inf)), res)
+    return res
+
+
 def simd_cols(n: int, width: int = 8) -> int:
-    """How many leading elements of an n-long row the AVX2 loop ``for (; i + 7 < n; i += 8)`` covers."""
+    """How many leading elements of an n-long row the SIMD loop ``for (; i + width-1 < n; i += width)`` covers."""
     return (n // width) * width
 
 
-def silu_f32(x):
-    """ggml_vec_silu_f32 on rows (last axis): ggml_v_silu on 8-lane blocks, ggml_silu_f32 (libm expf) on the tail."""
+def _v_expf_lanes(lanes: int):
+    return v_expf_avx512 if lanes == 16 else v_expf
+
+
+def silu_f32(x, lanes: int | None = None):
+    """ggml_vec_silu_f32 on rows (last axis): ggml_v_silu on blocks of ``lanes`` (the variant's: 8 with AVX2, 16
+    with AVX-512), ggml_silu_f32 (libm expf) on the tail."""
+    lanes = lanes or cpu_feats.variant_lanes()
     x = np.asarray(x, F32)
     n = x.shape[-1]
-    m = simd_cols(n)
+    m = simd_cols(n, lanes)
     y = np.empty_like(x)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if m:
             xs = x[..., :m]
-            y[..., :m] = xs / (F32(1) + v_expf(F32(0) - xs))
+            y[..., :m] = xs / (F32(1) + _v_expf_lanes(lanes)(F32(0) - xs))
         if m < n:
             xt = x[..., m:]
             y[..., m:] = xt / (F32(1) + expf_vec(-xt))
@@ -105,17 +138,30 @@ def vec_sum_f32(x):
     return seq_sum_f64(np.asarray(x, F32).astype(F64)).astype(F32)
 
 
-def vec_soft_max_f32(x, mx):
-    """ggml_vec_soft_max_f32 (AVX2 branch): y = exp(x - max); returns (y, ggml_float sum)."""
+def hsum16(v):
+    """``_mm512_reduce_add_ps`` per 16-lane block: halves added pairwise (lane i + lane i+8, then i + i+4, i + i+2,
+    i + i+1), the tree gcc's and clang's headers both expand it to."""
+    a = v[..., 0:8] + v[..., 8:16]
+    b = a[..., 0:4] + a[..., 4:8]
+    c = b[..., 0:2] + b[..., 2:4]
+    return c[..., 0] + c[..., 1]
+
+
+def vec_soft_max_f32(x, mx, lanes: int | None = None):
+    """ggml_vec_soft_max_f32: y = exp(x - max); returns (y, ggml_float sum). The variant's SIMD branch: AVX2 takes
+    8-lane ggml_v_expf blocks, each's float horizontal sum (hsum8) added to the double sum; AVX-512 16-lane blocks
+    (v_expf_avx512, hsum16); the ``n % lanes`` tail takes libm's expf."""
+    lanes = lanes or cpu_feats.variant_lanes()
     x = np.asarray(x, F32)
     n = x.shape[-1]
-    m = simd_cols(n)
+    m = simd_cols(n, lanes)
     d = x - mx[..., None]
     y = np.empty_like(x)
     parts = []
     if m:
-        y[..., :m] = v_expf(d[..., :m])
-        parts.append(hsum8(y[..., :m].reshape(x.shape[:-1] + (m // 8, 8))).astype(F64))
+        y[..., :m] = _v_expf_lanes(lanes)(d[..., :m])
+        hsum = hsum16 if lanes == 16 else hsum8
+        parts.append(hsum(y[..., :m].reshape(x.shape[:-1] + (m // lanes, lanes))).astype(F64))
     if m < n:
         y[..., m:] = expf_vec(d[..., m:])
         parts.append(y[..., m:].astype(F64))
@@ -123,16 +169,19 @@ def vec_soft_max_f32(x, mx):
     return y, s
 
 
-def vec_cvar_f32(x, mean):
-    """ggml_vec_cvar_f32 (AVX2 branch): y = x - mean; returns (y, ggml_float sum(y^2)/n)."""
+def vec_cvar_f32(x, mean, lanes: int | None = None):
+    """ggml_vec_cvar_f32: y = x - mean; returns (y, ggml_float sum(y^2)/n); per block of the variant's lanes a
+    float horizontal sum (hsum8 for AVX2; AVX-512's ``_mm512_reduce_add_ps``, hsum16) added to the double sum."""
+    lanes = lanes or cpu_feats.variant_lanes()
     x = np.asarray(x, F32)
     n = x.shape[-1]
-    m = simd_cols(n)
+    m = simd_cols(n, lanes)
     y = x - mean[..., None]
     sq = y * y
     parts = []
     if m:
-        parts.append(hsum8(sq[..., :m].reshape(x.shape[:-1] + (m // 8, 8))).astype(F64))
+        hsum = hsum16 if lanes == 16 else hsum8
+        parts.append(hsum(sq[..., :m].reshape(x.shape[:-1] + (m // lanes, lanes))).astype(F64))
     if m < n:
         parts.append(sq[..., m:].astype(F64))
     s = seq_sum_f64(np.concatenate(parts, axis=-1)) if parts else np.zeros(x.shape[:-1], F64)
@@ -231,6 +280,19 @@ def _reduce_f32x8(acc: np.ndarray) -> np.ndarray:
     return h[0] + h[1]                  # _mm_hadd_ps again, lane 0
 
 
+def _reduce_f32x16(acc: np.ndarray) -> np.ndarray:
+    """GGML_F32x16_REDUCE (AVX-512) of the 4 accumulators (planes 16j..16j+15 of acc (64, ...)): the same
+    pairwise adds, sum[0] += sum[2], sum[1] += sum[3], sum[0] += sum[1], then ``_mm512_reduce_add_ps`` (lanes
+    i + i+8, i + i+4, i + i+2, i + i+1).  float32 throughout."""
+    a = acc.reshape((2, 2, 16) + acc.shape[1:])
+    v = a[0] + a[1]
+    v = v[0] + v[1]
+    v = v[:8] + v[8:]
+    v = v[:4] + v[4:]
+    v = v[:2] + v[2:]
+    return v[0] + v[1]
+
+
 def _reduce_bf16(acc: np.ndarray) -> np.ndarray:
     """ggml_vec_dot_bf16's AVX2 reduction: c1 = (c1 + c3) + (c2 + c4); g = high + low;
     g += movehl(g); g0 + g1, i.e. (g0 + g2) + (g1 + g3).  float32 throughout."""
@@ -298,13 +360,13 @@ def _fma_lanes(x: np.ndarray, y: np.ndarray, n32: int) -> np.ndarray:
     return acc
 
 
-def _dot_operands(x, y):
-    """(x, y as float32, row length n, the [..., cols of y, rows of x] result shape, n rounded down to 32)."""
+def _dot_operands(x, y, step: int = LANES):
+    """(x, y as float32, row length n, the [..., cols of y, rows of x] result shape, n rounded down to step)."""
     x = np.asarray(x, _F32)
     y = np.asarray(y, _F32)
     n = x.shape[-1]
     shape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (y.shape[-2], x.shape[-2])
-    return x, y, n, shape, n & ~(LANES - 1)
+    return x, y, n, shape, n & ~(step - 1)
 
 
 def vec_dot_f32_simd(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -340,14 +402,15 @@ def vec_dot_f32_simd(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return sumf
 
 
-def _vec_dot_exact_products(x, y, reduce, may_underflow):
+def _vec_dot_exact_products(x, y, reduce, may_underflow, step: int = LANES):
     """ggml_vec_dot_f16 / _bf16 on values already widened to float32.
 
     The main loop's lanes are ``fmadd(x, y, acc)`` (bf16: gcc contracts its mul + add).  A
     product of two fp16 (11-bit significands, >= 2^-48) is always exact in float32, so the
     FMA is a float32 add of the product.  A bf16 product can fall below float32's normal
-    range and lose bits there: then (``may_underflow``) the FMA is emulated in full."""
-    x, y, n, shape, n32 = _dot_operands(x, y)
+    range and lose bits there: then (``may_underflow``) the FMA is emulated in full (``step`` 32 only).
+    ``step``: the elements of one loop iteration (GGML_F16_STEP: 32 on AVX2, 64 on AVX-512)."""
+    x, y, n, shape, n32 = _dot_operands(x, y, step)
     with np.errstate(over="ignore", invalid="ignore"):
         if n32:
             if may_underflow and _quantum(x[..., :n32]) * _quantum(y[..., :n32]) < 2.0 ** -149:
@@ -355,10 +418,10 @@ def _vec_dot_exact_products(x, y, reduce, may_underflow):
             else:
                 xt = _lanes_first(x, n32, _F32)[..., None, :]
                 yt = _lanes_first(y, n32, _F32)[..., :, None]
-                acc = yt[:LANES] * xt[:LANES]             # 0 + p: exact
+                acc = yt[:step] * xt[:step]             # 0 + p: exact
                 p = np.empty_like(acc)
-                for i in range(LANES, n32, LANES):
-                    np.multiply(yt[i:i + LANES], xt[i:i + LANES], out=p)
+                for i in range(step, n32, step):
+                    np.multiply(yt[i:i + step], xt[i:i + step], out=p)
                     acc += p
             sumf = reduce(acc)
             if n32 == n:
@@ -372,13 +435,17 @@ def _vec_dot_exact_products(x, y, reduce, may_underflow):
         return sumf.astype(_F32)
 
 
-def vec_dot_f16_simd(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def vec_dot_f16_simd(x: np.ndarray, y: np.ndarray, lanes: int | None = None) -> np.ndarray:
     """ggml_vec_dot_f16 (AVX2+F16C) of fp16 rows given as exact float32 values: (N, M) float32.
 
     ``ggml_float sumf``; 4 accumulators of 8 float lanes fed by vcvtph2ps + vfmadd231ps;
     GGML_F32x8_REDUCE into float, widened to double; the ``n % 32`` leftovers added in
     double (products exact in float); the double rounded to float at the end.
+    The AVX-512 build (``lanes`` 16, the zen4 variant): 4 accumulators of 16 lanes, GGML_F32x16_REDUCE, the
+    ``n % 64`` leftovers in double.
     """
+    if (lanes or cpu_feats.variant_lanes()) == 16:
+        return _vec_dot_exact_products(x, y, _reduce_f32x16, False, 64)
     return _vec_dot_exact_products(x, y, _reduce_f32x8, False)
 
 

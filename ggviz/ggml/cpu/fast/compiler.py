@@ -30,7 +30,7 @@ from ...tensor import (
     nrows,
     op_desc,
 )
-from .. import mul_mat, repack
+from .. import cpu_feats, mul_mat, repack
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
 from . import fattn, gemma_ops, kernels, sparse, sync
@@ -45,6 +45,7 @@ from .program import (
     ERR_SET_ROWS_INDEX,
     GET_ROWS_ITYPE,
     GET_ROWS_TYPE,
+    MMF_LANES,
     MMF_LLAMAFILE,
     MMF_TYPE,
     MMQ_D,
@@ -83,10 +84,12 @@ from .program import (
     S2,
     SET_ROWS_ITYPE,
     SET_ROWS_TYPE,
+    SOFT_MAX_LANES,
     SOFT_MAX_MTYPE,
     SOFT_MAX_SCALE,
     SOFT_MAX_SLOPE,
     SUBOP,
+    SWIGLU_LANES,
     SWIGLU_NC,
     SWIGLU_NROWS,
     SWIGLU_SWAPPED,
@@ -456,6 +459,7 @@ def _build_mul_mat(P, k, node):
         P[k, OP] = OP_MUL_MAT_F
         P[k, MMF_TYPE] = s0.type
         P[k, MMF_LLAMAFILE] = 1 if mul_mat.USE_LLAMAFILE else 0     # the build's GGML_USE_LLAMAFILE
+        P[k, MMF_LANES] = cpu_feats.variant_lanes()                  # tinyBLAS<8, __m256> / <16, __m512>
         return (2 * nelements(s1) if s0.type == GGML_TYPE_F16 else 0), False
 
 
@@ -489,6 +493,7 @@ def _build_swiglu(P, k, node):
     P[k, SWIGLU_NC] = nc
     P[k, SWIGLU_SWAPPED] = get_op_params_i32(node, 1)
     P[k, SWIGLU_NROWS] = nrows(s0)
+    P[k, SWIGLU_LANES] = cpu_feats.variant_lanes()
     if s1 is None:
         P[k, S1 + DATA] = 0
 
@@ -544,6 +549,7 @@ def _build(cgraph, require_repack: bool = True):
                     _need(s1.type in (GGML_TYPE_F32, GGML_TYPE_F16) and int(s1.nb[0]) in (2, 4))
                     P[k, SOFT_MAX_MTYPE] = s1.type
                 P[k, OP] = OP_SOFT_MAX
+                P[k, SOFT_MAX_LANES] = cpu_feats.variant_lanes()
                 F[k, SOFT_MAX_SCALE] = get_op_params_f32(node, 0)
                 F[k, SOFT_MAX_SLOPE] = 1.0
             elif op in (C.GGML_OP_CPY, C.GGML_OP_CONT, C.GGML_OP_DUP):

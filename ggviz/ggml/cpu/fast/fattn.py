@@ -27,13 +27,16 @@ import numpy as np
 
 from ... import consts as C
 from ...tensor import get_op_params_f32, get_op_params_i32
+from .. import cpu_feats
 from .. import ops as cpu_ops
 from ..common import FA_TILE_KV, FA_TILE_Q
-from .intrinsics import compiled, f32_to_f16, fmaf, fp16_to_fp32, glibc_expf, ld_f32, ld_u16, soft_max_exp8, st_f32
+from .intrinsics import (compiled, f32_to_f16, fmaf, fp16_to_fp32, glibc_expf, ld_f32, ld_u16, soft_max_exp8,
+                         soft_max_exp16, st_f32)
 from .program import (
     TRW_KERNEL,
     DATA,
     DST,
+    FA_LANES,
     FA_MASK,
     FA_MNB1,
     FA_MNB2,
@@ -57,7 +60,7 @@ from .program import (
     S1,
     S2,
 )
-from .rowdot import vec_dot_f16
+from .rowdot import vec_dot_f16, vec_dot_f16_16
 from .sync import traced, traced_barrier
 
 F32 = np.float32
@@ -89,6 +92,7 @@ def build_node(P, F, k, node) -> bool:
         P[k, FA_MNB1], P[k, FA_MNB2], P[k, FA_MNB3] = int(mask.nb[1]), int(mask.nb[2]), int(mask.nb[3])
     P[k, OP] = OP_FLASH_ATTN
     P[k, FA_SFMA] = 1 if cpu_ops.FA_S_FMA else 0
+    P[k, FA_LANES] = cpu_feats.variant_lanes()
     F[k, FA_SCALE] = get_op_params_f32(node, 0)
     return True
 
@@ -124,7 +128,10 @@ def _online(P, F, k, iq1, iq2, iq3, ic0, ic1, qq, acc):
             mv = fp16_to_fp32(ld_u16(mp + 2 * ic))
             if mv == F32(-np.inf):
                 continue
-        s = vec_dot_f16(DK, kb + ic * nbk1, qq.ctypes.data)
+        if P[k, FA_LANES] == 16:
+            s = vec_dot_f16_16(DK, kb + ic * nbk1, qq.ctypes.data)
+        else:
+            s = vec_dot_f16(DK, kb + ic * nbk1, qq.ctypes.data)
         s = F32(s * scale)
         s = F32(s + mv)
         ms = F32(1.0)
@@ -263,7 +270,10 @@ def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq):
                 vkq[d] = F32(vkq[d] * ms)
             S = F32(S * ms)
         M = mnew
-        ssum = soft_max_exp8(kq.ctypes.data, kq.ctypes.data, TKV // 8, M)
+        if P[k, FA_LANES] == 16:
+            ssum = soft_max_exp16(kq.ctypes.data, kq.ctypes.data, TKV // 16, M)
+        else:
+            ssum = soft_max_exp8(kq.ctypes.data, kq.ctypes.data, TKV // 8, M)
         S = F32(np.float64(S) + ssum)
         for d in range(DV):
             a = vkq[d]

@@ -400,32 +400,44 @@ def _reduce_f32x8(builder, xs):
     # _mm_hadd_ps(t0, t0) = [t0_0+t0_1, t0_2+t0_3, ...]; hadd again: (t0_0+t0_1) + (t0_2+t0_3)
     return builder.fadd(builder.fadd(e(t0, 0), e(t0, 1)), builder.fadd(e(t0, 2), e(t0, 3)))
 
-def _make_vec_dot_flt(is_f16: bool):
-    """ggml_vec_dot_f16 / ggml_vec_dot_f32 (AVX2: GGML_F32_STEP 32 = 4 accumulators of 8 lanes, FMA), n % 32
-    leftovers done by the caller. Returns the float32 reduce of the 4 accumulators."""
+def _reduce_f32x16(builder, xs):
+    """GGML_F32x16_REDUCE (AVX-512) on 4 accumulators: the same pairwise adds, then _mm512_reduce_add_ps."""
+    x = list(xs)
+    off = len(x) // 2
+    while off > 0:
+        for i in range(off):
+            x[i] = builder.fadd(x[i], x[off + i])
+        off //= 2
+    return _hsum16(builder, x[0])
+
+def _make_vec_dot_flt(is_f16: bool, w: int = 8):
+    """ggml_vec_dot_f16 / ggml_vec_dot_f32 (AVX2: GGML_F32_STEP 32 = 4 accumulators of 8 lanes, FMA; w = 16, the
+    AVX-512 build: GGML_F16_STEP 64 = 4 accumulators of 16 lanes), n % (4w) leftovers done by the caller. Returns
+    the float32 reduce of the 4 accumulators (GGML_F32x8_REDUCE / GGML_F32x16_REDUCE)."""
     def gen(typingctx, x, y, n32):
         def codegen(context, builder, sig, args):
             x, y, n32 = args
-            v8f = _vec(_f32, 8)
+            v8f = _vec(_f32, w)
             es = 2 if is_f16 else 4
             acc = [cgutils.alloca_once_value(builder, ir.Constant(v8f, None)) for _ in range(4)]
-            fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+            fma8 = _decl(builder, f"llvm.fma.v{w}f32", v8f, [v8f, v8f, v8f])
             with cgutils.for_range(builder, n32) as loop:
-                base = builder.mul(loop.index, ir.Constant(_i64, 32 * es))
+                base = builder.mul(loop.index, ir.Constant(_i64, 4 * w * es))
                 for j in range(4):
-                    off = builder.add(base, ir.Constant(_i64, 8 * es * j))
+                    off = builder.add(base, ir.Constant(_i64, w * es * j))
                     if is_f16:
                         vx = builder.fpext(builder.bitcast(builder.load(
-                            _ptr(builder, builder.add(x, off), _vec(_i16, 8)), align=1), _vec(ir.HalfType(), 8)), v8f)
+                            _ptr(builder, builder.add(x, off), _vec(_i16, w)), align=1), _vec(ir.HalfType(), w)), v8f)
                         vy = builder.fpext(builder.bitcast(builder.load(
-                            _ptr(builder, builder.add(y, off), _vec(_i16, 8)), align=1), _vec(ir.HalfType(), 8)), v8f)
+                            _ptr(builder, builder.add(y, off), _vec(_i16, w)), align=1), _vec(ir.HalfType(), w)), v8f)
                     else:
                         vx = builder.load(_ptr(builder, builder.add(x, off), v8f), align=1)
                         vy = builder.load(_ptr(builder, builder.add(y, off), v8f), align=1)
                     builder.store(builder.call(fma8, [vx, vy, builder.load(acc[j])]), acc[j])
-            return _reduce_f32x8(builder, [builder.load(a) for a in acc])
+            red = _reduce_f32x16 if w == 16 else _reduce_f32x8
+            return red(builder, [builder.load(a) for a in acc])
         return types.float32(types.int64, types.int64, types.int64), codegen
-    gen.__name__ = "vec_dot_f16_simd" if is_f16 else "vec_dot_f32_simd"
+    gen.__name__ = ("vec_dot_f16_simd" if is_f16 else "vec_dot_f32_simd") + ("16" if w == 16 else "")
     return intrinsic(gen)
 
 @intrinsic
@@ -463,35 +475,42 @@ def cvt_f16_f32_row(typingctx, src, n8, dst):
         return context.get_dummy_value()
     return types.void(types.int64, types.int64, types.int64), codegen
 
-@intrinsic
-def dot_f16_rows(typingctx, x0, xstride, nrows, y, n32, out):
+def _make_dot_f16_rows(w: int):
     """ggml_vec_dot_f16 of ``nrows`` fp16 rows (x0 + r*xstride) with one row y already widened to float32
-    (widening is exact, so this is the same arithmetic as ggml's): 4 accumulators of 8 lanes, one FMA per 8
-    values, GGML_F32x8_REDUCE; out[r] = the float result (n a multiple of 32)."""
-    def codegen(context, builder, sig, args):
-        x0, xstride, nrows, y, n32, out = args
-        v8f = _vec(_f32, 8)
-        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
-        acc = [cgutils.alloca_once(builder, v8f) for _ in range(4)]
-        with cgutils.for_range(builder, nrows) as rl:
-            x = builder.add(x0, builder.mul(rl.index, xstride))
-            for a in acc:
-                builder.store(ir.Constant(v8f, None), a)
-            with cgutils.for_range(builder, n32) as loop:
-                bx = builder.mul(loop.index, ir.Constant(_i64, 64))
-                by = builder.mul(loop.index, ir.Constant(_i64, 128))
-                for j in range(4):
-                    vx = builder.fpext(builder.bitcast(builder.load(
-                        _ptr(builder, builder.add(x, builder.add(bx, ir.Constant(_i64, 16 * j))), _vec(_i16, 8)),
-                        align=1), _vec(ir.HalfType(), 8)), v8f)
-                    vy = builder.load(_ptr(builder, builder.add(y, builder.add(by, ir.Constant(_i64, 32 * j))),
-                                           v8f), align=1)
-                    builder.store(builder.call(fma8, [vx, vy, builder.load(acc[j])]), acc[j])
-            r = _reduce_f32x8(builder, [builder.load(a) for a in acc])
-            builder.store(r, _ptr(builder, builder.add(out, builder.mul(rl.index, ir.Constant(_i64, 4))), _f32),
-                          align=1)
-        return context.get_dummy_value()
-    return types.void(*([types.int64] * 6)), codegen
+    (widening is exact, so this is the same arithmetic as ggml's): 4 accumulators of w lanes (8 AVX2, 16 AVX-512),
+    one FMA per w values, GGML_F32x8_REDUCE / GGML_F32x16_REDUCE; out[r] = the float result (n a multiple of 4w,
+    n32 = n / 4w steps)."""
+    def gen(typingctx, x0, xstride, nrows, y, n32, out):
+        def codegen(context, builder, sig, args):
+            x0, xstride, nrows, y, n32, out = args
+            v8f = _vec(_f32, w)
+            fma8 = _decl(builder, f"llvm.fma.v{w}f32", v8f, [v8f, v8f, v8f])
+            acc = [cgutils.alloca_once(builder, v8f) for _ in range(4)]
+            with cgutils.for_range(builder, nrows) as rl:
+                x = builder.add(x0, builder.mul(rl.index, xstride))
+                for a in acc:
+                    builder.store(ir.Constant(v8f, None), a)
+                with cgutils.for_range(builder, n32) as loop:
+                    bx = builder.mul(loop.index, ir.Constant(_i64, 8 * w))
+                    by = builder.mul(loop.index, ir.Constant(_i64, 16 * w))
+                    for j in range(4):
+                        vx = builder.fpext(builder.bitcast(builder.load(
+                            _ptr(builder, builder.add(x, builder.add(bx, ir.Constant(_i64, 2 * w * j))),
+                                 _vec(_i16, w)), align=1), _vec(ir.HalfType(), w)), v8f)
+                        vy = builder.load(_ptr(builder, builder.add(y, builder.add(by, ir.Constant(_i64, 4 * w * j))),
+                                               v8f), align=1)
+                        builder.store(builder.call(fma8, [vx, vy, builder.load(acc[j])]), acc[j])
+                red = _reduce_f32x16 if w == 16 else _reduce_f32x8
+                r = red(builder, [builder.load(a) for a in acc])
+                builder.store(r, _ptr(builder, builder.add(out, builder.mul(rl.index, ir.Constant(_i64, 4))), _f32),
+                              align=1)
+            return context.get_dummy_value()
+        return types.void(*([types.int64] * 6)), codegen
+    gen.__name__ = "dot_f16_rows" + ("16" if w == 16 else "")
+    return intrinsic(gen)
+
+dot_f16_rows = _make_dot_f16_rows(8)
+dot_f16_rows16 = _make_dot_f16_rows(16)
 
 @intrinsic
 def f32_to_f16_hw(typingctx, x):
@@ -538,6 +557,7 @@ def binop_row(typingctx, a, b, d, n, op):
     return types.void(*([types.int64] * 5)), codegen
 
 vec_dot_f16_simd = _make_vec_dot_flt(True)
+vec_dot_f16_simd16 = _make_vec_dot_flt(True, 16)
 vec_dot_f32_simd = _make_vec_dot_flt(False)
 
 
@@ -654,6 +674,77 @@ def soft_max_exp8(typingctx, src, dst, n8, mx):
             builder.store(builder.fadd(builder.load(acc), builder.fpext(_hsum8(builder, y), _f64)), acc)
         return builder.load(acc)
     return types.float64(types.int64, types.int64, types.int64, types.float32), codegen
+
+def _v_expf16(builder, x):
+    """ggml_v_expf (AVX512F+DQ) on a <16 x float>, lane for lane: the polynomial with its 1, then vscalefps
+    (j*2^n rounded once, subnormals included) as j widened to double times 2^n built in double's exponent bits (exact
+    for |n| <= 192), rounded to float once; |n| > 192: inf for n > 0, 0 otherwise."""
+    v16f, v16i, v16d = _vec(_f32, 16), _vec(_i32, 16), _vec(_f64, 16)
+    fma16 = _decl(builder, "llvm.fma.v16f32", v16f, [v16f, v16f, v16f])
+    f = lambda a, b, c: builder.call(fma16, [a, b, c])  # noqa: E731
+    C = lambda v: _splat_const16(_f32, float(v))  # noqa: E731
+    r = C(float(_E_R))
+    z = f(x, C(float(_E_LOG2E)), r)
+    n = builder.fsub(z, r)
+    nn = builder.fneg(n)
+    b = f(nn, C(float(_E_LO)), f(nn, C(float(_E_HI)), x))
+    an = builder.bitcast(builder.and_(builder.bitcast(n, v16i), _splat_const16(_i32, 0x7FFFFFFF)), v16f)
+    d = builder.fcmp_ordered(">", an, C(192.0))
+    u = builder.fmul(b, b)
+    j = f(f(f(C(float(_E_P0)), b, C(float(_E_P1))), u, f(C(float(_E_P2)), b, C(float(_E_P3)))), u,
+          f(C(float(_E_P4)), b, C(1.0)))
+    bad = builder.or_(d, builder.fcmp_unordered("uno", n, n))
+    ni = builder.fptosi(builder.select(bad, C(0.0), n), _vec(_i64, 16))
+    pw = builder.bitcast(builder.shl(builder.add(ni, _splat_const16(_i64, 1023)), _splat_const16(_i64, 52)), v16d)
+    res = builder.fptrunc(builder.fmul(builder.fpext(j, v16d), pw), v16f)
+    alt = builder.select(builder.fcmp_ordered("<=", n, C(0.0)), C(0.0), C(float("inf")))
+    return builder.select(d, alt, res)
+
+def _splat_const16(t, v):
+    return ir.Constant(_vec(t, 16), [ir.Constant(t, v)] * 16)
+
+def _hsum16(builder, v):
+    """_mm512_reduce_add_ps: lanes i + i+8, then i + i+4, i + i+2, i + i+1 (the halving tree)."""
+    a = builder.fadd(builder.shuffle_vector(v, v, _cvec(_i32, list(range(8)))),
+                     builder.shuffle_vector(v, v, _cvec(_i32, list(range(8, 16)))))
+    b = builder.fadd(builder.shuffle_vector(a, a, _cvec(_i32, [0, 1, 2, 3])),
+                     builder.shuffle_vector(a, a, _cvec(_i32, [4, 5, 6, 7])))
+    e = lambda vv, i: builder.extract_element(vv, ir.Constant(_i32, i))  # noqa: E731
+    return builder.fadd(builder.fadd(e(b, 0), e(b, 2)), builder.fadd(e(b, 1), e(b, 3)))
+
+@intrinsic
+def soft_max_exp16(typingctx, src, dst, n16, mx):
+    """The 16-lane part of ggml_vec_soft_max_f32 in an AVX-512 build: dst = v_expf(src - max) for n16 blocks of 16;
+    returns the ggml_float sum of the blocks' ``_mm512_reduce_add_ps``, in block order."""
+    def codegen(context, builder, sig, args):
+        src, dst, n16, mx = args
+        v16f = _vec(_f32, 16)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(_f64, 0.0))
+        mxv = _splat(builder, mx, 16)
+        with cgutils.for_range(builder, n16) as loop:
+            off = builder.mul(loop.index, ir.Constant(_i64, 64))
+            x = builder.load(_ptr(builder, builder.add(src, off), v16f), align=1)
+            y = _v_expf16(builder, builder.fsub(x, mxv))
+            builder.store(y, _ptr(builder, builder.add(dst, off), v16f), align=1)
+            builder.store(builder.fadd(builder.load(acc), builder.fpext(_hsum16(builder, y), _f64)), acc)
+        return builder.load(acc)
+    return types.float64(types.int64, types.int64, types.int64, types.float32), codegen
+
+@intrinsic
+def swiglu16(typingctx, x, g, dst, n16):
+    """The 16-lane part of ggml_vec_swiglu_f32 in an AVX-512 build: dst = (x / (1 + v_expf(0 - x))) * g."""
+    def codegen(context, builder, sig, args):
+        x, g, dst, n16 = args
+        v16f = _vec(_f32, 16)
+        with cgutils.for_range(builder, n16) as loop:
+            off = builder.mul(loop.index, ir.Constant(_i64, 64))
+            xv = builder.load(_ptr(builder, builder.add(x, off), v16f), align=1)
+            gv = builder.load(_ptr(builder, builder.add(g, off), v16f), align=1)
+            ex = _v_expf16(builder, builder.fsub(_splat_const16(_f32, 0.0), xv))
+            silu = builder.fdiv(xv, builder.fadd(_splat_const16(_f32, 1.0), ex))
+            builder.store(builder.fmul(silu, gv), _ptr(builder, builder.add(dst, off), v16f), align=1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
 
 @intrinsic
 def soft_max_prep(typingctx, src, mask, wp, n, scale, slope):

@@ -50,6 +50,7 @@ from .intrinsics import (
     cvt_f16_f32_row,
     cvt_f32_f16_row,
     dot_f16_rows,
+    dot_f16_rows16,
     f32_to_f16,
     fmaf,
     fp16_to_fp32,
@@ -72,11 +73,13 @@ from .intrinsics import (
     rq_q8_0_4,
     scale_row,
     soft_max_exp8,
+    soft_max_exp16,
     soft_max_prep,
     st_f32,
     st_u16,
     st_u32,
     swiglu8,
+    swiglu16,
 )
 from .program import (
     CPY_DTYPE,
@@ -88,6 +91,7 @@ from .program import (
     GEMM_COLS,
     GET_ROWS_ITYPE,
     GET_ROWS_TYPE,
+    MMF_LANES,
     MMF_TYPE,
     MMQ_D,
     MMQ_M,
@@ -135,10 +139,12 @@ from .program import (
     S2,
     SET_ROWS_ITYPE,
     SET_ROWS_TYPE,
+    SOFT_MAX_LANES,
     SOFT_MAX_MTYPE,
     SOFT_MAX_SCALE,
     SOFT_MAX_SLOPE,
     SUBOP,
+    SWIGLU_LANES,
     SWIGLU_NC,
     SWIGLU_NROWS,
     SWIGLU_SWAPPED,
@@ -158,7 +164,7 @@ from .program import (
 from .kquants import dequantize_row as kq_dequantize_row
 from .kquants import k_mul_mat_kq
 from .program import T_Q4_K, T_Q5_0, T_Q6_K
-from .rowdot import mmq_layout, quantize_row_q8, vec_dot_f16, vec_dot_f32
+from .rowdot import mmq_layout, quantize_row_q8, vec_dot_f16, vec_dot_f16_16, vec_dot_f32
 from .sgemm import llamafile_mul_mat_f
 from .sync import new_sync, set_error, tr_rec, traced, traced_barrier
 
@@ -347,7 +353,8 @@ def k_mul_mat_f(P, F, k, ith, nth, sync, wdata):
     dr1 = (nr1 + nchunk1 - 1) // nchunk1
     r2 = ne12 // ne02
     r3 = ne13 // ne03
-    fast_f16 = HAVE_AVX2 and ne00 % 32 == 0
+    lanes = P[k, MMF_LANES]                 # vec_dot_f16's lanes per accumulator: 8 (AVX2), 16 (AVX-512)
+    fast_f16 = HAVE_AVX2 and ne00 % (4 * lanes) == 0
     yf = np.empty(ne00 if fast_f16 else 0, np.float32)
     current = ith
     while current < nchunk0 * nchunk1:
@@ -372,12 +379,18 @@ def k_mul_mat_f(P, F, k, ith, nth, sync, wdata):
             if converted and fast_f16:
                 # widen this column once, then the chunk's rows in one call
                 cvt_f16_f32_row(yr, ne00 // 8, yf.ctypes.data)
-                dot_f16_rows(src0 + ir0s * nb01 + i02 * nb02 + i03 * nb03, nb01, ir0e - ir0s,
-                             yf.ctypes.data, ne00 // 32, dr + ir0s * 4)
+                if lanes == 16:
+                    dot_f16_rows16(src0 + ir0s * nb01 + i02 * nb02 + i03 * nb03, nb01, ir0e - ir0s,
+                                   yf.ctypes.data, ne00 // 64, dr + ir0s * 4)
+                else:
+                    dot_f16_rows(src0 + ir0s * nb01 + i02 * nb02 + i03 * nb03, nb01, ir0e - ir0s,
+                                 yf.ctypes.data, ne00 // 32, dr + ir0s * 4)
                 continue
             for ir0 in range(ir0s, ir0e):
                 xr = src0 + ir0 * nb01 + i02 * nb02 + i03 * nb03
-                if converted:
+                if converted and lanes == 16:
+                    v = vec_dot_f16_16(ne00, xr, yr)
+                elif converted:
                     v = vec_dot_f16(ne00, xr, yr)
                 else:
                     v = vec_dot_f32(ne00, xr, yr)
@@ -624,7 +637,8 @@ def k_soft_max(P, F, k, ith, nth, sync, wdata):
     scale = F32(F[k, SOFT_MAX_SCALE])
     slope = F32(F[k, SOFT_MAX_SLOPE])
     wp = np.empty(ne00, np.float32)
-    m8 = (ne00 // 8) * 8
+    lanes = P[k, SOFT_MAX_LANES]
+    m8 = (ne00 // lanes) * lanes
     for i03 in range(ne03):
         for i02 in range(ne02):
             for i01 in range(ith, ne01, nth):
@@ -644,8 +658,12 @@ def k_soft_max(P, F, k, ith, nth, sync, wdata):
                     for i in range(ne00):
                         v = wp[i]
                         mx = mx if mx > v else v
-                # ggml_vec_soft_max_f32: 8-lane v_expf, float hsum per 8 lanes, double sum; libm expf tail
-                s = soft_max_exp8(wp.ctypes.data, dp, m8 // 8, mx)
+                # ggml_vec_soft_max_f32: v_expf on the variant's lanes (8 AVX2, 16 AVX-512), a float horizontal sum
+                # per block, double sum; libm expf tail
+                if lanes == 16:
+                    s = soft_max_exp16(wp.ctypes.data, dp, m8 // 16, mx)
+                else:
+                    s = soft_max_exp8(wp.ctypes.data, dp, m8 // 8, mx)
                 for i in range(m8, ne00):
                     v = glibc_expf(wp[i] - mx)
                     st_f32(dp + 4 * i, v)
@@ -662,7 +680,8 @@ def k_swiglu(P, F, k, ith, nth, sync, wdata):
     nb11 = P[k, S1 + NB1]
     nb1 = P[k, DST + NB1]
     ir0, ir1 = _thread_range(nr, ith, nth)
-    m8 = (nc // 8) * 8
+    lanes = P[k, SWIGLU_LANES]
+    m8 = (nc // lanes) * lanes
     for i1 in range(ir0, ir1):
         if src1 != 0:
             xr = src0 + i1 * nb01
@@ -674,7 +693,10 @@ def k_swiglu(P, F, k, ith, nth, sync, wdata):
             xr = src0 + i1 * nb01
             gr = src0 + i1 * nb01 + 4 * nc
         d = dst + i1 * nb1
-        swiglu8(xr, gr, d, m8 // 8)
+        if lanes == 16:
+            swiglu16(xr, gr, d, m8 // 16)
+        else:
+            swiglu8(xr, gr, d, m8 // 8)
         for i in range(m8, nc):
             xv = ld_f32(xr + 4 * i)
             st_f32(d + 4 * i, (xv / (F32(1.0) + glibc_expf(-xv))) * ld_f32(gr + 4 * i))

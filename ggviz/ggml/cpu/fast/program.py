@@ -53,11 +53,14 @@ X = 39
 MMQ_TYPE, MMQ_QS, MMQ_D, MMQ_M = X, X + 1, X + 2, X + 3     # OP_MUL_MAT_Q: src0 type, repacked quants/scales/mins
 MMF_TYPE = X                                                # OP_MUL_MAT_F: src0 type (F16 / F32)
 MMF_LLAMAFILE = X + 1                                       # OP_MUL_MAT_F: 1 = GGML_USE_LLAMAFILE (tinyBLAS)
+MMF_LANES = X + 2                                           # OP_MUL_MAT_F: tinyBLAS's KN (8 AVX2, 16 AVX-512)
 GET_ROWS_TYPE, GET_ROWS_ITYPE = X, X + 1                    # OP_GET_ROWS: src0 type, index type (I32 / I64)
 SET_ROWS_TYPE, SET_ROWS_ITYPE = X, X + 1                    # OP_SET_ROWS: dst type, index type
 SOFT_MAX_MTYPE = X                                          # OP_SOFT_MAX: mask type (F32 / F16), 0 without mask
+SOFT_MAX_LANES = X + 1                                      # OP_SOFT_MAX: ggml_v_expf's lanes (8 AVX2, 16 AVX-512)
 CPY_STYPE, CPY_DTYPE = X, X + 1                             # OP_CPY: src and dst types
 SWIGLU_NC, SWIGLU_SWAPPED, SWIGLU_NROWS = X, X + 1, X + 2   # OP_SWIGLU: row length, op param 1, rows
+SWIGLU_LANES = X + 3                                        # OP_SWIGLU: ggml_v_silu's lanes (8 AVX2, 16 AVX-512)
 ROPE_N_DIMS, ROPE_NEOX = X, X + 1                           # OP_ROPE: rotated dims, 1 for NeoX mode
 SCALE_NC, SCALE_NROWS = X, X + 1                            # OP_SCALE: row length, rows
 GEGLU_NC, GEGLU_SWAPPED, GEGLU_NROWS, GEGLU_TABLE = X, X + 1, X + 2, X + 3   # OP_GEGLU: + the GELU table address
@@ -70,6 +73,7 @@ FA_MASK, FA_MNE2, FA_MNE3, FA_MNB1, FA_MNB2, FA_MNB3 = X, X + 1, X + 2, X + 3, X
 FA_SFMA = X + 6          # OP_FLASH_ATTN: 1 if ``S = S*ms + vs`` is one FMA (cpu/ops.py's FA_S_FMA)
 FA_SPLIT = X + 7         # OP_FLASH_ATTN: 1 for the split-KV kernel (one query row over >= 512 cells)
 FA_NTH = X + 8           # OP_FLASH_ATTN: the compute's n_threads (the split-KV chunks follow ggml's nth), per compute
+FA_LANES = X + 9         # OP_FLASH_ATTN: the tiled kernel's ggml_vec_soft_max_f32 lanes (8 AVX2, 16 AVX-512)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # F: float64 columns of a program row

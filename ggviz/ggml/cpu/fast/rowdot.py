@@ -21,6 +21,7 @@ from .intrinsics import (
     st_i8,
     st_i32,
     vec_dot_f16_simd,
+    vec_dot_f16_simd16,
     vec_dot_f32_simd,
 )
 
@@ -116,6 +117,30 @@ def vec_dot_f16(n, x, y):
             t0[j] = acc[j] + acc[j + 4]
         sumf = np.float64((t0[0] + t0[1]) + (t0[2] + t0[3]))
     for i in range(n32 * 32, n):
+        sumf += np.float64(fp16_to_fp32(ld_u16(x + 2 * i)) * fp16_to_fp32(ld_u16(y + 2 * i)))
+    return F32(sumf)
+
+@compiled
+def vec_dot_f16_16(n, x, y):
+    """ggml_vec_dot_f16 as the AVX-512 build computes it (zen4 variant): GGML_F16_STEP 64 = 4 accumulators of 16
+    lanes, GGML_F32x16_REDUCE (x0+x2, x1+x3, their sum, _mm512_reduce_add_ps), the n % 64 leftovers in double."""
+    n64 = n // 64
+    if HAVE_AVX2:
+        sumf = np.float64(vec_dot_f16_simd16(x, y, n64))
+    else:
+        acc = np.zeros(64, np.float32)
+        for i in range(n64):
+            for j in range(64):
+                acc[j] = acc[j] + fp16_to_fp32(ld_u16(x + 2 * (64 * i + j))) * fp16_to_fp32(ld_u16(y + 2 * (64 * i + j)))
+        for j in range(32):
+            acc[j] = acc[j] + acc[j + 32]
+        for j in range(16):
+            acc[j] = acc[j] + acc[j + 16]
+        for w in (8, 4, 2, 1):
+            for j in range(w):
+                acc[j] = acc[j] + acc[j + w]
+        sumf = np.float64(acc[0])
+    for i in range(n64 * 64, n):
         sumf += np.float64(fp16_to_fp32(ld_u16(x + 2 * i)) * fp16_to_fp32(ld_u16(y + 2 * i)))
     return F32(sumf)
 

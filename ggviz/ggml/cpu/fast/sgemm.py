@@ -2,8 +2,10 @@
 
 Mirrors the AVX2 + FMA + F16C build (``VECTOR_REGISTERS 16``) of the float kernel ``tinyBLAS<8, __m256, __m256,
 TA, TB, float>`` for F32 x F32 and F16 x F16, the types a llama graph's F32/F16 MUL_MATs reach it with (the KV-cache
-attention: src1 converted to F16 first). The faithful NumPy twin, with the quantized ``tinyBLAS_Q0_AVX``, is
-``ggviz/ggml/cpu/llamafile/sgemm.py``; both give the same bits, which are llama.cpp's.
+attention: src1 converted to F16 first), and the AVX-512 build's ``tinyBLAS<16, __m512, ...>`` for the zen4 variant
+(16 lanes, ``_mm512_reduce_add_ps``, VECTOR_REGISTERS 32 tiles; program column MMF_LANES). The faithful NumPy
+twin, with the quantized ``tinyBLAS_Q0_AVX``, is ``ggviz/ggml/cpu/llamafile/sgemm.py``; both give the same bits,
+which are llama.cpp's.
 
 What makes the bits: every output ``C[j][i]`` is ONE 8-lane accumulator, ``acc = fmadd(A[i][l:l+8], B[j][l:l+8],
 acc)`` for l = 0, 8, .. k-8 (``k % 8 == 0`` or tinyBLAS refuses), then sgemm.cpp's ``hsum``: high 128 bits + low,
@@ -24,10 +26,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .intrinsics import _decl, _hsum8, _i16, _i64, _ptr, _vec, atomic_add, atomic_store, compiled, rdtsc
+from .intrinsics import _decl, _hsum8, _hsum16, _i16, _i64, _ptr, _vec, atomic_add, atomic_store, compiled, rdtsc
 from .program import (
     DATA,
     DST,
+    MMF_LANES,
     MMF_LLAMAFILE,
     MMF_TYPE,
     NB0,
@@ -53,51 +56,56 @@ from .sync import tr_rec, traced, traced_barrier
 _f32 = ir.FloatType()
 KN = 8                  # floats per __m256
 BN = 24                 # column tiles per job (VECTOR_REGISTERS == 16)
+# the AVX-512 build (zen4 variant): tinyBLAS<16, __m512, ...>: 16 lanes, _mm512_reduce_add_ps, VECTOR_REGISTERS 32
+# (mnpack<4, 6, BM>, BN 12) -- as cpu/llamafile/sgemm.py
 
 
-def _make_tb_rows(is_f16: bool):
-    """C[r] = hsum(sum over l of fmadd(A_r[l:l+8], B[l:l+8])) for ``nrows`` rows of A (A_r = a0 + r*astride),
-    one column B, k8 = k/8 steps: tinyBLAS's ``gemm_bloc`` for one element, rows in a loop (the order in which
-    independent elements are computed does not change them)."""
+def _make_tb_rows(is_f16: bool, w: int = 8):
+    """C[r] = hsum(sum over l of fmadd(A_r[l:l+w], B[l:l+w])) for ``nrows`` rows of A (A_r = a0 + r*astride),
+    one column B, k8 = k/w steps: tinyBLAS's ``gemm_bloc`` for one element, rows in a loop (the order in which
+    independent elements are computed does not change them). w = 16: the AVX-512 build's __m512 lanes and
+    _mm512_reduce_add_ps."""
     def gen(typingctx, a0, astride, nrows, b, k8, out):
         def codegen(context, builder, sig, args):
             a0, astride, nrows, b, k8, out = args
-            v8f = _vec(_f32, 8)
+            v8f = _vec(_f32, w)
             es = 2 if is_f16 else 4
-            fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+            fma8 = _decl(builder, f"llvm.fma.v{w}f32", v8f, [v8f, v8f, v8f])
             acc = cgutils.alloca_once(builder, v8f)
 
             def load(addr):
-                if is_f16:      # _mm256_cvtph_ps: exact
-                    h = builder.load(_ptr(builder, addr, _vec(_i16, 8)), align=1)
-                    return builder.fpext(builder.bitcast(h, _vec(ir.HalfType(), 8)), v8f)
+                if is_f16:      # _mm256_cvtph_ps / _mm512_cvtph_ps: exact
+                    h = builder.load(_ptr(builder, addr, _vec(_i16, w)), align=1)
+                    return builder.fpext(builder.bitcast(h, _vec(ir.HalfType(), w)), v8f)
                 return builder.load(_ptr(builder, addr, v8f), align=1)
 
             with cgutils.for_range(builder, nrows) as rl:
                 a = builder.add(a0, builder.mul(rl.index, astride))
                 builder.store(ir.Constant(v8f, None), acc)
                 with cgutils.for_range(builder, k8) as loop:
-                    off = builder.mul(loop.index, ir.Constant(_i64, 8 * es))
+                    off = builder.mul(loop.index, ir.Constant(_i64, w * es))
                     va = load(builder.add(a, off))
                     vb = load(builder.add(b, off))
                     builder.store(builder.call(fma8, [va, vb, builder.load(acc)]), acc)
-                r = _hsum8(builder, builder.load(acc))
+                r = (_hsum16 if w == 16 else _hsum8)(builder, builder.load(acc))
                 builder.store(r, _ptr(builder, builder.add(out, builder.mul(rl.index, ir.Constant(_i64, 4))), _f32),
                               align=1)
             return context.get_dummy_value()
         return types.void(*([types.int64] * 6)), codegen
-    gen.__name__ = "tb_rows_f16" if is_f16 else "tb_rows_f32"
+    gen.__name__ = ("tb_rows_f16" if is_f16 else "tb_rows_f32") + ("_16" if w == 16 else "")
     return intrinsic(gen)
 
 
 tb_rows_f16 = _make_tb_rows(True)
 tb_rows_f32 = _make_tb_rows(False)
+tb_rows_f16_16 = _make_tb_rows(True, 16)
+tb_rows_f32_16 = _make_tb_rows(False, 16)
 
 
 @compiled
-def block_size3(n):
-    """``BLOCK_SIZE<3>(n)``: the RN tinyBLAS's mnpack settles on (1, 2 or 3)."""
-    nb = (n + 3 - 1) // 3
+def block_size3(n, M=3):
+    """``BLOCK_SIZE<M>(n)``: the RN tinyBLAS's mnpack settles on (1 .. M; M = 3 on AVX2, 6 on AVX-512)."""
+    nb = (n + M - 1) // M
     return n // nb if n % nb == 0 else n // nb + 1
 
 
@@ -108,9 +116,9 @@ def bloc_pos(ib, ibn, bloc_size):
 
 
 @compiled
-def tinyblas_bm(m, k, nth):
+def tinyblas_bm(m, k, nth, kn=KN):
     """tinyBLAS::matmul's choice of BM (row tiles of RM = 4 per job), 0 when it refuses (returns false)."""
-    if k % KN != 0:
+    if k % kn != 0:
         return 0
     if m % 16 == 0 and m // 16 >= nth:
         return 4
@@ -122,21 +130,22 @@ def tinyblas_bm(m, k, nth):
 
 
 @compiled
-def tinyblas_f(is_f16, ith, nth, sync, kk, k, a, lda, b, ldb, c, ldc, m, n, tr, mat, mats):
+def tinyblas_f(is_f16, ith, nth, sync, kk, k, a, lda, b, ldb, c, ldc, m, n, tr, mat, mats, kn):
     """``tinyBLAS<8, __m256, __m256, T, T, float>::matmul(m, n)`` for one matrix (element strides lda/ldb/ldc of
     2-byte F16 or 4-byte F32 values); returns False, before any barrier, where tinyBLAS refuses.
     The trace records job j of matrix ``mat`` (of ``mats``) as chunk mat*nb_job + j of a (ytiles, nb_bn*mats) grid,
     its columns offset by mat*n: the chunks of all the node's matrices tile dst (ne0, ne1*ne2*ne3) once."""
-    bm = tinyblas_bm(m, k, nth)
+    bm = tinyblas_bm(m, k, nth, kn)
     if bm == 0:
         return False
     es = 2 if is_f16 else 4
     RM = 4
-    RN = block_size3(n)
+    RN = block_size3(n, 6 if kn == 16 else 3)
+    bn = 12 if kn == 16 else BN
     ytiles = m // (RM * bm)
     xtiles = (n + RN - 1) // RN
     jj_rn = xtiles - (xtiles * RN - n)
-    nb_bn = 1 if xtiles < BN else (xtiles + BN // 2) // BN
+    nb_bn = 1 if xtiles < bn else (xtiles + bn // 2) // bn
     size_bn = xtiles // nb_bn if xtiles % nb_bn == 0 else xtiles // nb_bn + 1
     jj_bn = nb_bn - (nb_bn * size_bn - xtiles)
     nb_job = ytiles * nb_bn
@@ -153,10 +162,16 @@ def tinyblas_f(is_f16, ith, nth, sync, kk, k, a, lda, b, ldb, c, ldc, m, n, tr, 
         jj0 = bloc_pos(jr0, jj_rn, RN)
         jj2 = bloc_pos(jrn, jj_rn, RN)
         for jj in range(jj0, jj2):
-            if is_f16:
-                tb_rows_f16(a + ii * lda * es, lda * es, RM * bm, b + jj * ldb * es, k // KN, c + (jj * ldc + ii) * 4)
+            ar, br, cr = a + ii * lda * es, b + jj * ldb * es, c + (jj * ldc + ii) * 4
+            if kn == 16:
+                if is_f16:
+                    tb_rows_f16_16(ar, lda * es, RM * bm, br, k // 16, cr)
+                else:
+                    tb_rows_f32_16(ar, lda * es, RM * bm, br, k // 16, cr)
+            elif is_f16:
+                tb_rows_f16(ar, lda * es, RM * bm, br, k // KN, cr)
             else:
-                tb_rows_f32(a + ii * lda * es, lda * es, RM * bm, b + jj * ldb * es, k // KN, c + (jj * ldc + ii) * 4)
+                tb_rows_f32(ar, lda * es, RM * bm, br, k // KN, cr)
         if tr:
             tr_rec(sync, ith, TR_CHUNK, kk, mat * nb_job + job, ii, ii + RM * bm, mat * n + jj0, mat * n + jj2,
                    (ytiles << 32) | (nb_bn * mats), t0, rdtsc())
@@ -218,7 +233,7 @@ def llamafile_mul_mat_f(P, k, ith, nth, sync, wdata, converted):
                 b = src1 + i12 * nb12 + i13 * nb13
                 ldb = nb11 // 4
             if not tinyblas_f(is_f16, ith, nth, sync, k, ne00, a, nb01 // es, b, ldb, dst + i12 * nb2 + i13 * nb3,
-                              nb1 // 4, ne01, ne11, tr, i13 * ne12 + i12, ne12 * ne13):
+                              nb1 // 4, ne01, ne11, tr, i13 * ne12 + i12, ne12 * ne13, P[k, MMF_LANES]):
                 return False
     return True
 
@@ -232,7 +247,7 @@ def row_kernel(P, k) -> str | None:
     if op != OP_MUL_MAT_F:
         return None
     m, n, kk = int(P[k, S0 + NE1]), int(P[k, S1 + NE1]), int(P[k, S0 + NE0])
-    if P[k, MMF_LLAMAFILE] and n >= 2 and tinyblas_bm(m, kk, 1) > 0:
+    if P[k, MMF_LLAMAFILE] and n >= 2 and tinyblas_bm(m, kk, 1, int(P[k, MMF_LANES])) > 0:
         if P[k, MMF_TYPE] == T_F16 or is_contiguous_f32(*(int(P[k, S1 + c]) for c in (NE0, NE1, NE2, NE3, NB0, NB1,
                                                                                          NB2, NB3))):
             return "sgemm"

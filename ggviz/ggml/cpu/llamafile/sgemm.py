@@ -1,4 +1,5 @@
-"""llamafile's tinyBLAS: ``ggml/src/ggml-cpu/llamafile/sgemm.cpp`` (``llamafile_sgemm``), built for AVX2 + FMA + F16C.
+"""llamafile's tinyBLAS: ``ggml/src/ggml-cpu/llamafile/sgemm.cpp`` (``llamafile_sgemm``), built for AVX2 + FMA + F16C
+(and, for the zen4 variant, the float kernel as AVX-512 builds it: ``tinyBLAS<16, __m512, ...>``, see KN_AVX512).
 
 ``ggml_compute_forward_mul_mat`` (``cpu/mul_mat.py``) calls ``llamafile_sgemm`` once per (i12, i13) matrix -- first
 with src1 as it is (when src1 is contiguous), then with src1 converted to the ``vec_dot_type`` -- and falls back to
@@ -39,10 +40,15 @@ import numpy as np
 from .... import trace
 from ... import consts as C
 from ... import quants as Q
-from ..vec import _fma_step, hsum8
+from .. import cpu_feats
+from ..vec import _fma_step, hsum8, hsum16
 
 KN = 8                  # floats per __m256
 BN = 24                 # column tiles per job (VECTOR_REGISTERS == 16 on AVX2)
+# The AVX-512 build (zen4 variant): tinyBLAS<16, __m512, __m512, T, T, float>, one 16-lane accumulator per element
+# and _mm512_reduce_add_ps (hsum16); VECTOR_REGISTERS 32, so mnpack<4, 6, BM> with BLOCK_SIZE<6>(n) and BN = 12.
+# The tiles and jobs decide only who computes what; the lanes and the reduction make the bits.
+KN_AVX512, BN_AVX512 = 16, 12
 Q0_TYPES = (C.GGML_TYPE_Q8_0, C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q5_0)
 FLOAT_TYPES = (C.GGML_TYPE_F32, C.GGML_TYPE_F16, C.GGML_TYPE_BF16)
 _ESIZE = {C.GGML_TYPE_F32: 4, C.GGML_TYPE_F16: 2, C.GGML_TYPE_BF16: 2}
@@ -54,7 +60,7 @@ def accepts(m: int, n: int, k: int, Atype: int, Btype: int, Ctype: int, nth: int
     if n < 2 or Ctype != C.GGML_TYPE_F32:
         return False
     if Atype in FLOAT_TYPES:
-        return Btype == Atype and tinyblas_bm(m, k, nth) > 0
+        return Btype == Atype and tinyblas_bm(m, k, nth, cpu_feats.variant_lanes()) > 0
     return Atype in Q0_TYPES and Btype == C.GGML_TYPE_Q8_0
 
 
@@ -100,9 +106,10 @@ def bloc_pos(ib: int, ibn: int, bloc_size: int) -> int:
     return ib * bloc_size if ib < ibn else ibn * bloc_size + (ib - ibn) * (bloc_size - 1)
 
 
-def tinyblas_bm(m: int, k: int, nth: int) -> int:
-    """tinyBLAS::matmul (VECTOR_REGISTERS 16): the BM of ``mnpack<4, 3, BM>``, 0 where it returns false."""
-    if k % KN:
+def tinyblas_bm(m: int, k: int, nth: int, kn: int = KN) -> int:
+    """tinyBLAS::matmul: the BM of ``mnpack<4, RN, BM>``, 0 where it returns false (``k % KN``: KN = kn floats per
+    vector, 8 for __m256, 16 for __m512)."""
+    if k % kn:
         return 0
     if m % 16 == 0 and m // 16 >= nth:
         return 4
@@ -113,14 +120,16 @@ def tinyblas_bm(m: int, k: int, nth: int) -> int:
     return 0
 
 
-def tinyblas_jobs(m: int, n: int, bm: int):
-    """The ``gemm<RM=4, RN, BM>`` job grid: (RN, number of jobs, job -> (ii, ii_end, jj0, jj2))."""
+def tinyblas_jobs(m: int, n: int, bm: int, kn: int = KN):
+    """The ``gemm<RM=4, RN, BM>`` job grid: (RN, number of jobs, job -> (ii, ii_end, jj0, jj2)); kn 16 (AVX-512,
+    VECTOR_REGISTERS 32): mnpack<4, 6, BM> and BN = 12 column tiles per job."""
     RM = 4
-    RN = block_size(3, n)       # mnpack<4, 3, BM> walks RN down to SIZE_N
+    bn = BN_AVX512 if kn == KN_AVX512 else BN
+    RN = block_size(6 if kn == KN_AVX512 else 3, n)       # mnpack<4, 3 or 6, BM> walks RN down to SIZE_N
     ytiles = m // (RM * bm)
     xtiles = (n + RN - 1) // RN
     jj_rn = xtiles - (xtiles * RN - n)
-    nb_bn = 1 if xtiles < BN else (xtiles + BN // 2) // BN
+    nb_bn = 1 if xtiles < bn else (xtiles + bn // 2) // bn
     size_bn = xtiles // nb_bn if xtiles % nb_bn == 0 else xtiles // nb_bn + 1
     jj_bn = nb_bn - (nb_bn * size_bn - xtiles)
     assert jj_bn * size_bn + (nb_bn - jj_bn) * (size_bn - 1) == xtiles
@@ -144,25 +153,26 @@ def _float_rows(ptr, ld: int, r0: int, r1: int, k: int, t: int) -> np.ndarray:
     return Q.fp16_to_fp32(bits) if t == C.GGML_TYPE_F16 else Q.bf16_to_fp32(bits)
 
 
-def tinyblas_lanes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def tinyblas_lanes(a: np.ndarray, b: np.ndarray, kn: int = KN) -> np.ndarray:
     """``gemm_bloc``'s arithmetic for every (column j of b, row i of a): (N, M) float32 =
-    hsum(acc), acc = fmadd(a_i[l:l+8], b_j[l:l+8], acc) over l in steps of 8."""
+    hsum(acc), acc = fmadd(a_i[l:l+kn], b_j[l:l+kn], acc) over l in steps of kn (8 lanes and sgemm.cpp's __m256
+    hsum; 16 lanes and _mm512_reduce_add_ps in the AVX-512 build)."""
     M, N, k = a.shape[0], b.shape[0], a.shape[1]
     out = np.empty((N, M), np.float32)
-    a64 = a.astype(np.float64).reshape(M, k // KN, KN)
-    b64 = b.astype(np.float64).reshape(N, k // KN, KN)
-    step = max(1, _ROW_CHUNK // max(1, M * KN))
+    a64 = a.astype(np.float64).reshape(M, k // kn, kn)
+    b64 = b.astype(np.float64).reshape(N, k // kn, kn)
+    step = max(1, _ROW_CHUNK // max(1, M * kn))
     for j0 in range(0, N, step):
         bj = b64[j0:j0 + step]
-        shape = (bj.shape[0], M, KN)
+        shape = (bj.shape[0], M, kn)
         acc = np.zeros(shape, np.float32)
         p, s = np.empty(shape, np.float64), np.empty(shape, np.float64)
         low, risky = np.empty(shape, np.int64), np.empty(shape, np.bool_)
         with np.errstate(invalid="ignore", over="ignore"):
-            for l in range(k // KN):
+            for l in range(k // kn):
                 np.multiply(bj[:, None, l, :], a64[None, :, l, :], out=p)       # exact: 24+24 bits < 53
                 _fma_step(acc, p, s, low, risky, True)
-        out[j0:j0 + step] = hsum8(acc)
+        out[j0:j0 + step] = hsum16(acc) if kn == KN_AVX512 else hsum8(acc)
     return out
 
 
@@ -175,10 +185,11 @@ def _store(Cp, ldc: int, i0: int, j0: int, vals: np.ndarray) -> None:
 
 
 def _tinyblas_matmul(params, m, n, k, A, lda, B, ldb, Cp, ldc, t, trace_as=None) -> bool:
-    bm = tinyblas_bm(m, k, params.nth)
+    kn = cpu_feats.variant_lanes()
+    bm = tinyblas_bm(m, k, params.nth, kn)
     if bm == 0:
         return False
-    _, nb_job, job_box = tinyblas_jobs(m, n, bm)
+    _, nb_job, job_box = tinyblas_jobs(m, n, bm, kn)
     ytiles = m // (4 * bm)
     tp = params.threadpool
     if params.ith == 0 and tp is not None:
@@ -189,7 +200,7 @@ def _tinyblas_matmul(params, m, n, k, A, lda, B, ldb, Cp, ldc, t, trace_as=None)
         i0, i1, j0, j2 = job_box(job)
         t0 = time.perf_counter_ns() if trace.active else 0
         if j2 > j0:
-            vals = tinyblas_lanes(_float_rows(A, lda, i0, i1, k, t), _float_rows(B, ldb, j0, j2, k, t))
+            vals = tinyblas_lanes(_float_rows(A, lda, i0, i1, k, t), _float_rows(B, ldb, j0, j2, k, t), kn)
             _store(Cp, ldc, i0, j0, vals)
         if trace.active and trace_as is not None:
             name, mat, mats = trace_as
