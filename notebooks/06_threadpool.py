@@ -268,3 +268,117 @@ print(path, dict(kinds))
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.cpu.threadpool.threadpool_new, ggviz.ggml.cpu.threadpool.threadpool_pause, ggviz.ggml.cpu.threadpool.threadpool_resume, ggviz.ggml.cpu.threadpool.graph_compute_kickoff ↔ ggml-cpu.c ggml_threadpool_new, ggml_threadpool_pause, ggml_threadpool_resume, ggml_graph_compute_kickoff
+
+# %% [markdown]
+# ## 6. Why builds differ: one dot product through two CPU variants
+#
+# ggml compiles its CPU backend once per x86 *variant* and loads the best one the machine supports (`ggviz version`
+# names it): `haswell` (AVX2, 256-bit registers of 8 floats) or, on a CPU with AVX-512, `zen4` (512-bit registers of
+# 16 floats). ggviz computes as `haswell` by default; `GGVIZ_CPU_VARIANT=zen4` makes it compute as the AVX-512 build
+# (docs/cpu-variants.md lists which kernels change). The same source, `ggml_vec_dot_f16`, becomes two different
+# orders of float additions: AVX2 keeps 4 accumulators of 8 lanes (`GGML_F16_STEP` 32), AVX-512 4 accumulators of
+# 16 lanes (`GGML_F16_STEP` 64), each with its own reduction tree. Below: layer 0's K·Q products of a real prompt (the
+# key as stored in the F16 cache, the query converted to F16 as `vec_dot_type` asks), through both, and then one of
+# them walked lane by lane.
+
+# %%
+import numpy as np
+from ggviz import llama
+from ggviz.ggml.cpu import vec
+
+qk_params = llama.context_default_params()
+qk_params.n_threads = qk_params.n_threads_batch = 1
+qk_params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+qk_ctx = llama.init_from_model(model, qk_params)
+qk_seen = {}
+
+
+def qk_keep(t, ask):                  # llama.cpp's eval callback: ask for named tensors, then receive them
+    if ask:
+        return t.name in ("Qcur-0", "Kcur-0")
+    qk_seen.setdefault(t.name, []).append(np.array(ggml.get_data(t)))
+    return True
+
+
+qk_ctx.cparams.cb_eval = qk_keep
+qk_ids = llama.tokenize(llama.model_get_vocab(model), "Why does my llama.cpp give other numbers than yours?")
+assert llama.decode(qk_ctx, llama.batch_get_one(qk_ids)) == 0
+qf = qk_seen["Qcur-0"][-1].reshape(-1, 9, 64).astype(np.float16).astype(np.float32)    # after RoPE, as F16
+kf = qk_seen["Kcur-0"][-1].reshape(-1, 3, 64).astype(np.float16).astype(np.float32)    # 3 KV heads (GQA)
+n_tok = qf.shape[0]
+qk_pairs = [(h, t, c) for h in range(9) for t in range(n_tok) for c in range(t + 1)]     # causal: key c <= query t
+dot8 = np.array([vec.vec_dot_f16_simd(kf[c:c + 1, h // 3], qf[t:t + 1, h], lanes=8)[0, 0] for h, t, c in qk_pairs])
+dot16 = np.array([vec.vec_dot_f16_simd(kf[c:c + 1, h // 3], qf[t:t + 1, h], lanes=16)[0, 0] for h, t, c in qk_pairs])
+qk_differ = dot8.view(np.uint32) != dot16.view(np.uint32)
+print(f"{len(qk_pairs)} K·Q dot products of layer 0 ({n_tok} tokens, 9 heads): the two builds' bits differ in "
+      f"{int(qk_differ.sum())} ({qk_differ.mean():.1%}), by at most "
+      f"{int(np.max(np.abs(dot8.view(np.int32).astype(np.int64) - dot16.view(np.int32))))} ulp")
+
+# %% [markdown]
+# One of the products that differ, lane by lane. Head size 64: AVX2 runs the loop twice (lane e ends with
+# `p[e] + p[e+32]`, rounded to float), AVX-512 once (each of its 64 lanes holds one product, exact: two fp16
+# significands of 11 bits multiply exactly in float32). Then both reduce: accumulators 0+2 and 1+3, then their sum,
+# then a horizontal sum of the register: AVX2 adds the 128-bit halves and then *neighbours* twice (`_mm_hadd_ps`),
+# AVX-512's `_mm512_reduce_add_ps` keeps adding *halves*.
+
+# %%
+F32 = np.float32
+h, t, c = qk_pairs[int(np.argmax(qk_differ))]
+x, y = kf[c, h // 3], qf[t, h]
+p = x * y                                            # 64 exact products
+# AVX2 (haswell): 4 accumulators x 8 lanes, 2 loop steps
+acc8 = (p[:32] + p[32:]).astype(F32)                 # step 1: 0 + p exactly; step 2: acc + p, rounded once per lane
+s8 = (acc8[0:8] + acc8[16:24]) + (acc8[8:16] + acc8[24:32])       # GGML_F32x8_REDUCE: [0]+[2], [1]+[3], sum
+t4 = s8[:4] + s8[4:]                                 # low 128 bits + high 128 bits
+t2 = np.array([t4[0] + t4[1], t4[2] + t4[3]], F32)  # _mm_hadd_ps: neighbours
+r8 = F32(t2[0] + t2[1])                              # _mm_hadd_ps again
+# AVX-512 (zen4): 4 accumulators x 16 lanes, 1 loop step
+u16 = (p[0:16] + p[32:48]) + (p[16:32] + p[48:64])   # GGML_F32x16_REDUCE: [0]+[2], [1]+[3], sum
+u8 = u16[:8] + u16[8:]                               # _mm512_reduce_add_ps: 256-bit halves,
+u4 = u8[:4] + u8[4:]                                 # 128-bit halves,
+u2 = u4[:2] + u4[2:]                                 # 64-bit halves,
+r16 = F32(u2[0] + u2[1])                             # the last two lanes
+assert r8 == vec.vec_dot_f16_simd(x[None], y[None], lanes=8)[0, 0]      # the walk is the kernel ggviz runs
+assert r16 == vec.vec_dot_f16_simd(x[None], y[None], lanes=16)[0, 0]
+
+
+def qk_vals(v):
+    v = np.atleast_1d(v)
+    return "  ".join(f"{a:.7g}" for a in v)
+
+
+qk_tree = [("16 partial sums", None, u16), ("8", s8, u8), ("4", t4, u4), ("2", t2, u2), ("1 (the result)", r8, r16)]
+viz.Table([{"level": lvl, "AVX2 (haswell)": "—" if a is None else qk_vals(a), "AVX-512 (zen4)": qk_vals(b),
+            "same bits": "" if a is None else bool(np.array_equal(np.atleast_1d(a).view(np.uint32),
+                                                                   np.atleast_1d(b).view(np.uint32)))}
+           for lvl, a, b in qk_tree], title=f"query token {t} · key token {c}, head {h}: the reduction trees")
+
+# %%
+exact = float(np.dot(x.astype(np.float64), y.astype(np.float64)))
+print(f"AVX2 (haswell) {float(r8):.9g}  bits 0x{int(r8.view(np.uint32)):08x}")
+print(f"AVX-512 (zen4) {float(r16):.9g}  bits 0x{int(r16.view(np.uint32)):08x}")
+print(f"difference {float(r16) - float(r8):.3g} = {int(r16.view(np.int32)) - int(r8.view(np.int32))} ulp; "
+      f"the exact dot product is {exact:.9g}")
+
+# %% [markdown]
+# Neither result is wrong: both are float32 sums of the same 64 exact products, rounded in a different order. One
+# ulp here becomes a different softmax weight, a different activation rounded into Q8 blocks, and after 30 layers a
+# different logit. This is why two llama.cpp builds of the same version give other numbers, and why ggviz's tests
+# compare against one named build (tests/test_cpu_variant.py checks the zen4 variant against a capture of the
+# AVX-512 build: all 115 logits rows of a one-batch prefill equal).
+
+# %%
+qk_first = next(np.atleast_1d(b).size for _, a, b in qk_tree[1:]
+                if not np.array_equal(np.atleast_1d(a).view(np.uint32), np.atleast_1d(b).view(np.uint32)))
+ex.Exercise(f"For head size {x.size}, the two trees above reach the same partial sums for a while. At which level do "
+         "they first differ, counted as the number of partial sums left at that level? (Hint: write out which "
+         "products end up in partial sum 0 of the 8-sum level in each build.)",
+         answer=qk_first,
+         explain="The loop and the accumulator reduction group the same products the same way (lane j of both "
+                 "8-sum levels adds products j, j+8, ..., j+56 in the same tree), and so do the 128-bit halves. "
+                 "Then AVX2's two <code>_mm_hadd_ps</code> add neighbours, (0+1)+(2+3), while AVX-512's "
+                 "<code>_mm512_reduce_add_ps</code> adds halves, (0+2)+(1+3): the 2-sum level is the first to "
+                 "differ, and the order of these three additions is all that separates the two builds here.")
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.cpu.vec.vec_dot_f16_simd, ggviz.ggml.cpu.cpu_feats ↔ vec.cpp ggml_vec_dot_f16, simd-mappings.h GGML_F32x8_REDUCE / GGML_F32x16_REDUCE, arch/x86/cpu-feats.cpp
