@@ -133,10 +133,11 @@ def test_v_expf_avx512_hand_checked():
 
 
 @pytest.mark.parametrize("op, T", [("soft_max_tail", 0), ("swiglu_tail", 0), ("kq_f16", 7), ("kq_f16", 1),
-                                   ("kqv_f16", 1)])
+                                   ("kqv_f16", 1), ("flash_attn", 1), ("flash_attn", 70)])
 def test_compiled_equals_faithful_under_zen4(monkeypatch, op, T):
     """Rows with an n % 16 tail (libm expf); K·Q through 16-lane tinyBLAS (7 tokens); a decode step's K·Q and
-    softmax·V through the 16-lane ggml_vec_dot_f16 (T = 1, n 64 and 80 = 64 + a double leftover of 16)."""
+    softmax·V through the 16-lane ggml_vec_dot_f16 (T = 1, n 64 and 80 = 64 + a double leftover of 16); flash
+    attention's one-chunk kernel (16-lane vec_dot_f16) and tiled kernel (16-lane softmax per 64-cell tile)."""
     pytest.importorskip("ggviz.ggml.cpu.fast.kernels", reason="the compiled path needs Numba")
     from ggviz.ggml.cpu import ggml_cpu
     from ggviz.ggml.cpu.fast import compiler
@@ -159,10 +160,21 @@ def test_compiled_equals_faithful_under_zen4(monkeypatch, op, T):
             ggml.get_data(kc)[...] = rng.standard_normal(ggml.get_data(kc).shape).astype(np.float16)
             q = ggml.permute(ctx, f32(64, 9, T), 0, 2, 1, 3)
             y = ggml.mul_mat(ctx, ggml.permute(ctx, kc, 0, 2, 1, 3), q)
-        else:
+        elif op == "kqv_f16":
             vt = ggml.new_tensor_3d(ctx, C.GGML_TYPE_F16, 80, 64, 3)
             ggml.get_data(vt)[...] = rng.standard_normal(ggml.get_data(vt).shape).astype(np.float16)
             y = ggml.mul_mat(ctx, vt, f32(80, T, 9))
+        else:
+            kv = []
+            for _ in range(2):
+                t = ggml.new_tensor_4d(ctx, C.GGML_TYPE_F16, 64, 100, 3, 1)
+                ggml.get_data(t)[...] = rng.standard_normal(ggml.get_data(t).shape).astype(np.float16)
+                kv.append(t)
+            mask = ggml.new_tensor_4d(ctx, C.GGML_TYPE_F16, 100, T, 1, 1)
+            ggml.get_data(mask)[...] = np.where(np.arange(100)[None, :] > 100 - T + np.arange(T)[:, None],
+                                                -np.inf, 0).astype(np.float16).reshape(ggml.get_data(mask).shape)
+            y = ggml.flash_attn_ext(ctx, f32(64, T, 9, 1, scale=2.0), kv[0], kv[1], mask, 0.125, 0.0, 0.0)
+            ggml.flash_attn_ext_set_prec(y, ggml.GGML_PREC_F32)
         gf = ggml.new_graph(ctx)
         ggml.build_forward_expand(gf, y)
         plan = ggml_cpu.graph_plan(gf, 2)
