@@ -29,7 +29,20 @@ from ... import consts as C
 from ...tensor import get_op_params_f32, get_op_params_i32
 from .. import ops as cpu_ops
 from ..common import FA_TILE_KV, FA_TILE_Q
-from .intrinsics import compiled, f32_to_f16, fmaf, fp16_to_fp32, glibc_expf, ld_f32, ld_u16, soft_max_exp8, st_f32
+from .intrinsics import (
+    HAVE_AVX2,
+    compiled,
+    f32_to_f16,
+    fmaf,
+    fp16_to_fp32,
+    glibc_expf,
+    ld_f32,
+    ld_u16,
+    mad_f16_row,
+    scale_f16_row,
+    soft_max_exp8,
+    st_f32,
+)
 from .program import (
     TRW_KERNEL,
     DATA,
@@ -118,13 +131,16 @@ def _online(P, F, k, iq1, iq2, iq3, ic0, ic1, qq, acc):
     kb = kd + ik2 * P[k, S1 + NB2] + ik3 * P[k, S1 + NB3]
     vb = vd + iv2 * P[k, S2 + NB2] + iv3 * P[k, S2 + NB3]
     nbk1, nbv1 = P[k, S1 + NB1], P[k, S2 + NB1]
+    qa, aa = qq.ctypes.data, acc.ctypes.data
+    # ggml_vec_scale_f16 / ggml_vec_mad_f16: GGML_F16_STEP (32) values at a time in F16C lanes, the rest one by one
+    d8 = (DV // 32) * 4 if HAVE_AVX2 else 0
     for ic in range(ic0, ic1):
         mv = F32(0.0)
         if mp != 0:
             mv = fp16_to_fp32(ld_u16(mp + 2 * ic))
             if mv == F32(-np.inf):
                 continue
-        s = vec_dot_f16(DK, kb + ic * nbk1, qq.ctypes.data)
+        s = vec_dot_f16(DK, kb + ic * nbk1, qa)
         s = F32(s * scale)
         s = F32(s + mv)
         ms = F32(1.0)
@@ -133,12 +149,14 @@ def _online(P, F, k, iq1, iq2, iq3, ic0, ic1, qq, acc):
             Mold = M
             M = s
             ms = glibc_expf(F32(Mold - M))
-            for d in range(DV):
+            scale_f16_row(aa, 0, ms, d8)
+            for d in range(8 * d8, DV):
                 acc[d] = f32_to_f16(F32(fp16_to_fp32(acc[d]) * ms))
         else:
             vs = glibc_expf(F32(s - M))
         vrow = vb + ic * nbv1
-        for d in range(DV):
+        mad_f16_row(aa, vrow, vs, d8)
+        for d in range(8 * d8, DV):
             acc[d] = f32_to_f16(fmaf(fp16_to_fp32(ld_u16(vrow + 2 * d)), vs, fp16_to_fp32(acc[d])))
         S = fmaf(S, ms, vs) if sfma else F32(F32(S * ms) + vs)
     return M, S

@@ -493,6 +493,35 @@ def dot_f16_rows(typingctx, x0, xstride, nrows, y, n32, out):
         return context.get_dummy_value()
     return types.void(*([types.int64] * 6)), codegen
 
+def _f16_row_op(fma: bool):
+    """ggml_vec_mad_f16 (fma) / ggml_vec_scale_f16 on 8*n8 fp16 values at y, F16C: each lane widened (vcvtph2ps),
+    ``y*v`` or ``fma(x, v, y)`` in float, rounded back to fp16 (vcvtps2ph, nearest even) -- the same arithmetic as
+    the scalar loop, lane for lane."""
+    def gen(typingctx, y, x, v, n8):
+        def codegen(context, builder, sig, args):
+            y, x, v, n8 = args
+            v8f, v8h, v8s = _vec(_f32, 8), _vec(ir.HalfType(), 8), _vec(_i16, 8)
+            fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+            vv = _splat(builder, v, 8)
+            with cgutils.for_range(builder, n8) as loop:
+                o = builder.mul(loop.index, ir.Constant(_i64, 16))
+                py = _ptr(builder, builder.add(y, o), v8s)
+                fy = builder.fpext(builder.bitcast(builder.load(py, align=1), v8h), v8f)
+                if fma:
+                    fx = builder.fpext(builder.bitcast(builder.load(
+                        _ptr(builder, builder.add(x, o), v8s), align=1), v8h), v8f)
+                    r = builder.call(fma8, [fx, vv, fy])
+                else:
+                    r = builder.fmul(fy, vv)
+                builder.store(builder.bitcast(builder.fptrunc(r, v8h), v8s), py, align=1)
+            return context.get_dummy_value()
+        return types.void(types.int64, types.int64, types.float32, types.int64), codegen
+    gen.__name__ = "mad_f16_row" if fma else "scale_f16_row"
+    return intrinsic(gen)
+
+mad_f16_row = _f16_row_op(True)        # (y, x, v, n8): y = fp16(fma(x, v, y))
+scale_f16_row = _f16_row_op(False)     # (y, 0, v, n8): y = fp16(y*v)
+
 @intrinsic
 def f32_to_f16_hw(typingctx, x):
     """vcvtps2ph on one value (F16C: round to nearest even, hardware NaN handling)."""
