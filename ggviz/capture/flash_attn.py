@@ -24,10 +24,13 @@ import numpy as np
 
 from .. import llama
 from ..ggml import consts as C
+from ..ggml import op_desc, type_name
 from ..ggml.cpu import ops
 from ..ggml.cpu.common import as_array
+from ..ggml.tensor import nbytes
 from ..run import load_model
 from .eval_callback import EvalCallback
+from .nodes import layer_of
 
 F32 = np.float32
 
@@ -188,7 +191,6 @@ class AttnGraphs:
 def _layer_span(gf, il: int):
     """Layer ``il``'s nodes: from the first node named for the layer (``Qcur-0``, ``norm-0`` ...) to its ``l_out``,
     with the unnamed nodes between (ggml names them ``node_<n>``: FLASH_ATTN_EXT, Gemma's Q scaling ...)."""
-    from .nodes import layer_of
     names = [gf.nodes[i].name for i in range(gf.n_nodes)]
     start = next((i for i, n in enumerate(names) if layer_of(n) == il), None)
     if start is None or f"l_out-{il}" not in names:
@@ -197,8 +199,6 @@ def _layer_span(gf, il: int):
 
 
 def _node_rows(gf, il: int) -> list:
-    from ..ggml import op_desc, type_name
-    from ..ggml.tensor import nbytes
     out = []
     for i in _layer_span(gf, il):
         t = gf.nodes[i]
@@ -211,7 +211,6 @@ def capture_attn_graphs(model=None, n_ctx: int = 256, layer: int = 0) -> AttnGra
     """Two contexts of ``n_ctx`` cells on ``model``, flash attention AUTO (llama.cpp's default) and off: each one's
     decode graph (1 token over the whole cache, built, not computed), its pp reserve graph's layer ``layer`` and the
     compute buffer its reserve sized."""
-    from ..ggml import op_desc
     model = load_model() if model is None else model
     if not 0 <= int(layer) < model.hparams.n_layer:
         raise ValueError(f"layer {layer} out of range: the model has {model.hparams.n_layer} layers")
