@@ -8,7 +8,8 @@ to the faithful NumPy kernels (``cpu/ops.py``, which document the arithmetic):
   ``ggml_vec_dot_f16`` per unmasked KV cell, the online softmax with glibc's ``expf``, the F16 VKQ accumulator
   (``ggml_vec_scale_f16`` / ``ggml_vec_mad_f16``: float math, one FMA, rounded back to fp16), ``S = S*ms + vs``
   (one FMA in llama.cpp's build; ``cpu/ops.py``'s FA_S_FMA), then ``VKQ / S``;
-* tiled (>= GGML_FA_TILE_Q query rows): per 64-cell KV tile, K·Q as a sequential FMA chain over DK from 0 (simd_gemm),
+* tiled (>= GGML_FA_TILE_Q query rows): per 64-cell KV tile, K·Q as a sequential FMA chain over DK from 0 (simd_gemm;
+  8 cells' chains side by side in one vector),
   times scale, plus the mask; the tile max, the rescale of VKQ and S by ``expf(Mold - Mnew)``,
   ``ggml_vec_soft_max_f32`` (8-lane ``ggml_v_expf``, a double sum added to the float S), and softmax·V as a
   sequential FMA chain over the tile's cells (simd_gemm).
@@ -32,7 +33,10 @@ from ..common import FA_TILE_KV, FA_TILE_Q
 from .intrinsics import (
     HAVE_AVX2,
     compiled,
+    dot_f16_cells8,
+    f16_to_f32_hw,
     f32_to_f16,
+    fma_f16_row_f32,
     fmaf,
     fp16_to_fp32,
     glibc_expf,
@@ -75,6 +79,14 @@ from .sync import traced, traced_barrier
 
 F32 = np.float32
 TQ, TKV = FA_TILE_Q, FA_TILE_KV
+
+
+@compiled(inline="always")
+def _h2f(h):
+    """fp16 -> float: the F16C instruction where there is one (the tiled kernel widens every K and V value)."""
+    if HAVE_AVX2:
+        return f16_to_f32_hw(h)
+    return fp16_to_fp32(h)
 
 
 def build_node(P, F, k, node) -> bool:
@@ -229,7 +241,7 @@ def _split_kv(P, F, k, ith, nth, sync, wdata, qq, acc):
 
 
 @compiled
-def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq):
+def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq, mvs):
     q, kd, vd, dst = P[k, S0 + DATA], P[k, S1 + DATA], P[k, S2 + DATA], P[k, DST + DATA]
     DK, nek1, DV = P[k, S1 + NE0], P[k, S1 + NE1], P[k, S2 + NE0]
     neq1, neq2 = P[k, S0 + NE1], P[k, S0 + NE2]
@@ -252,24 +264,36 @@ def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq):
     M = F32(-np.inf)
     for ic in range(0, nek1, TKV):
         kv = min(TKV, nek1 - ic)
+        # the mask of the tile's cells first (-inf: out of the tile or masked); a tile with none left is skipped
+        live = False
+        for c in range(TKV):
+            mv = F32(-np.inf)
+            if c < kv:
+                mv = fp16_to_fp32(ld_u16(mp + 2 * (ic + c))) if mp != 0 else F32(0.0)
+            mvs[c] = mv
+            live = live or mv != F32(-np.inf)
+        if not live:
+            continue
+        # K·Q: each cell's sum is its own FMA chain over d from 0 (simd_gemm's order); the chains of the tile's cells
+        # advance together, d by d, so they run side by side instead of one after another (the same bits)
+        c8 = (kv // 8) * 8 if HAVE_AVX2 else 0
+        for c in range(0, c8, 8):
+            dot_f16_cells8(kq.ctypes.data + 4 * c, kb + (ic + c) * nbk1, nbk1, pq, DK)
+        for c in range(c8, TKV):
+            kq[c] = F32(0.0)
+        for d in range(DK):
+            qd = ld_f32(pq + 4 * d)
+            kcol = kb + ic * nbk1 + 2 * d
+            for c in range(c8, kv):
+                kq[c] = fmaf(_h2f(ld_u16(kcol + c * nbk1)), qd, kq[c])
         tmax = F32(-np.inf)
         for c in range(TKV):
-            if c >= kv:
+            if mvs[c] == F32(-np.inf):
                 kq[c] = F32(-np.inf)
                 continue
-            mv = F32(0.0)
+            a = F32(kq[c] * scale)
             if mp != 0:
-                mv = fp16_to_fp32(ld_u16(mp + 2 * (ic + c)))
-                if mv == F32(-np.inf):
-                    kq[c] = F32(-np.inf)
-                    continue
-            krow = kb + (ic + c) * nbk1
-            a = F32(0.0)
-            for d in range(DK):
-                a = fmaf(fp16_to_fp32(ld_u16(krow + 2 * d)), ld_f32(pq + 4 * d), a)
-            a = F32(a * scale)
-            if mp != 0:
-                a = F32(a + mv)
+                a = F32(a + mvs[c])
             kq[c] = a
             tmax = tmax if tmax > a else a
         if tmax == F32(-np.inf):
@@ -283,11 +307,14 @@ def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq):
         M = mnew
         ssum = soft_max_exp8(kq.ctypes.data, kq.ctypes.data, TKV // 8, M)
         S = F32(np.float64(S) + ssum)
-        for d in range(DV):
-            a = vkq[d]
-            for c in range(kv):
-                a = fmaf(fp16_to_fp32(ld_u16(vb + (ic + c) * nbv1 + 2 * d)), kq[c], a)
-            vkq[d] = a
+        # softmax·V: each dim's FMA chain over the cells in order (simd_gemm's); cell by cell over all dims at once
+        d8 = DV // 8 if HAVE_AVX2 else 0
+        for c in range(kv):
+            w = kq[c]
+            vrow = vb + (ic + c) * nbv1
+            fma_f16_row_f32(vkq.ctypes.data, vrow, w, d8)
+            for d in range(8 * d8, DV):
+                vkq[d] = fmaf(_h2f(ld_u16(vrow + 2 * d)), w, vkq[d])
     s_inv = F32(0.0) if S == F32(0.0) else F32(F32(1.0) / S)
     ne1 = neq2
     out = dst + (iq3 * neq1 * ne1 + iq2 + iq1 * ne1) * P[k, DST + NB1]
@@ -307,6 +334,7 @@ def k_flash_attn_ext(P, F, k, ith, nth, sync, wdata):
     qq = np.empty(DK, np.uint16)
     acc = np.empty(DV, np.uint16)
     kq = np.empty(TKV, np.float32)
+    mvs = np.empty(TKV, np.float32)
     vkq = np.empty(DV, np.float32)
     if P[k, FA_SPLIT] != 0:
         _split_kv(P, F, k, ith, nth, sync, wdata, qq, acc)
@@ -316,6 +344,6 @@ def k_flash_attn_ext(P, F, k, ith, nth, sync, wdata):
         iq2 = (ir - iq3 * neq2 * neq1) // neq1
         iq1 = ir - iq3 * neq2 * neq1 - iq2 * neq1
         if tiled:
-            _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq)
+            _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq, mvs)
         else:
             _one_row(P, F, k, iq1, iq2, iq3, qq, acc)
