@@ -26,7 +26,8 @@
 #
 # A hash set (`visited_hash_set`) remembers which tensors were already visited, so a tensor read by several nodes is
 # added once; `use_counts` counts its readers. This notebook records the walk (`graph.visit` / `graph.add` trace
-# events), replays it, and then looks at the 1086-node graph of one decode step.
+# events), replays it, and then looks at the 1086-node graph of one decode step (flash attention off, as
+# `decode_graph` builds it; llama.cpp's default graph fuses each layer's attention into one FLASH_ATTN_EXT: 936 nodes).
 
 # %%
 import shutil

@@ -140,6 +140,7 @@ from ggviz.run import load_model
 
 model = load_model(use_extra_bufts=False)             # weights stay in the file's mapping (a plain CPU build)
 cp = llama.context_default_params()
+# flash attention off, so KQ and its softmax are tensors to place (llama.cpp's default, on, fuses them: notebook 07 §8)
 cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = 256, 2, 2, 0
 ctx = llama.init_from_model(model, cp)                  # reserves: pp 256 tokens, tg 1 token, pp again
 print(ctx.compute_buffer_log())

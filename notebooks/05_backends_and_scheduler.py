@@ -205,7 +205,7 @@ def decode_plan(ngl, devices, n_tokens=1, use_blas=True):
     mp.devices, mp.n_gpu_layers, mp.use_extra_bufts = devices, ngl, False
     model = llama.model_load_from_file(MODEL, mp)
     cp = llama.context_default_params()
-    cp.n_ctx, cp.flash_attn_type = 256, 0
+    cp.n_ctx, cp.flash_attn_type = 256, 0          # the KQ -> SOFT_MAX -> KQV graph, not llama.cpp's default (FA on)
     cp.use_blas = use_blas
     c = llama.init_from_model(model, cp)
     with trace.recording(SchedulerView.KINDS) as rec:       # the graph step of llama_decode, recorded

@@ -84,7 +84,8 @@ display(table(rows, ["hparam"] + list(models)))
 # merge list, by rank) and Gemma's SentencePiece (no merge list: the adjacent pair whose merged text is the token of
 # highest score goes first). The ids are the ones llama.cpp gives (`tests/test_vocab_spm.py`). All but the last token
 # are decoded in one batch, then the last token alone: the graph of that decode step is the one llama.cpp computes
-# node for node (1086 nodes for SmolLM2, 817 for Gemma-3; `tests/test_llama.py`, `tests/test_gemma3.py`).
+# node for node (1086 nodes for SmolLM2, 817 for Gemma-3; `tests/test_llama.py`, `tests/test_gemma3.py`) -- with flash
+# attention off, as set below; llama.cpp's default, on, builds 936 and 727 (one FLASH_ATTN_EXT per layer).
 
 # %%
 prompt = "The ggml library is"

@@ -1,16 +1,23 @@
 """The flash-attention stepper: one FLASH_ATTN_EXT node of a real SmolLM2 decode step (llama.cpp's default context
 params, flash attention on), one query row walked through the KV cells with the one-chunk kernel's own functions,
 must end on the node's output row bit for bit, for every head; with an F32 accumulator instead of the kernel's F16
-one it would not (so the bit test can fail). The record saves and loads to the same HTML."""
+one it would not (so the bit test can fail). The record saves and loads to the same HTML. And the graphs with and
+without flash attention side by side (``AttnGraphsView``) against llama.cpp's node counts and compute buffers."""
 from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ggviz import llama
-from ggviz.capture import capture_flash_attn, records, walk_flash_attn
+from ggviz.capture import capture_attn_graphs, capture_flash_attn, records, walk_flash_attn
 from ggviz.ggml.cpu import ops
-from ggviz.viz.widgets import FlashAttnStepper
+from ggviz.viz.widgets import AttnGraphsView, FlashAttnStepper
+
+DATA = Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +72,58 @@ def test_stepper_state_and_round_trip(cap, tmp_path):
     assert FlashAttnStepper(back).to_html() == html
     back_cap = records.load(records.save(cap, tmp_path / "cap.npz"))
     assert np.array_equal(_u32(walk_flash_attn(back_cap, 4).result), _u32(w.result))
+
+
+# ---- the graph with flash attention beside the graph without it ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def graphs(model):
+    return capture_attn_graphs(model, n_ctx=1024)
+
+
+def test_attn_graphs_against_llamacpp(graphs, model):
+    """Node counts and compute buffers of both contexts as llama.cpp has them (n_ctx 1024, n_ubatch 512): FA on
+    from tests/data/flash_attn/ (936 nodes, its log's 98.25 MiB), FA off from tests/data/llamacpp/ (1086 nodes, the
+    exact bytes); the FA layer's ops and names in llama.cpp's order."""
+    fa_graph = json.loads((DATA / "flash_attn" / "smollm2_fa_graph.json").read_text())
+    log = str(np.load(DATA / "flash_attn" / "smollm2_fa.npz")["log"])
+    off = next(s for s in json.loads((DATA / "llamacpp" / "smollm2_compute_buffers.json").read_text())["settings"]
+               if s["n_ctx"] == 1024 and s["n_ubatch"] == 512)
+    assert graphs.n_nodes == {"fa": len(fa_graph["nodes"]), "no_fa": int(re.search(r"nodes = (\d+)",
+                                                                                   off["graph_line"]).group(1))}
+    assert f"{graphs.compute_buffer['fa']['CPU'] / 2**20:.2f}" == \
+        re.search(r"CPU compute buffer size =\s+([0-9.]+) MiB", log).group(1)
+    assert graphs.compute_buffer["no_fa"] == off["bytes"]
+    names = [n["name"] for n in fa_graph["nodes"]]
+    span = names[names.index("norm-0"):names.index("l_out-0") + 1]
+    assert [(n["op"], n["name"]) for n in graphs.layer_nodes["fa"]] == \
+        [(n["op"], n["name"]) for n in fa_graph["nodes"][names.index("norm-0"):names.index("l_out-0") + 1]]
+    assert len(span) == len(graphs.layer_nodes["fa"])
+
+
+def test_attn_graphs_view(graphs, model, tmp_path):
+    """What FA removes and adds per layer (hand-checked against llama.cpp's build_attn_mha), times the layers, is
+    the whole graph's difference; the removed KQ and its softmax are n_kv x n_tokens x n_head floats at the
+    reserve's shape; the record saves and loads to the same HTML."""
+    hp = model.hparams
+    st = AttnGraphsView(graphs).state()
+    assert sorted(st["removed"]) == sorted([
+        ("MUL_MAT", "kq-0"), ("SOFT_MAX", "kq_soft_max-0"), ("MUL_MAT", "kqv-0"), ("PERMUTE", "kqv-0 (permuted)"),
+        ("CONT", "kqv_out-0"), ("RESHAPE", "Vcur-0 (reshaped)"), ("RESHAPE", "Vcur-0 (reshaped) (reshaped)"),
+        ("RESHAPE", "cache_v_l0 (reshaped)"), ("SET_ROWS", "cache_v_l0 (reshaped) (view)")])
+    assert sorted(st["added"]) == sorted([("FLASH_ATTN_EXT", "(unnamed)"), ("RESHAPE", "kqv_out-0"),
+                                          ("VIEW", "Vcur-0 (view)"), ("SET_ROWS", "cache_v_l0 (view)")])
+    assert (len(st["removed"]) - len(st["added"])) * hp.n_layer == st["n_nodes"]["no_fa"] - st["n_nodes"]["fa"]
+    assert sum(st["ops_delta"].values()) == st["n_nodes"]["fa"] - st["n_nodes"]["no_fa"]
+    kq = {m["name"]: m for m in st["memory"]["removed"]}
+    assert graphs.n_tokens_pp == 512 and graphs.n_kv == 1024
+    for name in ("kq-0", "kq_soft_max-0"):
+        assert kq[name]["bytes_pp"] == graphs.n_kv * graphs.n_tokens_pp * hp.n_head * 4
+    assert [m["op"] for m in st["memory"]["added"]] == ["FLASH_ATTN_EXT"]
+    html = AttnGraphsView(graphs).to_html()
+    assert "kq_soft_max-0" in html and "98.25 MiB" in html
+    back = records.load(records.save(graphs, tmp_path / "graphs.npz"))
+    assert AttnGraphsView(back).to_html() == html
+    assert AttnGraphsView(back, "reserve").state()["removed"] == st["removed"]
+    with pytest.raises(ValueError, match="decode"):
+        AttnGraphsView(back).show("prefill")

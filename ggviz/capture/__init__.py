@@ -10,7 +10,8 @@ and the eval callback copying, and keeps what it saw as plain records the views 
   ``capture_attention`` (``AttentionRecord``: every layer's ``kq_soft_max``).
 - ``mul_mat``: ``capture_mul_mat`` (one MUL_MAT's weight rows, src1 and output, for the vec_dot lanes).
 - ``flash_attn``: ``capture_flash_attn`` (``FlashAttnCapture``: one FLASH_ATTN_EXT node of a default-params decode),
-  ``walk_flash_attn`` (``FlashAttnWalk``: one head's query row through the one-chunk kernel, cell by cell).
+  ``walk_flash_attn`` (``FlashAttnWalk``: one head's query row through the one-chunk kernel, cell by cell),
+  ``capture_attn_graphs`` (``AttnGraphs``: the graphs with flash attention and without, side by side).
 - ``sparse``: ``capture_sparse_run`` (``SparseRun``: a PWRI model's predictor, activations and skipped rows),
   ``hybrid_ffn_run`` (real layers through the hybrid executor: its records, outputs, transfers).
 - ``records``: ``save`` / ``load``: a record (dataclasses of numpy arrays, lists, dicts) to one ``.npz`` file and back.
@@ -20,7 +21,14 @@ the views (``ggviz.viz``) and the commands (``ggviz.tools``) import capture; cap
 """
 from .decode import DEFAULT_PROMPT, DecodeStep, RecordedStep, decode_graph, decode_step, new_context, record_decode  # noqa: F401
 from .eval_callback import EvalCallback, NodeValue, copy_f32, copy_raw, copy_value, installed  # noqa: F401
-from .flash_attn import FlashAttnCapture, FlashAttnWalk, capture_flash_attn, walk_flash_attn  # noqa: F401
+from .flash_attn import (  # noqa: F401
+    AttnGraphs,
+    FlashAttnCapture,
+    FlashAttnWalk,
+    capture_attn_graphs,
+    capture_flash_attn,
+    walk_flash_attn,
+)
 from .inputs import AttentionRecord, DecodeSnapshot, capture_attention, capture_inputs  # noqa: F401
 from .mul_mat import capture_mul_mat  # noqa: F401
 from .nodes import layer_of, node_numbers  # noqa: F401

@@ -8,19 +8,29 @@ as ``ggml_compute_forward_flash_attn_ext_f16_one_chunk`` runs it (the kernel a d
 kernel's own per-cell functions (``ops.fa_scores``, ``ops.fa_online_step``, ``ops.fa_divide``), and keeps every
 step: score s, running max M, rescale ms = expf(Mold - M), weight vs = expf(s - M), running sum S and the F16 VKQ
 accumulator. Its ``result`` is the node's output row, bit for bit.
+
+``capture_attn_graphs`` builds one model's graphs with flash attention (llama.cpp's default) and without it, from
+two contexts' reserves: node counts, one layer's nodes of each (``attn_graph_diff`` aligns them), the tensors only
+one side allocates (``attn_memory``: KQ and its softmax, at the decode's and the reserve's shapes) and both compute
+buffers -- what ``ggviz.viz.widgets.AttnGraphsView`` shows.
 """
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import llama
 from ..ggml import consts as C
+from ..ggml import op_desc, type_name
 from ..ggml.cpu import ops
 from ..ggml.cpu.common import as_array
+from ..ggml.tensor import nbytes
 from ..run import load_model
 from .eval_callback import EvalCallback
+from .nodes import layer_of
 
 F32 = np.float32
 
@@ -149,3 +159,131 @@ def walk_flash_attn(cap: FlashAttnCapture, head: int = 0) -> FlashAttnWalk:
                          **{k: np.array(v, F32) for k, v in rows.items() if k != "acc"},
                          acc=np.array(rows["acc"], np.float16), result=result, output=cap.out[head].copy(),
                          prompt=cap.prompt, pos=cap.pos)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the graph with flash attention beside the graph without it
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class AttnGraphs:
+    """One model's graphs with flash attention (``"fa"``: llama.cpp's default, AUTO resolved to on) and without
+    (``"no_fa"``: ``flash_attn_type = 0``), from two contexts of ``n_ctx`` cells. Per side: ``n_nodes`` and ``ops``
+    ({op name: count}) of the decode graph (1 token over ``n_kv`` cells), ``compute_buffer`` ({buffer type: bytes},
+    from the context's reserve), and layer ``layer``'s nodes in the decode graph (``layer_nodes``) and in the
+    prompt-processing reserve graph (``layer_nodes_pp``: ``n_tokens_pp`` tokens over the whole cache, the graph that
+    sizes the buffer). A node is a dict: ``n`` (its number in the graph), ``op`` (``ggml_op_desc``: the unary or
+    GLU op for those), ``name``, ``type``, ``ne``,
+    ``view`` (a view owns no memory) and ``nbytes``."""
+    model: str
+    n_layer: int
+    n_ctx: int
+    n_kv: int
+    n_tokens_pp: int
+    layer: int
+    n_nodes: dict
+    ops: dict
+    compute_buffer: dict
+    layer_nodes: dict
+    layer_nodes_pp: dict
+
+
+def _layer_span(gf, il: int):
+    """Layer ``il``'s nodes: from the first node named for the layer (``Qcur-0``, ``norm-0`` ...) to its ``l_out``,
+    with the unnamed nodes between (ggml names them ``node_<n>``: FLASH_ATTN_EXT, Gemma's Q scaling ...)."""
+    names = [gf.nodes[i].name for i in range(gf.n_nodes)]
+    start = next((i for i, n in enumerate(names) if layer_of(n) == il), None)
+    if start is None or f"l_out-{il}" not in names:
+        raise ValueError(f"layer {il} not in the graph")
+    return range(start, names.index(f"l_out-{il}") + 1)
+
+
+def _node_rows(gf, il: int) -> list:
+    out = []
+    for i in _layer_span(gf, il):
+        t = gf.nodes[i]
+        out.append({"n": i, "op": op_desc(t), "name": t.name, "type": type_name(t.type),
+                    "ne": [int(x) for x in t.ne], "view": t.view_src is not None, "nbytes": int(nbytes(t))})
+    return out
+
+
+def capture_attn_graphs(model=None, n_ctx: int = 256, layer: int = 0) -> AttnGraphs:
+    """Two contexts of ``n_ctx`` cells on ``model``, flash attention AUTO (llama.cpp's default) and off: each one's
+    decode graph (1 token over the whole cache, built, not computed), its pp reserve graph's layer ``layer`` and the
+    compute buffer its reserve sized."""
+    model = load_model() if model is None else model
+    if not 0 <= int(layer) < model.hparams.n_layer:
+        raise ValueError(f"layer {layer} out of range: the model has {model.hparams.n_layer} layers")
+    got = {k: {} for k in ("n_nodes", "ops", "compute_buffer", "layer_nodes", "layer_nodes_pp")}
+    for side, fa in (("fa", llama.LLAMA_FLASH_ATTN_TYPE_AUTO), ("no_fa", llama.LLAMA_FLASH_ATTN_TYPE_DISABLED)):
+        cp = llama.context_default_params()
+        cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = n_ctx, 1, 1, fa
+        ctx = llama.init_from_model(model, cp)
+        try:
+            if ctx.flash_attn != (side == "fa"):
+                raise RuntimeError(f"flash_attn_type {fa} resolved to flash attention {ctx.flash_attn}")
+            st = ctx.reserve_stats
+            gf = ctx.build_graph(1, 1, ctx.kv.size).gf
+            got["n_nodes"][side] = gf.n_nodes
+            ops_ = {}
+            for i in range(gf.n_nodes):
+                o = op_desc(gf.nodes[i])
+                ops_[o] = ops_.get(o, 0) + 1
+            got["ops"][side] = ops_
+            got["layer_nodes"][side] = _node_rows(gf, int(layer))
+            got["layer_nodes_pp"][side] = _node_rows(
+                ctx.build_graph(st["n_tokens_pp"], st["n_outputs_pp"], ctx.kv.size).gf, int(layer))
+            got["compute_buffer"][side] = dict(ctx.compute_buffer_sizes())
+            n_kv, n_tokens_pp = ctx.kv.size, st["n_tokens_pp"]
+        finally:
+            llama.free(ctx)
+    return AttnGraphs(model=llama.model_desc(model), n_layer=model.hparams.n_layer,
+                      n_ctx=n_ctx, n_kv=n_kv, n_tokens_pp=n_tokens_pp, layer=int(layer), **got)
+
+
+def node_key(node: dict) -> tuple:
+    """What a node is across the two graphs: its op and its name, ggml's ``node_<n>`` (a number that differs
+    between the graphs) read as "(unnamed)"."""
+    return node["op"], re.sub(r"^node_\d+", "(unnamed)", node["name"])
+
+
+def attn_graph_diff(rec: AttnGraphs, pp: bool = False) -> list:
+    """The layer's nodes of both graphs aligned (difflib over ``node_key``): rows ``{"no_fa": node or None,
+    "fa": node or None, "tag": "same" | "removed" | "added" | "moved"}`` -- "removed": only without flash
+    attention, "added": only with it, "moved": in both, at another place in the order."""
+    a = (rec.layer_nodes_pp if pp else rec.layer_nodes)["no_fa"]
+    b = (rec.layer_nodes_pp if pp else rec.layer_nodes)["fa"]
+    sm = difflib.SequenceMatcher(a=[node_key(x) for x in a], b=[node_key(x) for x in b], autojunk=False)
+    rows = []
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            rows += [{"no_fa": a[i], "fa": b[j], "tag": "same"} for i, j in zip(range(i1, i2), range(j1, j2))]
+            continue
+        rows += [{"no_fa": a[i], "fa": None, "tag": "removed"} for i in range(i1, i2)]
+        rows += [{"no_fa": None, "fa": b[j], "tag": "added"} for j in range(j1, j2)]
+    # a node both layers have, built in another order (the K and Q views come before V's with flash attention)
+    left = {}
+    for r in rows:
+        if r["tag"] == "added":
+            left.setdefault(node_key(r["fa"]), []).append(r)
+    for r in rows:
+        if r["tag"] == "removed" and left.get(node_key(r["no_fa"])):
+            r["tag"] = "moved"
+            left[node_key(r["no_fa"])].pop(0)["tag"] = "moved"
+    return rows
+
+
+def attn_memory(rec: AttnGraphs) -> dict:
+    """The tensors one side's layer allocates and the other's does not (views excluded: they own no memory), with
+    their bytes in the decode graph and in the pp reserve graph (the one that sizes the compute buffer):
+    ``{"removed": [...], "added": [...]}``, each row ``{"op", "name", "type", "ne_pp", "bytes_pp", "ne", "bytes"}``."""
+    out = {}
+    diffs = (attn_graph_diff(rec), attn_graph_diff(rec, pp=True))
+    if [r["tag"] for r in diffs[0]] != [r["tag"] for r in diffs[1]]:
+        raise ValueError("the decode and reserve graphs of the layer differ in structure")
+    for tag, side in (("removed", "no_fa"), ("added", "fa")):
+        out[tag] = [{"op": d[side]["op"], "name": node_key(d[side])[1], "type": d[side]["type"],
+                     "ne_pp": p[side]["ne"], "bytes_pp": p[side]["nbytes"],
+                     "ne": d[side]["ne"], "bytes": d[side]["nbytes"]}
+                    for d, p in zip(*diffs) if d["tag"] == tag and not d[side]["view"]]
+    return out

@@ -9,13 +9,15 @@ What it does, step by step -- the llama.h calls a llama.cpp program makes (``ggv
 2. ``llama_init_from_model`` with an eval callback (``cb_eval``, as ``llama-eval-callback`` installs one): the KV
    cache, the backends, and the worst-case compute buffer (``sched_reserve``);
 3. ``llama_tokenize`` the prompt and ``llama_decode`` it: ``llm_build_llama`` builds the decode graph (1086 nodes;
-   ``llm_build_gemma3`` for Gemma-3),
+   ``llm_build_gemma3`` for Gemma-3) -- with flash attention off, so that layer 0's attention weights are a tensor
+   to copy (llama.cpp's default, flash attention on, builds 936 nodes: one FLASH_ATTN_EXT per layer),
    the scheduler allocates and computes it; the callback asks for layer 0's nodes, so the scheduler stops after
    each of them and the callback copies its values out (the compute buffer is reused by later nodes);
 4. write ``layer0.dot``/``layer0.svg``: layer 0's nodes of that graph (``ggml_graph_view``, as the scheduler cuts its
    splits), drawn by ``ggviz.viz.graph_dot``;
 5. write ``arena.png``/``arena.txt``: the ggml contexts behind the run (the graph's, the weights', the KV cache's);
-6. generate ``-n`` tokens in the same context (``ggviz.run.generate``: decode, greedy sample, decode ...);
+6. generate ``-n`` tokens as llama.cpp's default run does (``ggviz.run.generate`` in a new context with the default
+   params, flash attention on: decode, greedy sample, decode ...);
 7. write ``report.html``: one decode step, section by section (``ggviz.tools.report``).
 
 ``run()`` does steps 1-3 and returns a ``DemoRun`` (what notebooks and tests read), ``write_outputs()`` steps 4-5.
@@ -220,7 +222,8 @@ def summary(r: DemoRun) -> str:
         + f" ({ggml.type_name(kv_caches(r.ctx.kv)[0][1].type_k)}), {cbuf[0].split(': ', 1)[-1].strip() if cbuf else ''}",
         f"input     {len(r.ids)} tokens {r.ids}: " + " ".join(repr(p) for p in pieces),
         f"graph     {graph_builder(r.model)}: n_nodes={gf.n_nodes} n_leafs={gf.n_leafs}; layer 0 is nodes #{i0}-#{i1 - 1} "
-        f"({i1 - i0} nodes, last {gf.nodes[i1 - 1].name!r})",
+        f"({i1 - i0} nodes, last {gf.nodes[i1 - 1].name!r}); flash attention off here to show the attention "
+        f"weights, not llama.cpp's default (on: one FLASH_ATTN_EXT per layer)",
         f"memory    graph context: used_mem={ggml.used_mem(r.graph.ctx):,} bytes (tensor headers + the graph object, "
         f"no data: the tensors live in the compute buffer, placed by ggml-alloc)",
         "plan      ggml_graph_plan of layer 0: work_size "
@@ -276,8 +279,8 @@ def main(argv=None) -> int:
         print(f"  {os.path.relpath(p)}")
     threads = args.threads
     if args.n_predict > 0:
-        # the generation continues in the same context: the cache is emptied and generate() decodes the prompt again
-        # (the callback now asks for nothing), then samples and decodes one token at a time
+        # the generation as llama.cpp's default run makes it: a new context with the default params (flash attention
+        # on; the one above had it off to copy the attention weights), the prompt, then one token at a time
         print(f"\ngenerate  {args.n_predict} tokens with the full model (greedy, {threads} threads):")
         sys.stdout.write(args.prompt)
         sys.stdout.flush()
@@ -286,8 +289,8 @@ def main(argv=None) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-        llama.memory_clear(llama.get_memory(r.ctx))
-        g = generate(args.prompt, args.n_predict, model=r.model, ctx=r.ctx, stream=out)
+        g = generate(args.prompt, args.n_predict, model=r.model, threads=threads,
+                     n_ctx=len(r.ids) + args.n_predict, stream=out)
         g.t_load_ms += r.model.t_load_us / 1e3
         print("\n")
         print(g.timings())

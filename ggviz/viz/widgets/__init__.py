@@ -13,7 +13,8 @@ Every widget is a plain object with ``state()`` (plain data of what is shown), a
 - ``VecDotLanes``: one output element of a real Q4_1 MUL_MAT as ggml's AVX2 vec_dot computes it (8 lanes, FMAs,
   the horizontal reduce), bit for bit.
 - ``FlashAttnStepper``: one query row of a real FLASH_ATTN_EXT node through the KV cells (running max, rescale, F16
-  accumulator), ending on the node's output bits.
+  accumulator), ending on the node's output bits; ``AttnGraphsView``: the graph with flash attention beside the
+  one without (a layer side by side, the KQ / softmax tensors only the latter allocates, both compute buffers).
 - ``Exercise``: predict, then reveal: a question checked against a value computed from a real run.
 - ``DecodeStepper``: one llama decode, node by node: DAG, values, memory.
 - ``DecodeExplorer``: one decode step, every view linked to one selection (graph, bytes, thread lanes, scheduler cause,
@@ -28,7 +29,7 @@ from .stepper import DecodeStepper  # noqa: F401
 from .tensor import QuantBlockExplorer, TensorExplorer  # noqa: F401
 from .timeline import ThreadTimeline  # noqa: F401
 from .vecdot import VecDotLanes  # noqa: F401
-from .flash_attn import FlashAttnStepper  # noqa: F401
+from .flash_attn import AttnGraphsView, FlashAttnStepper  # noqa: F401
 from .exercise import Exercise  # noqa: F401
 from .alloc_view import AllocatorView  # noqa: F401,E402
 from .sched_view import SchedulerView  # noqa: F401,E402

@@ -6,6 +6,10 @@ moves up and the F16 accumulator VKQ and the running sum S are rescaled by ``ms 
 cell's weight is ``vs = expf(s - M)``; then ``VKQ += vs·v`` (F16, one FMA per lane) and ``S = S·ms + vs``. After
 the last cell the output row is ``VKQ / S``. The numbers come from ``ggviz.capture.walk_flash_attn``, which runs the
 kernel's own functions; the last step equals the node's output bit for bit (``state()["matches_output"]``).
+
+``AttnGraphsView``: the graph with flash attention beside the graph without it (``capture.capture_attn_graphs``):
+node counts, one layer side by side, the tensors only one side allocates (KQ, its softmax ...) and both contexts'
+compute buffers.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ...capture.flash_attn import attn_graph_diff, attn_memory, node_key
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
 
 F32 = np.float32
@@ -117,3 +122,118 @@ class FlashAttnStepper(VizWidget):
         self._w_step.value = self.step
         self._w_img.value = png_img(fig_to_png(self.figure()), "max-width:100%")
         self._w_step_html.value = self.step_html()
+
+
+_TAG_BG = {"removed": "#fde0dc", "added": "#dcf5e3", "moved": "#eef0f7", "same": ""}
+_MIB = 1024.0 * 1024.0
+
+
+def _ne(ne) -> str:
+    return "[" + ", ".join(str(int(x)) for x in ne) + "]"
+
+
+class AttnGraphsView(VizWidget):
+    """A ``capture.AttnGraphs`` record (one model's graphs with flash attention and without): the node counts and
+    compute buffers of both contexts, the whole graph's op counts that change, one layer of each graph side by side
+    (nodes only without flash attention in red, only with it in green, the same node at another place in grey), and
+    the tensors the layer allocates on one side only, with their bytes in the decode graph and in the reserve graph
+    that sizes the compute buffer. ``show("decode" | "reserve")`` picks the graph the layer table lists."""
+
+    def __init__(self, rec, graph: str = "decode"):
+        self.rec = rec
+        self.memory = attn_memory(rec)
+        self.graph = "decode"
+        self.show(graph)
+
+    def show(self, graph: str):
+        if graph not in ("decode", "reserve"):
+            raise ValueError(f"graph must be 'decode' or 'reserve', not {graph!r}")
+        self.graph = graph
+        self._changed()
+        return self
+
+    def diff(self) -> list:
+        return attn_graph_diff(self.rec, pp=self.graph == "reserve")
+
+    def state(self) -> dict:
+        r = self.rec
+        d = self.diff()
+        ops = sorted(set(r.ops["fa"]) | set(r.ops["no_fa"]))
+        return {"model": r.model, "n_ctx": r.n_ctx, "n_kv": r.n_kv, "n_tokens_pp": r.n_tokens_pp, "layer": r.layer,
+                "graph": self.graph, "n_nodes": dict(r.n_nodes),
+                "ops_delta": {o: r.ops["fa"].get(o, 0) - r.ops["no_fa"].get(o, 0) for o in ops
+                              if r.ops["fa"].get(o, 0) != r.ops["no_fa"].get(o, 0)},
+                "removed": [node_key(x["no_fa"]) for x in d if x["tag"] == "removed"],
+                "added": [node_key(x["fa"]) for x in d if x["tag"] == "added"],
+                "moved": sum(x["tag"] == "moved" for x in d) // 2,
+                "memory": self.memory,
+                "layer_bytes_pp": {"removed": sum(x["bytes_pp"] for x in self.memory["removed"]),
+                                   "added": sum(x["bytes_pp"] for x in self.memory["added"])},
+                "compute_buffer": {k: sum(v.values()) for k, v in r.compute_buffer.items()}}
+
+    # ---- drawing ------------------------------------------------------------------------------------------------
+    def summary_rows(self) -> list:
+        r, st = self.rec, self.state()
+        out = []
+        for side, label in (("no_fa", "flash_attn_type = 0 (off)"), ("fa", "AUTO -> on (llama.cpp's default)")):
+            out.append({"context": label, "decode graph nodes": r.n_nodes[side],
+                        "compute buffer (MiB, from the reserve)": f"{st['compute_buffer'][side] / _MIB:.2f}"})
+        return out
+
+    def layer_table_html(self) -> str:
+        head = "".join(f"<th style='text-align:left;padding:1px 6px'>{esc(c)}</th>"
+                       for c in ("#", "op", "name", "ne", "", "#", "op", "name", "ne"))
+        body = []
+        for x in self.diff():
+            cells = []
+            for side in ("no_fa", "fa"):
+                n = x[side]
+                vals = ("", "", "", "") if n is None else (n["n"], n["op"], n["name"], _ne(n["ne"]))
+                cells += [f"<td style='font-family:monospace;padding:1px 6px'>{esc(v)}</td>" for v in vals]
+                if side == "no_fa":
+                    cells.append(f"<td style='padding:1px 6px;color:#555'>{esc(x['tag'])}</td>")
+            body.append(f"<tr style='background:{_TAG_BG[x['tag']]}'>" + "".join(cells) + "</tr>")
+        r = self.rec
+        cap = (f"layer {r.layer}, {'decode' if self.graph == 'decode' else 'pp reserve'} graph: without flash "
+               f"attention (left) and with it (right)")
+        return (f"<table style='border-collapse:collapse'><caption style='text-align:left'><b>{esc(cap)}</b>"
+                f"</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+
+    def memory_rows(self) -> list:
+        out = []
+        for tag in ("removed", "added"):
+            for m in self.memory[tag]:
+                out.append({"": "only without FA" if tag == "removed" else "only with FA", "op": m["op"],
+                            "name": m["name"], "ne (decode)": _ne(m["ne"]), "bytes (decode)": m["bytes"],
+                            "ne (pp reserve)": _ne(m["ne_pp"]), "MiB (pp reserve)": f"{m['bytes_pp'] / _MIB:.4g}"})
+        return out
+
+    def to_html(self) -> str:
+        r, st = self.rec, self.state()
+        nl = r.n_layer
+        net = (r.n_nodes["no_fa"] - r.n_nodes["fa"])
+        ops = ", ".join(f"{o} {d:+d}" for o, d in st["ops_delta"].items())
+        intro = (f"<p>{esc(r.model)}, n_ctx {r.n_ctx}: the decode graph (1 token over {r.n_kv} cells) has "
+                 f"{r.n_nodes['no_fa']} nodes without flash attention and {r.n_nodes['fa']} with it: "
+                 f"{net} fewer, {net // nl if nl else 0} per layer over {nl} layers (ops, whole graph: {esc(ops)})."
+                 f"</p>")
+        lb = st["layer_bytes_pp"]
+        cb = st["compute_buffer"]
+        mem = (f"<p>Per layer, at the reserve's shape ({r.n_tokens_pp} tokens over {r.n_kv} cells), the tensors "
+               f"only the graph without flash attention allocates hold {lb['removed'] / _MIB:.4g} MiB, those only "
+               f"the graph with it allocates {lb['added'] / _MIB:.4g} MiB. The compute buffers the two reserves "
+               f"sized: {cb['no_fa'] / _MIB:.2f} MiB without, {cb['fa'] / _MIB:.2f} MiB with (the allocator reuses "
+               f"memory: the buffer is the peak of the live tensors, not their sum).</p>")
+        return (intro + html_table(self.summary_rows()) + self.layer_table_html() + mem
+                + html_table(self.memory_rows(), title="the tensors one side allocates and the other does not"))
+
+    def _build(self):
+        self._w_graph = W.ToggleButtons(options=[("decode graph", "decode"), ("pp reserve graph", "reserve")],
+                                        value=self.graph)
+        self._w_graph.observe(lambda ch: self.show(ch["new"]), "value")
+        self._w_html = W.HTML(self.to_html())
+        return W.VBox([self._w_graph, self._w_html])
+
+    def _refresh(self):
+        self._w_graph.value = self.graph
+        self._w_html.value = self.to_html()

@@ -8,7 +8,8 @@ to the faithful NumPy kernels (``cpu/ops.py``, which document the arithmetic):
   ``ggml_vec_dot_f16`` per unmasked KV cell, the online softmax with glibc's ``expf``, the F16 VKQ accumulator
   (``ggml_vec_scale_f16`` / ``ggml_vec_mad_f16``: float math, one FMA, rounded back to fp16), ``S = S*ms + vs``
   (one FMA in llama.cpp's build; ``cpu/ops.py``'s FA_S_FMA), then ``VKQ / S``;
-* tiled (>= GGML_FA_TILE_Q query rows): per 64-cell KV tile, K·Q as a sequential FMA chain over DK from 0 (simd_gemm),
+* tiled (>= GGML_FA_TILE_Q query rows): per 64-cell KV tile, K·Q as a sequential FMA chain over DK from 0 (simd_gemm;
+  8 cells' chains side by side in one vector),
   times scale, plus the mask; the tile max, the rescale of VKQ and S by ``expf(Mold - Mnew)``,
   ``ggml_vec_soft_max_f32`` (8-lane ``ggml_v_expf``, a double sum added to the float S), and softmax·V as a
   sequential FMA chain over the tile's cells (simd_gemm).
@@ -30,8 +31,24 @@ from ...tensor import get_op_params_f32, get_op_params_i32
 from .. import cpu_feats
 from .. import ops as cpu_ops
 from ..common import FA_TILE_KV, FA_TILE_Q
-from .intrinsics import (compiled, f32_to_f16, fmaf, fp16_to_fp32, glibc_expf, ld_f32, ld_u16, soft_max_exp8,
-                         soft_max_exp16, st_f32)
+from .intrinsics import (
+    HAVE_AVX2,
+    compiled,
+    dot_f16_cells8,
+    f16_to_f32_hw,
+    f32_to_f16,
+    fma_f16_row_f32,
+    fmaf,
+    fp16_to_fp32,
+    glibc_expf,
+    ld_f32,
+    ld_u16,
+    mad_f16_row,
+    scale_f16_row,
+    soft_max_exp8,
+    soft_max_exp16,
+    st_f32,
+)
 from .program import (
     TRW_KERNEL,
     DATA,
@@ -65,6 +82,14 @@ from .sync import traced, traced_barrier
 
 F32 = np.float32
 TQ, TKV = FA_TILE_Q, FA_TILE_KV
+
+
+@compiled(inline="always")
+def _h2f(h):
+    """fp16 -> float: the F16C instruction where there is one (the tiled kernel widens every K and V value)."""
+    if HAVE_AVX2:
+        return f16_to_f32_hw(h)
+    return fp16_to_fp32(h)
 
 
 def build_node(P, F, k, node) -> bool:
@@ -122,6 +147,9 @@ def _online(P, F, k, iq1, iq2, iq3, ic0, ic1, qq, acc):
     kb = kd + ik2 * P[k, S1 + NB2] + ik3 * P[k, S1 + NB3]
     vb = vd + iv2 * P[k, S2 + NB2] + iv3 * P[k, S2 + NB3]
     nbk1, nbv1 = P[k, S1 + NB1], P[k, S2 + NB1]
+    qa, aa = qq.ctypes.data, acc.ctypes.data
+    # ggml_vec_scale_f16 / ggml_vec_mad_f16: GGML_F16_STEP (32) values at a time in F16C lanes, the rest one by one
+    d8 = (DV // 32) * 4 if HAVE_AVX2 else 0
     for ic in range(ic0, ic1):
         mv = F32(0.0)
         if mp != 0:
@@ -129,9 +157,9 @@ def _online(P, F, k, iq1, iq2, iq3, ic0, ic1, qq, acc):
             if mv == F32(-np.inf):
                 continue
         if P[k, FA_LANES] == 16:
-            s = vec_dot_f16_16(DK, kb + ic * nbk1, qq.ctypes.data)
+            s = vec_dot_f16_16(DK, kb + ic * nbk1, qa)
         else:
-            s = vec_dot_f16(DK, kb + ic * nbk1, qq.ctypes.data)
+            s = vec_dot_f16(DK, kb + ic * nbk1, qa)
         s = F32(s * scale)
         s = F32(s + mv)
         ms = F32(1.0)
@@ -140,12 +168,14 @@ def _online(P, F, k, iq1, iq2, iq3, ic0, ic1, qq, acc):
             Mold = M
             M = s
             ms = glibc_expf(F32(Mold - M))
-            for d in range(DV):
+            scale_f16_row(aa, 0, ms, d8)
+            for d in range(8 * d8, DV):
                 acc[d] = f32_to_f16(F32(fp16_to_fp32(acc[d]) * ms))
         else:
             vs = glibc_expf(F32(s - M))
         vrow = vb + ic * nbv1
-        for d in range(DV):
+        mad_f16_row(aa, vrow, vs, d8)
+        for d in range(8 * d8, DV):
             acc[d] = f32_to_f16(fmaf(fp16_to_fp32(ld_u16(vrow + 2 * d)), vs, fp16_to_fp32(acc[d])))
         S = fmaf(S, ms, vs) if sfma else F32(F32(S * ms) + vs)
     return M, S
@@ -218,7 +248,7 @@ def _split_kv(P, F, k, ith, nth, sync, wdata, qq, acc):
 
 
 @compiled
-def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq):
+def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq, mvs):
     q, kd, vd, dst = P[k, S0 + DATA], P[k, S1 + DATA], P[k, S2 + DATA], P[k, DST + DATA]
     DK, nek1, DV = P[k, S1 + NE0], P[k, S1 + NE1], P[k, S2 + NE0]
     neq1, neq2 = P[k, S0 + NE1], P[k, S0 + NE2]
@@ -241,24 +271,36 @@ def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq):
     M = F32(-np.inf)
     for ic in range(0, nek1, TKV):
         kv = min(TKV, nek1 - ic)
+        # the mask of the tile's cells first (-inf: out of the tile or masked); a tile with none left is skipped
+        live = False
+        for c in range(TKV):
+            mv = F32(-np.inf)
+            if c < kv:
+                mv = fp16_to_fp32(ld_u16(mp + 2 * (ic + c))) if mp != 0 else F32(0.0)
+            mvs[c] = mv
+            live = live or mv != F32(-np.inf)
+        if not live:
+            continue
+        # K·Q: each cell's sum is its own FMA chain over d from 0 (simd_gemm's order); the chains of the tile's cells
+        # advance together, d by d, so they run side by side instead of one after another (the same bits)
+        c8 = (kv // 8) * 8 if HAVE_AVX2 else 0
+        for c in range(0, c8, 8):
+            dot_f16_cells8(kq.ctypes.data + 4 * c, kb + (ic + c) * nbk1, nbk1, pq, DK)
+        for c in range(c8, TKV):
+            kq[c] = F32(0.0)
+        for d in range(DK):
+            qd = ld_f32(pq + 4 * d)
+            kcol = kb + ic * nbk1 + 2 * d
+            for c in range(c8, kv):
+                kq[c] = fmaf(_h2f(ld_u16(kcol + c * nbk1)), qd, kq[c])
         tmax = F32(-np.inf)
         for c in range(TKV):
-            if c >= kv:
+            if mvs[c] == F32(-np.inf):
                 kq[c] = F32(-np.inf)
                 continue
-            mv = F32(0.0)
+            a = F32(kq[c] * scale)
             if mp != 0:
-                mv = fp16_to_fp32(ld_u16(mp + 2 * (ic + c)))
-                if mv == F32(-np.inf):
-                    kq[c] = F32(-np.inf)
-                    continue
-            krow = kb + (ic + c) * nbk1
-            a = F32(0.0)
-            for d in range(DK):
-                a = fmaf(fp16_to_fp32(ld_u16(krow + 2 * d)), ld_f32(pq + 4 * d), a)
-            a = F32(a * scale)
-            if mp != 0:
-                a = F32(a + mv)
+                a = F32(a + mvs[c])
             kq[c] = a
             tmax = tmax if tmax > a else a
         if tmax == F32(-np.inf):
@@ -275,11 +317,14 @@ def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq):
         else:
             ssum = soft_max_exp8(kq.ctypes.data, kq.ctypes.data, TKV // 8, M)
         S = F32(np.float64(S) + ssum)
-        for d in range(DV):
-            a = vkq[d]
-            for c in range(kv):
-                a = fmaf(fp16_to_fp32(ld_u16(vb + (ic + c) * nbv1 + 2 * d)), kq[c], a)
-            vkq[d] = a
+        # softmax·V: each dim's FMA chain over the cells in order (simd_gemm's); cell by cell over all dims at once
+        d8 = DV // 8 if HAVE_AVX2 else 0
+        for c in range(kv):
+            w = kq[c]
+            vrow = vb + (ic + c) * nbv1
+            fma_f16_row_f32(vkq.ctypes.data, vrow, w, d8)
+            for d in range(8 * d8, DV):
+                vkq[d] = fmaf(_h2f(ld_u16(vrow + 2 * d)), w, vkq[d])
     s_inv = F32(0.0) if S == F32(0.0) else F32(F32(1.0) / S)
     ne1 = neq2
     out = dst + (iq3 * neq1 * ne1 + iq2 + iq1 * ne1) * P[k, DST + NB1]
@@ -299,6 +344,7 @@ def k_flash_attn_ext(P, F, k, ith, nth, sync, wdata):
     qq = np.empty(DK, np.uint16)
     acc = np.empty(DV, np.uint16)
     kq = np.empty(TKV, np.float32)
+    mvs = np.empty(TKV, np.float32)
     vkq = np.empty(DV, np.float32)
     if P[k, FA_SPLIT] != 0:
         _split_kv(P, F, k, ith, nth, sync, wdata, qq, acc)
@@ -308,6 +354,6 @@ def k_flash_attn_ext(P, F, k, ith, nth, sync, wdata):
         iq2 = (ir - iq3 * neq2 * neq1) // neq1
         iq1 = ir - iq3 * neq2 * neq1 - iq2 * neq1
         if tiled:
-            _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq)
+            _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq, mvs)
         else:
             _one_row(P, F, k, iq1, iq2, iq3, qq, acc)

@@ -512,6 +512,81 @@ def _make_dot_f16_rows(w: int):
 dot_f16_rows = _make_dot_f16_rows(8)
 dot_f16_rows16 = _make_dot_f16_rows(16)
 
+def _f16_row_op(fma: bool):
+    """ggml_vec_mad_f16 (fma) / ggml_vec_scale_f16 on 8*n8 fp16 values at y, F16C: each lane widened (vcvtph2ps),
+    ``y*v`` or ``fma(x, v, y)`` in float, rounded back to fp16 (vcvtps2ph, nearest even) -- the same arithmetic as
+    the scalar loop, lane for lane."""
+    def gen(typingctx, y, x, v, n8):
+        def codegen(context, builder, sig, args):
+            y, x, v, n8 = args
+            v8f, v8h, v8s = _vec(_f32, 8), _vec(ir.HalfType(), 8), _vec(_i16, 8)
+            fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+            vv = _splat(builder, v, 8)
+            with cgutils.for_range(builder, n8) as loop:
+                o = builder.mul(loop.index, ir.Constant(_i64, 16))
+                py = _ptr(builder, builder.add(y, o), v8s)
+                fy = builder.fpext(builder.bitcast(builder.load(py, align=1), v8h), v8f)
+                if fma:
+                    fx = builder.fpext(builder.bitcast(builder.load(
+                        _ptr(builder, builder.add(x, o), v8s), align=1), v8h), v8f)
+                    r = builder.call(fma8, [fx, vv, fy])
+                else:
+                    r = builder.fmul(fy, vv)
+                builder.store(builder.bitcast(builder.fptrunc(r, v8h), v8s), py, align=1)
+            return context.get_dummy_value()
+        return types.void(types.int64, types.int64, types.float32, types.int64), codegen
+    gen.__name__ = "mad_f16_row" if fma else "scale_f16_row"
+    return intrinsic(gen)
+
+mad_f16_row = _f16_row_op(True)        # (y, x, v, n8): y = fp16(fma(x, v, y))
+scale_f16_row = _f16_row_op(False)     # (y, 0, v, n8): y = fp16(y*v)
+
+@intrinsic
+def fma_f16_row_f32(typingctx, y, x, v, n8):
+    """y[i] = fma(fp16 x[i] widened, v, y[i]) on 8*n8 float32 at y, 8 lanes at a time (each lane the scalar FMA)."""
+    def codegen(context, builder, sig, args):
+        y, x, v, n8 = args
+        v8f, v8h, v8s = _vec(_f32, 8), _vec(ir.HalfType(), 8), _vec(_i16, 8)
+        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+        vv = _splat(builder, v, 8)
+        with cgutils.for_range(builder, n8) as loop:
+            py = _ptr(builder, builder.add(y, builder.mul(loop.index, ir.Constant(_i64, 32))), v8f)
+            fx = builder.fpext(builder.bitcast(builder.load(_ptr(builder, builder.add(
+                x, builder.mul(loop.index, ir.Constant(_i64, 16))), v8s), align=1), v8h), v8f)
+            builder.store(builder.call(fma8, [fx, vv, builder.load(py, align=1)]), py, align=1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.float32, types.int64), codegen
+
+@intrinsic
+def dot_f16_cells8(typingctx, out, k0, stride, q, n):
+    """8 fp16 rows (k0 + j*stride) against the float32 row q, each row's sum its own FMA chain over i = 0..n-1 from
+    0 (simd_gemm's order), the 8 chains in the lanes of one vector; out[j] = row j's sum."""
+    def codegen(context, builder, sig, args):
+        out, k0, stride, q, n = args
+        v8f = _vec(_f32, 8)
+        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, None))
+        with cgutils.for_range(builder, n) as loop:
+            off = builder.mul(loop.index, ir.Constant(_i64, 2))
+            kv = ir.Constant(_vec(ir.HalfType(), 8), None)
+            for j in range(8):
+                a = builder.add(builder.add(k0, off), builder.mul(stride, ir.Constant(_i64, j)))
+                h = builder.bitcast(builder.load(_ptr(builder, a, _i16), align=1), ir.HalfType())
+                kv = builder.insert_element(kv, h, ir.Constant(_i32, j))
+            qv = _splat(builder, builder.load(_ptr(builder, builder.add(q, builder.mul(loop.index, ir.Constant(
+                _i64, 4))), _f32), align=1), 8)
+            builder.store(builder.call(fma8, [builder.fpext(kv, v8f), qv, builder.load(acc)]), acc)
+        builder.store(builder.load(acc), _ptr(builder, out, v8f), align=1)
+        return context.get_dummy_value()
+    return types.void(*([types.int64] * 5)), codegen
+
+@intrinsic
+def f16_to_f32_hw(typingctx, h):
+    """vcvtph2ps on one value (F16C; exact, NaNs quieted: the values of fp16_to_fp32)."""
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), _f32)
+    return types.float32(types.uint16), codegen
+
 @intrinsic
 def f32_to_f16_hw(typingctx, x):
     """vcvtps2ph on one value (F16C: round to nearest even, hardware NaN handling)."""
