@@ -2,12 +2,17 @@
 non-zero exit (2 for a bad argument, as argparse, 1 for an error while running, 130 for Ctrl-C) and no traceback,
 unless --debug (or GGVIZ_DEBUG=1) asks for it.
 
-Each case runs the real command, ``python -m ggviz ...`` in the checkout, as a subprocess; those that load the model
-run under an RLIMIT_AS (a regression that allocates without bound fails instead of swapping the machine) and a
-timeout (a guard against a hang, not a benchmark).
+The cases that load the model, need a process (Ctrl-C, a closed pipe, --debug's traceback) or check an entry point
+run the real command, ``python -m ggviz ...`` in the checkout, as a subprocess; those that load the model run under
+an RLIMIT_AS (a regression that allocates without bound fails instead of swapping the machine) and a
+timeout (a guard against a hang, not a benchmark). The bad arguments (exit 2, refused before any work) call
+``cli.main`` in this process, what ``python -m ggviz`` calls (``sys.exit(main())``), with stdout and stderr captured:
+the same exit code and lines, without a ~2 s interpreter start and import each (~25 of them).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pathlib
 import re
@@ -41,6 +46,19 @@ def _limit_as():
 def ggviz(*args, env=None, timeout=180, limit=False):
     return subprocess.run([sys.executable, "-m", "ggviz", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                           env=env or _env(), timeout=timeout, preexec_fn=_limit_as if limit else None)
+
+
+def ggviz_here(*args):
+    """``ggviz ARGS`` in this process (``cli.main``, what ``python -m ggviz`` runs), as a CompletedProcess."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            pytest.MonkeyPatch.context() as mp:
+        mp.delenv(cli.DEBUG_ENV, raising=False)
+        try:
+            rc = cli.main([str(a) for a in args])
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["ggviz", *map(str, args)], rc, out.getvalue(), err.getvalue())
 
 
 def assert_user_error(r, rc, *needles):
@@ -78,11 +96,11 @@ def hostile_chat_model(model_path, tmp_path_factory):
 # ---------------------------------------------------------------------------------------- bad arguments: exit 2
 
 def test_model_path_missing_directory_or_a_name(tmp_path):
-    lines = assert_user_error(ggviz("run", "-m", tmp_path / "missing.gguf"), 2, "argument -m/--model: no such file")
+    lines = assert_user_error(ggviz_here("run", "-m", tmp_path / "missing.gguf"), 2, "argument -m/--model: no such file")
     assert lines[1] == "ggviz run: see `ggviz run --help`"
-    assert_user_error(ggviz("run", "-m", tmp_path), 2, "is a directory, not a .gguf file")
+    assert_user_error(ggviz_here("run", "-m", tmp_path), 2, "is a directory, not a .gguf file")
     # a bare word that is no model of the registry: the error lists the names (smollm2, gemma3-270m are models)
-    assert_user_error(ggviz("run", "-m", "smollm3"), 2, "no such file: 'smollm3' (give smollm2|gemma3-270m or the "
+    assert_user_error(ggviz_here("run", "-m", "smollm3"), 2, "no such file: 'smollm3' (give smollm2|gemma3-270m or the "
                       "path of a .gguf file", "leave the option out for the default model")
 
 
@@ -105,20 +123,20 @@ def test_model_path_missing_directory_or_a_name(tmp_path):
     (("frob",), "ggviz: error: argument COMMAND: invalid choice: 'frob'"),
 ])
 def test_bad_numbers_and_options(args, needle):
-    assert_user_error(ggviz(*args), 2, needle)
+    assert_user_error(ggviz_here(*args), 2, needle)
 
 
 def test_output_paths_checked_before_any_work(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    assert_user_error(ggviz("report", "-o", tmp_path), 2, "argument -o/--out:", "is a directory; give a file name")
-    assert_user_error(ggviz("report", "-o", a_file / "r.html"), 2, "cannot write", "is not a directory")
-    assert_user_error(ggviz("graph", "-o", a_file / "sub" / "g.svg"), 2, "argument -o/--out: cannot write")
-    assert_user_error(ggviz("trace", "-o", a_file / "t.json"), 2, "argument -o/--out: cannot write")
-    assert_user_error(ggviz("demo", "--out", a_file), 2, "argument --out:", "is a file, not a folder")
+    assert_user_error(ggviz_here("report", "-o", tmp_path), 2, "argument -o/--out:", "is a directory; give a file name")
+    assert_user_error(ggviz_here("report", "-o", a_file / "r.html"), 2, "cannot write", "is not a directory")
+    assert_user_error(ggviz_here("graph", "-o", a_file / "sub" / "g.svg"), 2, "argument -o/--out: cannot write")
+    assert_user_error(ggviz_here("trace", "-o", a_file / "t.json"), 2, "argument -o/--out: cannot write")
+    assert_user_error(ggviz_here("demo", "--out", a_file), 2, "argument --out:", "is a file, not a folder")
     if pathlib.Path("/proc/self").exists():       # not writable, not even by root
         t0 = time.perf_counter()
-        assert_user_error(ggviz("report", "-o", "/proc/ggviz-report.html"), 2,
+        assert_user_error(ggviz_here("report", "-o", "/proc/ggviz-report.html"), 2,
                           "cannot write '/proc/ggviz-report.html': cannot create a file in '/proc'")
         assert time.perf_counter() - t0 < 60      # refused before the model loads (a guard, not a benchmark)
 

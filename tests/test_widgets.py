@@ -432,12 +432,14 @@ def test_decode_stepper_header_shows_the_given_tokens(model, stepper):
     # the fixture's stepper: from the prompt, which is also what its tokens detokenize to
     assert stepper.text == PROMPT and stepper.prompt == PROMPT and "The capital of France is" in stepper.header_html()
     # only tokens: the header shows them, detokenized (special tokens written out), not the default prompt
-    ids = [1] + llama.tokenize(model.vocab, "Bonjour, le monde", add_special=False, parse_special=False)
+    # (3 tokens: the stepper decodes them with the faithful kernels, ~5 s a token on 2 shared cores)
+    ids = [1] + llama.tokenize(model.vocab, "Bonjour", add_special=False, parse_special=False)
+    assert len(ids) == 3
     ds = DecodeStepper(tokens=ids, model=model, copy_limit=0, slice_rows=1, slice_cols=4)
     assert ds.tokens == ids and ds.state()["tokens"] == ids
-    assert ds.text == ds.prompt == "<|im_start|>Bonjour, le monde" == ds.state()["text"]
+    assert ds.text == ds.prompt == "<|im_start|>Bonjour" == ds.state()["text"]
     head = ds.header_html()
-    assert f"decode of {len(ids)} tokens" in head and "Bonjour, le monde" in head and "capital" not in head
+    assert f"decode of {len(ids)} tokens" in head and "Bonjour" in head and "capital" not in head
     assert "tokens: [" + ", ".join(map(str, ids)) + "]" in head
     w = ds.widget                                          # built headless: the header is the first child
     assert w.children[0].value == head

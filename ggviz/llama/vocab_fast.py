@@ -254,3 +254,19 @@ def special_found(text, byte, child, sibling, term, n_needles):
                 found[term[node]] = True
             q += 1
     return found
+
+
+def warmup() -> None:
+    """Compile (or load from Numba's cache) every entry point with the argument types vocab.py passes (read-only
+    byte views from np.frombuffer, int64 offsets, float32 scores), on a two-token vocabulary; ``./dev`` calls this
+    so no first Gemma-3 prompt pays the compile."""
+    tok_bytes = np.frombuffer(b"ab", dtype=np.uint8)
+    tok_off = np.array([0, 1, 2], dtype=np.int64)
+    byte_tok = np.full(256, -1, dtype=np.int32)
+    tables = (tok_bytes, tok_off, build_table(tok_bytes, tok_off), np.asarray([0.0, 0.0], dtype=np.float32),
+              byte_tok, np.ones(16, dtype=np.int64), 1)
+    text = np.frombuffer(b"ab", dtype=np.uint8)
+    seg = np.array([0, 2], dtype=np.int64)
+    spm_sessions(text, seg, *tables, np.empty(2, dtype=np.int32), np.empty(2, dtype=np.int64))
+    trie = build_trie(np.frombuffer(b"ab", dtype=np.uint8), np.array([0, 2], dtype=np.int64))
+    special_found(text, *trie, 1)
