@@ -45,11 +45,17 @@ _Q_SRC, _Q_VIEW_SRC, _Q_VIEW_OFFS, _Q_DATA, _Q_EXTRA = 19, 29, 30, 31, 40
 _registry: "weakref.WeakValueDictionary[int, Tensor]" = weakref.WeakValueDictionary()
 
 
+# the registry's own dict (address -> weak reference): read directly, a lookup costs one dict probe and a call
+# instead of WeakValueDictionary.get's Python frame -- the graph build, split and allocation make ~100 per node
+_registry_refs = _registry.data
+
+
 def tensor_at(addr: int):
     """The Tensor whose struct starts at ``addr`` (None for NULL)."""
     if not addr:
         return None
-    t = _registry.get(int(addr))
+    r = _registry_refs.get(addr)
+    t = r() if r is not None else None
     if t is None:
         raise ValueError(f"no ggml_tensor at address 0x{int(addr):x}")
     return t
@@ -63,6 +69,8 @@ class _SrcArray:
         self._q = q
 
     def __getitem__(self, i):
+        if type(i) is int and 0 <= i < C.GGML_MAX_SRC:         # the common case first
+            return tensor_at(self._q[_Q_SRC + i])
         if isinstance(i, slice):
             return [tensor_at(a) for a in self._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC][i]]
         if not -C.GGML_MAX_SRC <= i < C.GGML_MAX_SRC:
