@@ -34,9 +34,12 @@ The older comparison with a plain NumPy forward of the same model (``ggviz bench
 from __future__ import annotations
 
 import cProfile
+import importlib.util
+import json
 import os
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 
@@ -301,7 +304,6 @@ _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "oneshot_child
 def llama_cpp_python() -> tuple[str, dict] | None:
     """(interpreter, environment) of a fresh process that imports llama_cpp: this interpreter when this process can
     import it (its package directory first on PYTHONPATH); None when it cannot."""
-    import importlib.util
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -320,7 +322,6 @@ def _child_env(extra: dict | None = None) -> dict:
 
 
 def _run_child(argv: list, env: dict) -> tuple[float, str]:
-    import subprocess
     t0 = time.perf_counter()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = (time.perf_counter() - t0) * 1e3
@@ -333,7 +334,6 @@ def oneshot_bench(path=None, n_threads: int = 2, reps: int = 3, n_predict: int =
                   llama_cpp: bool = True, log=print) -> dict:
     """The one-shot run, the first context and the first step of a new shape, each library in fresh processes,
     alternating (see the module docstring). Returns {library: {figure: [ms per rep]}}."""
-    import json
     path = str(path or fetch_default_model(quiet=True))
     ours = (sys.executable, {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))})
     libs = [("ggviz", ours)]

@@ -20,6 +20,7 @@ import time
 
 T0 = time.perf_counter()
 
+import ctypes  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -184,10 +185,7 @@ class _LlamaCpp:
         return bool(self.L.llama_vocab_is_eog(self.vocab, tok))
 
     def piece(self, tok):
-        buf = (self.L.ctypes.c_char * 64)() if hasattr(self.L, "ctypes") else None
-        if buf is None:
-            import ctypes
-            buf = (ctypes.c_char * 64)()
+        buf = (ctypes.c_char * 64)()
         n = self.L.llama_token_to_piece(self.vocab, tok, buf, 64, 0, False)
         return bytes(buf[:n]).decode("utf-8", "replace")
 
