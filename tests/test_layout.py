@@ -38,6 +38,8 @@ PKG = ROOT / "ggviz"
 # module -> why an import inside a function is right there
 LAZY_IMPORTS_ALLOWED = {
     "ggviz": "`import ggviz` stays light: its re-exports (generate, load_gguf) are loaded on first use (PEP 562)",
+    "ggviz.llama": "the chat templates (jinja2's sandbox) load on first use, not with every run (PEP 562)",
+    "ggviz.tools.oneshot_child": "a fresh process that times its own imports, and imports llama_cpp or ggviz",
 }
 
 # defined in ggviz/ggml/impl.py and nowhere else in the package

@@ -458,6 +458,9 @@ class ggml_gallocr:
         self._phase = "leafs"
         self._index = -1
         self._rec: dict[int, dict] = {}
+        # ggviz: address -> its hash_node, for the addresses inserted since the hash set's last reset (the graph
+        # allocator looks each tensor up ~10 times; the open-addressing probe stays what places it)
+        self._slot: dict[int, hash_node] = {}
         # ggviz: the plan lists (node_allocs / leaf_allocs) are also held by a saved plan (gallocr_save_plan): the
         # next reserve makes new lists instead of overwriting these in place
         self._plan_shared = False
@@ -505,23 +508,29 @@ def gallocr_free(galloc: ggml_gallocr | None) -> None:
             dyn_tallocr_free(galloc.buf_tallocs[i])
     galloc.buffers = [None] * galloc.n_buffers
     galloc.hash_values = []
+    galloc._slot = {}
     galloc.node_allocs = []
     galloc.leaf_allocs = []
 
 
 def gallocr_hash_get(galloc: ggml_gallocr, t: Tensor) -> hash_node:
     """ggml_hash_find_or_insert on the tensor's address, then its hash_node."""
-    hs = galloc.hash_set
     addr = t.addr
+    hn = galloc._slot.get(addr)
+    if hn is not None:            # ggviz: found before since the last reset (the probe below would find it again)
+        return hn
+    hs = galloc.hash_set
     h = (addr >> 4) % hs.size     # ggml_hash: the last 4 bits are always zero due to alignment
     i = h
     while True:                   # linear probing
         if not hs.get_used(i):
             hs.set_used(i)
             hs.keys[i] = addr
-            return galloc.hash_values[i]
+            hn = galloc._slot[addr] = galloc.hash_values[i]
+            return hn
         if int(hs.keys[i]) == addr:
-            return galloc.hash_values[i]
+            hn = galloc._slot[addr] = galloc.hash_values[i]
+            return hn
         i = (i + 1) % hs.size
         if i == h:
             raise GGMLError("ggml_hash_find_or_insert: hash set is full")
@@ -715,6 +724,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
     # clear hash tables
     galloc.hash_set.reset()
     galloc.hash_values = [hash_node() for _ in range(galloc.hash_set.size)]
+    galloc._slot = {}
     galloc._rec = {}
 
     # allocate leafs
@@ -796,6 +806,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
     if galloc.hash_set.size < min_hash_size:
         galloc.hash_set = hash_set_new(min_hash_size)
         galloc.hash_values = [hash_node() for _ in range(galloc.hash_set.size)]
+        galloc._slot = {}
 
     # reset allocators
     for i in range(galloc.n_buffers):

@@ -19,7 +19,7 @@ import numpy as np
 from .. import trace
 from . import consts as C
 from .context import Context, GGMLError
-from .tensor import Tensor
+from .tensor import _Q_SRC, Tensor, tensor_at
 
 GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = 0
 GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT = 1
@@ -280,9 +280,11 @@ def _visit(cg: CGraph, node: Tensor, compute: bool):
         if trace.active:
             trace.emit("graph.visit", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=True)
         if compute:
-            for src in node.src:
-                if src is not None and not (src.flags & C.GGML_TENSOR_FLAG_COMPUTE):
-                    yield (src, True)
+            for a in node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
+                if a:
+                    src = tensor_at(a)
+                    if not (src.flags & C.GGML_TENSOR_FLAG_COMPUTE):
+                        yield (src, True)
         return pos
     # first time we see this node in the current graph
     hs.keys[pos] = node.addr
@@ -290,11 +292,13 @@ def _visit(cg: CGraph, node: Tensor, compute: bool):
     cg.use_counts[pos] = 0
     if trace.active:
         trace.emit("graph.visit", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=False)
-    for i in range(C.GGML_MAX_SRC):
-        k = (C.GGML_MAX_SRC - 1 - i) if cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT else i
-        src = node.src[k]
-        if src is not None:
-            src_pos = yield (src, compute)
+    # node->src[k] for k in the graph's order, the pointer array read from the struct in one go
+    addrs = node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+    if cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT:
+        addrs.reverse()
+    for a in addrs:
+        if a:
+            src_pos = yield (tensor_at(a), compute)
             cg.use_counts[src_pos] += 1
     if node.op == C.GGML_OP_NONE and not (node.flags & C.GGML_TENSOR_FLAG_PARAM):
         # a leaf: constant data, not computed by the graph

@@ -65,7 +65,7 @@ from .graph import (
 )
 from .impl import GGML_ASSERT, GGML_LOG, last_log_error
 from .ops import dup_tensor, view_tensor
-from .tensor import _Q_SRC, Tensor, nbytes, op_desc
+from .tensor import _Q_SRC, Tensor, nbytes, op_desc, tensor_at
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
@@ -165,8 +165,20 @@ class ggml_backend_sched:
         self._slot: dict[int, int] = {}
         self.causes: dict[int, str] = {}
         self._pass = ""
-        self.last_plan: dict | None = None
+        self._last_plan = None            # a dict, or a _PlanLater that makes it on first read
         self._spare_buffers: list = []    # context buffers given back by saved graph states (backend_sched_save_graph)
+
+    @property
+    def last_plan(self) -> dict | None:
+        """ggviz: the last split as plain data (``_make_plan``), made on its first read from what the split left."""
+        p = self._last_plan
+        if isinstance(p, _PlanLater):
+            p = self._last_plan = p.make()
+        return p
+
+    @last_plan.setter
+    def last_plan(self, plan) -> None:
+        self._last_plan = plan
 
     def __repr__(self):
         names = [B.backend_name(b) for b in self.backends]
@@ -695,7 +707,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
     for k in range(sched.n_splits):
         sched.splits[k].graph.uid = graph_next_uid()
 
-    sched.last_plan = _make_plan(sched, graph)
+    sched.last_plan = _PlanLater(sched, graph)
     sched._pass = ""
 
 
@@ -739,7 +751,44 @@ def _emit_split(sched, i_split: int, split) -> None:
                    inputs=[t.name for t in split.inputs])
 
 
-def _make_plan(sched, graph) -> dict:
+class _PlanLater:
+    """ggviz: what ``_make_plan`` reads of a split, kept when the split ends (copies of the per-graph tables, which
+    the next reset clears in place; each node's source pointers; the leafs and splits part made at once), so that
+    the plan's per-node dicts -- a third of a split's Python work -- are made only when a view reads them."""
+    __slots__ = ("plan", "nodes", "srcs", "slot", "tbid", "causes", "node_split")
+
+    def __init__(self, sched, graph):
+        self.plan = _make_plan(sched, graph, with_nodes=False)
+        self.nodes = list(graph.nodes)
+        self.srcs = [t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for t in self.nodes]
+        self.slot = dict(sched._slot)
+        self.tbid = list(sched.hv_tensor_backend_ids)
+        self.causes = dict(sched.causes)
+        self.node_split = []
+        for k in range(sched.n_splits):
+            s = sched.splits[k]
+            self.node_split.extend([k] * (s.i_end - s.i_start))
+
+    def make(self) -> dict:
+        names, tbid, causes, node_split = self.plan["backends"], self.tbid, self.causes, self.node_split
+        nodes = []
+        for i, (t, srcs) in enumerate(zip(self.nodes, self.srcs)):
+            h = self.slot[t.addr]
+            b = tbid[h]
+            nodes.append(dict(index=i, name=t.name, op=op_desc(t), backend=names[b] if b >= 0 else None,
+                              backend_id=b, cause=causes.get(h, ""),
+                              split=node_split[i] if i < len(node_split) else None, view_op=is_view_op(t.op),
+                              srcs=[tensor_at(a).name for a in srcs if a]))
+        plan = dict(self.plan)
+        plan["nodes"] = nodes
+        return {k: plan[k] for k in _PLAN_KEYS}
+
+
+_PLAN_KEYS = ("backends", "bufts", "n_copies", "cur_copy", "n_splits", "nodes", "leafs", "splits", "n_inputs",
+              "copies_per_backend", "graph_inputs")
+
+
+def _make_plan(sched, graph, with_nodes: bool = True) -> dict:
     """The split as plain data (for the visual layer): per node its backend and cause, per split its node range and
     inputs (with the copy each input got), per backend the number of copies made into it."""
     names = [B.backend_name(b) for b in sched.backends]
@@ -750,7 +799,7 @@ def _make_plan(sched, graph) -> dict:
         s = sched.splits[k]
         node_split.extend([k] * (s.i_end - s.i_start))
     nodes = []
-    for i, t in enumerate(graph.nodes):
+    for i, t in enumerate(graph.nodes if with_nodes else ()):
         h = _hash_id(sched, t)
         b = tbid[h]
         nodes.append(dict(index=i, name=t.name, op=op_desc(t), backend=names[b] if b >= 0 else None, backend_id=b,
@@ -1165,7 +1214,7 @@ def backend_sched_reset(sched) -> None:
 
 _GRAPH_STATE_FIELDS = ("hash_set", "_slot", "causes", "hv_tensor_backend_ids", "hv_tensor_copies", "splits",
                        "n_splits", "splits_capacity", "graph", "graph_inputs", "n_graph_inputs", "ctx",
-                       "context_buffer", "last_plan", "cur_copy", "debug_graph_size", "debug_prev_graph_size")
+                       "context_buffer", "_last_plan", "cur_copy", "debug_graph_size", "debug_prev_graph_size")
 
 
 class backend_sched_graph_state:

@@ -45,11 +45,17 @@ _Q_SRC, _Q_VIEW_SRC, _Q_VIEW_OFFS, _Q_DATA, _Q_EXTRA = 19, 29, 30, 31, 40
 _registry: "weakref.WeakValueDictionary[int, Tensor]" = weakref.WeakValueDictionary()
 
 
+# the registry's own dict (address -> weak reference): read directly, a lookup costs one dict probe and a call
+# instead of WeakValueDictionary.get's Python frame -- the graph build, split and allocation make ~100 per node
+_registry_refs = _registry.data
+
+
 def tensor_at(addr: int):
     """The Tensor whose struct starts at ``addr`` (None for NULL)."""
     if not addr:
         return None
-    t = _registry.get(int(addr))
+    r = _registry_refs.get(addr)
+    t = r() if r is not None else None
     if t is None:
         raise ValueError(f"no ggml_tensor at address 0x{int(addr):x}")
     return t
@@ -63,6 +69,8 @@ class _SrcArray:
         self._q = q
 
     def __getitem__(self, i):
+        if type(i) is int and 0 <= i < C.GGML_MAX_SRC:         # the common case first
+            return tensor_at(self._q.item(_Q_SRC + i))
         if isinstance(i, slice):
             return [tensor_at(a) for a in self._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC][i]]
         if not -C.GGML_MAX_SRC <= i < C.GGML_MAX_SRC:
@@ -100,17 +108,19 @@ class Tensor:
         _registry[self.addr] = self
 
     # -- scalar fields
-    type = property(lambda s: int(s._w[_W_TYPE]), lambda s, v: s._w.__setitem__(_W_TYPE, v))
-    op = property(lambda s: int(s._w[_W_OP]), lambda s, v: s._w.__setitem__(_W_OP, v))
-    flags = property(lambda s: int(s._w[_W_FLAGS]), lambda s, v: s._w.__setitem__(_W_FLAGS, v))
-    view_offs = property(lambda s: int(s._q[_Q_VIEW_OFFS]), lambda s, v: s._q.__setitem__(_Q_VIEW_OFFS, v))
-    data = property(lambda s: int(s._q[_Q_DATA]), lambda s, v: s._q.__setitem__(_Q_DATA, 0 if v is None else v))
-    buffer = property(lambda s: int(s._q[_Q_BUFFER]), lambda s, v: s._q.__setitem__(_Q_BUFFER, 0 if v is None else v))
-    extra = property(lambda s: int(s._q[_Q_EXTRA]), lambda s, v: s._q.__setitem__(_Q_EXTRA, 0 if v is None else v))
+    # (ndarray.item(i) hands back a Python int without a NumPy scalar in between: a third of int(a[i])'s time, and
+    # the graph build, split and allocation read these fields ~100 times per node)
+    type = property(lambda s: s._w.item(_W_TYPE), lambda s, v: s._w.__setitem__(_W_TYPE, v))
+    op = property(lambda s: s._w.item(_W_OP), lambda s, v: s._w.__setitem__(_W_OP, v))
+    flags = property(lambda s: s._w.item(_W_FLAGS), lambda s, v: s._w.__setitem__(_W_FLAGS, v))
+    view_offs = property(lambda s: s._q.item(_Q_VIEW_OFFS), lambda s, v: s._q.__setitem__(_Q_VIEW_OFFS, v))
+    data = property(lambda s: s._q.item(_Q_DATA), lambda s, v: s._q.__setitem__(_Q_DATA, 0 if v is None else v))
+    buffer = property(lambda s: s._q.item(_Q_BUFFER), lambda s, v: s._q.__setitem__(_Q_BUFFER, 0 if v is None else v))
+    extra = property(lambda s: s._q.item(_Q_EXTRA), lambda s, v: s._q.__setitem__(_Q_EXTRA, 0 if v is None else v))
 
     @property
     def view_src(self):
-        return tensor_at(self._q[_Q_VIEW_SRC])
+        return tensor_at(self._q.item(_Q_VIEW_SRC))
 
     @view_src.setter
     def view_src(self, t):
@@ -122,8 +132,7 @@ class Tensor:
 
     @property
     def name(self) -> str:
-        b = self.raw[256:320].tobytes()
-        return b[:b.index(b"\0")].decode("utf-8", "replace") if b"\0" in b else b.decode("utf-8", "replace")
+        return self.raw[256:320].tobytes().partition(b"\0")[0].decode("utf-8", "replace")
 
     @name.setter
     def name(self, value: str):

@@ -22,8 +22,6 @@ from ..ggml.backend import backend_reg_get_proc_address, backend_reg_name
 from ..ggml.backend_reg import backend_reg_count, backend_reg_get
 from ..ggml.impl import GGML_LOG
 from .batch import LlamaBatch, batch_add, batch_free, batch_get_one, batch_init  # noqa: F401
-from .chat import ChatMessage, ChatTemplateError, chat_apply_template  # noqa: F401
-from .chat import model_chat_template as _t
 from .context import (  # noqa: F401
     LLAMA_FLASH_ATTN_TYPE_AUTO,
     LLAMA_FLASH_ATTN_TYPE_DISABLED,
@@ -97,7 +95,20 @@ def model_get_vocab(model: LlamaModel):
 
 
 def model_chat_template(model: LlamaModel, name: str | None = None):
+    from .chat import model_chat_template as _t
     return _t(model, name)
+
+
+_CHAT_NAMES = ("ChatMessage", "ChatTemplateError", "chat_apply_template")
+
+
+def __getattr__(name):
+    # ggviz: the chat templates (llama-chat.cpp + minja: Jinja2's sandbox, ~0.05-0.1 s to import) load on their first
+    # use, not with every `from ggviz import llama`: a plain run never applies a template
+    if name in _CHAT_NAMES:
+        from . import chat
+        return getattr(chat, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def model_n_ctx_train(model):

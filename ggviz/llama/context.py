@@ -441,16 +441,26 @@ class LlamaContext(context_pool.GraphCache):
         self._prev_key = None
         self.last_graph = None
         self.reserve_log = []
-        self.resolve_fused_ops(n_seqs)
+        # ggviz: llama.cpp builds a graph for each of the four reserves below; two are the same graph as an earlier
+        # one (the tg probe and the tg reserve; the two pp reserves). With a single backend splitting leaves a graph
+        # as it was built (no input copies rewrite a node's sources), so the built graph is reserved again instead
+        # of rebuilt: the same nodes, the same sizes, half the Python work of a first context. With several
+        # backends each reserve builds its own, as in llama.cpp.
+        reuse = {} if len(self.backends) == 1 else None
+        tg_probe = self.resolve_fused_ops(n_seqs)
+        if reuse is not None and tg_probe is not None and self.flash_attn:
+            reuse["tg"] = tg_probe        # (a probe that turned flash attention off built the other graph)
         n_outputs_pp = min(n_tokens, self.n_outputs_max)
         # reserve pp (prompt processing) graph first so that buffers are only allocated once
         pp = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
+        if reuse is not None:
+            reuse["pp"] = pp
         n_splits_pp, n_nodes_pp = gs.backend_sched_get_n_splits(self.sched), pp.gf.n_nodes
         # reserve with tg (token generation) graph to get the number of splits and nodes
-        tg = self.graph_reserve(n_seqs, n_seqs, n_seqs)
+        tg = self.graph_reserve(n_seqs, n_seqs, n_seqs, reuse=(reuse or {}).get("tg"))
         n_splits_tg, n_nodes_tg = gs.backend_sched_get_n_splits(self.sched), tg.gf.n_nodes
         # reserve again with pp graph to avoid ggml-alloc reallocations during inference
-        self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
+        self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, reuse=(reuse or {}).get("pp"))
         self.backend_buf_exp_size = [gs.backend_sched_get_buffer_size(self.sched, b) for b in self.backends]
         self.reserve_stats = dict(n_tokens_pp=n_tokens, n_outputs_pp=n_outputs_pp, n_tokens_tg=n_seqs,
                                   n_kv=self.kv.size, n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg,
@@ -467,7 +477,7 @@ class LlamaContext(context_pool.GraphCache):
         sequence and keep flash attention only if the scheduler put each FLASH_ATTN_EXT on the device of its layer
         (``model.dev_layer(il)``; the CPU when the layer is not offloaded)."""
         if not self.auto_fa:
-            return
+            return None
         self.auto_fa = False
         res = self.graph_reserve(n_seqs, n_seqs, n_seqs, split_only=True)
         cpu = gb.backend_get_device(self.backend_cpu)
@@ -492,26 +502,29 @@ class LlamaContext(context_pool.GraphCache):
         else:
             impl.GGML_LOG("info", "resolve_fused_ops: Flash Attention enabled")
             self.flash_attn = True
+        return res
 
-    def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False):
+    def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False, reuse=None):
         """llama_context::graph_reserve: build the graph of a dummy ubatch (``n_tokens`` tokens, the first
         ``n_outputs`` of them output) over the full KV cache and reserve the scheduler's buffers for it
         (``ggml_backend_sched_reserve``), or only split it (``split_only``). The scheduler is reset first, so the
-        previous graph can no longer be reused. Returns the GraphResult (its inputs are never set)."""
+        previous graph can no longer be reused. Returns the GraphResult (its inputs are never set). ``reuse``:
+        ggviz: the GraphResult of an earlier reserve of the same dummy ubatch, reserved again instead of rebuilt
+        (sched_reserve)."""
         if n_tokens % n_seqs != 0:
             n_tokens = ((n_tokens + (n_seqs - 1)) // n_seqs) * n_seqs   # round to next multiple of n_seqs
         gs.backend_sched_reset(self.sched)
         # when the scheduler is reset, we cannot reuse old graphs
         self._prev_key = None
         # memory->init_full(): the graph attends the whole cache
-        res = self.build_graph(n_tokens, n_outputs, self.kv.size)
+        res = reuse if reuse is not None else self.build_graph(n_tokens, n_outputs, self.kv.size)
         if split_only:
             gs.backend_sched_split_graph(self.sched, res.gf)
         elif not gs.backend_sched_reserve(self.sched, res.gf):
             raise DecodeError(f"llama_context::graph_reserve: failed to allocate compute buffers "
                               f"({impl.last_log_error() or 'allocation failed'})")
         entry = dict(n_tokens=n_tokens, n_seqs=n_seqs, n_outputs=n_outputs, n_kv=self.kv.size,
-                     split_only=split_only, n_nodes=res.gf.n_nodes, n_leafs=res.gf.n_leafs,
+                     split_only=split_only, rebuilt=reuse is None, n_nodes=res.gf.n_nodes, n_leafs=res.gf.n_leafs,
                      n_splits=gs.backend_sched_get_n_splits(self.sched),
                      sizes={gb.backend_name(b): gs.backend_sched_get_buffer_size(self.sched, b)
                             for b in self.backends})

@@ -14,6 +14,17 @@ model loaded once by each, in one process, the two libraries alternating rep by 
 * ggviz's cost of a change of batch shape (prefill -> decode, the graph not cached): a profile of the decode step
   (graph build, scheduler split, allocation, plan + compile, compute), and the same switch with the graph cached.
 
+**Then what a newcomer meets first** (``oneshot_bench``; ``--no-oneshot`` skips it), each library in fresh Python
+processes, alternating rep by rep (``ggviz/tools/oneshot_child.py`` is the process):
+
+* the one-shot ``ggviz run -p "The capital of France is" -n 32`` (its whole process, wall) beside the same run
+  through llama-cpp-python in a fresh process (the texts are compared), with a profile of both by phase (imports,
+  model load, context creation, prompt, first step, the other steps);
+* the first context of a loaded model (context n_ctx 512 + the 4-token prompt + the first sample);
+* the first decode step after a 128-token prompt (a new batch shape) beside a steady step.
+
+Both libraries use their default context parameters (flash attention: llama.cpp's default, auto = on for the CPU).
+
 The median of the reps is printed with the ratio ggviz / llama.cpp (> 1: ggviz faster; for times, < 1). It prints;
 it does not assert. ``benchmarks/bench_user.py`` runs the same code.
 
@@ -23,9 +34,12 @@ The older comparison with a plain NumPy forward of the same model (``ggviz bench
 from __future__ import annotations
 
 import cProfile
+import importlib.util
+import json
 import os
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 
@@ -113,8 +127,7 @@ class LlamaCppLib:
         cp = L.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = N_CTX_USER, N_CTX_USER, N_CTX_USER
         cp.n_threads = cp.n_threads_batch = self.n_threads
-        cp.flash_attn_type = 0
-        return L.llama_init_from_model(self.model, cp)
+        return L.llama_init_from_model(self.model, cp)          # flash attention: its default (auto), as ggviz
 
     def sampler(self, common: bool):
         L = self.L
@@ -280,6 +293,123 @@ def user_bench(path=None, n_threads: int = 2, reps: int = 3, n_gen: int = 64, n_
     return res
 
 
+# =====================================================================================================================
+# what a newcomer meets first: a one-shot run, a first context, a first step of a new shape -- fresh processes
+# =====================================================================================================================
+
+ONESHOT_PROMPT = "The capital of France is"
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "oneshot_child.py")
+
+
+def llama_cpp_python() -> tuple[str, dict] | None:
+    """(interpreter, environment) of a fresh process that imports llama_cpp: this interpreter when this process can
+    import it (its package directory first on PYTHONPATH); None when it cannot."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    site = os.path.dirname(list(spec.submodule_search_locations)[0])
+    return sys.executable, {"PYTHONPATH": site}
+
+
+def _child_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    # a user's installed package has its bytecode written once (pip does it); a sandbox's PYTHONDONTWRITEBYTECODE
+    # would make every fresh process compile ggviz's ~100 modules again, which no user's run does
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _run_child(argv: list, env: dict) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = (time.perf_counter() - t0) * 1e3
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])} ... failed ({p.returncode}): {p.stderr.strip()[-800:]}")
+    return wall, p.stdout
+
+
+def oneshot_bench(path=None, n_threads: int = 2, reps: int = 3, n_predict: int = 32, prompt: str = ONESHOT_PROMPT,
+                  llama_cpp: bool = True, log=print) -> dict:
+    """The one-shot run, the first context and the first step of a new shape, each library in fresh processes,
+    alternating (see the module docstring). Returns {library: {figure: [ms per rep]}}."""
+    path = str(path or fetch_default_model(quiet=True))
+    ours = (sys.executable, {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))})
+    libs = [("ggviz", ours)]
+    theirs = llama_cpp_python() if llama_cpp else None
+    if theirs is not None:
+        libs.append(("llama.cpp", theirs))
+    elif llama_cpp:
+        log("llama.cpp: llama-cpp-python not importable; ggviz alone")
+    args = [path, str(n_threads), str(n_predict), prompt]
+    res = {name: {} for name, _ in libs}
+    texts = {}
+
+    def one(name, py, env, warm=False):
+        r = res[name]
+        if name == "ggviz":       # the command itself, then the same run in phases
+            wall, out = _run_child([py, "-m", "ggviz", "run", "-m", path, "-p", prompt, "-n", str(n_predict),
+                                    "-t", str(n_threads)], _child_env(env))
+            texts.setdefault(name, set()).add(out[:-2] if out.endswith("\n\n") else out)
+        wall_c, out_c = _run_child([py, _CHILD, name, *args, "oneshot"], _child_env(env))
+        d = json.loads(out_c.strip().splitlines()[-1])
+        if name != "ggviz":
+            wall = wall_c
+            texts.setdefault(name, set()).add(d["text"])
+        _, out_f = _run_child([py, _CHILD, name, *args, "first_ctx,shape"], _child_env(env))
+        d.update({k: v for k, v in json.loads(out_f.strip().splitlines()[-1]).items() if k.startswith(("fc_", "first_", "shape_"))})
+        if warm:
+            return
+        r.setdefault("wall_ms", []).append(wall)
+        r.setdefault("startup_ms", []).append(wall_c - d["oneshot_ms"])
+        for k, v in d.items():
+            if isinstance(v, float):
+                r.setdefault(k, []).append(v)
+
+    for name, (py, env) in libs:           # warm: bytecode written, kernels' caches and the file in the page cache
+        one(name, py, env, warm=True)
+    for _ in range(reps):
+        for name, (py, env) in libs:
+            one(name, py, env)
+    try:
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "?"
+    same = len(set().union(*texts.values())) == 1
+    log(f"\nfresh processes, {n_threads} thread(s), median of {reps} alternating reps (load average {load})")
+    log(f"one-shot `ggviz run -p {prompt!r} -n {n_predict}`: the same text from both: "
+        f"{'yes' if same else 'NO: ' + repr(texts)}")
+    rows = [("one-shot process, wall", "wall_ms"),
+            ("  interpreter start-up", "startup_ms"),
+            ("  imports", "imports_ms"),
+            ("  model load", "load_ms"),
+            ("  context creation (n_ctx 2048)", "ctx_ms"),
+            ("  prompt", "prompt_ms"),
+            ("  first step (sample + decode)", "first_step_ms"),
+            (f"  the other {n_predict - 1} steps", "rest_ms"),
+            ("  (a steady step)", "steady_step_ms"),
+            ("first context of a loaded model", "first_ctx_ms"),
+            ("  context creation (n_ctx 512)", "fc_ctx_ms"),
+            ("  4-token prompt", "fc_prompt_ms"),
+            ("  first sample", "fc_sample_ms"),
+            ("decode step after a 128-token prompt", "shape_first_ms"),
+            ("  a steady decode step after it", "shape_steady_ms")]
+    names = [name for name, _ in libs]
+    log(f"{'ms':44s}" + "".join(f"{n:>12s}" for n in names) + ("   ggviz/llama.cpp" if len(names) > 1 else ""))
+    for label, key in rows:
+        med = [statistics.median(res[n][key]) for n in names]
+        line = f"{label:44s}" + "".join(f"{m:12.1f}" for m in med)
+        if len(med) > 1 and med[1] > 0:
+            line += f"   x{med[0] / med[1]:.2f}"
+        log(line)
+    for n in names:
+        r = res[n]
+        log(f"{n}: first decode step after the 128-token prompt / a steady step: "
+            f"x{statistics.median(r['shape_first_ms']) / statistics.median(r['shape_steady_ms']):.2f}")
+    return res
+
+
 def user_main(argv=None, prog: str = "ggviz bench") -> int:
     """benchmarks/bench_user.py's entry (its own option names)."""
     ap = cli.ArgumentParser(prog=prog, description="what a user waits for: ggviz and llama.cpp alternating")
@@ -306,10 +436,16 @@ def main(argv=None) -> int:
                          "GGML_BLAS; default: llama.cpp's default CPU build (tinyBLAS sgemm / vec_dot)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if importable")
     ap.add_argument("--no-profile", action="store_true", help="skip the profile of a change of batch shape")
+    ap.add_argument("--no-oneshot", action="store_true",
+                    help="skip the one-shot run, first context and new-shape figures (fresh processes)")
+    ap.add_argument("--oneshot-only", action="store_true", help="only those")
     args = ap.parse_args(argv)
     for nt in args.threads:
-        user_bench(args.model, nt, args.reps, args.decode, args.prefill, llama_cpp=not args.no_llama_cpp,
-                   profile=not args.no_profile, log=write, use_blas=args.blas)
+        if not args.oneshot_only:
+            user_bench(args.model, nt, args.reps, args.decode, args.prefill, llama_cpp=not args.no_llama_cpp,
+                       profile=not args.no_profile, log=write, use_blas=args.blas)
+        if not args.no_oneshot:
+            oneshot_bench(args.model, nt, args.reps, llama_cpp=not args.no_llama_cpp, log=write)
     return 0
 
 

@@ -34,7 +34,7 @@ from ..backend import (
     ggml_backend_reg_i,
 )
 from ..impl import GGML_ASSERT, GGML_LOG, op_is_empty
-from ..tensor import Tensor, is_contiguous, is_quantized
+from ..tensor import _Q_SRC, Tensor, is_contiguous, is_quantized, tensor_at
 from . import cpu_feats, ggml_cpu, traits
 from . import threadpool as _tp
 from .quants import VEC_DOT_TYPE
@@ -245,10 +245,12 @@ def _cpu_dev_supports_op(dev, op: Tensor) -> bool:
         return True
     # check extra buffer types
     # note: only the first sources are checked for extra buffer types to reduce overhead, increase if necessary
-    for i in range(4):
-        s = op.src[i]
-        if s is not None and s.buffer and backend_cpu_is_extra_buffer_type(buffer_at(s.buffer).buft):
-            buf_extra = buffer_at(s.buffer).buft.context
+    for a in op._q[_Q_SRC:_Q_SRC + 4].tolist():      # op->src[0..3], the pointers read in one go
+        if not a:
+            continue
+        buf = tensor_at(a).buffer
+        if buf and backend_cpu_is_extra_buffer_type(buffer_at(buf).buft):
+            buf_extra = buffer_at(buf).buft.context
             return bool(buf_extra.supports_op(dev, op))
     o = op.op
     if o in (C.GGML_OP_CPY, C.GGML_OP_SET_ROWS):

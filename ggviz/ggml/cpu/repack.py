@@ -236,6 +236,21 @@ class TensorTraits:
         return repack_blocks(self, blocks, rows, ne00)
 
 
+def _qs_words(blocks: np.ndarray):
+    """The blocks' 16 quant bytes as 4 uint32 words each, (rows, nb, 4), viewing the same memory -- or None when the
+    quants do not sit on 4-byte boundaries (Q4_0's 18-byte blocks)."""
+    off = blocks.dtype.fields["qs"][1]
+    size = blocks.dtype.itemsize
+    base = blocks.__array_interface__["data"][0]
+    if (size % 4 or off % 4 or base % 4 or blocks.strides[-1] != size
+            or blocks.strides[0] != size * blocks.shape[1]):
+        return None
+    words = np.frombuffer(blocks, np.uint32) if blocks.flags.c_contiguous else None
+    if words is None:
+        return None
+    return words.reshape(blocks.shape[0], blocks.shape[1], size // 4)[:, :, off // 4:off // 4 + 4]
+
+
 def repack_blocks(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int) -> RepackedWeight:
     """ggml blocks (rows, nb) -> the 8-row interleaved layout the compiled kernels read."""
     g, nb = rows // NB_COLS, ne00 // 32
@@ -251,8 +266,12 @@ def repack_blocks(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int
         qs = blocks["qs"].view(np.uint8).reshape(g, NB_COLS, nb, 8, INTER_SIZE)
         qs = np.ascontiguousarray(qs.transpose(0, 2, 3, 1, 4))          # (g, nb, chunk, row, 4)
     else:
-        qs = blocks["qs"].reshape(g, NB_COLS, nb, 4, INTER_SIZE)        # 16 bytes: lo nibble j, hi nibble j+16
-        qs = np.ascontiguousarray(qs.transpose(0, 2, 3, 1, 4))
+        qs = _qs_words(blocks)
+        if qs is not None:    # the same bytes moved 4 at a time (one uint32 per row and step): ~4x faster
+            qs = np.ascontiguousarray(qs.reshape(g, NB_COLS, nb, 4).transpose(0, 2, 3, 1)).view(np.uint8)
+        else:
+            qs = blocks["qs"].reshape(g, NB_COLS, nb, 4, INTER_SIZE)    # 16 bytes: lo nibble j, hi nibble j+16
+            qs = np.ascontiguousarray(qs.transpose(0, 2, 3, 1, 4))
         if traits.type == GGML_TYPE_Q4_1:
             m = scales("m")
     return RepackedWeight(traits, qs.reshape(-1), d.reshape(-1), None if m is None else m.reshape(-1), rows, ne00)
