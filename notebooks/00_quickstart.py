@@ -146,7 +146,7 @@ Exercise(f"This context has {kv.size} KV cells. How many MiB of K and V data wou
                  f"F16 values ({hp.n_head_kv} KV heads × {hp.n_embd // hp.n_head} dims) = {int(per_cell):,} bytes "
                  f"per cell; the cache grows linearly with n_ctx, the weights do not.")
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 Exercise(f"The compute buffer ({buf / 2**20:.2f} MiB) is smaller than the sum of the tensors placed in it "
          f"({total / 2**20:.2f} MiB). Why?",
          "the allocator reuses a tensor's bytes once its last consumer has run",

@@ -263,7 +263,7 @@ TensorExplorer(parts["K"], views=[parts["Q"], parts["V"]]).select(1, 2)
 # %%
 ex.view_cost(a)
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 ex.Exercise("ggml_reshape_2d(ctx, at, 6, 1) was refused above, but the same reshape of `a` works. Why?",
             "at is not contiguous: a reshape only gives new sizes to the same bytes in the same order",
             choices=["at is not contiguous: a reshape only gives new sizes to the same bytes in the same order",

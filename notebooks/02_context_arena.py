@@ -139,7 +139,7 @@ view_cost = ggml.used_mem(ctx) - before
 print("transpose cost", view_cost, "bytes = 32 + 336;  data inside w's data:", wt.data == w.data)
 viz.arena_map(ctx)[-2:]
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 ex.Exercise(f"The transpose of `w` ({ggml.nbytes(w)} bytes of data) cost {view_cost} bytes of arena. A transpose of a "
             f"1 MiB tensor would cost the same {view_cost}. Why?",
             "a view is a new header and struct whose data pointer points into the source's bytes",

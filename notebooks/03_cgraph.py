@@ -91,7 +91,7 @@ ex.Exercise(f"The graph of `out` plus {extra} more ADD(·, u) nodes: what is u's
             explain="Each reading source slot counts once: v reads u twice (src[0] and src[1]), out once, and every "
                     "extra ADD once. u itself is still one node: the hash set keeps it from being added again.")
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 ex.Exercise(f"`W` and `x` are leafs of u only, yet the walk hit each of them {hits['W']} times. Why?",
             "on a hit, the walk still enters the sources not flagged COMPUTE, and a leaf never gets that flag",
             choices=["on a hit, the walk still enters the sources not flagged COMPUTE, and a leaf never gets that flag",

@@ -130,7 +130,7 @@ e.question = (f"The same block on {n_tokens} tokens instead of 8 (the buffer was
               + e.question)
 e
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 res_T = next(t for t in gf.nodes if t.name == "res_T")
 ex.Exercise("In the plan above, `res_T` (the transpose) takes no bytes of the gallocr's buffer. Why?",
             "a view's data points into its source's bytes: ggml_backend_view_init places it inside res",

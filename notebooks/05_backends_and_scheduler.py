@@ -247,7 +247,7 @@ e
 views[10].select_split(1)
 views[10]
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 kv_view = next(a for a in views[10].assignment("1") if a["view_op"] and "cache_k" in a["name"])
 ex.Exercise(f"With -ngl 10, the KV cache views of the CPU layers (the first: {kv_view['name']!r}, a "
             f"{kv_view['op']}) were assigned to {kv_view['backend']} in pass 1, not to the CPU. Why?",

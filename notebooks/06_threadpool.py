@@ -189,7 +189,7 @@ claims.sort(key=lambda r: r["t (µs)"])
 print(f"{name}: {len(claims)} chunks of rows, claimed in this order:")
 viz.Table(claims)
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 per_thread = {ith: sum(r["thread"] == ith for r in claims) for ith in sorted({r["thread"] for r in claims})}
 ex.Exercise(f"Thread ith always starts with chunk ith, yet which thread computes chunk {c['n_threads']} and later "
             "ones changes from run to run. Why?",

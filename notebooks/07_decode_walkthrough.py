@@ -288,7 +288,7 @@ FlashAttnStepper(walk)
 # > visits as many cells as there are tokens so far. The softmax's weights never exist as a vector: each is used once
 # > (`vs`) and folded into `S`, and an earlier cell's weight is corrected later by `ms` when the max moves.
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 Exercise("Step 0 of every row has ms = 0. Why?",
          "M starts at -inf, so ms = expf(-inf - s) = 0: the empty accumulator is scaled by 0",
          choices=["M starts at -inf, so ms = expf(-inf - s) = 0: the empty accumulator is scaled by 0",

@@ -250,7 +250,7 @@ for name, (m, ids, ctx) in runs.items():
     print(name)
     display(HTML(MV.KVCacheView(ctx.snapshots, m.vocab).to_html()))
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 if gemma is not None:
     g_ids = runs["Gemma-3 270M (gemma3)"][1]
     display(Exercise("In this real decode Gemma-3's two masks attend the same cells, while the 640-position run above "

@@ -161,7 +161,7 @@ ids = llama.tokenize(sparse.vocab, text, add_special=False)[:10]
 run_full = capture.capture_sparse_run(sparse, ids, threshold=-np.inf)
 PV.PredictorView(run_full, metrics["act_threshold"], layer=10, threshold=0.0)
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 Exercise("The predictor is compared with the activations of a run at threshold −∞ (nothing skipped), not of a run "
          "at the file's threshold. Why?",
          "a skipped neuron's activation is 0 because it was skipped, so it would look inactive",

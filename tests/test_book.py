@@ -129,3 +129,14 @@ def test_book_fetches_the_models_its_notebooks_need(tmp_path, monkeypatch, capsy
     assert len(err) == 3 and "fetching it" in err[0], err           # the announcement, then the two-line stop
     assert "08_two_architectures needs gemma3-270m" in err[1] and "no network" in err[1]
     assert "ggviz fetch gemma3-270m" in err[2]
+
+
+def test_answer_cells_show_no_input():
+    """A cell tagged ANSWER_TAG (a "why" exercise: its source names the right reason) keeps its output on the page,
+    not its source."""
+    secret = "the-right-reason-is-here"
+    tagged = nbformat.v4.new_code_cell(f"Exercise('why?', '{secret}')", metadata={"tags": [book.ANSWER_TAG]})
+    tagged.outputs = [nbformat.v4.new_output("display_data", data={"text/html": "<p>question shown</p>"})]
+    plain = nbformat.v4.new_code_cell("x = 'code shown'")
+    body, _ = book._exporter().from_notebook_node(nbformat.v4.new_notebook(cells=[tagged, plain]))
+    assert "question shown" in body and "code shown" in body and secret not in body

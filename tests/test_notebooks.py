@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from ggviz.tools import book
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
@@ -30,13 +32,15 @@ def static_gaps(nb) -> list[str]:
 EXERCISE = re.compile(r"<div class='ggv-exercise' data-kind='(\w+)'(.*?)</details></div>", re.S)
 
 
-def exercises(nb) -> list[tuple[str, str]]:
-    """(kind, static HTML) of every exercise a notebook displayed (``Exercise.to_html``)."""
+def exercises(nb, cells: bool = False) -> list:
+    """(kind, static HTML) of every exercise a notebook displayed (``Exercise.to_html``); with ``cells``, (kind,
+    HTML, the cell that displayed it)."""
     found = []
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             html = out.get("data", {}).get("text/html", "")
-            found += EXERCISE.findall("".join(html) if isinstance(html, list) else html)
+            found += [(k, h, cell) if cells else (k, h)
+                      for k, h in EXERCISE.findall("".join(html) if isinstance(html, list) else html)]
     return found
 
 
@@ -51,17 +55,20 @@ def gemma_fetched() -> bool:
 
 def test_exercises_in_every_notebook(notebook_runner):
     """At least three exercises per notebook, one of each kind (predict a number; change, predict, rerun; why),
-    30 or more in all, each answer folded in a closed <details> of its static rendering (the book's page). The runs
-    are the session's (no notebook executed twice)."""
+    30 or more in all, each answer folded in a closed <details> of its static rendering (the book's page); a "why"
+    cell, whose source names the right reason, is tagged so that the book leaves its input out (and the live
+    notebook collapses it). The runs are the session's (no notebook executed twice)."""
     kinds, total = {}, 0
     for path in NOTEBOOKS:
         if path.stem.startswith("08") and not gemma_fetched():
             continue                  # nb08's exercises are about Gemma-3 (`ggviz fetch gemma3-270m`; CI fetches it)
-        found = exercises(notebook_runner(path))
-        kinds[path.stem] = sorted({k for k, _ in found})
+        found = exercises(notebook_runner(path), cells=True)
+        kinds[path.stem] = sorted({k for k, _, _ in found})
         total += len(found)
         assert len(found) >= 3, f"{path.name}: {len(found)} exercises"
-        for kind, html in found:
+        for kind, html, cell in found:
+            if kind == "why":             # the right reason is written in the source: the book shows no input
+                assert book.ANSWER_TAG in cell.metadata.get("tags", []), f"{path.name}: untagged why cell"
             assert re.search(r"<details(?![^>]*\bopen)[^>]*><summary>[^<]*</summary><div class='ggv-answer'>", html), \
                 f"{path.name}: a {kind} exercise whose answer is not folded: {html[:200]}"
             assert "Answer:" not in html.split("<details")[0], f"{path.name}: answer before the fold"

@@ -31,6 +31,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbconvert import HTMLExporter
+from traitlets.config import Config
 
 from .. import fetch
 from ..progress import progress
@@ -136,8 +137,14 @@ def title_of(nb, default: str) -> str:
     return default
 
 
+ANSWER_TAG = "answer-in-source"      # a cell whose source names an exercise's answer (a "why" choice): no input shown
+
+
 def _exporter() -> HTMLExporter:
-    exp = HTMLExporter(template_name="lab")
+    cfg = Config()
+    cfg.TagRemovePreprocessor.enabled = True
+    cfg.TagRemovePreprocessor.remove_input_tags = {ANSWER_TAG}
+    exp = HTMLExporter(template_name="lab", config=cfg)
     exp.exclude_input_prompt = False
     # offline: no RequireJS (only widgets need it, and the book has none) and no MathJax from a CDN
     exp.require_js_url = ""
