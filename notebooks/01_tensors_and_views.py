@@ -285,7 +285,7 @@ r = ggml.reshape_2d(ctx, a, 3, 2)
 print("a :", a.shape, a.strides)
 print("r :", r.shape, r.strides, " same data:", r.data == a.data, " view_src is a:", r.view_src == a)
 print(ggml.get_data(r)[0, 0])
-viz.plot_arena(ctx, scale="sqrt", max_labels=40, title="the arena after the reshape: r, the last object, is a struct whose data is a's");
+viz.plot_arena(ctx, scale="sqrt", max_labels=40, title="after the reshape: the last object, 'a (reshaped)', is r: a struct whose data is a's");
 
 # %% [markdown]
 # ### `ggml_cpy`: the result is a view of the destination
