@@ -58,6 +58,18 @@ vocab = llama.model_get_vocab(model)
 print("prompt tokens :", [(t, vocab.token_to_piece(t, True).decode()) for t in g.prompt_tokens])
 print("new tokens    :", [(t, vocab.token_to_piece(t, True).decode()) for t in g.tokens])
 
+# %%
+from ggviz.viz.widgets import Exercise
+
+my_prompt = "The ggml library is written in C"     # change the text, predict, then run this cell again
+my_ids = llama.tokenize(vocab, my_prompt, add_special=True, parse_special=True)
+n_my = len(my_ids)
+Exercise(f"The tokenizer turned {g.prompt!r} into {len(g.prompt_tokens)} tokens (the list above). Into how many "
+         f"tokens will it turn {my_prompt!r}?", n_my, unit="tokens", kind="rerun",
+         explain="A frequent English word with its leading space is usually one token (' library'); a rare one "
+                 "takes several (' g' + 'g' + 'ml' above). SmolLM2's tokenizer adds no BOS (the list starts with the "
+                 f"text itself). Here: {[vocab.token_to_piece(t, True).decode() for t in my_ids]}.")
+
 # %% [markdown]
 # *Read the code:* ggviz.llama.vocab.Vocab.tokenize, ggviz.llama.context.LlamaContext.decode, ggviz.llama.sampling.sampler_sample ↔ llama-vocab.cpp llama_tokenize; llama-context.cpp llama_decode; llama-sampler.cpp llama_sampler_sample
 
@@ -109,22 +121,44 @@ from ggviz.ggml import alloc
 
 step = decode_step("The ggml library is", threads=2, model=model, record=False)   # prompt + one decode step
 kv = step.ctx.kv
+kv_data = sum(b.size for b in kv.bufs)            # the K and V bytes: a backend buffer, not the ggml context
 fig, ax = plt.subplots(figsize=(13, 2.2))
 viz.plot_arena(kv.ctx, ax=ax, scale="sqrt", max_labels=12,
-               title=f"KV cache context: {len(kv.k_l)} K and {len(kv.v_l)} V tensors of {kv.size} cells, "
-                     f"{kv.ctx.used_mem():,} bytes; {kv.cells.used} cells used")
+               title=f"the KV cache's ggml context: the headers of {len(kv.k_l)} K and {len(kv.v_l)} V tensors "
+                     f"({kv.ctx.used_mem():,} bytes of metadata, no_alloc); their data, {kv_data / 2**20:.3f} MiB "
+                     f"for {kv.size} cells, is in a backend buffer")
 plt.show()
+print(f"KV cache: {kv.size} cells, {kv.cells.used} used (the prompt and the decoded token); data "
+      f"{kv_data:,} bytes = {kv_data / 2**20:.3f} MiB in {len(kv.bufs)} backend buffer(s)")
 
 galloc = step.ctx.sched.galloc if hasattr(step.ctx, "sched") else step.ctx._galloc   # the graph allocator
 plan = galloc.last_alloc
 total = sum(t["size"] for t in plan["tensors"] if t["offset"] is not None and not t["view_src"])
 buf = sum(alloc.gallocr_get_buffer_size(galloc, i) for i in range(galloc.n_buffers))
 print(f"compute buffer: {len(plan['tensors'])} tensors placed for a {plan['n_nodes']}-node graph; "
-      f"sum of their sizes {total:,} bytes, in a buffer of {buf:,} bytes")
+      f"sum of their sizes {total / 2**20:.2f} MiB, in a buffer of {buf / 2**20:.2f} MiB")
+
+# %%
+per_cell = kv_data / kv.size                       # bytes per KV cell: K and V of every layer
+Exercise(f"This context has {kv.size} KV cells. How many MiB of K and V data would a context of 4096 cells "
+         f"hold (same model, F16 cache)?", round(per_cell * 4096 / 2**20, 3), rel_tol=0.01, unit="MiB",
+         explain=f"Each cell holds K and V for every layer: {hp.n_layer} layers × 2 × {int(per_cell) // (4 * hp.n_layer)} "
+                 f"F16 values ({hp.n_head_kv} KV heads × {hp.n_embd // hp.n_head} dims) = {int(per_cell):,} bytes "
+                 f"per cell; the cache grows linearly with n_ctx, the weights do not.")
+
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+Exercise(f"The compute buffer ({buf / 2**20:.2f} MiB) is smaller than the sum of the tensors placed in it "
+         f"({total / 2**20:.2f} MiB). Why?",
+         "the allocator reuses a tensor's bytes once its last consumer has run",
+         choices=["the allocator reuses a tensor's bytes once its last consumer has run",
+                  "the activations are quantized to Q4_1 like the weights",
+                  "most tensors are views and take no bytes"],
+         kind="why",
+         explain=f"ggml_gallocr frees a tensor after its last consumer and hands the bytes to later nodes (often "
+                 f"in place): {len(plan['tensors'])} tensors share {buf / 2**20:.2f} MiB. Views are not counted in "
+                 f"the sum above, and activations stay F32.")
 
 # %% [markdown]
-# > **Teacher note.** The compute buffer is tiny next to the sum of the tensors it holds: `ggml_gallocr` frees a
-# > tensor after its last consumer and hands the bytes to the next node (often *in place*). Notebook 04 (the
-# > allocator) shows the plan tensor by tensor. Next: **03 · the compute graph**.
+# > **Teacher note.** Notebook 04 (the allocator) shows the plan tensor by tensor. Next: **03 · the compute graph**.
 #
 # *Read the code:* ggviz.llama.kv_cache.KVCache, ggviz.ggml.alloc.gallocr_alloc_graph ↔ llama-kv-cache.cpp llama_kv_cache::llama_kv_cache; ggml-alloc.c ggml_gallocr_alloc_graph

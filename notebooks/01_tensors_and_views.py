@@ -68,7 +68,7 @@ ggml.get_data(a).reshape(-1)[:] = a_data
 ggml.get_data(b).reshape(-1)[:] = b_data
 
 result = ggml.add(ctx, a, b)                               # nothing is computed yet
-print("before compute:", result.name or "(unnamed)", ggml.op_desc(result), result.shape, "src =", result.src[:2])
+print("before compute:", result.name or "(unnamed)", ggml.op_desc(result), result.shape, "src =", [t.name for t in result.src[:2]])
 
 gf = ggml.new_graph(ctx)                                   # ggml_new_graph
 ggml.build_forward_expand(gf, result)                      # ggml_build_forward_expand
@@ -157,7 +157,17 @@ print("ne =", c.shape, " nb =", c.strides, " nbytes =", ggml.nbytes(c))
 viz.strides_table(c)
 
 # %%
-ex.permute_nb(a)          # predict first; the next section shows it
+ex.permute_nb(a, (2, 0, 1, 3))          # predict first (the next section shows another permutation)
+
+# %%
+new_type, new_ne = ggml.GGML_TYPE_Q8_0, (64, 3)     # change the type or the sizes, predict, then run this cell again
+scratch = ggml.init(1 << 16, no_alloc=True)
+t_new = ggml.new_tensor(scratch, new_type, len(new_ne), list(new_ne))
+ex.Exercise(f"A new {ggml.type_name(new_type)} tensor with ne = {list(new_ne)} (a block of {ggml.blck_size(new_type)} "
+            f"values is {ggml.type_size(new_type)} bytes). What is its nb (4 numbers, bytes)?",
+            tuple(int(x) for x in t_new.nb), kind="rerun",
+            explain="nb[0] = type_size (one block), nb[1] = nb[0] · ne[0] / blck_size (the blocks of one row), "
+                    "then nb[i] = nb[i-1] · ne[i-1].")
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.context.Context.new_tensor_impl, ggviz.ggml.tensor.nbytes, ggviz.ggml.impl.type_size, ggviz.ggml.impl.blck_size ↔ ggml.c ggml_new_tensor_impl, ggml_nbytes, ggml_type_size, ggml_blck_size
@@ -253,6 +263,17 @@ TensorExplorer(parts["K"], views=[parts["Q"], parts["V"]]).select(1, 2)
 # %%
 ex.view_cost(a)
 
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+ex.Exercise("ggml_reshape_2d(ctx, at, 6, 1) was refused above, but the same reshape of `a` works. Why?",
+            "at is not contiguous: a reshape only gives new sizes to the same bytes in the same order",
+            choices=["at is not contiguous: a reshape only gives new sizes to the same bytes in the same order",
+                     "at has no data of its own", "6 × 1 elements do not match at's 2 × 3"],
+            kind="why",
+            explain=f"`at` has nb = {[int(v) for v in at.nb]}: its rows are not consecutive bytes (nb[0] = {at.nb[0]} > nb[1] = "
+                    f"{at.nb[1]}). Reshape recomputes the strides from the new ne as if the bytes were in row "
+                    f"order, which is only true of a contiguous tensor; ggml_cont makes one (atc, nb = "
+                    f"{[int(v) for v in atc.nb]}).")
+
 # %% [markdown]
 # ### Reshape
 #
@@ -264,7 +285,7 @@ r = ggml.reshape_2d(ctx, a, 3, 2)
 print("a :", a.shape, a.strides)
 print("r :", r.shape, r.strides, " same data:", r.data == a.data, " view_src is a:", r.view_src == a)
 print(ggml.get_data(r)[0, 0])
-viz.plot_arena(ctx, scale="log", max_labels=12);
+viz.plot_arena(ctx, scale="sqrt", max_labels=40, title="after the reshape: the last object, 'a (reshaped)', is r: a struct whose data is a's");
 
 # %% [markdown]
 # ### `ggml_cpy`: the result is a view of the destination
@@ -331,7 +352,7 @@ raw = quants.quantize_row_ref(ggml.GGML_TYPE_Q4_0, x)      # quantize_row_q4_0_r
 print(len(raw), "bytes:", raw.tobytes().hex(" "))
 print(viz.hexdump(raw))
 blk = quants.decode_block(ggml.GGML_TYPE_Q4_0, raw)
-print("d =", blk["d"], "(fp16 bytes", raw[:2].tobytes().hex(" ") + ")")
+print(f"d = {blk['d']:.6g} (fp16 bytes {raw[:2].tobytes().hex(' ')})")
 print("qs[0] = 0x%02x -> element 0 = low nibble %d, element 16 = high nibble %d" % (raw[2], raw[2] & 15, raw[2] >> 4))
 print("signed quants:", blk["quants"])
 

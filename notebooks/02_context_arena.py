@@ -43,7 +43,7 @@ print("sizeof(struct ggml_object) =", OBJ, " sizeof(struct ggml_tensor) =", TENS
 # `32 + PAD(336 + nbytes, 16)` bytes of arena; `ggml_used_mem` is the end of the last object.
 
 # %%
-ex.tensor_cost(ggml.GGML_TYPE_F32, (3, 5))      # predict first: the table below shows w = [3, 5] F32
+ex.tensor_cost(ggml.GGML_TYPE_F32, (7, 3))      # predict first; the table below shows four other tensors
 
 # %%
 ctx = ggml.init(256 * 1024)
@@ -133,13 +133,22 @@ table
 # only the 336-byte struct: its `data` points into the source's bytes.
 
 # %%
-ex.view_cost(w)
-
-# %%
 before = ggml.used_mem(ctx)
 wt = ggml.transpose(ctx, w)
-print("transpose cost", ggml.used_mem(ctx) - before, "bytes = 32 + 336;  data inside w's data:", wt.data == w.data)
+view_cost = ggml.used_mem(ctx) - before
+print("transpose cost", view_cost, "bytes = 32 + 336;  data inside w's data:", wt.data == w.data)
 viz.arena_map(ctx)[-2:]
+
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+ex.Exercise(f"The transpose of `w` ({ggml.nbytes(w)} bytes of data) cost {view_cost} bytes of arena. A transpose of a "
+            f"1 MiB tensor would cost the same {view_cost}. Why?",
+            "a view is a new header and struct whose data pointer points into the source's bytes",
+            choices=["a view is a new header and struct whose data pointer points into the source's bytes",
+                     "ggml copies the data lazily, when the graph runs",
+                     "the arena stores views in a separate table"],
+            kind="why",
+            explain=f"{view_cost} = sizeof(struct ggml_object) {OBJ} + sizeof(struct ggml_tensor) {TENSOR}, already a "
+                    f"multiple of {ALIGN}; `wt.data` = `w.data` (checked above). Only ggml_cont (a node) would copy.")
 
 # %%
 ArenaWidget(ctx).select(wt)        # the view's object: a struct whose data field points into w's bytes
@@ -224,7 +233,7 @@ print("q x v =", ggml.get_data(mm).reshape(-1),
       " float reference:", ggml.get_data_f32(q)[0, 0] @ np.ones(64, dtype=np.float32))
 
 # %%
-viz.plot_arena(ctx, scale="log", max_labels=20, title="the whole arena: tensors, views, two graphs, two work buffers")
+viz.plot_arena(ctx, scale="sqrt", max_labels=20, title="the whole arena: tensors, views, two graphs, two work buffers")
 viz.objects_table(ctx)
 
 # %% [markdown]
@@ -238,14 +247,32 @@ viz.objects_table(ctx)
 
 # %%
 small = ggml.init(1024)
-ggml.new_tensor_1d(small, ggml.GGML_TYPE_F32, 100)      # 32 + PAD(336 + 400) = 800 bytes: fits
+ggml.new_tensor_1d(small, ggml.GGML_TYPE_F32, 100)      # 32 + PAD(336 + 400, 16) = 32 + 736 = 768 bytes: fits
+print("after one tensor of 100 floats: used_mem =", ggml.used_mem(small), "of", ggml.get_mem_size(small))
 try:
-    ggml.new_tensor_1d(small, ggml.GGML_TYPE_F32, 100)  # another 800: does not
+    ggml.new_tensor_1d(small, ggml.GGML_TYPE_F32, 100)  # another 768 (to 1536): does not
 except ggml.ContextOutOfMemory as e:
     print(e)
 ggml.free(small)
 ggml.free(meta)
 ggml.free(ctx)
+
+# %%
+n_floats = 30                        # change it, predict, then run this cell again
+tiny = ggml.init(1024)
+fitted = 0
+try:
+    while True:
+        ggml.new_tensor_1d(tiny, ggml.GGML_TYPE_F32, n_floats)
+        fitted += 1
+except ggml.ContextOutOfMemory:
+    pass
+ggml.free(tiny)
+ex.Exercise(f"How many F32 tensors of {n_floats} floats fit in a 1024-byte context before ggml_new_object refuses?",
+            fitted, unit="tensors", kind="rerun",
+            explain=f"Each costs 32 + PAD(336 + 4·{n_floats}, 16) = {cost(4 * n_floats)} bytes; "
+                    f"{fitted} × {cost(4 * n_floats)} = {fitted * cost(4 * n_floats)} ≤ 1024 &lt; "
+                    f"{(fitted + 1) * cost(4 * n_floats)}.")
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.context.Context.new_object ↔ ggml.c ggml_new_object

@@ -42,7 +42,7 @@ u = ggml.set_name(ggml.mul_mat(ctx, W, x), "u")        # u = W x
 v = ggml.set_name(ggml.mul(ctx, u, u), "v")            # v = u * u   (u read twice)
 z = ggml.set_name(ggml.add(ctx, v, b), "z")            # z = v + b
 out = ggml.set_name(ggml.add(ctx, z, u), "out")        # out = z + u (u read a third time)
-ex.graph_counts(out)                                   # predict, then reveal (the next cell builds gf)
+ex.graph_counts(z)                                     # predict, then reveal (the next cell builds gf for `out`)
 
 # %%
 with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec:
@@ -77,11 +77,34 @@ assert gf.use_count(u) == 3 and hits == {"u": 2, "W": 2, "x": 2}
 
 # %% [markdown]
 # `u` has three readers (`v` twice, through `src[0]` and `src[1]`, and `out`), so its use count is 3, and the walk
-# met it three times: one visit, two hits. Why are `W` and `x` hit too? On a hit, `ggml_visit_parents` still walks
-# into the sources that are not yet flagged `GGML_TENSOR_FLAG_COMPUTE` ("update the compute flag regardless"), and a
-# leaf never gets that flag, so `u`'s leafs are met again each time. The graph allocator (notebook 04) uses the use
-# counts to know when `u`'s memory can be reused. Step through the walk with the widget (each click: one event; the
-# hash set on the right):
+# met it three times: one visit, two hits. `W` and `x` were hit twice as well (the exercise below asks why). The graph
+# allocator (notebook 04) uses the use counts to know when `u`'s memory can be reused.
+
+# %%
+extra = 2                          # change it, predict, then run this cell again
+out2 = out
+for _ in range(extra):
+    out2 = ggml.add(ctx, out2, u)  # each one reads u once more
+g_extra = ggml.new_graph(ctx)
+ggml.build_forward_expand(g_extra, out2)
+ex.Exercise(f"The graph of `out` plus {extra} more ADD(·, u) nodes: what is u's use count?", g_extra.use_count(u),
+            kind="rerun",
+            explain="Each reading source slot counts once: v reads u twice (src[0] and src[1]), out once, and every "
+                    "extra ADD once. u itself is still one node: the hash set keeps it from being added again.")
+
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+ex.Exercise(f"`W` and `x` are leafs of u only, yet the walk hit each of them {hits['W']} times. Why?",
+            "on a hit, the walk still enters the sources not flagged COMPUTE, and a leaf never gets that flag",
+            choices=["on a hit, the walk still enters the sources not flagged COMPUTE, and a leaf never gets that flag",
+                     "leafs are stored twice, in nodes and in leafs",
+                     "the hash set had a collision"],
+            kind="why",
+            explain="ggml_visit_parents, on a tensor already in the hash set, still walks into its sources that are "
+                    "not yet flagged GGML_TENSOR_FLAG_COMPUTE (\"update the compute flag regardless\"); a node gets "
+                    "the flag, a leaf (no op) never does, so u's leafs are met again each time u is.")
+
+# %% [markdown]
+# Step through the walk with the widget (each click: one event; the hash set on the right):
 
 # %%
 from ggviz.viz.widgets import VisitAnimation
@@ -109,18 +132,20 @@ model = load_model()
 with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec_dec:
     res = decode_graph(model)
 gfd = res.gf
-ex.layer_node_count(gfd, 0)                            # predict before the counts below
 
 # %%
 visits = [e for e in rec_dec.events if e["kind"] == "graph.visit" and e["graph"] == ggml.graph_key(gfd)]
 print(f"{gfd.n_nodes} nodes, {gfd.n_leafs} leafs; ggml_visit_parents entered {len(visits)} times, "
       f"{sum(e['hit'] for e in visits)} hash-set hits")
-print("ops:", dict(Counter(ggml.op_desc(t).split(' ')[0] for t in gfd.nodes).most_common()))
+op_counts = Counter(ggml.op_desc(t).split(' ')[0] for t in gfd.nodes).most_common()
 for name in ("inp_pos", "attn_inp_kq_mask", "token_embd.weight", "blk.0.attn_q.weight"):
     leafs = [t for t in gfd.leafs if t.name == name]
     readers = [[n.name for n in gfd.nodes if any(s is t for s in n.src)] for t in leafs]
     print(f"{name!r}: {len(leafs)} leaf(s), use counts {[gfd.use_count(t) for t in leafs]}, "
           f"read by {[r[:3] + (['...'] if len(r) > 3 else []) for r in readers]}")
+nl = model.hparams.n_layer
+viz.Table([{"op": op, "nodes": n, "per layer": f"{n // nl}" if n % nl == 0 else "—"} for op, n in op_counts],
+          title=f"the {gfd.n_nodes} nodes of the decode graph, by op")
 
 # %% [markdown]
 # > **Teacher note.** `inp_pos` is read by 60 ROPE nodes (Q and K of 30 layers), the mask by 30 softmaxes. This

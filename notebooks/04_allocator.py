@@ -61,20 +61,26 @@ viz.Table([{k: e[k] for k in ("name", "offset", "size")} for e in rec.events],
 # (`ggml_set_output`); `res_T` is a transpose, a *view* that owns no bytes.
 
 # %%
-gctx = ggml.init(1 << 20, no_alloc=True)
-x = ggml.set_name(ggml.new_tensor_2d(gctx, F32, 64, 8), "x")
-ggml.set_input(x)
-h = ggml.set_name(ggml.rms_norm(gctx, x, 1e-5), "norm")
-h = ggml.set_name(ggml.mul_mat(gctx, w1, h), "up")
-h = ggml.set_name(ggml.add(gctx, h, b1), "up_b")
-h = ggml.set_name(ggml.silu(gctx, h), "act")
-y = ggml.set_name(ggml.mul_mat(gctx, w2, h), "down")
-y = ggml.set_name(ggml.add(gctx, y, x), "res")
-y = ggml.set_name(ggml.cont(gctx, ggml.set_name(ggml.transpose(gctx, y), "res_T")), "res_T_cont")
-probs = ggml.set_name(ggml.soft_max(gctx, y), "probs")
-ggml.set_output(probs)
-gf = ggml.new_graph(gctx)
-ggml.build_forward_expand(gf, probs)
+def mlp_graph(n_tokens):
+    """The MLP block on n_tokens tokens, in a fresh no_alloc context: (context, graph, x, probs)."""
+    gctx = ggml.init(1 << 20, no_alloc=True)
+    x = ggml.set_name(ggml.new_tensor_2d(gctx, F32, 64, n_tokens), "x")
+    ggml.set_input(x)
+    h = ggml.set_name(ggml.rms_norm(gctx, x, 1e-5), "norm")
+    h = ggml.set_name(ggml.mul_mat(gctx, w1, h), "up")
+    h = ggml.set_name(ggml.add(gctx, h, b1), "up_b")
+    h = ggml.set_name(ggml.silu(gctx, h), "act")
+    y = ggml.set_name(ggml.mul_mat(gctx, w2, h), "down")
+    y = ggml.set_name(ggml.add(gctx, y, x), "res")
+    y = ggml.set_name(ggml.cont(gctx, ggml.set_name(ggml.transpose(gctx, y), "res_T")), "res_T_cont")
+    probs = ggml.set_name(ggml.soft_max(gctx, y), "probs")
+    ggml.set_output(probs)
+    gf = ggml.new_graph(gctx)
+    ggml.build_forward_expand(gf, probs)
+    return gctx, gf, x, probs
+
+
+gctx, gf, x, probs = mlp_graph(8)
 print("nodes:", [t.name for t in gf.nodes])
 print("leafs:", [t.name for t in gf.leafs])
 
@@ -86,7 +92,6 @@ print("leafs:", [t.name for t in gf.leafs])
 
 # %%
 no_reuse = alloc.backend_alloc_ctx_tensors_from_buft_size(gctx, cpu_buft)
-ex.gallocr_size_kib(gf, cpu_buft, no_reuse)              # predict, then reveal (a separate gallocr plans it)
 
 # %%
 galloc = alloc.gallocr_new(cpu_buft)                     # ggml_gallocr_new(buft)
@@ -114,6 +119,27 @@ sel = av.state()["selected"]
 print(f"node {sel['node']} {sel['name']}: {sel['alive_bytes']} bytes alive;",
       "handed over:", [(r["name"], "->", r["to"]) for r in sel["handed_over"]])
 viz.Table(sel["alive"], title="alive at node 5")
+
+# %%
+n_tokens = 16                       # change it, predict, then run this cell again
+gctx_n, gf_n, _, _ = mlp_graph(n_tokens)
+no_reuse_n = alloc.backend_alloc_ctx_tensors_from_buft_size(gctx_n, cpu_buft)
+e = ex.gallocr_size_kib(gf_n, cpu_buft, no_reuse_n)    # a fresh gallocr plans the new graph
+e.kind = "rerun"
+e.question = (f"The same block on {n_tokens} tokens instead of 8 (the buffer was {with_reuse / 1024:.1f} KiB for 8). "
+              + e.question)
+e
+
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+res_T = next(t for t in gf.nodes if t.name == "res_T")
+ex.Exercise("In the plan above, `res_T` (the transpose) takes no bytes of the gallocr's buffer. Why?",
+            "a view's data points into its source's bytes: ggml_backend_view_init places it inside res",
+            choices=["a view's data points into its source's bytes: ggml_backend_view_init places it inside res",
+                     "it is freed before it is computed", "the transpose is computed in the work buffer"],
+            kind="why",
+            explain=f"`res_T` has view_src = {res_T.view_src.name!r} and the same data address "
+                    f"({res_T.data == res_T.view_src.data}); the gallocr counts a view as a reader of its source, "
+                    "keeping `res` alive until `res_T_cont` has copied it.")
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.alloc.tallocr_alloc, ggviz.ggml.alloc.backend_alloc_ctx_tensors_from_buft, ggviz.ggml.alloc.gallocr_reserve, ggviz.ggml.alloc.gallocr_alloc_graph ↔ ggml-alloc.c ggml_tallocr_alloc, ggml_backend_alloc_ctx_tensors_from_buft, ggml_gallocr_reserve, ggml_gallocr_alloc_graph
@@ -160,9 +186,19 @@ print(f"{s['n_rects']} tensors in a {s['buffer_size']}-byte buffer ({s['sum_size
 # %%
 dv.figure();
 
+# %%
+n_vocab, n_ubatch = model.hparams.n_vocab, min(cp.n_ctx, cp.n_ubatch)
+slot = next(r for r in dv.rects() if r["name"] == "result_output")
+ex.Exercise(f"The reserve planned `result_output` (the logits) for {n_ubatch} tokens of {n_vocab} F32 logits. How many "
+            f"MiB is its slot in the compute buffer?", round(slot["size"] / 2**20, 3), rel_tol=0.01, unit="MiB",
+            explain=f"{n_ubatch} × {n_vocab} × 4 bytes = {n_ubatch * n_vocab * 4:,} bytes "
+                    f"({n_ubatch * n_vocab * 4 / 2**20:.2f} MiB): the slot is {slot['size']:,} bytes of a "
+                    f"{s['buffer_size'] / 2**20:.2f} MiB buffer. A decode of one token writes only its first "
+                    f"{n_vocab * 4:,} bytes.")
+
 # %% [markdown]
 # > **Teacher note.** The slots are the worst case's: `result_output` was planned for 256 tokens of 49152 logits
-# > (50 MB, nearly all of the buffer), so the offset axis is broken above the rest. The one-token decode writes only
+# > (nearly all of the buffer), so the offset axis is broken above the rest. The one-token decode writes only
 # > the start of each slot. The thirty layers look alike: the plan gives every layer the same offsets. The residual stream
 # > lives in two slots: `ffn_inp-l` (the first residual ADD, written in place over `attn_out-l`) and `l_out-l` (the
 # > second, in place over `ffn_out-l`), at the same two offsets in every layer. The graph inputs (`inp_pos`, the KV

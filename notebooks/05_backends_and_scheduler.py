@@ -175,6 +175,13 @@ sv
 # inputs are copied; ACCEL0 counts the bytes that crossed.
 
 # %%
+norm0 = next(t for t in gf.nodes if t.name == "norm-0")
+ex.Exercise(f"`x` is F32 [{N}, {T}]. When the graph is computed, how many bytes does the copy of `norm-0` into ACCEL0 "
+            f"(the split input ACCEL0#norm-0#0) move?", ggml.nbytes(norm0), unit="bytes",
+            explain=f"norm-0 has x's shape: {N} × {T} floats × 4 bytes. Every split input is a whole tensor, copied "
+                    "before its split runs (ggml_backend_tensor_copy).")
+
+# %%
 xv = rng.standard_normal((T, N)).astype(np.float32)
 backend.backend_tensor_set(x, xv, 0, xv.nbytes)
 accel.backend_accel_reset_stats(dev)
@@ -225,23 +232,39 @@ for ngl in (0, 10, 31):
                  "splits": s["n_splits"], "inputs copied": s["n_inputs"],
                  "splits (backend: inputs)": " | ".join(f"{x['backend']}: {len(x['inputs'])}" for x in s["splits"]),
                  "ACCEL0 compute buffer": S.backend_sched_get_buffer_size(c.sched, c.backends[0])})
-ex.n_splits(views[10], 10)          # predict before the table below
 
 # %%
 viz.Table(rows, title="SmolLM2 decode (1 token): ggml_backend_sched_get_n_splits and the copies")
 
 # %%
+ngl = 20                            # change it (0 to 31), predict, then run this cell again
+c_ngl, v_ngl = decode_plan(ngl, [accel.backend_accel_device_new("ACCEL0")])
+e = ex.n_splits(v_ngl, ngl)
+e.kind = "rerun"
+e
+
+# %%
 views[10].select_split(1)
 views[10]
+
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+kv_view = next(a for a in views[10].assignment("1") if a["view_op"] and "cache_k" in a["name"])
+ex.Exercise(f"With -ngl 10, the KV cache views of the CPU layers (the first: {kv_view['name']!r}, a "
+            f"{kv_view['op']}) were assigned to {kv_view['backend']} in pass 1, not to the CPU. Why?",
+            "BLAS comes before the CPU in priority, can use host memory, and supports view ops",
+            choices=["BLAS comes before the CPU in priority, can use host memory, and supports view ops",
+                     "BLAS computes the views faster", "the KV cache lives in BLAS's own memory"],
+            kind="why",
+            explain=f"Pass 1 gives a view the highest-priority backend that can use its source's buffer and supports "
+                    f"the op (cause {kv_view['cause']!r}). BLAS shares the CPU buffer type, and a view computes "
+                    f"nothing, so where it runs costs nothing.")
 
 # %% [markdown]
 # > **Teacher note.** With `-ngl 10`, layers 20–29 are on ACCEL0: split #0 is the CPU (embeddings, layers 0–19), #1
 # > ACCEL0, #2 the CPU again for the output layer (its weights are in host memory), which gets the final norm copied
 # > back (`CPU#norm#0`). Split #1's inputs: the residual stream and the graph inputs (positions, KV indices, mask)
 # > copied into device memory. Look at pass 2.2: ACCEL0 spreads *up* from the pinned `norm-20` and pulls layer 19's
-# > last ADD onto the device, so both its operands are copied. The KV cache views on the CPU layers go to BLAS in
-# > pass 1 ("1.dst"): BLAS is the highest-priority backend that can use host memory and supports view ops, which
-# > compute nothing. With `-ngl 31` the output layer moves too: 2 splits.
+# > last ADD onto the device, so both its operands are copied. With `-ngl 31` the output layer moves too: 2 splits.
 #
 # *Read the code:* ggviz.llama.model.model_load_from_file, ggviz.ggml.sched.backend_sched_set_tensor_backend ↔ llama.cpp llama_model_load_from_file; ggml-backend.cpp ggml_backend_sched_set_tensor_backend
 

@@ -29,6 +29,7 @@
 
 # %%
 import json
+import pathlib
 import tempfile
 from collections import defaultdict
 from ggviz import ggml, viz
@@ -45,7 +46,7 @@ gf = decode_graph(model).gf        # the graph of one decode step, built (not co
 # ## 1. The plan for 1 to 4 threads
 
 # %%
-ex.n_tasks(next(t for t in gf.nodes if ggml.op_desc(t).startswith("RESHAPE")), 4)     # predict, then reveal
+ex.n_tasks(next(t for t in gf.nodes if ggml.op_desc(t).startswith("SOFT_MAX")), 16)   # predict (the table stops at 4)
 
 # %%
 rows = {}
@@ -96,6 +97,16 @@ for ith in range(nth):
     done = np.nonzero(~np.isnan(ggml.get_data(s16)[0, 0, :, 0]))[0]
     split.append({"ith": ith, "nth": nth, "rows it wrote": f"{done.min()}..{done.max()}", "rows": len(done)})
 viz.Table(split, title=f"ADD (F16) on {nr} rows, {nth} threads: dr = ({nr} + {nth} - 1) / {nth} = {(nr + nth - 1) // nth}")
+
+# %%
+nth2 = 4                             # change it (1 to 10), predict, then run this cell again
+ggml.get_data(s16)[...] = np.nan
+cpu_ops.forward_add(ComputeParams(nth2 - 1, nth2, None), s16)     # the last thread, alone
+last_rows = int(np.count_nonzero(~np.isnan(ggml.get_data(s16)[0, 0, :, 0])))
+ex.Exercise(f"The same ADD on {nr} rows with {nth2} threads: how many rows does the last thread (ith = {nth2 - 1}) "
+            f"write?", last_rows, unit="rows", kind="rerun",
+            explain=f"dr = ({nr} + {nth2} - 1) / {nth2} = {(nr + nth2 - 1) // nth2}; the last thread takes rows "
+                    f"[{(nr + nth2 - 1) // nth2 * (nth2 - 1)}, {nr}): what is left, possibly nothing.")
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.cpu.ggml_cpu.graph_plan, ggviz.ggml.cpu.ggml_cpu.get_n_tasks, ggviz.ggml.cpu.ops.forward_add ↔ ggml-cpu.c ggml_graph_plan, ggml_get_n_tasks; ops.cpp ggml_compute_forward_add
@@ -167,9 +178,6 @@ top = sorted(wait.items(), key=lambda kv: -kv[1])[:8]
 viz.Table([{"after node": k, "waiting, all threads (µs)": round(v)} for k, v in top])
 
 # %%
-ex.chunk_thread(data, "ffn_up-0", 3)       # predict before the claims below
-
-# %%
 name = "ffn_up-0"
 claims = []
 for ith, lane in c["threads"].items():
@@ -180,6 +188,18 @@ for ith, lane in c["threads"].items():
 claims.sort(key=lambda r: r["t (µs)"])
 print(f"{name}: {len(claims)} chunks of rows, claimed in this order:")
 viz.Table(claims)
+
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+per_thread = {ith: sum(r["thread"] == ith for r in claims) for ith in sorted({r["thread"] for r in claims})}
+ex.Exercise(f"Thread ith always starts with chunk ith, yet which thread computes chunk {c['n_threads']} and later "
+            "ones changes from run to run. Why?",
+            "every further chunk goes to whichever thread increments the shared counter first",
+            choices=["every further chunk goes to whichever thread increments the shared counter first",
+                     "the chunks are dealt round-robin by the main thread", "the OS picks a thread for each chunk"],
+            kind="why",
+            explain=f"ggml_threadpool_chunk_add is an atomic fetch-and-add on current_chunk: a thread that finishes "
+                    f"early (or was not descheduled) takes the next one. In this run the chunks per thread were "
+                    f"{per_thread}.")
 
 # %% [markdown]
 # > **Teacher note.** Each thread starts with chunk `ith`; the shared counter (`current_chunk`, an atomic
@@ -258,13 +278,16 @@ viz.Table([{"event": e["kind"], "by": e.get("by") or e.get("state"), "thread": e
 
 # %%
 doc = chrome_trace(step)
-path = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+path = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name     # a scratch file: write your own path
 with open(path, "w") as f:
     json.dump(doc, f)
 kinds = defaultdict(int)
 for e in doc["traceEvents"]:
     kinds[(e["ph"], e.get("cat"))] += 1
-print(path, dict(kinds))
+PH = {"X": "complete (a span)", "M": "metadata", "i": "instant", "C": "counter", "B": "begin", "E": "end"}
+print(f"trace.json: {len(doc['traceEvents']):,} events, {pathlib.Path(path).stat().st_size / 1024:.0f} KiB")
+viz.Table([{"phase": PH.get(ph, ph), "category": cat or "—", "events": n} for (ph, cat), n in
+           sorted(kinds.items(), key=lambda kv: -kv[1])], title="the trace file's events, by phase and category")
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.cpu.threadpool.threadpool_new, ggviz.ggml.cpu.threadpool.threadpool_pause, ggviz.ggml.cpu.threadpool.threadpool_resume, ggviz.ggml.cpu.threadpool.graph_compute_kickoff ↔ ggml-cpu.c ggml_threadpool_new, ggml_threadpool_pause, ggml_threadpool_resume, ggml_graph_compute_kickoff

@@ -288,11 +288,12 @@ FlashAttnStepper(walk)
 # > visits as many cells as there are tokens so far. The softmax's weights never exist as a vector: each is used once
 # > (`vs`) and folded into `S`, and an earlier cell's weight is corrected later by `ms` when the max moves.
 
-# %%
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
 Exercise("Step 0 of every row has ms = 0. Why?",
          "M starts at -inf, so ms = expf(-inf - s) = 0: the empty accumulator is scaled by 0",
          choices=["M starts at -inf, so ms = expf(-inf - s) = 0: the empty accumulator is scaled by 0",
                   "the first KV cell is masked", "expf underflows in F16"],
+         kind="why",
          explain=f"In this walk ms[0] = {float(walk.ms[0]):g} and M[0] = s[0] = {float(walk.M[0]):.6g}.")
 
 # %% [markdown]
@@ -306,7 +307,7 @@ walk2 = capture.walk_flash_attn(capture.capture_flash_attn(model, layer=0, promp
 assert walk2.matches_output()
 Exercise(f"The prompt is {n_prompt} tokens. The decode step decodes its greedy next token. How many KV cells does "
          "one row of that step's FLASH_ATTN_EXT visit (and how many steps will the stepper show)?",
-         len(walk2.cells), unit="cells",
+         len(walk2.cells), unit="cells", kind="rerun",
          explain="The prompt's cells and the new token's own (written to the cache before attention): "
                  "n_prompt + 1. The other cells of the 256 are masked with -inf and skipped.")
 

@@ -29,8 +29,9 @@
 # * five layers of six attend only a **sliding window** of the last 512 positions, with their own KV cache, mask and
 #   RoPE base (the *iSWA* cache: `llama_kv_cache_iswa`).
 #
-# Every number below comes from real runs of both files. (Gemma-3 is optional: `ggviz fetch gemma3-270m`; without
-# it the Gemma cells say so and skip.)
+# Every number below comes from real runs of both files. (`ggviz book` fetches Gemma-3 for this page, or stops and
+# says so; run live, this notebook needs `ggviz fetch gemma3-270m` first: without it the Gemma cells say so and skip,
+# and the Gemma points of section 6 are not shown by this run.)
 
 # %%
 import matplotlib.pyplot as plt
@@ -42,6 +43,7 @@ from ggviz.fetch import FetchError, resolve_model
 from ggviz.run import load_model
 from ggviz.viz import model_views as MV
 from ggviz.viz.graph_dot import graph_to_dot_grouped
+from ggviz.viz.widgets import Exercise
 
 smol = load_model()
 try:
@@ -69,7 +71,8 @@ def table(rows, header):
 # %%
 keys = ["n_layer", "n_embd", "n_head", "n_head_kv", "n_embd_head_k", "n_ff", "n_vocab", "n_rot", "rope_type",
         "rope_freq_base_train", "n_swa", "rope_freq_base_train_swa", "f_attention_scale", "f_norm_rms_eps"]
-rows = [[k] + [getattr(m.hparams, k) for m in models.values()] for k in keys]
+rows = [[k] + [f"{v:.6g}" if isinstance(v := getattr(m.hparams, k), float) else v for m in models.values()]
+        for k in keys]
 rows.append(["global (full-attention) layers"] + [
     [il for il in range(m.hparams.n_layer) if not m.hparams.is_swa(il)] for m in models.values()])
 display(table(rows, ["hparam"] + list(models)))
@@ -229,15 +232,36 @@ else:
     print(f"position {p}: the base mask lets it see {int(np.isfinite(m_base[-1]).sum())} cells, "
           f"the SWA mask {int(np.isfinite(m_swa[-1]).sum())} (positions {p - gemma.hparams.n_swa + 1}..{p})")
 
+# %%
+if gemma is not None:
+    pos = 300                        # a position of the 640 placed above: change it, predict, run this cell again
+    n_seen = int(np.isfinite(kv.kv_swa.kq_mask_data(n_swa, [pos], [0])[-1]).sum())
+    display(Exercise(f"Position {pos} of the same sequence: how many cells does the SWA mask let it attend "
+                     f"(window n_swa = {gemma.hparams.n_swa})?", n_seen, unit="cells", kind="rerun",
+                     explain=f"A cell at position p1 is masked when {pos} - p1 >= n_swa (LLAMA_SWA_TYPE_STANDARD) "
+                             f"or p1 > {pos} (causal): it sees positions {max(0, pos - gemma.hparams.n_swa + 1)}"
+                             f"..{pos}."))
+
 # %% [markdown]
 # And the real decode step of section 2, as `ggviz.viz.model_views.KVCacheView` draws it: for Gemma-3 both caches,
-# each with its own cells, the cell the step wrote (red), its n_kv and its mask. Six positions are far inside the
-# 512-position window, so here the two masks agree; the synthetic 640-position run above is where they part.
+# each with its own cells, the cell the step wrote (red), its n_kv and its mask.
 
 # %%
 for name, (m, ids, ctx) in runs.items():
     print(name)
     display(HTML(MV.KVCacheView(ctx.snapshots, m.vocab).to_html()))
+
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+if gemma is not None:
+    g_ids = runs["Gemma-3 270M (gemma3)"][1]
+    display(Exercise("In this real decode Gemma-3's two masks attend the same cells, while the 640-position run above "
+                     "made them differ. Why?",
+                     "all positions are inside the sliding window", kind="why",
+                     choices=["all positions are inside the sliding window", "the SWA cache is empty during a decode",
+                              "swa_full = true makes the two masks identical"],
+                     explain=f"The prompt has {len(g_ids)} tokens (positions 0..{len(g_ids) - 1}), far inside the "
+                             f"{gemma.hparams.n_swa}-position window, so no position is old enough to be masked by "
+                             "the window; swa_full only sets the SWA cache's size."))
 
 # %% [markdown]
 # *Read the code:* ggviz.llama.kv_cache_iswa.KVCacheISWA, ggviz.llama.kv_cache.KVCache.kq_mask_data ↔ llama-kv-cache-iswa.cpp llama_kv_cache_iswa::llama_kv_cache_iswa; llama-kv-cache.cpp llama_kv_cache::set_input_kq_mask
@@ -248,6 +272,17 @@ for name, (m, ids, ctx) in runs.items():
 # After the 6-token runs of section 2: SmolLM2 has one cache with 30 layers; Gemma-3 two, of 3 and 15 layers. K is
 # F16 `[n_embd_k_gqa, kv_size]` per layer: 64 × 3 heads = 192 values per cell for SmolLM2, 256 × 1 head for Gemma.
 # Below, K of the 6 cells in one layer of each cache (its values, not a picture of them: read from the buffers).
+
+# %%
+if gemma is not None:
+    gb = runs["Gemma-3 270M (gemma3)"][2].kv.kv_base
+    cell_bytes = sum(ggml.nbytes(t) for t in gb.k_l + gb.v_l) // gb.size
+    display(Exercise(f"Gemma-3's base cache holds K and V (F16) of {len(gb.layer_ids)} layers, "
+                     f"{gemma.hparams.n_head_kv} KV head of {gemma.hparams.n_embd_head_k} values each. How many bytes "
+                     "does one cell take?", cell_bytes, unit="bytes",
+                     explain=f"{len(gb.layer_ids)} layers × 2 (K and V) × {gemma.hparams.n_head_kv} × "
+                             f"{gemma.hparams.n_embd_head_k} × 2 bytes = {cell_bytes}. The SWA cache's 15 layers "
+                             "take five times as much per cell."))
 
 # %%
 rows = []

@@ -47,7 +47,9 @@ from ggviz.ggml import quants as Q
 from ggviz.ggml.cpu import ggml_cpu
 from ggviz.ggml.cpu import quants as cq
 from ggviz.powerinfer import pipeline as P
+from ggviz.viz.widgets import Exercise
 from ggviz.viz.widgets import powerinfer as PV
+from IPython.display import display
 
 # %% [markdown]
 # ## 1. The two kernels
@@ -86,6 +88,11 @@ S, D = np.array(ggml.get_data(ys)).reshape(-1), np.array(ggml.get_data(yd)).resh
 W_rows = np.asarray(ggml.get_data(w)).reshape(-1).view(np.uint8).reshape(M, -1)
 G = cq.vec_dot(C.GGML_TYPE_Q4_1, W_rows, cq.from_float(C.GGML_TYPE_Q8_1, X), exact=True).reshape(-1)  # ggml's bits
 keep = ~(IDX.reshape(-1) < 0)
+display(Exercise(f"`w` is Q4_1 [{K}, {M}]: how many bytes does the kernel read for one kept row (and skip for one "
+                 "skipped row)?", int(W_rows.shape[1]), unit="bytes",
+                 explain=f"A Q4_1 block is 32 values in {ggml.type_size(C.GGML_TYPE_Q4_1)} bytes (an F16 scale, an "
+                         f"F16 min, 16 bytes of nibbles): {K} / 32 × {ggml.type_size(C.GGML_TYPE_Q4_1)} = "
+                         f"{W_rows.shape[1]} bytes per row."))
 print(f"{ggml.op_name(ys.op)}: {keep.sum()} of {M} rows kept; kept rows equal ggml's vec_dot bit for bit: "
       f"{np.array_equal(S[keep], G[keep])}; skipped rows exactly 0: {np.all(S[~keep] == 0)}; "
       f"readable MUL_MAT within {np.abs(D - G).max() / np.abs(G).max():.1e} (relative)")
@@ -142,8 +149,7 @@ print(pwri.name, "magic", pwri.read_bytes()[:4], "| threshold in the file:", spa
 #
 # We decode one sentence through the PWRI model **at threshold −∞** (nothing skipped) and copy out, through the eval
 # callback, each layer's predictor logits (`mlp_pre_out-N`, the `sparse_idx` every sparse node reads) and the true
-# activation `silu(gate)·up` (`ffn_gate_par-N`). Why −∞: at a finite threshold a skipped neuron's gate row is 0, so
-# its activation is silu(0)·up = 0 and it would look "inactive" *because* it was skipped (the view refuses such a run).
+# activation `silu(gate)·up` (`ffn_gate_par-N`). Why −∞? (An exercise below.)
 #
 # A neuron counts as active when |silu(gate)·up| is above its layer's median (the build's definition: SwiGLU has
 # no exact zeros). Move the layer and the threshold: red dots are active neurons the kernels would skip (the harm),
@@ -154,6 +160,17 @@ text = "The quick brown fox jumps over the lazy dog because it wanted to see the
 ids = llama.tokenize(sparse.vocab, text, add_special=False)[:10]
 run_full = capture.capture_sparse_run(sparse, ids, threshold=-np.inf)
 PV.PredictorView(run_full, metrics["act_threshold"], layer=10, threshold=0.0)
+
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+Exercise("The predictor is compared with the activations of a run at threshold −∞ (nothing skipped), not of a run "
+         "at the file's threshold. Why?",
+         "a skipped neuron's activation is 0 because it was skipped, so it would look inactive",
+         choices=["a skipped neuron's activation is 0 because it was skipped, so it would look inactive",
+                  "the predictor only runs at threshold −∞", "threshold −∞ makes the decode faster"],
+         kind="why",
+         explain=f"At a finite threshold a skipped neuron's gate row is 0, so its activation is silu(0)·up = 0: "
+                 f"the comparison would count the predictor's own decision as the truth (PredictorView refuses such "
+                 f"a run). Here {len(ids)} tokens were decoded with every row computed.")
 
 # %% [markdown]
 # *Read the code:* ggviz.llama.powerinfer.build_ffn_sparse, ggviz.ggml.cpu.powerinfer.forward_mul_mat_sparse ↔ PowerInfer/llama.cpp llm_build_ffn_sparse; PowerInfer/ggml.c ggml_compute_forward_mul_mat_sparse
@@ -274,6 +291,16 @@ for frac in (0.0, 0.3, 0.5, 0.9):
     times[frac] = best
 for frac, t in times.items():
     print(f"{frac:4.0%} rows skipped: {t * 1e6:7.1f} us  ({t / times[0.0]:.2f} x no row skipped)")
+
+# %%
+thr_ex = 1.0                         # change the threshold, predict, then run this cell again
+mm.run(prep, IDX, None, thr_ex)
+kept_ex = M - mm.skipped             # the rows the kernel computed (it counts the ones it skipped)
+Exercise(f"`IDX` holds {M} standard-normal predictor logits. At threshold {thr_ex}, how many of the {M} rows does "
+         "the kernel compute (within 5 %)?", kept_ex, rel_tol=0.05, unit="rows", kind="rerun",
+         explain=f"A row is kept when its logit ≥ {thr_ex}: for a standard normal that is a share "
+                 f"1 − Φ({thr_ex}) of the rows; this IDX has {int((IDX >= thr_ex).sum())}, and the kernel computed "
+                 f"{kept_ex}.")
 
 # %% [markdown]
 # Then the whole decode, per token, from the run of section 5: the FLOPs of every matrix product, dense vs sparse at

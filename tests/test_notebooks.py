@@ -3,9 +3,12 @@
 The notebooks run through the session's ``notebook_runner`` (tests/conftest.py: ``ggviz book``'s executor, each
 notebook once per session; the book test in tests/test_browser.py renders the same runs)."""
 import pathlib
+import re
 import sys
 
 import pytest
+
+from ggviz.tools import book
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
@@ -24,6 +27,65 @@ def static_gaps(nb) -> list[str]:
                                                                                        "image/svg+xml")):
                 gaps.append(f"cell {i}")
     return gaps
+
+
+EXERCISE = re.compile(r"<div class='ggv-exercise' data-kind='(\w+)'(.*?)</details></div>", re.S)
+
+
+def exercises(nb, cells: bool = False) -> list:
+    """(kind, static HTML) of every exercise a notebook displayed (``Exercise.to_html``); with ``cells``, (kind,
+    HTML, the cell that displayed it)."""
+    found = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            html = out.get("data", {}).get("text/html", "")
+            found += [(k, h, cell) if cells else (k, h)
+                      for k, h in EXERCISE.findall("".join(html) if isinstance(html, list) else html)]
+    return found
+
+
+def gemma_fetched() -> bool:
+    from ggviz.fetch import FetchError, resolve_model
+    try:
+        resolve_model("gemma3-270m")
+    except FetchError:
+        return False
+    return True
+
+
+def test_exercises_in_every_notebook(notebook_runner):
+    """At least three exercises per notebook, one of each kind (predict a number; change, predict, rerun; why),
+    30 or more in all, each answer folded in a closed <details> of its static rendering (the book's page); a "why"
+    cell, whose source names the right reason, is tagged so that the book leaves its input out (and the live
+    notebook collapses it). The runs are the session's (no notebook executed twice)."""
+    kinds, total = {}, 0
+    for path in NOTEBOOKS:
+        if path.stem.startswith("08") and not gemma_fetched():
+            continue                  # nb08's exercises are about Gemma-3 (`ggviz fetch gemma3-270m`; CI fetches it)
+        found = exercises(notebook_runner(path), cells=True)
+        kinds[path.stem] = sorted({k for k, _, _ in found})
+        total += len(found)
+        assert len(found) >= 3, f"{path.name}: {len(found)} exercises"
+        for kind, html, cell in found:
+            if kind == "why":             # the right reason is written in the source: the book shows no input
+                assert book.ANSWER_TAG in cell.metadata.get("tags", []), f"{path.name}: untagged why cell"
+            assert re.search(r"<details(?![^>]*\bopen)[^>]*><summary>[^<]*</summary><div class='ggv-answer'>", html), \
+                f"{path.name}: a {kind} exercise whose answer is not folded: {html[:200]}"
+            assert "Answer:" not in html.split("<details")[0], f"{path.name}: answer before the fold"
+    assert all(k == ["predict", "rerun", "why"] for k in kinds.values()), kinds
+    assert total >= 30 - (0 if len(kinds) == len(NOTEBOOKS) else 3), total
+
+
+def test_exercise_scan_can_fail():
+    nbformat = pytest.importorskip("nbformat")
+    from ggviz.viz.widgets import Exercise
+    cell = nbformat.v4.new_code_cell("e")
+    e = Exercise("why?", "b", choices=["a", "b"], kind="why")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": e.to_html()})]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    assert [k for k, _ in exercises(nb)] == ["why"]
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": "<b>Answer:</b> b"})]
+    assert exercises(nb) == []
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

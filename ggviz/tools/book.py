@@ -22,6 +22,7 @@ import importlib.resources
 import json
 import os
 import pathlib
+import re
 import sys
 import tempfile
 import time
@@ -30,7 +31,9 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from nbconvert import HTMLExporter
+from traitlets.config import Config
 
+from .. import fetch
 from ..progress import progress
 
 # the index page's stylesheet (a package file, like the report's: no CSS in Python strings)
@@ -134,8 +137,14 @@ def title_of(nb, default: str) -> str:
     return default
 
 
+ANSWER_TAG = "answer-in-source"      # a cell whose source names an exercise's answer (a "why" choice): no input shown
+
+
 def _exporter() -> HTMLExporter:
-    exp = HTMLExporter(template_name="lab")
+    cfg = Config()
+    cfg.TagRemovePreprocessor.enabled = True
+    cfg.TagRemovePreprocessor.remove_input_tags = {ANSWER_TAG}
+    exp = HTMLExporter(template_name="lab", config=cfg)
     exp.exclude_input_prompt = False
     # offline: no RequireJS (only widgets need it, and the book has none) and no MathJax from a CDN
     exp.require_js_url = ""
@@ -207,6 +216,41 @@ def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
     return [index] + pages
 
 
+_NEEDS_MODEL = re.compile(r"""resolve_model\(\s*["']([\w.-]+)["']""")
+
+
+def needed_models(paths) -> dict[str, list[str]]:
+    """The registry models (besides the default one) that the notebooks load by name
+    (``resolve_model("gemma3-270m")``), each with the notebooks that need it."""
+    names = fetch.registry()
+    need: dict[str, list[str]] = {}
+    for path in paths:
+        for m in _NEEDS_MODEL.findall(pathlib.Path(path).with_suffix(".py").read_text(encoding="utf-8")
+                                      if pathlib.Path(path).with_suffix(".py").is_file() else ""):
+            if m in names and m != fetch.DEFAULT_MODEL and path.stem not in need.setdefault(m, []):
+                need[m].append(path.stem)
+    return need
+
+
+def fetch_needed(paths) -> None:
+    """Fetch (licence notice, progress bar) every model a notebook of ``paths`` needs and that is not here yet, so
+    that no page is built without what it shows; BookError (two lines) when one cannot be fetched."""
+    for name, stems in needed_models(paths).items():
+        try:
+            fetch.resolve_model(name)                # here and verified: nothing to do
+            continue
+        except fetch.FetchError:
+            pass
+        print(f"ggviz book: {', '.join(stems)} need{'s' if len(stems) == 1 else ''} {name}: fetching it",
+              file=sys.stderr)
+        try:
+            fetch.fetch_model(name, quiet=False)
+        except fetch.FetchError as e:
+            raise BookError(f"{', '.join(stems)} need{'s' if len(stems) == 1 else ''} {name}, which could not be "
+                            f"fetched ({str(e).splitlines()[0]}).\nRun `ggviz fetch {name}`, or build the book "
+                            f"without {'it' if len(stems) == 1 else 'them'}: --only NAME ...") from None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ggviz book", description="execute the notebooks and write them as a "
                                  "browsable offline site")
@@ -218,6 +262,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
+        if a.executed is None:
+            fetch_needed(notebooks(only=a.only))
         pages = build_book(a.out, a.only, timeout=a.timeout, executed=a.executed)
     except BookError as e:
         print(f"ggviz book: {e}", file=sys.stderr)

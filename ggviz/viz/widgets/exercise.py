@@ -6,6 +6,10 @@ scheduler splits, the thread that claimed a chunk ...), handed to ``Exercise(que
 what the learner typed ("[4, 8, 24, 96]", "1536", "thread 1") and compares it with that value; ``reveal`` shows it
 with the explanation. The static rendering (an executed notebook without a kernel, the book) shows the question with
 the answer folded in a ``<details>`` element, so a reader can still predict before unfolding it.
+
+Three kinds (``kind``), each labelled on the box: ``predict`` (a number, before the run shows it), ``rerun`` (change a
+parameter in the cell, predict, run it again: the answer is computed from the changed run), ``why`` (pick the reason;
+the explanation gives the run's numbers that show it).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from ...ggml.cpu import ggml_cpu
 from .. import graph_dot as G
 from ._base import VizWidget, esc
 
+KINDS = {"predict": "Predict a number.", "rerun": "Change, predict, rerun.", "why": "Explain."}
 _NUM = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -37,12 +42,14 @@ class Exercise(VizWidget):
 
     ``answer``: an int, float, str, or a sequence of numbers (compared element by element); ``rel_tol`` for floats;
     ``choices``: offer these strings (the answer must be one of them); ``explain``: shown with the revealed answer
-    (HTML allowed: it is the notebook author's text); ``unit``: printed after the answer."""
+    (HTML allowed: it is the notebook author's text); ``unit``: printed after the answer; ``kind``: one of ``KINDS``."""
 
     def __init__(self, question: str, answer, explain: str = "", choices=None, rel_tol: float = 1e-3,
-                 unit: str = ""):
+                 unit: str = "", kind: str = "predict"):
         if answer is None:
             raise ValueError("an exercise needs the value computed from the run as its answer")
+        if kind not in KINDS:
+            raise ValueError(f"exercise kind {kind!r} is not one of {sorted(KINDS)}")
         if isinstance(answer, np.generic):
             answer = answer.item()
         if isinstance(answer, (tuple, list, np.ndarray)):
@@ -52,7 +59,7 @@ class Exercise(VizWidget):
             if str(answer) not in choices:
                 raise ValueError(f"the answer {answer!r} is not one of the choices {choices}")
         self.question, self.answer, self.explain = question, answer, explain
-        self.choices, self.rel_tol, self.unit = choices, rel_tol, unit
+        self.choices, self.rel_tol, self.unit, self.kind = choices, rel_tol, unit, kind
         self.attempts: list = []            # (what the learner gave, whether it was right)
         self.revealed = False
 
@@ -93,7 +100,7 @@ class Exercise(VizWidget):
         return s + (f" {self.unit}" if self.unit else "")
 
     def state(self) -> dict:
-        return {"question": self.question, "attempts": len(self.attempts),
+        return {"question": self.question, "kind": self.kind, "attempts": len(self.attempts),
                 "last_correct": self.attempts[-1][1] if self.attempts else None, "revealed": self.revealed,
                 "answer": self.answer if self.revealed else None, "choices": self.choices}
 
@@ -107,9 +114,10 @@ class Exercise(VizWidget):
     def to_html(self) -> str:
         ch = ("<div>Choices: " + ", ".join(f"<code>{esc(c)}</code>" for c in self.choices) + "</div>"
               if self.choices else "")
-        return (f"<div style='{self._BOX}'><b>Predict, then reveal.</b> {_md(self.question)}{ch}"
+        return (f"<div class='ggv-exercise' data-kind='{self.kind}' style='{self._BOX}'>"
+                f"<b>{KINDS[self.kind]}</b> {_md(self.question)}{ch}"
                 f"<details style='margin-top:4px'><summary>Show the answer (computed from this run)</summary>"
-                f"{self._answer_html()}</details></div>")
+                f"<div class='ggv-answer'>{self._answer_html()}</div></details></div>")
 
     def _build(self):
         if self.choices:
@@ -121,7 +129,7 @@ class Exercise(VizWidget):
         self._w_fb = W.HTML()
         self._w_check.on_click(lambda _b: self.check(self._w_in.value if self._w_in.value is not None else ""))
         self._w_reveal.on_click(lambda _b: self.reveal())
-        return W.VBox([W.HTML(f"<div style='{self._BOX}'><b>Predict, then reveal.</b> {_md(self.question)}</div>"),
+        return W.VBox([W.HTML(f"<div style='{self._BOX}'><b>{KINDS[self.kind]}</b> {_md(self.question)}</div>"),
                        W.HBox([self._w_in, self._w_check, self._w_reveal]), self._w_fb])
 
     def _refresh(self):
@@ -174,8 +182,9 @@ def view_cost(a) -> Exercise:
     before = ggml.used_mem(scratch)
     ggml.transpose(scratch, like)
     grew = ggml.used_mem(scratch) - before
-    return Exercise(f"`a` holds {ggml.nbytes(a)} bytes of data. By how many bytes does ggml_used_mem grow for "
-                    f"ggml_transpose(ctx, a)?", int(grew), unit="bytes",
+    name = a.name or "a"
+    return Exercise(f"`{name}` holds {ggml.nbytes(a)} bytes of data. By how many bytes does ggml_used_mem grow for "
+                    f"ggml_transpose(ctx, {name})?", int(grew), unit="bytes",
                     explain="A view is a new object header and struct; its data pointer points into a's bytes.")
 
 
@@ -241,5 +250,5 @@ def n_tasks(node, n_threads: int) -> Exercise:
                     f"{ggml.op_desc(node).split(' ')[0]} node {node.name!r}?",
                     int(ggml_cpu.get_n_tasks(node, n_threads)), unit="threads",
                     explain="Views and reshapes compute nothing: 1. MUL_MAT, element-wise ops and norms: every "
-                            "thread. The planner's n_tasks is what ggml_graph_plan counts; threads beyond it return "
+                            "thread. SOFT_MAX: at most one thread per row (min(n_threads, rows)). The planner's n_tasks is what ggml_graph_plan counts; threads beyond it return "
                             "at once.")
