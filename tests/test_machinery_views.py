@@ -14,13 +14,15 @@ recorded themselves, never with numbers typed in here.
    ``sched.last_plan`` and ``backend_sched_get_tensor_cause`` node by node; the snapshots are monotone the way ggml
    is (a node keeps its backend once set, except pass 3's "3.upg" to a higher-priority backend with the same buffer
    type); the splits, their inputs and copies equal the scheduler's.
+3. Both views drawn from their records (``capture.AllocRecord``, ``capture.SchedRecord``) saved to disk and loaded
+   back: the same PNG, HTML and state as the live views.
 """
 from __future__ import annotations
 
 import os
 
 import pytest
-from ggviz import ggml as gg, trace
+from ggviz import capture, ggml as gg, trace
 from ggviz.ggml import accel, blas
 from ggviz.ggml import alloc as A
 from ggviz.ggml import backend as B
@@ -262,15 +264,27 @@ def test_allocator_view_smollm2_decode(tmp_path):
     check_png(v.png(), tmp_path / "alloc_decode_layer0.png")
 
 
-def test_allocator_view_two_buffers():
+def test_allocator_view_two_buffers(tmp_path):
     ctx = _load(10)
-    plan_decode(ctx)
+    res, rec = plan_decode(ctx)
     v = AllocatorView(ctx.sched.galloc, ctx.sched.graph)
     assert [s["name"] for s in v.spaces] == ["ACCEL0", "CPU"]
     sts = check_allocator_view(v, ctx.sched.galloc)
     # the accelerator's buffer holds the copies of the graph inputs
     assert any(r["name"].startswith("ACCEL0#") for r in sts["ACCEL0"]["rects"])
     assert not any(r["name"].startswith("ACCEL0#") for r in sts["CPU"]["rects"])
+    # 3. the records the two views draw, saved to disk and loaded back (the context gone): the same views
+    sv = SchedulerView(ctx.sched, res.gf, rec)
+    saved_a, saved_s = capture.save(v.record, tmp_path / "alloc.npz"), capture.save(sv.record, tmp_path / "sched.npz")
+    pngs = {"alloc": v.set_space(1).png(), "sched": sv.select_split(1).goto_pass("2.2").png()}
+    html = {"alloc": v.select(30).to_html(), "sched": sv.to_html()}
+    states = {"alloc": v.state(), "sched": sv.state()}
+    del ctx, res, rec
+    v2 = AllocatorView(capture.load(saved_a)).set_space(1)
+    sv2 = SchedulerView(capture.load(saved_s)).select_split(1).goto_pass("2.2")
+    assert (v2.png(), sv2.png()) == (pngs["alloc"], pngs["sched"])
+    assert (v2.select(30).to_html(), sv2.to_html()) == (html["alloc"], html["sched"])
+    assert (v2.state(), sv2.state()) == (states["alloc"], states["sched"])
 
 
 # ====================================================================================================

@@ -14,6 +14,9 @@ and the eval callback copying, and keeps what it saw as plain records the views 
   ``capture_attn_graphs`` (``AttnGraphs``: the graphs with flash attention and without, side by side).
 - ``sparse``: ``capture_sparse_run`` (``SparseRun``: a PWRI model's predictor, activations and skipped rows),
   ``hybrid_ffn_run`` (real layers through the hybrid executor: its records, outputs, transfers).
+- ``plans``: ``capture_sched`` / ``record_sched_split`` (``SchedRecord``: the scheduler's passes, causes, splits and
+  copies, replayed from the ``sched.*`` events), ``capture_alloc`` (``AllocRecord``: the allocator's per-tensor
+  offsets, sizes, buffers, frees and in-place reuses) -- what ``SchedulerView`` and ``AllocatorView`` draw.
 - ``records``: ``save`` / ``load``: a record (dataclasses of numpy arrays, lists, dicts) to one ``.npz`` file and back.
 
 Imports run one way: capture imports the engine (``ggviz.ggml``, ``ggviz.llama``, ``ggviz.trace``, ``ggviz.run``);
@@ -32,5 +35,7 @@ from .flash_attn import (  # noqa: F401
 from .inputs import AttentionRecord, DecodeSnapshot, capture_attention, capture_inputs  # noqa: F401
 from .mul_mat import capture_mul_mat  # noqa: F401
 from .nodes import layer_of, node_numbers  # noqa: F401
+from .plans import (AllocRecord, SchedRecord, capture_alloc, capture_sched,  # noqa: F401
+                    record_sched_split)
 from .records import load, save  # noqa: F401
 from .sparse import SparseRun, capture_sparse_run, device_transfers, hybrid_ffn_run  # noqa: F401

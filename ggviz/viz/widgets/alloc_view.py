@@ -1,6 +1,7 @@
 """AllocatorView: one graph allocation of ggml-alloc (``ggml_gallocr``) as an offset x node-index chart.
 
-Drawn from the allocator's own plain-data record of its last plan, ``galloc.last_alloc`` (or the same records rebuilt
+Drawn from a ``capture.AllocRecord`` (``ggviz/capture/plans.py``): the allocator's own plain-data record of its
+last plan, ``galloc.last_alloc`` (or the same records rebuilt
 from the recorded ``alloc.*`` trace events, ``records_from_events``): per tensor the buffer id, chunk, offset and
 size, the node index at which it was allocated (``alloc_node``; -1 for leafs and graph inputs, placed before node 0
 runs) and freed (``free_node``; None: never freed), the parent whose memory it took over in place (``reused_from``),
@@ -31,9 +32,8 @@ from matplotlib.collections import PolyCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ...ggml import alloc as A
-from ...ggml import backend as B
-from ...ggml.tensor import op_desc, op_name
+from ...capture.plans import AllocRecord, capture_alloc
+from ...ggml.tensor import op_name
 from .. import graph_dot as G
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
 
@@ -154,7 +154,8 @@ class _Window:
 class AllocatorView(VizWidget):
     """The last graph plan of a ``ggml_gallocr`` as an offset x node-index chart.
 
-    ``galloc``: the allocator (``sched.galloc`` for a scheduler); ``graph``: the graph it planned (for a scheduler
+    Draws a ``capture.AllocRecord`` (``record=``, or as the first argument), and reads nothing else; given a live
+    allocator instead it captures it first (``capture_alloc(galloc, graph, plan)``): ``galloc``: the allocator (``sched.galloc`` for a scheduler); ``graph``: the graph it planned (for a scheduler
     ``sched.graph``, the split graph with its input copies), used for node names and to find each view's source;
     ``plan``: a ``last_alloc`` dict instead of ``galloc``; ``space``: which buffer to draw (index into
     ``state()["spaces"]``, buffers of the same buffer type share one allocator and are one space);
@@ -164,30 +165,23 @@ class AllocatorView(VizWidget):
     """
 
     def __init__(self, galloc=None, graph=None, plan=None, space: int = 0, node_range=None, tiny_frac: float = 0.004,
-                 title: str | None = None, y_break: str = "auto"):
-        if plan is None:
-            if galloc is None or galloc.last_alloc is None:
-                raise ValueError("no plan: pass a ggml_gallocr that has reserved / allocated a graph, or plan=")
-            plan = galloc.last_alloc
-        self.plan = plan
+                 title: str | None = None, y_break: str = "auto", record: AllocRecord | None = None):
+        if isinstance(galloc, AllocRecord):
+            galloc, record = None, galloc
+        if record is None:                       # a live allocator (or a bare plan): capture it first
+            record = capture_alloc(galloc, graph, plan)
+        self.record = record
+        # what the drawing reads: the record's fields, nothing of the allocator or the graph
+        self.plan = plan = record.plan
         self.title = title
         self.tiny_frac = float(tiny_frac)
         self.y_break = y_break
         self.n_nodes = int(plan["n_nodes"])
         n_buf = len(plan["chunk_sizes"])
         # buffer ids that share one dyn_tallocr (same buffer type) are one address space
-        owner = list(range(n_buf))
-        names = [f"buffer {i}" for i in range(n_buf)]
-        self.allocated_sizes = [None] * n_buf
-        if galloc is not None:
-            for i in range(n_buf):
-                for j in range(i):
-                    if galloc.buf_tallocs[j] is galloc.buf_tallocs[i]:
-                        owner[i] = owner[j]
-                        break
-                names[i] = B.backend_buft_name(galloc.bufts[i])
-                buf = galloc.buffers[i]
-                self.allocated_sizes[i] = A.vbuffer_size(buf) if buf is not None else 0
+        owner = list(record.buffer_owner)
+        names = record.buffer_names
+        self.allocated_sizes = list(record.allocated_sizes)
         self.spaces = []
         for i in range(n_buf):
             if owner[i] == i:
@@ -198,21 +192,10 @@ class AllocatorView(VizWidget):
                 sp = next(s for s in self.spaces if owner[i] in s["buffer_ids"])
                 sp["buffer_ids"].append(i)
         self._owner = owner
-        # node names and ops from the graph; each view's source (by address) from its tensor
-        self.node_names = [None] * self.n_nodes
-        self.node_ops = [None] * self.n_nodes
-        vsrc_addr: dict[int, int] = {}
-        if graph is not None:
-            for i, t in enumerate(graph.nodes[:self.n_nodes]):
-                self.node_names[i] = t.name
-                self.node_ops[i] = op_desc(t)
-            for t in list(graph.nodes) + list(graph.leafs):
-                if t.view_src is not None:
-                    vsrc_addr[t.addr] = t.view_src.addr
-                for s in t.src:
-                    if s is not None and s.view_src is not None:
-                        vsrc_addr[s.addr] = s.view_src.addr
-        self._vsrc_addr = vsrc_addr
+        # node names and ops of the graph; each view's source (by address)
+        self.node_names = list(record.node_names)
+        self.node_ops = list(record.node_ops)
+        self._vsrc_addr = {a: b for a, b in record.view_srcs}
         self._build_items()
         self.space = 0
         self.set_space(space, _quiet=True)

@@ -1,6 +1,7 @@
 """SchedulerView: how ``ggml_backend_sched_split_graph`` assigned a graph's nodes to backends, pass by pass.
 
-Drawn from the scheduler's recorded trace events (``ggviz.trace``), replayed in order:
+Drawn from a ``capture.SchedRecord`` (``ggviz/capture/plans.py``): the scheduler's recorded trace events
+(``ggviz.trace``), replayed in order by ``capture_sched``:
 
 - ``sched.pass``: a pass begins ("1", "2.1" .. "2.4", "3", "4", "5");
 - ``sched.assign``: ``SET_CAUSE`` -- tensor (address, name), backend, cause, and the pass it happened in ("usr":
@@ -28,19 +29,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from ... import trace
-from ...ggml import backend as B
-from ...ggml import impl
-from ...ggml import consts as C
-from ...ggml import sched as S
-from ...ggml.cpu import mul_mat
-from ...ggml.sched import is_view_op
-from ...ggml.tensor import op_desc
+from ...capture.plans import SCHED_KINDS as KINDS, STAGES, SchedRecord, capture_sched, record_sched_split
 from ._base import VizWidget, esc, fig_to_png, html_table, png_img
 
-KINDS = ("sched.pass", "sched.assign", "sched.split", "sched.copy")
-
-STAGES = ["usr", "1", "2.1", "2.2", "2.3", "2.4", "3", "4", "5"]
 STAGE_TITLES = {
     "usr": "before pass 1: the user's pins (ggml_backend_sched_set_tensor_backend, cause \"usr\")",
     "1": "pass 1: tensors already in a buffer (weights, KV cache) -> a backend that can use it; graph inputs -> "
@@ -86,31 +77,11 @@ def _rgb(hexcol: str) -> tuple:
     return tuple(int(h[i:i + 2], 16) / 255.0 for i in (0, 2, 4))
 
 
-def _splits_from(split_evs, copy_evs) -> list[dict]:
-    """Pass 5's splits from their ``sched.split`` events, each input with the copies made of it (``sched.copy``:
-    one per copy slot, ``n_copies`` > 1 for pipeline parallelism)."""
-    copies: dict = {}
-    for c in copy_evs:
-        copies.setdefault((c["split"], c["input"]), []).append(c)
-    splits = []
-    for e in split_evs:
-        ins = []
-        for name in e["inputs"]:
-            cs = copies.get((e["split"], name), [])
-            ins.append(dict(name=name, copy=cs[0]["copy"] if cs else None, copies=[c["copy"] for c in cs],
-                            from_backend=cs[0]["from_backend"] if cs else None,
-                            nbytes=cs[0]["nbytes"] if cs else None,
-                            consumer=cs[0]["node"] if cs else None))
-        splits.append(dict(index=e["split"], backend=e["backend"], backend_id=e["backend_id"],
-                           i_start=e["i_start"], i_end=e["i_end"], n_nodes=e["i_end"] - e["i_start"],
-                           inputs=ins))
-    return splits
-
-
 class SchedulerView(VizWidget):
     """The backend assignment of one ``backend_sched_split_graph``, after every pass, and its splits and copies.
 
-    ``sched``: the scheduler; ``graph``: the graph that was split (its nodes, in order, are the columns);
+    ``record``: a ``capture.SchedRecord`` (what the view draws, and all it reads) -- or, as a convenience, a live
+    scheduler, captured first with ``capture_sched(sched, graph, events, which)``: ``sched``: the scheduler; ``graph``: the graph that was split (its nodes, in order, are the columns);
     ``events``: a ``trace.Recorder`` (or list of events) that recorded ``KINDS`` while the graph was split --
     including any ``backend_sched_set_tensor_backend`` calls made for it; ``which``: which split of ``sched`` in the
     recording (-1: the last); ``stage``: the pass shown first (default: the last, "5").
@@ -120,118 +91,31 @@ class SchedulerView(VizWidget):
 
     KINDS = KINDS
 
-    def __init__(self, sched, graph, events, which: int = -1, stage: str = "5", max_height: str = "700px"):
-        self.sched = sched
-        self.backends = [_bname(b) for b in sched.backends]
-        self.bufts = [B.backend_buft_name(b) for b in sched.bufts]
+    def __init__(self, record, graph=None, events=None, which: int = -1, stage: str = "5",
+                 max_height: str = "700px"):
+        if not isinstance(record, SchedRecord):          # a live scheduler: capture its split first
+            record = capture_sched(record, graph, events, which)
+        self.record = rec = record
+        # what the drawing reads: the record's fields, nothing of the scheduler or the graph
+        self.backends, self.bufts = rec.backends, rec.bufts
         self.colors = backend_colors(self.backends)
         self.max_height = max_height
-        nodes = list(graph.nodes)
-        self.n_nodes = len(nodes)
-        self.node_names = [t.name for t in nodes]
-        self.node_ops = [op_desc(t) for t in nodes]
-        self.view_op = [bool(is_view_op(t.op)) for t in nodes]
-        self._mul_mats = {i: t for i, t in enumerate(nodes) if t.op == C.GGML_OP_MUL_MAT}
-        self.leaf_names = [t.name for t in graph.leafs]
-        window = self._split_window(events, which)
-        self._replay(window, {t.addr: i for i, t in enumerate(nodes)}, {t.addr: i for i, t in enumerate(graph.leafs)})
-        fin = self.snapshots["5"]
-        # each MUL_MAT's kernel on its final backend, decided now, while the graph's tensors are alive
-        self.kernels = {i: self._kernel_on(t, self._name(fin["backend"][i])) for i, t in self._mul_mats.items()}
-        self.graph_inputs = sorted({self.leaf_names[j] for j, c in enumerate(fin["leaf_cause"]) if c == "1.inp"}
-                                   | {self.node_names[i] for i, c in enumerate(fin["cause"]) if c == "1.inp"})
+        self.n_nodes = rec.n_nodes
+        self.node_names, self.node_ops, self.view_op = rec.node_names, rec.node_ops, rec.view_op
+        self.leaf_names = rec.leaf_names
+        self.snapshots, self.events_by_stage, self.splits = rec.snapshots, rec.events_by_stage, rec.splits
+        self.graph_inputs = rec.graph_inputs
+        self.which, self.n_recorded, self.is_last = rec.which, rec.n_recorded, rec.is_last
         self.stage = stage if stage in STAGES else "5"
         self.split_sel: int | None = None
-
-    # The phases of __init__: pick this split's events out of the recording, replay them pass by pass.
-
-    def _split_window(self, events, which: int) -> list:
-        """The recorded events of split ``which`` of this scheduler (a recording may hold several: one per
-        ``ggml_backend_sched_split_graph``), with the "usr" pins made just before it. Sets ``n_recorded``,
-        ``which``, ``is_last``."""
-        evs = events.events if hasattr(events, "events") else list(events)
-        sid = id(self.sched)
-        mine = [e for e in evs if e.get("sched") == sid and e["kind"] in KINDS
-                and not (e["kind"] == "sched.copy" and e.get("phase") != "split")]
-        starts = [k for k, e in enumerate(mine) if e["kind"] == "sched.pass" and e["pass"] == "1"]
-        if not starts:
-            raise ValueError("no sched.pass event of this scheduler recorded: record the split with "
-                             "ggviz.trace.recording(SchedulerView.KINDS) (or use SchedulerView.capture)")
-        self.n_recorded = len(starts)
-        self.which = which if which >= 0 else len(starts) + which
-        s = starts[self.which]
-        e_end = starts[self.which + 1] if self.which + 1 < len(starts) else len(mine)
-        # the user's pins for this split: "usr" assignments after the previous split's last event
-        prev_end = 0
-        for k in range(s - 1, -1, -1):
-            e = mine[k]
-            if not (e["kind"] == "sched.assign" and e.get("pass") == "usr"):
-                prev_end = k + 1
-                break
-        self.is_last = self.which == len(starts) - 1
-        return mine[prev_end:s] + mine[s:e_end]
-
-    def _replay(self, window: list, node_ix: dict, leaf_ix: dict):
-        """Replay the assign events in order: ``snapshots`` holds every node's and leaf's backend and cause as each
-        pass ended (what SET_CAUSE had written by then), ``events_by_stage`` the assignments each pass made,
-        ``splits`` pass 5's splits with their inputs and copies."""
-        nb = [-1] * self.n_nodes
-        nc = [""] * self.n_nodes
-        lb = [-1] * len(self.leaf_names)
-        lc = [""] * len(self.leaf_names)
-        self.snapshots: dict[str, dict] = {}
-        self.events_by_stage: dict[str, list] = {st: [] for st in STAGES}
-        split_evs, copy_evs = [], []
-        cur = "usr"
-
-        def snap(stage):
-            self.snapshots[stage] = dict(backend=list(nb), cause=list(nc), leaf_backend=list(lb),
-                                         leaf_cause=list(lc))
-
-        for e in window:
-            k = e["kind"]
-            if k == "sched.pass":
-                snap(cur)
-                cur = e["pass"]
-            elif k == "sched.assign":
-                st = e.get("pass") or cur
-                bid = e["backend_id"] if e["backend_id"] is not None else -1
-                i = node_ix.get(e["addr"])
-                if i is not None:
-                    nb[i], nc[i] = bid, e["cause"]
-                    self.events_by_stage.setdefault(st, []).append(dict(index=i, name=e["name"], backend=e["backend"],
-                                                                        cause=e["cause"], leaf=False))
-                else:
-                    j = leaf_ix.get(e["addr"])
-                    if j is not None:
-                        lb[j], lc[j] = bid, e["cause"]
-                        self.events_by_stage.setdefault(st, []).append(dict(index=j, name=e["name"],
-                                                                            backend=e["backend"], cause=e["cause"],
-                                                                            leaf=True))
-            elif k == "sched.split":
-                split_evs.append(e)
-            elif k == "sched.copy":
-                copy_evs.append(e)
-        snap(cur)
-        for st in STAGES:                          # a pass that did not run (cannot happen in ggml) keeps the last
-            if st not in self.snapshots:
-                prev = STAGES[STAGES.index(st) - 1] if st != "usr" else None
-                self.snapshots[st] = self.snapshots[prev] if prev else dict(
-                    backend=[-1] * self.n_nodes, cause=[""] * self.n_nodes,
-                    leaf_backend=[-1] * len(self.leaf_names), leaf_cause=[""] * len(self.leaf_names))
-        self.splits = _splits_from(split_evs, copy_evs)
 
     # ------------------------------------------------------------------------------------------------ capture
     @classmethod
     def capture(cls, sched, graph, setup=None, **kw):
         """Record ``ggml_backend_sched_alloc_graph(sched, graph)`` (``setup()`` runs first, inside the recording:
         e.g. ``backend_sched_set_tensor_backend`` pins) and view it."""
-        with trace.recording(KINDS) as rec:
-            if setup is not None:
-                setup()
-            if not S.backend_sched_alloc_graph(sched, graph):
-                raise RuntimeError(f"ggml_backend_sched_alloc_graph failed: {impl.last_log_error()}")
-        return cls(sched, graph, rec, **kw)
+        which = kw.pop("which", -1)
+        return cls(record_sched_split(sched, graph, setup, which), **kw)
 
     # ------------------------------------------------------------------------------------------------ actions
     def goto_pass(self, stage: str):
@@ -271,22 +155,14 @@ class SchedulerView(VizWidget):
                             backend_id=b, cause=c, changed=bool(changed), view_op=self.view_op[i]))
         return out
 
-    @staticmethod
-    def _kernel_on(node, backend: str | None) -> str:
-        if backend == "BLAS":
-            return mul_mat.KERNEL_BLAS + " (opt-in: GGML_BLAS build)"
-        if backend == "CPU":
-            return mul_mat.cpu_kernel(node)
-        return ""
-
     def kernel(self, i: int) -> str:
         """The kernel MUL_MAT node i runs on its final backend; "" for other nodes and devices."""
-        return self.kernels.get(i, "")
+        return self.record.kernels[i] if 0 <= i < self.n_nodes else ""
 
     def mul_mat_kernels(self) -> dict:
         """How many MUL_MATs run on each kernel (final assignment)."""
         out: dict = {}
-        for i in self._mul_mats:
+        for i in self.record.mul_mats:
             k = self.kernel(i) or "(device)"
             out[k] = out.get(k, 0) + 1
         return out
@@ -586,7 +462,3 @@ class SchedulerView(VizWidget):
             self._w_split.value = want
         self._w_img.value = png_img(self.png(), "max-width:100%")
         self._w_info.value = self.info_html()
-
-
-def _bname(backend) -> str:
-    return B.backend_name(backend)
