@@ -229,7 +229,7 @@ else:
 # worst-case reserve: a prompt-sized graph of `n_ubatch` tokens).
 
 # %%
-from ggviz.viz.widgets import Exercise, FlashAttnStepper
+from ggviz.viz.widgets import AttnGraphsView, Exercise, FlashAttnStepper
 
 
 def fa_context(fa, n_ctx=256):
@@ -257,6 +257,13 @@ viz.Table(fa_rows, title="flash attention on (AUTO) and off: graph and compute b
 # are alive. The KQ matrix of one layer (the last column: what the non-FA graph writes and FLASH_ATTN_EXT never does)
 # is 2.25 MiB at `n_ctx` = 256 and fits under that peak; at 4096 it is 72 MiB and the fused op saves 1.13 MiB of the
 # buffer. KQ grows as `n_ctx × n_ubatch`; the logits do not grow with the context.
+
+# %% [markdown]
+# **One layer, both ways.** Layer 0 of the two decode graphs side by side: which nodes flash attention removes,
+# which it adds, and the tensors only one side allocates in the prompt-sized reserve graph (toggle between them).
+
+# %%
+AttnGraphsView(capture.capture_attn_graphs(model, n_ctx=4096, layer=0))
 
 # %%
 n_layer = model.hparams.n_layer
