@@ -404,4 +404,4 @@ ex.Exercise(f"For head size {x.size}, the two trees above reach the same partial
                  "differ, and the order of these three additions is all that separates the two builds here.")
 
 # %% [markdown]
-# *Read the code:* ggviz.ggml.cpu.vec.vec_dot_f16_simd, ggviz.ggml.cpu.cpu_feats ↔ vec.cpp ggml_vec_dot_f16, simd-mappings.h GGML_F32x8_REDUCE / GGML_F32x16_REDUCE, arch/x86/cpu-feats.cpp
+# *Read the code:* ggviz.ggml.cpu.vec.vec_dot_f16_simd, ggviz.ggml.cpu.cpu_feats ↔ vec.cpp ggml_vec_dot_f16; simd-mappings.h GGML_F32x8_REDUCE, GGML_F32x16_REDUCE; arch/x86/cpu-feats.cpp ggml_backend_cpu_x86_score

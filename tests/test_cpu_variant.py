@@ -11,6 +11,7 @@ tests/data/llamacpp/smollm2_prefill6_tensors.npz and smollm2_teacher_forced_seq1
 """
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -18,12 +19,22 @@ import numpy as np
 import pytest
 
 from ggviz import ggml, llama
+from ggviz.llama.context_pool import context_pool_clear
 from ggviz.ggml import consts as C
 from ggviz.ggml.cpu import cpu_feats, vec
 
 DATA = Path(__file__).parent / "data" / "llamacpp"
 LAYER0 = ("embd", "attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kq_soft_max-0", "kqv_out-0", "attn_out-0",
           "ffn_inp-0", "ffn_norm-0", "ffn_gate-0", "ffn_swiglu-0", "ffn_out-0", "l_out-0")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_state_left_behind():
+    """The contexts these tests made (under zen4 and haswell) leave the process: their parked machinery and
+    compiled programs must not reach a later test's context."""
+    yield
+    context_pool_clear()
+    gc.collect()
 
 
 def _bits_equal(mine, want):

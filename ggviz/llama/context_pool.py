@@ -29,6 +29,7 @@ from .. import trace
 from ..ggml import backend as gb
 from ..ggml import backend_reg
 from ..ggml import sched as gs
+from ..ggml.cpu import cpu_feats
 
 # how many allocated graphs a context keeps besides the one in the scheduler (decode, the prompt shapes ...)
 GRAPH_CACHE_SIZE = 4
@@ -147,13 +148,14 @@ _pool_lock = threading.Lock()
 def machinery_key(model, p, n_ctx: int, ctx) -> tuple:
     """Everything the backends, the KV cache, the reserve and the graphs of a context depend on: its shapes and
     types, the cparams baked into the graph (rope, YaRN), offload settings, and the accelerator devices registered
-    now (the backends a new context would get). Not: thread counts and callbacks (set at each compute)."""
+    now (the backends a new context would get), the CPU variant. Not: thread counts and callbacks (set at each compute)."""
     accel = tuple(gb.backend_dev_name(backend_reg.backend_dev_get(i)) for i in range(backend_reg.backend_dev_count())
                   if gb.backend_dev_type(backend_reg.backend_dev_get(i)) == gb.GGML_BACKEND_DEVICE_TYPE_ACCEL)
     return (n_ctx, ctx.n_batch, ctx.n_ubatch, ctx.n_seq_max, ctx.n_outputs_max, p.type_k, p.type_v, p.flash_attn_type,
             bool(p.embeddings), bool(p.offload_kqv), bool(p.op_offload), ctx.rope_freq_base, ctx.rope_freq_scale,
             ctx.yarn_ext_factor, ctx.yarn_attn_factor, ctx.yarn_beta_fast, ctx.yarn_beta_slow, accel,
-            os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None, bool(p.use_blas), bool(p.swa_full))
+            os.environ.get("LLAMA_GRAPH_REUSE_DISABLE") is None, bool(p.use_blas), bool(p.swa_full),
+            cpu_feats.cpu_variant())     # the compiled programs bake the variant's lane widths in
 
 
 def pool_take(model, key):
