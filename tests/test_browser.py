@@ -446,15 +446,20 @@ def _check_stepper(drv, page, k: int, n_moves: list) -> None:
     view = drv.find_elements(By.CSS_SELECTOR, "div.ggv-view")[k]
     root = view.find_element(By.CSS_SELECTOR, ".ggv-st")
     st = lambda: _views(drv)[k]["stepper"]                      # noqa: E731
+    slide = "const r = arguments[0].querySelector('.ggv-st-range'); r.value = arguments[1];" \
+            " r.dispatchEvent(new Event('input'))"
+    start = st()
+    drv.execute_script(slide, root, 0)                          # (the page may open on any step)
     s0 = st()
+    assert s0["pos"] == 0 and (start["pos"] == 0 or s0["panel"] != start["panel"]), (page, start, s0)
     _click(drv, root.find_element(By.CSS_SELECTOR, ".ggv-st-next"))
     s1 = st()
-    assert s1["pos"] == s0["pos"] + 1 and s1["panel"] != s0["panel"] and s1["css"] != s0["css"], (page, s0, s1)
+    assert s1["pos"] == s0["pos"] + 1 and s1["panel"] != s0["panel"], (page, s0, s1)
+    assert s1["css"] != s0["css"] or not s0["verts"], (page, "the picture's highlight did not move")
     root.send_keys(Keys.ARROW_RIGHT)
-    assert st()["pos"] == s0["pos"] + 2, page
+    assert st()["pos"] == min(2, s0["n"] - 1), page
     last = s0["n"] - 1
-    drv.execute_script("const r = arguments[0].querySelector('.ggv-st-range'); r.value = arguments[1];"
-                       " r.dispatchEvent(new Event('input'))", root, last)
+    drv.execute_script(slide, root, last)
     s2 = st()
     assert s2["pos"] == last and s2["panel"] != s1["panel"], (page, s2)
     # a click on a node of the picture goes to that node (a decode's vertex n<i> is node i)

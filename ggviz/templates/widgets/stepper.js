@@ -46,6 +46,7 @@ function render({ model, el }) {
   };
   const drawSvg = () => {
     box.innerHTML = model.get("svg");
+    box.style.display = model.get("svg") ? "" : "none";     // a stepper without a picture: the panel alone
     const svg = box.querySelector("svg");
     if (svg) svg.style.maxWidth = "none";          // its own size: a page's `svg {max-width:100%}` would shrink the text
   };
