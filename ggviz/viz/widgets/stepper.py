@@ -295,8 +295,7 @@ class DecodeStepper(VizWidget):
 
     def panel_head_html(self, small: bool = False) -> str:
         """The panel above the memory bar: the node, its values (statistics and the heatmap)."""
-        st = self.state()
-        r = self.records[self.pos]
+        r = st = self.records[self.pos]        # (its record: state() would also scan every node for sharers)
         s = st["stats"]
         stat = ("all non-finite" if s["min"] is None else
                 f"min {s['min']:.4g} · max {s['max']:.4g} · mean {s['mean']:.4g} · std {s['std']:.4g}"
@@ -305,7 +304,7 @@ class DecodeStepper(VizWidget):
                 f"big tensor: statistics + the first {r['slice'].shape[0]}×{r['slice'].shape[1]} of "
                 f"{r['slice_of'][0]}×{r['slice_of'][1]} recorded")
         src_links = ", ".join(esc(x) for x in st["src"])
-        return (f"<div class='ggv-st-node' style='font-size:18px'><b>node #{st['index']} / {st['n_nodes'] - 1}: "
+        return (f"<div class='ggv-st-node' style='font-size:18px'><b>node #{st['index']} / {self.n_steps - 1}: "
                 f"{esc(st['name'])}</b> = {esc(st['op'])}({src_links})</div>"
                 f"{esc(st['type'])} ne={st['ne']} nb={st['nb']}"
                 + (f" — view of {esc(st['view_src'])}" if st["view_src"] else "") +
