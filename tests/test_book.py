@@ -2,6 +2,11 @@
 tests/test_browser.py)."""
 from __future__ import annotations
 
+import base64
+import gzip
+import json
+import re
+
 import nbformat
 import pytest
 
@@ -37,6 +42,39 @@ def test_offline_drops_network_scripts_only():
     out = book._offline(page)
     assert "cdn.example" not in out
     assert "var local = 1;" in out and "text/x-mathjax-config" in out
+
+
+def _payload(view_html: str) -> dict:
+    m = re.search(r"<script type='application/json' class='ggv-payload' data-ggv data-encoding='([^']+)'>(.*?)"
+                  r"</script>", view_html, re.S)
+    enc, body = m.groups()
+    if enc == "gzip+base64":
+        return json.loads(gzip.decompress(base64.b64decode(body)))
+    return json.loads(body.replace("<\\/", "</"))
+
+
+@pytest.mark.parametrize("size", [10, 40_000])
+def test_a_recorded_view_becomes_its_picture_and_its_recording(size):
+    """A view's recording (BOOK_MIME) is written into the page beside its static picture, plain JSON or gzipped
+    (large), exactly as recorded; the page then carries its ES module, its stylesheet and the book's model once."""
+    rec = book.BOOK_MIME and {"esm": "stepper.js", "css": "explorer.css",
+                              "state": {"n": 2, "pos": 0, "svg": "<svg></svg>" + "x" * size},
+                              "tables": [{"on": "pos", "set": "frame", "values": ["{}", "{\"css\": \"</style>\"}"]}]}
+    nb = nbformat.v4.new_notebook(cells=[_cell_with({book.WIDGET_VIEW: {"model_id": "m"}, "text/plain": "V",
+                                                     "text/html": "<b>step 0</b>", book.BOOK_MIME: rec})])
+    mods: set = set()
+    assert book.make_static(nb, mods) == 1
+    out = nb.cells[0].outputs[0]["data"]
+    assert book.BOOK_MIME not in out and mods == {"stepper.js", "explorer.css"}
+    html = out["text/html"]
+    assert "<div class='ggv-static'><b>step 0</b></div>" in html and _payload(html) == rec
+    assert ("gzip+base64" in html) == (size > book._PLAIN_MAX) and html.count("</script>") == 1
+    scripts = book._scripts(mods)
+    assert scripts.count("data-ggv-esm='stepper.js'") == 1 and scripts.count("const makeModel") == 1
+    assert "DecompressionStream" in scripts and ".ggv-x-row" in scripts
+    # nothing of ggviz's own is dropped as a network script, though the recorded SVGs name http:// namespaces
+    page = f"<body>{html}<svg xmlns='http://www.w3.org/2000/svg'></svg>{scripts}</body>"
+    assert book._offline(page) == page
 
 
 def test_notebook_selection_and_titles(tmp_path):

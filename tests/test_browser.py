@@ -3,7 +3,9 @@
 (a) the standalone HTML report (``ggviz report``): the figures rendered (SVGs with a size, images decoded), the
     step sliders step (the highlighted graph node moves, the frame changes);
 (b) live widgets: a small notebook served by Voilà on 127.0.0.1, whose ipywidgets Button computes the next node of
-    a real ggml graph; clicking it must change what the page shows.
+    a real ggml graph; clicking it must change what the page shows;
+(c) the book (``ggviz book``), opened from file:// with the network off: no JavaScript error, no request outside its
+    folder, and every recorded view answers (steppers step, graphs zoom and select, the explorer's panes follow).
 
 Screenshots go to tests/_artifacts/browser/ (git-ignored). ``./dev setup`` installs chromium and chromium-driver
 with apt-get when they are missing; without them this test fails under CI (CI=true) and is skipped elsewhere.
@@ -362,40 +364,236 @@ def test_voila_widgets_step(browser, tmp_path):
 
 # ================================================================================================= (c) the book
 
+# the state of the recorded views of a page (book_model.js starts them; see ggviz/tools/book.py)
+JS_VIEWS = """
+return [...document.querySelectorAll('div.ggv-view')].map((v, k) => {
+  const st = v.querySelector('.ggv-st'), svg = v.querySelector('.ggv-c-box svg');
+  return {k, esm: v.getAttribute('data-ggv-esm'), ready: v.getAttribute('data-ggv-ready'),
+          stepper: st ? {pos: parseInt(st.getAttribute('data-ggv-pos'), 10),
+                         n: parseInt(st.querySelector('.ggv-st-range').max, 10) + 1,
+                         panel: st.querySelector('.ggv-st-panel').textContent,
+                         css: st.querySelector('.ggv-st-style').textContent,
+                         verts: [...st.querySelectorAll('.ggv-st-box g.node')].map(g => g.id)} : null,
+          canvas: svg ? {zoom: v.querySelector('[data-ggv-zoom]').getAttribute('data-ggv-zoom'),
+                         info: v.querySelector('.ggv-c-info').textContent,
+                         verts: [...svg.querySelectorAll('g.node')].map(g => g.id)} : null,
+          explorer: !!v.querySelector('.ggv-explorer-live')};
+});
+"""
+
+# the smallest text of a picture at its current zoom, in CSS px (the height of each <text>'s box), and whether the
+# element it opened on is inside the visible part of its box
+JS_CANVAS_LOOK = """
+const v = document.querySelectorAll('div.ggv-view')[arguments[0]];
+const box = v.querySelector('.ggv-c-box'), b = box.getBoundingClientRect();
+const hs = [...box.querySelectorAll('svg text')].map(t => t.getBoundingClientRect().height).filter(h => h > 0);
+const f = v.querySelector('.ggv-c-style') && box.querySelector('svg');
+return {minText: Math.min(...hs), nText: hs.length, boxW: b.width, boxH: b.height};
+"""
+
+# select a node of the book's explorer (a click on its vertex, or its name typed into the search), then wait, one
+# animation frame at a time, until every pane shows it: the vertex outlined, its column in the buffer map, its spans
+# in the thread lanes red, the scheduler and bytes text and the values pane naming it
+JS_BOOK_SELECT = r"""
+const [how, target, name, done] = arguments;
+const root = document.querySelector('.ggv-explorer-live');
+const RED = 'rgb(213, 0, 0)';
+const t0 = performance.now();
+if (how === 'click') {
+  const g = root.querySelector('.ggv-x-gin g.node[id$="-' + target + '"]');
+  if (!g) { done({error: 'no vertex ' + target}); return; }
+  g.querySelector('polygon, path, ellipse').dispatchEvent(new MouseEvent('click', {bubbles: true}));
+} else {
+  const s = root.querySelector('.ggv-x-search');
+  s.value = name;
+  s.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', bubbles: true}));
+}
+const check = () => {
+  const key = root.getAttribute('data-ggv-selected');
+  const vert = key ? root.querySelector('.ggv-x-gin g.node[id$="-' + key + '"]') : null;
+  const shape = vert ? vert.querySelector('polygon, path, ellipse') : null;
+  const spans = key ? root.querySelectorAll('.ggv-x-lanes-svg rect[class*="s' + key.slice(1) + ' "]') : [];
+  const col = key ? root.querySelector('.ggv-x-mem line[id$="x' + key.slice(1) + '"]') : null;
+  return {key, graph: !!shape && getComputedStyle(shape).stroke === RED,
+          lanes: spans.length > 0 && [...spans].every(r => getComputedStyle(r).fill === RED),
+          bytes: !!col && getComputedStyle(col).display !== 'none',
+          cause: root.querySelector('.ggv-x-cause').textContent.length > 0,
+          values: root.querySelector('.ggv-explorer-values').textContent.includes(name),
+          info: root.querySelector('.ggv-x-info').textContent.includes(name)};
+};
+const poll = () => {
+  const st = check();
+  if ((how === 'search' || st.key === target) && st.graph && st.lanes && st.bytes && st.cause && st.values
+      && st.info) {
+    st.ms = performance.now() - t0; done(st); return; }
+  if (performance.now() - t0 > 3000) { st.ms = null; done(st); return; }
+  requestAnimationFrame(poll);
+};
+poll();
+"""
+
+
+def _views(drv):
+    return drv.execute_script(JS_VIEWS)
+
+
+def _check_stepper(drv, page, k: int, n_moves: list) -> None:
+    """A recorded stepper of the book: the next button, an arrow key, the slider, a click on a vertex of its graph
+    and the name search each move it, and the panel and the graph's highlight follow."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    view = drv.find_elements(By.CSS_SELECTOR, "div.ggv-view")[k]
+    root = view.find_element(By.CSS_SELECTOR, ".ggv-st")
+    st = lambda: _views(drv)[k]["stepper"]                      # noqa: E731
+    slide = "const r = arguments[0].querySelector('.ggv-st-range'); r.value = arguments[1];" \
+            " r.dispatchEvent(new Event('input'))"
+    start = st()
+    drv.execute_script(slide, root, 0)                          # (the page may open on any step)
+    s0 = st()
+    assert s0["pos"] == 0 and (start["pos"] == 0 or s0["panel"] != start["panel"]), (page, start, s0)
+    _click(drv, root.find_element(By.CSS_SELECTOR, ".ggv-st-next"))
+    s1 = st()
+    assert s1["pos"] == s0["pos"] + 1 and s1["panel"] != s0["panel"], (page, s0, s1)
+    assert s1["css"] != s0["css"] or not s0["verts"], (page, "the picture's highlight did not move")
+    root.send_keys(Keys.ARROW_RIGHT)
+    assert st()["pos"] == min(2, s0["n"] - 1), page
+    last = s0["n"] - 1
+    drv.execute_script(slide, root, last)
+    s2 = st()
+    assert s2["pos"] == last and s2["panel"] != s1["panel"], (page, s2)
+    # a click on a node of the picture goes to that node (a decode's vertex n<i> is node i)
+    vert = next((v for v in s2["verts"] if v.rsplit("-", 1)[-1][:1] == "n" and v.rsplit("-", 1)[-1][1:].isdigit()),
+                None)
+    if vert is not None and "node #" in s2["panel"]:
+        i = int(vert.rsplit("-", 1)[-1][1:])
+        drv.execute_script("document.getElementById(arguments[0]).querySelector('polygon, path, ellipse')"
+                           ".dispatchEvent(new MouseEvent('click', {bubbles: true}))", vert)
+        s3 = st()
+        assert s3["pos"] == i and f"node #{i} /" in s3["panel"], (page, vert, s3)
+        # the memory bar: this node's bytes drawn in its buffer
+        assert drv.execute_script("return arguments[0].querySelectorAll('.ggv-st-mem rect').length", root) > 2
+        # the name search
+        find = root.find_element(By.CSS_SELECTOR, ".ggv-st-find")
+        find.send_keys("kq_soft_max-0", Keys.ENTER)
+        s4 = st()
+        assert "kq_soft_max-0" in s4["panel"] and s4["pos"] != s3["pos"], (page, s4)
+    n_moves.append(s0["n"])
+
+
+def _check_canvas(drv, page, k: int) -> None:
+    """A recorded graph picture: opens at 100 % with no text under 9 px, on its focus; the zoom buttons zoom; a
+    click on a node shows that node's table."""
+    from selenium.webdriver.common.by import By
+
+    view = drv.find_elements(By.CSS_SELECTOR, "div.ggv-view")[k]
+    c0 = _views(drv)[k]["canvas"]
+    look = drv.execute_script(JS_CANVAS_LOOK, k)
+    assert c0["zoom"] == "1.000" and look["nText"] > 0 and look["minText"] >= 9, (page, c0["zoom"], look)
+    _click(drv, view.find_element(By.CSS_SELECTOR, ".ggv-c-in"))
+    assert _views(drv)[k]["canvas"]["zoom"] == "1.250", page
+    _click(drv, view.find_element(By.CSS_SELECTOR, ".ggv-c-one"))
+    vert = next(v for v in c0["verts"] if v.rsplit("-", 1)[-1][:1] == "n" and v.rsplit("-", 1)[-1][1:].isdigit())
+    i = int(vert.rsplit("-", 1)[-1][1:])
+    drv.execute_script("document.getElementById(arguments[0]).querySelector('polygon, path, ellipse')"
+                       ".dispatchEvent(new MouseEvent('click', {bubbles: true}))", vert)
+    c1 = _views(drv)[k]["canvas"]
+    assert f"node {i}" in c1["info"] and c1["info"] != c0["info"], (page, vert, c1["info"][:200])
+    stroke = drv.execute_script("return getComputedStyle(document.getElementById(arguments[0])"
+                                ".querySelector('polygon, path, ellipse')).stroke", vert)
+    assert stroke == RED, (page, vert, stroke)
+
+
+def _check_explorer(drv, page) -> dict:
+    """The book's explorer: a click on a vertex and a search by name each update all five panes within 200 ms."""
+    out = {}
+    # node 131's name (a MUL_MAT: it has thread spans), from its vertex's label ("#131", its name, its op)
+    name = drv.execute_script("const g = document.querySelector('.ggv-x-gin g.node[id$=\"-n131\"]');"
+                              " return g ? [...g.querySelectorAll('text')].map(t => t.textContent.trim())"
+                              ".filter(Boolean)[1] : null")
+    for how, key, nm in (("click", "n131", name), ("search", "", "ffn_out-7")):
+        st = drv.execute_async_script(JS_BOOK_SELECT, how, key, nm)
+        assert st.get("ms") is not None, f"{page}: {how} {nm}: not every pane followed within 3 s: {st}"
+        assert st["ms"] < 200, f"{page}: {how} {nm}: the panes followed after {st['ms']:.0f} ms"
+        out[f"{how} {nm}"] = st["ms"]
+    return out
+
+
 def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
-    """``ggviz book``: every notebook executed into a static page; each loads in Chromium with no JavaScript error,
-    requests nothing from the network, and shows its figures (every image decoded). The notebooks are executed by
-    the session's runner (``book.execute``, once: tests/test_notebooks.py checks the same runs)."""
+    """``ggviz book``: every notebook executed into a static page; each loads in Chromium with the network off and
+    no kernel, with no JavaScript error, requests nothing outside the book's folder, shows its figures (every image
+    decoded), and every recorded view answers its interactions (steppers step, graphs zoom and select, the explorer's
+    five panes follow a click and a search within 200 ms). The notebooks are executed by the session's runner
+    (``book.execute``, once: tests/test_notebooks.py checks the same runs)."""
     from ggviz.tools import book
 
     pages = book.build_book(tmp_path / "book", disable_progress=True, executed=notebook_runner)
     from tests.test_notebooks import gemma_fetched
     gemma_here = gemma_fetched()
     assert [p.name for p in pages[1:]] == [p.stem + ".html" for p in book.notebooks()]
+    print("\nbook page weights:\n" + book.weights(pages))
+    folder = (tmp_path / "book").as_uri() + "/"
     drv = browser
     drv.get("about:blank")                                       # leave the earlier tests' pages (Voila's shutdown
     time.sleep(0.5)                                              # request on unload logs a refused connection)
-    for page in pages:
-        drv.get_log("browser")                                   # drop what earlier pages logged
-        drv.get(page.as_uri())
-        _wait(drv, lambda d: d.execute_script("return document.readyState") == "complete", 30, f"{page.name} load")
-        n_img, n_broken = drv.execute_script(
-            "const im = [...document.images]; return [im.length, im.filter(i => !i.complete || i.naturalWidth == 0)"
-            ".length];")
-        assert n_broken == 0, f"{page.name}: {n_broken} of {n_img} images did not load"
-        remote = drv.execute_script("return performance.getEntriesByType('resource').map(r => r.name)"
-                                    ".filter(n => n.startsWith('http'));")
-        assert remote == [], f"{page.name} asked the network for {remote}"
-        errors = [e for e in drv.get_log("browser") if e["level"] == "SEVERE"
-                  and "127.0.0.1" not in e["message"]]              # a server of an earlier test, not the book
-        assert errors == [], f"{page.name}: {errors}"
-        # the exercises' answers: folded (a closed <details> lays out nothing) until the reader opens them
-        n_ex, shown = drv.execute_script(
-            "const a = [...document.querySelectorAll('.ggv-exercise .ggv-answer')]; return [document.querySelectorAll("
-            "'.ggv-exercise').length, a.filter(e => e.closest('details') === null || e.closest('details').open"
-            " || e.checkVisibility()).length];")
-        assert shown == 0, f"{page.name}: {shown} of {n_ex} exercise answers are visible before being asked for"
-        assert page.stem == "index" or n_ex >= 3 or (page.stem.startswith("08") and not gemma_here), \
-            f"{page.name}: {n_ex} exercises"
-        drv.save_screenshot(str(ARTIFACTS / f"book_{page.stem}.png"))
+    drv.execute_cdp_cmd("Network.enable", {})
+    drv.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": True, "latency": 0,
+                                                              "downloadThroughput": -1, "uploadThroughput": -1})
+    kinds, moves, timings = {}, [], {}
+    try:
+        for page in pages:
+            drv.get_log("browser")                               # drop what earlier pages logged
+            drv.get(page.as_uri())
+            _wait(drv, lambda d: d.execute_script("return document.readyState") == "complete", 30,
+                  f"{page.name} load")
+            n_img, n_broken = drv.execute_script(
+                "const im = [...document.images]; return [im.length, im.filter(i => !i.complete || i.naturalWidth"
+                " == 0).length];")
+            assert n_broken == 0, f"{page.name}: {n_broken} of {n_img} images did not load"
+            views = _views(drv)
+            if views:
+                _wait(drv, lambda d: d.execute_script("return document.body.getAttribute('data-ggv-ready')") == "1",
+                      30, f"{page.name} views")
+                views = _views(drv)
+                assert all(v["ready"] == "1" for v in views), f"{page.name}: {views}"
+                ready = drv.execute_script("return [document.body.getAttribute('data-ggv-ready-at'),"
+                                           " document.body.getAttribute('data-ggv-boot-ms')]")
+                timings[page.name] = f"views ready {float(ready[0]):.0f} ms after the navigation " \
+                                     f"(their start: {float(ready[1]):.0f} ms)"
+            for v in views:
+                kinds.setdefault(page.name, []).append(v["esm"])
+                if v["stepper"]:
+                    _check_stepper(drv, page.name, v["k"], moves)
+                elif v["canvas"]:
+                    _check_canvas(drv, page.name, v["k"])
+                elif v["explorer"]:
+                    ms = _check_explorer(drv, page.name)
+                    timings[page.name] += "; select -> all panes: " + ", ".join(f"{k} {t:.1f} ms"
+                                                                                for k, t in ms.items())
+                drv.save_screenshot(str(ARTIFACTS / f"book_{page.stem}_view{v['k']}.png"))
+            remote = drv.execute_script("return performance.getEntriesByType('resource').map(r => r.name)")
+            outside = [n for n in remote if not (n.startswith(folder) or n.startswith("data:"))]
+            assert outside == [], f"{page.name} asked for {outside} (outside the book's folder)"
+            errors = [e for e in drv.get_log("browser") if e["level"] in ("SEVERE", "ERROR")
+                      and "127.0.0.1" not in e["message"]]          # a server of an earlier test, not the book
+            assert errors == [], f"{page.name}: {errors}"
+            # the exercises' answers: folded (a closed <details> lays out nothing) until the reader opens them
+            n_ex, shown = drv.execute_script(
+                "const a = [...document.querySelectorAll('.ggv-exercise .ggv-answer')]; return [document."
+                "querySelectorAll('.ggv-exercise').length, a.filter(e => e.closest('details') === null || "
+                "e.closest('details').open || e.checkVisibility()).length];")
+            assert shown == 0, f"{page.name}: {shown} of {n_ex} exercise answers are visible before being asked for"
+            assert page.stem == "index" or n_ex >= 3 or (page.stem.startswith("08") and not gemma_here), \
+                f"{page.name}: {n_ex} exercises"
+            drv.save_screenshot(str(ARTIFACTS / f"book_{page.stem}.png"))
+    finally:
+        drv.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": False, "latency": 0,
+                                                                  "downloadThroughput": -1, "uploadThroughput": -1})
+    print("recorded views per page: " + "; ".join(f"{p}: {', '.join(k)}" for p, k in kinds.items()))
+    print("\n".join(f"{p}: {t}" for p, t in timings.items()))
     assert (ARTIFACTS / "book_index.png").stat().st_size > 5000
+    # the views the book must carry interactive: the node stepper and the explorer (07), the graph walk and the
+    # layer-0 graph (03)
+    assert kinds.get("07_decode_walkthrough.html", []).count("stepper.js") >= 1, kinds
+    assert "explorer.js" in kinds.get("07_decode_walkthrough.html", []), kinds
+    assert {"stepper.js", "svg_canvas.js"} <= set(kinds.get("03_cgraph.html", [])), kinds

@@ -193,7 +193,19 @@ def test_static_and_live(ex):
     assert pane.selected == f"n{_node(ex, 'ffn_out-7')}"
     pane.selected = f"n{_node(ex, 'l_out-0')}"                  # browser -> Python: the values pane follows
     assert ex.state()["selected"]["name"] == "l_out-0"
-    assert "l_out-0" in ex._w_values.value
+    assert "l_out-0" in ex._pane.values_html
+    # the book's recording: the live pane's traits, and one values pane per node and leaf -- what values_html shows
+    # for that selection (small) -- so the static page's panes follow every selection the live one can make
+    rec = ex.book_view()
+    table = rec["tables"][0]
+    assert rec["esm"] == "explorer.js" and rec["css"] == "explorer.css" and table["on"] == "selected"
+    assert rec["state"]["nodes"] == pane.nodes and rec["state"]["graph_svg"] == pane.graph_svg
+    assert len(table["values"]) == ex.n_nodes + ex.gf.n_leafs and ex.state()["selected"]["name"] == "l_out-0"
+    for name in ("kq-3", "inp_pos"):
+        kind = "leaf" if name == "inp_pos" else "node"
+        ex.select(name, kind=kind)
+        key = pane.selected
+        assert table["values"][key] == ex.values_html(small=True) and name in table["values"][key]
 
 
 def test_cli_explore_user_errors():

@@ -70,6 +70,14 @@ def test_stepper_state_and_round_trip(cap, tmp_path):
     assert "== the node&#x27;s output, bit for bit" in html or "== the node's output, bit for bit" in html
     back = records.load(records.save(w, tmp_path / "fa.npz"))
     assert FlashAttnStepper(back).to_html() == html
+    # live, the browser's slider moves the stepper; the book holds every step's frame
+    fa = FlashAttnStepper(w, step=1)
+    fa.widget
+    fa._pane.pos = 3
+    assert fa.step == 3 and json.loads(fa._pane.frame) == fa.frame()
+    frames = fa.book_view()["tables"][0]["values"]
+    assert len(frames) == fa.n_steps and fa.step == 3
+    assert f"<b>step 2</b> of {fa.n_steps} (KV cell {int(w.cells[2])})" in json.loads(frames[2])["panel"]
     back_cap = records.load(records.save(cap, tmp_path / "cap.npz"))
     assert np.array_equal(_u32(walk_flash_attn(back_cap, 4).result), _u32(w.result))
 

@@ -3,6 +3,7 @@
 One real decode of the default model (trace events, inputs, sampler) and one step-through decode are shared by the
 tests; every check compares a view's plain state with the engine's own objects or with an independent recording.
 """
+import json
 import time
 
 import numpy as np
@@ -257,6 +258,19 @@ def test_graph_view_collapses_layers(run):
     assert "penwidth" in dot.source
     gv.widget
     assert gv._canvas.svg.startswith("<svg")
+    # the book's recording: the picture as it is (layer 0 open, opening on its first node); a click on any drawn node
+    # outlines it and shows its table; a collapsed layer's box says that opening it needs a kernel
+    gv.collapse_all()
+    gv.expand(0)
+    gv.selected = None
+    rec = gv.book_view()
+    css, info = rec["tables"][0]["values"], rec["tables"][1]["values"]
+    first = layers.index(0)
+    assert rec["esm"] == "svg_canvas.js" and rec["state"]["focus"] == f"{gv.prefix}n{first}" and gv.selected is None
+    k = [t.name for t in gf.nodes].index("kq-0")
+    assert f"#{gv.prefix}n{k} path" in css[f"n{k}"] and "kq-0" in info[f"n{k}"] and "MUL_MAT" in info[f"n{k}"]
+    assert "needs a kernel" in info["L5"] and "L0" not in info
+    assert rec["state"]["svg"] == gv.svg()
 
 
 def test_visit_animation_replays_the_build(run):
@@ -283,8 +297,16 @@ def test_visit_animation_replays_the_build(run):
     assert va.state(k_add)["text"].endswith("nodes[0] = 'node_0'")
     va.widget
     va.goto(0).step(3)
-    assert va.pos == 3 and va._slider.value == 3 and "opacity" in va._canvas.css
+    assert va.pos == 3 and va._pane.pos == 3 and "opacity" in json.loads(va._pane.frame)["css"]
+    va._pane.pos = 5                                          # what the browser does: Python follows
+    assert va.pos == 5 and json.loads(va._pane.frame) == va.frame()
     assert "<svg" in va.to_html()
+    # the book's recording: one frame per event, each what the live widget shows at that event
+    rec = va.book_view()
+    frames, pick, svgs = rec["tables"][1]["values"], rec["tables"][0]["pick"], rec["tables"][0]["values"]
+    assert rec["esm"] == "stepper.js" and len(frames) == len(pick) == va.n_steps and va.pos == 5
+    for k in (0, k_hit, va.n_steps - 1):
+        assert json.loads(frames[k]) == va.goto(k).frame() and svgs[pick[k]] == va._pane.svg
 
 
 # -------------------------------------------------------------------------------------------------------- timeline
@@ -413,8 +435,8 @@ def test_decode_stepper_shows_what_cb_eval_saw(stepper, model):
         assert st["vertex"] == f"n{i}"
         _, off, label = memory.resolve(t.data)
         assert (st["buffer"], st["offset"], st["nbytes"]) == (label, off, ggml.nbytes(t))
-        assert ds._slider.value == i and ds._canvas.focus.endswith(f"n{i}")
-        assert f"n{i} path" in ds._canvas.css
+        frame = json.loads(ds._pane.frame)
+        assert ds._pane.pos == i and frame["focus"].endswith(f"n{i}") and f"n{i} path" in frame["css"]
     for _ in range(40):
         ds.step()
     assert ds.pos == 1085                                     # clipped at the last node
@@ -426,6 +448,23 @@ def test_decode_stepper_shows_what_cb_eval_saw(stepper, model):
     assert any(q["index"] != ds.pos for q in ds.sharing())
     html = ds.to_html()
     assert "<svg" in html and "kq-3" in html and "data:image/png;base64" in html
+    # the browser moves the stepper (the pane's pos): Python follows
+    ds._pane.pos = 131
+    assert ds.pos == 131 and json.loads(ds._pane.frame)["focus"].endswith("n131")
+    # the book's recording: a frame per node (what the live pane shows there, with the small heatmap), the node
+    # table the memory bar is drawn from (offsets and sizes as recorded), one picture per open layer
+    rec = ds.book_view()
+    (svg_t, frame_t), st = rec["tables"], rec["state"]
+    assert ds.pos == 131 and len(frame_t["values"]) == ds.n_steps and len(svg_t["values"]) == 31
+    table = json.loads(st["nodes"])
+    for i in (0, 131, 1085):
+        r = ds.records[i]
+        name, b, off, n = table["nodes"][i]
+        assert (name, off, n) == (r["name"], r["offset"], r["nbytes"])
+        assert table["buffers"][b] == {"label": r["buffer"], "size": r["buffer_size"]}
+        f = json.loads(frame_t["values"][i])
+        assert f["focus"] == ds.view.prefix + f"n{i}" and f"node #{i} / 1085: {r['name']}" in f["panel"]
+        assert svg_t["values"][svg_t["pick"][i]] == ds.goto(i).view.svg()
 
 
 def test_decode_stepper_header_shows_the_given_tokens(model, stepper):
@@ -441,8 +480,8 @@ def test_decode_stepper_header_shows_the_given_tokens(model, stepper):
     head = ds.header_html()
     assert f"decode of {len(ids)} tokens" in head and "Bonjour" in head and "capital" not in head
     assert "tokens: [" + ", ".join(map(str, ids)) + "]" in head
-    w = ds.widget                                          # built headless: the header is the first child
-    assert w.children[0].value == head
+    w = ds.widget                                          # built headless: the pane carries the header
+    assert w.header == head
 
 
 def test_svg_window_crops_around_a_node(run):

@@ -8,15 +8,22 @@ kernel (nbclient, this interpreter, the notebooks folder as its working director
 takes notebooks executed already (``DIR/NN_name.ipynb``, e.g. saved from JupyterLab after "Run All") instead of
 running them again; each must hold the same cells as the one in ``notebooks/`` and have run every code cell.
 
-The pages are static: every ggviz view puts its static rendering (``to_html``: HTML, SVG, PNG) in its mime bundle
-beside the live widget, and the book keeps that one -- it drops the widget views and the widget state, which would
-need a kernel and a widget manager loaded from the network -- and leaves out the scripts nbconvert would fetch from a
-CDN (RequireJS, MathJax), so a page opens from a USB stick the same as from a web server.
+Each ggviz view puts its static rendering (``to_html``: HTML, SVG, PNG) in its mime bundle beside the live widget;
+a view that can run without a kernel also puts its recording there (``BOOK_MIME``: its widget's traits and the
+recorded answers to every interaction; the kernels run here set ``GGVIZ_BOOK=1`` to ask for it). The book drops the
+widget views and the widget state, which would need a kernel and a widget manager loaded from the network, and
+writes each recorded view as its static picture plus the recording (gzip + base64 above 16 KB); the page carries
+each ES module it needs once (the widget's own, from ggviz/templates/widgets/) and book_model.js, which runs them on
+the recording: stepping, selecting, panning work in the page, from a USB stick the same as from a web server. The
+scripts nbconvert would fetch from a CDN (RequireJS, MathJax) are left out. ``ggviz book`` prints each page's weight;
+a page over ``PAGE_BUDGET`` bytes is named in the output.
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
+import gzip
 import html
 import importlib.resources
 import json
@@ -35,6 +42,7 @@ from traitlets.config import Config
 
 from .. import fetch
 from ..progress import progress
+from ..viz.widgets._base import BOOK_MIME, template
 
 # the index page's stylesheet (a package file, like the report's: no CSS in Python strings)
 _INDEX_CSS = importlib.resources.files("ggviz").joinpath("templates", "book", "index.css").read_text("utf-8").strip()
@@ -42,6 +50,8 @@ _INDEX_CSS = importlib.resources.files("ggviz").joinpath("templates", "book", "i
 NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+PAGE_BUDGET = 6 * 1024 * 1024           # bytes a page may weigh (school laptops, file:// from a USB stick)
+_PLAIN_MAX = 16 * 1024                  # a recording up to this size is embedded as plain JSON, larger ones gzipped
 
 
 class BookError(RuntimeError):
@@ -76,24 +86,43 @@ def execute(path: pathlib.Path, timeout: int = 600):
     """Run a notebook top to bottom in a fresh kernel; returns the executed notebook."""
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix="ggviz-book-") as tmp:
-        old = os.environ.get("JUPYTER_PATH")
-        os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(_kernel_dir(pathlib.Path(tmp))), old]))
+        # the kernel inherits this environment: its kernelspec, and GGVIZ_BOOK=1 (the views add their recordings)
+        env = {"JUPYTER_PATH": os.pathsep.join(filter(None, [str(_kernel_dir(pathlib.Path(tmp))),
+                                                             os.environ.get("JUPYTER_PATH")])), "GGVIZ_BOOK": "1"}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             NotebookClient(nb, timeout=timeout, kernel_name="python3",
                            resources={"metadata": {"path": str(path.parent)}}).execute()
         except CellExecutionError as e:
             raise BookError(f"{path.name}: a cell failed:\n{e}") from e
         finally:
-            if old is None:
-                os.environ.pop("JUPYTER_PATH", None)
-            else:
-                os.environ["JUPYTER_PATH"] = old
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return nb
 
 
-def make_static(nb) -> int:
-    """Keep each output's static rendering only: drop the widget views (and the saved widget state). Returns how
-    many widget views were dropped; raises if one had no static rendering to fall back on."""
+def _view_html(rec: dict, static: str) -> str:
+    """A recorded view in the page: its static picture (shown until the script starts it, and in print) and its
+    recording."""
+    raw = json.dumps(rec, separators=(",", ":"))
+    if len(raw) <= _PLAIN_MAX:
+        body, enc = raw.replace("</", "<\\/"), "json"          # (JSON allows "\/": no "</script" inside)
+    else:
+        body, enc = base64.b64encode(gzip.compress(raw.encode("utf-8"), 6, mtime=0)).decode("ascii"), "gzip+base64"
+    return (f"<div class='ggv-view' data-ggv-esm='{html.escape(rec['esm'])}'><div class='ggv-static'>{static}</div>"
+            f"<script type='application/json' class='ggv-payload' data-ggv data-encoding='{enc}'>{body}</script>"
+            "</div>")
+
+
+def make_static(nb, modules: set | None = None) -> int:
+    """Keep each output's static rendering: drop the widget views (and the saved widget state); an output with a
+    recording (``BOOK_MIME``) becomes its static picture plus the recording, and the ES modules and stylesheets it
+    needs are added to ``modules``. Returns how many widget views were dropped; raises if one had no static
+    rendering to fall back on."""
     dropped = 0
     for i, cell in enumerate(nb.cells):
         for out in cell.get("outputs", []):
@@ -103,9 +132,33 @@ def make_static(nb) -> int:
                 dropped += 1
                 if not any(str(data.get(m, "")).strip() for m in ("text/html", "image/png", "image/svg+xml")):
                     raise BookError(f"cell {i} displays a widget with no static rendering")
+            if BOOK_MIME in data:
+                rec = data.pop(BOOK_MIME)
+                data["text/html"] = _view_html(rec, str(data.get("text/html", "")))
+                if modules is not None:
+                    modules.update(x for x in (rec["esm"], rec.get("css")) if x)
     nb.metadata.get("widgets", {}).pop(WIDGET_STATE, None)
     nb.metadata.pop("widgets", None)
     return dropped
+
+
+def _scripts(modules) -> str:
+    """What a page with recorded views carries once: each ES module and stylesheet they use, and the model that
+    runs them on their recordings (book_model.js)."""
+    if not modules:
+        return ""
+    out = []
+    for name in sorted(modules):
+        text = template(name)
+        tag = "</style" if name.endswith(".css") else "</script"
+        if tag in text.lower():                 # it would end the element that holds it
+            raise BookError(f"ggviz/templates/widgets/{name} holds a closing {tag}> tag")
+        if name.endswith(".css"):
+            out.append(f"<style data-ggv>{text}</style>")
+        else:
+            out.append(f"<script type='text/plain' data-ggv data-ggv-esm='{html.escape(name)}'>{text}</script>")
+    out.append(f"<script data-ggv>{template('book_model.js')}</script>")
+    return "\n".join(out)
 
 
 def read_executed(folder, path: pathlib.Path):
@@ -167,7 +220,10 @@ def _offline(page: str) -> str:
         end = page.find("</script>", j) + len("</script>")
         out.append(page[pos:i])
         script = page[i:end]
-        if "http://" in script or "https://" in script or 'src=""' in tag:
+        if "data-ggv" in tag:
+            out.append(script)             # ggviz's own (recordings, modules, book_model.js): never fetch anything
+            pos = end
+        elif "http://" in script or "https://" in script or 'src=""' in tag:
             pos = end                      # loads (or would load) from the network: leave it out
         else:
             out.append(script)
@@ -196,10 +252,15 @@ def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
                 nb = copy.deepcopy(executed(path))
             else:
                 nb = read_executed(executed, path)
-            n_views = make_static(nb)
+            modules: set = set()
+            n_views = make_static(nb, modules)
             body, _ = exp.from_notebook_node(nb)
+            body = _offline(body)
+            if modules:
+                j = body.rfind("</body>")
+                body = body[:j] + _scripts(modules) + body[j:]
             page = out / f"{path.stem}.html"
-            page.write_text(_offline(body), encoding="utf-8")
+            page.write_text(body, encoding="utf-8")
             pages.append(page)
             entries.append((page.name, title_of(nb, path.stem), n_views, time.perf_counter() - t0))
             bar.update(1)
@@ -211,8 +272,9 @@ def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
     index.write_text("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ggviz notebooks</title>"
                      f"<style>{_INDEX_CSS}</style>"
                      "</head><body><h1>ggviz: how ggml and llama.cpp run a language model</h1>"
-                     "<p>The notebooks of ggviz, executed on a real model. Every figure is static: no kernel and "
-                     f"no network needed.</p><ol>\n{rows}\n</ol></body></html>", encoding="utf-8")
+                     "<p>The notebooks of ggviz, executed on a real model. No kernel and no network needed: the "
+                     "steppers step, the graphs pan and zoom, the explorer selects, from what was recorded when the "
+                     f"book was built.</p><ol>\n{rows}\n</ol></body></html>", encoding="utf-8")
     return [index] + pages
 
 
@@ -251,6 +313,16 @@ def fetch_needed(paths) -> None:
                             f"without {'it' if len(stems) == 1 else 'them'}: --only NAME ...") from None
 
 
+def weights(pages) -> str:
+    """Each page's weight, and the pages over ``PAGE_BUDGET`` (a page is opened whole: its recordings inside)."""
+    sizes = [(p.name, p.stat().st_size) for p in pages]
+    lines = [f"  {name:<34} {n / 2**20:6.2f} MiB" + ("  OVER the page budget" if n > PAGE_BUDGET else "")
+             for name, n in sizes]
+    total = sum(n for _, n in sizes)
+    return "\n".join(lines + [f"  {'all pages':<34} {total / 2**20:6.2f} MiB (budget: "
+                               f"{PAGE_BUDGET / 2**20:.0f} MiB a page)"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ggviz book", description="execute the notebooks and write them as a "
                                  "browsable offline site")
@@ -268,6 +340,7 @@ def main(argv=None) -> int:
     except BookError as e:
         print(f"ggviz book: {e}", file=sys.stderr)
         return 1
+    print(weights(pages))
     print(f"{pages[0]}  ({len(pages) - 1} notebooks, {time.perf_counter() - t0:.0f} s) -- open it in a browser")
     return 0
 

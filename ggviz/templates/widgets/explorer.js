@@ -1,6 +1,8 @@
 // The decode explorer's browser side (anywidget ES module of ggviz/viz/widgets/explorer.py: ExplorerPane).
 // The kernel sends the three pictures and a per-node table once; a selection is then applied here, in the browser,
 // by rewriting one <style> element, so a click costs no round trip and no re-layout of the 2,000-vertex graph.
+// The values pane shows `values_html`, which whoever holds the values sets when `selected` changes: the kernel in a
+// live notebook, the recorded table in the static book (book_model.js), synchronously.
 // Its stylesheet is explorer.css (anywidget's _css).
 function render({ model, el }) {
   const P = model.get("prefix"), GP = model.get("gprefix");
@@ -39,7 +41,9 @@ function render({ model, el }) {
   <div class="ggv-x-pane"><div class="ggv-x-title">thread lanes of ggml_graph_compute (zoomed on the selection; grey:
     ggml_barrier)</div><div class="ggv-x-lanes-note" style="font:11px sans-serif;color:#546e7a;margin-bottom:2px">
     </div><div class="ggv-x-lanes" style="display:flex"><div class="ggv-x-lanes-lab"
-    style="font:11px sans-serif;width:60px"></div><div class="ggv-x-lanes-svg" style="flex:1"></div></div></div>`;
+    style="font:11px sans-serif;width:60px"></div><div class="ggv-x-lanes-svg" style="flex:1"></div></div></div>
+  <div class="ggv-x-pane"><div class="ggv-x-title">values (copied by cb_eval)</div>
+    <div class="ggv-explorer-values" style="min-height:60px"></div></div>`;
   const q = (s) => el.querySelector(s);
   const gbox = q(".ggv-x-graph"), gin = q(".ggv-x-gin");
   gbox.style.height = model.get("max_height");
@@ -159,8 +163,8 @@ function render({ model, el }) {
       q(".ggv-x-memz-range").textContent = `nodes ${a - 1} .. ${a + 78} (x: node index, y: offset as above)`;
     }
     el.setAttribute("data-ggv-selected", key);
-    el.setAttribute("data-ggv-sel-ms", (performance.now() - t0).toFixed(2));
     if (fromUser && model.get("selected") !== key) { model.set("selected", key); model.save_changes(); }
+    el.setAttribute("data-ggv-sel-ms", (performance.now() - t0).toFixed(2));
   };
   const setPhase = (key, fromUser) => {
     const ph = phases.find(p => p.key === key);
@@ -205,6 +209,10 @@ function render({ model, el }) {
   };
   q(".ggv-x-prev").addEventListener("click", () => stepNode(-1));
   q(".ggv-x-next").addEventListener("click", () => stepNode(1));
+  const values = q(".ggv-explorer-values");
+  const showValues = () => { values.innerHTML = model.get("values_html") || "<i>select a node</i>"; };
+  model.on("change:values_html", showValues);
+  showValues();
   model.on("change:selected", () => select(model.get("selected"), false));
   model.on("change:phase", () => setPhase(model.get("phase"), false));
   requestAnimationFrame(() => { fit(); measure(); if (model.get("phase")) setPhase(model.get("phase"), false);

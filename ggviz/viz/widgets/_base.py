@@ -9,27 +9,42 @@ A widget class here is a plain Python object:
 - ``to_html()`` returns a self-contained HTML fragment (inline SVG/PNG) of the current state, for reports;
   ``figure()`` returns a matplotlib Figure where the view is a matplotlib drawing.
 
-``SVGCanvas`` is the one browser-side piece: an anywidget that shows an SVG, restyles it with a CSS string (so a
-highlight moves without re-sending or re-laying-out the picture) and reports clicks on elements whose id starts
-with the canvas prefix (matplotlib ``gid``s, Graphviz ``id``s).
+``SVGCanvas`` is the browser-side piece most views share: an anywidget that shows an SVG, restyles it with a CSS
+string (so a highlight moves without re-sending or re-laying-out the picture), pans and zooms it, and reports clicks
+on elements whose id starts with the canvas prefix (matplotlib ``gid``s, Graphviz ``id``s). ``StepperPane`` is the
+steppers' (a recording stepped through: buttons, slider, keys, play, search, the graph, the panel).
+
+The static book (``ggviz book``) runs those same ES modules without a kernel: a view that can, answers
+``book_view()`` with its widget's traits plus the recorded answers to every interaction a student can make
+(``book_payload``), and the notebook's output carries that recording under ``BOOK_MIME`` when the kernel runs for
+the book (``GGVIZ_BOOK=1``); ggviz/templates/widgets/book_model.js plays the kernel's part in the page.
 """
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import importlib.resources
 import io
 import itertools
+import json
+import os
 import re
 
+import anywidget
 import ipywidgets
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import colormaps
+import traitlets
 from PIL import Image
 
 _uid = itertools.count(1)
+
+# the mime type of a view's recording for the static book (see book_payload); only put in the outputs of a kernel
+# that runs for the book (ggviz book sets GGVIZ_BOOK=1), so a live notebook does not pay for it
+BOOK_MIME = "application/vnd.ggviz.book+json"
 
 
 def new_prefix(kind: str = "g") -> str:
@@ -107,10 +122,17 @@ def wrap_vector(a, max_cols: int = 256):
     return grid.reshape(rows, w), blank, w
 
 
+@functools.lru_cache(maxsize=None)
+def _colormap(name: str):
+    """matplotlib's colormap ``name``, made once: ``colormaps[name]`` hands out a fresh copy that builds its lookup
+    table again on first use (1.3 ms a call: most of a stepper frame's cost)."""
+    return colormaps[name]
+
+
 def colorbar_html(vmin: float, vmax: float, cmap: str = "RdBu_r", label: str = "", width: int = 220) -> str:
     """A colour bar for an ``array_png`` picture: the colormap as a CSS gradient, with its ends (and 0 where it is
     inside the range) written under it."""
-    stops = ", ".join(matplotlib.colors.to_hex(colormaps[cmap](x)) + f" {100 * x:.0f}%" for x in np.linspace(0, 1, 9))
+    stops = ", ".join(matplotlib.colors.to_hex(_colormap(cmap)(x)) + f" {100 * x:.0f}%" for x in np.linspace(0, 1, 9))
     zero = ""
     if vmin < 0 < vmax:
         zx = (0 - vmin) / (vmax - vmin) * 100
@@ -124,11 +146,12 @@ def colorbar_html(vmin: float, vmax: float, cmap: str = "RdBu_r", label: str = "
 
 
 def array_png(a, cmap: str = "RdBu_r", vmin=None, vmax=None, scale: int = 1, symmetric: bool = True,
-              yscale: int | None = None, blank=None) -> bytes:
+              yscale: int | None = None, blank=None, levels: int | None = None) -> bytes:
     """A 2-D array as a PNG, one pixel block per value: fast (no matplotlib figure), for per-step updates.
 
     Non-finite values are drawn black (-inf) / magenta (+inf, NaN); cells where ``blank`` is True white (padding).
     The colour range is ``value_range(a, symmetric, vmin, vmax)`` (``colorbar_html`` draws its legend).
+    ``levels``: a palette PNG of that many colours (1 byte a pixel: the static book records one per step).
     """
 
     a = np.asarray(a, dtype=np.float64)
@@ -141,12 +164,14 @@ def array_png(a, cmap: str = "RdBu_r", vmin=None, vmax=None, scale: int = 1, sym
     vmin, vmax = value_range(np.where(fin, a, np.nan), symmetric, vmin, vmax)
     span = (vmax - vmin) or 1.0
     norm = np.clip((np.where(fin, a, vmin) - vmin) / span, 0.0, 1.0)
-    rgba = (colormaps[cmap](norm) * 255).astype(np.uint8)
+    rgba = (_colormap(cmap)(norm) * 255).astype(np.uint8)
     rgba[np.isneginf(a)] = (0, 0, 0, 255)
     rgba[np.isposinf(a) | np.isnan(a)] = (255, 0, 255, 255)
     if blank is not None:
         rgba[np.asarray(blank, bool).reshape(a.shape)] = (255, 255, 255, 255)
     img = Image.fromarray(rgba, "RGBA")
+    if levels:
+        img = img.convert("RGB").quantize(colors=levels, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
     ys = scale if yscale is None else yscale
     if scale > 1 or ys > 1:
         img = img.resize((img.width * scale, img.height * ys), Image.NEAREST)
@@ -254,7 +279,8 @@ def svg_canvas(svg: str = "", prefix: str = "", css: str = "", max_height: str =
 
             class SVGCanvas(anywidget.AnyWidget):
                 """Shows ``svg``; ``css`` restyles it; a click on an element with id ``prefix + key`` sets
-                ``clicked = key`` (and bumps ``n_clicks``); ``focus`` (an element id) is scrolled into view."""
+                ``clicked = key`` (and bumps ``n_clicks``); ``focus`` (an element id) is scrolled into view;
+                ``info`` (HTML) is shown beside the picture."""
                 _esm = template("svg_canvas.js")
                 svg = traitlets.Unicode("").tag(sync=True)
                 css = traitlets.Unicode("").tag(sync=True)
@@ -262,6 +288,7 @@ def svg_canvas(svg: str = "", prefix: str = "", css: str = "", max_height: str =
                 clicked = traitlets.Unicode("").tag(sync=True)
                 n_clicks = traitlets.Int(0).tag(sync=True)
                 focus = traitlets.Unicode("").tag(sync=True)
+                info = traitlets.Unicode("").tag(sync=True)
                 max_height = traitlets.Unicode("600px").tag(sync=True)
                 max_width = traitlets.Unicode("none").tag(sync=True)
                 fit_width = traitlets.Bool(False).tag(sync=True)
@@ -281,6 +308,48 @@ def svg_canvas(svg: str = "", prefix: str = "", css: str = "", max_height: str =
             return f"<style>{self._css}</style><div style='overflow:auto;max-height:600px'>{self._svg}</div>"
 
     return _HTMLCanvas(svg=svg, css=css)
+
+
+class StepperPane(anywidget.AnyWidget):
+    """A recording stepped through (ES module stepper.js): the browser sets ``pos``; the owner answers with
+    ``frame`` (JSON: ``{css, focus, panel, mem}``) and ``svg``. See stepper.js for the other traits."""
+    _esm = template("stepper.js")
+    header = traitlets.Unicode("").tag(sync=True)
+    label = traitlets.Unicode("step").tag(sync=True)
+    n = traitlets.Int(1).tag(sync=True)
+    pos = traitlets.Int(0).tag(sync=True)
+    names = traitlets.Unicode("").tag(sync=True)
+    clicks = traitlets.Unicode("").tag(sync=True)
+    nodes = traitlets.Unicode("").tag(sync=True)
+    prefix = traitlets.Unicode("").tag(sync=True)
+    svg = traitlets.Unicode("").tag(sync=True)
+    frame = traitlets.Unicode("").tag(sync=True)
+    play = traitlets.Bool(False).tag(sync=True)
+    max_height = traitlets.Unicode("640px").tag(sync=True)
+    max_width = traitlets.Unicode("720px").tag(sync=True)
+
+
+def stepper_pane(**traits) -> StepperPane:
+    return StepperPane(**traits)
+
+
+def pane_state(w) -> dict:
+    """The synced traits a widget class of ours defines (not ipywidgets' layout and bookkeeping): its model."""
+    # (anywidget makes a subclass per instance: the traits are those the AnyWidget base does not have)
+    own = set(w.trait_names(sync=True)) - set(anywidget.AnyWidget.class_trait_names(sync=True))
+    return {k: getattr(w, k) for k in sorted(own) if not k.startswith("_")}
+
+
+def book_payload(esm: str, state: dict, tables=(), css: str | None = None) -> dict:
+    """A view's recording for the static book: the ES module (a file of ggviz/templates/widgets/) that draws it,
+    its traits, and ``tables``: ``{"on": trait, "set": trait, "values": list | dict, "pick": list | None,
+    "missing": value}`` -- when the page sets and saves ``on``, ``set`` becomes ``values[pick[v] if pick else v]``
+    (``missing`` where there is no entry). Plain JSON; book_model.js reads it."""
+    for t in tables:
+        if set(t) - {"on", "set", "values", "pick", "missing"} or not {"on", "set", "values"} <= set(t):
+            raise ValueError(f"a book table has the keys on, set, values (pick, missing): got {sorted(t)}")
+    template(esm)                                       # fails here, not in the page, if the module is missing
+    return {"esm": esm, "css": css, "state": dict(state), "tables": list(tables)}
 
 
 def on_click(canvas, fn) -> None:
@@ -327,6 +396,11 @@ class VizWidget:
     def to_html(self) -> str:     # pragma: no cover - abstract
         raise NotImplementedError
 
+    def book_view(self) -> dict | None:
+        """The view's recording for the static book (``book_payload``), or None where the book shows ``to_html``
+        only (the view then needs a kernel to answer)."""
+        return None
+
     def _repr_mimebundle_(self, include=None, exclude=None):
         """The live widget view and, beside it, the static rendering (``to_html``): a live kernel shows the widget
         (Jupyter prefers the widget mime type), and an executed notebook keeps a figure that GitHub, nbviewer,
@@ -337,4 +411,8 @@ class VizWidget:
             live = w._repr_mimebundle_(include=include, exclude=exclude)
             data.update((live[0] if isinstance(live, tuple) else live) or {})    # (data, metadata) or data
         data["text/html"] = self.to_html()
+        if os.environ.get("GGVIZ_BOOK") == "1":
+            rec = self.book_view()
+            if rec is not None:
+                data[BOOK_MIME] = json.loads(json.dumps(rec))      # plain JSON (fails here on a stray object)
         return data

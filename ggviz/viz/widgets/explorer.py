@@ -18,7 +18,8 @@ Everything a selection needs is computed once, in Python, when the explorer is m
 whose JavaScript applies a selection by itself (CSS rules on the three pictures, the panes' text from a table sent
 once), so it takes a few milliseconds in the browser; it then tells Python (``selected``), which draws the values.
 ``select()`` from Python goes the other way. ``to_html()`` is the static rendering: spine, graph window, bytes, lanes,
-cause and values of the current selection.
+cause and values of the current selection. ``book_view()``: the same widget for the static book, with every node's
+and leaf's values pane recorded (a small heatmap), so every pane follows a click with no kernel.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from ...ggml import consts as C
 from ...ggml import memory
 from ...ggml.tensor import nbytes, op_desc, type_name
 from .. import graph_dot as G
-from ._base import VizWidget, array_png, esc, new_prefix, png_img, svg_window, template
+from ._base import VizWidget, array_png, book_payload, esc, new_prefix, pane_state, png_img, svg_window, template
 from .alloc_view import AllocatorView, _fmt_bytes
 from .graph import GraphView, highlight_css
 from .sched_view import STAGE_TITLES, STAGES, SchedulerView
@@ -558,7 +559,9 @@ class DecodeExplorer(VizWidget):
                 f"ne={[int(x) for x in t.shape]}"
                 + (f" layer {G.layer_of(t.name)}" if G.layer_of(t.name) is not None else ""))
 
-    def values_html(self) -> str:
+    def values_html(self, small: bool = False) -> str:
+        """The values pane of the selection; ``small``: the static book's (the first 8 x 128 of the rows drawn,
+        64 colours: it records one per node)."""
         if self.index is None:
             return "<i>select a node</i>"
         if self.kind != "node" and self.index not in self.leaf_values:
@@ -569,7 +572,8 @@ class DecodeExplorer(VizWidget):
             return ("<i>no values: the eval callback is not called for this node (a view or a no-op reads its "
                     "source's bytes)</i>" if self.values else "<i>no values recorded</i>")
         r, folded = _rows(v, 64 if v.size <= 4096 else 256)
-        r = r[:96, :1024]
+        full = r.shape
+        r = r[:8, :128] if small else r[:96, :1024]
         scale = max(1, min(8, 512 // max(r.shape[1], 1)))
         ys = max(1, min(12, 240 // max(r.shape[0], 1)))          # a few rows (heads) stay tall enough to see
         f = v[np.isfinite(v)]
@@ -577,13 +581,22 @@ class DecodeExplorer(VizWidget):
                 f"mean {f.mean():.4g}" if f.size else f"shape {list(v.shape)}: no finite value")
         first = np.array2string(v.reshape(-1)[:8], precision=4, separator=", ")
         name = self.node_names[self.index] if self.kind == "node" else self.leaf_names[self.index]
-        note = f"<br/>(one row folded into rows of {r.shape[1]})" if folded else ""
+        note = f"<br/>(one row folded into rows of {full[1]})" if folded else ""
+        if small and r.shape != full:
+            note += f"<br/>(the first {r.shape[0]}×{r.shape[1]} of {full[0]}×{full[1]} drawn)"
         if self.kind != "node":
             note += "<br/>(written by set_inputs, copied just before the compute)"
         return (f"<div style='font-size:12px'><b>{esc(name)}</b> ({self.kind} {self.index}): {esc(head)}<br/>"
                 f"first values: "
                 f"<code>{esc(first)}</code><br/>"
-                f"{png_img(array_png(r, scale=scale, yscale=ys), 'image-rendering:pixelated')}{note}</div>")
+                f"{self._values_img(r, scale, ys, small)}{note}</div>")
+
+    @staticmethod
+    def _values_img(r, scale, ys, small):
+        if not small:
+            return png_img(array_png(r, scale=scale, yscale=ys), 'image-rendering:pixelated')
+        return png_img(array_png(r, levels=64), f"width:{r.shape[1] * scale}px;height:{r.shape[0] * ys}px;"
+                                                "image-rendering:pixelated")
 
     def nodes_json(self) -> str:
         """Per node and leaf, what a selection shows: the ids the CSS names and the panes' HTML (sent to the browser
@@ -721,13 +734,30 @@ class DecodeExplorer(VizWidget):
                          nodes=self.nodes_json(), phases=json.dumps(phases), prefix=self.prefix,
                          gprefix=self.graph.prefix, max_height=self.max_height,
                          n_threads=len(self.compute["threads"]) if self.compute else 0)
-        self._w_values = W.HTML(layout=W.Layout(min_height="60px"))
-        self._w_values.add_class("ggv-explorer-values")
         self._pane.observe(self._from_browser, ["selected", "phase"])
-        box = W.VBox([self._pane, W.HTML("<b style='font-size:13px'>values (copied by cb_eval)</b>"),
-                      self._w_values])
+        box = W.VBox([self._pane])
         box.add_class("ggv-explorer")
         return box
+
+    def book_view(self) -> dict:
+        """The live widget's traits, plus every node's and leaf's values pane (small heatmaps): the book's explorer
+        follows a click, a search or a phase in all its panes. Records embedded: the per-node table the live page
+        gets (``nodes_json``: vertex, slot, sharers, sources, cause, bytes and lanes text) and the values copied by
+        the eval callback (``values``), one pane per node and leaf."""
+        self.widget
+        state = pane_state(self._pane)
+        here = self.kind, self.index
+        panes = {}
+        try:
+            for kind, n, key in (("node", self.n_nodes, "n"), ("leaf", self.gf.n_leafs, "l")):
+                for i in range(n):
+                    self.kind, self.index = kind, i
+                    panes[f"{key}{i}"] = self.values_html(small=True)
+        finally:
+            self.kind, self.index = here
+        state["values_html"] = self.values_html(small=True)
+        return book_payload("explorer.js", state, [{"on": "selected", "set": "values_html", "values": panes}],
+                            css="explorer.css")
 
     def _from_browser(self, ch):
         key = self._pane.selected
@@ -737,7 +767,7 @@ class DecodeExplorer(VizWidget):
             kind = "node" if key[0] == "n" else "leaf"
             if int(key[1:]) < (self.n_nodes if kind == "node" else self.gf.n_leafs):
                 self.kind, self.index = kind, int(key[1:])
-        self._w_values.value = self.values_html()
+        self._pane.values_html = self.values_html()
 
     def _push(self):
         if self._widget is None:
@@ -747,7 +777,7 @@ class DecodeExplorer(VizWidget):
             self._pane.phase = self.phase or ""
         if self._pane.selected != key:
             self._pane.selected = key
-        self._w_values.value = self.values_html()
+        self._pane.values_html = self.values_html()
 
     def _refresh(self):
         self._push()
@@ -771,3 +801,4 @@ class ExplorerPane(anywidget.AnyWidget):
     n_threads = traitlets.Int(0).tag(sync=True)
     selected = traitlets.Unicode("").tag(sync=True)
     phase = traitlets.Unicode("").tag(sync=True)
+    values_html = traitlets.Unicode("").tag(sync=True)

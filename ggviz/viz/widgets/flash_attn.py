@@ -13,12 +13,14 @@ compute buffers.
 """
 from __future__ import annotations
 
+import json
+
 import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 
 from ...capture.flash_attn import attn_graph_diff, attn_memory, node_key
-from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+from ._base import VizWidget, book_payload, esc, fig_to_png, html_table, png_img, stepper_pane
 
 F32 = np.float32
 
@@ -102,26 +104,47 @@ class FlashAttnStepper(VizWidget):
         return (f"<p>After the last cell: VKQ / S = [{esc(res)}, …] (all {w.result.shape[0]} dims) "
                 f"<b>{esc(verdict)}</b>.</p>")
 
-    def to_html(self) -> str:
+    def intro_html(self) -> str:
         w = self.walk
-        intro = (f"<p>FLASH_ATTN_EXT of layer {w.layer}, head {w.head}: one query row (position {w.pos}) over "
-                 f"the {self.n_steps} of {w.n_kv} KV cells the mask lets in (scale {w.scale:.6g}).</p>")
-        return (intro + png_img(fig_to_png(self.figure()), "max-width:100%") + html_table(self.rows())
+        return (f"<p>FLASH_ATTN_EXT of layer {w.layer}, head {w.head}: one query row (position {w.pos}) over "
+                f"the {self.n_steps} of {w.n_kv} KV cells the mask lets in (scale {w.scale:.6g}).</p>")
+
+    def to_html(self) -> str:
+        return (self.intro_html() + png_img(fig_to_png(self.figure()), "max-width:100%") + html_table(self.rows())
                 + self.verdict_html())
 
+    # ---- the browser side (stepper.js, as DecodeStepper's) -------------------------------------------------------
+    def frame(self) -> dict:
+        """What the browser shows at the current step: M and S with the step marked, the step's numbers, the table."""
+        return {"panel": png_img(fig_to_png(self.figure()), "max-width:100%") + self.step_html()
+                + html_table(self.rows())}
+
+    def _pane_traits(self) -> dict:
+        return dict(header=self.intro_html(), label="KV cell step", n=self.n_steps, pos=self.step, play=True,
+                    frame=json.dumps(self.frame()), max_width="0px")
+
     def _build(self):
-        self._w_step = W.IntSlider(value=self.step, min=0, max=self.n_steps - 1, description="KV cell step",
-                                   continuous_update=False)
-        self._w_step.observe(lambda ch: self.goto(ch["new"]), "value")
-        self._w_img = W.HTML()
-        self._w_step_html = W.HTML()
-        self._w_table = W.HTML(html_table(self.rows()))
-        return W.VBox([self._w_step, self._w_img, self._w_step_html, self._w_table])
+        self._pane = stepper_pane(**self._pane_traits())
+        self._pane.observe(lambda ch: ch["new"] != self.step and self.goto(ch["new"]), "pos")
+        return self._pane
 
     def _refresh(self):
-        self._w_step.value = self.step
-        self._w_img.value = png_img(fig_to_png(self.figure()), "max-width:100%")
-        self._w_step_html.value = self.step_html()
+        self._pane.frame = json.dumps(self.frame())
+        if self._pane.pos != self.step:
+            self._pane.pos = self.step
+
+    def book_view(self) -> dict:
+        """Every step's frame: the book steps through the whole walk. Records embedded: the ``FlashAttnWalk``
+        (s, M, ms, vs, S and the accumulator per KV cell), drawn per step."""
+        here, frames = self.step, []
+        try:
+            for k in range(self.n_steps):
+                self.step = k
+                frames.append(json.dumps(self.frame()))
+        finally:
+            self.step = here
+        state = dict(self._pane_traits(), frame=frames[here])
+        return book_payload("stepper.js", state, [{"on": "pos", "set": "frame", "values": frames}])
 
 
 _TAG_BG = {"removed": "#fde0dc", "added": "#dcf5e3", "moved": "#eef0f7", "same": ""}

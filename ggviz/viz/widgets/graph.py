@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import io
+import json
 import time
 
 import ipywidgets as W
@@ -23,7 +24,18 @@ from ...ggml import memory
 from ...ggml.graph import graph_key
 from ...ggml.tensor import op_desc, type_name
 from .. import graph_dot as G
-from ._base import VizWidget, esc, html_table, new_prefix, on_click, png_img, svg_canvas, svg_window
+from ._base import (
+    VizWidget,
+    book_payload,
+    esc,
+    html_table,
+    new_prefix,
+    on_click,
+    png_img,
+    stepper_pane,
+    svg_canvas,
+    svg_window,
+)
 
 # Layout options that keep Graphviz fast on big pictures (network-simplex and crossing-minimisation limits).
 _FAST = {"nslimit": "2", "nslimit1": "2", "mclimit": "0.2"}
@@ -265,20 +277,64 @@ class GraphView(VizWidget):
                                         layout=W.Layout(width="160px"))
         self._w_node.observe(lambda ch: self.select(ch["new"]), "value")
         self._w_legend = W.HTML()
-        self._w_info = W.HTML()
         self._w_status = W.HTML()
         top = W.HBox([self._w_color, b_coll, b_open, self._w_node, self._w_status])
-        return W.VBox([top, self._w_legend, W.HBox([self._canvas, self._w_info])])
+        return W.VBox([top, self._w_legend, self._canvas])
+
+    def focus(self) -> str:
+        """The element the picture opens on: the selection, else the first node of the first open layer (the part
+        being taught), else nothing (the top)."""
+        info = self.layout()[1]
+        if self.selected is not None:
+            return self.prefix + (self.vertex(self.selected[1], self.selected[0]) or "")
+        opened = [x for x in self.all_layers if x not in self.collapsed]
+        if opened and len(opened) < len(self.all_layers):
+            first = next((i for i, il in enumerate(self.layers) if il == opened[0]), None)
+            if first is not None and info["vertex_of_node"][first]:
+                return self.prefix + info["vertex_of_node"][first]
+        return ""
 
     def _refresh(self):
         svg, info = self.layout()
         if self._canvas.svg != svg:
             self._canvas.svg = svg
         self._canvas.css = self.css()
-        if self.selected is not None:
-            self._canvas.focus = self.prefix + (self.vertex(self.selected[1], self.selected[0]) or "")
+        self._canvas.focus = self.focus()
         self._w_legend.value = self.legend_html()
-        self._w_info.value = self.info_html()
+        self._canvas.info = self.info_html()
+
+    def book_view(self) -> dict:
+        """The picture as it is (the layers open now), pannable and zoomable; a click on a node or leaf selects it
+        (outline and its table, recorded for every vertex drawn); a layer box says that opening it needs a kernel
+        (a new layout). Records embedded: ``tensor_info`` of each drawn node and leaf, the SVG."""
+        svg, info = self.layout()
+        sel = self.selected
+        css, infos = {}, {}
+        opened = [x for x in self.all_layers if x not in self.collapsed]
+        try:
+            for kind, verts in (("node", info["vertex_of_node"]), ("leaf", info["vertex_of_leaf"])):
+                for i, v in enumerate(verts):
+                    if v is None or v in css or v.startswith("L"):
+                        continue
+                    self.selected = (kind, i)
+                    css[v], infos[v] = self.css(), self.info_html()
+        finally:
+            self.selected = sel
+        for il in self.all_layers:
+            if il in self.collapsed:
+                css[f"L{il}"] = highlight_css(self.prefix, [f"L{il}"])
+                infos[f"L{il}"] = (f"<div style='max-width:320px'><b>layer {il}</b> is collapsed here. Opening it lays "
+                                   f"the graph out again (Graphviz), which needs a kernel: in a live notebook, click "
+                                   f"the box or call <code>view.expand({il})</code>. This page shows "
+                                   + (f"layer {', '.join(map(str, opened))} open" if opened else "every layer "
+                                      "collapsed") + ".</div>")
+        legend = self.legend_html()
+        state = dict(svg=svg, css=self.css(), prefix=self.prefix, focus=self.focus(), info=self.info_html(),
+                     clicked="", n_clicks=0, max_height=self.max_height, max_width="none", fit_width=False)
+        state["info"] = legend + state["info"]
+        return book_payload("svg_canvas.js", state, [
+            {"on": "clicked", "set": "css", "values": css},
+            {"on": "clicked", "set": "info", "values": {k: legend + v for k, v in infos.items()}}])
         self._w_status.value = (f"<span style='font-size:12px'>{info['n_nodes_drawn']} node boxes, "
                                 f"{info['n_leafs_drawn']} leafs, layout ({info['layout']}) "
                                 f"{info['render_s'] * 1e3:.0f} ms</span>")
@@ -479,32 +535,48 @@ class VisitAnimation(VizWidget):
         return (f"<div style='display:flex;gap:12px;align-items:flex-start'><div><style>{css}</style>{svg}</div>"
                 f"{self.panel_html(st)}</div>")
 
-    def _build(self):
+    def frame(self, st=None) -> dict:
+        """What the browser shows at step ``st``: the vertices' CSS, the vertex to scroll to, the panel."""
+        st = st or self.state()
+        css = self.css(st)
+        focus = ""
+        if st["tensor"] is not None:
+            info = self.view.layout()[1]
+            v = (list(info["vertex_of_node"]) + list(info["vertex_of_leaf"]))[st["tensor"]]
+            focus = self.view.prefix + v if v else ""
+        return {"css": css, "focus": focus, "panel": self.panel_html(st)}
 
-        self._canvas = svg_canvas(prefix=self.view.prefix, max_height=self.view.max_height, max_width="720px")
-        self._slider = W.IntSlider(value=self.pos, min=0, max=self.n_steps - 1, description="event",
-                                   continuous_update=False, layout=W.Layout(width="600px"))
-        self._slider.observe(lambda ch: self.goto(ch["new"]), "value")
-        play = W.Play(value=0, min=0, max=self.n_steps - 1, interval=400)
-        W.jslink((play, "value"), (self._slider, "value"))
-        prev = W.Button(description="◀", layout=W.Layout(width="40px"))
-        nxt = W.Button(description="▶", layout=W.Layout(width="40px"))
-        prev.on_click(lambda _: self.step(-1))
-        nxt.on_click(lambda _: self.step(1))
-        self._panel = W.HTML()
-        return W.VBox([W.HBox([play, prev, nxt, self._slider]), W.HBox([self._canvas, self._panel])])
+    def _pane_traits(self) -> dict:
+        return dict(label="event", n=self.n_steps, pos=self.pos, play=True,
+                    names=json.dumps([e["name"] for e in self.events]), prefix=self.view.prefix,
+                    max_height=self.view.max_height, max_width="720px", frame=json.dumps(self.frame()),
+                    svg=self.view.svg())
+
+    def _build(self):
+        self._pane = stepper_pane(**self._pane_traits())
+        self._pane.observe(lambda ch: ch["new"] != self.pos and self.goto(ch["new"]), "pos")
+        return self._pane
 
     def _refresh(self):
-        st = self.state()
-        css = self.css(st)
+        frame = json.dumps(self.frame())            # (syncs the open layer first)
         svg = self.view.svg()
-        if self._canvas.svg != svg:
-            self._canvas.svg = svg
-        self._canvas.css = css
-        if st["tensor"] is not None:
-            v = (list(self.view.layout()[1]["vertex_of_node"]) + list(self.view.layout()[1]["vertex_of_leaf"]))[
-                st["tensor"]]
-            self._canvas.focus = self.view.prefix + v if v else ""
-        if self._slider.value != self.pos:
-            self._slider.value = self.pos
-        self._panel.value = self.panel_html(st)
+        if self._pane.svg != svg:
+            self._pane.svg = svg
+        self._pane.frame = frame
+        if self._pane.pos != self.pos:
+            self._pane.pos = self.pos
+
+    def book_view(self) -> dict:
+        """Every event's frame and picture, so the book plays the whole walk with no kernel. Records embedded:
+        the ``graph.visit`` / ``graph.add`` events replayed (per step: the CSS of every vertex, the panel)."""
+        svgs, pick, frames = {}, [], []
+        for k in range(self.n_steps):
+            f = self.frame(self.state(k))
+            pick.append(svgs.setdefault(self.view.svg(), len(svgs)))
+            frames.append(json.dumps(f))
+        self._sync_view(self.state())
+        svgs = list(svgs)
+        state = dict(self._pane_traits())
+        state.update(svg=svgs[pick[self.pos]], frame=frames[self.pos])
+        return book_payload("stepper.js", state, [{"on": "pos", "set": "svg", "pick": pick, "values": svgs},
+                                                  {"on": "pos", "set": "frame", "values": frames}])

@@ -10,9 +10,9 @@ that use the same bytes).
 """
 from __future__ import annotations
 
+import json
 import time
 
-import ipywidgets as W
 import numpy as np
 
 from ... import llama
@@ -24,11 +24,11 @@ from .. import graph_dot as G
 from ._base import (
     VizWidget,
     array_png,
+    book_payload,
     colorbar_html,
     esc,
-    on_click,
     png_img,
-    svg_canvas,
+    stepper_pane,
     svg_window,
     value_range,
     wrap_vector,
@@ -241,19 +241,34 @@ class DecodeStepper(VizWidget):
         lo, hi = value_range(np.where(fin, grid, np.nan), symmetric=not nonneg)
         return grid, blank, w, cmap, lo, hi, v.size
 
-    def heatmap_png(self, i: int | None = None, max_rows: int = 48, max_cols: int = 512) -> bytes:
+    def heatmap_png(self, i: int | None = None, max_rows: int = 48, max_cols: int = 512, small: bool = False) -> bytes:
         """The recorded values as an image: rows = ne[1..3], columns = ne[0] (diverging colours around 0, or
         viridis when no value is negative, e.g. a softmax); one long row or column (the logits) wrapped into a
-        grid (``wrap_vector``) instead of a one-pixel strip."""
-        grid, blank, w, cmap, lo, hi, n = self._heatmap(i, max_rows, max_cols)
+        grid (``wrap_vector``) instead of a one-pixel strip. ``small``: the static book's (the first 8 x 128
+        values, 64 colours: it records one per node)."""
+        grid, blank, w, cmap, lo, hi, n = self._heatmap(i, 1 << 30 if small else max_rows,
+                                                        1 << 30 if small else max_cols)
+        if small:
+            grid = grid[:8, :128]
+            blank = blank[:8, :128] if blank is not None else None
+            return array_png(grid, cmap=cmap, vmin=lo, vmax=hi, blank=blank, levels=64)
         xs = max(1, min(8, 640 // max(grid.shape[1], 1)))
         ys = max(1, min(24, 240 // max(grid.shape[0], 1))) if w is None else xs     # rows at least a few px tall
         return array_png(grid, cmap=cmap, vmin=lo, vmax=hi, scale=xs, yscale=ys, blank=blank)
 
-    def heatmap_html(self, i: int | None = None) -> str:
+    def heatmap_html(self, i: int | None = None, small: bool = False) -> str:
         """The heatmap with its colour bar (and, for a wrapped vector, how it was wrapped)."""
-        grid, blank, w, cmap, lo, hi, n = self._heatmap(i, 48, 512)
+        big = 1 << 30                                 # small: the whole recording's shape (only 8 x 128 drawn)
+        grid, blank, w, cmap, lo, hi, n = self._heatmap(i, big if small else 48, big if small else 512)
         note = (f"{n} values wrapped into rows of {w} (read left to right, top to bottom)" if w is not None else "")
+        if small:
+            r, c = min(grid.shape[0], 8), min(grid.shape[1], 128)
+            cut = "" if (r, c) == grid.shape else f"; the first {r}×{c} of {grid.shape[0]}×{grid.shape[1]} drawn"
+            xs = max(1, min(8, 512 // c))
+            ys = max(2, min(24, 96 // r))
+            img = png_img(self.heatmap_png(i, small=True),
+                          f"width:{c * xs}px;height:{r * ys}px;image-rendering:pixelated")
+            return img + "<br/>" + colorbar_html(lo, hi, cmap, label=(note + cut).lstrip("; "))
         return (png_img(self.heatmap_png(i), "max-width:660px") + "<br/>"
                 + colorbar_html(lo, hi, cmap, label=note))
 
@@ -278,9 +293,9 @@ class DecodeStepper(VizWidget):
                 f"<text x='0' y='52'>this node: bytes {r['offset']}..{r['offset'] + r['nbytes']} "
                 f"({r['nbytes']} bytes); grey: other nodes of this graph in the same buffer</text></svg>")
 
-    def panel_html(self) -> str:
-        st = self.state()
-        r = self.records[self.pos]
+    def panel_head_html(self, small: bool = False) -> str:
+        """The panel above the memory bar: the node, its values (statistics and the heatmap)."""
+        r = st = self.records[self.pos]        # (its record: state() would also scan every node for sharers)
         s = st["stats"]
         stat = ("all non-finite" if s["min"] is None else
                 f"min {s['min']:.4g} · max {s['max']:.4g} · mean {s['mean']:.4g} · std {s['std']:.4g}"
@@ -288,19 +303,21 @@ class DecodeStepper(VizWidget):
         kept = ("all values recorded" if r["full"] else
                 f"big tensor: statistics + the first {r['slice'].shape[0]}×{r['slice'].shape[1]} of "
                 f"{r['slice_of'][0]}×{r['slice_of'][1]} recorded")
-        share = self.sharing()
-        share_txt = (", ".join(f"#{q['index']} {esc(q['name'])}" for q in share[:10])
-                     + (" …" if len(share) > 10 else ""))
         src_links = ", ".join(esc(x) for x in st["src"])
-        return (f"<div style='font-size:14px;max-width:680px'>"
-                f"<div style='font-size:18px'><b>node #{st['index']} / {st['n_nodes'] - 1}: {esc(st['name'])}</b> "
-                f"= {esc(st['op'])}({src_links})</div>"
+        return (f"<div class='ggv-st-node' style='font-size:18px'><b>node #{st['index']} / {self.n_steps - 1}: "
+                f"{esc(st['name'])}</b> = {esc(st['op'])}({src_links})</div>"
                 f"{esc(st['type'])} ne={st['ne']} nb={st['nb']}"
                 + (f" — view of {esc(st['view_src'])}" if st["view_src"] else "") +
                 f"<br/><b>values</b>: {stat}<br/><span style='font-size:11px'>{kept}; heatmap rows = ne[1..3], "
                 f"columns = ne[0] (blue &lt; 0 &lt; red; viridis if none &lt; 0)</span><br/>"
-                f"{self.heatmap_html()}"
-                f"<br/><b>memory</b>: {self.memory_svg()}<br/>"
+                f"{self.heatmap_html(small=small)}<br/>")
+
+    def panel_html(self) -> str:
+        share = self.sharing()
+        share_txt = (", ".join(f"#{q['index']} {esc(q['name'])}" for q in share[:10])
+                     + (" …" if len(share) > 10 else ""))
+        return (f"<div style='font-size:14px;max-width:680px'>{self.panel_head_html()}"
+                f"<b>memory</b>: {self.memory_svg()}<br/>"
                 + (f"<b>same bytes also used by</b>: {share_txt}" if share else "") + "</div>")
 
     def to_html(self, window=(560, 500)) -> str:
@@ -318,40 +335,65 @@ class DecodeStepper(VizWidget):
                 f"<span style='font-size:11px'>tokens: [{ids}]</span> — "
                 f"{self.n_steps} nodes recorded in {self.decode_s:.1f} s")
 
+    # ---------------------------------------------------------------- the browser side (stepper.js)
+    def nodes_json(self) -> str:
+        """The node table the browser draws the memory bar and the sharers from: {"buffers": [{label, size}],
+        "nodes": [[name, buffer index | null, offset, nbytes], ...]} (node order)."""
+        bufs, rows = {}, []
+        for r in self.records:
+            if r["offset"] is None:
+                rows.append([r["name"], None, 0, r["nbytes"]])
+                continue
+            b = bufs.setdefault(r["buffer_base"], (len(bufs), {"label": r["buffer"], "size": r["buffer_size"]}))
+            rows.append([r["name"], b[0], r["offset"], r["nbytes"]])
+        return json.dumps({"buffers": [v[1] for v in sorted(bufs.values(), key=lambda x: x[0])], "nodes": rows})
+
+    def frame(self, small: bool = False) -> dict:
+        """What the browser shows at the current node: the graph's CSS, the vertex to scroll to, the panel."""
+        focus = self.view.prefix + self.view.layout()[1]["vertex_of_node"][self.pos]
+        return {"css": self.view.css(), "focus": focus, "mem": True,
+                "panel": f"<div style='font-size:14px;max-width:680px'>{self.panel_head_html(small=small)}</div>"}
+
+    def _pane_traits(self) -> dict:
+        clicks = {}
+        for r in self.records:
+            if r["layer"] is not None:
+                clicks.setdefault(f"L{r['layer']}", r["index"])        # a layer box: its first node
+        return dict(header=self.header_html(), label="node", n=self.n_steps, pos=self.pos,
+                    names=json.dumps([r["name"] for r in self.records]), clicks=json.dumps(clicks),
+                    nodes=self.nodes_json(), prefix=self.view.prefix, max_height=self.view.max_height,
+                    max_width="720px", svg=self.view.svg(), frame=json.dumps(self.frame()))
+
     def _build(self):
-
-
-        self._canvas = svg_canvas(prefix=self.view.prefix, max_height=self.view.max_height, max_width="720px")
-
-        def clicked(key):
-            if key.startswith("n"):
-                self.goto(int(key[1:]))
-            elif key.startswith("L"):
-                first = next(r["index"] for r in self.records if r["layer"] == int(key[1:]))
-                self.goto(first)
-
-        on_click(self._canvas, clicked)
-        self._slider = W.IntSlider(value=self.pos, min=0, max=self.n_steps - 1, description="node",
-                                   continuous_update=False, layout=W.Layout(width="640px"))
-        self._slider.observe(lambda ch: ch["new"] != self.pos and self.goto(ch["new"]), "value")
-        prev = W.Button(description="◀ step back", layout=W.Layout(width="110px"))
-        nxt = W.Button(description="step ▶", layout=W.Layout(width="90px"))
-        prev.on_click(lambda _: self.back())
-        nxt.on_click(lambda _: self.step())
-        names = sorted({r["name"] for r in self.records})
-        self._w_find = W.Combobox(options=names, placeholder="go to node name", layout=W.Layout(width="220px"))
-        self._w_find.observe(lambda ch: ch["new"] in names and self.goto(ch["new"]), "value")
-        self._panel = W.HTML()
-        head = W.HTML(self.header_html())
-        return W.VBox([head, W.HBox([prev, nxt, self._slider, self._w_find]),
-                       W.HBox([self._canvas, self._panel])])
+        self._pane = stepper_pane(**self._pane_traits())
+        self._pane.observe(lambda ch: ch["new"] != self.pos and self.goto(ch["new"]), "pos")
+        return self._pane
 
     def _refresh(self):
         svg = self.view.svg()
-        if self._canvas.svg != svg:
-            self._canvas.svg = svg
-        self._canvas.css = self.view.css()
-        self._canvas.focus = self.view.prefix + self.view.layout()[1]["vertex_of_node"][self.pos]
-        if self._slider.value != self.pos:
-            self._slider.value = self.pos
-        self._panel.value = self.panel_html()
+        if self._pane.svg != svg:
+            self._pane.svg = svg
+        self._pane.frame = json.dumps(self.frame())
+        if self._pane.pos != self.pos:
+            self._pane.pos = self.pos
+
+    def book_view(self) -> dict:
+        """Every node's frame (a small heatmap: 8 x 128 values of the recording) and every picture (one per open
+        layer), so the book steps through the whole decode with no kernel. Records embedded: this stepper's
+        ``records`` (name, op, type, ne, nb, stats, buffer, offset, bytes), one frame per node."""
+        here = self.pos
+        svgs, pick, frames = {}, [], []
+        try:
+            for i in range(self.n_steps):
+                self.pos = i
+                self._sync_graph()
+                pick.append(svgs.setdefault(self.view.svg(), len(svgs)))
+                frames.append(json.dumps(self.frame(small=True)))
+        finally:
+            self.pos = here
+            self._sync_graph()
+        state = dict(self._pane_traits())
+        svgs = list(svgs)                               # (a dict keeps the order of insertion)
+        state.update(svg=svgs[pick[here]], frame=frames[here])
+        return book_payload("stepper.js", state, [{"on": "pos", "set": "svg", "pick": pick, "values": svgs},
+                                                  {"on": "pos", "set": "frame", "values": frames}])
