@@ -34,8 +34,13 @@ def rec(model):
 
 
 @pytest.fixture(scope="module")
-def page(rec):
-    return report.build_report(rec)
+def doc(rec):
+    return report.capture_report(rec)
+
+
+@pytest.fixture(scope="module")
+def page(doc):
+    return report.render_report(doc)
 
 
 def _value(rec, name):
@@ -228,11 +233,35 @@ def test_templates_escape_and_ship():
     assert "<code>a&lt;b</code>" in out
 
 
+def test_saved_recording_renders_the_same_page(doc, page, tmp_path, monkeypatch):
+    """The report's record saved to disk and loaded back draws the same page, byte for byte, with no model loaded
+    and nothing run; the record holds plain data only (records.save refuses anything else)."""
+    report.save_recording(doc, tmp_path)
+    back = report.load_recording(tmp_path)
+    assert [s["sid"] for s in back["sections"]] == SECTION_IDS
+
+    def no_model(*a, **k):
+        raise AssertionError("a saved recording must render without a model")
+
+    monkeypatch.setattr(report, "load_model", no_model)
+    monkeypatch.setattr(report, "record_decode", no_model)
+    assert report.render_report(back) == page
+    with pytest.raises(ValueError, match="not a ggviz report record"):
+        report.render_report({"format": "x"})
+    with pytest.raises(FileNotFoundError, match="no recording"):
+        report.load_recording(tmp_path / "missing")
+
+
 def test_write_report_and_cli(tmp_path, model):
-    out = tmp_path / "r.html"
-    assert cli.main(["report", "-o", str(out)]) == 0
+    """``ggviz report -o r.html --save-recording DIR``, then ``--from-recording DIR``: the same file."""
+    out, again, saved = tmp_path / "r.html", tmp_path / "again.html", tmp_path / "rec"
+    assert cli.main(["report", "-o", str(out), "--save-recording", str(saved)]) == 0
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!doctype html>") and text.rstrip().endswith("</html>")
+    assert cli.main(["report", "--from-recording", str(saved), "-o", str(again)]) == 0
+    assert again.read_bytes() == out.read_bytes()
+    with pytest.raises(SystemExit):                   # a saved run has no model or prompt to change
+        report.main(["--from-recording", str(saved), "-p", "another prompt"])
 
 
 # ---------------------------------------------------------------------------------------------------------- export

@@ -467,7 +467,7 @@ def test_decode_stepper_shows_what_cb_eval_saw(stepper, model):
         assert svg_t["values"][svg_t["pick"][i]] == ds.goto(i).view.svg()
 
 
-def test_decode_stepper_header_shows_the_given_tokens(model, stepper):
+def test_decode_stepper_header_shows_the_given_tokens(model, stepper, tmp_path):
     # the fixture's stepper: from the prompt, which is also what its tokens detokenize to
     assert stepper.text == PROMPT and stepper.prompt == PROMPT and "The capital of France is" in stepper.header_html()
     # only tokens: the header shows them, detokenized (special tokens written out), not the default prompt
@@ -482,6 +482,12 @@ def test_decode_stepper_header_shows_the_given_tokens(model, stepper):
     assert "tokens: [" + ", ".join(map(str, ids)) + "]" in head
     w = ds.widget                                          # built headless: the pane carries the header
     assert w.header == head
+    # its frames (big tensors kept as slices here) saved to disk and loaded back: the same steps
+    back = DecodeStepper.from_record(capture.load(capture.save(ds.record, tmp_path / "stepper.npz")), ds.gf)
+    for i in (0, 40, ds.n_steps - 1):                      # (each DAG numbers its SVG ids: the same but for that)
+        assert back.goto(i).to_html().replace(back.view.prefix[:-1], ds.view.prefix[:-1]) == ds.goto(i).to_html()
+        assert back.state() == ds.state()
+    assert back.header_html() == head
 
 
 def test_svg_window_crops_around_a_node(run):

@@ -17,6 +17,8 @@ and the eval callback copying, and keeps what it saw as plain records the views 
 - ``plans``: ``capture_sched`` / ``record_sched_split`` (``SchedRecord``: the scheduler's passes, causes, splits and
   copies, replayed from the ``sched.*`` events), ``capture_alloc`` (``AllocRecord``: the allocator's per-tensor
   offsets, sizes, buffers, frees and in-place reuses) -- what ``SchedulerView`` and ``AllocatorView`` draw.
+- ``stepper``: ``capture_stepper`` (``StepperRecord``: one decode, a frame per node with what was copied of its
+  result) -- what ``DecodeStepper`` steps through.
 - ``records``: ``save`` / ``load``: a record (dataclasses of numpy arrays, lists, dicts) to one ``.npz`` file and back.
 
 Imports run one way: capture imports the engine (``ggviz.ggml``, ``ggviz.llama``, ``ggviz.trace``, ``ggviz.run``);
@@ -38,4 +40,5 @@ from .nodes import layer_of, node_numbers  # noqa: F401
 from .plans import (AllocRecord, SchedRecord, capture_alloc, capture_sched,  # noqa: F401
                     record_sched_split)
 from .records import load, save  # noqa: F401
+from .stepper import StepperRecord, capture_stepper  # noqa: F401
 from .sparse import SparseRun, capture_sparse_run, device_transfers, hybrid_ffn_run  # noqa: F401

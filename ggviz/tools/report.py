@@ -1,6 +1,7 @@
 """``ggviz report``: one decode step of a model (SmolLM2 by default, or Gemma-3) as a standalone HTML page.
 
-    ggviz report [-o report.html] [-p PROMPT] [-t THREADS] [-m MODEL]
+    ggviz report [-o report.html] [-p PROMPT] [-t THREADS] [-m MODEL] [--save-recording DIR]
+    ggviz report --from-recording DIR [-o report.html]      # the same page again, from the saved record
 
 The page is built from one real run (``record``): the prompt is tokenized and decoded, the greedy next token is
 decoded alone (the *decode step*), with llama.cpp's eval callback (``cb_eval``) copying out layer 0's values as
@@ -16,11 +17,16 @@ The markup lives in Jinja2 templates, package data under ``ggviz/templates/repor
 / ``report.js``, inlined into the page. Python computes what each section shows (numbers, rows, figures), the
 templates say how it reads.
 
-``build_report(rec)`` returns the HTML text, ``write_report(path)`` records and writes it.
+Two phases: ``capture_report(rec)`` turns the run into the report's record -- plain data, what every section shows
+(numbers, rows, figures drawn) -- and ``render_report(doc)`` draws the page from that record alone, so a record saved
+to disk (``save_recording``, ``--save-recording DIR``) and loaded back (``load_recording``, ``--from-recording DIR``)
+gives the same page byte for byte, without a model. ``build_report(rec)`` is both, ``write_report(path)`` records
+and writes it.
 """
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import math
 import os
@@ -28,6 +34,7 @@ import pathlib
 import platform
 import sys
 import time
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +47,7 @@ import numpy as np
 from markupsafe import Markup, escape
 
 from .. import __version__, cli, ggml, llama
-from ..capture import DEFAULT_PROMPT, EvalCallback, layer_of, record_decode
+from ..capture import DEFAULT_PROMPT, EvalCallback, layer_of, load, record_decode, save
 from ..ggml import alloc as GA
 from ..ggml import backend as B
 from ..ggml.cpu import ggml_cpu, traits
@@ -785,38 +792,119 @@ def sec_logits(rec: Recording) -> dict:
 VIEW_ERRORS = (graphviz.ExecutableNotFound, graphviz.CalledProcessError, OSError, LookupError, ValueError)
 
 
-def _render_section(env: jinja2.Environment, spec: SectionSpec, rec: Recording) -> Markup:
+def _section_data(spec: SectionSpec, rec: Recording) -> dict:
+    """What one section shows, drawn from the run: its template, the functions it mirrors and the template's
+    variables (a failed view: the failure, shown in its place)."""
     try:
         data = spec.build(rec)
         template = f"sections/{spec.sid}.html.j2"
         mirrors = data.pop("mirrors", spec.mirrors)     # a section may name the architecture's own function
     except VIEW_ERRORS as e:
-        warnings.warn(f"ggviz report: the {spec.sid!r} section failed: {type(e).__name__}: {e}", stacklevel=2)
+        warnings.warn(f"ggviz report: the {spec.sid!r} section failed: {type(e).__name__}: {e}", stacklevel=3)
         data = dict(error_type=type(e).__name__, error=str(e))
         template = "sections/failed.html.j2"
         mirrors = spec.mirrors
-    # rendered by an autoescaping template: safe to put into the page as it is
-    return Markup(env.get_template(template).render(sid=spec.sid, title=spec.title, mirrors=mirrors, **data))
+    return dict(sid=spec.sid, title=spec.title, template=template, mirrors=tuple(mirrors), data=_to_plain(data))
 
 
-def build_report(rec: Recording, bar=None) -> str:
-    """The standalone HTML page of a ``Recording`` (``bar``: a ``ggviz.progress`` bar to count the sections on)."""
+# The report's record (``capture_report``): plain data ``ggviz.capture.records`` saves -- what each section's template
+# shows (numbers, rows, the figures already drawn, as PNG bytes and SVG text), the page's header. Three kinds of value
+# are tagged so that they come back as they were: markup the page inlines as it is ({"__markup__": text}), bytes
+# ({"__bytes__": uint8 array}) and an engine object a template reads attributes of (a BPE merge, the hparams:
+# {"__object__": {field: value}}, back as a ``SimpleNamespace``).
+REPORT_FORMAT = "ggviz-report-1"
+RECORDING_FILE = "report.npz"
+
+
+def _to_plain(x):
+    if isinstance(x, Markup):
+        return {"__markup__": str(x)}
+    if isinstance(x, (bytes, bytearray)):
+        return {"__bytes__": np.frombuffer(bytes(x), dtype=np.uint8).copy()}
+    if x is None or isinstance(x, (bool, int, float, str, np.ndarray, np.generic)):
+        return x
+    if isinstance(x, list):
+        return [_to_plain(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_to_plain(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_plain(v) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {"__object__": {f.name: _to_plain(getattr(x, f.name)) for f in dataclasses.fields(x)}}
+    raise TypeError(f"the report's record cannot hold a {type(x).__module__}.{type(x).__qualname__}")
+
+
+def _from_plain(x):
+    if isinstance(x, list):
+        return [_from_plain(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_from_plain(v) for v in x)
+    if not isinstance(x, dict):
+        return x
+    if "__markup__" in x:
+        return Markup(x["__markup__"])
+    if "__bytes__" in x:
+        return np.asarray(x["__bytes__"], dtype=np.uint8).tobytes()
+    if "__object__" in x:
+        return types.SimpleNamespace(**{k: _from_plain(v) for k, v in x["__object__"].items()})
+    return {k: _from_plain(v) for k, v in x.items()}
+
+
+def capture_report(rec: Recording, bar=None) -> dict:
+    """The report's record of a ``Recording``: {format, header, sections: [{sid, title, template, mirrors, data}]},
+    plain data (``save_recording`` writes it; ``render_report`` draws the page from it, nothing else). ``bar``: a
+    ``ggviz.progress`` bar to count the sections on."""
     if "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")
-    env = _env()
     sections = []
     for spec in SECTIONS:
         if bar is not None:
             bar.set_postfix_str(spec.sid, refresh=True)
-        sections.append(dict(sid=spec.sid, title=spec.title, html=_render_section(env, spec, rec)))
+        sections.append(_section_data(spec, rec))
         if bar is not None:
             bar.update(1)
     st = rec.step
     vocab = rec.model.vocab
-    return env.get_template("report.html.j2").render(
-        title=f"ggviz: one decode step of {rec.model.name or 'the model'}", prompt=st.prompt,
-        token_piece=_piece(vocab, st.token), pos=st.pos, next_piece=_piece(vocab, rec.sampled), sections=sections,
-        css=_asset("report.css"), js=_asset("report.js"))
+    header = dict(title=f"ggviz: one decode step of {rec.model.name or 'the model'}", prompt=st.prompt,
+                  token_piece=_piece(vocab, st.token), pos=st.pos, next_piece=_piece(vocab, rec.sampled))
+    return dict(format=REPORT_FORMAT, header=header, sections=sections)
+
+
+def render_report(doc: dict) -> str:
+    """The standalone HTML page of a report record (``capture_report``'s, or ``load_recording``'s)."""
+    if not isinstance(doc, dict) or doc.get("format") != REPORT_FORMAT:
+        raise ValueError(f"not a ggviz report record (expected format {REPORT_FORMAT!r})")
+    env = _env()
+    sections = []
+    for s in doc["sections"]:
+        # rendered by an autoescaping template: safe to put into the page as it is
+        html = Markup(env.get_template(s["template"]).render(sid=s["sid"], title=s["title"], mirrors=s["mirrors"],
+                                                             **_from_plain(s["data"])))
+        sections.append(dict(sid=s["sid"], title=s["title"], html=html))
+    return env.get_template("report.html.j2").render(**doc["header"], sections=sections, css=_asset("report.css"),
+                                                     js=_asset("report.js"))
+
+
+def build_report(rec: Recording, bar=None) -> str:
+    """The standalone HTML page of a ``Recording``: ``render_report(capture_report(rec))``."""
+    return render_report(capture_report(rec, bar))
+
+
+def save_recording(doc: dict, folder) -> pathlib.Path:
+    """Write a report record to ``folder``/report.npz (``ggviz.capture.records``' format); returns the file."""
+    return save(doc, pathlib.Path(folder) / RECORDING_FILE)
+
+
+def load_recording(folder) -> dict:
+    """The report record ``save_recording`` wrote to ``folder`` (or to that file)."""
+    p = pathlib.Path(folder)
+    p = p / RECORDING_FILE if p.is_dir() else p
+    if not p.exists():
+        raise FileNotFoundError(f"no recording at {str(p)!r} (write one with ggviz report --save-recording DIR)")
+    doc = load(p)
+    if not isinstance(doc, dict) or doc.get("format") != REPORT_FORMAT:
+        raise ValueError(f"{str(p)!r} is not a report recording")
+    return doc
 
 
 SECTION_MIRRORS = {spec.sid: spec.mirrors for spec in SECTIONS}
@@ -835,15 +923,24 @@ def recording(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None) -> Rec
 
 
 def write_report(path="report.html", prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None,
-                 rec: Recording | None = None, disable_progress: bool | None = None) -> pathlib.Path:
+                 rec: Recording | None = None, disable_progress: bool | None = None, save_to=None,
+                 from_recording=None) -> pathlib.Path:
     """Write the report of ``rec`` (default: ``recording(prompt, threads, model)``) to ``path``; returns the path.
-    A progress bar (the decode step, then each section) shows where someone watches (``ggviz.progress``)."""
-    with progress(total=1 + len(SECTIONS), desc="ggviz report", unit="step", disable=disable_progress) as bar:
-        if rec is None:
-            bar.set_postfix_str("record the decode step", refresh=True)
-            rec = recording(prompt, threads, model)
-        bar.update(1)
-        page = build_report(rec, bar)
+    ``save_to``: also save the report's record into that folder (``save_recording``); ``from_recording``: draw the
+    page from the record saved in that folder instead (no model loaded, nothing run). A progress bar (the decode
+    step, then each section) shows where someone watches (``ggviz.progress``)."""
+    if from_recording is not None:
+        page = render_report(load_recording(from_recording))
+    else:
+        with progress(total=1 + len(SECTIONS), desc="ggviz report", unit="step", disable=disable_progress) as bar:
+            if rec is None:
+                bar.set_postfix_str("record the decode step", refresh=True)
+                rec = recording(prompt, threads, model)
+            bar.update(1)
+            doc = capture_report(rec, bar)
+        if save_to is not None:
+            save_recording(doc, save_to)
+        page = render_report(doc)
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
@@ -859,10 +956,23 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=cli.thread_count, default=2, help="threads (default 2)")
     ap.add_argument("-m", "--model", default=None, type=cli.model_file,
                     help=cli.MODEL_HELP)
+    rg = ap.add_mutually_exclusive_group()
+    rg.add_argument("--save-recording", metavar="DIR", type=cli.output_dir,
+                    help=f"also save what the page shows into DIR ({RECORDING_FILE}), to re-render it later")
+    rg.add_argument("--from-recording", metavar="DIR",
+                    help="draw the page from a recording saved with --save-recording (no model, no decode)")
     a = ap.parse_args(argv)
+    if a.from_recording is not None and (a.model or a.prompt != DEFAULT_PROMPT or a.threads != 2):
+        ap.error("--from-recording draws a saved run: -m, -p and -t do not apply")
     t0 = time.perf_counter()
-    path = write_report(a.out, a.prompt, a.threads, load_model(a.model))
+    if a.from_recording is not None:
+        path = write_report(a.out, from_recording=a.from_recording)
+    else:
+        path = write_report(a.out, a.prompt, a.threads, load_model(a.model), save_to=a.save_recording)
     print(f"{path}  ({path.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s) -- open it in a browser")
+    if a.save_recording is not None:
+        print(f"recording saved: {pathlib.Path(a.save_recording) / RECORDING_FILE} "
+              f"(ggviz report --from-recording {a.save_recording})")
     return 0
 
 

@@ -3,7 +3,9 @@
 The decode runs once, for real, with llama.cpp's eval callback (``cb_eval(tensor, ask)``): asked about every node,
 it says yes, so the scheduler computes the graph one node at a time and hands each result over before the next node
 runs (and possibly overwrites that memory: the graph allocator reuses buffers in place). Each result is copied then
-(a tensor of more than ``copy_limit`` values keeps its statistics and a slice). Stepping is then free: ``step()`` /
+(a tensor of more than ``copy_limit`` values keeps its statistics and a slice) into a frame of a
+``capture.StepperRecord`` (``capture_stepper``): the panel draws from those frames only, so a record loaded from disk
+(``DecodeStepper.from_record(record, gf)``) steps the same; the DAG is still drawn from the graph. Stepping is then free: ``step()`` /
 ``goto(i)`` move through the recorded nodes, and the views follow: the DAG (the current layer open, the node
 outlined), the node's values (statistics and a heatmap), and where its bytes live (buffer, offset, the other nodes
 that use the same bytes).
@@ -16,11 +18,8 @@ import time
 import numpy as np
 
 from ... import llama
-from ...capture import EvalCallback
-from ...ggml import memory
-from ...ggml.tensor import get_data_f32, nbytes, nelements, op_desc, type_name
+from ...capture.stepper import StepperRecord, as_rows, capture_stepper
 from ...run import load_model
-from .. import graph_dot as G
 from ._base import (
     VizWidget,
     array_png,
@@ -34,22 +33,6 @@ from ._base import (
     wrap_vector,
 )
 from .graph import GraphView
-
-
-def _stats(a: np.ndarray) -> dict:
-    a = np.asarray(a, dtype=np.float64).reshape(-1)
-    fin = np.isfinite(a)
-    f = a[fin]
-    if f.size == 0:
-        return {"n": int(a.size), "n_nonfinite": int((~fin).sum()), "min": None, "max": None, "mean": None,
-                "std": None, "absmax": None}
-    return {"n": int(a.size), "n_nonfinite": int((~fin).sum()), "min": float(f.min()), "max": float(f.max()),
-            "mean": float(f.mean()), "std": float(f.std()), "absmax": float(np.abs(f).max())}
-
-
-def _as_rows(a: np.ndarray) -> np.ndarray:
-    """(ne3, ne2, ne1, ne0) -> 2-D rows x ne0."""
-    return a.reshape(-1, a.shape[-1]) if a.ndim > 1 else a.reshape(1, -1)
 
 
 def faithful_model_params():
@@ -83,84 +66,36 @@ class DecodeStepper(VizWidget):
             model = load_model(**kw)
         self.model = model
         self.vocab = llama.model_get_vocab(model)
-        if tokens is not None:
-            self.tokens = [int(t) for t in tokens]
-        else:
+        if tokens is None:
             prompt = self.DEFAULT_PROMPT if prompt is None else prompt
-            self.tokens = llama.tokenize(self.vocab, prompt, add_special=True, parse_special=True)
-        # what is decoded, as text: the tokens detokenized (special tokens written out)
-        self.text = llama.detokenize(self.vocab, self.tokens, remove_special=False, unparse_special=True)
-        self.prompt = prompt if prompt is not None else self.text
-        self.copy_limit = copy_limit
-        self.slice_rows, self.slice_cols = slice_rows, slice_cols
-        self.records: list[dict] = []
-        self.gf = None
-        cp = llama.context_default_params()
-        cp.n_ctx = n_ctx
-        cp.n_threads = cp.n_threads_batch = n_threads
-        # the step shows attention as KQ -> SOFT_MAX -> KQV (the weights are a node); llama.cpp's default on the CPU,
-        # one FLASH_ATTN_EXT per layer, has no attention matrix in memory
-        cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        if len(self.tokens) > cp.n_ubatch:
-            raise ValueError(f"DecodeStepper records one ubatch: at most {cp.n_ubatch} tokens")
+            tokens = llama.tokenize(self.vocab, prompt, add_special=True, parse_special=True)
+        self.copy_limit, self.slice_rows, self.slice_cols = copy_limit, slice_rows, slice_cols
+        rec, self.ctx, self.graph_result = capture_stepper(model, tokens, prompt, n_threads, n_ctx, copy_limit,
+                                                           slice_rows, slice_cols, extra_cb)
+        self._show(rec, self.graph_result.gf, max_height)
 
-        def hook(res):
-            self.gf = res.gf
-            self.graph_result = res
-            self.records = []
+    @classmethod
+    def from_record(cls, record: StepperRecord, gf, max_height: str = "640px") -> DecodeStepper:
+        """A stepper over a ``capture.StepperRecord`` (e.g. one loaded from disk) and the graph it ran, drawn as the
+        DAG; nothing is decoded."""
+        self = cls.__new__(cls)
+        self.model = self.vocab = self.ctx = self.graph_result = None
+        self._show(record, gf, max_height)
+        return self
 
-        def ask(t) -> bool:
-            if extra_cb is not None:
-                extra_cb(t, True)
-            return True                                 # every node, each computed alone
-
-        def keep(t, _):
-            self._record(t)
-            return extra_cb(t, False) if extra_cb is not None else True
-
-        cb = EvalCallback(ask, copy=None, sink=keep)
-        cp.cb_eval = cb
-        self.ctx = llama.init_from_model(model, cp)
-        self.ctx.graph_hook = hook
-        t0 = time.perf_counter()
-        ret = llama.decode(self.ctx, llama.batch_get_one(self.tokens))
-        self.decode_s = time.perf_counter() - t0
-        if ret != 0:
-            raise RuntimeError(f"llama_decode returned {ret}")
-        self.ctx.graph_hook = None
-        if len(self.records) != self.gf.n_nodes:
-            raise RuntimeError(f"recorded {len(self.records)} of {self.gf.n_nodes} nodes")
-        self.logits = np.array(llama.get_logits_ith(self.ctx, -1))
-        self.view = GraphView(self.gf, collapse="auto", max_open=1, max_height=max_height)
-        self._node_index = {t.addr: i for i, t in enumerate(self.gf.nodes)}
+    def _show(self, record: StepperRecord, gf, max_height: str):
+        """What the stepper shows: the record's frames (all the panel reads) beside the graph's DAG."""
+        if len(record.frames) != gf.n_nodes:
+            raise ValueError(f"the record has {len(record.frames)} frames for a graph of {gf.n_nodes} nodes")
+        self.record = record
+        self.tokens, self.text, self.prompt = record.tokens, record.text, record.prompt
+        self.records, self.logits, self.decode_s = record.frames, record.logits, record.decode_s
+        self.gf = gf
+        self.view = GraphView(gf, collapse="auto", max_open=1, max_height=max_height)
         self.pos = 0
         self.last_step_ms = 0.0
         self.step_ms: list[float] = []
         self._sync_graph()
-
-    # ---------------------------------------------------------------- recording
-    def _record(self, t):
-        i = len(self.records)
-        n = nelements(t)
-        vals = get_data_f32(t)                       # (ne3, ne2, ne1, ne0), a copy
-        r = {"index": i, "name": t.name, "op": op_desc(t), "type": type_name(t.type), "ne": list(t.shape),
-             "nb": list(t.strides), "layer": G.layer_of(t.name), "addr": t.addr,
-             "view_src": t.view_src.name if t.view_src is not None else None, "view_offs": t.view_offs,
-             "src": [s.name for s in t.src if s is not None], "data": t.data, "nbytes": nbytes(t),
-             "stats": _stats(vals), "full": n <= self.copy_limit}
-        try:
-            arr, off, label = memory.resolve(t.data, 0)
-            base = arr.ctypes.data
-            r.update(buffer=label, buffer_base=base, offset=off, buffer_size=int(arr.nbytes))
-        except ValueError:
-            r.update(buffer="(unregistered)", buffer_base=None, offset=None, buffer_size=None)
-        if r["full"]:
-            r["values"] = vals
-        else:
-            rows = _as_rows(vals)
-            r["slice"] = np.array(rows[:self.slice_rows, :self.slice_cols])
-            r["slice_of"] = list(rows.shape)
-        self.records.append(r)
 
     # ---------------------------------------------------------------- navigation
     @property
@@ -231,7 +166,7 @@ class DecodeStepper(VizWidget):
 
     # ---------------------------------------------------------------- rendering
     def _heatmap(self, i: int | None, max_rows: int, max_cols: int):
-        v = _as_rows(np.asarray(self.values(i)))
+        v = as_rows(np.asarray(self.values(i)))
         grid, blank, w = wrap_vector(v)
         if w is None:
             grid = v[:max_rows, :max_cols]
