@@ -8,6 +8,8 @@ and the eval callback copying, and keeps what it saw as plain records the views 
 - ``nodes``: ``layer_of(name)``, ``node_numbers(gf)`` (tensor address -> node number).
 - ``decode``: ``decode_step`` (prompt, then one token, traced), ``record_decode`` (that step twice: with the values
   callback and without, numbered, checked), ``decode_graph``, ``new_context``, ``DEFAULT_PROMPT``.
+- ``explorer``: ``record_step`` / ``capture_step`` (``StepRecord``: one decode step as the ``DecodeExplorer`` draws
+  it: graph, split, plan, events, thread lanes, where each tensor's bytes are, inputs, values).
 - ``inputs``: ``capture_inputs`` (``DecodeSnapshot``: the graph inputs and KV cells before each compute),
   ``capture_attention`` (``AttentionRecord``: every layer's ``kq_soft_max``).
 - ``mul_mat``: ``capture_mul_mat`` (one MUL_MAT's weight rows, src1 and output, for the vec_dot lanes).
@@ -36,6 +38,7 @@ from .flash_attn import (  # noqa: F401
     capture_flash_attn,
     walk_flash_attn,
 )
+from .explorer import StepRecord, capture_step, record_step  # noqa: F401
 from .graph import GraphRecord, RecordedGraph, as_cgraph, capture_graph  # noqa: F401
 from .inputs import AttentionRecord, DecodeSnapshot, capture_attention, capture_inputs  # noqa: F401
 from .mul_mat import capture_mul_mat  # noqa: F401
