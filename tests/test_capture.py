@@ -1,5 +1,6 @@
 """ggviz.capture without a model: the eval callback copies what it is asked to and numbers it by node; records go
-to disk and come back equal; anything that is not plain data is refused, naming where it is."""
+to disk and come back equal; anything that is not plain data is refused, naming where it is; a graph's record draws
+the pictures the graph draws."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +8,8 @@ import pytest
 
 from ggviz import capture, ggml
 from ggviz.capture import records
+from ggviz.viz import graph_dot as G
+from ggviz.viz.widgets.graph import GraphView
 
 
 @pytest.fixture
@@ -94,3 +97,35 @@ def test_records_refuse_what_is_not_plain_data(graph, tmp_path):
     np.savez(path, x=np.zeros(2))
     with pytest.raises(ValueError, match="not a ggviz record"):
         records.load(path)
+
+
+def test_graph_record_draws_the_same_picture(tmp_path):
+    """A graph recorded (``capture_graph``), saved and loaded back, read as a cgraph: the same tensors (names, ops
+    with their op_params -- a UNARY node's function --, types, shapes, strides, source slots, view sources) and the
+    same pictures, byte for byte, as the live graph; a graph view's source from outside it is kept as a tensor."""
+    ctx = ggml.init(1 << 20)
+    x = ggml.set_name(ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F32, 4, 2), "x")
+    w = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F16, 4), "blk.0.w")
+    a = ggml.set_name(ggml.silu(ctx, ggml.mul(ctx, x, w)), "a-0")
+    v = ggml.set_name(ggml.view_1d(ctx, a, 4, 16), "a-0 (view)")
+    b = ggml.set_name(ggml.add(ctx, ggml.reshape_2d(ctx, v, 2, 2), ggml.reshape_2d(ctx, v, 2, 2)), "b-1")
+    gf = ggml.new_graph(ctx)
+    ggml.build_forward_expand(gf, b)
+    part = ggml.graph_view(gf, 2, gf.n_nodes)             # its first node reads a tensor of the nodes left out
+    for g in (gf, part):
+        rec = capture.load(capture.save(capture.capture_graph(g), tmp_path / "graph.npz"))
+        assert isinstance(rec, capture.GraphRecord)
+        rg = rec.cgraph()
+        assert (rg.n_nodes, rg.n_leafs) == (g.n_nodes, g.n_leafs)
+        for t, r in zip(list(g.nodes) + list(g.leafs), rg.nodes + rg.leafs):
+            assert (r.name, r.op, r.type, r.shape, r.strides, r.view_offs, r.addr, r.data) == (
+                t.name, t.op, t.type, t.shape, t.strides, t.view_offs, t.addr, t.data)
+            assert ggml.op_desc(r) == ggml.op_desc(t) and np.array_equal(r.op_params, t.op_params)
+            assert [s and (s.name, s.addr) for s in r.src] == [s and (s.name, s.addr) for s in t.src]
+            assert (r.view_src and r.view_src.name) == (t.view_src and t.view_src.name)
+        for kw in ({}, {"collapse": "all", "legend": True}, {"highlight": [1], "color_by": "type"}):
+            assert G.graph_to_dot_grouped(rg, **kw)[0].source == G.graph_to_dot_grouped(g, **kw)[0].source
+        assert G.graph_to_dot(rg).source == G.graph_to_dot(g).source
+        live, back = GraphView(g), GraphView(rec)
+        assert back.svg().replace(back.prefix[:-1], live.prefix[:-1]) == live.svg()   # (each view numbers its ids)
+    assert "silu" in G.graph_to_dot(gf).source.lower() and "x0" in G.graph_to_dot_grouped(part)[0].source

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggviz import ggml
+from ggviz import capture, ggml
 from ggviz.ggml import backend as B
 from ggviz.ggml import memory
 from ggviz.ggml import sched as S
@@ -90,7 +90,7 @@ def test_a_view_has_no_lane(ex):
 @pytest.mark.parametrize("name", NODES)
 def test_cause_follows_the_scheduler(ex, name):
     i = _node(ex, name)
-    t = ex.gf.nodes[i]
+    t = ex.step.graph.gf.nodes[i]                              # the live tensor: the scheduler's own answer
     c = ex.select(name).state()["cause"]
     assert c["backend"] == B.backend_name(S.backend_sched_get_tensor_backend(ex.sched, t))
     assert c["cause"] == S.backend_sched_get_tensor_cause(ex.sched, t)
@@ -253,3 +253,27 @@ def test_input_leaf_values(ex):
     assert np.all(m[:ex.step.pos + 1] == 0) and np.all(np.isneginf(m[ex.step.pos + 1:]))
     assert "inp_pos" in ex.select("inp_pos").values_html()
     assert "no values shown" in ex.select("token_embd.weight").values_html()
+
+
+def _ids_in_order(text: str) -> str:
+    """``text`` with every view's SVG id prefix (``ggv<N>``) renumbered by first appearance: each view numbers its
+    ids, so two views of the same step differ only there."""
+    seen: dict = {}
+    return re.sub(r"ggv(\d+)", lambda m: f"ggv#{seen.setdefault(m.group(1), len(seen))}", text)
+
+
+def test_a_recording_from_disk_draws_the_same(ex, tmp_path):
+    """The step's record saved and loaded back (no model, no engine object in it): the same pages, tables and
+    pictures, selection by selection."""
+    back = DecodeExplorer(capture.load(capture.save(ex.record, tmp_path / "step.npz")))
+    ref = DecodeExplorer(ex.record)                             # the record in memory, nothing selected yet
+    assert back.step is None and back.sched is None and isinstance(back.gf, capture.RecordedGraph)
+    assert _ids_in_order(back.nodes_json()) == _ids_in_order(ex.nodes_json()) and back.phases() == ex.phases()
+    for what, kind in ((None, None), ("kq-3", "node"), ("inp_pos", "leaf"), (40, "node")):
+        if what is not None:
+            ref.select(what, kind=kind)
+            back.select(what, kind=kind)
+            assert back.state() == dict(ex.select(what, kind=kind).state(), phase=None)
+        assert back.state() == ref.state()
+        assert _ids_in_order(back.to_html()) == _ids_in_order(ref.to_html())
+        assert _ids_in_order(back.mem_svg() + back.lanes_svg()) == _ids_in_order(ref.mem_svg() + ref.lanes_svg())

@@ -482,8 +482,10 @@ def test_decode_stepper_header_shows_the_given_tokens(model, stepper, tmp_path):
     assert "tokens: [" + ", ".join(map(str, ids)) + "]" in head
     w = ds.widget                                          # built headless: the pane carries the header
     assert w.header == head
-    # its frames (big tensors kept as slices here) saved to disk and loaded back: the same steps
-    back = DecodeStepper.from_record(capture.load(capture.save(ds.record, tmp_path / "stepper.npz")), ds.gf)
+    # its frames (big tensors kept as slices here) and its graph saved to disk and loaded back: the same steps, the
+    # same DAG, with no ggml_cgraph
+    back = DecodeStepper.from_record(capture.load(capture.save(ds.record, tmp_path / "stepper.npz")))
+    assert isinstance(back.gf, capture.RecordedGraph) and back.graph_result is None
     for i in (0, 40, ds.n_steps - 1):                      # (each DAG numbers its SVG ids: the same but for that)
         assert back.goto(i).to_html().replace(back.view.prefix[:-1], ds.view.prefix[:-1]) == ds.goto(i).to_html()
         assert back.state() == ds.state()

@@ -3,9 +3,13 @@
 and the eval callback copying, and keeps what it saw as plain records the views draw from.
 
 - ``eval_callback``: ``EvalCallback(want, copy)``, the one ``cb_eval`` routine; ``NodeValue`` what it copies.
+- ``graph``: ``capture_graph`` (``GraphRecord``: a cgraph's nodes, leafs, ops, names, shapes, sources -- what
+  ``graph_dot`` / ``GraphView`` draw), ``GraphRecord.cgraph()`` (read back like a ``ggml_cgraph``).
 - ``nodes``: ``layer_of(name)``, ``node_numbers(gf)`` (tensor address -> node number).
 - ``decode``: ``decode_step`` (prompt, then one token, traced), ``record_decode`` (that step twice: with the values
   callback and without, numbered, checked), ``decode_graph``, ``new_context``, ``DEFAULT_PROMPT``.
+- ``explorer``: ``record_step`` / ``capture_step`` (``StepRecord``: one decode step as the ``DecodeExplorer`` draws
+  it: graph, split, plan, events, thread lanes, where each tensor's bytes are, inputs, values).
 - ``inputs``: ``capture_inputs`` (``DecodeSnapshot``: the graph inputs and KV cells before each compute),
   ``capture_attention`` (``AttentionRecord``: every layer's ``kq_soft_max``).
 - ``mul_mat``: ``capture_mul_mat`` (one MUL_MAT's weight rows, src1 and output, for the vec_dot lanes).
@@ -18,7 +22,7 @@ and the eval callback copying, and keeps what it saw as plain records the views 
   copies, replayed from the ``sched.*`` events), ``capture_alloc`` (``AllocRecord``: the allocator's per-tensor
   offsets, sizes, buffers, frees and in-place reuses) -- what ``SchedulerView`` and ``AllocatorView`` draw.
 - ``stepper``: ``capture_stepper`` (``StepperRecord``: one decode, a frame per node with what was copied of its
-  result) -- what ``DecodeStepper`` steps through.
+  result, and the graph as a ``GraphRecord``) -- what ``DecodeStepper`` steps through.
 - ``records``: ``save`` / ``load``: a record (dataclasses of numpy arrays, lists, dicts) to one ``.npz`` file and back.
 
 Imports run one way: capture imports the engine (``ggviz.ggml``, ``ggviz.llama``, ``ggviz.trace``, ``ggviz.run``);
@@ -34,6 +38,8 @@ from .flash_attn import (  # noqa: F401
     capture_flash_attn,
     walk_flash_attn,
 )
+from .explorer import StepRecord, capture_step, record_step  # noqa: F401
+from .graph import GraphRecord, RecordedGraph, as_cgraph, capture_graph  # noqa: F401
 from .inputs import AttentionRecord, DecodeSnapshot, capture_attention, capture_inputs  # noqa: F401
 from .mul_mat import capture_mul_mat  # noqa: F401
 from .nodes import layer_of, node_numbers  # noqa: F401

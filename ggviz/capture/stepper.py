@@ -3,7 +3,8 @@ about every node, so the scheduler computes the graph one node at a time and han
 node runs -- and possibly overwrites that memory: the graph allocator reuses buffers in place).
 
 ``capture_stepper`` runs the decode and returns a ``StepperRecord`` (plain data: one frame per node, each with what
-was copied of its result) and the graph it ran (the DAG the stepper draws beside the frames).
+was copied of its result, and the graph it ran as a ``GraphRecord``: the DAG the stepper draws beside the frames),
+so a stepper loaded from disk steps and draws the same with no model and no ggml_cgraph.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .. import llama
 from ..ggml import memory
 from ..ggml.tensor import get_data_f32, nbytes, nelements, op_desc, type_name
 from .eval_callback import EvalCallback
+from .graph import GraphRecord, capture_graph
 from .nodes import layer_of
 
 
@@ -28,13 +30,15 @@ class StepperRecord:
     (the data address), nbytes, stats {n, n_nonfinite, min, max, mean, std, absmax}, full, buffer, buffer_base,
     offset, buffer_size; ``values`` (ne3, ne2, ne1, ne0) when ``full``, else ``slice`` (the first rows x columns of
     the rows x ne0 view) and ``slice_of`` (its full shape)}; ``logits``: the last token's; ``decode_s``: the
-    decode's wall time (with the callback)."""
+    decode's wall time (with the callback); ``graph``: the graph that ran (``GraphRecord``; None in a record saved
+    before it was kept)."""
     tokens: list
     text: str
     prompt: str
     frames: list
     logits: np.ndarray
     decode_s: float
+    graph: GraphRecord | None = None
 
 
 def _stats(a: np.ndarray) -> dict:
@@ -123,5 +127,6 @@ def capture_stepper(model, tokens, prompt: str | None = None, n_threads: int = 2
     if len(frames) != res.gf.n_nodes:
         raise RuntimeError(f"recorded {len(frames)} of {res.gf.n_nodes} nodes")
     rec = StepperRecord(tokens=tokens, text=text, prompt=prompt if prompt is not None else text, frames=frames,
-                        logits=np.array(llama.get_logits_ith(ctx, -1)), decode_s=decode_s)
+                        logits=np.array(llama.get_logits_ith(ctx, -1)), decode_s=decode_s,
+                        graph=capture_graph(res.gf))
     return rec, ctx, res

@@ -32,9 +32,8 @@ import ipywidgets as W
 import numpy as np
 import traitlets
 
-from ...capture import DEFAULT_PROMPT, EvalCallback, copy_f32, decode_step, record_decode
+from ...capture.explorer import StepRecord, capture_step, record_step
 from ...ggml import consts as C
-from ...ggml import memory
 from ...ggml.tensor import nbytes, op_desc, type_name
 from .. import graph_dot as G
 from ._base import VizWidget, array_png, book_payload, esc, new_prefix, pane_state, png_img, svg_window, template
@@ -110,24 +109,30 @@ def _rows(a: np.ndarray, width: int = 64):
 class DecodeExplorer(VizWidget):
     """A recorded decode step with linked views. ``DecodeExplorer.record(prompt, threads)`` runs one.
 
-    ``step``: an ``capture.DecodeStep`` recorded with ``record=True`` (its ``events``, ``timeline``, the context's
-    scheduler and allocator); ``values``: {node index: the node's output array} (``record`` copies them with the
-    eval callback in a second run; None: no values pane).
+    ``step``: a ``capture.StepRecord`` (``capture.record_step``: what every pane draws, and all they read; one loaded
+    from disk draws the same) -- or a ``capture.DecodeStep`` recorded with ``record=True``, captured first
+    (``capture.capture_step(step, values, sampled)``); ``values``: {node index: the node's output array} (None: no
+    values pane). ``record`` is the ``StepRecord`` drawn; ``step`` / ``sched`` the live step and scheduler it was
+    captured from (None for a record from disk).
     """
 
     def __init__(self, step, values: dict | None = None, sampled: int | None = None, max_height: str = "520px"):
-        self.step = step
-        self.gf = gf = step.graph.gf
-        self.sched = sched = step.ctx.sched
-        self.values = values or {}
+        if isinstance(step, StepRecord):
+            rec, self.step, self.sched = step, None, None
+        else:
+            rec, self.step, self.sched = capture_step(step, values, sampled), step, step.ctx.sched
+        self.record = rec
+        # what the panes draw: the record's fields, nothing of the engine
+        self.gf = gf = rec.graph.cgraph()
+        self.values = rec.values
         self.max_height = max_height
         self.n_nodes = gf.n_nodes
         self.prefix = new_prefix("ex")
         self.node_names = [t.name for t in gf.nodes]
         self.leaf_names = [t.name for t in gf.leafs]
-        self.sampled = sampled
+        self.sampled = rec.sampled
         # ---- the scheduler: backend and cause per node, the pass that set it, the split
-        self.sv = SchedulerView(sched, gf, step.events)
+        self.sv = SchedulerView(rec.sched)
         fin = self.sv.assignment("5")
         self._cause = []
         for i in range(self.n_nodes):
@@ -138,7 +143,7 @@ class DecodeExplorer(VizWidget):
             self._cause.append(dict(backend=fin[i]["backend"], cause=fin[i]["cause"], stage=st, split=split))
         self._leaf_cause = self.sv.leaf_assignment("5")
         # ---- the allocator's plan (of the compute buffer); the plan's records are per node index and name
-        self.av = AllocatorView(sched.galloc, gf)
+        self.av = AllocatorView(rec.alloc)
         plan = self.av.plan
         self.items = self.av.items
         node_item: dict[int, dict] = {}
@@ -153,9 +158,8 @@ class DecodeExplorer(VizWidget):
         # whose plan is it? ggml_gallocr_alloc_graph re-plans only when the graph does not fit the last plan
         # (ggml_gallocr_needs_realloc); otherwise every tensor keeps the slot the last reserve gave it -- in llama.cpp
         # the worst-case ubatch of llama_context's graph_reserve, so a 1-token step sits in slots sized for it
-        replanned = any(e["kind"] == "alloc.reserve" for e in step.events)
-        log = getattr(step.ctx, "reserve_log", None) or []
-        self.plan_tokens = None if replanned or not log else int(log[-1]["n_tokens"])
+        replanned = any(e["kind"] == "alloc.reserve" for e in rec.events)
+        self.plan_tokens = None if replanned else rec.reserve_tokens
         if replanned:
             self.plan_note = "planned for this step's graph (ggml_gallocr re-planned it)"
         elif self.plan_tokens is not None:
@@ -171,10 +175,9 @@ class DecodeExplorer(VizWidget):
                 view_rec[r["alloc_node"]] = r
         self._view_rec = view_rec
         # ---- the thread lanes of the recorded compute
-        tl = step.timeline
-        self.compute = tl.last if tl is not None else None
+        self.compute = rec.compute
         self._spans: dict[int, list] = {}
-        starts = [e for e in step.events if e["kind"] == "cpu.compute.start"]
+        starts = [e for e in rec.events if e["kind"] == "cpu.compute.start"]
         self.compiled = bool(starts and starts[-1].get("compiled"))
         if self.compute is not None:
             self._t0 = min([self.compute["t_start"]] + [s["t_start"] for ln in self.compute["threads"].values()
@@ -193,20 +196,7 @@ class DecodeExplorer(VizWidget):
         self.graph.expand_all()
         self._gsvg, self._ginfo = self.graph.layout()
         # the step's input leafs as llm_graph_result::set_inputs wrote them (copied just before the compute)
-        self.leaf_values: dict[int, np.ndarray] = {}
-        snap = step.snapshots[-1] if getattr(step, "snapshots", None) else None
-        if snap is not None:
-            # found by identity, not by name: with an iSWA cache (Gemma-3) two leafs are called attn_inp_kq_mask (and
-            # two attn_inp_k_idxs), and the sliding-window ones come first (layer 0 is a sliding-window layer)
-            inp = step.graph.inputs
-            pairs = [(inp.tokens, snap.tokens), (inp.pos, snap.pos), (inp.kq_mask, snap.kq_mask),
-                     (inp.k_idxs, snap.k_idxs)]
-            if getattr(snap, "swa", None) is not None:
-                pairs += [(inp.kq_mask_swa, snap.swa.kq_mask), (inp.k_idxs_swa, snap.swa.k_idxs)]
-            for t, a in pairs:
-                j = next((k for k, lf in enumerate(gf.leafs) if t is not None and lf is t), None)
-                if j is not None:
-                    self.leaf_values[j] = np.asarray(a)
+        self.leaf_values: dict[int, np.ndarray] = rec.leaf_values
         self.kind, self.index = None, None          # the selection: ("node" | "leaf", index)
         self.phase = None
         self._nodes_json = None
@@ -215,20 +205,13 @@ class DecodeExplorer(VizWidget):
     @classmethod
     def record(cls, prompt: str | None = None, threads: int = 2, model=None, n_ctx: int = 256, values: bool = True,
                **kw):
-        """Decode ``prompt`` and then one token (``capture.decode_step``), recording the trace; then (``values``) the
-        same step in a second context with the eval callback copying every node's output (the values pane). Both
+        """Decode ``prompt`` and then one token, recording the trace; then (``values``) the same step in a second
+        context with the eval callback copying every node's output (the values pane): ``capture.record_step``. Both
         runs must pick the same token."""
-        prompt = DEFAULT_PROMPT if prompt is None else prompt
-        if not values:
-            step = decode_step(prompt, threads, model, n_ctx, record=True)
-            return cls(step, values=None, sampled=int(np.argmax(step.ctx.get_logits_ith(-1))), **kw)
-        cb = EvalCallback(copy=copy_f32, skip_unreadable=True)     # every node, as float32 (numpy order)
-        run = record_decode(prompt, threads, model, n_ctx, values=cb, values_first=False, trace_values_run=False)
-        step = run.clean_run
-        values = {v.node_n: v.data for v in run.values
-                  if v.node_n is not None and step.graph.gf.nodes[v.node_n].name == v.name}
-        logits = step.ctx.get_logits_ith(-1)
-        return cls(step, values=values, sampled=int(np.argmax(logits)), **kw)
+        rec, step = record_step(prompt, threads, model, n_ctx, values)
+        self = cls(rec, **kw)
+        self.step, self.sched = step, step.ctx.sched         # the live run, for a look at the engine behind it
+        return self
 
     # ============================================================================================== plain data
     def _resolve(self, name_or_index, kind: str):
@@ -253,12 +236,9 @@ class DecodeExplorer(VizWidget):
         t = self.tensor(kind, i)
         out = dict(name=t.name, nbytes=int(nbytes(t)), buffer=None, offset=None, planned=False, item=None,
                    view_of=None, sharers=[], in_compute_buffer=False, reused_from=None)
-        if t.data:
-            try:
-                _, off, label = memory.resolve(t.data)
-                out.update(buffer=label, offset=int(off))
-            except ValueError:
-                out["buffer"] = "outside ggviz buffers"
+        where = (self.record.node_bytes if kind == "node" else self.record.leaf_bytes)[i]
+        if where is not None:
+            out.update(buffer=where[0], offset=where[1])
         it = self._node_item.get(i) if kind == "node" else self._leaf_item.get(t.name)
         if kind == "node" and i in self._view_rec:
             out["view_of"] = self._view_rec[i]["view_src"]
@@ -623,7 +603,7 @@ class DecodeExplorer(VizWidget):
     def phases(self) -> list[dict]:
         """The spine: each phase's function, text, the time it took in this run (from the trace events) and the
         tensor it selects."""
-        ev = self.step.events
+        ev = self.record.events
 
         def span(pred_a, pred_b=None):
             ts = [e["t"] for e in ev if pred_a(e)]
@@ -647,8 +627,8 @@ class DecodeExplorer(VizWidget):
             s = spans.get(key)
             extra = ""
             if key == "llama_decode":
-                extra = f" This step: 1 token ({self.step.token}) at position {self.step.pos}, " \
-                        f"{self.step.t_decode_ms:.1f} ms in all."
+                extra = f" This step: 1 token ({self.record.token}) at position {self.record.pos}, " \
+                        f"{self.record.t_decode_ms:.1f} ms in all."
             elif key == "build_graph":
                 extra = f" {self.n_nodes} nodes, {self.gf.n_leafs} leafs."
             elif key == "sched_alloc":

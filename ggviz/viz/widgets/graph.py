@@ -1,7 +1,7 @@
 """The compute graph as a picture you can open up, and ``ggml_visit_parents`` replayed step by step.
 
-- ``GraphView(gf)``: the cgraph as a Graphviz DAG (boxes = nodes, ellipses = leafs) coloured by op, by type or by
-  any per-node attribute (the buffer a tensor lives in, its backend ...). A graph built by llama.cpp's callback
+- ``GraphView(gf)``: the cgraph (or its ``capture.GraphRecord``) as a Graphviz DAG (boxes = nodes, ellipses =
+  leafs) coloured by op, by type or by any per-node attribute (the buffer a tensor lives in, its backend ...). A graph built by llama.cpp's callback
   (names ``<name>-<il>``) starts with every layer collapsed into one box "layer il (36 nodes)"; clicking a box (or
   ``expand(il)``) opens it; ``expand_all()`` opens every layer: the whole 1086-node decode DAG, laid out layer by
   layer (``graph_dot.layered_layout``: one ``dot`` run per distinct layer, the copies stacked) in well under a
@@ -20,6 +20,7 @@ import ipywidgets as W
 import numpy as np
 from PIL import Image
 
+from ...capture.graph import as_cgraph
 from ...ggml import memory
 from ...ggml.graph import graph_key
 from ...ggml.tensor import op_desc, type_name
@@ -88,7 +89,7 @@ class GraphView(VizWidget):
 
     def __init__(self, gf, collapse="auto", color_by="op", title: str | None = None, rankdir: str = "TB",
                  max_open: int = 3, attributes: dict | None = None, max_height: str = "700px"):
-        self.gf = gf
+        self.gf = gf = as_cgraph(gf)                 # a GraphRecord draws as the graph it recorded
         self.layers = G.node_layers(gf)
         self.all_layers = sorted({il for il in self.layers if il is not None})
         if collapse in ("auto", "all"):

@@ -4,9 +4,10 @@ The decode runs once, for real, with llama.cpp's eval callback (``cb_eval(tensor
 it says yes, so the scheduler computes the graph one node at a time and hands each result over before the next node
 runs (and possibly overwrites that memory: the graph allocator reuses buffers in place). Each result is copied then
 (a tensor of more than ``copy_limit`` values keeps its statistics and a slice) into a frame of a
-``capture.StepperRecord`` (``capture_stepper``): the panel draws from those frames only, so a record loaded from disk
-(``DecodeStepper.from_record(record, gf)``) steps the same; the DAG is still drawn from the graph. Stepping is then free: ``step()`` /
-``goto(i)`` move through the recorded nodes, and the views follow: the DAG (the current layer open, the node
+``capture.StepperRecord`` (``capture_stepper``), with the graph that ran as a ``capture.GraphRecord``: the panel
+and the DAG draw from that record only, so a record loaded from disk (``DecodeStepper.from_record(record)``) steps
+and draws the same, with no model and no ``ggml_cgraph``. Stepping is then free: ``step()`` / ``goto(i)`` move
+through the recorded nodes, and the views follow: the DAG (the current layer open, the node
 outlined), the node's values (statistics and a heatmap), and where its bytes live (buffer, offset, the other nodes
 that use the same bytes).
 """
@@ -18,6 +19,7 @@ import time
 import numpy as np
 
 from ... import llama
+from ...capture.graph import as_cgraph
 from ...capture.stepper import StepperRecord, as_rows, capture_stepper
 from ...run import load_model
 from ._base import (
@@ -72,12 +74,16 @@ class DecodeStepper(VizWidget):
         self.copy_limit, self.slice_rows, self.slice_cols = copy_limit, slice_rows, slice_cols
         rec, self.ctx, self.graph_result = capture_stepper(model, tokens, prompt, n_threads, n_ctx, copy_limit,
                                                            slice_rows, slice_cols, extra_cb)
-        self._show(rec, self.graph_result.gf, max_height)
+        self._show(rec, rec.graph, max_height)
 
     @classmethod
-    def from_record(cls, record: StepperRecord, gf, max_height: str = "640px") -> DecodeStepper:
-        """A stepper over a ``capture.StepperRecord`` (e.g. one loaded from disk) and the graph it ran, drawn as the
-        DAG; nothing is decoded."""
+    def from_record(cls, record: StepperRecord, gf=None, max_height: str = "640px") -> DecodeStepper:
+        """A stepper over a ``capture.StepperRecord`` (e.g. one loaded from disk), its DAG drawn from the record's
+        graph (``gf``: another graph to draw instead, a cgraph or a ``GraphRecord``); nothing is decoded."""
+        gf = getattr(record, "graph", None) if gf is None else gf
+        if gf is None:
+            raise ValueError("the stepper record holds no graph (saved before records kept it): pass the graph "
+                             "it ran as gf")
         self = cls.__new__(cls)
         self.model = self.vocab = self.ctx = self.graph_result = None
         self._show(record, gf, max_height)
@@ -85,6 +91,7 @@ class DecodeStepper(VizWidget):
 
     def _show(self, record: StepperRecord, gf, max_height: str):
         """What the stepper shows: the record's frames (all the panel reads) beside the graph's DAG."""
+        gf = as_cgraph(gf)
         if len(record.frames) != gf.n_nodes:
             raise ValueError(f"the record has {len(record.frames)} frames for a graph of {gf.n_nodes} nodes")
         self.record = record
