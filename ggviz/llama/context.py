@@ -741,20 +741,18 @@ class LlamaContext(context_pool.GraphCache):
         """ggviz: the graph of this ubatch shape from the reserve's tg graph (``_graph_template``) when it has the
         same n_tokens and n_outputs: only its n_kv is rewritten (``derive_n_kv``: the same nodes, shapes and names
         as a build) and the build's scheduler pins are made again, as the build's callback would; the template is
-        spent (it is the scheduler's graph now). None: no template of that shape (the caller builds)."""
+        spent (it is the scheduler's graph now). None: no template of that shape (the caller builds), or a trace
+        listener is recording: a recorded step shows the build llama.cpp makes there (the graph.visit / graph.add
+        events the explorer's build phase, the report's visit counts and VisitAnimation read)."""
         res = self._graph_template
-        if res is None or res.n_tokens != n_tokens or res.n_outputs != n_outputs:
+        if res is None or res.n_tokens != n_tokens or res.n_outputs != n_outputs or trace.active:
             return None
         self._graph_template = None
-        n_kv_was = (res.n_kv, res.n_kv_swa) if isinstance(n_kv, tuple) else res.n_kv
         if not derive_n_kv(res, n_kv):
             return None
         for t, backend in res.sched_pins:
             gs.backend_sched_set_tensor_backend(self.sched, t, backend)
         self.n_graph_derived += 1
-        if trace.active:
-            trace.emit("llama.graph_derive", ctx=id(self), n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv,
-                       n_kv_was=n_kv_was)
         return res
 
     def _graph_cb(self, cur, name: str, il: int, n_tokens: int) -> None:
