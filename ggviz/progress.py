@@ -31,8 +31,6 @@ import contextlib
 import os
 import sys
 
-from tqdm.auto import tqdm
-
 ENV_DISABLE = "GGVIZ_NO_PROGRESS"
 
 
@@ -67,6 +65,9 @@ def progress(iterable=None, desc: str | None = None, total: int | float | None =
         kwargs.setdefault("unit_divisor", 1000)
     # dynamic_ncols follows the terminal's width; the bar is drawn on stderr (stdout stays for the results)
     kwargs.setdefault("dynamic_ncols", True)
+    # imported here, at the first bar: tqdm.auto brings asyncio, importlib.metadata and, in Jupyter, ipywidgets --
+    # a sizeable share of a one-shot ``ggviz run``'s imports, which never shows a bar for a model already fetched
+    from tqdm.auto import tqdm
     return tqdm(iterable, desc=desc, total=total, unit=unit, disable=not enabled(disable), leave=leave, **kwargs)
 
 
@@ -82,5 +83,9 @@ def write(msg: str = "", file=None) -> None:
     """Print a line (default stdout) without breaking the active bars (``tqdm.write``), and flush."""
 
     fp = sys.stdout if file is None else file
-    tqdm.write(msg, file=fp)
+    auto = sys.modules.get("tqdm.auto")
+    if auto is None:          # no bar was ever made (``progress`` imports tqdm): nothing to tear apart
+        fp.write(f"{msg}\n")
+    else:
+        auto.tqdm.write(msg, file=fp)
     fp.flush()

@@ -161,20 +161,51 @@ def test_reused_step_rebuilds_nothing(model, monkeypatch):
         return orig(self)
     monkeypatch.setattr(arch_llama.LlamaGraph, "build", counting_build)
     _decode(ctx, TOKS[:6], 0, 0)
-    _decode(ctx, [TOKS[6]], 0, 6)
+    _decode(ctx, [TOKS[6]], 0, 6)                # the reserve's tg graph, derived to n_kv 256 (not built)
     _decode(ctx, list(range(300, 310)), 0, 7)
-    assert builds == [(6, 1, 256), (1, 1, 256), (10, 1, 256)]
+    assert builds == [(6, 1, 256), (10, 1, 256)] and ctx.n_graph_derived == 1
     heavy = ("sched.pass", "sched.split", "sched.assign", "sched.alloc", "alloc.reserve", "alloc.alloc",
              "llama.graph_reuse", "sched.restore_graph", "sched.save_graph")
     with trace.recording(heavy) as rec:
         _decode(ctx, [TOKS[7]], 0, 17)           # the decode graph, from the cache
         _decode(ctx, [TOKS[8]], 0, 18)           # the same graph again, still in the scheduler
     kinds = [e["kind"] for e in rec.events]
-    assert builds == [(6, 1, 256), (1, 1, 256), (10, 1, 256)], "a reused step built a graph"
+    assert builds == [(6, 1, 256), (10, 1, 256)], "a reused step built a graph"
     assert kinds == ["sched.save_graph", "sched.restore_graph", "llama.graph_reuse", "llama.graph_reuse"], kinds
     reuse = [e for e in rec.events if e["kind"] == "llama.graph_reuse"]
     assert [e["cached"] for e in reuse] == [True, False]
     assert ctx.graph_cache_keys() == [(6, 1, 256), (10, 1, 256)]
+
+
+def _graph_structs(res):
+    """Every leaf and node of the graph as plain data: name, op, type, ne, nb, op_params, flags, view_offs, and its
+    sources and view source by position in the graph (or address, outside it: weights, the KV cache)."""
+    from ggviz.ggml.alloc import srcs_of
+    pos = {t.addr: ("leaf", i) for i, t in enumerate(res.gf.leafs)}
+    pos.update({t.addr: ("node", i) for i, t in enumerate(res.gf.nodes)})
+
+    def one(t):
+        return (t.name, t.op, t.type, t.shape, t.strides, tuple(t.op_params.tolist()), t.flags, t.view_offs,
+                tuple((j, pos.get(s.addr, s.addr)) for j, s in srcs_of(t)),
+                None if t.view_src is None else pos.get(t.view_src.addr, t.view_src.addr))
+    return [one(t) for t in res.gf.leafs], [one(t) for t in res.gf.nodes]
+
+
+@pytest.mark.parametrize("fa", [-1, 0], ids=["flash_attn", "no_flash_attn"])
+def test_derived_graph_equals_a_fresh_build(model, fa):
+    """The first decode step after a prompt takes the reserve's tg graph (n_kv = the cache size, 1024 here) with its
+    n_kv rewritten to 256 (graph.derive_n_kv) instead of building it: every leaf and node equals a fresh build's
+    (names, ops, shapes, strides, parameters, sources), with and without flash attention (KQ, its soft_max and
+    the transposed V view are the shapes n_kv reaches there)."""
+    cp = llama.context_default_params()
+    cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = 1024, 1, 1, fa
+    ctx = llama.init_from_model(model, cp)
+    _decode(ctx, TOKS[:6], 0, 0)
+    _decode(ctx, [TOKS[6]], 0, 6)
+    res = ctx.last_graph
+    assert ctx.n_graph_derived == 1 and res.n_kv == 256 and ctx.kv.size == 1024
+    assert _graph_structs(res) == _graph_structs(ctx.build_graph(1, 1, 256))
+    assert len(res.gf.nodes) == (936 if fa else 1086)
 
 
 def test_cache_is_bounded_and_cleared_by_a_new_reserve(model):

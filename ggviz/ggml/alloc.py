@@ -919,27 +919,33 @@ def gallocr_reserve(galloc: ggml_gallocr, graph) -> bool:
     return gallocr_reserve_n(galloc, graph, None, None)
 
 
-def gallocr_init_tensor(galloc: ggml_gallocr, tensor: Tensor, ta: tensor_alloc) -> None:
+def gallocr_init_tensor(galloc: ggml_gallocr, tensor: Tensor, ta: tensor_alloc) -> bool:
+    """Place ``tensor`` as ``ta`` says (a view: where its source is). ggviz: returns whether the tensor now has its
+    place for good (a view of a source without a buffer has not: a later call may still place it), so that
+    ``gallocr_alloc_graph`` does not call again for a tensor whose next calls would change nothing."""
     buffer_id = ta.buffer_id
-    assert (tensor.data or tensor.view_src is not None
+    view_src = tensor.view_src
+    data = tensor.data
+    assert (data or view_src is not None
             or B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], tensor) <= ta.size_max)
 
-    if tensor.view_src is not None:
+    if view_src is not None:
         if tensor.buffer == 0:
             assert ta.addr.offset == SIZE_MAX
-            if tensor.view_src.buffer == 0:
+            if view_src.buffer == 0:
                 # this tensor was allocated without ggml-backend
-                return
+                return False
             B.backend_view_init(tensor)
     else:
-        if tensor.data == 0:
+        if data == 0:
             assert ta.addr.offset != SIZE_MAX
             assert B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], tensor) <= ta.size_max
             vbuffer_tensor_alloc(galloc.buffers[buffer_id], tensor, ta.addr)
         else:
             if tensor.buffer == 0:
                 # this tensor was allocated without ggml-backend
-                return
+                return True
+    return True
 
 
 def gallocr_node_needs_realloc(galloc: ggml_gallocr, node: Tensor, talloc: tensor_alloc) -> bool:
@@ -994,16 +1000,24 @@ def gallocr_alloc_graph(galloc: ggml_gallocr, graph) -> bool:
             vbuffer_reset(galloc.buffers[i])
 
     # allocate the graph tensors from the previous assignments
+    # ggviz: a tensor is placed by the first call that reaches it (a node as the source of its consumers, a leaf
+    # ...); the calls after that change nothing (its data is set), so they are skipped -- ~2,800 calls per graph
+    # to ~1,000
+    placed = set()
     # leafs
     for i in range(graph.n_leafs):
-        gallocr_init_tensor(galloc, graph.leafs[i], galloc.leaf_allocs[i].leaf)
+        leaf = graph.leafs[i]
+        if gallocr_init_tensor(galloc, leaf, galloc.leaf_allocs[i].leaf):
+            placed.add(leaf.addr)
     # nodes
     for i in range(graph.n_nodes):
         node = graph.nodes[i]
         na = galloc.node_allocs[i]
         for j, src in srcs_of(node):
-            gallocr_init_tensor(galloc, src, na.src[j])
-        gallocr_init_tensor(galloc, node, na.dst)
+            if src.addr not in placed and gallocr_init_tensor(galloc, src, na.src[j]):
+                placed.add(src.addr)
+        if node.addr not in placed and gallocr_init_tensor(galloc, node, na.dst):
+            placed.add(node.addr)
     return True
 
 

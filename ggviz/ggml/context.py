@@ -94,6 +94,8 @@ class Context:
             self.mem_buffer_owned = True
             self._registered = True
         self.no_alloc = bool(no_alloc)
+        # the arena's address, read once (ndarray.ctypes builds a new object at each access: ~2 per tensor)
+        self._base = self.mem_buffer.ctypes.data
         self._end = 0                       # ggviz: where the next object goes (objects_end->offs + size), cached
         self.n_objects = 0
         self.objects: list[Object] = []     # objects_begin .. objects_end, in list order
@@ -116,7 +118,7 @@ class Context:
 
     @property
     def base(self) -> int:
-        return self.mem_buffer.ctypes.data
+        return self._base
 
     def _check(self):
         if self.freed:
@@ -199,9 +201,10 @@ class Context:
         mark = self._mark(C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE)
         try:
             obj = self.new_object(C.GGML_OBJECT_TYPE_TENSOR, C.GGML_TENSOR_SIZE + obj_alloc_size)
-            raw = self.mem_buffer[obj.offs:obj.offs + C.GGML_TENSOR_SIZE]
+            offs = obj.hdr_offs + C.GGML_OBJECT_SIZE          # obj->offs
+            raw = self.mem_buffer[offs:offs + C.GGML_TENSOR_SIZE]
             raw[:] = 0
-            t = Tensor(raw, self)
+            t = Tensor(raw, self, self._base + offs)
             obj.payload = t
             t.type = type_
             t.ne[:] = ne
@@ -211,7 +214,7 @@ class Context:
             t.nb[:] = nb_c if nb is None else nb
             self.n_objects += 1
             if trace.active:
-                trace.emit("tensor.new", ctx=id(self), addr=t.addr, offs=obj.offs, type=type_, ne=t.shape,
+                trace.emit("tensor.new", ctx=id(self), addr=t.addr, offs=offs, type=type_, ne=t.shape,
                            view_src=view_src.addr if view_src is not None else 0, view_offs=view_offs,
                            data=t.data, data_size=obj_alloc_size)
         except BaseException:

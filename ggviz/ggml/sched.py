@@ -411,8 +411,14 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         # do not overwrite user assignments
         if tbid[h] == -1:
             tbid[h] = backend_sched_backend_id_from_cur(sched, leaf)
+    # ggviz: each node's hash slot and whether it is a view op, found once here for the passes below (C's
+    # hash_id(node) is a probe of the hash set; the Python one a dict lookup and a call, ~10 per node)
+    hid = []
+    isview = []
     for node in nodes:
         h = _hash_id(sched, node)
+        hid.append(h)
+        isview.append(is_view_op(node.op))
         # do not overwrite user assignments
         if tbid[h] == -1:
             tbid[h] = backend_sched_backend_id_from_cur(sched, node)
@@ -430,10 +436,9 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         _pass(sched, name, what)
         cur_backend_id = -1
         for i in order:
-            node = nodes[i]
-            if is_view_op(node.op):
+            if isview[i]:
                 continue
-            node_backend_id = tbid[_hash_id(sched, node)]
+            node_backend_id = tbid[hid[i]]
             if node_backend_id != -1:
                 if skip_cpu and node_backend_id == cpu_id:
                     # skip cpu (lowest prio backend)
@@ -441,7 +446,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
                 else:
                     cur_backend_id = node_backend_id
             elif cur_backend_id != -1:
-                backend_sched_set_if_supported(sched, node, cur_backend_id)
+                backend_sched_set_if_supported(sched, nodes[i], cur_backend_id)
 
     # pass 3: upgrade nodes to higher prio backends with compatible buffer types
     # if the tensor is already in the same buffer type (*) as another higher priority backend, we should move it there
@@ -454,10 +459,10 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
     # only nodes that could not be assigned during expansion due to the backend not supporting the op should be
     # unassigned at this point
     _pass(sched, "3", "upgrade to higher-priority backends with the same buffer type; assign the rest")
-    for node in nodes:
-        if is_view_op(node.op):
+    for i, node in enumerate(nodes):
+        if isview[i]:
             continue
-        h = _hash_id(sched, node)
+        h = hid[i]
         if tbid[h] == -1:
             # unassigned node: find the backend with the most supported inputs
             n_supported_best = -1
@@ -488,8 +493,8 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
 
     # pass 4: assign backends to remaining src from dst and view_src
     _pass(sched, "4", "views take their source's backend, sources their consumer's")
-    for node in nodes:
-        h = _hash_id(sched, node)
+    for i, node in enumerate(nodes):
+        h = hid[i]
         if node.view_src is not None and tbid[h] == -1:
             tbid[h] = _tbid(sched, node.view_src)
             SET_CAUSE(sched, node, "4.vsrc", tbid[h])
@@ -519,20 +524,19 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
     # find the backend of the first split, skipping view ops
     i = 0
     while i < n_nodes:
-        node = nodes[i]
-        if not is_view_op(node.op):
-            split.backend_id = tbid[_hash_id(sched, node)]
+        if not isview[i]:
+            split.backend_id = tbid[hid[i]]
             break
         i += 1
     split.i_start = 0
     split.inputs = []
     cur_backend_id = split.backend_id
     while i < n_nodes:
-        node = nodes[i]
-        if is_view_op(node.op):
+        if isview[i]:
             i += 1
             continue
-        node_backend_id = tbid[_hash_id(sched, node)]
+        node = nodes[i]
+        node_backend_id = tbid[hid[i]]
         # all nodes should be assigned by now, this can happen if there is no CPU fallback
         if not (node_backend_id != -1):      # (the message is only formatted when it fails)
             GGML_ASSERT(False, f"node {node.name!r} has no backend (no CPU fallback?)")
@@ -673,7 +677,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             gc_nodes.append(input_cpy)
 
         for j in range(split.i_start, split.i_end):
-            node_ids[len(gc_nodes)] = tbid[_hash_id(sched, nodes[j])]
+            node_ids[len(gc_nodes)] = tbid[hid[j]]
             gc_nodes.append(nodes[j])
 
     if sched.n_copies > 1:

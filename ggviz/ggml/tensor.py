@@ -94,9 +94,10 @@ class Tensor:
     """Handle on a ``struct ggml_tensor`` living in an arena. Attribute names are the C field names."""
     __slots__ = ("addr", "raw", "_w", "_q", "ne", "nb", "op_params", "ctx", "py_extra", "__weakref__")
 
-    def __init__(self, raw: np.ndarray, ctx=None):
+    def __init__(self, raw: np.ndarray, ctx=None, addr: int | None = None):
         self.raw = raw                      # the 336 struct bytes (a view into the arena)
-        self.addr = raw.ctypes.data
+        self.addr = raw.ctypes.data if addr is None else addr     # (``addr``: the caller knows it, and
+        #                                                             ndarray.ctypes costs an object per access)
         self._w = raw.view(np.int32)
         self._q = raw.view(np.uint64)
         # ne/nb/op_params are live views: `t.ne[1] = 3` writes the struct, exactly like `t->ne[1] = 3`

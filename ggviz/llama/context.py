@@ -35,7 +35,7 @@ from ..ggml.cpu import cpu_backend, hybrid
 from . import context_pool
 from .batch import LLAMA_MAX_SEQ, DecodeError, batch_allocr_init
 from . import models as arch_models
-from .graph import LLM_FUSED_OP_FLASH_ATTN, graph_max_nodes
+from .graph import LLM_FUSED_OP_FLASH_ATTN, derive_n_kv, graph_max_nodes
 from .kv_cache import KVCache
 from .kv_cache_iswa import KVCacheISWA
 
@@ -286,8 +286,14 @@ class LlamaContext(context_pool.GraphCache):
         # that going back to a shape seen before (decode after a prompt) costs nothing either
         self.graph_cache_size = context_pool.GRAPH_CACHE_SIZE
         self._graph_cache: OrderedDict = OrderedDict()      # key -> (GraphResult, sched graph state), LRU last
-        self.n_graph_builds = 0           # graphs built for decode (not counting the reserve's)
+        self.n_graph_builds = 0           # graphs built for decode (not counting the reserve's), derived ones included
         self.n_graph_restored = 0         # of the reuses, those that put a cached graph back into the scheduler
+        self.n_graph_derived = 0          # of the builds, those derived from the reserve's tg graph (derive_n_kv)
+        # ggviz: the reserve's token-generation graph (built, split and planned, never allocated), kept so that the
+        # first decode step of that ubatch shape takes it instead of building the same nodes again: only its n_kv
+        # differs (graph.derive_n_kv). One backend only (with several the split rewrites node sources to copies).
+        self._graph_template = None
+        self._build_pins = None           # while building: the scheduler pins of the build's callback
         # the worst-case reserve (llama_context::sched_reserve): the scheduler is created there, and the compute
         # buffers are allocated once, before the first decode
         self.sched = None
@@ -447,6 +453,7 @@ class LlamaContext(context_pool.GraphCache):
         # of rebuilt: the same nodes, the same sizes, half the Python work of a first context. With several
         # backends each reserve builds its own, as in llama.cpp.
         reuse = {} if len(self.backends) == 1 else None
+        self._graph_template = None
         tg_probe = self.resolve_fused_ops(n_seqs)
         if reuse is not None and tg_probe is not None and self.flash_attn:
             reuse["tg"] = tg_probe        # (a probe that turned flash attention off built the other graph)
@@ -461,6 +468,8 @@ class LlamaContext(context_pool.GraphCache):
         n_splits_tg, n_nodes_tg = gs.backend_sched_get_n_splits(self.sched), tg.gf.n_nodes
         # reserve again with pp graph to avoid ggml-alloc reallocations during inference
         self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, reuse=(reuse or {}).get("pp"))
+        if reuse is not None:
+            self._graph_template = tg
         self.backend_buf_exp_size = [gs.backend_sched_get_buffer_size(self.sched, b) for b in self.backends]
         self.reserve_stats = dict(n_tokens_pp=n_tokens, n_outputs_pp=n_outputs_pp, n_tokens_tg=n_seqs,
                                   n_kv=self.kv.size, n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg,
@@ -720,7 +729,31 @@ class LlamaContext(context_pool.GraphCache):
     def build_graph(self, n_tokens: int, n_outputs: int, n_kv: int):
         b = arch_models.graph_builder(self.model.arch)(self.model, self.kv, self, n_tokens, n_outputs, n_kv,
                               cb_name=lambda t, name, il: self._graph_cb(t, name, il, n_tokens))
-        return b.build()
+        self._build_pins = pins = []
+        try:
+            res = b.build()
+        finally:
+            self._build_pins = None
+        res.sched_pins = pins
+        return res
+
+    def _derive_graph(self, n_tokens: int, n_outputs: int, n_kv):
+        """ggviz: the graph of this ubatch shape from the reserve's tg graph (``_graph_template``) when it has the
+        same n_tokens and n_outputs: only its n_kv is rewritten (``derive_n_kv``: the same nodes, shapes and names
+        as a build) and the build's scheduler pins are made again, as the build's callback would; the template is
+        spent (it is the scheduler's graph now). None: no template of that shape (the caller builds), or a trace
+        listener is recording: a recorded step shows the build llama.cpp makes there (the graph.visit / graph.add
+        events the explorer's build phase, the report's visit counts and VisitAnimation read)."""
+        res = self._graph_template
+        if res is None or res.n_tokens != n_tokens or res.n_outputs != n_outputs or trace.active:
+            return None
+        self._graph_template = None
+        if not derive_n_kv(res, n_kv):
+            return None
+        for t, backend in res.sched_pins:
+            gs.backend_sched_set_tensor_backend(self.sched, t, backend)
+        self.n_graph_derived += 1
+        return res
 
     def _graph_cb(self, cur, name: str, il: int, n_tokens: int) -> None:
         """llama_context::graph_get_cb (after naming): "norm may be automatically assigned to the backend of the
@@ -732,6 +765,8 @@ class LlamaContext(context_pool.GraphCache):
             for backend in self.backends:
                 if gb.backend_get_device(backend) is dev_layer and gb.backend_supports_op(backend, cur):
                     gs.backend_sched_set_tensor_backend(self.sched, cur, backend)
+                    if self._build_pins is not None:
+                        self._build_pins.append((cur, backend))
 
     def _process_ubatch(self, tokens, pos, seq_ids, out_mask, idxs, logits, out_offset) -> int:
         """llama_context::process_ubatch for a ubatch already placed in the KV cache (cells ``idxs``): build (or
@@ -758,7 +793,9 @@ class LlamaContext(context_pool.GraphCache):
                 self._graph_cache_stash()
             gs.backend_sched_reset(self.sched)
             self._prev_key = None
-            res = self.build_graph(n_tokens, n_outputs, n_kv)
+            res = self._derive_graph(n_tokens, n_outputs, n_kv) if self.graph_reuse else None
+            if res is None:
+                res = self.build_graph(n_tokens, n_outputs, n_kv)
             self.n_graph_builds += 1
             if not self._allocate(res):
                 return ggml.GGML_STATUS_ALLOC_FAILED

@@ -106,6 +106,7 @@ class GraphCache:
         self._graph_cache = parked.graph_cache
         self._prev_key, self.last_graph = parked.prev_key, parked.last_graph
         self._installed_uid = parked.installed_uid
+        self._graph_template = parked.graph_template
         if trace.active:
             trace.emit("llama.sched_reserve", ctx=id(self), sched=id(self.sched), recycled=True,
                        sizes={gb.backend_name(b): s for b, s in zip(self.backends, self.backend_buf_exp_size)},
@@ -119,8 +120,10 @@ class GraphCache:
                 backends=(self.backends, self.backend_cpu, self.set_n_threads_fns, self.backend_buft),
                 kv=self.kv, sched=self.sched, backend_buf_exp_size=self.backend_buf_exp_size,
                 reserve_log=self.reserve_log, reserve_stats=self.reserve_stats, graph_cache=self._graph_cache,
-                prev_key=self._prev_key, last_graph=self.last_graph, installed_uid=self._installed_uid))
+                prev_key=self._prev_key, last_graph=self.last_graph, installed_uid=self._installed_uid,
+                graph_template=self._graph_template))
         self._graph_cache = OrderedDict()
+        self._graph_template = None
 
 
 @dataclass
@@ -139,6 +142,7 @@ class Parked:
     prev_key: object
     last_graph: object
     installed_uid: object
+    graph_template: object = None      # the reserve's tg graph if no decode step took it (LlamaContext._derive_graph)
 
 
 _pool: dict = {}          # id(model) -> (weakref to the model, key, Parked); dropped when the model goes

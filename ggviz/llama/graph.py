@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import ggml
+from ..ggml.alloc import srcs_of
 
 
 @dataclass
@@ -51,6 +52,11 @@ class GraphResult:
     # llm_graph_result::add_fused_node: (LLM_FUSED_OP_*, tensor, il) of each fused node (the FLASH_ATTN_EXTs), which
     # llama_context::resolve_fused_ops checks against the layers' devices
     fused_nodes: list = field(default_factory=list)
+    # ggviz: the tensors whose shape is the number of attended KV cells, as (tensor, cache, dim) -- cache 0 the base
+    # cache, 1 the sliding-window one; ``ne[dim]`` is that cache's n_kv: the K and V views of every layer and the KQ
+    # masks (derive_n_kv); ``sched_pins``: the (tensor, backend) the build's callback pinned in the scheduler
+    kv_dims: list = field(default_factory=list)
+    sched_pins: list = field(default_factory=list)
 
 
 LLM_FUSED_OP_FLASH_ATTN = 0
@@ -84,6 +90,7 @@ class LlmGraphContext:
         self.inputs = GraphInputs()
         self.user_cb = cb_name
         self.fused_nodes: list = []
+        self.kv_dims: list = []
 
     # llm_graph_context::cb -> llama_context's graph callback: name the tensor "<name>-<il>"
     def cb(self, t, name: str, il: int):
@@ -140,6 +147,7 @@ class LlmGraphContext:
         mask = ggml.new_tensor_4d(ctx0, type_mask, n_kv, self.n_tokens, 1, 1)
         ggml.set_input(mask)
         ggml.set_name(mask, "attn_inp_kq_mask")
+        self.kv_dims.append((mask, 1 if (self.iswa and kv is self.kv.kv_swa) else 0, 0))
         return k_idxs, v_idxs, mask
 
     def build_attn_inp_kv(self):
@@ -271,6 +279,9 @@ class LlmGraphContext:
         ggml.build_forward_expand(gf, kv.cpy_v(ctx0, v_cur, v_idxs, il))
         k = kv.get_k(ctx0, il, n_kv)
         v = kv.get_v(ctx0, il, n_kv)
+        cache = 1 if (self.iswa and kv is self.kv.kv_swa) else 0
+        self.kv_dims.append((k, cache, 2))
+        self.kv_dims.append((v, cache, 0 if kv.v_trans else 2))
         cur = self.build_attn_mha(q_cur, k, v, kq_mask, kq_scale, il)
         self.cb(cur, "kqv_out", il)
         if wo is not None:
@@ -281,7 +292,111 @@ class LlmGraphContext:
         n_kv, n_kv_swa = (self.n_kv if self.iswa else (self.n_kv, 0))
         return GraphResult(ctx=self.ctx0, gf=self.gf, inputs=self.inputs, t_logits=t_logits, t_embd=t_embd,
                            n_kv=n_kv, n_kv_swa=n_kv_swa, n_tokens=self.n_tokens, n_outputs=self.n_outputs,
-                           fused_nodes=self.fused_nodes)
+                           fused_nodes=self.fused_nodes, kv_dims=self.kv_dims)
 
     def build(self) -> GraphResult:
         raise NotImplementedError("the architecture's graph (models/<arch>.py) builds it")
+
+
+# ---- ggviz: a graph of another n_kv from one already built
+#
+# llama.cpp builds a graph per ubatch (microseconds in C); a new n_kv (the decode after a prompt, every 256 cells)
+# is a new graph there. Its node list is the one of any graph of the same n_tokens and n_outputs: n_kv only sets
+# ne[dim] of the K/V views and the KQ masks (GraphResult.kv_dims) and, through them, the shapes of the ops that read
+# them. So a built graph that is not in use can be turned into the graph of another n_kv by writing those shapes --
+# the same structs, bytes equal to a fresh build's (tests/test_graph_cache.py compares them) -- instead of building
+# ~1,000 tensors again. The ops the n_kv reaches have their shape rule here (ggml's: permute, transpose, the FA
+# result, mul_mat, soft_max, cont, cast); any other op makes derive_n_kv refuse (the caller builds).
+
+def _contiguous_nb(type_: int, ne) -> list:
+    rs = ggml.row_size(type_, ne[0])
+    return [ggml.type_size(type_), rs, rs * ne[1], rs * ne[1] * ne[2]]
+
+
+def _derived_shape(t, shape):
+    """(ne, nb) of ``t`` from its sources' shapes (``shape(src)``), by its op's rule; None: no rule for that op."""
+    op = t.op
+    if op in (ggml.GGML_OP_PERMUTE, ggml.GGML_OP_TRANSPOSE):
+        ne_a, nb_a = shape(t.src[0])
+        if op == ggml.GGML_OP_TRANSPOSE:
+            return [ne_a[1], ne_a[0], ne_a[2], ne_a[3]], [nb_a[1], nb_a[0], nb_a[2], nb_a[3]]
+        ne, nb = [0] * 4, [0] * 4
+        for i, ax in enumerate(t.op_params[:4].tolist()):
+            ne[ax], nb[ax] = ne_a[i], nb_a[i]
+        return ne, nb
+    if op == ggml.GGML_OP_FLASH_ATTN_EXT:            # [DV, n_head, n_tokens, ne3] F32
+        ne_q, ne_v = shape(t.src[0])[0], shape(t.src[2])[0]
+        ne = [ne_v[0], ne_q[2], ne_q[1], ne_q[3]]
+    elif op == ggml.GGML_OP_MUL_MAT:
+        ne_a, ne_b = shape(t.src[0])[0], shape(t.src[1])[0]
+        ne = [ne_a[1], ne_b[1], ne_b[2], ne_b[3]]
+    elif op in (ggml.GGML_OP_SOFT_MAX, ggml.GGML_OP_CONT, ggml.GGML_OP_CPY):
+        # soft_max / cont / cast: a new tensor of the source's shape (only when it had it: cont_2d, cpy into a view
+        # are not these)
+        if op == ggml.GGML_OP_CPY and t.src[1] is not t:
+            return None
+        a = t.src[0]
+        if t.shape != a.shape:
+            return None
+        ne = list(shape(a)[0])
+    else:
+        return None
+    return ne, _contiguous_nb(t.type, ne)
+
+
+def derive_n_kv(res: GraphResult, n_kv) -> bool:
+    """Turn ``res`` (built for ``res.n_kv``) into the graph of ``n_kv`` (an int, or (base, swa) for an iSWA cache)
+    in place: the KV views' and masks' ne[dim], then every node whose sources' shapes changed, by its op's rule. All
+    new shapes are worked out before anything is written: False (``res`` untouched) when a changed shape reaches an
+    op without a rule, a view outside its cache, or a graph without the record (``kv_dims``). ``res`` must not be
+    allocated (its tensors are placed by the next allocation, as a fresh build's)."""
+    new = n_kv if isinstance(n_kv, tuple) else (n_kv, n_kv)
+    if not res.kv_dims:
+        return False
+    changed: dict = {}                   # addr -> (ne, nb)
+    for t, cache, dim in res.kv_dims:
+        ne, nb = t.shape, t.strides
+        if ne[dim] == new[cache]:
+            continue
+        ne = list(ne)
+        ne[dim] = new[cache]
+        if t.view_src is not None:
+            # a K/V view: its strides are the cache's; it must stay inside the cache tensor
+            src = t.view_src
+            last = t.view_offs + sum((ne[i] - 1) * nb[i] for i in range(4)) + ggml.type_size(t.type)
+            if new[cache] < 1 or last > ggml.nbytes(src):
+                return False
+            nb = list(nb)
+        else:
+            nb = _contiguous_nb(t.type, ne)
+        changed[t.addr] = (ne, nb)
+    if not changed:
+        return True
+
+    def shape(s):
+        c = changed.get(s.addr)
+        return c if c is not None else (s.shape, s.strides)
+
+    for node in res.gf.nodes:
+        if node.addr in changed:
+            continue
+        if not any(s.addr in changed for _, s in srcs_of(node)):
+            continue
+        d = _derived_shape(node, shape)
+        if d is None:
+            return False
+        if list(d[0]) != list(node.shape) or list(d[1]) != list(node.strides):
+            changed[node.addr] = d
+    by_addr = {t.addr: t for t in res.gf.nodes}
+    by_addr.update({t.addr: t for t in res.gf.leafs})
+    for t, _, _ in res.kv_dims:
+        by_addr[t.addr] = t
+    for addr, (ne, nb) in changed.items():
+        t = by_addr[addr]
+        t.ne[:] = ne
+        t.nb[:] = nb
+    if isinstance(n_kv, tuple):
+        res.n_kv, res.n_kv_swa = n_kv
+    else:
+        res.n_kv = n_kv
+    return True
