@@ -57,8 +57,7 @@ lm = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
 cp = L.llama_context_default_params()
 cp.n_ctx = cp.n_batch = cp.n_ubatch = 512
 cp.n_threads = cp.n_threads_batch = 2
-cp.flash_attn_type = 0
-lc = L.llama_init_from_model(lm, cp)
+lc = L.llama_init_from_model(lm, cp)             # flash attention at its default (auto: on), as ggviz's context
 n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(lm))
 ref = []
 for t in toks:
