@@ -6,7 +6,8 @@
 // ne[0]); `key` (the controls' values joined by ","), which the view sets and saves; whoever holds the recording
 // answers with `picture` (HTML: the figure), `cursor` (JSON: [{l, t, w, h}] boxes in % of the picture, drawn over
 // it: the selected node's column of a chart that is drawn once), `css` (restyles the picture: a highlight),
-// `info` (HTML under it); `header`, `foot` (over the info) and `note` (what this recording does not cover and why) stay. A click on an
+// `info` (HTML under it), `detail` (a second part under it); `header`, `foot` (over the info) and `note`
+// (what this recording does not cover and why) stay. A click on an
 // element of the picture whose id is `prefix` + s, with s in `clickmap` (JSON {s: value}), sets the first control
 // to that value (an arena object clicked in its map). The kernel in a live notebook, the recorded tables in the
 // static book (book_model.js).
@@ -19,7 +20,8 @@ function render({ model, el }) {
   <style class="ggv-fr-style"></style>
   <div class="ggv-fr-pic" style="position:relative;display:inline-block;max-width:100%"></div>
   <div class="ggv-fr-foot"></div>
-  <div class="ggv-fr-info" style="min-width:0;margin-top:4px"></div></div>`;
+  <div class="ggv-fr-info" style="min-width:0;margin-top:4px"></div>
+  <div class="ggv-fr-detail" style="min-width:0"></div></div>`;
   const q = (s) => el.querySelector(s);
   const root = q(".ggv-fr"), bar = q(".ggv-fr-bar"), pic = q(".ggv-fr-pic");
   q(".ggv-fr-head").innerHTML = model.get("header") || "";
@@ -119,6 +121,7 @@ function render({ model, el }) {
     drawCursor();
   };
   const drawInfo = () => { q(".ggv-fr-info").innerHTML = model.get("info") || ""; };
+  const drawDetail = () => { q(".ggv-fr-detail").innerHTML = model.get("detail") || ""; };
   const restyle = () => { q(".ggv-fr-style").textContent = model.get("css") || ""; };
   const P = model.get("prefix") || "", clickmap = JSON.parse(model.get("clickmap") || "{}");
   if (P && ctrls.length) {
@@ -136,10 +139,12 @@ function render({ model, el }) {
   model.on("change:cursor", drawCursor);
   model.on("change:info", drawInfo);
   model.on("change:css", restyle);
+  model.on("change:detail", drawDetail);
   sync();
   root.setAttribute("data-ggv-key", ctrls.map((c) => vals[c.name]).join(","));
   drawPic();
   drawInfo();
+  drawDetail();
   restyle();
 }
 export default { render };

@@ -437,6 +437,7 @@ class FramesPane(anywidget.AnyWidget):
     cursor = traitlets.Unicode("").tag(sync=True)
     css = traitlets.Unicode("").tag(sync=True)
     info = traitlets.Unicode("").tag(sync=True)
+    detail = traitlets.Unicode("").tag(sync=True)
     prefix = traitlets.Unicode("").tag(sync=True)
     clickmap = traitlets.Unicode("{}").tag(sync=True)
 
@@ -449,10 +450,10 @@ def frames_book(controls: list, keys, frame, header: str = "", note: str = "", p
                 clickmap: dict | None = None, foot: str = "") -> dict:
     """The book recording of a FramesPane view: ``controls`` (frames.js's list, each ``value`` the current one),
     ``keys``: every key to record (tuples of control values), ``frame(key) -> {"picture", "cursor", "css",
-    "info"}`` (``cursor``: a list of boxes in % of the picture, or None); ``prefix``, ``clickmap``: clicks on the
+    "info", "detail"}`` (``detail``: a second part under the info, e.g. what one control alone decides) (``cursor``: a list of boxes in % of the picture, or None); ``prefix``, ``clickmap``: clicks on the
     picture (see frames.js). Each part is stored once per distinct value (a chart
     drawn once and only its cursor moving costs one picture), keyed through ``pick``."""
-    parts = {"picture": ([], {}, {}), "cursor": ([], {}, {}), "css": ([], {}, {}), "info": ([], {}, {})}
+    parts = {k: ([], {}, {}) for k in ("picture", "cursor", "css", "info", "detail")}
     cur = ",".join(str(c["value"]) for c in controls)
     first = None
     for k in keys:
@@ -471,7 +472,7 @@ def frames_book(controls: list, keys, frame, header: str = "", note: str = "", p
         raise ValueError("frames_book: no key to record")
     state = dict(header=header, note=note, foot=foot, controls=json.dumps(controls), key=cur,
                  picture=first.get("picture") or "", cursor=first["cursor"], css=first.get("css") or "",
-                 info=first.get("info") or "", prefix=prefix, clickmap=json.dumps(clickmap or {}))
+                 info=first.get("info") or "", detail=first.get("detail") or "", prefix=prefix, clickmap=json.dumps(clickmap or {}))
     missing = {"info": NOT_RECORDED, "cursor": "[]"}          # (a key not recorded keeps the picture shown)
     return book_payload("frames.js", state, [
         dict({"on": "key", "set": name, "values": uniq, "pick": pick},
@@ -490,7 +491,7 @@ def frames_static(rec: dict) -> str:
     return (f"<div style='font:12px sans-serif'>{st.get('header') or ''}</div>{note}"
             + (f"<style>{st['css']}</style>" if st.get("css") else "")
             + f"<div style='position:relative;display:inline-block;max-width:100%'>{st.get('picture') or ''}{boxes}</div>"
-            + f"<div>{st.get('foot') or ''}</div><div>{st.get('info') or ''}</div>")
+            + f"<div>{st.get('foot') or ''}</div><div>{st.get('info') or ''}</div><div>{st.get('detail') or ''}</div>")
 
 
 def quiet(view):
@@ -506,10 +507,11 @@ def quiet(view):
 
 
 def chart_with_cursor(fig, ax_top, ax_bottom=None, dpi: int = 100):
-    """A matplotlib chart drawn once for the book, and where its data x positions land on the PNG: returns
-    ``(img_html, box)``, ``box(x0, x1)`` the frames.js cursor ({l, t, w, h} in % of the picture) over data x0..x1,
-    from the top of ``ax_top`` to the bottom of ``ax_bottom`` (same x axis). The PNG is saved as ``fig_to_png``
-    does (``bbox_inches="tight"``), so the mapping follows the tight box and its padding."""
+    """A matplotlib chart drawn once for the book, and where its data positions land on the PNG: returns
+    ``(img_html, box)``; ``box(x0, x1)`` is the frames.js cursor ({l, t, w, h} in % of the picture) over data
+    x0..x1 of ``ax_top``, from its top to the bottom of ``ax_bottom`` (same x axis); ``box(x0, x1, y0, y1, ax)``
+    one data rectangle of ``ax`` (one of the figure's axes). The PNG is saved as ``fig_to_png`` does
+    (``bbox_inches="tight"``), so the mapping follows the tight box and its padding."""
     png = fig_to_png(fig, dpi=dpi, close=False)           # draws it (the positions below are those it drew)
     try:
         tb = fig.get_tightbbox(fig.canvas.get_renderer())        # inches
@@ -518,17 +520,19 @@ def chart_with_cursor(fig, ax_top, ax_bottom=None, dpi: int = 100):
         ax_bottom = ax_bottom or ax_top
         y_top = ax_top.get_window_extent().y1 / fig.dpi
         y_bot = ax_bottom.get_window_extent().y0 / fig.dpi
-        trans = ax_top.transData.frozen()
+        trans = {id(a): a.transData.frozen() for a in fig.axes}
     finally:
         plt.close(fig)
-    t_pct, b_pct = 100 * (top_in - y_top) / height, 100 * (top_in - y_bot) / height
+    dpi_f = fig.dpi
 
-    def box(x0, x1):
-        (a, _), (b, _) = trans.transform([(x0, 0), (x1, 0)]) / fig.dpi
+    def box(x0, x1, y0=None, y1=None, ax=None):
+        t = trans[id(ax if ax is not None else ax_top)]
+        (a, ya), (b, yb) = t.transform([(x0, 0 if y0 is None else y0), (x1, 0 if y1 is None else y1)]) / dpi_f
         lo, hi = sorted((a, b))
         if hi - lo < 0.004 * width:                 # a node of a few µs: still a visible mark
             lo, hi = (lo + hi) / 2 - 0.002 * width, (lo + hi) / 2 + 0.002 * width
-        return {"l": round(100 * (lo - left) / width, 3), "t": round(t_pct, 3), "w": round(100 * (hi - lo) / width, 3),
-                "h": round(b_pct - t_pct, 3)}
+        top, bot = (y_top, y_bot) if y0 is None else (max(ya, yb), min(ya, yb))
+        return {"l": round(100 * (lo - left) / width, 3), "t": round(100 * (top_in - top) / height, 3),
+                "w": round(100 * (hi - lo) / width, 3), "h": round(100 * (top - bot) / height, 3)}
 
     return png_img(png, "max-width:100%;display:block"), box
