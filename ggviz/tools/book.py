@@ -275,8 +275,10 @@ def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
                      f"<style>{_INDEX_CSS}</style>"
                      "</head><body><h1>ggviz: how ggml and llama.cpp run a language model</h1>"
                      "<p>The notebooks of ggviz, executed on a real model. No kernel and no network needed: the "
-                     "steppers step, the graphs pan and zoom, the explorer selects, from what was recorded when the "
-                     f"book was built.</p><ol>\n{rows}\n</ol></body></html>", encoding="utf-8")
+                     "steppers step, the graphs pan and zoom, the explorer selects, the tensor, quant-block and arena "
+                     "explorers answer an index, the allocator, scheduler and thread views follow their controls, "
+                     "from what was recorded when the book was built. What would need a new computation says so "
+                     f"where it is.</p><ol>\n{rows}\n</ol></body></html>", encoding="utf-8")
     return [index] + pages
 
 
