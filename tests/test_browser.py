@@ -377,9 +377,41 @@ return [...document.querySelectorAll('div.ggv-view')].map((v, k) => {
           canvas: svg ? {zoom: v.querySelector('[data-ggv-zoom]').getAttribute('data-ggv-zoom'),
                          info: v.querySelector('.ggv-c-info').textContent,
                          verts: [...svg.querySelectorAll('g.node')].map(g => g.id)} : null,
-          explorer: !!v.querySelector('.ggv-explorer-live')};
+          explorer: !!v.querySelector('.ggv-explorer-live'),
+          frames: v.querySelector('.ggv-fr') ? frames(v.querySelector('.ggv-fr')) : null};
 });
+function frames(f) {
+  return {key: f.getAttribute('data-ggv-key'), info: f.querySelector('.ggv-fr-info').textContent,
+          detail: f.querySelector('.ggv-fr-detail').textContent,
+          cursor: [...f.querySelectorAll('.ggv-fr-cur')].map(d => d.style.cssText).join('|'),
+          picture: f.querySelector('.ggv-fr-pic').innerHTML.length + ':' + f.querySelector('.ggv-fr-style').textContent,
+          controls: [...f.querySelectorAll('.ggv-fr-c')].map(c => c.getAttribute('data-name'))};
+}
 """
+
+# move control k of a frames.js view (frames.js: a slider steps, a list or a toggle takes another option); returns
+# what the control now shows
+JS_FRAMES_MOVE = """
+const f = document.querySelectorAll('div.ggv-view')[arguments[0]].querySelector('.ggv-fr');
+const c = f.querySelectorAll('.ggv-fr-c')[arguments[1]];
+const r = c.querySelector('input[type=range]'), s = c.querySelector('select');
+if (r) {
+  if (r.min === r.max) return null;
+  (parseInt(r.value, 10) < parseInt(r.max, 10) ? c.querySelector('.ggv-fr-inc') : c.querySelector('.ggv-fr-dec')).click();
+  return r.value;
+}
+if (s) {
+  if (s.options.length < 2) return null;
+  s.selectedIndex = (s.selectedIndex + 1) % s.options.length; s.dispatchEvent(new Event('change')); return s.value;
+}
+const bs = [...c.querySelectorAll('button')];
+const k = bs.findIndex(b => b.getAttribute('aria-pressed') === 'true');
+if (bs.length < 2) return null;
+const b = bs[(k + 1) % bs.length]; b.click(); return b.getAttribute('data-v');
+"""
+# one frames.js view's state (JS_VIEWS's frames(), for view k alone)
+JS_FRAMES_STATE = ("return frames(document.querySelectorAll('div.ggv-view')[arguments[0]].querySelector('.ggv-fr'));\n"
+                   "function frames" + JS_VIEWS.split("function frames", 1)[1])
 
 # the smallest text of a picture at its current zoom, in CSS px (the height of each <text>'s box), and whether the
 # element it opened on is inside the visible part of its box
@@ -504,6 +536,25 @@ def _check_canvas(drv, page, k: int) -> None:
     assert stroke == RED, (page, vert, stroke)
 
 
+def _check_frames(drv, page, k: int) -> None:
+    """A recorded frames.js view (tensor / quant / arena explorers, allocator, scheduler, thread timeline, attention
+    graphs): each control moved changes the key and what the view shows (its table, marks or picture), from the
+    recording (never "not recorded")."""
+    f0 = drv.execute_script(JS_FRAMES_STATE, k)
+    assert f0["controls"], (page, k, "a frames view with no control")
+    for c in range(len(f0["controls"])):
+        before = drv.execute_script(JS_FRAMES_STATE, k)
+        shown = drv.execute_script(JS_FRAMES_MOVE, k, c)
+        if shown is None:                                  # a list of one (one buffer, one tensor), one block a row
+            continue
+        after = drv.execute_script(JS_FRAMES_STATE, k)
+        what = (page, k, f0["controls"][c], before["key"], after["key"])
+        assert after["key"] != before["key"], what
+        assert (after["info"], after["detail"], after["cursor"], after["picture"]) != \
+               (before["info"], before["detail"], before["cursor"], before["picture"]), what
+        assert "was not recorded" not in after["info"], what
+
+
 def _check_explorer(drv, page) -> dict:
     """The book's explorer: a click on a vertex and a search by name each update all five panes within 200 ms."""
     out = {}
@@ -566,6 +617,8 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
                     _check_stepper(drv, page.name, v["k"], moves)
                 elif v["canvas"]:
                     _check_canvas(drv, page.name, v["k"])
+                elif v["frames"]:
+                    _check_frames(drv, page.name, v["k"])
                 elif v["explorer"]:
                     ms = _check_explorer(drv, page.name)
                     timings[page.name] += "; select -> all panes: " + ", ".join(f"{k} {t:.1f} ms"
@@ -597,3 +650,8 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     assert kinds.get("07_decode_walkthrough.html", []).count("stepper.js") >= 1, kinds
     assert "explorer.js" in kinds.get("07_decode_walkthrough.html", []), kinds
     assert {"stepper.js", "svg_canvas.js"} <= set(kinds.get("03_cgraph.html", [])), kinds
+    # and the frames views: the GGUF map (00), the tensor and quant-block explorers (01), the arena (02), the allocator (04), the
+    # scheduler (05), the thread timeline (06), the attention graphs (07)
+    for p, n in (("00_quickstart", 1), ("01_tensors_and_views", 3), ("02_context_arena", 2), ("04_allocator", 1),
+                 ("05_backends_and_scheduler", 2), ("06_threadpool", 1), ("07_decode_walkthrough", 1)):
+        assert kinds.get(p + ".html", []).count("frames.js") >= n, (p, kinds)

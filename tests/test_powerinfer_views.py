@@ -119,6 +119,15 @@ def test_predictor_view_counts_and_refuses_a_thresholded_run(built, runs):
     assert "<img" in _bundle_html(v.select(threshold=0.0))
     v._w_layer.value = 4                     # the live slider drives the same state
     assert v.state()["layer"] == 4 and "layer 4" in v._w_tab.value
+    # the book: the lesson's thresholds (-1, 0, 1) recorded at this layer, each frame its own counts
+    rec = v.book_view()
+    assert (v.layer, v.threshold, rec["state"]["key"]) == (4, 0.0, "0") and "needs a kernel" in rec["state"]["note"]
+    info = rec["tables"][3]
+    for t in (-1.0, 0.0, 1.0):
+        c = v.confusion(4, t)
+        assert f"layer 4, threshold {t:g}," in info["values"][info["pick"][f"{t:g}"]]
+        assert f"<td style='text-align:left;font-family:monospace;padding:1px 8px'>{c['kept_active']}</td>" in \
+            info["values"][info["pick"][f"{t:g}"]]
 
 
 def test_hot_cold_view_totals_and_device_rows(built, runs):

@@ -16,7 +16,7 @@ from ggviz.viz import graph_dot as G
 from ggviz.capture import layer_of
 from ggviz.viz.widgets import (ArenaWidget, DecodeStepper, GGUFMapWidget, GraphView, QuantBlockExplorer,
                                TensorExplorer, ThreadTimeline, VisitAnimation)
-from ggviz.viz.widgets._base import fig_to_png, svg_window
+from ggviz.viz.widgets._base import chart_with_cursor, fig_to_png, frames_book, svg_window
 from ggviz.viz.widgets.graph import node_buffers
 
 PROMPT = "The capital of France is"
@@ -154,6 +154,73 @@ def test_arena_widget_decodes_the_selected_header():
     assert "struct ggml_tensor" in w.to_html()
 
 
+def _frame(rec, key: str) -> dict:
+    """What book_model.js sets when a frames.js view's key becomes ``key``: each table's value for it."""
+    out = {}
+    for t in rec["tables"]:
+        assert t["on"] == "key"
+        i = t["pick"].get(key)
+        out[t["set"]] = t["values"][i] if i is not None else t.get("missing")
+    return out
+
+
+def test_arena_book_records_every_object():
+    """The book's arena: the map once, every object's decoded header recorded, its regions outlined by CSS, and a
+    click on any region of the map picks its object."""
+    ctx, t = _small_ctx()
+    w = ArenaWidget(ctx).select("a_T")
+    rec = w.book_view()
+    assert rec["esm"] == "frames.js" and w.sel == 2 and rec["state"]["key"] == "2"
+    pictures = {_frame(rec, str(i))["picture"] for i in range(len(ctx.objects))}
+    assert len(pictures) == 1 and len(rec["tables"][0]["values"]) == 1          # stored once
+    for i in range(len(ctx.objects)):
+        fr = _frame(rec, str(i))
+        assert f"struct ggml_object #{i} " in fr["info"] and f"[id^='{w.prefix}o{i}r']" in fr["css"]
+    svg = pictures.pop()
+    clickmap = json.loads(rec["state"]["clickmap"])
+    assert clickmap and all(f'id="{w.prefix}{k}"' in svg for k in clickmap)
+    assert {clickmap[k] for k in clickmap} == set(range(len(ctx.objects)))
+
+
+def test_frames_book_stores_each_part_once():
+    seen = []
+    rec = frames_book([{"name": "n", "kind": "range", "min": 0, "max": 3, "value": 2}], [(i,) for i in range(4)],
+                      lambda k: seen.append(k) or {"picture": "P", "cursor": [{"l": k[0]}], "info": f"node {k[0]}"})
+    assert seen == [(0,), (1,), (2,), (3,)]
+    assert rec["state"]["info"] == "node 2" and rec["state"]["picture"] == "P"
+    assert _frame(rec, "3") == {"picture": "P", "cursor": '[{"l":3}]', "css": "", "info": "node 3", "detail": ""}
+    assert [len(t["values"]) for t in rec["tables"]] == [1, 4, 1, 4, 1]
+    assert "not recorded" in _frame(rec, "9")["info"]
+
+
+def test_chart_cursor_lands_on_the_drawn_span():
+    """chart_with_cursor's boxes are where matplotlib drew: a red span over x in [3, 5] found in the PNG."""
+    import base64
+    import io
+
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    fig, (ax, axb) = plt.subplots(2, 1, figsize=(6, 3), sharex=True)
+    ax.set_xlim(0, 10)
+    ax.set_title("a title that widens the tight box")
+    ax.axvspan(3, 5, color="#ff0000")
+    axb.plot([0, 10], [0, 1])
+    axb.set_xlabel("x")
+    img, box = chart_with_cursor(fig, ax, axb)
+    png = base64.b64decode(img.split("base64,", 1)[1].split("'", 1)[0])
+    a = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+    red = (a[..., 0] > 240) & (a[..., 1] < 20) & (a[..., 2] < 20)
+    cols, rows = np.nonzero(red.any(axis=0))[0], np.nonzero(red.any(axis=1))[0]
+    b = box(3, 5)
+    H, W = a.shape[:2]
+    assert abs(b["l"] / 100 * W - cols[0]) <= 1.5 and abs((b["l"] + b["w"]) / 100 * W - cols[-1] - 1) <= 1.5
+    assert abs(b["t"] / 100 * H - rows[0]) <= 1.5              # from the top of ax ...
+    assert (b["t"] + b["h"]) / 100 * H > rows[-1] + 20          # ... to the bottom of axb, below it
+    r = box(3, 5, 0.2, 0.4, axb)
+    assert r["t"] > b["t"] + (rows[-1] - rows[0]) / H * 100 and r["h"] < b["h"] / 4
+
+
 # ---------------------------------------------------------------------------------------------------------- tensor
 
 def test_tensor_explorer_offsets_and_shared_bytes():
@@ -175,6 +242,18 @@ def test_tensor_explorer_offsets_and_shared_bytes():
     assert st["n_touched_bytes"] == ggml.nbytes(a)
     with pytest.raises(IndexError):
         te.select(4, 0)
+    # the book's recording: every index of each tensor, each frame the state's own numbers, the state kept
+    te.show(v).select(1, 1)
+    rec = te.book_view()
+    assert (te.cur, te.index) == (1, [1, 1, 0, 0]) and rec["state"]["key"] == "1,1,1"
+    assert len(rec["tables"][3]["pick"]) == ggml.nelements(v) + ggml.nelements(p) + ggml.nelements(a)
+    ctrl = json.loads(rec["state"]["controls"])
+    assert [c["name"] for c in ctrl] == ["tensor", "i0", "i1"] and ctrl[1]["max"] == {"0": 5, "1": 2, "2": 3}
+    fr = _frame(rec, "2,1,3")                                  # a_T[1, 3] = a[i0=3, i1=1] = 9
+    want = te.show(p).select(1, 3).state()
+    assert want["formula"] in fr["info"] and f"at source byte {want['source_offset']}" in fr["picture"]
+    red = fr["picture"].split("outline:3px")[1:]              # the red cells: in the index grid, in the memory grid
+    assert want["value"] == 9.0 and len(red) == 2 and all(">9<" in x[:45] or ">9<br/>" in x[:45] for x in red)
     te.widget
     te._w_idx[0].value = 2                       # the slider drives the state
     assert te.index[0] == 2

@@ -121,12 +121,14 @@ def _view_html(rec: dict, static: str) -> str:
 def make_static(nb, modules: set | None = None) -> int:
     """Keep each output's static rendering: drop the widget views (and the saved widget state); an output with a
     recording (``BOOK_MIME``) becomes its static picture plus the recording, and the ES modules and stylesheets it
-    needs are added to ``modules``. Returns how many widget views were dropped; raises if one had no static
+    needs are added to ``modules``. Returns how many views there were (widget views dropped, recordings); raises if one had no static
     rendering to fall back on."""
     dropped = 0
     for i, cell in enumerate(nb.cells):
         for out in cell.get("outputs", []):
             data = out.get("data", {})
+            if BOOK_MIME in data and WIDGET_VIEW not in data:
+                dropped += 1                       # a view that displayed only its recording (frames.js views)
             if WIDGET_VIEW in data:
                 del data[WIDGET_VIEW]
                 dropped += 1
@@ -273,8 +275,10 @@ def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
                      f"<style>{_INDEX_CSS}</style>"
                      "</head><body><h1>ggviz: how ggml and llama.cpp run a language model</h1>"
                      "<p>The notebooks of ggviz, executed on a real model. No kernel and no network needed: the "
-                     "steppers step, the graphs pan and zoom, the explorer selects, from what was recorded when the "
-                     f"book was built.</p><ol>\n{rows}\n</ol></body></html>", encoding="utf-8")
+                     "steppers step, the graphs pan and zoom, the explorer selects, the tensor, quant-block and arena "
+                     "explorers answer an index, the allocator, scheduler and thread views follow their controls, "
+                     "from what was recorded when the book was built. What would need a new computation says so "
+                     f"where it is.</p><ol>\n{rows}\n</ol></body></html>", encoding="utf-8")
     return [index] + pages
 
 

@@ -41,7 +41,9 @@ function render({ model, el }) {
   <div class="ggv-x-pane"><div class="ggv-x-title">thread lanes of ggml_graph_compute (zoomed on the selection; grey:
     ggml_barrier)</div><div class="ggv-x-lanes-note" style="font:11px sans-serif;color:#546e7a;margin-bottom:2px">
     </div><div class="ggv-x-lanes" style="display:flex"><div class="ggv-x-lanes-lab"
-    style="font:11px sans-serif;width:60px"></div><div class="ggv-x-lanes-svg" style="flex:1"></div></div></div>
+    style="font:11px sans-serif;width:60px"></div><div style="flex:1"><div class="ggv-x-lanes-svg"></div>
+    <div class="ggv-x-lanes-axis" style="position:relative;height:16px;font:10px sans-serif;color:#455a64;
+    border-top:1px solid #90a4ae"></div></div></div></div>
   <div class="ggv-x-pane"><div class="ggv-x-title">values (copied by cb_eval)</div>
     <div class="ggv-explorer-values" style="min-height:60px"></div></div>`;
   const q = (s) => el.querySelector(s);
@@ -61,6 +63,7 @@ function render({ model, el }) {
   const lsvg = q(".ggv-x-lanes-svg svg");
   if (lsvg) { lsvg.setAttribute("width", "100%"); }
   const tEnd = lsvg ? parseFloat(lsvg.getAttribute("data-t-end")) : 0;
+  requestAnimationFrame(() => timeAxis());      // (defined below; the lanes open on the whole compute)
   const dl = q("datalist");
   const byName = {};
   for (const [k, d] of Object.entries(nodes)) { if (d.name && !(d.name in byName)) byName[d.name] = k; }
@@ -138,6 +141,20 @@ function render({ model, el }) {
     }
     return out.join("\n");
   };
+  // the lanes' time axis (µs since the compute started), for the part of the compute the lanes show now
+  const timeAxis = () => {
+    const ax = q(".ggv-x-lanes-axis"), vb = lsvg && lsvg.viewBox.baseVal;
+    if (!ax || !vb || !vb.width) return;
+    const raw = vb.width / 5, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 5, 10].map((m) => m * mag).find((x) => x >= raw);
+    const ticks = [];
+    for (let t = Math.ceil(vb.x / step) * step; t <= vb.x + vb.width; t += step) {
+      const pct = (100 * (t - vb.x) / vb.width).toFixed(2);
+      ticks.push(`<span style="position:absolute;left:${pct}%;top:0;border-left:1px solid #90a4ae;height:4px"></span>` +
+                 `<span style="position:absolute;left:${pct}%;top:3px;transform:translateX(-50%)">${+t.toFixed(1)}</span>`);
+    }
+    ax.innerHTML = ticks.join("") + `<span style="position:absolute;right:0;top:3px;background:#fff">µs</span>`;
+  };
   const select = (key, fromUser) => {
     const t0 = performance.now();
     const d = nodes[key];
@@ -153,6 +170,7 @@ function render({ model, el }) {
       if (d.t) { const pad = Math.max(3 * (d.t[1] - d.t[0]), 150);
                  lsvg.setAttribute("viewBox", `${Math.max(d.t[0] - pad, 0)} 0 ${d.t[1] - d.t[0] + 2 * pad} ${n}`); }
       else lsvg.setAttribute("viewBox", `0 0 ${tEnd} ${n}`);
+      timeAxis();
     }
     if (d.v) center(d.v);
     if (zsvg) {

@@ -406,13 +406,133 @@ class VizWidget:
         (Jupyter prefers the widget mime type), and an executed notebook keeps a figure that GitHub, nbviewer,
         nbconvert's HTML and printed handouts can show without a kernel."""
         data = {}
-        w = self.widget
-        if hasattr(w, "_repr_mimebundle_"):
-            live = w._repr_mimebundle_(include=include, exclude=exclude)
-            data.update((live[0] if isinstance(live, tuple) else live) or {})    # (data, metadata) or data
-        data["text/html"] = self.to_html()
-        if os.environ.get("GGVIZ_BOOK") == "1":
-            rec = self.book_view()
-            if rec is not None:
-                data[BOOK_MIME] = json.loads(json.dumps(rec))      # plain JSON (fails here on a stray object)
+        rec = self.book_view() if os.environ.get("GGVIZ_BOOK") == "1" else None
+        if rec is not None and rec["esm"] == "frames.js":
+            # the book (which drops the live widget) shows the recording's first frame as the static picture: the
+            # view's drawing is made once, for the recording, instead of three times (widget, static, recording)
+            data["text/html"] = frames_static(rec)
+        else:
+            w = self.widget
+            if hasattr(w, "_repr_mimebundle_"):
+                live = w._repr_mimebundle_(include=include, exclude=exclude)
+                data.update((live[0] if isinstance(live, tuple) else live) or {})    # (data, metadata) or data
+            data["text/html"] = self.to_html()
+        if rec is not None:
+            data[BOOK_MIME] = json.loads(json.dumps(rec))      # plain JSON (fails here on a stray object)
         return data
+
+
+# ---------------------------------------------------------------------------------------------------------- frames
+
+class FramesPane(anywidget.AnyWidget):
+    """A view whose controls pick one frame of a recording (ES module frames.js): the browser sets ``key`` (the
+    controls' values joined by ","); the owner answers with ``picture``, ``cursor`` and ``info``."""
+    _esm = template("frames.js")
+    header = traitlets.Unicode("").tag(sync=True)
+    note = traitlets.Unicode("").tag(sync=True)
+    foot = traitlets.Unicode("").tag(sync=True)
+    controls = traitlets.Unicode("[]").tag(sync=True)
+    key = traitlets.Unicode("").tag(sync=True)
+    picture = traitlets.Unicode("").tag(sync=True)
+    cursor = traitlets.Unicode("").tag(sync=True)
+    css = traitlets.Unicode("").tag(sync=True)
+    info = traitlets.Unicode("").tag(sync=True)
+    detail = traitlets.Unicode("").tag(sync=True)
+    prefix = traitlets.Unicode("").tag(sync=True)
+    clickmap = traitlets.Unicode("{}").tag(sync=True)
+
+
+NOT_RECORDED = ("<i style='color:#5d4037'>this choice was not recorded when the book was built: run the notebook "
+                "(a kernel) to see it</i>")
+
+
+def frames_book(controls: list, keys, frame, header: str = "", note: str = "", prefix: str = "",
+                clickmap: dict | None = None, foot: str = "") -> dict:
+    """The book recording of a FramesPane view: ``controls`` (frames.js's list, each ``value`` the current one),
+    ``keys``: every key to record (tuples of control values), ``frame(key) -> {"picture", "cursor", "css",
+    "info", "detail"}`` (``detail``: a second part under the info, e.g. what one control alone decides) (``cursor``: a list of boxes in % of the picture, or None); ``prefix``, ``clickmap``: clicks on the
+    picture (see frames.js). Each part is stored once per distinct value (a chart
+    drawn once and only its cursor moving costs one picture), keyed through ``pick``."""
+    parts = {k: ([], {}, {}) for k in ("picture", "cursor", "css", "info", "detail")}
+    cur = ",".join(str(c["value"]) for c in controls)
+    first = None
+    for k in keys:
+        ks = ",".join(str(x) for x in k)
+        fr = frame(k)
+        fr = dict(fr, cursor=json.dumps(fr.get("cursor") or [], separators=(",", ":")))
+        if ks == cur or first is None:
+            first = fr
+        for name, (uniq, seen, pick) in parts.items():
+            v = fr.get(name) or ""
+            if v not in seen:
+                seen[v] = len(uniq)
+                uniq.append(v)
+            pick[ks] = seen[v]
+    if first is None:
+        raise ValueError("frames_book: no key to record")
+    state = dict(header=header, note=note, foot=foot, controls=json.dumps(controls), key=cur,
+                 picture=first.get("picture") or "", cursor=first["cursor"], css=first.get("css") or "",
+                 info=first.get("info") or "", detail=first.get("detail") or "", prefix=prefix, clickmap=json.dumps(clickmap or {}))
+    missing = {"info": NOT_RECORDED, "cursor": "[]"}          # (a key not recorded keeps the picture shown)
+    return book_payload("frames.js", state, [
+        dict({"on": "key", "set": name, "values": uniq, "pick": pick},
+             **({"missing": missing[name]} if name in missing else {}))
+        for name, (uniq, _seen, pick) in parts.items()])
+
+
+def frames_static(rec: dict) -> str:
+    """A frames.js recording's current frame as plain HTML (the page before its script starts, and its print): the
+    header, the note, the picture with its cursor boxes and style, the foot and the info."""
+    st = rec["state"]
+    boxes = "".join(f"<div style='position:absolute;left:{b['l']}%;top:{b['t']}%;width:{b['w']}%;height:{b['h']}%;"
+                    f"background:rgba(255,241,118,0.35);outline:1.5px solid #f9a825'></div>"
+                    for b in json.loads(st.get("cursor") or "[]"))
+    note = f"<div style='color:#5d4037;font:12px sans-serif'>{st['note']}</div>" if st.get("note") else ""
+    return (f"<div style='font:12px sans-serif'>{st.get('header') or ''}</div>{note}"
+            + (f"<style>{st['css']}</style>" if st.get("css") else "")
+            + f"<div style='position:relative;display:inline-block;max-width:100%'>{st.get('picture') or ''}{boxes}</div>"
+            + f"<div>{st.get('foot') or ''}</div><div>{st.get('info') or ''}</div><div>{st.get('detail') or ''}</div>")
+
+
+def quiet(view):
+    """A context in which ``view``'s state may be moved through its frames without redrawing its live widget."""
+    class _Quiet:
+        def __enter__(self):
+            self.was = view._in_refresh
+            view._in_refresh = True
+
+        def __exit__(self, *exc):
+            view._in_refresh = self.was
+    return _Quiet()
+
+
+def chart_with_cursor(fig, ax_top, ax_bottom=None, dpi: int = 100):
+    """A matplotlib chart drawn once for the book, and where its data positions land on the PNG: returns
+    ``(img_html, box)``; ``box(x0, x1)`` is the frames.js cursor ({l, t, w, h} in % of the picture) over data
+    x0..x1 of ``ax_top``, from its top to the bottom of ``ax_bottom`` (same x axis); ``box(x0, x1, y0, y1, ax)``
+    one data rectangle of ``ax`` (one of the figure's axes). The PNG is saved as ``fig_to_png`` does
+    (``bbox_inches="tight"``), so the mapping follows the tight box and its padding."""
+    png = fig_to_png(fig, dpi=dpi, close=False)           # draws it (the positions below are those it drew)
+    try:
+        tb = fig.get_tightbbox(fig.canvas.get_renderer())        # inches
+        pad = float(matplotlib.rcParams["savefig.pad_inches"])
+        left, top_in, width, height = tb.x0 - pad, tb.y1 + pad, tb.width + 2 * pad, tb.height + 2 * pad
+        ax_bottom = ax_bottom or ax_top
+        y_top = ax_top.get_window_extent().y1 / fig.dpi
+        y_bot = ax_bottom.get_window_extent().y0 / fig.dpi
+        trans = {id(a): a.transData.frozen() for a in fig.axes}
+    finally:
+        plt.close(fig)
+    dpi_f = fig.dpi
+
+    def box(x0, x1, y0=None, y1=None, ax=None):
+        t = trans[id(ax if ax is not None else ax_top)]
+        (a, ya), (b, yb) = t.transform([(x0, 0 if y0 is None else y0), (x1, 0 if y1 is None else y1)]) / dpi_f
+        lo, hi = sorted((a, b))
+        if hi - lo < 0.004 * width:                 # a node of a few µs: still a visible mark
+            lo, hi = (lo + hi) / 2 - 0.002 * width, (lo + hi) / 2 + 0.002 * width
+        top, bot = (y_top, y_bot) if y0 is None else (max(ya, yb), min(ya, yb))
+        return {"l": round(100 * (lo - left) / width, 3), "t": round(100 * (top_in - top) / height, 3),
+                "w": round(100 * (hi - lo) / width, 3), "h": round(100 * (top - bot) / height, 3)}
+
+    return png_img(png, "max-width:100%;display:block"), box

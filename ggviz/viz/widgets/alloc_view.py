@@ -35,7 +35,7 @@ from matplotlib.patches import Patch
 from ...capture.plans import AllocRecord, capture_alloc
 from ...ggml.tensor import op_name
 from .. import graph_dot as G
-from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+from ._base import VizWidget, chart_with_cursor, esc, fig_to_png, frames_book, html_table, png_img, quiet
 
 _REUSE = "#ef6c00"     # hand-over arrows and the edge of a tensor that took over its parent's memory
 _OUTPUT = "#c62828"    # outputs: never freed
@@ -648,6 +648,41 @@ class AllocatorView(VizWidget):
 
     def to_html(self) -> str:
         return png_img(self.png(), "max-width:100%") + self.info_html()
+
+    def book_view(self) -> dict:
+        """The chart drawn once per buffer (no node marked), the selected node's column marked over it in the page;
+        every node's table (what is allocated, handed over, freed, alive there) recorded as HTML. The node range
+        shown is this page's: another range is another drawing, which needs a kernel."""
+        a, b = self.node_range if self.node_range is not None else (-1, self.n_nodes - 1)
+        saved = self.space, self.node
+        pics = {}
+        try:
+            with quiet(self):
+                for sp in range(len(self.spaces)):
+                    self.space = sp
+                    fig = self.figure(highlight=None)
+                    pics[sp] = chart_with_cursor(fig, fig.axes[0], fig.axes[1])
+
+                def frame(key):
+                    sp, node = key
+                    self.space, self.node = sp, node
+                    img, box = pics[sp]
+                    return {"picture": img, "cursor": [box(node - 0.5, node + 0.5)], "info": self.info_html()}
+
+                ctrls = [{"name": "node", "label": "node", "kind": "range", "min": a, "max": b, "width": 480,
+                          "value": self.node if self.node is not None and a <= self.node <= b else a}]
+                if len(self.spaces) > 1:
+                    ctrls.append({"name": "space", "label": "buffer", "kind": "select", "value": self.space,
+                                  "options": [[f"{s['name']} (buffer ids {s['buffer_ids']})", s["index"]]
+                                              for s in self.spaces]})
+                keys = [(sp, n) for sp in range(len(self.spaces)) for n in range(a, b + 1)]
+                return frames_book(ctrls, [(n, sp) if len(self.spaces) > 1 else (n,) for sp, n in keys],
+                                   lambda k: frame((k[1] if len(k) > 1 else 0, k[0])),
+                                   note="" if self.node_range is None else
+                                   f"nodes {a} … {b} shown: another range is another drawing, which needs a kernel "
+                                   f"(run the notebook and move the range slider)")
+        finally:
+            self.space, self.node = saved
 
     def _build(self):
 

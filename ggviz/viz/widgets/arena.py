@@ -15,7 +15,7 @@ from ...ggml.context import OBJECT_TYPE_NAMES
 from ...ggml.graph import CGraph
 from ...ggml.tensor import OBJECT_DTYPE, Tensor, get_data_f32, nbytes
 from ..arena import arena_map, hexdump, plot_arena, tensor_header_table
-from ._base import VizWidget, fig_to_svg, html_table, new_prefix, on_click, pre, svg_canvas
+from ._base import VizWidget, fig_to_svg, frames_book, html_table, new_prefix, on_click, pre, quiet, svg_canvas
 
 
 def object_header(ctx, i: int) -> dict:
@@ -153,6 +153,38 @@ class ArenaWidget(VizWidget):
 
     def to_html(self) -> str:
         return f"<div>{self.svg()}</div><div>{self.info_html()}</div>"
+
+    def book_view(self) -> dict:
+        """The map drawn once, the selected object outlined by CSS; every object's decoded bytes recorded (HTML):
+        pick an object in the list or click it in the map."""
+        sel = self.sel
+        n = len(self.ctx.objects)
+        clickmap = {}
+        for k, r in enumerate(arena_map(self.ctx, detail=self.detail)):
+            if r["obj"] is not None:
+                clickmap[f"o{r['obj']}r{k}"] = int(r["obj"])
+        opts = []
+        for i, o in enumerate(self.ctx.objects):
+            p = o.payload
+            opts.append([f"#{i} " + ((p.name or "(unnamed)") if isinstance(p, Tensor) else
+                                     OBJECT_TYPE_NAMES.get(o.type, "?")), i])
+        rule = "{ stroke: #d50000 !important; stroke-width: 3px !important; }"
+        try:
+            self.sel = None
+            picture = f"<div style='max-width:100%'>{self.svg()}</div>".replace("<svg ", "<svg style='max-width:100%;"
+                                                                                 "height:auto' ", 1)
+
+            def frame(key):
+                self.sel = key[0]
+                return {"picture": picture, "info": self.info_html(),
+                        "css": f"[id^='{self.prefix}o{key[0]}r'] path {rule}"}
+
+            with quiet(self):
+                return frames_book([{"name": "object", "label": "object", "kind": "select", "options": opts,
+                                     "value": sel if sel is not None else 0}], [(i,) for i in range(n)], frame,
+                                   prefix=self.prefix, clickmap=clickmap)
+        finally:
+            self.sel = sel
 
     def _build(self):
 

@@ -492,8 +492,8 @@ class DecodeExplorer(VizWidget):
                   f"is (ggml_gallocr_allocate_node, ggml_op_can_inplace)")
         if b["planned"]:
             lo, hi = b["slot"]
-            s += (f"<br/>slot in the compute buffer: [{lo:,}, {hi:,}) = {_fmt_bytes(hi - lo)}"
-                  f"<span title='{esc(self.plan_note)}' style='border-bottom:1px dotted #777'> (?)</span>, from node "
+            # (which plan the slot is from is said once, at the top of the pane: plan_note)
+            s += (f"<br/>slot in the compute buffer: [{lo:,}, {hi:,}) = {_fmt_bytes(hi - lo)}, from node "
                   f"{b['alloc_node']} to {'the end (never freed)' if b['free_node'] is None else b['free_node']}"
                   f"<br/><span style='color:{SHARE}'>the same bytes, at other times</span>: {len(b['sharers'])} "
                   f"tensors")

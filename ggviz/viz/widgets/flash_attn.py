@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ...capture.flash_attn import attn_graph_diff, attn_memory, node_key
-from ._base import VizWidget, book_payload, esc, fig_to_png, html_table, png_img, stepper_pane
+from ._base import VizWidget, book_payload, esc, fig_to_png, frames_book, html_table, png_img, quiet, stepper_pane
 
 F32 = np.float32
 
@@ -249,6 +249,22 @@ class AttnGraphsView(VizWidget):
                f"memory: the buffer is the peak of the live tensors, not their sum).</p>")
         return (intro + html_table(self.summary_rows()) + self.layer_table_html() + mem
                 + html_table(self.memory_rows(), title="the tensors one side allocates and the other does not"))
+
+    def book_view(self) -> dict:
+        """Both graphs' tables recorded (HTML): the decode / pp reserve toggle works in the page."""
+        graph = self.graph
+
+        def frame(key):
+            self.graph = key[0]
+            return {"info": self.to_html()}
+
+        try:
+            with quiet(self):
+                return frames_book([{"name": "graph", "label": "", "kind": "toggle", "value": graph,
+                                     "options": [["decode graph", "decode"], ["pp reserve graph", "reserve"]]}],
+                                   [("decode",), ("reserve",)], frame)
+        finally:
+            self.graph = graph
 
     def _build(self):
         self._w_graph = W.ToggleButtons(options=[("decode graph", "decode"), ("pp reserve graph", "reserve")],

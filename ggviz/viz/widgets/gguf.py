@@ -11,7 +11,7 @@ from ...ggml import quants
 from ...ggml.gguf import GGUFFile, load_gguf
 from .. import gguf_map as M
 from ..arena import hexdump
-from ._base import VizWidget, esc, fig_to_svg, html_table, new_prefix, on_click, pre, svg_canvas
+from ._base import VizWidget, esc, fig_to_svg, frames_book, html_table, new_prefix, on_click, pre, quiet, svg_canvas
 
 
 def _short(v, n: int = 8):
@@ -166,6 +166,45 @@ class GGUFMapWidget(VizWidget):
 
     def to_html(self) -> str:
         return f"<div>{self.svg()}</div><div>{self.info_html()}</div>"
+
+    def book_view(self) -> dict:
+        """The map drawn once, the selection outlined by CSS (a tensor: its info record and its data); every tensor's,
+        KV pair's and the header's decoded bytes recorded: pick one in the list or click its range in the map."""
+        sel = self.selected
+        cur = self._sel_name() or ("header" if sel is not None and sel["kind"] == "header" else "header")
+        # every layer's tensors are laid out the same way: layer 0's (and those of no layer) are recorded, which keeps
+        # the page light (272 tensors would be 2.8 MB of tables)
+        tensors = [t.name for t in self.gf.tensors if not t.name.startswith("blk.") or t.name.startswith("blk.0.")
+                   or t.name == cur]
+        names = ["header"] + [f"kv:{r['key']}" for r in self.layout if r["kind"] == "kv"] + tensors
+        n_other = len(self.gf.tensors) - len(tensors)
+        ranges: dict = {}
+        clickmap = {}
+        for i, r in enumerate(self.layout):
+            v = ("header" if r["kind"] == "header" else f"kv:{r['key']}" if r["kind"] == "kv" else
+                 r["name"] if r["kind"] in ("tensor_info", "tensor_data") else None)
+            if v in names:
+                ranges.setdefault(v, []).append(i)
+                clickmap[f"r{i}"] = v
+        rule = "{ stroke: #d50000 !important; stroke-width: 2.5px !important; }"
+        try:
+            with quiet(self):
+                self.selected = None
+                picture = self.svg().replace("<svg ", "<svg style='max-width:100%;height:auto' ", 1)
+
+                def frame(key):
+                    self.select(key[0])
+                    return {"picture": picture, "info": self.info_html(),
+                            "css": ", ".join(f"#{self.prefix}r{i} path" for i in ranges.get(key[0], [])) + " " + rule}
+
+                return frames_book([{"name": "pick", "label": "tensor / KV", "kind": "select", "value": cur,
+                                     "options": [[n, n] for n in names]}], [(n,) for n in names], frame,
+                                   prefix=self.prefix, clickmap=clickmap,
+                                   note="" if not n_other else
+                                   f"recorded: the header, the KV pairs and the tensors of layer 0 and of no layer "
+                                   f"(the other {n_other} repeat layer 0's layout; run the notebook for them)")
+        finally:
+            self.selected = sel
 
     def _build(self):
 

@@ -28,7 +28,7 @@ from matplotlib.patches import Patch
 
 from ... import ggml
 from ...capture.sparse import COMPUTED, ON_DEVICE, SKIPPED, SparseRun
-from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+from ._base import VizWidget, esc, fig_to_png, frames_book, html_table, png_img, quiet
 
 F32 = np.float32
 
@@ -151,6 +151,29 @@ class PredictorView(VizWidget):
 
     def to_html(self) -> str:
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.summary_html()
+
+    BOOK_THRESHOLDS = (-1.0, 0.0, 1.0)
+
+    def book_view(self) -> dict:
+        """The lesson's thresholds recorded (−1, 0, 1 and the current one) at this layer: the page switches between
+        those drawings; another layer or threshold is another drawing, which needs a kernel (the view says so)."""
+        thr = self.threshold
+        ths = sorted({*self.BOOK_THRESHOLDS, float(thr)})
+
+        def frame(key):
+            self.threshold = float(key[0])
+            return {"picture": png_img(fig_to_png(self.figure()), "max-width:100%"), "info": self.summary_html()}
+
+        try:
+            with quiet(self):
+                return frames_book(
+                    [{"name": "threshold", "label": "threshold", "kind": "toggle", "value": f"{float(thr):g}",
+                      "options": [[f"{t:g}", f"{t:g}"] for t in ths]}], [(f"{t:g}",) for t in ths], frame,
+                    note=f"recorded at layer {self.layer} for thresholds {', '.join(f'{t:g}' for t in ths)}: another "
+                         f"layer or threshold is another drawing, which needs a kernel (run the notebook and move "
+                         f"the sliders)")
+        finally:
+            self.threshold = thr
 
     def _build(self):
         self._w_layer = W.IntSlider(value=self.layer, min=0, max=self.run.n_layer - 1, description="layer",

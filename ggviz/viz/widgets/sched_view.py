@@ -30,7 +30,7 @@ import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
 from ...capture.plans import SCHED_KINDS as KINDS, STAGES, SchedRecord, capture_sched, record_sched_split
-from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+from ._base import VizWidget, chart_with_cursor, esc, fig_to_png, frames_book, html_table, png_img, quiet
 
 STAGE_TITLES = {
     "usr": "before pass 1: the user's pins (ggml_backend_sched_set_tensor_backend, cause \"usr\")",
@@ -420,7 +420,12 @@ class SchedulerView(VizWidget):
                                     title="splits (ggml_backend_sched_split)"))
             if st["mul_mat_kernels"]:
                 parts.append(f"MUL_MAT kernels: {esc(st['mul_mat_kernels'])}")
-        si = st["split"]
+        parts.append(self.split_html(st["split"], max_rows))
+        return "".join(parts)
+
+    def split_html(self, si: dict | None, max_rows: int = 60) -> str:
+        """The selected split's part of ``info_html``: its inputs copied in and its nodes."""
+        parts = []
         if si is not None:
             parts.append(f"<h4 style='margin:6px 0 2px'>split #{si['index']} on {esc(si['backend'])}: nodes "
                          f"[{si['i_start']}, {si['i_end']}), {si['n_compute_nodes']} computed, "
@@ -435,6 +440,50 @@ class SchedulerView(VizWidget):
 
     def to_html(self) -> str:
         return png_img(self.png(), "max-width:100%") + self.info_html()
+
+    def book_view(self) -> dict:
+        """The last pass's picture drawn once (every pass's row, the splits), the pass shown marked on its row and
+        the selected split on its bar in the page; every pass's table and every split's recorded."""
+        stage, split = self.stage, self.split_sel
+        rows = STAGES[:-1]
+        try:
+            with quiet(self):
+                self.stage, self.split_sel = "5", None
+                fig = self.figure()
+                ax, axs = fig.axes[0], fig.axes[1]
+                img, box = chart_with_cursor(fig, ax)
+                infos = {}
+                for st in STAGES:
+                    self.stage = st
+                    infos[st] = self.info_html()
+                splits = {-1: ""}
+                for s in self.splits:
+                    self.split_sel = s["index"]
+                    splits[s["index"]] = self.split_html(self.split_info())
+
+                def frame(key):
+                    st, sp = key
+                    cur = []
+                    if st in rows:
+                        k = rows.index(st)
+                        cur.append(box(-0.5, self.n_nodes - 0.5, k - 0.5, k + 0.5, ax))
+                    if sp >= 0:
+                        s = self.splits[sp]
+                        cur.append(box(s["i_start"] - 0.5, s["i_end"] - 0.5, 0.1, 0.9, axs))
+                    return {"picture": img, "cursor": cur, "info": infos[st], "detail": splits[sp]}
+
+                return frames_book(
+                    [{"name": "stage", "label": "after", "kind": "toggle", "value": stage,
+                      "options": [[STAGE_SHORT[x], x] for x in STAGES]},
+                     {"name": "split", "label": "split", "kind": "select", "value": -1 if split is None else split,
+                      "options": [["(none)", -1]] + [[f"#{s['index']} {s['backend']} [{s['i_start']}, {s['i_end']}) "
+                                                      f"{len(s['inputs'])} inputs", s["index"]] for s in self.splits]}],
+                    [(st, sp) for st in STAGES for sp in splits], frame,
+                    note="the picture shows the split after every pass (pass 5); the marked row is the pass whose "
+                         "assignments are listed under it" + ("" if len(self.splits) <= self.ZOOM_SPLITS else
+                                                               "; the zoom panel stays on the first splits here"))
+        finally:
+            self.stage, self.split_sel = stage, split
 
     def _build(self):
 

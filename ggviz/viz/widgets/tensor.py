@@ -20,7 +20,7 @@ from ...ggml import memory, quants
 from ...ggml.tensor import Tensor, blck_size, get_data, get_data_f32, is_contiguous, nbytes, type_name, type_size
 from ..gguf_map import block_fields
 from ..tensor import element_offset, strides_table
-from ._base import VizWidget, fig_to_png, html_table, png_img
+from ._base import VizWidget, esc, fig_to_png, frames_book, html_table, png_img, quiet
 
 EXPLORER_TYPES = [C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_1, C.GGML_TYPE_Q8_0, C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q6_K]
 FIELD_COLORS = {"d": "#ffcc80", "m": "#ffab91", "dmin": "#ffab91", "scales": "#ce93d8", "qs": "#a5d6a7",
@@ -199,6 +199,105 @@ class TensorExplorer(VizWidget):
 
     def to_html(self) -> str:
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.info_html()
+
+    # ---- the static book: the same two pictures as HTML grids (ms a frame, no matplotlib), every index recorded
+    BOOK_MAX_FRAMES = 600
+
+    def grids_html(self) -> str:
+        """``figure``'s two panels as HTML tables (the book's frames): the tensor's elements by index, the current
+        one outlined red; the source's data in memory order, the bytes this tensor reads shaded green."""
+        t, src = self.t, self.source
+        st = self.state()
+        i0, i1, i2, i3 = self.index
+        mc = self.max_cells
+        td = ("<td style='border:1px solid #fff;padding:1px 4px;text-align:center;font:11px monospace;"
+              "background:{bg};{ol}'>{v}</td>")
+        red = "outline:3px solid #d50000;outline-offset:-3px"
+        n0, n1 = min(t.shape[0], mc), min(t.shape[1], mc)
+        has = t.data and blck_size(t.type) == 1
+        vals = get_data_f32(t)[i3, i2, :n1, :n0] if has else np.zeros((n1, n0))
+        th = "<th style='font:10px sans-serif;color:#546e7a;padding:0 3px'>{}</th>"
+        left = ["<table style='border-collapse:collapse'><tr><th></th>"
+                + "".join(th.format(f"i0={b}") for b in range(n0)) + "</tr>"]
+        for a in range(n1):
+            left.append("<tr>" + th.format(f"i1={a}") + "".join(
+                td.format(bg="#d6e6f5", ol=red if (a, b) == (i1, i0) else "", v=f"{vals[a, b]:.3g}" if has else "")
+                for b in range(n0)) + "</tr>")
+        left.append("</table>")
+        ts = type_size(src.type)
+        per_row = src.shape[0] if blck_size(src.type) == 1 else max(1, src.strides[1] // ts)
+        n_cells = nbytes(src) // ts
+        rows = -(-n_cells // per_row)
+        shown_rows, shown_cols = min(rows, mc), min(per_row, 2 * mc)
+        mask = self._touched_cells()
+        flat = (get_data_f32(src).reshape(-1) if src.data and blck_size(src.type) == 1 and is_contiguous(src)
+                else None)
+        cell = st["source_offset"] // ts
+        right = ["<table style='border-collapse:collapse'>"]
+        for r in range(shown_rows):
+            cells = []
+            for c in range(shown_cols):
+                k = r * per_row + c
+                if k >= n_cells:
+                    cells.append("<td></td>")
+                    continue
+                v = (f"{flat[k]:.3g}<br/><span style='font-size:9px;color:#546e7a'>@{k * ts}</span>"
+                     if flat is not None and k < flat.size else "")
+                cells.append(td.format(bg="#81c784" if mask[k] else "#eceff1", ol=red if k == cell else "", v=v))
+            right.append("<tr>" + th.format(f"+{r * per_row * ts}") + "".join(cells) + "</tr>")
+        right.append("</table>")
+        what = ("its own bytes" if t.view_src is None else
+                f"view of {src.name!r} at view_offs={t.view_offs}: it reads the shaded bytes")
+        cap = "<div style='font:12px sans-serif;margin:2px 0 4px 0;max-width:{}px'>{}</div>"
+        return ("<div style='display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap'><div>"
+                + cap.format(420, esc(f"{t.name!r} {type_name(t.type)} ne={list(t.shape)} nb={list(t.strides)}; "
+                                      f"slice i2={i2}, i3={i3}; element {tuple(self.index)} at byte "
+                                      f"{st['offset']} from t->data"))
+                + "".join(left) + "</div><div>"
+                + cap.format(560, esc(f"memory of {src.name!r} ({nbytes(src)} bytes): {what}; "
+                                      f"{st['n_touched_bytes']} bytes touched; red = element {tuple(self.index)} at "
+                                      f"source byte {st['source_offset']}; one row per {per_row} × {ts} bytes"))
+                + "".join(right) + "</div></div>")
+
+    def _touched_cells(self):
+        src = self.source
+        ts = type_size(src.type)
+        n_cells = nbytes(src) // ts
+        return self.touched().reshape(-1)[:n_cells * ts].reshape(n_cells, ts).any(axis=1)
+
+    def book_view(self) -> dict:
+        """Every index of every tensor of the explorer recorded (the grids and the offset table: HTML), stepped by a
+        tensor list and one slider per dimension in the page."""
+        dims = [d for d in range(4) if any(x.shape[d] > 1 for x in self.tensors)] or [0]
+        keys = []
+        for k, x in enumerate(self.tensors):
+            for idx in np.ndindex(*[x.shape[d] for d in dims]):
+                keys.append((k, *idx))
+        keys = keys[:self.BOOK_MAX_FRAMES]
+        cur, index = self.cur, list(self.index)
+
+        def frame(key):
+            self.cur = key[0]
+            ix = [0, 0, 0, 0]
+            for d, i in zip(dims, key[1:]):
+                ix[d] = int(i)
+            self.index = ix
+            return {"picture": self.grids_html(), "info": self.info_html()}
+
+        try:
+            with quiet(self):
+                rec = frames_book(
+                    [{"name": "tensor", "label": "tensor", "kind": "select", "value": cur,
+                      "options": [[f"{x.name or '(unnamed)'} ne={list(x.shape)}", k]
+                                  for k, x in enumerate(self.tensors)]}]
+                    + [{"name": f"i{d}", "label": f"i{d}", "kind": "range", "min": 0, "value": index[d], "dep": "tensor",
+                        "max": {str(k): max(0, x.shape[d] - 1) for k, x in enumerate(self.tensors)}} for d in dims],
+                    keys, frame,
+                    note="" if len(keys) < self.BOOK_MAX_FRAMES else
+                    f"the book recorded the first {self.BOOK_MAX_FRAMES} indices; run the notebook for the others")
+        finally:
+            self.cur, self.index = cur, index
+        return rec
 
     def _build(self):
 
@@ -414,6 +513,76 @@ class QuantBlockExplorer(VizWidget):
         fig.tight_layout()
         return fig
 
+    # ---- the static book: ``figure`` as HTML + a small SVG (no matplotlib: ms a frame), every block recorded
+    BOOK_MAX_FRAMES = 400
+
+    def block_html(self) -> str:
+        """``figure``'s panels for the book: the block's bytes coloured by field (with the legend), the K-quants'
+        sub-block scales, and the decoded values (bars, quant level on each) against the source values (red dots)."""
+        st = self.state()
+        raw = st["bytes"]
+        n = len(raw)
+        owner = [""] * n
+        for f, o, sz, _c in st["field_layout"]:
+            owner[o:o + sz] = [f] * sz
+        cols = n if n <= 40 else 36
+        cells = "".join(
+            ("<tr>" if k % cols == 0 else "")
+            + f"<td style='border:1px solid #616161;padding:1px 3px;font:11px monospace;"
+              f"background:{FIELD_COLORS.get(owner[k], '#eeeeee')}' title='byte {k}: {esc(owner[k])}'>{raw[k]:02x}</td>"
+            + ("</tr>" if k % cols == cols - 1 or k == n - 1 else "") for k in range(n))
+        legend = "".join(f"<div><span style='display:inline-block;width:12px;height:10px;border:1px solid #616161;"
+                         f"background:{FIELD_COLORS.get(f, '#eee')}'></span> {esc(f)}: {esc(c)}, bytes {o}..{o + sz - 1}"
+                         f"</div>" for f, o, sz, c in st["field_layout"])
+        summary = ", ".join(f"{k} = {v:.6g}" for k, v in st["fields"].items() if isinstance(v, float))
+        head = (f"<div style='font:12px sans-serif;margin:2px 0'><b>{esc(st['type'])} block {st['block']} of row "
+                f"{st['row']} of {esc(repr(st['tensor']))}</b>: {n} bytes for {st['block_size']} values = "
+                f"{8 * n / st['block_size']:.2f} bits/value; {esc(summary)}<br/>source: {esc(st['source'])}</div>")
+        sub = ""
+        if "sub_d" in st:
+            rows = [{"sub-block": i, "integer scale": st["sub_scales"][i], "scale d·sc": st["sub_d"][i]}
+                    | ({"integer min": st["sub_mins"][i], "min dmin·m": st["sub_m"][i]} if "sub_m" in st else {})
+                    for i in range(len(st["sub_d"]))]
+            sub = html_table(rows, title=f"sub-blocks ({st['block_size'] // len(st['sub_d'])} values each)")
+        return (head + "<div style='display:flex;gap:16px;align-items:flex-start;font:11px sans-serif'>"
+                f"<table style='border-collapse:collapse'>{cells}</table><div>{legend}</div></div>" + sub
+                + values_svg(st["values"], st["source_values"], st["quants"], st["requantized"]))
+
+    def book_view(self) -> dict:
+        """Every block of every row in every format the explorer offers (up to ``BOOK_MAX_FRAMES``), recorded as
+        HTML; a format list, a row slider and a block slider in the page."""
+        types = self.compatible_types()
+        if self.type not in types:
+            types.insert(0, self.type)
+        keys = [(ty, r, b) for ty in types for r in range(self.n_rows)
+                for b in range(int(self.t.ne[0]) // blck_size(ty))]
+        full = len(keys) <= self.BOOK_MAX_FRAMES
+        if not full:            # the current format whole (as far as it goes), then the others' current row
+            keys = ([k for k in keys if k[0] == self.type][:self.BOOK_MAX_FRAMES]
+                    + [k for k in keys if k[0] != self.type and k[1] == self.row])
+        saved = self.type, self.row, self.block
+
+        def frame(key):
+            self.type, self.row, self.block = key
+            return {"picture": self.block_html(), "info": html_table(
+                [{"field": k, "value": v} for k, v in self.state()["fields"].items()], title="fields")}
+
+        try:
+            with quiet(self):
+                rec = frames_book(
+                    [{"name": "type", "label": "format", "kind": "select", "value": self.type,
+                      "options": [[type_name(x), x] for x in types]},
+                     {"name": "row", "label": "row", "kind": "range", "min": 0, "max": self.n_rows - 1,
+                      "value": self.row},
+                     {"name": "block", "label": "block", "kind": "range", "min": 0, "value": self.block, "dep": "type",
+                      "max": {str(x): int(self.t.ne[0]) // blck_size(x) - 1 for x in types}}],
+                    keys, frame, note="" if full else
+                    f"the book recorded {len(keys)} of the blocks (this format's first ones; the other formats at "
+                    f"row {self.row}); run the notebook for the others")
+        finally:
+            self.type, self.row, self.block = saved
+        return rec
+
     def to_html(self) -> str:
         st = self.state()
         return png_img(fig_to_png(self.figure()), "max-width:100%") + html_table(
@@ -441,3 +610,36 @@ class QuantBlockExplorer(VizWidget):
         if self._w_row.value != self.row:
             self._w_row.value = self.row
         self._w_img.value = png_img(fig_to_png(self.figure()), "max-width:100%")
+
+
+def values_svg(values, source, quants_, requantized: bool, width: int = 760, height: int = 190) -> str:
+    """The decoded values of a block as bars (labelled with their quant level when there are 64 or fewer) and the
+    source values as red dots: ``QuantBlockExplorer.figure``'s bottom panel, drawn as SVG text (the book's frames)."""
+    v = np.asarray(values, dtype=np.float64)
+    src = np.asarray(source, dtype=np.float64)
+    n = v.size
+    m = float(max(np.abs(v).max(), np.abs(src).max())) or 1.0
+    top, bot, left = 30, 16, 46
+    h = height - top - bot
+    y = lambda x: top + h / 2 - x / m * (h / 2 - 8)          # noqa: E731
+    bw = (width - left - 10) / n
+    err = float(np.abs(v - src).max())
+    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+           f"style='font:10px sans-serif;display:block'>",
+           f"<text x='{left}' y='12'>values: max |decoded − source| = {err:.3g}; bars: decoded value, red dots: "
+           f"source value ({'before re-quantization' if requantized else '= decoded'})"
+           + ("; labels: quant level" if n <= 64 else "") + "</text>",
+           f"<line x1='{left}' x2='{width - 10}' y1='{y(0):.1f}' y2='{y(0):.1f}' stroke='#000' stroke-width='0.6'/>"]
+    for t in (-m, 0.0, m):
+        out.append(f"<text x='{left - 4}' y='{y(t) + 3:.1f}' text-anchor='end'>{t:.3g}</text>")
+    for i in range(n):
+        x0, y0 = left + i * bw, y(v[i])
+        out.append(f"<rect x='{x0 + 0.1 * bw:.1f}' y='{min(y0, y(0)):.1f}' width='{0.8 * bw:.1f}' "
+                   f"height='{abs(y0 - y(0)):.1f}' fill='#a5d6a7' stroke='#424242' stroke-width='0.4'/>"
+                   f"<circle cx='{x0 + bw / 2:.1f}' cy='{y(src[i]):.1f}' r='{2.5 if n > 64 else 3}' fill='#d32f2f'/>")
+        if n <= 64 and len(quants_) == n:
+            ty = y0 - 3 if v[i] >= 0 else y0 + 11
+            out.append(f"<text x='{x0 + bw / 2:.1f}' y='{ty:.1f}' text-anchor='middle' font-size='9'>"
+                       f"{int(quants_[i])}</text>")
+    out.append(f"<text x='{left}' y='{height - 3}'>element of the block (0 … {n - 1})</text></svg>")
+    return "".join(out)

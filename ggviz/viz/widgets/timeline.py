@@ -29,7 +29,7 @@ import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
 from .. import graph_dot as G
-from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+from ._base import VizWidget, chart_with_cursor, esc, fig_to_png, frames_book, html_table, png_img, quiet
 
 try:        # the compiled walk's barrier: how long it spins before it sleeps (ticks of the timestamp counter)
     from ...ggml.cpu.fast import kernels as _fast_kernels
@@ -371,6 +371,37 @@ class ThreadTimeline(VizWidget):
 
     def to_html(self) -> str:
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.accounting_html() + self.info_html()
+
+    def book_view(self) -> dict:
+        """This window's chart drawn once (no node marked), the selected node's time span marked over it in the page;
+        every node of the window's table recorded. Another window is another drawing, which needs a kernel."""
+        a, b = self.range
+        in_win = [n for n in self.computed if a <= n < b]
+        node = self.node
+        fig = self.figure(highlight=None)
+        img, box = chart_with_cursor(fig, fig.axes[0])
+        spans = {}
+        for x in self.data["nodes"]:
+            lo, hi = spans.get(x["node_n"], (x["t0"], x["t1"]))
+            spans[x["node_n"]] = (min(lo, x["t0"]), max(hi, x["t1"]))
+
+        def frame(key):
+            # a node number that computed nothing shows the next one that did (as select does)
+            self.node = next((x for x in in_win if x >= key[0]), in_win[-1])
+            return {"picture": img, "cursor": [box(*spans[self.node])], "info": self.info_html()}
+
+        try:
+            with quiet(self):
+                return frames_book(
+                    [{"name": "node", "label": "node", "kind": "range", "min": in_win[0], "max": in_win[-1],
+                      "value": node, "width": 480}],
+                    [(n,) for n in range(in_win[0], in_win[-1] + 1)], frame, foot=self.accounting_html(),
+                    note="" if len(in_win) == len(self.computed) else
+                    f"nodes {in_win[0]} … {in_win[-1]} of {self.computed[0]} … {self.computed[-1]} drawn here: "
+                    f"another window is another drawing, which needs a kernel (run the notebook and move the slider "
+                    f"past the window)")
+        finally:
+            self.node = node
 
     def _build(self):
 
