@@ -19,6 +19,7 @@ things more, both turned off by ``LLAMA_GRAPH_REUSE_DISABLE`` as llama.cpp's reu
 """
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import weakref
@@ -172,6 +173,9 @@ def pool_take(model, key):
 
 
 def pool_put(model, key, parked: Parked) -> None:
+    if _closing:                # the interpreter is exiting: nothing will take it, release now
+        _release(parked)
+        return
     with _pool_lock:
         old = _pool.get(id(model))
         _pool[id(model)] = (weakref.ref(model, lambda _r, i=id(model): _pool_drop(i)), key, parked)
@@ -181,6 +185,8 @@ def pool_put(model, key, parked: Parked) -> None:
 
 def _pool_drop(model_id: int) -> None:
     """The model was garbage-collected: its parked machinery goes too."""
+    if _pool is None:           # a model collected while the interpreter tears this module down: nothing left
+        return
     with _pool_lock:
         entry = _pool.get(model_id)
         if entry is not None and entry[0]() is None:
@@ -206,3 +212,15 @@ def context_pool_clear(model=None) -> None:
     for e in entries:
         if e is not None:
             _release(e[2])
+
+
+_closing = False
+
+
+@atexit.register
+def _at_exit() -> None:
+    """Release everything parked while the modules _release needs are still whole (atexit runs before the
+    interpreter tears modules down; a model weakref firing afterwards then finds nothing to do)."""
+    global _closing
+    _closing = True
+    context_pool_clear()
