@@ -15,7 +15,8 @@ it does not assert.
 thread 0 (``FastGraph.set_profiling``; a row's time includes its wait in the barrier after it, so a row whose work
 is badly split shows as long), summed by op and, for MUL_MAT, by weight type and shape, beside the wall time of the
 whole ``llama_decode`` (the rest is Python around the walk). The compiled walk's one-thread fallback under
-contention is switched off for it, so ``--threads 2`` profiles two threads.
+contention is switched off for it, so ``--threads 2`` profiles two threads. The main table says how many threads
+ggviz's warm prefills really ran on (FastGraph's fallback drops a contended graph to one thread).
 """
 from __future__ import annotations
 
@@ -38,6 +39,14 @@ FA = {"off": 0, "on": 1, "auto": -1}       # llama_flash_attn_type
 
 def _ggviz(path, nth, fa):
     model = llama.model_load_from_file(str(path), llama.model_default_params())
+    from ggviz.ggml.cpu.fast import compiler
+    plan_graph = compiler.plan_graph
+    last = []                                   # the compiled program of the graph computed last
+
+    def spy(cgraph, n):
+        last[:] = [plan_graph(cgraph, n)]
+        return last[0]
+    compiler.plan_graph = spy
 
     def run(ids):
         cp = llama.context_default_params()
@@ -51,7 +60,12 @@ def _ggviz(path, nth, fa):
         ctx.memory_clear()
         t2 = time.perf_counter()
         assert llama.decode(ctx, llama.batch_get_one(ids)) == 0
-        return t1 - t0, time.perf_counter() - t2
+        t3 = time.perf_counter()
+        fg = last[0] if last else None
+        used.append(fg.n_use_now if fg is not None else None)
+        return t1 - t0, t3 - t2
+    used = []                                   # threads the warm prefill's compiled walk ran on, per rep
+    run.used = used
     return run
 
 
@@ -187,6 +201,9 @@ def main(argv=None) -> int:
             line += (f", llama.cpp {a.n / med['llama.cpp'][i]:7.1f} tok/s, "
                      f"ratio ggviz/llama.cpp x{med['llama.cpp'][i] / med['ggviz'][i]:.2f}")
         print(line)
+    used = g.used[-a.reps:]
+    print(f"  ggviz's warm prefill ran its compiled walk on {'/'.join(str(u) for u in used)} thread(s) in the {a.reps} "
+          f"reps (fewer than {a.threads}: its one-thread fallback judged the machine contended)")
     if a.profile:
         profile(path, a.threads, ids, FA[a.flash_attn])
     return 0
