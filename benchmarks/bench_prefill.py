@@ -202,8 +202,10 @@ def main(argv=None) -> int:
                      f"ratio ggviz/llama.cpp x{med['llama.cpp'][i] / med['ggviz'][i]:.2f}")
         print(line)
     used = g.used[-a.reps:]
-    print(f"  ggviz's warm prefill ran its compiled walk on {'/'.join(str(u) for u in used)} thread(s) in the {a.reps} "
-          f"reps (fewer than {a.threads}: its one-thread fallback judged the machine contended)")
+    line = f"  ggviz's warm prefill ran its compiled walk on {'/'.join(str(u) for u in used)} thread(s) in the {a.reps} reps"
+    if any(u is not None and u < a.threads for u in used):
+        line += f" (fewer than {a.threads}: its one-thread fallback judged the machine contended)"
+    print(line)
     if a.profile:
         profile(path, a.threads, ids, FA[a.flash_attn])
     return 0
