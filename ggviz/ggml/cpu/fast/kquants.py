@@ -152,6 +152,94 @@ def q6_K_sumi(typingctx, xb, yb, out):
     return types.void(types.int64, types.int64, types.int64), codegen
 
 
+def _q6_K_levels_sumi_ir(builder, u, scv, yb, q8s):
+    """One row's 8 int32 lanes of ``q6_K_levels_sumi`` with the scales pre-expanded: scv = per 32-element group g
+    the 16 int16 lanes [sc[2g]] * 8 + [sc[2g + 1]] * 8 (8 groups, 256 bytes); q8s = the block's 8 loaded q8 groups."""
+    sc16 = builder.load(_ptr(builder, builder.add(scv, ir.Constant(_i64, 256)), _vec(_i16, 16)), align=1)
+    bsums = _ld(builder, yb, 260, 16, _i16)
+    sumi = builder.sub(ir.Constant(_vec(_i32, 8), None),
+                       builder.shl(_madd(builder, bsums, sc16), _cvec(_i32, [5] * 8)))
+    for g in range(8):
+        p16 = _maddubs(builder, _ld(builder, u, 32 * g), q8s[g])
+        sumi = builder.add(sumi, _madd(builder, _ld(builder, scv, 32 * g, 16, _i16), p16))
+    return sumi
+
+
+def _hsum_rows_ir(builder, vs):
+    """8 vectors of 8 int32 -> one vector of their 8 sums (exact: integers), by pairwise shuffles."""
+    def pair(a, b, lo, hi):
+        return builder.add(builder.shuffle_vector(a, b, _cvec(_i32, lo)), builder.shuffle_vector(a, b, _cvec(_i32, hi)))
+    w = [pair(vs[2 * i], vs[2 * i + 1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]) for i in range(4)]
+    x = [pair(w[2 * i], w[2 * i + 1], [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15]) for i in range(2)]
+    return pair(x[0], x[1], [0, 2, 4, 6, 8, 10, 12, 14], [1, 3, 5, 7, 9, 11, 13, 15])
+
+
+@intrinsic
+def q6_K_unpack(typingctx, xb, u, scv):
+    """tiled_unpack_src0 for one block_q6_K: its 256 unsigned 6-bit levels (element order) stored at u, its 16
+    scales widened to int16 and expanded per 32-element group at scv (the layout ``_q6_K_levels_sumi_ir`` reads)."""
+    def codegen(context, builder, sig, args):
+        xb, u, scv = args
+        m15 = _bsplat(builder, 15)
+        for j in range(2):
+            b1 = _ld(builder, xb, 64 * j)
+            b2 = _ld(builder, xb, 64 * j + 32)
+            bh = _ld(builder, xb, 128 + 32 * j)
+            h0 = builder.shl(builder.and_(bh, _bsplat(builder, 3)), _bsplat(builder, 4))
+            h1 = builder.shl(builder.and_(bh, _bsplat(builder, 12)), _bsplat(builder, 2))
+            h2 = builder.and_(bh, _bsplat(builder, 48))
+            h3 = builder.lshr(builder.and_(bh, _bsplat(builder, 192)), _bsplat(builder, 2))
+            qs = [builder.or_(builder.and_(b1, m15), h0), builder.or_(builder.and_(b2, m15), h1),
+                  builder.or_(builder.and_(builder.lshr(b1, _bsplat(builder, 4)), m15), h2),
+                  builder.or_(builder.and_(builder.lshr(b2, _bsplat(builder, 4)), m15), h3)]
+            for r in range(4):
+                builder.store(qs[r], _ptr(builder, builder.add(u, ir.Constant(_i64, 128 * j + 32 * r)),
+                                          _vec(_i8, 32)), align=1)
+        sc16 = builder.sext(_ld(builder, xb, 192, 16), _vec(_i16, 16))
+        builder.store(sc16, _ptr(builder, builder.add(scv, ir.Constant(_i64, 256)), _vec(_i16, 16)), align=1)
+        for g in range(8):
+            v = builder.shuffle_vector(sc16, sc16, _cvec(_i32, [2 * g] * 8 + [2 * g + 1] * 8))
+            builder.store(v, _ptr(builder, builder.add(scv, ir.Constant(_i64, 32 * g)), _vec(_i16, 16)), align=1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def q6_K_levels_acc8(typingctx, u, scv, yb, dx, acc):
+    """One Q6_K block of 8 src0 rows (unpacked: levels u at a 256-byte row stride, scales pre-expanded at scv with
+    a 288-byte row stride, see ``_q6_K_levels_sumi_ir``; their d at dx, 8 float32) against one Q8_K block yb: per
+    row r ``acc[r] = fmadd(dx[r] * (float) s1_r, y->d, acc[r])`` -- ``_tiled_dot``'s float steps, 8 rows in the 8
+    float lanes (s1_r the same exact integer)."""
+    def codegen(context, builder, sig, args):
+        u, scv, yb, dx, acc = args
+        v8f = _vec(_f32, 8)
+        q8s = [_ld(builder, yb, 4 + 32 * g) for g in range(8)]
+        rows = [_q6_K_levels_sumi_ir(builder, builder.add(u, ir.Constant(_i64, 256 * r)),
+                                     builder.add(scv, ir.Constant(_i64, 288 * r)), yb, q8s) for r in range(8)]
+        s1 = builder.sitofp(_hsum_rows_ir(builder, rows), v8f)
+        res = builder.fmul(builder.load(_ptr(builder, dx, v8f), align=1), s1)
+        dy = builder.load(_ptr(builder, yb, _f32), align=1)
+        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+        pa = _ptr(builder, acc, v8f)
+        builder.store(builder.call(fma8, [res, _splat(builder, dy, 8), builder.load(pa, align=1)]), pa, align=1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def q6_K_levels_sumi(typingctx, u, scv, yb):
+    """``q6_K_levels_acc8``'s integer part for one row: s1 (int64)."""
+    def codegen(context, builder, sig, args):
+        u, scv, yb = args
+        q8s = [_ld(builder, yb, 4 + 32 * g) for g in range(8)]
+        sumi = _q6_K_levels_sumi_ir(builder, u, scv, yb, q8s)
+        t = builder.sext(builder.extract_element(sumi, ir.Constant(_i32, 0)), _i64)
+        for ln in range(1, 8):
+            t = builder.add(t, builder.sext(builder.extract_element(sumi, ir.Constant(_i32, ln)), _i64))
+        return t
+    return types.int64(types.int64, types.int64, types.int64), codegen
+
+
 @intrinsic
 def q6_K_block_acc(typingctx, xb, yb, acc):
     """One block of ggml_vec_dot_q6_K_q8_K (AVX2), the float part included: ``acc = fmadd(d, (float) sumi, acc)``
@@ -600,6 +688,43 @@ def _tiled_dot(n, x, y, is_q6, sumi, sc):
 
 
 @compiled
+def tiled_q6_K_chunk(ne00, xq, r0, r1, y, rs, ne11, dst, nb1):
+    """Rows [r0, r1) of a Q6_K src0 (rows at xq) times the ne11 Q8_K rows at y (row size rs) into dst (row stride
+    nb1 bytes), as tiled.cpp's driver: per 256-element slab the chunk's src0 blocks are unpacked once (levels,
+    scales, d) and every src1 row is swept over them, 8 src0 rows at a time (the microtile). Each output gets
+    ``_tiled_dot``'s float steps in its order (the slabs in increasing order, s1 the same exact integer), so the bits
+    are those of ``_tiled_dot``; the unpacking is no longer repeated for every src1 row."""
+    nb = ne00 // 256
+    bx = nb * Q6_K_SIZE
+    nr = r1 - r0
+    if nr <= 0:
+        return
+    n8 = nr - nr % 8
+    u = np.empty(nr * 256, np.uint8)
+    scv = np.empty(nr * 144, np.int16)        # per row: 8 groups x 16 lanes, then the 16 scales (288 bytes)
+    dx = np.empty(nr, np.float32)
+    acc = np.zeros(ne11 * nr, np.float32)
+    up, sp, dp, ap = u.ctypes.data, scv.ctypes.data, dx.ctypes.data, acc.ctypes.data
+    for i in range(nb):
+        for rr in range(nr):
+            xb = xq + (r0 + rr) * bx + i * Q6_K_SIZE
+            dx[rr] = fp16_to_fp32(ld_u16(xb + 208))
+            q6_K_unpack(xb, up + 256 * rr, sp + 288 * rr)
+        for c in range(ne11):
+            yb = y + c * rs + i * Q8_K_SIZE
+            for rr in range(0, n8, 8):
+                q6_K_levels_acc8(up + 256 * rr, sp + 288 * rr, yb, dp + 4 * rr, ap + 4 * (c * nr + rr))
+            if n8 < nr:
+                dy = ld_f32(yb)
+                for rr in range(n8, nr):
+                    res = dx[rr] * F32(q6_K_levels_sumi(up + 256 * rr, sp + 288 * rr, yb))
+                    acc[c * nr + rr] = fmaf(res, dy, acc[c * nr + rr])
+    for c in range(ne11):
+        for rr in range(nr):
+            st_f32(dst + c * nb1 + 4 * (r0 + rr), acc[c * nr + rr])
+
+
+@compiled
 def tiled_dot_q_K(n, x, y, is_q6):
     """One output of tiled_run_microtile_avx2 (see ``_tiled_dot``)."""
     return _tiled_dot(n, x, y, is_q6, np.zeros(8, np.int32), np.zeros(8, np.int16))
@@ -773,19 +898,16 @@ def kq_chunk(qtype, xq, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata):
         for i in range(n4, ne11):
             gemv_q4_K_8x8_q8_K(ne00, d0 + i * nb1 + 4 * r0, vx, y0 + i * rs, r1 - r0)
         return
+    if ne11 >= 8:                               # tiled.cpp's batch path (ggml_tiled_min_batch)
+        tiled_q6_K_chunk(ne00, xq, r0, r1, y0, rs, ne11, d0, nb1)
+        return
     bx = (ne00 // 256) * Q6_K_SIZE
-    tiled = ne11 >= 8
     acc = np.zeros(8, np.float32)
     sumi = np.zeros(8, np.int32)
-    sc = np.zeros(8, np.int16)
     for c in range(ne11):
         yc = y0 + c * rs
         for r in range(r0, r1):
-            if tiled:
-                v = _tiled_dot(ne00, xq + r * bx, yc, True, sumi, sc)
-            else:
-                v = _vec_dot_q6_K(ne00, xq + r * bx, yc, acc, sumi)
-            st_f32(d0 + c * nb1 + 4 * r, v)
+            st_f32(d0 + c * nb1 + 4 * r, _vec_dot_q6_K(ne00, xq + r * bx, yc, acc, sumi))
 
 
 @compiled
