@@ -4,7 +4,7 @@
                                                  [--flash-attn off|on|auto] [--profile] [--no-llama]
 
 For each library (the model loaded once): a new context (n_ctx 512, n_batch = n_ubatch 512, the same
-flash_attn_type for both: off unless ``--flash-attn`` says otherwise) decodes the prompt
+flash_attn_type for both: auto, llama.cpp's default, unless ``--flash-attn`` says otherwise) decodes the prompt
 ("cold": graph build, split, allocation included), then its KV cache is cleared and the same prompt is decoded again
 ("warm": the steady state). The two run rep by rep in turn; the medians and the ratio ggviz / llama.cpp (> 1: ggviz
 faster) are printed, with the tok/s. Run from another checkout (``python OTHER/benchmarks/bench_prefill.py``) to
@@ -163,8 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=128, help="prompt tokens (<= 500)")
     ap.add_argument("--model", default=None, help="a registry name (ggviz fetch --list) or a GGUF path; "
                     "default: the default model")
-    ap.add_argument("--flash-attn", choices=sorted(FA), default="off",
-                    help="flash_attn_type of both libraries' contexts (default off)")
+    ap.add_argument("--flash-attn", choices=sorted(FA), default="auto",
+                    help="flash_attn_type of both libraries' contexts (default auto: what a user gets)")
     ap.add_argument("--profile", action="store_true", help="then ggviz's warm prefill per op (see above)")
     ap.add_argument("--no-llama", action="store_true", help="ggviz only (with --profile: the profile only)")
     a = ap.parse_args(argv)
