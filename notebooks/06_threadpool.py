@@ -131,8 +131,9 @@ tl = step.timeline                                                    # ggviz.tr
 c = tl.last
 print(f"{c['n_nodes']} nodes on {c['n_threads']} threads, {(c['t_end'] - c['t_start']) / 1e6:.1f} ms")
 print("recorded from the", WALK_LABEL[data["compiled"]])
-print(f"kept the cleanest of {len(tries)} recording(s) (share of MUL_MATs run by both threads at once: "
-      f"{', '.join(f'{t:.0%}' for t in tries)}): {dist['note']}")
+print(f"kept the cleanest of {len(tries)} recording(s); share of MUL_MATs run by both threads at once: "
+      f"{', '.join(f'{t:.0%}' for t in tries)}")
+print("the one kept:", dist["note"].replace("; ", ";\n    "))
 viz.Table([{"thread": a["thread"], "in kernels (µs)": round(a["kernel_us"]),
             "barrier: spinning (µs)": round(a["spin_us"]), "barrier: asleep (µs)": round(a["sleep_us"]),
             "pool: kickoff/join (µs)": round(a["pool_us"]), "unrecorded (µs)": round(a["other_us"]),
