@@ -21,6 +21,7 @@ Linear, no biases) but not the training code; this is the missing piece, in NumP
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -353,7 +354,6 @@ def save_predictors(path, preds: list, counts: np.ndarray, act_threshold: np.nda
 def load_predictors(path=None, sha256: str | None = None):
     """``save_predictors``' file -> (predictors with the int8 weights dequantized, counts, act_threshold, meta).
     ``path`` None: the shipped file, checked against ``SHIPPED_SHA256`` (ValueError when it differs)."""
-    import hashlib
     if path is None:
         path, sha256 = SHIPPED_PREDICTOR, SHIPPED_SHA256
     path = pathlib.Path(path)

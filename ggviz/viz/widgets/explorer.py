@@ -38,9 +38,10 @@ from ...capture.inputs import token_piece
 from ...ggml import consts as C
 from ...ggml import memory
 from ...ggml.tensor import nbytes, op_desc, type_name
-from ... import llama
+from ... import llama, trace
 from ...llama import context_pool
 from .. import graph_dot as G
+from .. import model_views            # the module, not its names: model_views imports this package (_base)
 from ._base import (VizWidget, array_png, book_payload, esc, fig_to_png, new_prefix, pane_state, png_img, svg_window,
                     template)
 from .alloc_view import AllocatorView, _fmt_bytes
@@ -124,7 +125,6 @@ def reused_step(ctx, token: int) -> dict | None:
     """Decode ``token`` in ``ctx`` (which has just decoded one token: same shape) under a trace recorder: llama.cpp
     and ggviz reuse the graph (``llm_graph_result::can_reuse``), so the step neither builds nor allocates one. Returns
     {"reused", "total_ms", "ms": {phase: ms}} (None if the decode failed). This is how every later token runs."""
-    from ... import trace
     ctx.cparams.cb_eval = None
     rec = trace.Recorder()
     trace.listen(rec)
@@ -774,8 +774,7 @@ class DecodeExplorer(VizWidget):
         if not self.chain_history:
             return ""
         if self._sampler_html is None:
-            from ..model_views import SamplerView
-            sv = SamplerView(self.chain_history, llama.model_get_vocab(self.step.model))
+            sv = model_views.SamplerView(self.chain_history, llama.model_get_vocab(self.step.model))
             self._sampler_html = (png_img(fig_to_png(sv.figure()), "max-width:100%")
                                   + "<div style='font-size:12px'>the last stage, its candidates:</div>"
                                   + sv.stage_html())
