@@ -743,7 +743,9 @@ class DecodeExplorer(VizWidget):
             if nxt is not None and key in ("build_graph", "sched_alloc", "set_inputs", "compute"):
                 extra += (f" The next step, which reused the graph: {nxt['ms'][key]:.1f} ms."
                           if nxt["ms"].get(key) is not None else " The next step, which reused the graph: skipped.")
-            out.append(dict(key=key, fn=fn, text=text + extra, ms=(s[1] - s[0]) / 1e6 if s else None,
+            ms = (s[1] - s[0]) / 1e6 if s else (getattr(self.step, "t_decode_ms", None) if key == "llama_decode"
+                                                 else None)
+            out.append(dict(key=key, fn=fn, text=text + extra, ms=ms,
                             ms_next=(nxt["total_ms"] if key == "llama_decode" else nxt["ms"].get(key, 0.0))
                             if nxt is not None and key in ("llama_decode", "build_graph", "sched_alloc", "set_inputs",
                                                            "compute") else None,
