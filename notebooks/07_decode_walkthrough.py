@@ -167,7 +167,11 @@ MV.kv_cache_figure(snaps[-1], vocab);
 # with the eval callback, for the values pane.
 #
 # The row at the top is llama.cpp's path through `llama_decode` (seed 000 of the sources): click a phase to read what
-# it does and see what it is about. Then pick a node: click it in the graph (drag to pan, wheel to zoom: this is the
+# it does and see what it is about (`llama_sampler_sample` opens the sampler chain, stage by stage). Read its times
+# with care: they are ggviz's, and building, splitting and allocating the graph are interpreted Python here, while
+# llama.cpp does them in C in a fraction of a millisecond. The green times are the *next* token's step, which
+# reused the graph as llama.cpp does for every step of the same shape: no graph built, none allocated, nearly all
+# of it compute. That is the proportion of a generation. Then pick a node: click it in the graph (drag to pan, wheel to zoom: this is the
 # whole 1086-node DAG), in the buffer map or in a thread lane, or type its name in the search box. Every pane
 # follows:
 #

@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from ggviz import capture, ggml, llama
+from ggviz import capture, ggml, llama, viz
 from ggviz.ggml import consts as C
 from ggviz.ggml import quants as Q
 from ggviz.ggml.cpu import ggml_cpu
@@ -115,23 +115,27 @@ print(f"{ggml.op_name(ys.op)}: {keep.sum()} of {M} rows kept; kept rows equal gg
 # `PWRI`, with `blk.N.fc1`, `blk.N.fc2`, `blk.N.ffn_down_t` and `powerinfer.sparse_threshold`; with `--vram-budget`
 # the solver also writes `<model>.generated.gpuidx` (which neurons' rows go to the device).
 #
-# **This notebook builds a tiny one** so that it runs from scratch in well under a minute: 64 training tokens, one
-# epoch, a 0.1 GiB budget. Its predictor is weak (it has seen 64 tokens), so its recall and sparsity are *not*
-# PowerInfer's or the full build's — the measured figures of a 30,720-token build are in the table of section 7 —
-# but every picture below is the real mechanics of a real run. Set `GGVIZ_POWERINFER_DIR` to the `--out` directory
-# of a full build (`ggviz powerinfer build --out DIR --vram-budget 0.1`, ~50 min on 2 loaded cores) to see it with a
-# trained one.
+# **This notebook does not train.** A full build records the corpus and trains 30 predictors: most of an hour on two
+# cores, too long for a page. So ggviz ships the predictors of one real build (`ggviz/powerinfer/predictors/`:
+# trained by `tools/powerinfer_predictor.py` on 16,384 tokens of the corpus, 4 epochs; stored in int8 with one
+# scale per output column, 8 MB, checked against its SHA-256 before use), and `pipeline.build_from_shipped` writes
+# the PWRI model from them in seconds: the same files `ggviz powerinfer build` writes (the GGUF with `fc1`, `fc2`,
+# `ffn_down_t`; the activation counts; the solver's `gpuidx` for a 0.1 GiB budget). Set `GGVIZ_POWERINFER_DIR` to
+# the `--out` directory of your own build to see that one instead.
+#
+# Then the predictor is put to the test here, on **tokens it never saw**: 128 tokens of the corpus after its training
+# range go through the dense model, and for every layer we count how many of the active neurons the predictor keeps.
 
 # %%
 out_dir = pathlib.Path(os.environ.get("GGVIZ_POWERINFER_DIR", pathlib.Path.home() / ".cache" / "ggviz" / "powerinfer"))
 pwri = out_dir / "SmolLM2-135M-Instruct.Q4_1.powerinfer.gguf"
-if not pwri.exists():
-    out_dir = pathlib.Path(tempfile.gettempdir()) / "ggviz_powerinfer_tiny_b"
+if not pwri.exists():               # no build of your own: the shipped predictor's model (written once, then reused)
+    out_dir = pathlib.Path(tempfile.gettempdir()) / f"ggviz_powerinfer_{P.SHIPPED_SHA256[:12]}"
     pwri = out_dir / "SmolLM2-135M-Instruct.Q4_1.powerinfer.gguf"
     if not pwri.exists():
         t0 = time.perf_counter()
-        P.build(out_dir, tokens=64, heldout=32, seq_len=96, epochs=1, vram_budget_gib=0.1, quiet=True)
-        print(f"tiny build: {time.perf_counter() - t0:.0f} s")
+        P.build_from_shipped(out_dir, vram_budget_gib=0.1)
+        print(f"PWRI model written from the shipped predictor in {time.perf_counter() - t0:.0f} s")
 mp = llama.model_default_params()
 if pathlib.Path(str(pwri) + ".generated.gpuidx").exists():
     mp.vram_budget_gb = 0.1          # load the solver's split: the graph gets its *_gpu halves
@@ -139,7 +143,20 @@ sparse = llama.model_load_from_file(str(pwri), mp)
 metrics = json.loads((out_dir / "metrics.json").read_text())
 n_layer = sparse.hparams.n_layer
 print(pwri.name, "magic", pwri.read_bytes()[:4], "| threshold in the file:", sparse.sparse.sparse_pred_threshold,
-      f"| trained on {metrics['tokens']} tokens, held-out recall at threshold 0: {metrics['mean_recall@0.0']:.3f}")
+      f"| trained on {metrics['tokens']:,} tokens")
+
+# %%
+from ggviz.run import load_model
+
+dense = load_model()                 # the dense SmolLM2 the predictors were trained on
+preds = [P.Predictor(w1=np.asarray(ggml.get_data(sl.mlp_pre_w1), np.float32).reshape(-1, sl.mlp_pre_w1.ne[0]).T,
+                     w2=np.asarray(ggml.get_data(sl.mlp_pre_w2), np.float32).reshape(-1, sl.mlp_pre_w2.ne[0]).T)
+         for sl in sparse.sparse.layers]                     # the predictors as the PWRI file holds them
+held = P.heldout_recall(dense, preds, metrics["act_threshold"], P.heldout_ids(dense.vocab, metrics, 128))
+viz.Table([{"threshold": f"{thr:g}", "held-out recall (mean of 30 layers)": round(v["mean_recall"], 3),
+            "lowest layer": f"{min(v['recall']):.3f} (layer {int(np.argmin(v['recall']))})",
+            "rows predicted off": f"{v['mean_skipped']:.1%}"} for thr, v in held["by_threshold"].items()],
+          title=f"the predictor on {held['tokens']} tokens it was never trained on")
 
 # %% [markdown]
 # *Read the code:* ggviz.llama.powerinfer.load_sparse, ggviz.llama.powerinfer.set_gpu_index ↔ PowerInfer/llama.cpp llm_load_sparse_model_tensors
@@ -202,6 +219,25 @@ PV.HotColdView(counts, run_full.gpu_idx, layer=10)
 # %%
 run = capture.capture_sparse_run(sparse, ids)
 PV.SkippedRowsView(run, layer=10, token=3)
+
+# %% [markdown]
+# The grey share above is not the "rows skipped" of section 3, for the same layer and threshold. Two reasons, counted
+# from the two runs below: section 3 counts **every** row the predictor switches off, in a run where nothing was
+# skipped; here the grey counts only the **CPU's** rows (the device's half skips its own rows below the threshold
+# too, inside the green), and layer 10's input is not quite the same, because layers 0–9 skipped rows before it.
+
+# %%
+il = 10
+dev = np.asarray(run.gpu_idx[il]) == 1
+off = run.idx[il] < run.threshold
+viz.Table([{"rows of layer 10 (all tokens)": "section 3: switched off by the predictor (run at −∞)",
+            "share": f"{(run_full.idx[il] < run.threshold).mean():.1%}"},
+           {"rows of layer 10 (all tokens)": "section 5: switched off in this run (its input went through 10 sparse "
+                                             "layers)", "share": f"{off.mean():.1%}"},
+           {"rows of layer 10 (all tokens)": "… of them on the device: its half skips them (inside the green)",
+            "share": f"{(off & dev[None, :]).mean():.1%}"},
+           {"rows of layer 10 (all tokens)": "… of them on the CPU: the grey above", "share": f"{(off & ~dev[None, :]).mean():.1%}"}],
+          title=f"layer {il}, threshold {run.threshold:g}: from section 3's count to section 5's grey")
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.cpu.powerinfer.forward_mul_mat_sparse ↔ PowerInfer/ggml.c ggml_compute_forward_mul_mat_sparse
@@ -313,10 +349,9 @@ PV.SparseCostView(sparse, run, kernel_times=times, transfers=transfers)
 # %% [markdown]
 # **What the speed-up is, and is not, on SmolLM2.** The kernels' time is proportional to the rows they compute, so
 # a skipped row is a saved row. But on this SwiGLU model a predictor that keeps the model's quality skips few rows.
-# Measured with `benchmarks/bench_powerinfer.py --model ... --eval-tokens 512` on 512 held-out tokens, for a build
-# on 30,720 tokens of `pydoc_data.topics` (`ggviz powerinfer build`: recording 1,004 s, training 2,049 s — 8 epochs
-# — for 30 layers on a loaded 2-core machine; held-out recall 0.868 with 28.5 % of rows predicted off at threshold
-# 0, 0.979 at 9.0 % at −1), dense perplexity 13.39:
+# Measured by `benchmarks/bench_powerinfer.py --eval-tokens 512` on 512 held-out tokens, for a larger build than
+# the shipped one (30,720 training tokens, 8 epochs; held-out recall 0.868 at threshold 0, 0.979 at −1); the dense
+# model's perplexity there is 13.39:
 #
 # | threshold | rows skipped | perplexity vs dense | mean KL | top-1 agreement |
 # |---|---|---|---|---|
@@ -335,13 +370,14 @@ PV.SparseCostView(sparse, run, kernel_times=times, transfers=transfers)
 # KL below 1e-3 at −∞ would need AXPY to add in MUL_MAT's order.)
 #
 # **So, plainly.** What the speed-up *is*: each skipped row is a row of work not done — the kernel's time falls in
-# proportion (section 7's first cell), and at threshold 0 the FFN's products shrink by 30 %. What it *is not*, on
-# this model:
+# proportion (section 7's first cell), and the FFN's products shrink by the share of rows skipped (the cost view
+# above: about a quarter at threshold 0 with the shipped predictor; 29.7 % in the larger build of the table). What
+# it *is not*, on this model:
 #
 # - **not free**: the predictor costs 16.2 MFLOP per token (576·128 + 128·1536 multiply-adds per layer), 10 % of
 #   the dense FFN's 159 MFLOP. Below ~10 % rows skipped the sparse decode does *more* arithmetic than the dense one
-#   — and threshold −1, the one that keeps perplexity within 1 %, skips 9.7 %. At threshold 0 (29.7 %) the whole
-#   decode saves about 12 % of its weight-matrix FLOPs, for +4.5 % perplexity.
+#   — and in the table's build threshold −1, the one that keeps perplexity within 1 %, skips 9.7 %. At threshold 0
+#   (29.7 % skipped there) the whole decode saves about 12 % of its weight-matrix FLOPs, for +4.5 % perplexity.
 # - **not fewer bytes** unless most rows are skipped: a kept neuron reads 1,872 bytes (Q4_1 up and gate rows plus
 #   its F16 `ffn_down_t` row, which AXPY needs), the dense FFN 1,080 (all three Q4_1); the sparse FFN reads less only
 #   above 42 % skipped. On a memory-bound CPU decode that is the number that matters.

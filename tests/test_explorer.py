@@ -277,3 +277,22 @@ def test_a_recording_from_disk_draws_the_same(ex, tmp_path):
         assert back.state() == ref.state()
         assert _ids_in_order(back.to_html()) == _ids_in_order(ref.to_html())
         assert _ids_in_order(back.mem_svg() + back.lanes_svg()) == _ids_in_order(ref.mem_svg() + ref.lanes_svg())
+
+
+def test_sample_phase_shows_the_sampler_chain_and_the_reused_step(ex):
+    """The "sample" phase opens the sampler chain run on this step's logits (SamplerView's grid and a stage table),
+    not just the last node; the spine's second times are the next step's, which reused the graph."""
+    h = ex.chain_history
+    assert [x["step"] for x in h] == ["logits", "top-k", "top-p", "min-p", "temp", "dist"]
+    assert h[0]["top"][0][0] == ex.sampled                  # the best logit is the greedy pick the recording made
+    assert h[-1]["selected"] == ex.chain_token and h[1]["n"] == 40
+    ph = {p["key"]: p for p in ex.phases()}
+    assert "data:image/png;base64," in ph["sample"]["html"] and "<table" in ph["sample"]["html"]
+    assert all(not p["html"] for k, p in ph.items() if k != "sample")
+    assert f"token {ex.chain_token}" in ph["sample"]["text"]
+    assert ph["sample"]["html"] in ex.select_phase("sample").to_html()
+    # the next token's step: the graph reused (llama.cpp's can_reuse), so nothing was built or allocated
+    r = ex.reused
+    assert r is not None and r["reused"] and "build_graph" not in r["ms"] and r["ms"]["compute"] > 0
+    assert ph["compute"]["ms_next"] == pytest.approx(r["ms"]["compute"]) and ph["build_graph"]["ms_next"] == 0.0
+    assert "reused the graph" in ex.timing_note()

@@ -107,3 +107,45 @@ def test_faithful_walk_is_labelled_as_such(model):
     assert not d["compiled"]
     assert ThreadTimeline(rec).state()["walk"] == WALK_LABEL[False]
     assert sum(a["spin_us"] for a in thread_accounting(d)) == 0.0       # its barrier sleeps from the start
+
+
+def _synthetic(busy: bool) -> dict:
+    """Two threads, four MUL_MATs of 4 chunks each (hand-made records, µs). Quiet: the threads start together and
+    every MUL_MAT's chunks overlap. Busy: thread 1 starts 300 µs late, thread 0 sleeps in the barriers, and the
+    first three MUL_MATs are run by thread 0 alone (3:1 chunk splits, no overlap)."""
+    nodes, chunks, barriers = [], [], []
+    for k in range(4):
+        t = 100.0 * k
+        for ith in (0, 1):
+            late = 300.0 if (busy and ith == 1 and k < 3) else 0.0
+            nodes.append({"ith": ith, "node_n": k, "name": f"mm{k}", "op": "MUL_MAT", "t0": t + late,
+                          "t1": t + 90 + late, "fused": False})
+        if busy and k < 3:
+            own = [(0, 0), (0, 1), (0, 2), (1, 3)]
+        else:
+            own = [(0, 0), (1, 1), (0, 2), (1, 3)]
+        for j, (ith, ch) in enumerate(own):
+            t0 = t + 20 * (j // 2 if not (busy and k < 3) else j) + (300.0 if busy and ith == 1 and k < 3 else 0.0)
+            chunks.append({"ith": ith, "node_n": k, "name": f"mm{k}", "chunk": ch, "t0": t0, "t1": t0 + 18,
+                           "ir0": (ch, ch + 1), "ir1": (0, 1)})
+        if busy:
+            barriers.append({"ith": 0, "t0": t + 90, "t1": t + 100 + (300 if k < 3 else 0), "node_n": k,
+                             "where": None})
+    return {"n_threads": 2, "compiled": True, "n_tasks": None, "work_size": None, "n_nodes": 4, "nodes": nodes,
+            "chunks": chunks, "barriers": barriers, "t_end": 800.0 if busy else 400.0}
+
+
+def test_disturbance_says_in_numbers_how_busy_the_machine_was():
+    from ggviz.viz.widgets.timeline import disturbance, plot_timeline
+    q = disturbance(_synthetic(False))
+    assert q["clean"] and q["n_mul_mat"] == 4 and q["n_both"] == 4 and q["late_us"] == {0: 0.0, 1: 0.0}
+    assert "both threads inside the same MUL_MAT for 4 of 4 MUL_MATs" in q["note"] and "BUSY" not in q["note"]
+    b = disturbance(_synthetic(True))
+    # by hand: only the last MUL_MAT overlaps (1 of 4 < half); thread 1 is 300 µs late (> 5 % of 800 µs)
+    assert not b["clean"] and b["n_both"] == 1 and b["late_us"][1] == pytest.approx(300.0)
+    assert b["worst_split"][1] == [3, 1]
+    assert b["note"].startswith("BUSY MACHINE") and "1 of 4 MUL_MATs" in b["note"] and "split its chunks 3:1" in b["note"]
+    assert "thread 1 started 0.3 ms after the first" in b["note"]
+    # the figure carries it in its title
+    fig = plot_timeline(_synthetic(True))
+    assert "BUSY MACHINE" in fig.axes[0].get_title()

@@ -31,6 +31,21 @@ def token_piece(vocab, tid: int) -> str:
     return s.replace("\n", "\\n")
 
 
+class RecordedPieces:
+    """The pieces of a few tokens, recorded from a vocabulary: answers ``token_to_piece`` (what ``token_piece`` and
+    ``token_label`` ask a vocabulary) for those tokens, so a view loaded from disk labels them with no model."""
+
+    def __init__(self, pieces: dict):
+        self.pieces = {int(k): str(v) for k, v in pieces.items()}
+
+    @classmethod
+    def of(cls, vocab, ids) -> RecordedPieces:
+        return cls({int(t): vocab.token_to_piece(int(t), special=True).decode("utf-8", "replace") for t in set(ids)})
+
+    def token_to_piece(self, tid: int, special: bool = True) -> bytes:
+        return self.pieces.get(int(tid), f"<{int(tid)}>").encode("utf-8")
+
+
 def token_label(vocab, tid) -> str:
     """``token_piece``, quoted when it has spaces at an end (or is empty)."""
     p = token_piece(vocab, tid)

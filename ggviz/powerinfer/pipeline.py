@@ -21,6 +21,7 @@ Linear, no biases) but not the training code; this is the missing piece, in NumP
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -316,6 +317,149 @@ def write_powerinfer_gguf(src_path, out_path, predictors: list, down_t: list, th
     w.close()
     with open(out_path, "r+b") as f:
         f.write(POWERINFER_MAGIC)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the shipped predictor: trained once, stored in int8, turned into a PWRI model in seconds
+# ---------------------------------------------------------------------------------------------------------------------
+
+# A full build (record + train) takes most of an hour on 2 cores; the book cannot wait that long, and a 64-token toy
+# predictor (what it trained before) has a held-out recall of ~0.54: a coin flip, not PowerInfer's mechanism. So the
+# predictors of a real build ship with ggviz, trained by ``train_shipped`` (tools/powerinfer_predictor.py) on the
+# recording of ``corpus_tokens`` for SmolLM2-135M-Instruct.Q4_1, each matrix in int8 with one float32 scale per
+# output column (8.1 MB for 30 layers instead of 32 MB of float32); ``build_from_shipped`` writes the PWRI GGUF from
+# them. The file is checked against its SHA-256 before use.
+SHIPPED_PREDICTOR = pathlib.Path(__file__).resolve().parent / "predictors" / "SmolLM2-135M-Instruct.Q4_1.npz"
+SHIPPED_SHA256 = "e6bd3d15571b135b13c425ea8333ce6db06deb450cc05a89f8dbcef9fa3e0ea6"
+
+
+def _q8_columns(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 per output column (the last axis): w ~= q * scale, |q| <= 127."""
+    w = np.asarray(w, F32)
+    scale = (np.abs(w).max(0) / F32(127)).astype(F32)
+    scale[scale == 0] = F32(1)
+    return np.clip(np.rint(w / scale), -127, 127).astype(np.int8), scale
+
+
+def save_predictors(path, preds: list, counts: np.ndarray, act_threshold: np.ndarray, meta: dict) -> None:
+    """The predictors (int8 + column scales), the per-neuron activation counts and thresholds, and ``meta`` (JSON)."""
+    arrays = {}
+    for il, p in enumerate(preds):
+        arrays[f"w1_q_{il}"], arrays[f"w1_s_{il}"] = _q8_columns(p.w1)
+        arrays[f"w2_q_{il}"], arrays[f"w2_s_{il}"] = _q8_columns(p.w2)
+    np.savez_compressed(path, counts=np.asarray(counts, np.int32), act_threshold=np.asarray(act_threshold, F32),
+                        meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+
+
+def load_predictors(path=None, sha256: str | None = None):
+    """``save_predictors``' file -> (predictors with the int8 weights dequantized, counts, act_threshold, meta).
+    ``path`` None: the shipped file, checked against ``SHIPPED_SHA256`` (ValueError when it differs)."""
+    if path is None:
+        path, sha256 = SHIPPED_PREDICTOR, SHIPPED_SHA256
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no predictor file at {path}")
+    if sha256 is not None:
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        if got != sha256:
+            raise ValueError(f"{path.name}: SHA-256 {got[:16]}... is not the shipped file's {sha256[:16]}...: "
+                             f"the file is damaged or was replaced")
+    with np.load(path) as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+        n_layer = int(meta["n_layer"])
+        preds = [Predictor(w1=(z[f"w1_q_{il}"].astype(F32) * z[f"w1_s_{il}"]).astype(F32),
+                           w2=(z[f"w2_q_{il}"].astype(F32) * z[f"w2_s_{il}"]).astype(F32)) for il in range(n_layer)]
+        return preds, np.array(z["counts"], np.int64), np.array(z["act_threshold"], F32), meta
+
+
+def capture_ffn(model, ids, threads: int = 2) -> tuple[list, list]:
+    """One sequence through the dense model: every layer's predictor input (``ffn_inp-N``) and activation
+    (``ffn_swiglu-N``, silu(gate)*up), float32 (tokens x n_embd, tokens x n_ff)."""
+    n_layer = model.hparams.n_layer
+    want = {f"ffn_inp-{il}": 0 for il in range(n_layer)}
+    want.update({f"ffn_swiglu-{il}": 1 for il in range(n_layer)})
+    got = [[None] * n_layer, [None] * n_layer]
+
+    def keep(t, a):
+        got[want[t.name]][int(t.name.rsplit("-", 1)[1])] = a
+
+    cb = EvalCallback(lambda t: t.name in want,
+                      copy=lambda t: np.array(ggml.get_data(t), dtype=F32).reshape(-1, int(t.ne[0])), sink=keep)
+    ctx = _ctx(model, len(ids), threads)
+    ctx.cparams.cb_eval = cb
+    try:
+        if llama.decode(ctx, _batch_all_logits(ids)) != 0:
+            raise RuntimeError("llama_decode failed")
+    finally:
+        ctx.cparams.cb_eval = None
+        llama.free(ctx)
+    return got[0], got[1]
+
+
+def heldout_recall(model, preds: list, act_threshold, ids, thresholds=(0.0, -0.5, -1.0)) -> dict:
+    """The predictors on tokens they were not trained on (one decode of ``ids`` through the dense model): per
+    threshold and layer, of the neurons active (|silu(g)*u| above the layer's ``act_threshold``) the share the
+    predictor keeps (recall), and the share of rows it drops; and their means over layers."""
+    xs, acts = capture_ffn(model, ids)
+    out = {"tokens": len(ids), "by_threshold": {}}
+    for thr in thresholds:
+        rs = [recall_sparsity(p, xs[il], np.abs(acts[il]) > act_threshold[il], thr) for il, p in enumerate(preds)]
+        out["by_threshold"][float(thr)] = {"recall": [r for r, _ in rs], "skipped": [s for _, s in rs],
+                                           "mean_recall": float(np.mean([r for r, _ in rs])),
+                                           "mean_skipped": float(np.mean([s for _, s in rs]))}
+    return out
+
+
+def heldout_ids(vocab, meta: dict, n: int) -> list[int]:
+    """``n`` tokens of the build's held-out range of the corpus (after its training tokens): never trained on. The
+    shipped file lists the first 256 (``meta["heldout_ids"]``, so that a check need not tokenize 16k tokens)."""
+    if len(meta.get("heldout_ids") or ()) >= n:
+        return [int(t) for t in meta["heldout_ids"][:n]]
+    t = int(meta["tokens"])
+    return corpus_tokens(vocab, t + n)[t:t + n]
+
+
+def build_from_shipped(out_dir, model_path=DEFAULT_MODEL, threshold: float = 0.0, vram_budget_gib: float | None = None,
+                       artifact=None) -> BuildResult:
+    """The PWRI model of the shipped predictor (``artifact``: another ``save_predictors`` file, unchecked): the same
+    files as ``build`` (model, activation counts, gpuidx with ``vram_budget_gib``, metrics.json with the recall the
+    training measured), in seconds."""
+    threshold, vram_budget_gib, _ = check_build_args(tokens=16, heldout=1, seq_len=1, hidden=1, epochs=1, threads=1,
+                                                     threshold=threshold, vram_budget_gib=vram_budget_gib,
+                                                     pos_weight=1.0)
+    preds, counts, act_thr, meta = load_predictors(artifact)
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = llama.model_load_from_file(os.fspath(model_path), llama.model_default_params())
+    try:
+        if model.sparse is not None:
+            raise ValueError(f"{model_path} is already a PowerInfer (PWRI) model")
+        hp = model.hparams
+        if len(preds) != hp.n_layer or preds[0].w2.shape[1] != hp.n_ff or preds[0].w1.shape[0] != hp.n_embd:
+            raise ValueError(f"the predictor file is for {len(preds)} layers of {preds[0].w1.shape[0]} -> "
+                             f"{preds[0].w2.shape[1]}, not this model's {hp.n_layer} of {hp.n_embd} -> {hp.n_ff}")
+        act_dir = out / "activation"
+        act_dir.mkdir(exist_ok=True)
+        for il in range(hp.n_layer):
+            np.save(act_dir / f"activation_{il}.npy", counts[il])
+        dst = out / pathlib.Path(model_path).name.replace(".gguf", ".powerinfer.gguf")
+        write_powerinfer_gguf(model_path, dst, preds, [down_t_f16(model, il) for il in range(hp.n_layer)],
+                              threshold)
+    finally:
+        llama.model_free(model)
+    gpuidx, split = None, {}
+    if vram_budget_gib is not None:
+        budget = int(vram_budget_gib * (1 << 30))
+        pm = llama.model_load_from_file(os.fspath(dst))
+        plan = lpi.offload_plan(pm, budget)
+        gpuidx, cap, solved = solver.write_gpuidx(dst, counts, plan["neuron_bytes"], pm.layers[0].ffn_up, budget)
+        llama.model_free(pm)
+        split = {"vram_budget": budget, "offload_steps": plan["steps"], "neuron_bytes": plan["neuron_bytes"],
+                 "neuron_cap": cap, "hot_per_layer": solved}
+    metrics = {**split, **{k: v for k, v in meta.items() if k != "n_layer"}, "shipped": True,
+               "act_threshold": [float(v) for v in act_thr]}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    return BuildResult(dst, gpuidx, metrics)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

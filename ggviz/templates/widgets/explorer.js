@@ -12,7 +12,9 @@ function render({ model, el }) {
   el.innerHTML = `
   <style class="ggv-x-sel"></style>
   <div class="ggv-x-spine"></div>
+  <div class="ggv-x-timing-note" style="font:11px sans-serif;color:#546e7a;margin:1px 0 2px 4px"></div>
   <div class="ggv-x-phase-text" style="font:12px sans-serif;margin:2px 0 6px 4px;color:#37474f"></div>
+  <div class="ggv-x-phase-detail" style="display:none;margin:2px 0 6px 4px"></div>
   <div style="margin:4px 0">
     <input class="ggv-x-search" list="${P}names" placeholder="search a node or tensor by name, Enter"
            style="width:320px;font-size:12px"/>
@@ -188,12 +190,19 @@ function render({ model, el }) {
     const ph = phases.find(p => p.key === key);
     el.querySelectorAll(".ggv-x-phase").forEach(b => b.classList.toggle("on", b.dataset.key === key));
     q(".ggv-x-phase-text").textContent = ph ? ph.text : "";
+    // a phase with a pane of its own (the sampler chain of "sample"): shown under its text while it is selected
+    const det = q(".ggv-x-phase-detail");
+    det.innerHTML = ph && ph.html ? ph.html : "";
+    det.style.display = ph && ph.html ? "" : "none";
     if (fromUser) { model.set("phase", key); model.save_changes(); }
     if (ph && ph.select) select(ph.select, fromUser);
   };
   q(".ggv-x-spine").innerHTML = phases.map((p, i) =>
     `<span class="ggv-x-phase" data-key="${p.key}" title="${p.text.replace(/"/g, "&quot;")}">${p.fn}` +
-    (p.ms ? ` <small>${p.ms.toFixed(1)} ms</small>` : "") + `</span>` + (i < phases.length - 1 ? " → " : "")).join("");
+    (p.ms ? ` <small>${p.ms.toFixed(1)} ms</small>` : "") +
+    (p.ms_next !== null && p.ms_next !== undefined ? ` <small style="color:#2e7d32">· next ${p.ms_next.toFixed(1)}</small>` : "") +
+    `</span>` + (i < phases.length - 1 ? " → " : "")).join("");
+  q(".ggv-x-timing-note").textContent = model.get("timing_note") || "";
   el.querySelectorAll(".ggv-x-phase").forEach(b => b.addEventListener("click", () => setPhase(b.dataset.key, true)));
   // clicks in the pictures: a graph vertex (id GP + n12 / l3), a buffer slot (P + m7), a lane span (class P + s12)
   const slotNode = {};

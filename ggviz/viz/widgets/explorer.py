@@ -32,14 +32,19 @@ import ipywidgets as W
 import numpy as np
 import traitlets
 
-from ...capture.explorer import StepRecord, capture_step, record_step
+from ...capture.explorer import StepRecord, capture_step, phase_spans, record_step
+from ...capture.inputs import RecordedPieces, token_piece
 from ...ggml import consts as C
 from ...ggml.tensor import nbytes, op_desc, type_name
+from ...llama import context_pool
 from .. import graph_dot as G
-from ._base import VizWidget, array_png, book_payload, esc, new_prefix, pane_state, png_img, svg_window, template
+from .. import model_views            # the module, not its names: model_views imports this package (_base)
+from ._base import (VizWidget, array_png, book_payload, esc, fig_to_png, new_prefix, pane_state, png_img, svg_window,
+                    template)
 from .alloc_view import AllocatorView, _fmt_bytes
 from .graph import GraphView, highlight_css
 from .sched_view import STAGE_TITLES, STAGES, SchedulerView
+from .timeline import cleanest, disturbance, timeline_data
 
 RED = "#d50000"
 SHARE = "#ef6c00"
@@ -87,8 +92,23 @@ PHASES = [
      "ggml_backend_tensor_get_async copies result_output (one row of n_vocab logits per output) into the "
      "context's logits buffer."),
     ("sample", "llama_sampler_sample",
-     "the sampler chain reads the logits of the last output and picks the next token (here: greedy, the argmax)."),
+     "the sampler chain reads the logits of the last output and picks the next token: each sampler of the chain "
+     "removes candidates or reshapes their probabilities, and the last one picks."),
 ]
+
+def _cleanest(step, again):
+    """``record_step``'s choice of the step to draw: when a busy machine took a core during the recorded compute,
+    record the step again (up to 3 times) and keep the cleanest; the lanes' note says how clean the one kept is."""
+    if disturbance(timeline_data(step.events))["clean"]:
+        return step
+
+    def fresh():
+        context_pool.context_pool_clear()      # a fresh context: ggviz's thread policy starts from all threads
+        return again()
+
+    best = cleanest(fresh, tries=3)[0]
+    return best if disturbance(timeline_data(best.events))["both_share"] >= \
+        disturbance(timeline_data(step.events))["both_share"] else step
 
 
 def _rows(a: np.ndarray, width: int = 64):
@@ -131,6 +151,13 @@ class DecodeExplorer(VizWidget):
         self.node_names = [t.name for t in gf.nodes]
         self.leaf_names = [t.name for t in gf.leafs]
         self.sampled = rec.sampled
+        # the "sample" phase: the sampler chain on this step's logits, stage by stage (SamplerView's grid and tables),
+        # its tokens labelled from the pieces the record holds
+        ch = rec.chain or {}
+        self.chain_token, self.chain_history = ch.get("token"), ch.get("history") or []
+        self._pieces = RecordedPieces(ch.get("pieces") or {})
+        self._sampler_html = None
+        self.reused = rec.reused      # the next step's phases (the graph reused; None: not recorded)
         # ---- the scheduler: backend and cause per node, the pass that set it, the split
         self.sv = SchedulerView(rec.sched)
         fin = self.sv.assignment("5")
@@ -208,7 +235,7 @@ class DecodeExplorer(VizWidget):
         """Decode ``prompt`` and then one token, recording the trace; then (``values``) the same step in a second
         context with the eval callback copying every node's output (the values pane): ``capture.record_step``. Both
         runs must pick the same token."""
-        rec, step = record_step(prompt, threads, model, n_ctx, values)
+        rec, step = record_step(prompt, threads, model, n_ctx, values, choose=_cleanest if threads > 1 else None)
         self = cls(rec, **kw)
         self.step, self.sched = step, step.ctx.sched         # the live run, for a look at the engine behind it
         return self
@@ -505,10 +532,16 @@ class DecodeExplorer(VizWidget):
         return s
 
     def lanes_note(self) -> str:
-        """Which path of the CPU backend ran the recorded compute: the lanes mean different things."""
+        """Which path of the CPU backend ran the recorded compute (the lanes mean different things), and how much
+        the machine disturbed it (``timeline.disturbance``)."""
         if self.compiled:
-            return ("recorded from the compiled path (ggviz/ggml/cpu/fast): the threads really run at the same time, "
+            note = ("recorded from the compiled path (ggviz/ggml/cpu/fast): the threads can run at the same time, "
                     "as in ggml")
+            try:
+                note += "; this recording: " + disturbance(timeline_data(self.record.events))["note"]
+            except ValueError:          # no compute recorded
+                pass
+            return note
         return ("recorded from the faithful NumPy path: Python's GIL lets one thread run at a time, so a thread's "
                 "wait is often the other one holding the GIL, not ggml's barrier")
 
@@ -602,26 +635,10 @@ class DecodeExplorer(VizWidget):
 
     def phases(self) -> list[dict]:
         """The spine: each phase's function, text, the time it took in this run (from the trace events) and the
-        tensor it selects."""
-        ev = self.record.events
-
-        def span(pred_a, pred_b=None):
-            ts = [e["t"] for e in ev if pred_a(e)]
-            te = [e["t"] for e in ev if (pred_b or pred_a)(e)]
-            return (min(ts), max(te)) if ts and te else None
-
-        spans = {
-            "build_graph": span(lambda e: e["kind"] in ("graph.visit", "graph.add")),
-            "sched_alloc": span(lambda e: e["kind"] in ("sched.pass", "sched.assign", "sched.split",
-                                                        "sched.alloc")),
-            "compute": span(lambda e: e["kind"] in ("cpu.compute.start", "cpu.compute.end")),
-        }
-        # set_inputs runs between the allocation and the compute (llm_graph_result::set_inputs has no event of its
-        # own): from the sched.alloc event to the start of the first split's compute
-        a = [e["t"] for e in ev if e["kind"] == "sched.alloc"]
-        c = [e["t_start"] for e in ev if e["kind"] == "sched.compute_split"]
-        if a and c and c[0] >= a[-1]:
-            spans["set_inputs"] = (a[-1], c[0])
+        tensor it selects; with ``reused`` (``reused_step``), the time the same phase took in the next step, which
+        reused the graph."""
+        spans = phase_spans(self.record.events)
+        nxt = getattr(self, "reused", None)
         out = []
         for key, fn, text in PHASES:
             s = spans.get(key)
@@ -636,12 +653,54 @@ class DecodeExplorer(VizWidget):
                          f"; compute buffer {_fmt_bytes(self.av.space_size(0))}.")
             elif key == "compute" and self.compute is not None:
                 extra = f" {len(self.compute['threads'])} threads, {(self._t1 - self._t0) / 1e6:.2f} ms."
-            elif key == "sample" and self.sampled is not None:
-                extra = f" Greedy pick of this step's logits: token {self.sampled}."
+            elif key == "sample" and self.chain_history:
+                piece = lambda t: repr(self._piece(t))  # noqa: E731
+                extra = (f" Below: llama-cli's default chain ({' → '.join(h['step'] for h in self.chain_history[1:])})"
+                         f" on this step's logits; it picked token {self.chain_token} {piece(self.chain_token)}."
+                         + (f" (This recording itself continues greedily: the argmax, token {self.sampled} "
+                            f"{piece(self.sampled)}.)" if self.sampled is not None else ""))
             tgt = self._phase_target(key)
-            out.append(dict(key=key, fn=fn, text=text + extra, ms=(s[1] - s[0]) / 1e6 if s else None,
-                            select=(("n" if tgt[0] == "node" else "l") + str(tgt[1])) if tgt else ""))
+            if nxt is not None and key in ("build_graph", "sched_alloc", "set_inputs", "compute"):
+                extra += (f" The next step, which reused the graph: {nxt['ms'][key]:.1f} ms."
+                          if nxt["ms"].get(key) is not None else " The next step, which reused the graph: skipped.")
+            ms = (s[1] - s[0]) / 1e6 if s else (self.record.t_decode_ms if key == "llama_decode"
+                                                 else None)
+            out.append(dict(key=key, fn=fn, text=text + extra, ms=ms,
+                            ms_next=(nxt["total_ms"] if key == "llama_decode" else nxt["ms"].get(key, 0.0))
+                            if nxt is not None and key in ("llama_decode", "build_graph", "sched_alloc", "set_inputs",
+                                                           "compute") else None,
+                            select=(("n" if tgt[0] == "node" else "l") + str(tgt[1])) if tgt else "",
+                            html=self.sampler_html() if key == "sample" else ""))
         return out
+
+    def timing_note(self) -> str:
+        """What the times on the spine are: Python's cost for this step, and the step llama.cpp (and ggviz) runs for
+        every later token, which reuses the graph."""
+        s = ("Times: this step in ggviz. Building the graph, splitting and allocating it run as interpreted Python "
+             "here (llama.cpp does them in C, in a fraction of a millisecond); the compute runs compiled kernels.")
+        nxt = self.reused
+        if nxt is not None and nxt["reused"]:
+            ms = nxt["ms"]
+            s += (f" Green: the next token's step, which reused the graph (llm_graph_result::can_reuse, as llama.cpp "
+                  f"does for every step of the same shape): no graph built, none allocated"
+                  f"{'' if ms.get('sched_alloc') is None else ' (scheduler ' + format(ms['sched_alloc'], '.1f') + ' ms)'}"
+                  f", compute {ms.get('compute', 0.0):.1f} ms of {nxt['total_ms']:.1f} ms in all.")
+        return s
+
+    def _piece(self, tok):
+        return token_piece(self._pieces, tok)
+
+    def sampler_html(self) -> str:
+        """The "sample" phase's pane: the chain's stages as SamplerView draws them (grid of candidates x stages,
+        then the chosen token's stage table)."""
+        if not self.chain_history:
+            return ""
+        if self._sampler_html is None:
+            sv = model_views.SamplerView(self.chain_history, self._pieces)
+            self._sampler_html = (png_img(fig_to_png(sv.figure()), "max-width:100%")
+                                  + "<div style='font-size:12px'>the last stage, its candidates:</div>"
+                                  + sv.stage_html())
+        return self._sampler_html
 
     # ============================================================================================== static
     def to_html(self) -> str:
@@ -651,10 +710,14 @@ class DecodeExplorer(VizWidget):
         for ph in self.phases():
             on = "#ffcdd2" if ph["key"] == self.phase else "#eceff1"
             ms = f" <small>{ph['ms']:.1f} ms</small>" if ph["ms"] else ""
+            if ph.get("ms_next") is not None:
+                ms += f" <small style='color:#2e7d32'>· next {ph['ms_next']:.1f}</small>"
             boxes.append(f"<span title='{esc(ph['text'])}' style='display:inline-block;padding:3px 7px;margin:2px;"
                          f"border-radius:4px;font-size:12px;border:1px solid #90a4ae;background:{on}'>"
                          f"{esc(ph['fn'])}{ms}</span>")
-        spine = " → ".join(boxes)
+        spine = " → ".join(boxes) + f"<div style='font-size:11px;color:#546e7a'>{esc(self.timing_note())}</div>"
+        if self.phase == "sample":
+            spine += self.sampler_html()
         gv = GraphView(self.gf, max_open=1)
         if i is not None:
             gv.select(i, kind=k)
@@ -710,7 +773,7 @@ class DecodeExplorer(VizWidget):
         self._pane = ExplorerPane(graph_svg=self._gsvg, mem_svg=self.mem_svg(),
                                   memz_svg=self.mem_svg(prefix=self.prefix + "z", height=200, zoom=True),
                                   lanes_svg=self.lanes_svg(), lanes_note=self.lanes_note(),
-                                  plan_note=self.plan_note,
+                                  plan_note=self.plan_note, timing_note=self.timing_note(),
                          nodes=self.nodes_json(), phases=json.dumps(phases), prefix=self.prefix,
                          gprefix=self.graph.prefix, max_height=self.max_height,
                          n_threads=len(self.compute["threads"]) if self.compute else 0)
@@ -773,6 +836,7 @@ class ExplorerPane(anywidget.AnyWidget):
     lanes_svg = traitlets.Unicode("").tag(sync=True)
     lanes_note = traitlets.Unicode("").tag(sync=True)
     plan_note = traitlets.Unicode("").tag(sync=True)
+    timing_note = traitlets.Unicode("").tag(sync=True)
     nodes = traitlets.Unicode("{}").tag(sync=True)
     phases = traitlets.Unicode("[]").tag(sync=True)
     prefix = traitlets.Unicode("").tag(sync=True)

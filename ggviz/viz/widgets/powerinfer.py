@@ -358,8 +358,10 @@ class SkippedRowsView(VizWidget):
         c = st["current"]
         tot = self.run.n_tokens * self.run.n_ff
         ax[0].set_title(f"MUL_MAT_SPARSE, layer {il}, threshold {self.run.threshold:g}: grey skipped "
-                        f"{sum(c['skipped']) / tot:.1%}, blue computed on the CPU {sum(c['computed']) / tot:.1%}, "
-                        f"green on the device {sum(c['on_device']) / tot:.1%}", fontsize=9)
+                        f"{sum(c['skipped']) / tot:.1%}, blue computed on the CPU {sum(c['computed']) / tot:.1%},\n"
+                        f"green on the device {sum(c['on_device']) / tot:.1%} (of which "
+                        f"{((self.run.idx[il] < self.run.threshold) & (cls == ON_DEVICE)).sum() / tot:.1%} below the "
+                        f"threshold: the device's half skips those)", fontsize=9)
         x = np.arange(self.run.n_layer)
         sk, dv = np.array(st["skipped_fraction"]), np.array(st["device_fraction"])
         ax[1].bar(x, sk, color="#9e9e9e", label="skipped (idx < threshold)")
@@ -543,15 +545,43 @@ class HybridTimelineView(VizWidget):
         fig.tight_layout()
         return fig
 
+    @staticmethod
+    def _kind(r) -> str:
+        if r["lane"] == "gpu":
+            return "device: the hot rows (*_gpu)"
+        if r["name"].startswith("mlp_pre"):
+            return "CPU: the predictor (mlp_pre_*)"
+        if "sparse" in r["name"]:
+            return "CPU: the cold rows (ffn_*_sparse)"
+        return "CPU: attention, norms, adds"
+
     def table_html(self) -> str:
+        """The device nodes (what each waited for), and, zoomed on a layer, that layer's nodes summed by kind (one
+        row per kind, not one per node: the picture above has the nodes)."""
         recs = [r for r in self.records if self.layer is None or _layer_of(r["name"]) == self.layer]
         by_n = {r["node_n"]: r for r in self.records}
-        rows = [{"node": r["node_n"], "name": r["name"], "op": r["op"].split("(")[0], "lane": r["lane"],
-                 "waited (ms)": round((r["t_start"] - r["t_wait"]) / 1e6, 2),
-                 "ran (ms)": round((r["t_end"] - r["t_start"]) / 1e6, 2),
-                 "sources (nodes)": ", ".join(by_n[s]["name"] for s in r["srcs"] if s in by_n)}
-                for r in recs if r["lane"] == "gpu" or self.layer is not None]
-        return html_table(rows, title="device nodes" if self.layer is None else f"layer {self.layer}")
+        dev = [{"node": r["node_n"], "name": r["name"], "op": r["op"].split("(")[0],
+                "waited (ms)": round((r["t_start"] - r["t_wait"]) / 1e6, 2),
+                "ran (ms)": round((r["t_end"] - r["t_start"]) / 1e6, 2),
+                "waited for (nodes)": ", ".join(by_n[s]["name"] for s in r["srcs"] if s in by_n)}
+               for r in recs if r["lane"] == "gpu"]
+        out = html_table(dev, title="device nodes" if self.layer is None else f"layer {self.layer}: device nodes")
+        if self.layer is not None:
+            kinds: dict = {}
+            for r in recs:
+                k = kinds.setdefault(self._kind(r), {"kind": self._kind(r), "nodes": 0, "ran (ms)": 0.0,
+                                                       "waited (ms)": 0.0, "longest": ("", -1.0)})
+                k["nodes"] += 1
+                ran = (r["t_end"] - r["t_start"]) / 1e6
+                k["ran (ms)"] += ran
+                k["waited (ms)"] += (r["t_start"] - r["t_wait"]) / 1e6
+                if ran > k["longest"][1]:
+                    k["longest"] = (r["name"], ran)
+            rows = [dict(v, **{"ran (ms)": round(v["ran (ms)"], 1), "waited (ms)": round(v["waited (ms)"], 1),
+                               "longest": f"{v['longest'][0]} ({v['longest'][1]:.1f} ms)"})
+                    for v in sorted(kinds.values(), key=lambda v: v["kind"], reverse=True)]
+            out = html_table(rows, title=f"layer {self.layer}: its {len(recs)} nodes by kind") + out
+        return out
 
     def to_html(self) -> str:
         st = self.state()
@@ -704,7 +734,9 @@ class SparseCostView(VizWidget):
                 {"what": "whole decode", "dense": f"{st['decode_flops_dense'] / 1e6:.1f} MFLOP",
                  "sparse": f"{st['decode_flops_sparse'] / 1e6:.1f} MFLOP"},
                 {"what": "FFN weights read", "dense": f"{st['ffn_bytes_dense'] / 2**20:.2f} MiB",
-                 "sparse": f"{st['ffn_bytes_sparse'] / 2**20:.2f} MiB"}]
+                 "sparse": f"{st['ffn_bytes_sparse'] / 2**20:.2f} MiB"},
+                {"what": "weight bytes per computed neuron", "dense": f"{st['dense_neuron_bytes']:,} B",
+                 "sparse": f"{self.neuron_bytes:,} B (its F16 ffn_down_t row: {st['down_t_row_bytes']:,})"}]
         if self.transfers:
             x = st["transfer_bytes"]
             n_lay = len({_layer_of(t["tensor"]) for t in self.transfers})
@@ -713,8 +745,17 @@ class SparseCostView(VizWidget):
                          "sparse": f"{x['to_device'] / 1024:.1f} KiB to, {x['to_cpu'] / 1024:.1f} KiB back"})
         return html_table(rows, ["what", "dense", "sparse"], title="per token")
 
+    def headline(self) -> str:
+        """One sentence (the numbers are in the table below it)."""
+        st = self.state()
+        gain = 1.0 - st["decode_flops_ratio"]
+        return (f"At threshold {st['threshold']:g} the kernels skip {st['rows_skipped']:.1%} of the FFN rows; with "
+                f"the predictor's price the whole decode does "
+                + (f"{gain:.1%} fewer FLOPs than dense" if gain >= 0 else f"{-gain:.1%} MORE FLOPs than dense")
+                + f" (break-even: {st['break_even_skip']:.1%} rows skipped).")
+
     def to_html(self) -> str:
-        return (png_img(fig_to_png(self.figure()), "max-width:100%") + f"<p>{esc(self.verdict())}</p>"
+        return (png_img(fig_to_png(self.figure()), "max-width:100%") + f"<p>{esc(self.headline())}</p>"
                 + self.table_html())
 
     def _build(self):

@@ -21,6 +21,7 @@ time into kernel work, barrier waits and time in the pool outside the walk (kick
 """
 from __future__ import annotations
 
+import textwrap
 import time
 
 import ipywidgets as W
@@ -40,6 +41,10 @@ except ImportError:          # no Numba: only the node-by-node walk exists, whos
 _SPIN_US: list = []
 
 
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width) or [""]
+
+
 def spin_us() -> float:
     """How long the compiled walk's barrier spins before it sleeps, in µs (SPIN_CYCLES ticks of the timestamp
     counter, measured against perf_counter once per process; 0 without the compiled walk)."""
@@ -47,6 +52,7 @@ def spin_us() -> float:
         if _fast_kernels is None:
             _SPIN_US.append(0.0)
         else:
+            _fast_kernels.time_ns()      # the first call loads (or compiles) it: not inside the measured interval
             p0, c0 = time.perf_counter_ns(), _fast_kernels.time_ns()
             while time.perf_counter_ns() - p0 < 2_000_000:       # 2 ms: enough for 3 significant digits
                 pass
@@ -55,7 +61,7 @@ def spin_us() -> float:
     return _SPIN_US[0]
 
 
-WALK_LABEL = {True: "compiled walk: threads run truly in parallel, as in ggml's C",
+WALK_LABEL = {True: "compiled walk: the threads can run at once, as in ggml's C (when the OS gives each a core)",
               False: "node-by-node NumPy walk: Python threads, the GIL serialises all but NumPy's inner loops "
                      "(not how ggml's C runs)"}
 
@@ -193,6 +199,74 @@ def concurrent_chunks(data: dict) -> dict:
     return out
 
 
+# a recording is "clean" when both threads were inside the same MUL_MAT (chunks overlapping in time) for at least this
+# share of the MUL_MATs, and no thread started later than LATE_SHARE of the compute's wall time
+CLEAN_SHARE = 0.5
+LATE_SHARE = 0.05
+
+
+def disturbance(data: dict) -> dict:
+    """How much the machine disturbed this recording, from its own records (µs): per thread the time asleep in
+    ``ggml_barrier`` (a thread sleeps there when the other one is late: on a busy machine, because the OS gave its
+    core to another process) and how late its first node started after the first thread's; the MUL_MATs whose
+    chunks ran on two threads at once (``concurrent_chunks``) out of those with chunks on two threads or more; the
+    most lopsided chunk split of a MUL_MAT. ``clean``: both threads inside the same MUL_MAT for at least
+    ``CLEAN_SHARE`` of them and no thread more than ``LATE_SHARE`` of the wall time late. ``note``: one line that
+    says so in numbers (the figures' titles carry it)."""
+    wall = float(data["t_end"]) or 1.0
+    nt = int(data["n_threads"])
+    acc = thread_accounting(data)
+    first = {i: min((n["t0"] for n in data["nodes"] if n["ith"] == i), default=None) for i in range(nt)}
+    t_first = min((v for v in first.values() if v is not None), default=0.0)
+    late = {i: (v - t_first if v is not None else wall) for i, v in first.items()}
+    per_mm: dict = {}
+    for c in data["chunks"]:
+        per_mm.setdefault(c["node_n"], []).append(c["ith"])
+    shared = {nn: ths for nn, ths in per_mm.items() if len(set(ths)) > 1}
+    n_mm = len(per_mm)
+    both = len(concurrent_chunks(data)) if nt > 1 else 0
+    worst = None
+    for nn, ths in per_mm.items():
+        counts = sorted((ths.count(i) for i in range(nt)), reverse=True)
+        if len(ths) >= 4 and (worst is None or counts[0] / max(counts[-1], 0.5) > worst[1][0] / max(worst[1][-1], 0.5)):
+            worst = (nn, counts)
+    sleep = {a["thread"]: a["sleep_us"] for a in acc}
+    share = both / n_mm if n_mm else 0.0
+    max_late = max(late.values()) if late else 0.0
+    clean = nt < 2 or (share >= CLEAN_SHARE and max_late <= LATE_SHARE * wall)
+    if nt < 2:
+        note = f"one thread: nothing ran in parallel ({wall / 1e3:.1f} ms)"
+    else:
+        slept = ", ".join(f"thread {i} {sleep[i] / 1e3:.1f} ms" for i in range(nt))
+        lat = max(late, key=late.get)
+        note = (f"both threads inside the same MUL_MAT for {both} of {n_mm} MUL_MATs; asleep in barriers: {slept} "
+                f"of {wall / 1e3:.1f} ms; thread {lat} started {late[lat] / 1e3:.1f} ms after the first")
+        if not clean:
+            note = ("BUSY MACHINE (another process held a core, so the threads took turns): " + note
+                    + (f"; the most lopsided MUL_MAT split its chunks {':'.join(map(str, worst[1]))}"
+                       if worst is not None else ""))
+    return {"n_threads": nt, "wall_us": wall, "n_mul_mat": n_mm, "n_shared": len(shared), "n_both": both,
+            "both_share": share, "late_us": late, "sleep_us": sleep, "worst_split": worst, "clean": bool(clean),
+            "note": note}
+
+
+def cleanest(record, tries: int = 3, events=lambda r: r.events):
+    """Call ``record()`` (it returns a recording whose ``events(r)`` hold a graph compute) up to ``tries`` times and
+    keep the cleanest: the first one ``disturbance`` calls clean, else the one with the largest share of MUL_MATs run
+    by both threads at once. Returns (recording, timeline_data of it, disturbance of it, [each try's both_share])."""
+    best, shares = None, []
+    for _ in range(max(1, int(tries))):
+        r = record()
+        d = timeline_data(events(r))
+        q = disturbance(d)
+        shares.append(round(q["both_share"], 3))
+        if best is None or (q["clean"], q["both_share"]) > (best[2]["clean"], best[2]["both_share"]):
+            best = (r, d, q)
+        if q["clean"]:
+            break
+    return best + (shares,)
+
+
 def plot_timeline(data: dict, node_range=None, highlight: int | None = None, ax=None, title: str | None = None):
     """Gantt chart: one row per thread; node bars coloured by op (labelled when wide enough), mul_mat chunks as
     ticks under them, barrier waits hatched grey. ``node_range=(a, b)``: only nodes a..b-1 (and the time they
@@ -280,7 +354,11 @@ def plot_timeline(data: dict, node_range=None, highlight: int | None = None, ax=
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     rng = f"nodes {min(sel)}–{max(sel)}" if node_range is not None else f"all {len(sel)} computed nodes"
     walk = WALK_LABEL[bool(data.get("compiled"))]
-    ax.set_title(title or f"graph compute on {nt} threads, {rng}\n{walk}", fontsize=11)
+    q = disturbance(data)
+    # what the machine did to this recording, in numbers, on the figure itself (red when it was busy)
+    note = "\n".join(_wrap(q["note"], 140))
+    ax.set_title((title or f"graph compute on {nt} threads, {rng}\n{walk}") + "\nthis recording: " + note,
+                 fontsize=10, color="#212121" if q["clean"] else "#c62828")
     for s in ("top", "right"):
         ax.spines[s].set_visible(False)
     fig.tight_layout()
@@ -354,8 +432,10 @@ class ThreadTimeline(VizWidget):
                  "wall (µs)": round(a["wall_us"]), "chunks claimed": a["chunks"]} for a in thread_accounting(d)]
         cc = concurrent_chunks(d)
         n_mm = len({c["node_n"] for c in d["chunks"]})
+        q = disturbance(d)
         head = (f"<p><b>{esc(WALK_LABEL[d['compiled']])}.</b> MUL_MATs whose chunks ran on two threads at the same "
-                f"time: {len(cc)} of {n_mm}.</p>")
+                f"time: {len(cc)} of {n_mm}.<br/><span style='color:{'#212121' if q['clean'] else '#c62828'}'>"
+                f"This recording: {esc(q['note'])}.</span></p>")
         return head + html_table(rows, list(rows[0]) if rows else [])
 
     def figure(self, node_range=None, highlight="current"):
