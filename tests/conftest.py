@@ -62,3 +62,41 @@ class NotebookRunner:
 @pytest.fixture(scope="session")
 def notebook_runner():
     return NotebookRunner()
+
+
+
+# Parallel runs: `./dev test` runs pytest-xdist's `-n 2 --dist loadscope`, with the scheduler below. Each module's
+# tests stay on one worker, so a module's fixtures (a loaded model, a Chromium) are built once, as in a serial run;
+# the modules that ask for `notebook_runner` share a worker, so that every notebook is executed once per run, not once
+# per worker. (Not xdist_group marks with --dist loadgroup: pytest-xdist 3.8 tags the marked tests by rewriting
+# `item._nodeid`, which pytest 9 no longer reads, so the marks group nothing.)
+SHARED_WORKER = {"test_notebooks.py": "notebooks", "test_browser.py": "notebooks"}
+# The longest groups start first (the book alone executes every notebook: ~250 s of the ~1450 s), so that the two
+# workers finish together instead of one starting a long module while the other has nothing left.
+FIRST = ("test_browser.py", "test_notebooks.py", "test_widgets.py")
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
+@pytest.hookimpl(optionalhook=True)      # a pytest-xdist hook: without xdist installed, never called
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        """loadscope, one scope per module (SHARED_WORKER's modules one scope together)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            name = _module(nodeid)
+            return SHARED_WORKER.get(name, name)
+
+    config.option.loadscopereorder = False      # the modules in the order collected (FIRST first), not by test count
+    return ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):          # an xdist worker: every worker sorts its identical collection alike
+        items.sort(key=lambda item: _module(item.nodeid) not in FIRST)      # stable: otherwise in collection order

@@ -4,7 +4,6 @@ One real decode of the default model (trace events, inputs, sampler) and one ste
 tests; every check compares a view's plain state with the engine's own objects or with an independent recording.
 """
 import json
-import time
 
 import numpy as np
 import pytest
@@ -296,12 +295,13 @@ def test_quant_block_explorer_equals_dequantization(model):
 def test_graph_view_collapses_layers(run):
     gf = run["gf"]
     assert gf.n_nodes == 1086
-    t0 = time.perf_counter()
     gv = GraphView(gf)
     st = gv.state()
-    dt = time.perf_counter() - t0
-    print(f"\nfull decode DAG (collapsed) render: {dt * 1e3:.0f} ms")
-    assert dt < 3.0
+    # what keeps the full decode DAG quick to show: graphviz lays out only the collapsed picture (a vertex per drawn
+    # node, leaf and layer box, not 1086 nodes), once -- asking again re-uses that layout
+    svg = gv.svg()
+    assert svg.count('class="node"') == st["n_nodes_drawn"] + st["n_leafs_drawn"] == 34 + 5
+    assert len(gv._cache) == 1 and gv.layout() is gv.layout()
     boxes = st["boxes"]
     # 36 nodes per layer; the last layer also holds llama.cpp's two unnamed get_rows by inp_out_ids (node_1073/4)
     assert sorted(boxes) == list(range(30)) and boxes == {il: 36 if il < 29 else 38 for il in range(30)}
