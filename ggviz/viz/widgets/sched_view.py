@@ -403,9 +403,19 @@ class SchedulerView(VizWidget):
             ch = [r for r in st["assignment"] if r["changed"]]
             leafs = [dict(e) for e in self.events_by_stage.get(self.stage, []) if e["leaf"]]
             parts.append(f"<br/>{len(ch)} nodes set in this pass, causes: {esc(st['cause_counts'])}")
-            if ch:
+            if 0 < len(ch) <= 20:
                 parts.append(html_table(ch, ["index", "name", "op", "backend", "cause"], max_rows=max_rows,
                                         title="nodes assigned by this pass"))
+            elif ch:                      # hundreds of rows: summed up by what was decided, with the first and last
+                by: dict = {}
+                for r in ch:
+                    g = by.setdefault((r["backend"], r["cause"], r["op"]), {
+                        "backend": r["backend"], "cause": r["cause"], "op": r["op"], "nodes": 0, "first": r["name"]})
+                    g["nodes"] += 1
+                    g["last"] = r["name"]
+                parts.append(html_table(sorted(by.values(), key=lambda g: -g["nodes"]),
+                                        ["backend", "cause", "op", "nodes", "first", "last"], max_rows=max_rows,
+                                        title=f"the {len(ch)} nodes assigned by this pass, by backend, cause and op"))
             if leafs:
                 parts.append(html_table(leafs, ["name", "backend", "cause"], max_rows=max_rows // 2,
                                         title="leafs assigned by this pass (weights, KV cache, inputs)"))
@@ -429,8 +439,17 @@ class SchedulerView(VizWidget):
                 parts.append(html_table(si["inputs"], ["name", "from_backend", "copy", "nbytes", "consumer"],
                                         title="inputs copied into the split's backend before it runs "
                                               "(ggml_backend_sched_compute_splits)"))
-            parts.append(html_table(si["nodes"], ["index", "name", "op", "kernel"], max_rows=max_rows,
-                                    title="its nodes (kernel: what a MUL_MAT runs on this backend)"))
+            # the split's nodes summed up by op and kernel (a list of its hundreds of nodes teaches nothing)
+            by_op: dict = {}
+            for nd in si["nodes"]:
+                r = by_op.setdefault((nd["op"], nd.get("kernel") or ""), {"op": nd["op"], "kernel": nd.get("kernel")
+                                                                           or "", "nodes": 0, "first": nd["name"]})
+                r["nodes"] += 1
+                r["last"] = nd["name"]
+            parts.append(html_table(sorted(by_op.values(), key=lambda r: -r["nodes"]),
+                                    ["op", "nodes", "kernel", "first", "last"], max_rows=max_rows,
+                                    title=f"its {len(si['nodes'])} nodes by op (kernel: what a MUL_MAT runs on this "
+                                          "backend)"))
         return "".join(parts)
 
     def to_html(self) -> str:
