@@ -77,6 +77,11 @@ def _rgb(hexcol: str) -> tuple:
     return tuple(int(h[i:i + 2], 16) / 255.0 for i in (0, 2, 4))
 
 
+
+def _words(d: dict) -> str:
+    """{"a": 1, "b": 2} as "a 1, b 2" (a dict's repr is not for a page)."""
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
+
 class SchedulerView(VizWidget):
     """The backend assignment of one ``backend_sched_split_graph``, after every pass, and its splits and copies.
 
@@ -398,11 +403,11 @@ class SchedulerView(VizWidget):
     def info_html(self, max_rows: int = 60) -> str:
         st = self.state()
         parts = [f"<b>{esc(STAGE_SHORT[self.stage])}</b>: {esc(st['stage_title'])}<br/>"
-                 f"nodes per backend: {esc({(k or 'unassigned'): v for k, v in st['counts'].items()})}"]
+                 f"nodes per backend: {esc(_words({(k or 'unassigned'): v for k, v in st['counts'].items()}))}"]
         if self.stage != "5":
             ch = [r for r in st["assignment"] if r["changed"]]
             leafs = [dict(e) for e in self.events_by_stage.get(self.stage, []) if e["leaf"]]
-            parts.append(f"<br/>{len(ch)} nodes set in this pass, causes: {esc(st['cause_counts'])}")
+            parts.append(f"<br/>{len(ch)} nodes set in this pass, causes: {esc(_words(st['cause_counts']))}")
             if 0 < len(ch) <= 20:
                 parts.append(html_table(ch, ["index", "name", "op", "backend", "cause"], max_rows=max_rows,
                                         title="nodes assigned by this pass"))
@@ -424,12 +429,12 @@ class SchedulerView(VizWidget):
                          n_nodes=s["n_nodes"], inputs=", ".join(f"{x['name']} → {x['copy']}" for x in s["inputs"]))
                     for s in self.splits]
             parts.append(f"<br/>{st['n_splits']} splits, {st['n_inputs']} inputs copied "
-                         f"(copies per backend: {esc(st['copies_per_backend'])}); graph inputs: "
+                         f"(copies per backend: {esc(_words(st['copies_per_backend']))}); graph inputs: "
                          f"{esc(', '.join(st['graph_inputs']))}")
             parts.append(html_table(rows, ["split", "backend", "nodes", "n_nodes", "inputs"], max_rows=max_rows,
                                     title="splits (ggml_backend_sched_split)"))
             if st["mul_mat_kernels"]:
-                parts.append(f"MUL_MAT kernels: {esc(st['mul_mat_kernels'])}")
+                parts.append(f"MUL_MAT kernels: {esc(_words(st['mul_mat_kernels']))}")
         si = st["split"]
         if si is not None:
             parts.append(f"<h4 style='margin:6px 0 2px'>split #{si['index']} on {esc(si['backend'])}: nodes "
@@ -440,6 +445,10 @@ class SchedulerView(VizWidget):
                                         title="inputs copied into the split's backend before it runs "
                                               "(ggml_backend_sched_compute_splits)"))
             # the split's nodes summed up by op and kernel (a list of its hundreds of nodes teaches nothing)
+            if len(si["nodes"]) <= 20:
+                parts.append(html_table(si["nodes"], ["index", "name", "op", "kernel"], max_rows=max_rows,
+                                        title="its nodes (kernel: what a MUL_MAT runs on this backend)"))
+                return "".join(parts)
             by_op: dict = {}
             for nd in si["nodes"]:
                 r = by_op.setdefault((nd["op"], nd.get("kernel") or ""), {"op": nd["op"], "kernel": nd.get("kernel")
