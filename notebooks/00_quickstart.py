@@ -29,7 +29,6 @@
 # > 07 one decode step from text to token. `ggviz report` writes the same walkthrough as one HTML page.
 
 # %%
-import shutil
 import ggviz
 from ggviz import llama, viz
 from ggviz.run import load_model
@@ -77,17 +76,17 @@ Exercise(f"The tokenizer turned {g.prompt!r} into {len(g.prompt_tokens)} tokens 
 # ## 2. The graph of one decode step
 #
 # Each `llama_decode` builds a **compute graph** (`llm_build_llama`): a DAG of ggml operations from the token id to
-# the 49152 logits. For one token it has 1086 nodes. Drawn with one box per layer it fits on a screen; the widget
-# below opens a layer when you click its box (`GraphView`).
+# the 49152 logits. For one token it has 1086 nodes. Drawn with one box per layer (30 boxes, one block repeated) it
+# fits on a screen; the widget below has layer 0 open and opens any other layer when you click its box
+# (`GraphView`).
 
 # %%
 from ggviz.capture import decode_graph
-from ggviz.tools.export import graph_dot
 
 res = decode_graph(model)          # llama_context::build_graph for n_tokens = 1 (built, not computed)
 gf = res.gf
-print(gf, "| first nodes:", [t.name for t in gf.nodes[:6]], "| last:", gf.nodes[-1].name)
-graph_dot(gf) if shutil.which("dot") else print("graphviz's dot is missing: no picture")
+print(f"{gf.n_nodes} nodes, {gf.n_leafs} leafs | first nodes: {', '.join(t.name for t in gf.nodes[:4])} … | "
+      f"last: {gf.nodes[-1].name}")
 
 # %%
 from ggviz.viz.widgets import GraphView

@@ -72,7 +72,7 @@ print("before compute:", result.name or "(unnamed)", ggml.op_desc(result), resul
 
 gf = ggml.new_graph(ctx)                                   # ggml_new_graph
 ggml.build_forward_expand(gf, result)                      # ggml_build_forward_expand
-print(gf, "nodes:", [t.name for t in gf.nodes], "leafs:", [t.name for t in gf.leafs])
+print(f"graph: n_nodes = {gf.n_nodes} {[t.name for t in gf.nodes]}, n_leafs = {gf.n_leafs} {[t.name for t in gf.leafs]}")
 
 ggml.graph_compute_with_ctx(ctx, gf, 1)                    # ggml_graph_compute_with_ctx(ctx, gf, n_threads=1)
 out = ggml.get_data(result)
@@ -102,7 +102,10 @@ dot if shutil.which("dot") else print(dot.source)      # drawing needs graphviz'
 # %%
 s = a.struct()
 for k in ("type", "buffer", "ne", "nb", "op", "flags", "view_src", "view_offs", "data", "name"):
-    print(f"{k:10s} = {s[k]}")
+    v = s[k]
+    if k in ("buffer", "view_src", "data"):                  # pointers, printed as C's debugger would
+        v = f"0x{v:x}" if v else "NULL"
+    print(f"{k:10s} = {v}")
 
 # %%
 viz.tensor_header_table(a)
@@ -185,7 +188,7 @@ after = ggml.permute(ctx, before, 1, 0, 2, 3)        # ggml_permute: axis i of `
 for t in (before, after):
     s = t.struct()
     print(f"{t.name!r:16} ne={s['ne']} nb={s['nb']} op={ggml.op_name(s['op'])} "
-          f"view_src={'a' if s['view_src'] == a.addr else s['view_src']} data=0x{s['data']:x}")
+          f"view_src={'a' if s['view_src'] == a.addr else ('NULL' if not s['view_src'] else hex(s['view_src']))} data=0x{s['data']:x}")
 
 v_before, v_after = ggml.get_data(before), ggml.get_data(after)
 print("same data pointer:", before.data == after.data, "  np.shares_memory:", np.shares_memory(v_before, v_after))
@@ -288,6 +291,33 @@ print(ggml.get_data(r)[0, 0])
 viz.plot_arena(ctx, scale="sqrt", max_labels=40, title="after the reshape: the last object, 'a (reshaped)', is r: a struct whose data is a's");
 
 # %% [markdown]
+# ### In-place ops: the result is a view of `a`
+#
+# `ggml_add_inplace(ctx, a, b)` is `ggml_add` with one difference: the result is `ggml_view_tensor(ctx, a)`, a new
+# struct whose `data` is `a`'s, so computing it overwrites `a`'s values and the arena gets no new data bytes. Chained
+# in-place ops (`ggml_scale_inplace` of that result) still point at `a`: a view of a view records the first tensor
+# as its `view_src`. ggml-alloc (notebook 04) does the same thing on its own for ops that allow it.
+
+# %%
+ip = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4), "ip")
+one = ggml.set_name(ggml.new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4), "one")
+ggml.get_data(ip).reshape(-1)[:] = [1, 2, 3, 4]
+ggml.get_data(one).reshape(-1)[:] = 1
+before_ip, used0 = ggml.get_data(ip).reshape(-1).copy(), ggml.used_mem(ctx)
+s1 = ggml.add_inplace(ctx, ip, one)              # ip + 1, written into ip's bytes
+s2 = ggml.scale_inplace(ctx, s1, 10.0)           # (ip + 1) * 10, written into the same bytes
+grew = ggml.used_mem(ctx) - used0
+gi = ggml.new_graph(ctx)
+ggml.build_forward_expand(gi, s2)
+ggml.graph_compute_with_ctx(ctx, gi, 1)
+viz.Table([{"tensor": t.name, "op": ggml.op_desc(t), "view_src": t.view_src.name if t.view_src is not None else "NULL",
+            "data": "ip.data" if t.data == ip.data else "its own",
+            "values after the compute": " ".join(f"{v:g}" for v in ggml.get_data(t).reshape(-1))}
+           for t in (ip, s1, s2)],
+          title=f"ip was {' '.join(f'{v:g}' for v in before_ip)}; the two in-place nodes cost {grew} bytes of arena "
+                f"(2 × (32 + 336)), no data bytes")
+
+# %% [markdown]
 # ### `ggml_cpy`: the result is a view of the destination
 #
 # `ggml_cpy(ctx, a, b)` does not allocate a result: it returns `ggml_view_tensor(ctx, b)` with `op = GGML_OP_CPY`
@@ -297,12 +327,16 @@ viz.plot_arena(ctx, scale="sqrt", max_labels=40, title="after the reshape: the l
 # %%
 dst = ggml.set_name(ggml.new_tensor_2d(ctx, ggml.GGML_TYPE_F16, 2, 3), "dst")     # an F16 destination
 cp = ggml.cpy(ctx, a, dst)                                                        # ggml_cpy: F32 -> F16
-print(f"{cp.name!r}: {ggml.op_desc(cp)}, view_src is dst: {cp.view_src is dst}, data == dst.data: "
-      f"{cp.data == dst.data}, src = {[t.name for t in cp.src if t is not None]}")
 g3 = ggml.new_graph(ctx)
 ggml.build_forward_expand(g3, cp)
 ggml.graph_compute_with_ctx(ctx, g3, 1)
-print("dst's own bytes now hold a, as fp16:", ggml.get_data(dst)[0, 0].reshape(-1), " a:", ggml.get_data(a)[0, 0].reshape(-1))
+viz.Table([{"tensor": t.name, "type": ggml.type_name(t.type), "op": ggml.op_desc(t),
+            "view_src": t.view_src.name if t.view_src is not None else "NULL",
+            "data": "dst.data" if t.data == dst.data else ("a.data" if t.data == a.data else "its own"),
+            "src": ", ".join(x.name for x in t.src if x is not None) or "—",
+            "values after the compute": " ".join(f"{v:g}" for v in ggml.get_data(t)[0, 0].reshape(-1))}
+           for t in (a, dst, cp)],
+          title="ggml_cpy(ctx, a, dst): the result is a view of dst; computing it wrote a, as fp16, into dst's bytes")
 
 # %% [markdown]
 # ### `ggml_mul_mat` and `ggml_out_prod`: which dimension is summed
@@ -329,13 +363,16 @@ g4 = ggml.new_graph(mctx)
 ggml.build_forward_expand(g4, mm)
 ggml.build_forward_expand(g4, op)
 ggml.graph_compute_with_ctx(mctx, g4, 1)
-print("mul_mat ne:", list(mm.shape[:2]), "  out_prod ne:", list(op.shape[:2]))
-print("mul_mat (NumPy view, N x M):\n", ggml.get_data(mm)[0, 0])
-print("B @ A.T in NumPy:\n", ggml.get_data(B)[0, 0] @ ggml.get_data(A)[0, 0].T)
-print("out_prod gives the same:", np.allclose(ggml.get_data(op)[0, 0], ggml.get_data(mm)[0, 0]))
+ref = ggml.get_data(B)[0, 0] @ ggml.get_data(A)[0, 0].T                        # NumPy: B · Aᵀ, [N, M]
+assert np.array_equal(ggml.get_data(mm)[0, 0], ref) and np.allclose(ggml.get_data(op)[0, 0], ref)
+viz.Table([{"": f"row i1 = {n}", **{f"mul_mat [{m}]": f"{ggml.get_data(mm)[0, 0][n, m]:g}" for m in range(M)},
+            **{f"out_prod [{m}]": f"{ggml.get_data(op)[0, 0][n, m]:g}" for m in range(M)},
+            **{f"B·Aᵀ [{m}]": f"{ref[n, m]:g}" for m in range(M)}} for n in range(N)],
+          title=f"mul_mat(A [K={K}, M={M}], B [K, N={N}]) and out_prod(U [M, K], V [N, K]): both ne = "
+                f"{list(mm.shape[:2])}, the same numbers (NumPy shows the rows i1, the columns i0)")
 
 # %% [markdown]
-# *Read the code:* ggviz.ggml.ops.permute, ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_2d, ggviz.ggml.ops.reshape_2d, ggviz.ggml.ops.cont, ggviz.ggml.ops.cpy, ggviz.ggml.ops.mul_mat, ggviz.ggml.ops.out_prod ↔ ggml.c ggml_permute, ggml_transpose, ggml_view_2d, ggml_reshape_2d, ggml_cont, ggml_cpy, ggml_mul_mat, ggml_out_prod
+# *Read the code:* ggviz.ggml.ops.permute, ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_2d, ggviz.ggml.ops.reshape_2d, ggviz.ggml.ops.cont, ggviz.ggml.ops.add_inplace, ggviz.ggml.ops.scale_inplace, ggviz.ggml.ops.cpy, ggviz.ggml.ops.mul_mat, ggviz.ggml.ops.out_prod ↔ ggml.c ggml_permute, ggml_transpose, ggml_view_2d, ggml_reshape_2d, ggml_cont, ggml_add_inplace, ggml_scale_inplace, ggml_cpy, ggml_mul_mat, ggml_out_prod
 
 # %% [markdown]
 # ## 5. A quantized block: `block_q4_0`
@@ -408,10 +445,43 @@ for x in np.array([-3.0, -0.5, 0.1, 0.7003, 2.5], np.float32):
     exact = 0.5 * float(x) * (1 + math.tanh(math.sqrt(2 / math.pi) * (float(x) + 0.044715 * float(x) ** 3)))
     gelu_rows.append({"x": float(x), "fp16(x)": float(h), "bits": f"0x{bits:04x}", "table[bits]": float(tab[bits]),
                       "ggml_vec_gelu_f32(x)": float(vec.gelu_f32(x)), "GELU(x) in float64": exact})
-print(f"ggml_table_gelu_f16: {len(tab)} entries of {tab.dtype}, {tab.nbytes} bytes")
+print(f"ggml_table_gelu_f16: {len(tab)} entries of {tab.dtype}, {tab.nbytes:,} bytes")
 viz.Table(gelu_rows)
+
+# %% [markdown]
+# The same `ggml_cpu_init` loop fills `ggml_table_f32_f16[bits]`, fp16 → fp32 for every pattern, with
+# `ggml_compute_fp16_to_fp32` (ggml-impl.h). That function needs no float16 hardware: an fp16 is 1 sign bit, 5
+# exponent bits (bias 15) and 10 mantissa bits; shifted up into a float32's fields, its exponent is 112 too small
+# (bias 127 − 15), so ggml adds `0xE0 << 23` to the bits and multiplies by 2⁻¹¹² (which also turns exponent 31 into
+# inf / NaN); subnormals (exponent 0) are built as `magic − 0.5` from a float whose mantissa holds the fp16's. Below,
+# that bit trick in NumPy, run on all 65536 patterns and compared with ggviz's conversion, then five values decoded by
+# hand.
+
+# %%
+w = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)        # each fp16 in the top half of a 32-bit word
+two_w = w + w                                                    # drops the sign bit
+exp_scale = np.array(0x07800000, np.uint32).view(np.float32)     # 2**-112 as float32 bits
+with np.errstate(invalid="ignore"):                              # NaN patterns stay NaN (quiet), as in C
+    normal = ((two_w >> np.uint32(4)) + np.uint32(0xE0 << 23)).view(np.float32) * exp_scale
+subnormal = ((two_w >> np.uint32(17)) | np.uint32(126 << 23)).view(np.float32) - np.float32(0.5)
+trick = (w & np.uint32(0x80000000)) | np.where(two_w < np.uint32(1 << 27), subnormal.view(np.uint32),
+                                               normal.view(np.uint32))
+table_f32_f16 = quants.fp16_to_fp32(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16))
+same = int((trick == table_f32_f16.view(np.uint32)).sum())
+print(f"the bit trick and ggviz's fp16_to_fp32 agree bit for bit on {same:,} of 65,536 patterns")
+d_bits = int.from_bytes(raw[:2].tobytes(), "little")           # the Q4_0 block's scale d, above
+fp16_rows = []
+for bits in (0x3C00, 0xC000, d_bits, 0x0001, 0x7C00):
+    sgn, e, m = bits >> 15, (bits >> 10) & 0x1F, bits & 0x3FF
+    by_hand = ((-1) ** sgn * (2.0 ** (e - 15) * (1 + m / 1024) if 0 < e < 31 else
+               (-1) ** sgn * 2.0 ** -14 * (m / 1024) if e == 0 else float("inf")))
+    fp16_rows.append({"bits": f"0x{bits:04x}", "sign": sgn, "exponent": e, "mantissa": m,
+                      "by hand": "(−1)^s · 2^(e−15) · (1 + m/1024)" if 0 < e < 31 else
+                      ("subnormal: 2^−14 · m/1024" if e == 0 else "exponent 31, m = 0: inf"),
+                      "value": f"{by_hand:.9g}", "ggml_table_f32_f16[bits]": f"{float(table_f32_f16[bits]):.9g}"})
+viz.Table(fp16_rows, title=f"five fp16s decoded (0x{d_bits:04x}: the scale d of the Q4_0 block above)")
 
 # %% [markdown]
 # **Next:** `02_context_arena.ipynb` follows the arena that all these structs and bytes live in.
 #
-# *Read the code:* ggviz.ggml.quants.quantize_row_ref, ggviz.ggml.quants.dequantize_row, ggviz.ggml.cpu.vec.gelu_f32 ↔ ggml-quants.c quantize_row_q4_0_ref, dequantize_row_q4_0; vec.h ggml_vec_gelu_f32; ggml-cpu.c ggml_cpu_init
+# *Read the code:* ggviz.ggml.quants.quantize_row_ref, ggviz.ggml.quants.dequantize_row, ggviz.ggml.cpu.vec.gelu_f32, ggviz.ggml.quants.fp16_to_fp32 ↔ ggml-quants.c quantize_row_q4_0_ref, dequantize_row_q4_0; vec.h ggml_vec_gelu_f32; ggml-cpu.c ggml_cpu_init; ggml-impl.h ggml_compute_fp16_to_fp32

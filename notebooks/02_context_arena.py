@@ -47,7 +47,7 @@ ex.tensor_cost(ggml.GGML_TYPE_F32, (7, 3))      # predict first; the table below
 
 # %%
 ctx = ggml.init(256 * 1024)
-print("fresh context:", ctx, " used_mem =", ggml.used_mem(ctx))
+print(f"fresh context: mem_size = {ggml.get_mem_size(ctx):,} bytes, used_mem = {ggml.used_mem(ctx)}")
 
 def cost(nbytes):
     return OBJ + ggml.GGML_PAD(TENSOR + nbytes, ALIGN)
@@ -75,13 +75,8 @@ fig.tight_layout()
 viz.arena_map(ctx)
 
 # %% [markdown]
-# The same arena as an explorer: click an object (or pick it in the list) to see its header fields decoded and its
-# bytes in hex.
-
-# %%
-ArenaWidget(ctx).select("w")
-
-# %% [markdown]
+# Section 4 shows this arena as an explorer (`ArenaWidget`): every object, its header decoded and its bytes in hex.
+#
 # *Read the code:* ggviz.ggml.context.Context.new_object, ggviz.ggml.context.Context.new_tensor_impl, ggviz.ggml.context.used_mem ↔ ggml.c ggml_new_object, ggml_new_tensor_impl, ggml_used_mem
 
 # %% [markdown]
@@ -106,22 +101,20 @@ print(f"offs={offs}  size={size}  next=ctx.base+{int(nxt) - ctx.base}  type={oty
 # %% [markdown]
 # ## 3. A tensor struct read straight from the arena
 #
-# The struct of tensor `w` starts at its object's `offs`. Dump its first 96 bytes, then decode all 336 bytes taken
-# *from the arena* (not from the Python object) and check that they say what the tensor says.
+# The struct of tensor `w` starts at its object's `offs`. Decode its 336 bytes taken *from the arena* (not from the
+# Python object) and check that they say what the tensor says. Notebook 01 §2 lists every field of the struct with
+# its offset and bytes; here only the fields we check.
 
 # %%
 w = ggml.get_tensor(ctx, "w")              # ggml_get_tensor: walks the object list comparing names
 o = next(o for o in ctx.objects if o.payload is w)
 print(f"object header at {o.hdr_offs}, struct at {o.offs}, data at {w.data - ctx.base}")
-print(viz.hexdump(ctx, o.offs, 96))
-
-# %%
 table = viz.tensor_header_table(w, raw=mem[o.offs:o.offs + TENSOR])
 by_field = {r["field"]: r["value"] for r in table}
 assert [by_field[f"ne[{i}]"] for i in range(4)] == list(w.shape)
 assert [by_field[f"nb[{i}]"] for i in range(4)] == list(w.strides)
 assert by_field["data"] == w.data and by_field["name"] == "w"
-table
+table.filter(lambda r: r["field"] in ("type", "ne[0]", "ne[1]", "nb[0]", "nb[1]", "data", "name"))
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.context.get_tensor, ggviz.ggml.tensor.Tensor ↔ ggml.c ggml_get_tensor
@@ -150,8 +143,12 @@ ex.Exercise(f"The transpose of `w` ({ggml.nbytes(w)} bytes of data) cost {view_c
             explain=f"{view_cost} = sizeof(struct ggml_object) {OBJ} + sizeof(struct ggml_tensor) {TENSOR}, already a "
                     f"multiple of {ALIGN}; `wt.data` = `w.data` (checked above). Only ggml_cont (a node) would copy.")
 
+# %% [markdown]
+# The whole arena as an explorer: the view's object is selected (a struct whose `data` points into `w`'s bytes); click
+# any other object, or pick it in the list, to see its header decoded and its bytes in hex.
+
 # %%
-ArenaWidget(ctx).select(wt)        # the view's object: a struct whose data field points into w's bytes
+ArenaWidget(ctx).select(wt)
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_tensor ↔ ggml.c ggml_transpose, ggml_view_impl
@@ -167,9 +164,9 @@ ArenaWidget(ctx).select(wt)        # the view's object: a struct whose data fiel
 n = 4
 meta = ggml.init(n * ggml.tensor_overhead(), no_alloc=True)
 big = [ggml.new_tensor_2d(meta, ggml.GGML_TYPE_Q4_1, 576, 1536) for _ in range(n)]
-print("ggml_tensor_overhead() =", ggml.tensor_overhead(), " used_mem =", ggml.used_mem(meta),
-      "for", n, "tensors describing", sum(ggml.nbytes(t) for t in big), "bytes of data")
-print("data pointer:", big[0].data, "(NULL)")
+print(f"ggml_tensor_overhead() = {ggml.tensor_overhead()}, used_mem = {ggml.used_mem(meta):,} for {n} tensors "
+      f"describing {sum(ggml.nbytes(t) for t in big):,} bytes of data")
+print("data pointer:", "NULL" if not big[0].data else f"0x{big[0].data:x}")
 try:
     ggml.get_data(big[0])
 except ValueError as e:
@@ -192,9 +189,9 @@ ggml.get_data(x)[...] = np.arange(10, dtype=np.float32)
 y = ggml.set_name(ggml.scale(ctx, ggml.add(ctx, x, x), 10.0), "y")   # (x + x) * 10
 before = ggml.used_mem(ctx)
 gf = ggml.new_graph(ctx)
-print("graph object:", ggml.used_mem(ctx) - before, "bytes;  ggml_graph_overhead() =", ggml.graph_overhead())
+print(f"graph object: {ggml.used_mem(ctx) - before:,} bytes;  ggml_graph_overhead() = {ggml.graph_overhead():,}")
 ggml.build_forward_expand(gf, y)
-print(gf, [t.name for t in gf.nodes], [t.name for t in gf.leafs])
+print(f"graph: size = {gf.size}, nodes = {[t.name for t in gf.nodes]}, leafs = {[t.name for t in gf.leafs]}")
 g_rows = [r for r in viz.arena_map(ctx, detail=True) if r["kind"] == "graph" or (r["obj"] == len(ctx.objects) - 1)]
 viz.Table(g_rows, ["start", "end", "size", "kind", "name", "note"])
 

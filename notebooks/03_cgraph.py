@@ -30,7 +30,6 @@
 # `decode_graph` builds it; llama.cpp's default graph fuses each layer's attention into one FLASH_ATTN_EXT: 936 nodes).
 
 # %%
-import shutil
 from ggviz import ggml, trace, viz
 from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
 
@@ -52,7 +51,7 @@ print("nodes:", [t.name for t in gf.nodes])
 print("leafs:", [t.name for t in gf.leafs])
 
 # %% [markdown]
-# ## The walk, event by event
+# ## 1. The walk, event by event
 #
 # `ggml_visit_parents(cgraph, node)`: if `node` is in the hash set, stop (a **hit**); otherwise insert it, visit
 # `src[0]`, `src[1]`, ... recursively, and only *then* append `node` to `nodes` (or to `leafs` if it has no op).
@@ -71,9 +70,11 @@ viz.Table(rows, title="ggml_visit_parents, recorded")
 # %%
 from collections import Counter
 hits = Counter(e["name"] for e in rec.events if e["kind"] == "graph.visit" and e["hit"])
-print(f"{len(rec.of('graph.visit'))} visits, {sum(hits.values())} of them hash-set hits: {dict(hits)}")
-print("use counts:", {t.name: gf.use_count(t) for t in list(gf.nodes) + list(gf.leafs)})
 assert gf.use_count(u) == 3 and hits == {"u": 2, "W": 2, "x": 2}
+viz.Table([{"tensor": t.name, "in": kind, "use count (readers' src slots)": gf.use_count(t),
+            "hash-set hits": hits.get(t.name, 0)} for kind, ts in (("nodes", gf.nodes), ("leafs", gf.leafs))
+           for t in ts],
+          title=f"{len(rec.of('graph.visit'))} visits, {sum(hits.values())} of them hash-set hits")
 
 # %% [markdown]
 # `u` has three readers (`v` twice, through `src[0]` and `src[1]`, and `out`), so its use count is 3, and the walk
@@ -117,7 +118,7 @@ anim
 # *Read the code:* ggviz.ggml.graph.build_forward_expand, ggviz.ggml.graph.visit_parents ↔ ggml.c ggml_build_forward_expand, ggml_visit_parents_graph
 
 # %% [markdown]
-# ## The graph of one decode step
+# ## 2. The graph of one decode step
 #
 # Now the real thing: the graph `llama_decode` builds for one new token (`llm_build_llama`). We record its
 # construction the same way.
@@ -126,7 +127,6 @@ anim
 from collections import Counter
 from ggviz.run import load_model
 from ggviz.capture import decode_graph
-from ggviz.tools.export import graph_dot
 
 model = load_model()
 with trace.Recorder(kinds=["graph.visit", "graph.add"]) as rec_dec:
@@ -137,15 +137,28 @@ gfd = res.gf
 visits = [e for e in rec_dec.events if e["kind"] == "graph.visit" and e["graph"] == ggml.graph_key(gfd)]
 print(f"{gfd.n_nodes} nodes, {gfd.n_leafs} leafs; ggml_visit_parents entered {len(visits)} times, "
       f"{sum(e['hit'] for e in visits)} hash-set hits")
-op_counts = Counter(ggml.op_desc(t).split(' ')[0] for t in gfd.nodes).most_common()
+leaf_rows = []
 for name in ("inp_pos", "attn_inp_kq_mask", "token_embd.weight", "blk.0.attn_q.weight"):
-    leafs = [t for t in gfd.leafs if t.name == name]
-    readers = [[n.name for n in gfd.nodes if any(s is t for s in n.src)] for t in leafs]
-    print(f"{name!r}: {len(leafs)} leaf(s), use counts {[gfd.use_count(t) for t in leafs]}, "
-          f"read by {[r[:3] + (['...'] if len(r) > 3 else []) for r in readers]}")
+    for t in [t for t in gfd.leafs if t.name == name]:
+        readers = [n.name for n in gfd.nodes if any(s is t for s in n.src)]
+        leaf_rows.append({"leaf": name, "use count": gfd.use_count(t), "read by": ", ".join(readers[:3])
+                          + (f" … and {len(readers) - 3} more" if len(readers) > 3 else "")})
+viz.Table(leaf_rows, title="four leafs of the decode graph and their readers")
+
+# %% [markdown]
+# ### The ops of the decode graph: `GGML_OP_NAME` and `GGML_OP_SYMBOL`
+#
+# A node's `op` is a number, an `enum ggml_op`. ggml.c keeps two tables indexed by it, `GGML_OP_NAME` ("MUL_MAT")
+# and `GGML_OP_SYMBOL` ("X*Y"), read by `ggml_op_name` / `ggml_op_symbol` (debug prints, `ggml_graph_print`, the
+# DOT export). A `static_assert(GGML_OP_COUNT == ...)` beside each table makes adding an op without naming it a
+# compile error. The decode graph's ops, with their numbers and both names:
+
+# %%
 nl = model.hparams.n_layer
-viz.Table([{"op": op, "nodes": n, "per layer": f"{n // nl}" if n % nl == 0 else "—"} for op, n in op_counts],
-          title=f"the {gfd.n_nodes} nodes of the decode graph, by op")
+op_counts = Counter(t.op for t in gfd.nodes).most_common()
+viz.Table([{"enum ggml_op": op, "GGML_OP_NAME": ggml.op_name(op), "GGML_OP_SYMBOL": ggml.op_symbol(op), "nodes": n,
+            "per layer": f"{n // nl}" if n % nl == 0 else "—"} for op, n in op_counts],
+          title=f"the {gfd.n_nodes} nodes of the decode graph by op ({ggml.GGML_OP_COUNT} ops in the enum)")
 
 # %% [markdown]
 # > **Teacher note.** `inp_pos` is read by 60 ROPE nodes (Q and K of 30 layers), the mask by 30 softmaxes. This
@@ -154,10 +167,8 @@ viz.Table([{"op": op, "nodes": n, "per layer": f"{n // nl}" if n % nl == 0 else 
 # > (the embedding), one by the last MUL_MAT (the logits). Views (RESHAPE, VIEW, PERMUTE, TRANSPOSE) are nodes too, but they compute nothing: they are a
 # > new header over the same bytes.
 #
-# Collapsed per layer, the graph is a chain of 30 identical blocks; below it, layer 0 opened:
-
-# %%
-graph_dot(gfd) if shutil.which("dot") else print("graphviz's dot is missing")
+# Collapsed per layer, the graph is a chain of 30 identical blocks (a click on a box opens that layer; layer 0 is
+# open):
 
 # %%
 from ggviz.viz.widgets import GraphView
@@ -167,4 +178,4 @@ view.expand(0)
 view
 
 # %% [markdown]
-# *Read the code:* ggviz.llama.context.LlamaContext.build_graph, ggviz.llama.models.llama.LlamaGraph.build, ggviz.llama.graph.LlmGraphContext.build_attn ↔ llama-context.cpp llama_context::process_ubatch; models/llama.cpp llama_model_llama::build_arch_graph; llama-graph.cpp llm_graph_context::build_attn
+# *Read the code:* ggviz.llama.context.LlamaContext.build_graph, ggviz.llama.models.llama.LlamaGraph.build, ggviz.llama.graph.LlmGraphContext.build_attn, ggviz.ggml.tensor.op_name, ggviz.ggml.tensor.op_symbol ↔ llama-context.cpp llama_context::process_ubatch; models/llama.cpp llama_model_llama::build_arch_graph; llama-graph.cpp llm_graph_context::build_attn; ggml.c ggml_op_name, ggml_op_symbol

@@ -98,7 +98,7 @@ galloc = alloc.gallocr_new(cpu_buft)                     # ggml_gallocr_new(buft
 assert alloc.gallocr_reserve(galloc, gf)                 # ggml_gallocr_reserve: plan + allocate the buffer
 assert alloc.gallocr_alloc_graph(galloc, gf)             # ggml_gallocr_alloc_graph: place the tensors
 with_reuse = alloc.gallocr_get_buffer_size(galloc, 0)
-print(f"without reuse (tallocr): {no_reuse} bytes;  gallocr: {with_reuse} bytes ({no_reuse / with_reuse:.1f}x less)")
+print(f"without reuse (tallocr): {no_reuse:,} bytes;  gallocr: {with_reuse:,} bytes ({no_reuse / with_reuse:.1f}x less)")
 
 # %%
 av = AllocatorView(galloc, gf)           # the plan, from galloc.last_alloc
@@ -116,8 +116,8 @@ av
 
 # %%
 sel = av.state()["selected"]
-print(f"node {sel['node']} {sel['name']}: {sel['alive_bytes']} bytes alive;",
-      "handed over:", [(r["name"], "->", r["to"]) for r in sel["handed_over"]])
+print(f"node {sel['node']} {sel['name']}: {sel['alive_bytes']:,} bytes alive; handed over: "
+      + (", ".join(f"{r['name']} → {r['to']}" for r in sel["handed_over"]) or "none"))
 viz.Table(sel["alive"], title="alive at node 5")
 
 # %%
@@ -175,13 +175,13 @@ vocab = llama.model_get_vocab(model)
 bos = llama.tokenize(vocab, "The", add_special=True, parse_special=True)[0]
 with trace.recording(["alloc.reserve"]) as rec_dec:
     assert llama.decode(ctx, llama.batch_get_one([bos])) == 0
-print(f"after the decode: buffer {alloc.gallocr_get_buffer_size(ctx.sched.galloc, 0)} bytes (was {size0}); "
+print(f"after the decode: buffer {alloc.gallocr_get_buffer_size(ctx.sched.galloc, 0):,} bytes (was {size0:,}); "
       f"new plans made by the decode: {len(rec_dec.events)}")
 dv = AllocatorView(ctx.sched.galloc, ctx.sched.graph)   # the plan of sched->galloc for sched->graph
 s = dv.state()
-print(f"{s['n_rects']} tensors in a {s['buffer_size']}-byte buffer ({s['sum_sizes']} bytes without reuse); "
-      f"{s['n_reused']} written in place over a parent; {s['n_views']} views into it, "
-      f"{s['n_external_views']} into the KV cache; never freed: {s['never_freed']}")
+print(f"{s['n_rects']} tensors in a {s['buffer_size'] / 2**20:.2f} MiB buffer ({s['sum_sizes'] / 2**20:.2f} MiB "
+      f"without reuse); {s['n_reused']} written in place over a parent; {s['n_views']} views into it, "
+      f"{s['n_external_views']} into the KV cache; never freed: {', '.join(s['never_freed'])}")
 
 # %%
 dv.figure();
@@ -237,8 +237,8 @@ with trace.recording(events) as rec1:
     size_reserved = alloc.gallocr_get_buffer_size(ga, 0)
     fits = not alloc.gallocr_needs_realloc(ga, small)
     assert alloc.gallocr_alloc_graph(ga, small)
-print(f"reserve(32 tokens): {size_reserved} bytes; the 1-token graph fits that plan: {fits}; "
-      f"buffer now {alloc.gallocr_get_buffer_size(ga, 0)} bytes; re-plans: {len(rec1.of('alloc.reserve')) - 1}")
+print(f"reserve(32 tokens): {size_reserved:,} bytes; the 1-token graph fits that plan: {fits}; "
+      f"buffer now {alloc.gallocr_get_buffer_size(ga, 0):,} bytes; re-plans: {len(rec1.of('alloc.reserve')) - 1}")
 
 # the other way round: plan for 1 token, then allocate 32
 ga2 = alloc.gallocr_new(cpu_buft)

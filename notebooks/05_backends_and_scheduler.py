@@ -132,7 +132,7 @@ for il in range(2):
     cur = ggml.set_name(ggml.add(gctx, h, cur), f"out-{il}")
 gf = ggml.new_graph_custom(gctx, 256, False)
 ggml.build_forward_expand(gf, cur)
-print([f"{i} {t.name}" for i, t in enumerate(gf.nodes)])
+print(f"{gf.n_nodes} nodes: " + ", ".join(f"#{i} {t.name}" for i, t in enumerate(gf.nodes)))
 
 # %% [markdown]
 # `ggml_backend_sched_new([ACCEL0, CPU])`: backends in priority order, the CPU last. `ggml_backend_sched_alloc_graph`
@@ -187,9 +187,10 @@ backend.backend_tensor_set(x, xv, 0, xv.nbytes)
 accel.backend_accel_reset_stats(dev)
 assert S.backend_sched_graph_compute(sched, gf) == ggml.GGML_STATUS_SUCCESS
 st = accel.backend_accel_stats(dev)
-print(f"{S.backend_sched_get_n_splits(sched)} splits; into ACCEL0: {st['n_h2d']} copies, {st['h2d_bytes']} bytes; "
-      f"out of it: {st['n_d2h']} copies, {st['d2h_bytes']} bytes")
-print("compute buffers:", {backend.backend_name(b): S.backend_sched_get_buffer_size(sched, b) for b in (acc, cpu)})
+print(f"{S.backend_sched_get_n_splits(sched)} splits; into ACCEL0: {st['n_h2d']} copies, {st['h2d_bytes']:,} bytes; "
+      f"out of it: {st['n_d2h']} cop{'y' if st['n_d2h'] == 1 else 'ies'}, {st['d2h_bytes']:,} bytes")
+print("compute buffers: " + ", ".join(f"{backend.backend_name(b)} {S.backend_sched_get_buffer_size(sched, b):,} bytes"
+                                      for b in (acc, cpu)))
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.sched.backend_sched_new, ggviz.ggml.sched.backend_sched_split_graph, ggviz.ggml.sched.backend_sched_graph_compute ↔ ggml-backend.cpp ggml_backend_sched_new, ggml_backend_sched_split_graph, ggml_backend_sched_graph_compute
@@ -277,17 +278,23 @@ ex.Exercise(f"With -ngl 10, the KV cache views of the CPU layers (the first: {kv
 # supports the op ("1.wgt0"). BLAS and the CPU share the buffer type: many splits, no copies.
 
 # %%
+from IPython.display import display
+
 c32, v32 = decode_plan(0, [], n_tokens=32)
 mm = {}
 for a in v32.assignment():
     if a["op"] == "MUL_MAT":
         mm[(a["backend"], a["cause"])] = mm.get((a["backend"], a["cause"]), 0) + 1
-print("backends:", v32.backends, "| MUL_MAT (backend, cause):", mm)
-print(f"{v32.state()['n_splits']} splits, {v32.state()['n_inputs']} copies")
-print("MUL_MAT kernels:", v32.mul_mat_kernels())
 # the same prompt as llama.cpp's default build runs it: no BLAS backend, the CPU's own kernels
 c32d, v32d = decode_plan(0, [], n_tokens=32, use_blas=False)
-print("without BLAS -- backends:", v32d.backends, "| MUL_MAT kernels:", v32d.mul_mat_kernels())
+print(f"with BLAS: backends {', '.join(v32.backends)}; {v32.state()['n_splits']} splits, "
+      f"{v32.state()['n_inputs']} copies.  Without: backends {', '.join(v32d.backends)}")
+display(viz.Table([{"MUL_MAT on": b, "pass 1 / 2 cause": c, "nodes": n} for (b, c), n in
+                   sorted(mm.items(), key=lambda kv: -kv[1])], title="the 32-token prompt's MUL_MATs, with BLAS"))
+kernels = sorted(set(v32.mul_mat_kernels()) | set(v32d.mul_mat_kernels()))
+display(viz.Table([{"kernel": k, "with BLAS": v32.mul_mat_kernels().get(k, 0),
+                    "without (llama.cpp's default build)": v32d.mul_mat_kernels().get(k, 0)} for k in kernels],
+                  title="which kernel each MUL_MAT runs"))
 v32.figure();
 
 # %% [markdown]

@@ -420,3 +420,70 @@ ex.Exercise(f"For head size {x.size}, the two trees above reach the same partial
 
 # %% [markdown]
 # *Read the code:* ggviz.ggml.cpu.vec.vec_dot_f16_simd, ggviz.ggml.cpu.cpu_feats ↔ vec.cpp ggml_vec_dot_f16; simd-mappings.h GGML_F32x8_REDUCE, GGML_F32x16_REDUCE; arch/x86/cpu-feats.cpp ggml_backend_cpu_x86_score
+
+# %% [markdown]
+# ## 7. Where the threads run: `cpumask`, `strict_cpu`, and OpenMP instead of the pool
+#
+# `struct ggml_threadpool_params` carries more than `n_threads`: `cpumask` (one flag per CPU; all zero: leave the
+# threads where the OS puts them), `strict_cpu`, `prio` and `poll` (llama.cpp's `--cpu-mask`, `--cpu-strict`,
+# `--prio`, `--poll`). `ggml_threadpool_new` gives each worker a mask with `ggml_thread_cpumask_next`: the whole mask
+# when `strict_cpu` is false, else the mask's CPUs one at a time, round-robin, workers 1, 2, ... first and the main
+# thread last. Each worker thread pins itself when it starts (`ggml_thread_apply_affinity`, on Linux
+# `pthread_setaffinity_np`; ggviz calls `os.sched_setaffinity(0, ...)`, which on Linux pins the calling thread), and
+# the main thread is pinned at creation and stays pinned. Below: two real 3-thread pools with every CPU of this
+# machine in the mask, each thread reporting what the OS then says about itself.
+
+# %%
+import os
+
+cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+main_cpus = set(cpus)
+aff_rows = []
+for strict in (False, True):
+    tpp = TP.threadpool_params_default(3)                # ggml_threadpool_params_default
+    tpp.strict_cpu = strict
+    for cpu in cpus:
+        tpp.cpumask[cpu] = True
+    try:
+        with trace.Recorder(kinds=["cpu.affinity"]) as arec, TP.threadpool_new(tpp) as pool3:
+            ggml_cpu.graph_compute(gs, ggml_cpu.graph_plan(gs, 3, pool3))
+            masks = {w.ith: [i for i, b in enumerate(w.cpumask) if b] for w in pool3.workers}
+    finally:
+        if main_cpus:
+            os.sched_setaffinity(0, main_cpus)           # ggml leaves the caller pinned; the notebook puts it back
+    seen = {e["ith"]: e for e in arec.events}
+    for ith in (1, 2, 0):                                # in the order ggml_thread_cpumask_next hands out masks
+        aff_rows.append({"strict_cpu": strict, "worker": ith, "thread": "main (the caller)" if ith == 0 else
+                         "pool thread", "its cpumask: CPUs": ", ".join(map(str, masks[ith])),
+                         "the OS reports, read by the thread itself": ", ".join(map(str, seen[ith]["now"]))
+                         if ith in seen else "not pinned"})
+viz.Table(aff_rows, title=f"3 threads, cpumask = every CPU this process may use ({len(cpus)}: "
+                          f"{', '.join(map(str, cpus))})")
+
+# %% [markdown]
+# With `strict_cpu` each thread gets one CPU, and with more threads than CPUs the round-robin wraps around (two
+# threads share a CPU). Pinning keeps a thread's caches warm and, on a machine with several NUMA nodes, its memory
+# close (llama.cpp's `--numa`); on a shared machine it can also keep a thread waiting behind another process that
+# the OS would otherwise have moved it away from.
+#
+# **OpenMP.** ggml built with OpenMP (`GGML_OPENMP`, on by default in llama.cpp's CMake when the compiler has it)
+# does not use this pool's threads at all; ggviz mirrors the build without it. What changes:
+
+# %%
+viz.Table([
+    {"": "worker threads", "ggml's own pool (ggviz)": "started once by ggml_threadpool_new; between graphs they "
+     "poll, then sleep", "OpenMP build": "the OpenMP runtime's team, created at the first parallel region"},
+    {"": "a graph starts", "ggml's own pool (ggviz)": "ggml_graph_compute_kickoff bumps n_graph; each worker sees it",
+     "OpenMP build": "#pragma omp parallel num_threads(n): every thread calls ggml_graph_compute_thread"},
+    {"": "threads in the graph", "ggml's own pool (ggviz)": "n_threads, as asked",
+     "OpenMP build": "what OpenMP gave (omp_get_num_threads), written into n_graph"},
+    {"": "pause / resume", "ggml's own pool (ggviz)": "ggml_threadpool_pause / _resume put workers to sleep",
+     "OpenMP build": "no-ops"},
+    {"": "cpumask", "ggml's own pool (ggviz)": "each thread pins itself once (above)",
+     "OpenMP build": "each thread applies its mask at every compute"},
+    {"": "barrier, chunks, abort", "ggml's own pool (ggviz)": "the same ggml_barrier, current_chunk, abort",
+     "OpenMP build": "the same"},
+], title="ggml-cpu.c, #ifdef GGML_USE_OPENMP: the two ways a graph gets its threads")
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.cpu.threadpool.threadpool_params_default, ggviz.ggml.cpu.threadpool.thread_cpumask_next, ggviz.ggml.cpu.threadpool.thread_apply_affinity ↔ ggml.c ggml_threadpool_params_default; ggml-cpu.c ggml_thread_cpumask_next, ggml_thread_apply_affinity, ggml_graph_compute

@@ -582,6 +582,8 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     from tests.test_notebooks import gemma_fetched
     gemma_here = gemma_fetched()
     assert [p.name for p in pages[1:]] == [p.stem + ".html" for p in book.notebooks()]
+    from tests.test_concepts import book_problems       # docs/concepts.md: each ● row's view, in its section
+    assert not book_problems(pages), "\n".join(book_problems(pages))
     print("\nbook page weights:\n" + book.weights(pages))
     folder = (tmp_path / "book").as_uri() + "/"
     drv = browser

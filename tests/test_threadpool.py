@@ -7,6 +7,7 @@ that could hang runs under a timeout guard.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -81,6 +82,54 @@ def _same(a, b):
 
 
 # ---------------------------------------------------------------------------------------------------- the API
+
+def test_cpumask_next_places_workers_as_ggml():
+    """ggml_thread_cpumask_next, hand-checked: without strict_cpu every worker gets the whole mask; with it, the
+    mask's CPUs one by one, round-robin, workers 1..n-1 first and the main thread (worker 0) last."""
+    g = [False] * C.GGML_MAX_N_THREADS
+    for i in (2, 3, 5):
+        g[i] = True
+    local = [True] * C.GGML_MAX_N_THREADS
+    assert tpm.thread_cpumask_next(g, local, False, 7) == 7 and local == g
+    got, it = [], 0
+    for _ in range(4):
+        it = tpm.thread_cpumask_next(g, local, True, it)
+        got.append([i for i, b in enumerate(local) if b])
+    assert got == [[2], [3], [5], [2]] and it == 3
+    assert not tpm.thread_cpumask_is_valid([False] * 4) and tpm.thread_cpumask_is_valid(g)
+    p = ggml.threadpool_params_default(3)
+    p.strict_cpu = True
+    for i in (2, 3, 5):
+        p.cpumask[i] = True
+    p.paused = True                         # a paused pool does not pin the caller's thread at creation
+    with ggml.threadpool_new(p) as tp:
+        assert [[i for i, b in enumerate(w.cpumask) if b] for w in tp.workers] == [[5], [2], [3]]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no sched_setaffinity")
+def test_workers_pin_themselves_to_their_mask():
+    """ggml_thread_apply_affinity on Linux: each worker pins its own thread (os.sched_setaffinity(0, ...) acts on
+    the calling thread), read back by that thread (cpu.affinity); the main thread's affinity is put back after."""
+    cpus = sorted(os.sched_getaffinity(0))
+    main_before = set(cpus)
+    p = ggml.threadpool_params_default(2)
+    p.strict_cpu = True
+    p.cpumask[cpus[0]] = True
+    p.cpumask[cpus[-1]] = True
+    try:
+        with trace.Recorder(kinds=["cpu.affinity"]) as rec:
+            with ggml.threadpool_new(p) as tp:
+                ctx = ggml.init(1 << 20)
+                x = ggml.new_tensor_1d(ctx, C.GGML_TYPE_F32, 64)
+                gf = ggml.new_graph(ctx)
+                ggml.build_forward_expand(gf, ggml.scale(ctx, x, 2.0))
+                ggml_cpu.graph_compute(gf, ggml_cpu.graph_plan(gf, 2, tp))   # worker 1 has started by now
+        by = {e["ith"]: e for e in rec.events}
+        assert by[1]["asked"] == by[1]["now"] == [cpus[0]] and by[1]["ok"]
+        assert by[0]["asked"] == by[0]["now"] == [cpus[-1]]
+        assert os.sched_getaffinity(0) == {cpus[-1]}            # the caller stays pinned, as in ggml
+    finally:
+        os.sched_setaffinity(0, main_before)
 
 def test_params_and_api():
     p = ggml.threadpool_params_default(3)

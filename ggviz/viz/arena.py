@@ -46,6 +46,13 @@ class Text(str):
         p.text(str(self))
 
 
+
+def _ctx_desc(ctx) -> str:
+    """A context in words (its repr is for debugging, not for a page)."""
+    n = len(ctx.objects)
+    return (f"{ctx.mem_size:,} bytes, {ctx.used_mem():,} used by {n} object{'s' if n != 1 else ''}"
+            + (" (no_alloc)" if ctx.no_alloc else ""))
+
 def _hex(v: int) -> str:
     return f"0x{v:x}"
 
@@ -134,7 +141,7 @@ def arena_map(ctx, detail: bool = False, include_free: bool = False) -> Table:
         used = ctx.used_mem()
         add(used, ctx.mem_size - used, "free", None, note="unused arena")
     return Table(rows, ["start", "end", "size", "kind", "obj", "name", "type", "ne", "note"],
-                 title=f"arena of {ctx!r}", formats={"start": _hex, "end": _hex})
+                 title=f"the arena: {_ctx_desc(ctx)}", formats={"start": _hex, "end": _hex})
 
 
 def objects_table(ctx) -> Table:
@@ -158,7 +165,7 @@ def objects_table(ctx) -> Table:
             r.update(name=f"graph ({t.n_nodes} nodes, {t.n_leafs} leafs)")
         rows.append(r)
     return Table(rows, ["#", "type", "hdr_offs", "offs", "size", "next", "name", "dtype", "ne", "data_offs"],
-                 title=f"objects of {ctx!r} (next = offset of the next header)")
+                 title=f"the object list: {_ctx_desc(ctx)} (next = offset of the next header)")
 
 
 def _display_widths(sizes, scale):

@@ -236,6 +236,11 @@ def graph_to_dot_grouped(gf, collapse=(), color_by="op", title: str | None = Non
         graph_attr.update(label=title, labelloc="t", fontsize="14")
 
     node_fill, legend_items = _node_fills(gf, color_by)
+    if collapse and (isinstance(color_by, str) or color_by is None):
+        # collapsed layers are grey boxes: the legend names only the colours of the nodes drawn one by one
+        key = (lambda t: op_desc(t)) if color_by == "op" else (lambda t: type_name(t.type))
+        drawn = {key(t) for i, t in enumerate(gf.nodes) if layers[i] not in collapse}
+        legend_items = {k: c for k, c in legend_items.items() if k in drawn}
     vx = _Vertices(gf, layers, collapse, hide_leafs)
     # the picture as statements, in the order they are written to the DOT source: ("node", name, attrs) and
     # ("edge", src, dst, attrs); both layouts write the same statements

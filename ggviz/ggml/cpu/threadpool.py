@@ -14,7 +14,11 @@ Mirrors ggml-cpu.c (no OpenMP build) and ggml.c:
   its share of the graph, repeat until ``stop``;
 * ``ggml_barrier`` (``n_barrier``, ``n_barrier_passed``), ``current_chunk`` (``ggml_threadpool_chunk_set/add``),
   ``abort`` (node index at which every thread stops, -1 none) and ``ec`` (the compute's ggml_status);
-* ``ggml_threadpool_pause/resume/free``, ``ggml_threadpool_get_n_threads``.
+* ``ggml_threadpool_pause/resume/free``, ``ggml_threadpool_get_n_threads``;
+* ``ggml_thread_cpumask_next`` (each worker's CPU mask from the params' ``cpumask``: the whole mask, or with
+  ``strict_cpu`` the next CPU of it, round-robin, worker 0 last), ``ggml_thread_cpumask_is_valid`` and
+  ``ggml_thread_apply_affinity`` (Linux: ``os.sched_setaffinity(0, ...)`` pins the calling thread, as
+  ``pthread_setaffinity_np`` does; elsewhere it does nothing and says so, like ggml's unsupported platforms).
 
 Two things differ from ggml, both because these are Python threads sharing one interpreter lock:
 
@@ -36,7 +40,7 @@ Two things differ from ggml, both because these are Python threads sharing one i
   last resort, not part of the protocol.
 
 Trace events (only while ``ggviz.trace.active``): ``cpu.kickoff``, ``cpu.barrier``, ``cpu.pause``, ``cpu.resume``,
-``cpu.worker_error``; the executor (ggml_cpu.py) adds ``cpu.node`` and ``cpu.abort``, mul_mat ``cpu.chunk``.
+``cpu.worker_error``, ``cpu.affinity`` (a thread applied its mask: the CPUs asked for and those the OS reports); the executor (ggml_cpu.py) adds ``cpu.node`` and ``cpu.abort``, mul_mat ``cpu.chunk``.
 """
 from __future__ import annotations
 
@@ -106,6 +110,48 @@ def threadpool_params_match(p0: ThreadpoolParams, p1: ThreadpoolParams) -> bool:
             and p0.strict_cpu == p1.strict_cpu and list(p0.cpumask) == list(p1.cpumask))
 
 
+def thread_cpumask_next(global_mask, local_mask: list, strict: bool, it: int) -> int:
+    """ggml_thread_cpumask_next: fill ``local_mask`` (a worker's) from ``global_mask`` (the params'): a copy, or with
+    ``strict`` only the first CPU of the global mask at or after ``it`` (wrapping around). Returns the new ``it``
+    (C passes it by pointer): one past the CPU taken, so the next worker gets the next CPU."""
+    if not strict:
+        local_mask[:] = list(global_mask)
+        return it
+    local_mask[:] = [False] * C.GGML_MAX_N_THREADS
+    for i in range(C.GGML_MAX_N_THREADS):
+        idx = it + i
+        if idx >= C.GGML_MAX_N_THREADS:
+            idx -= C.GGML_MAX_N_THREADS
+        if global_mask[idx]:
+            local_mask[idx] = True
+            return idx + 1
+    return it
+
+
+def thread_cpumask_is_valid(mask) -> bool:
+    """ggml_thread_cpumask_is_valid: any CPU set (all-zero means: leave the thread where the OS puts it)."""
+    return any(mask)
+
+
+def thread_apply_affinity(mask, ith: int = 0) -> bool:
+    """ggml_thread_apply_affinity: pin the calling thread to the CPUs set in ``mask``. On Linux
+    ``os.sched_setaffinity(0, cpus)`` acts on the calling thread only (like ``pthread_setaffinity_np``); a CPU the
+    machine does not have makes it fail, which ggml reports on stderr and ignores."""
+    cpus = {i for i, b in enumerate(mask) if b}
+    if not hasattr(os, "sched_setaffinity"):          # ggml's "unsupported platforms": nothing done, true returned
+        return True
+    try:
+        os.sched_setaffinity(0, cpus)
+        ok = True
+    except OSError as e:
+        import sys
+        print(f"warn: failed to set affinity mask {sorted(cpus)} ({e.strerror})", file=sys.stderr)
+        ok = False
+    if trace.active:
+        trace.emit("cpu.affinity", ith=ith, asked=sorted(cpus), ok=ok, now=sorted(os.sched_getaffinity(0)))
+    return ok
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # struct ggml_compute_state, struct ggml_threadpool
 # ---------------------------------------------------------------------------------------------------------------
@@ -170,10 +216,14 @@ class Threadpool:
             raise GGMLError(f"ggml_threadpool_new: n_threads must be in 1..{C.GGML_MAX_N_THREADS}, "
                             f"got {self.n_threads}")
         self.workers = [ComputeState(self, j) for j in range(self.n_threads)]
+        # the workers' CPU masks: 1..n-1 first, the main thread (worker 0) last, towards the higher CPUs
+        it = 0
         for j in range(1, self.n_threads):
-            self.workers[j].cpumask = list(tpp.cpumask)   # ggml_thread_cpumask_next: Python cannot pin threads
+            it = thread_cpumask_next(tpp.cpumask, self.workers[j].cpumask, tpp.strict_cpu, it)
             self._start_worker(self.workers[j])
-        self.workers[0].cpumask = list(tpp.cpumask)
+        thread_cpumask_next(tpp.cpumask, self.workers[0].cpumask, tpp.strict_cpu, it)
+        if not self.pause and thread_cpumask_is_valid(self.workers[0].cpumask):
+            thread_apply_affinity(self.workers[0].cpumask, 0)     # the caller's thread, pinned from now on (as C)
 
     def __repr__(self):
         return (f"<ggml_threadpool #{self.serial} n_threads={self.n_threads} n_graph={self.n_graph >> 16}:"
@@ -363,6 +413,8 @@ def _check_for_work(state: ComputeState) -> bool:
 def _secondary_thread(state: ComputeState) -> None:
     """ggml_graph_compute_secondary_thread: a worker's whole life."""
     tp = state.threadpool
+    if thread_cpumask_is_valid(state.cpumask):
+        thread_apply_affinity(state.cpumask, state.ith)
     try:
         while True:
             # check if we need to sleep

@@ -410,13 +410,15 @@ class VizWidget:
         if rec is not None and rec["esm"] == "frames.js":
             # the book (which drops the live widget) shows the recording's first frame as the static picture: the
             # view's drawing is made once, for the recording, instead of three times (widget, static, recording)
-            data["text/html"] = frames_static(rec)
+            html = frames_static(rec)
         else:
             w = self.widget
             if hasattr(w, "_repr_mimebundle_"):
                 live = w._repr_mimebundle_(include=include, exclude=exclude)
                 data.update((live[0] if isinstance(live, tuple) else live) or {})    # (data, metadata) or data
-            data["text/html"] = self.to_html()
+            html = self.to_html()
+        # the wrapper names the view, so a test finds which view a notebook cell (and the book's page) displays
+        data["text/html"] = f"<div class='ggv-out' data-ggv-view='{type(self).__name__}'>{html}</div>"
         if rec is not None:
             data[BOOK_MIME] = json.loads(json.dumps(rec))      # plain JSON (fails here on a stray object)
         return data

@@ -35,7 +35,7 @@ class ArenaWidget(VizWidget):
     (``header``: rows of ``tensor_header_table``, ``struct``: ``t.struct()``) and the raw bytes shown.
     """
 
-    def __init__(self, ctx, scale: str = "log", detail: bool = True, max_labels: int = 30):
+    def __init__(self, ctx, scale: str = "sqrt", detail: bool = True, max_labels: int = 30):
         self.ctx = ctx
         self.scale = scale
         self.detail = detail

@@ -12,13 +12,11 @@
 """
 from __future__ import annotations
 
-import io
 import json
 import time
 
 import ipywidgets as W
 import numpy as np
-from PIL import Image
 
 from ...capture.graph import as_cgraph
 from ...ggml import memory
@@ -32,7 +30,6 @@ from ._base import (
     html_table,
     new_prefix,
     on_click,
-    png_img,
     stepper_pane,
     svg_canvas,
     svg_window,
@@ -473,6 +470,11 @@ class VisitAnimation(VizWidget):
         css = []
         if groups["todo"]:
             css.append(f"{_sel(p, groups['todo'])} {{ opacity: 0.25; }}")
+        # "#i" / "leaf j" (the small text of a vertex's label) is the index the tensor gets when it is appended:
+        # hidden until then, so no step shows a position the walk has not assigned yet
+        unplaced = [v for v in groups["todo"] + groups["stack"] if not v.startswith("L")]
+        if unplaced:
+            css.append(", ".join(f"#{p}{v} text[font-size='8.00']" for v in unplaced) + " { visibility: hidden; }")
         if groups["stack"]:
             css.append(highlight_css(p, groups["stack"], "stroke: #f9a825 !important; stroke-width: 4px !important;"
                                      " stroke-dasharray: 6 3;"))
@@ -484,27 +486,29 @@ class VisitAnimation(VizWidget):
             css.append(highlight_css(p, [cur], rule))
         return "\n".join(css)
 
-    def hash_png(self, st=None, width: int = 128) -> bytes:
-        """The visited hash set's used-bitset as an image (one pixel per slot; the current slot red)."""
+    def hash_table(self, st=None, max_rows: int = 12) -> str:
+        """The visited hash set's used slots at step ``st``: slot -> tensor, in slot order (the set has thousands of
+        slots and a handful used: a picture of all of them shows specks), the current one red."""
         st = st or self.state()
         k = st["step"]
-        used = np.zeros(self.hash_size, dtype=np.float64)
-        sl = self.slot[(self.first_visit <= k) & (self.slot >= 0)]
-        used[sl] = 1.0
-        rows = -(-self.hash_size // width)
-        img = np.full(rows * width, np.nan)
-        img[:self.hash_size] = used
-        img = img.reshape(rows, width)
-        rgba = np.zeros((rows, width, 4), dtype=np.uint8)
-        rgba[...] = (235, 235, 235, 255)
-        rgba[img == 1.0] = (67, 160, 71, 255)
-        rgba[np.isnan(img)] = (255, 255, 255, 255)
-        hp = st["hash_pos"]
-        rgba[hp // width, hp % width] = (213, 0, 0, 255)
-        im = Image.fromarray(rgba, "RGBA").resize((width * 3, rows * 3), Image.NEAREST)
-        buf = io.BytesIO()
-        im.save(buf, format="PNG")
-        return buf.getvalue()
+        used = sorted((int(self.slot[v]), v) for v in np.nonzero((self.first_visit <= k) & (self.slot >= 0))[0])
+        if len(used) > max_rows:               # the slots nearest the current one
+            at = next((i for i, (sl, _) in enumerate(used) if sl >= st["hash_pos"]), len(used) - 1)
+            lo = max(0, min(at - max_rows // 2, len(used) - max_rows))
+            shown, cut = used[lo:lo + max_rows], (lo, len(used) - lo - max_rows)
+        else:
+            shown, cut = used, (0, 0)
+        rows = []
+        for sl, v in shown:
+            cur = sl == st["hash_pos"]
+            style = " style='color:#d50000;font-weight:bold'" if cur else ""
+            rows.append(f"<tr{style}><td style='text-align:right;padding:0 8px'>{sl}</td>"
+                        f"<td style='padding:0 8px'><code>{esc(self._tensor(v).name)}</code></td></tr>")
+        more = [f"<tr><td colspan=2 style='padding:0 8px'>… {n} more used slots</td></tr>" if n else ""
+                for n in cut]
+        return ("<table style='border-collapse:collapse;font-size:12px'><thead><tr><th style='padding:0 8px'>slot"
+                "</th><th style='text-align:left;padding:0 8px'>tensor</th></tr></thead><tbody>"
+                + more[0] + "".join(rows) + more[1] + "</tbody></table>")
 
     def panel_html(self, st=None) -> str:
         st = st or self.state()
@@ -519,8 +523,9 @@ class VisitAnimation(VizWidget):
                 f"<code>{stack or '(empty)'}</code><br/><br/>"
                 f"<b>nodes[]</b> n_nodes = {st['n_nodes']}: <code>… {esc(', '.join(st['nodes_tail']))}</code><br/>"
                 f"<b>leafs[]</b> n_leafs = {st['n_leafs']}: <code>… {esc(', '.join(st['leafs_tail']))}</code>"
-                f"<br/><br/><b>visited hash set</b>: {st['hash_used']} of {st['hash_size']} slots used, "
-                f"{st['n_hits']} hits so far (red: slot {st['hash_pos']})<br/>{png_img(self.hash_png(st))}<br/>"
+                f"<br/><br/><b>visited hash set</b>: {st['hash_used']} of {st['hash_size']} slots used (a tensor's "
+                f"slot: its address hashed, modulo {st['hash_size']}), {st['n_hits']} hits so far (red: slot "
+                f"{st['hash_pos']})<br/>{self.hash_table(st)}<br/>"
                 f"<span style='font-size:11px'>faded: not visited yet · dashed amber: on the DFS stack · red: this "
                 f"step (orange: a hash hit)</span></div>")
 

@@ -77,6 +77,11 @@ def _rgb(hexcol: str) -> tuple:
     return tuple(int(h[i:i + 2], 16) / 255.0 for i in (0, 2, 4))
 
 
+
+def _words(d: dict) -> str:
+    """{"a": 1, "b": 2} as "a 1, b 2" (a dict's repr is not for a page)."""
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
+
 class SchedulerView(VizWidget):
     """The backend assignment of one ``backend_sched_split_graph``, after every pass, and its splits and copies.
 
@@ -398,14 +403,24 @@ class SchedulerView(VizWidget):
     def info_html(self, max_rows: int = 60) -> str:
         st = self.state()
         parts = [f"<b>{esc(STAGE_SHORT[self.stage])}</b>: {esc(st['stage_title'])}<br/>"
-                 f"nodes per backend: {esc({(k or 'unassigned'): v for k, v in st['counts'].items()})}"]
+                 f"nodes per backend: {esc(_words({(k or 'unassigned'): v for k, v in st['counts'].items()}))}"]
         if self.stage != "5":
             ch = [r for r in st["assignment"] if r["changed"]]
             leafs = [dict(e) for e in self.events_by_stage.get(self.stage, []) if e["leaf"]]
-            parts.append(f"<br/>{len(ch)} nodes set in this pass, causes: {esc(st['cause_counts'])}")
-            if ch:
+            parts.append(f"<br/>{len(ch)} nodes set in this pass, causes: {esc(_words(st['cause_counts']))}")
+            if 0 < len(ch) <= 20:
                 parts.append(html_table(ch, ["index", "name", "op", "backend", "cause"], max_rows=max_rows,
                                         title="nodes assigned by this pass"))
+            elif ch:                      # hundreds of rows: summed up by what was decided, with the first and last
+                by: dict = {}
+                for r in ch:
+                    g = by.setdefault((r["backend"], r["cause"], r["op"]), {
+                        "backend": r["backend"], "cause": r["cause"], "op": r["op"], "nodes": 0, "first": r["name"]})
+                    g["nodes"] += 1
+                    g["last"] = r["name"]
+                parts.append(html_table(sorted(by.values(), key=lambda g: -g["nodes"]),
+                                        ["backend", "cause", "op", "nodes", "first", "last"], max_rows=max_rows,
+                                        title=f"the {len(ch)} nodes assigned by this pass, by backend, cause and op"))
             if leafs:
                 parts.append(html_table(leafs, ["name", "backend", "cause"], max_rows=max_rows // 2,
                                         title="leafs assigned by this pass (weights, KV cache, inputs)"))
@@ -414,12 +429,12 @@ class SchedulerView(VizWidget):
                          n_nodes=s["n_nodes"], inputs=", ".join(f"{x['name']} → {x['copy']}" for x in s["inputs"]))
                     for s in self.splits]
             parts.append(f"<br/>{st['n_splits']} splits, {st['n_inputs']} inputs copied "
-                         f"(copies per backend: {esc(st['copies_per_backend'])}); graph inputs: "
+                         f"(copies per backend: {esc(_words(st['copies_per_backend']))}); graph inputs: "
                          f"{esc(', '.join(st['graph_inputs']))}")
             parts.append(html_table(rows, ["split", "backend", "nodes", "n_nodes", "inputs"], max_rows=max_rows,
                                     title="splits (ggml_backend_sched_split)"))
             if st["mul_mat_kernels"]:
-                parts.append(f"MUL_MAT kernels: {esc(st['mul_mat_kernels'])}")
+                parts.append(f"MUL_MAT kernels: {esc(_words(st['mul_mat_kernels']))}")
         parts.append(self.split_html(st["split"], max_rows))
         return "".join(parts)
 
@@ -434,8 +449,21 @@ class SchedulerView(VizWidget):
                 parts.append(html_table(si["inputs"], ["name", "from_backend", "copy", "nbytes", "consumer"],
                                         title="inputs copied into the split's backend before it runs "
                                               "(ggml_backend_sched_compute_splits)"))
-            parts.append(html_table(si["nodes"], ["index", "name", "op", "kernel"], max_rows=max_rows,
-                                    title="its nodes (kernel: what a MUL_MAT runs on this backend)"))
+            # the split's nodes summed up by op and kernel (a list of its hundreds of nodes teaches nothing)
+            if len(si["nodes"]) <= 20:
+                parts.append(html_table(si["nodes"], ["index", "name", "op", "kernel"], max_rows=max_rows,
+                                        title="its nodes (kernel: what a MUL_MAT runs on this backend)"))
+                return "".join(parts)
+            by_op: dict = {}
+            for nd in si["nodes"]:
+                r = by_op.setdefault((nd["op"], nd.get("kernel") or ""), {"op": nd["op"], "kernel": nd.get("kernel")
+                                                                           or "", "nodes": 0, "first": nd["name"]})
+                r["nodes"] += 1
+                r["last"] = nd["name"]
+            parts.append(html_table(sorted(by_op.values(), key=lambda r: -r["nodes"]),
+                                    ["op", "nodes", "kernel", "first", "last"], max_rows=max_rows,
+                                    title=f"its {len(si['nodes'])} nodes by op (kernel: what a MUL_MAT runs on this "
+                                          "backend)"))
         return "".join(parts)
 
     def to_html(self) -> str:
