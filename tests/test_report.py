@@ -129,7 +129,7 @@ def test_timeline_section_is_the_compiled_walk_and_adds_up(rec):
     thread's row splits the compute's wall time into parts that add up, none counted twice (the 5 % bound on the
     unrecorded rest is tests/test_timeline.py's: on a shared machine one recording may exceed it)."""
     pytest.importorskip("ggviz.ggml.cpu.fast.compiler", reason="the compiled walk needs Numba")
-    out = report.sec_timeline(rec)
+    out = report.draw_timeline(report.sec_timeline(rec))
     assert out["compiled"] and "compiled walk" in out["walk"] and out["n_mul_mat"] > 200
     assert len(out["threads"]) == rec.step.n_threads
     for row in out["threads"]:
@@ -233,12 +233,33 @@ def test_templates_escape_and_ship():
     assert "<code>a&lt;b</code>" in out
 
 
+# the sections whose record holds the run's data, drawn at render time (the others keep their template's variables)
+DRAWN_FROM_RECORDS = {"memory", "graph", "timeline", "sched", "kv", "attention", "logits"}
+
+
+def _drawn(x) -> list:
+    """The drawn things (PNG bytes, inline markup) somewhere in a saved record."""
+    if isinstance(x, dict):
+        return ([k for k in ("__bytes__", "__markup__") if k in x]
+                + [d for v in x.values() for d in _drawn(v)])
+    if isinstance(x, (list, tuple)):
+        return [d for v in x for d in _drawn(v)]
+    return []
+
+
 def test_saved_recording_renders_the_same_page(doc, page, tmp_path, monkeypatch):
     """The report's record saved to disk and loaded back draws the same page, byte for byte, with no model loaded
-    and nothing run; the record holds plain data only (records.save refuses anything else)."""
+    and nothing run; the record holds plain data only (records.save refuses anything else), and the sections that
+    draw from records hold no figure drawn: render_report draws them again from the run's data."""
     report.save_recording(doc, tmp_path)
     back = report.load_recording(tmp_path)
     assert [s["sid"] for s in back["sections"]] == SECTION_IDS
+    assert {s.sid for s in report.SECTIONS if s.draw is not None} == DRAWN_FROM_RECORDS
+    for s in back["sections"]:
+        assert "failed" not in s, s
+        if s["sid"] in DRAWN_FROM_RECORDS:
+            assert not _drawn(s["record"]), s["sid"]
+    assert _drawn(next(s for s in back["sections"] if s["sid"] == "gguf")["record"])   # the check can fail
 
     def no_model(*a, **k):
         raise AssertionError("a saved recording must render without a model")

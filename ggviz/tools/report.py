@@ -17,11 +17,12 @@ The markup lives in Jinja2 templates, package data under ``ggviz/templates/repor
 / ``report.js``, inlined into the page. Python computes what each section shows (numbers, rows, figures), the
 templates say how it reads.
 
-Two phases: ``capture_report(rec)`` turns the run into the report's record -- plain data, what every section shows
-(numbers, rows, figures drawn) -- and ``render_report(doc)`` draws the page from that record alone, so a record saved
-to disk (``save_recording``, ``--save-recording DIR``) and loaded back (``load_recording``, ``--from-recording DIR``)
-gives the same page byte for byte, without a model. ``build_report(rec)`` is both, ``write_report(path)`` records
-and writes it.
+Two phases: ``capture_report(rec)`` turns the run into the report's record -- each section's record, plain data
+of the run (numbers, arrays, the trace events, ``ggviz.capture`` records: the graph, the allocator's plan, the KV
+snapshots) -- and ``render_report(doc)`` draws the page from that record alone: each section's ``draw`` makes its
+figures and tables from its record, so a record saved to disk (``save_recording``, ``--save-recording DIR``) and
+loaded back (``load_recording``, ``--from-recording DIR``) gives the same page byte for byte, drawn again, without a
+model. ``build_report(rec)`` is both, ``write_report(path)`` records and writes it.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ import numpy as np
 from markupsafe import Markup, escape
 
 from .. import __version__, cli, ggml, llama
-from ..capture import DEFAULT_PROMPT, EvalCallback, layer_of, load, record_decode, save
+from ..capture import DEFAULT_PROMPT, EvalCallback, capture_alloc, capture_graph, layer_of, load, record_decode, save
 from ..ggml import alloc as GA
 from ..ggml import backend as B
 from ..ggml.cpu import ggml_cpu, traits
@@ -62,7 +63,7 @@ from ..viz.graph_dot import node_layers, op_color
 from ..viz.model_views import kv_cache_figure, sampler_figure
 from ..viz.widgets._base import array_png, colorbar_html, value_range, wrap_vector
 from ..viz.widgets.alloc_view import AllocatorView
-from ..viz.widgets.timeline import WALK_LABEL, concurrent_chunks, thread_accounting, timeline_data
+from ..viz.widgets.timeline import WALK_LABEL, concurrent_chunks, spin_us, thread_accounting, timeline_data
 
 # names whose values the eval callback copies out besides layer 0's nodes
 _EXTRA_VALUES = ("embd", "inp_embd", "result_norm", "result_output")
@@ -232,18 +233,36 @@ class SectionSpec:
     sid: str                                  # the HTML id, the template's name
     title: str
     mirrors: tuple                            # the ggml / llama.cpp functions this section's engine code mirrors
-    build: Callable                           # Recording -> the template's variables
+    build: Callable                           # Recording -> the section's record (plain data, saved)
+    draw: Callable | None = None              # record -> the template's variables (None: the record is them)
 
 
 SECTIONS: list[SectionSpec] = []              # in page order
 
 
-def section(sid: str, title: str, *mirrors: str):
-    """Register a section builder (in definition order: the page's order)."""
+def section(sid: str, title: str, *mirrors: str, draw: Callable | None = None):
+    """Register a section's builder (in definition order: the page's order) and ``draw``, what renders its record
+    into the template's variables at render time (the figures drawn from the record, not from the run)."""
     def deco(fn):
-        SECTIONS.append(SectionSpec(sid, title, mirrors, fn))
+        SECTIONS.append(SectionSpec(sid, title, mirrors, fn, draw))
         return fn
     return deco
+
+
+class _Pieces:
+    """``token_to_piece`` of the tokens a section's record names (``_pieces``): what the views ask a vocabulary,
+    answered without the model."""
+
+    def __init__(self, pieces: dict):
+        self.pieces = pieces
+
+    def token_to_piece(self, tid: int, special: bool = True, lstrip: int = 0) -> bytes:
+        return self.pieces[int(tid)].encode("utf-8")
+
+
+def _pieces(vocab, ids) -> dict:
+    """{token id: its text} of ``ids``, for ``_Pieces``."""
+    return {int(t): _piece(vocab, t) for t in ids}
 
 
 @section("overview", "One decode step", "llama_decode", "llama_context::decode", "llama_sampler_sample")
@@ -367,12 +386,29 @@ def _alloc_info(ctx):
     return galloc
 
 
+def draw_memory(r: dict) -> dict:
+    """The memory section from its record: the arenas (weights, KV caches), the compute buffer's plan."""
+    arenas = r["arenas"]
+    fig, axes = plt.subplots(len(arenas), 1, figsize=(13, 2.2 * len(arenas)))
+    for ax, a in zip(axes, arenas):
+        A.plot_arena(None, rows=a["rows"], ax=ax, scale=a["scale"], max_labels=12, title=a["title"])
+    fig.tight_layout()
+    plan = None
+    if r["alloc"] is not None:
+        # the allocator view's figure (as notebook 04 draws it): a broken axis, so the 49 MiB output slot does not
+        # squash the 1-6 MiB where the layers' tensors live
+        plan = dict(png=fig_png(AllocatorView(record=r["alloc"]).figure(highlight=None), 90), row=r["plan_row"],
+                    reserved_for_step=r["reserved_for_step"])
+    return dict(weights=r["weights"], bufs=r["bufs"], arenas_png=fig_png(fig, 90), graph_ctx=r["graph_ctx"],
+                plan=plan)
+
+
 @section("memory", "Memory: weights, KV cache, compute buffer", "ggml_init(no_alloc)",
          "ggml_backend_alloc_ctx_tensors_from_buft", "llama_kv_cache::llama_kv_cache", "ggml_gallocr_reserve",
-         "ggml_gallocr_alloc_graph", "ggml_dyn_tallocr_alloc")
+         "ggml_gallocr_alloc_graph", "ggml_dyn_tallocr_alloc", draw=draw_memory)
 def sec_memory(rec: Recording) -> dict:
-
-
+    """The weights by type, the model's buffers, the arenas' regions (``arena_map``), the graph context, the
+    compute buffer's plan (``AllocRecord``) and its numbers."""
     m, ctx = rec.model, rec.ctx
     kv = ctx.kv
     # ---- weights
@@ -386,37 +422,31 @@ def sec_memory(rec: Recording) -> dict:
             for b in getattr(m, "bufs", []) or []]
     # ---- contexts
     caches = kv_caches(kv)
-    fig, axes = plt.subplots(1 + len(caches), 1, figsize=(13, 2.2 * (1 + len(caches))))
-    A.plot_arena(m.ctx_w, ax=axes[0], scale="log", max_labels=12,
-                 title=f"weights context (no_alloc): {len(m.ctx_w.objects)} tensor headers, "
-                       f"{m.ctx_w.used_mem():,} bytes; the data stays in the file mapping")
-    for ax, (label, c) in zip(axes[1:], caches):
-        A.plot_arena(c.ctx, ax=ax, scale="sqrt", max_labels=12,
-                     title=f"{label + ' ' if label else ''}KV cache context: {len(c.k_l)} K + {len(c.v_l)} V tensors "
-                           f"of {c.size} cells ({ggml.type_name(c.type_k)}), {c.ctx.used_mem():,} bytes")
-    fig.tight_layout()
-    arenas_png = fig_png(fig, 90)
+    arenas = [dict(rows=[dict(q) for q in A.arena_map(m.ctx_w)], scale="log",
+                   title=f"weights context (no_alloc): {len(m.ctx_w.objects)} tensor headers, "
+                         f"{m.ctx_w.used_mem():,} bytes; the data stays in the file mapping")]
+    for label, c in caches:
+        arenas.append(dict(rows=[dict(q) for q in A.arena_map(c.ctx)], scale="sqrt",
+                           title=f"{label + ' ' if label else ''}KV cache context: {len(c.k_l)} K + {len(c.v_l)} V "
+                                 f"tensors of {c.size} cells ({ggml.type_name(c.type_k)}), {c.ctx.used_mem():,} bytes"))
     gctx = rec.step.graph.ctx
     graph_ctx = dict(n_objects=len(gctx.objects), used_mem=gctx.used_mem(),
                      n_tensors=sum(1 for o in gctx.objects if o.type == ggml.GGML_OBJECT_TYPE_TENSOR))
     # ---- compute buffer
     galloc = _alloc_info(ctx)
     last = getattr(galloc, "last_alloc", None) if galloc is not None else None
-    plan = None
+    alloc = row = None
     if last:
         tens = last["tensors"]
         total = sum(t.get("size") or 0 for t in tens if t.get("offset") is not None and not t.get("view_src"))
         buf = sum(GA.gallocr_get_buffer_size(galloc, i) for i in range(galloc.n_buffers))
-        # the allocator view's figure (as notebook 04 draws it): a broken axis, so the 49 MiB output slot does not
-        # squash the 1-6 MiB where the layers' tensors live
-        view = AllocatorView(galloc, getattr(ctx.sched, "graph", None), plan=last)
-        plan = dict(png=fig_png(view.figure(highlight=None), 90), row={
-            "planned for": f"{last['n_nodes']} nodes, {last['n_leafs']} leafs", "tensors placed": len(tens),
-            "in place (reused a parent)": sum(1 for t in tens if t.get("reused_from")),
-            "views": sum(1 for t in tens if t.get("view_src")), "sum of sizes": total, "buffer size": buf,
-            "saved": f"{100 * (1 - buf / max(total, 1)):.0f} %"},
-            reserved_for_step=any(e["kind"] == "alloc.reserve" for e in rec.step.events))
-    return dict(weights=weights, bufs=bufs, arenas_png=arenas_png, graph_ctx=graph_ctx, plan=plan)
+        alloc = capture_alloc(galloc, getattr(ctx.sched, "graph", None), plan=last)
+        row = {"planned for": f"{last['n_nodes']} nodes, {last['n_leafs']} leafs", "tensors placed": len(tens),
+               "in place (reused a parent)": sum(1 for t in tens if t.get("reused_from")),
+               "views": sum(1 for t in tens if t.get("view_src")), "sum of sizes": total, "buffer size": buf,
+               "saved": f"{100 * (1 - buf / max(total, 1)):.0f} %"}
+    return dict(weights=weights, bufs=bufs, arenas=arenas, graph_ctx=graph_ctx, alloc=alloc, plan_row=row,
+                reserved_for_step=any(e["kind"] == "alloc.reserve" for e in rec.step.events))
 
 
 _OP_NOTES = {
@@ -466,30 +496,36 @@ def _frame_values(v) -> dict:
                 op_note=_OP_NOTES.get(base, ""), stats=stats, head=head, more=flat.size > 8, png=pic, cbar=cbar)
 
 
-@section("graph", "The compute graph", "llm_build_llama", "ggml_build_forward_expand", "ggml_visit_parents",
-         "ggml_backend_sched_eval_callback")
-def sec_graph(rec: Recording) -> dict:
-
-    gf = rec.gf
+def draw_graph(r: dict) -> dict:
+    """The graph section from its record: the whole graph and layer 0 (Graphviz SVG), a frame per value copied."""
+    gf = r["graph"].cgraph()
     dot_all, info = G.graph_to_dot_grouped(gf, collapse="all", legend=True, id_prefix="ga-",
                                            title=f"the decode graph: {gf.n_nodes} nodes, one box per layer")
     layers = sorted({il for il in G.node_layers(gf) if il is not None})
     dot0, info0 = G.graph_to_dot_grouped(gf, collapse=[il for il in layers if il != 0], legend=True, id_prefix="l0-",
                                          title="layer 0 expanded (the other layers folded)")
     frames = []
-    for v in rec.values:
+    for v in r["values"]:
         i = v["node_n"]
-        if i is None:
-            continue
         vid = f"l0-{info0['vertex_of_node'][i]}"
         # the frame's style: outline its vertex in the layer-0 SVG
         css = (f"#{vid} polygon,#{vid} path,#{vid} ellipse{{stroke:#d50000 !important;stroke-width:5px !important}}"
                f"#{vid} text{{font-weight:bold}}")
         frames.append(dict(label=f"#{i} {v['name']} ({v['op']})", css=css, focus=vid, value=_frame_values(v)))
+    builder = r["builder"]
+    return dict(builder=builder, mirrors=(builder,) + SECTION_MIRRORS["graph"][1:],
+                svg_all=svg_markup(dot_all.pipe(format="svg")), svg_layer0=svg_markup(dot0.pipe(format="svg")),
+                frames=frames, n_visits=r["n_visits"], n_hits=r["n_hits"])
+
+
+@section("graph", "The compute graph", "llm_build_llama", "ggml_build_forward_expand", "ggml_visit_parents",
+         "ggml_backend_sched_eval_callback", draw=draw_graph)
+def sec_graph(rec: Recording) -> dict:
+    """The decode graph (``GraphRecord``), the values the eval callback copied of its nodes, the graph walk's
+    visits (``graph.visit`` events: how many found the graph already built)."""
     visits = [e for e in rec.step.events if e["kind"] == "graph.visit"]
-    builder = graph_builder(rec.model)
-    return dict(builder=builder, mirrors=(builder,) + SECTION_MIRRORS["graph"][1:], svg_all=svg_markup(dot_all.pipe(format="svg")), svg_layer0=svg_markup(dot0.pipe(format="svg")),
-                frames=frames, n_visits=len(visits), n_hits=sum(1 for e in visits if e.get("hit")))
+    return dict(graph=capture_graph(rec.gf), values=[v for v in rec.values if v["node_n"] is not None],
+                n_visits=len(visits), n_hits=sum(1 for e in visits if e.get("hit")), builder=graph_builder(rec.model))
 
 
 @section("plan", "The CPU plan", "ggml_graph_plan", "ggml_get_n_tasks", "ggml_cpu_extra_work_size")
@@ -552,18 +588,15 @@ def _timeline_fallback(tl, node_range=None):
     return fig
 
 
-@section("timeline", "Threads: the compute, thread by thread", "ggml_graph_compute", "ggml_graph_compute_thread",
-         "ggml_barrier", "ggml_compute_forward_mul_mat")
-def sec_timeline(rec: Recording) -> dict:
-
-    tl = rec.timeline
+def draw_timeline(r: dict) -> dict:
+    """The timeline section from its record: the thread timeline (widget, or figures), each thread's accounting."""
+    events, last, l0 = r["events"], r["last"], r["l0"]
     W = _widgets()
-    l0 = [i for i, il in enumerate(node_layers(rec.gf)) if il == 0]
     rng = (l0[0], l0[-1] + 1) if l0 else None
     widget = None
     if W is not None and hasattr(W, "ThreadTimeline"):
         try:
-            w = W.ThreadTimeline(rec.timeline_events, window=len(l0) or 40)
+            w = W.ThreadTimeline(events, window=len(l0) or 40, spin=r["spin_us"])
         except ValueError:                      # the recorded compute ran no node: the figures below say so
             w = None
         if w is not None:
@@ -571,16 +604,17 @@ def sec_timeline(rec: Recording) -> dict:
                 w.select(l0[0])
                 w.set_range(*rng)
             widget = Markup(w.to_html())        # the widget escapes its own text
-    out = dict(widget=widget, recorded=tl is not None and tl.last is not None, whole_png=None, layer0_png=None,
+    out = dict(widget=widget, recorded=last is not None, whole_png=None, layer0_png=None,
                threads=[], total_ms=0.0, walk=None, compiled=False, concurrent=0, n_mul_mat=0)
     if out["recorded"]:
-        c = tl.last
+        c = last
+        tl = types.SimpleNamespace(last=last)
         if widget is None:
             out["whole_png"] = fig_png(_timeline_fallback(tl), 90)
             if rng:
                 out["layer0_png"] = fig_png(_timeline_fallback(tl, rng), 90)
         # each thread's wall time split into parts that add up (a MUL_MAT's in-kernel barrier is not counted twice)
-        d = timeline_data(rec.timeline_events)
+        d = dict(timeline_data(events), spin_us=r["spin_us"])
         for a in thread_accounting(d):
             out["threads"].append({"thread": a["thread"], "in kernels (µs)": round(a["kernel_us"]),
                                    "barrier: spinning (µs)": round(a["spin_us"]),
@@ -596,22 +630,26 @@ def sec_timeline(rec: Recording) -> dict:
     return out
 
 
+@section("timeline", "Threads: the compute, thread by thread", "ggml_graph_compute", "ggml_graph_compute_thread",
+         "ggml_barrier", "ggml_compute_forward_mul_mat", draw=draw_timeline)
+def sec_timeline(rec: Recording) -> dict:
+    """The second run's trace events, its last compute (``ComputeTimeline.last``), layer 0's node numbers and how
+    long this machine's barrier spins (``spin_us``: the accounting's split of a wait into spin and sleep)."""
+    tl = rec.timeline
+    return dict(events=rec.timeline_events, last=tl.last if tl is not None else None,
+                l0=[i for i, il in enumerate(node_layers(rec.gf)) if il == 0], spin_us=spin_us())
+
+
 def _sched_plan(ctx):
     sc = getattr(ctx, "sched", None)
     return getattr(sc, "last_plan", None) if sc is not None else None
 
 
-@section("sched", "The backend scheduler", "ggml_backend_sched_split_graph", "ggml_backend_sched_alloc_graph",
-         "ggml_backend_sched_compute_splits")
-def sec_sched(rec: Recording) -> dict:
-
-    gf = rec.gf
-    plan = _sched_plan(rec.ctx)
+def draw_sched(r: dict) -> dict:
+    """The scheduler section from its record: the plan's splits, the causes of each node's backend, the leafs."""
+    plan = r["plan"]
     if not plan:
-        ops: dict = {}
-        for n in gf.nodes:
-            ops[op_desc(n).split(" ")[0]] = ops.get(op_desc(n).split(" ")[0], 0) + 1
-        return dict(plan=None, n_nodes=gf.n_nodes, ops=sorted(ops.items(), key=lambda x: -x[1]))
+        return dict(plan=None, n_nodes=r["n_nodes"], ops=r["ops"])
     splits = []
     for sp in plan["splits"]:
         ins = ", ".join(f"{i['name']} -> {i['copy']}" if i.get("copy") else i["name"] for i in sp["inputs"])
@@ -627,20 +665,30 @@ def sec_sched(rec: Recording) -> dict:
     for lf in plan["leafs"]:
         k = (lf["backend"], lf.get("buft") or "(graph input)")
         leafs[k] = leafs.get(k, 0) + 1
-    return dict(plan=plan, n_nodes=gf.n_nodes, splits=splits,
+    return dict(plan=plan, n_nodes=r["n_nodes"], splits=splits,
                 causes=[{"backend": b, "cause": c, "nodes (views not counted)": n}
                         for (b, c), n in sorted(causes.items(), key=lambda x: -x[1])],
                 leafs=[{"backend": b, "buffer type": bt, "leafs": n} for (b, bt), n in sorted(leafs.items())])
 
 
-@section("kv", "The KV cache: cells and mask", "llama_kv_cache::find_slot", "llama_kv_cache::apply_ubatch",
-         "llama_kv_cache::set_input_kq_mask")
-def sec_kv(rec: Recording) -> dict:
-    kv = rec.ctx.kv
-    snaps = rec.step.snapshots
+@section("sched", "The backend scheduler", "ggml_backend_sched_split_graph", "ggml_backend_sched_alloc_graph",
+         "ggml_backend_sched_compute_splits", draw=draw_sched)
+def sec_sched(rec: Recording) -> dict:
+    """The scheduler's last plan (``sched.last_plan``: plain data); without one, the graph's ops counted."""
+    gf = rec.gf
+    plan = _sched_plan(rec.ctx)
+    ops: dict = {}
+    if not plan:
+        for n in gf.nodes:
+            ops[op_desc(n).split(" ")[0]] = ops.get(op_desc(n).split(" ")[0], 0) + 1
+    return dict(plan=plan, n_nodes=gf.n_nodes, ops=sorted(ops.items(), key=lambda x: -x[1]))
+
+
+def draw_kv(r: dict) -> dict:
+    """The KV section from its record: the cells and masks of the prompt and of the step, the caches' table."""
+    snaps = r["snapshots"]
     if len(snaps) >= 2:
-        # export.decode_step only has snapshots when ggviz.viz.model_views imported: its figures are there
-        vocab = rec.model.vocab
+        vocab = _Pieces(r["pieces"])
         figs = [(fig_png(kv_cache_figure(snaps[0], vocab, title=f"the prompt: {snaps[0].n_tokens} tokens into cells "
                                                                  f"{list(map(int, snaps[0].k_idxs))}"), 90),
                  "KV cells and mask, prompt"),
@@ -648,7 +696,16 @@ def sec_kv(rec: Recording) -> dict:
                                                                  f"{int(snaps[1].k_idxs[0])}"), 90),
                  "KV cells and mask, step")]
     else:
-        figs = [(fig_png(_kv_masks_figure(rec), 90), "KV cells and masks")]
+        figs = [(fig_png(_kv_masks_figure(r["cells"], r["masks"]), 90), "KV cells and masks")]
+    return dict(figures=figs, rows=r["rows"], iswa=len(r["rows"]) > 1)
+
+
+@section("kv", "The KV cache: cells and mask", "llama_kv_cache::find_slot", "llama_kv_cache::apply_ubatch",
+         "llama_kv_cache::set_input_kq_mask", draw=draw_kv)
+def sec_kv(rec: Recording) -> dict:
+    """The KV cells and inputs before each compute (``DecodeSnapshot``s, when ``capture_inputs`` ran; else the base
+    cache's cell positions and the recorded masks), and each cache's numbers."""
+    kv = rec.ctx.kv
     rows = []
     for label, c in kv_caches(kv):
         rows.append({"cache": label or "one", "layers": ", ".join(map(str, c.layer_ids)), "cells": c.size,
@@ -656,16 +713,18 @@ def sec_kv(rec: Recording) -> dict:
                      "window": c.n_swa or "none", "K type": _type(c.k_l[0]),
                      "K per layer": f"{list(c.k_l[0].shape[:2])}", "V (transposed)": f"{list(c.v_l[0].shape[:2])}",
                      "K+V bytes": sum(ggml.nbytes(t) for t in c.k_l + c.v_l)})
-    return dict(figures=figs, rows=rows, iswa=len(rows) > 1)
+    base = kv_caches(kv)[0][1]              # the base cache's (the recorded masks are attn_inp_kq_mask's)
+    n_kv = base.get_n_kv()
+    return dict(snapshots=list(rec.step.snapshots), rows=rows, masks=list(rec.step.masks),
+                pieces=_pieces(rec.model.vocab, rec.step.prompt_ids + [rec.step.token]),
+                cells=dict(size=base.size, n_kv=n_kv, pos=np.array(base.cells.pos[:n_kv])))
 
 
-def _kv_masks_figure(rec: Recording):
-    """The KV cells and the KQ masks from the cache and the recorded masks (without ggviz.viz.model_views)."""
-
-    kv = kv_caches(rec.ctx.kv)[0][1]       # the base cache's (the recorded masks are attn_inp_kq_mask's)
-    n_kv = kv.get_n_kv()
-    pos = kv.cells.pos[:n_kv]
-    masks = rec.step.masks
+def _kv_masks_figure(cells: dict, masks: list):
+    """The KV cells and the KQ masks from the cells' positions and the recorded masks (without
+    ggviz.viz.model_views' snapshots)."""
+    n_kv = cells["n_kv"]
+    pos = cells["pos"]
     n_show = min(n_kv, max(16, int((pos >= 0).sum()) + 4))
     fig, axes = plt.subplots(1 + len(masks), 1, figsize=(13, 1.2 + 1.1 * (1 + sum(m.shape[0] for m in masks)) / 2),
                              gridspec_kw={"height_ratios": [1] + [max(m.shape[0], 1) for m in masks]})
@@ -675,7 +734,7 @@ def _kv_masks_figure(rec: Recording):
     for i in range(n_show):
         ax.text(i, 0, str(int(pos[i])) if pos[i] >= 0 else "·", ha="center", va="center", fontsize=8)
     ax.set_yticks([])
-    ax.set_title(f"KV cells 0..{n_show - 1} of {kv.size} (n_kv = {n_kv} attended): the position each cell holds")
+    ax.set_title(f"KV cells 0..{n_show - 1} of {cells['size']} (n_kv = {n_kv} attended): the position each cell holds")
     names = ["prompt", "decode step"] + [f"decode {k}" for k in range(2, len(masks))]
     for k, (ax, mk) in enumerate(zip(axes[1:], masks)):
         part = mk[:, :n_show]
@@ -689,15 +748,11 @@ def _kv_masks_figure(rec: Recording):
     return fig
 
 
-@section("attention", "Attention in layer 0", "llm_graph_context::build_attn_mha", "ggml_soft_max_ext",
-         "ggml_mul_mat")
-def sec_attention(rec: Recording) -> dict:
-
-    vocab = rec.model.vocab
-    ids = rec.step.prompt_ids + [rec.step.token]
-    labels = [_piece(vocab, t).replace("\n", "\\n") or "∅" for t in ids]
+def draw_attention(r: dict) -> dict:
+    """The attention section from its record: the prompt's and the decode step's layer-0 attention weights."""
+    labels = r["labels"]
     figs = []
-    pa = rec.prompt_attn
+    pa = r["prompt_attn"]
     if pa is not None:
         nh = pa.shape[0]
         cols = min(nh, 5)
@@ -718,10 +773,10 @@ def sec_attention(rec: Recording) -> dict:
         fig.suptitle("layer 0, the prompt: softmax(K·Q) per head (row = query token, column = key token)")
         fig.colorbar(im, ax=axes, shrink=0.5, label="attention weight")
         figs.append((fig_png(fig, 90), "prompt attention, layer 0"))
-    kq = next((v for v in rec.values if v["name"] == "kq_soft_max-0"), None)
+    kq = r["kq"]
     if kq is not None:
-        d = np.asarray(kq["data"])
-        w = d.reshape(d.shape[-3], -1)[:, :rec.step.pos + 1]
+        d = np.asarray(kq)
+        w = d.reshape(d.shape[-3], -1)[:, :r["pos"] + 1]
         fig, ax = plt.subplots(figsize=(8.8, 3.2))
         im = ax.imshow(w, cmap="viridis", vmin=0, vmax=1, aspect="auto")
         fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02, label="attention weight")
@@ -739,24 +794,35 @@ def sec_attention(rec: Recording) -> dict:
     # heads that put most of the prompt's weight on the first token (None: no prompt attention to look at)
     sink_heads = ([h for h in range(pa.shape[0]) if float(pa[h, 1:, 0].mean()) >= 0.5]
                   if pa is not None and pa.shape[1] > 1 else None)
+    return dict(figures=figs, hparams=r["hparams"], sink_heads=sink_heads, kq_scale=r["kq_scale"])
+
+
+@section("attention", "Attention in layer 0", "llm_graph_context::build_attn_mha", "ggml_soft_max_ext",
+         "ggml_mul_mat", draw=draw_attention)
+def sec_attention(rec: Recording) -> dict:
+    """Layer 0's attention weights (kq_soft_max-0) of the prompt and of the decode step, the tokens' labels."""
+    vocab = rec.model.vocab
+    ids = rec.step.prompt_ids + [rec.step.token]
+    kq = next((v for v in rec.values if v["name"] == "kq_soft_max-0"), None)
     # the scale ggml_soft_max_ext applies (op_params[0]): 1/sqrt(head_dim) for llama; 1 for Gemma-3, whose Q was
     # already multiplied by f_attention_scale (a SCALE node before the attention)
     sm = next((t for t in rec.gf.nodes if t.name == "kq_soft_max-0"), None)
     kq_scale = ggml.get_op_params_f32(sm, 0) if sm is not None else None
-    return dict(figures=figs, hparams=rec.model.hparams, sink_heads=sink_heads, kq_scale=kq_scale)
+    return dict(labels=[_piece(vocab, t).replace("\n", "\\n") or "∅" for t in ids], prompt_attn=rec.prompt_attn,
+                kq=None if kq is None else np.asarray(kq["data"]), pos=rec.step.pos, kq_scale=kq_scale,
+                hparams=rec.model.hparams)
 
 
-@section("logits", "Logits, sampler, the next token", "llama_get_logits_ith", "llama_sampler_sample",
-         "llama_sampler_chain_apply", "llama_sampler_top_k_impl", "llama_sampler_dist_apply")
-def sec_logits(rec: Recording) -> dict:
-
-    vocab = rec.model.vocab
-    lg = rec.logits
+def draw_logits(r: dict) -> dict:
+    """The logits section from its record: the highest logits, the sampler chain's steps, the next token."""
+    vocab = _Pieces(r["pieces"])
+    lg = r["logits"]
+    sampled = r["sampled"]
     top = np.argsort(-lg, kind="stable")[:15]
     p = np.exp(lg - lg.max())
     p /= p.sum()
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    ax.barh(range(len(top)), lg[top], color=["#e65100" if t == rec.sampled else "#64b5f6" for t in top])
+    ax.barh(range(len(top)), lg[top], color=["#e65100" if t == sampled else "#64b5f6" for t in top])
     ax.set_yticks(range(len(top)))
     ax.set_yticklabels([f"{_piece(vocab, t)!r} ({t})" for t in top], fontsize=8)
     ax.invert_yaxis()
@@ -769,16 +835,28 @@ def sec_logits(rec: Recording) -> dict:
     fig.tight_layout()
     top_png = fig_png(fig, 90)
     rows = []
-    for h in rec.sampler_history:
+    for h in r["history"]:
         rows.append({"step": h["step"], "candidates left": h["n"],
                      "top (token: logit)": ", ".join(f"{_piece(vocab, t)!r}: {v:.2f}" for t, v in h["top"][:5]),
                      "selected": "" if h.get("selected") is None else
                      f"{h['selected']} ({_piece(vocab, h['selected'])!r})"})
-    chain_png = fig_png(sampler_figure(rec.sampler_history, vocab), 80)
-    st = rec.step
-    return dict(top_png=top_png, rows=rows, chain_png=chain_png, sampled=rec.sampled,
-                sampled_piece=_piece(vocab, rec.sampled),
-                text=st.prompt + _piece(vocab, st.token) + _piece(vocab, rec.sampled))
+    chain_png = fig_png(sampler_figure(r["history"], vocab), 80)
+    return dict(top_png=top_png, rows=rows, chain_png=chain_png, sampled=sampled, sampled_piece=_piece(vocab, sampled),
+                text=r["prompt"] + _piece(vocab, r["token"]) + _piece(vocab, sampled))
+
+
+@section("logits", "Logits, sampler, the next token", "llama_get_logits_ith", "llama_sampler_sample",
+         "llama_sampler_chain_apply", "llama_sampler_top_k_impl", "llama_sampler_dist_apply", draw=draw_logits)
+def sec_logits(rec: Recording) -> dict:
+    """The decode step's logits, the sampler chain's history, and the text of every token they name."""
+    hist = rec.sampler_history
+    ids = {rec.sampled, rec.step.token, *np.argsort(-rec.logits, kind="stable")[:15].tolist()}
+    for h in hist:
+        ids |= {c["id"] for c in h.get("cands", ())} | {t for t, _ in h.get("top", ())}
+        if h.get("selected") is not None:
+            ids.add(h["selected"])
+    return dict(logits=rec.logits, sampled=rec.sampled, history=hist, prompt=rec.step.prompt, token=rec.step.token,
+                pieces=_pieces(rec.model.vocab, sorted(ids)))
 
 
 # ====================================================================================================================
@@ -792,31 +870,49 @@ def sec_logits(rec: Recording) -> dict:
 VIEW_ERRORS = (graphviz.ExecutableNotFound, graphviz.CalledProcessError, OSError, LookupError, ValueError)
 
 
-def _section_data(spec: SectionSpec, rec: Recording) -> dict:
-    """What one section shows, drawn from the run: its template, the functions it mirrors and the template's
-    variables (a failed view: the failure, shown in its place)."""
+def _failed(spec: SectionSpec, e: Exception) -> dict:
+    warnings.warn(f"ggviz report: the {spec.sid!r} section failed: {type(e).__name__}: {e}", stacklevel=4)
+    return dict(error_type=type(e).__name__, error=str(e))
+
+
+def _section_record(spec: SectionSpec, rec: Recording) -> dict:
+    """What one section keeps of the run: its record (plain data), or the failure of a view that could not take
+    what it needs."""
     try:
-        data = spec.build(rec)
-        template = f"sections/{spec.sid}.html.j2"
-        mirrors = data.pop("mirrors", spec.mirrors)     # a section may name the architecture's own function
+        return dict(sid=spec.sid, title=spec.title, record=_to_plain(spec.build(rec)))
     except VIEW_ERRORS as e:
-        warnings.warn(f"ggviz report: the {spec.sid!r} section failed: {type(e).__name__}: {e}", stacklevel=3)
-        data = dict(error_type=type(e).__name__, error=str(e))
-        template = "sections/failed.html.j2"
-        mirrors = spec.mirrors
-    return dict(sid=spec.sid, title=spec.title, template=template, mirrors=tuple(mirrors), data=_to_plain(data))
+        return dict(sid=spec.sid, title=spec.title, failed=_failed(spec, e))
 
 
-# The report's record (``capture_report``): plain data ``ggviz.capture.records`` saves -- what each section's template
-# shows (numbers, rows, the figures already drawn, as PNG bytes and SVG text), the page's header. Three kinds of value
-# are tagged so that they come back as they were: markup the page inlines as it is ({"__markup__": text}), bytes
-# ({"__bytes__": uint8 array}) and an engine object a template reads attributes of (a BPE merge, the hparams:
-# {"__object__": {field: value}}, back as a ``SimpleNamespace``).
-REPORT_FORMAT = "ggviz-report-1"
+def _section_data(spec: SectionSpec, s: dict) -> dict:
+    """What one section shows, drawn from its record: its template, the functions it mirrors and the template's
+    variables (a failed view: the failure, shown in its place)."""
+    if "failed" in s:
+        return dict(template="sections/failed.html.j2", mirrors=tuple(spec.mirrors), data=_from_plain(s["failed"]))
+    try:
+        data = _from_plain(s["record"])
+        if spec.draw is not None:
+            # as the template would read it from a record of drawn data: tagged values back as they come from disk
+            data = _from_plain(_to_plain(spec.draw(data)))
+        mirrors = data.pop("mirrors", spec.mirrors)     # a section may name the architecture's own function
+        return dict(template=f"sections/{spec.sid}.html.j2", mirrors=tuple(mirrors), data=data)
+    except VIEW_ERRORS as e:
+        return dict(template="sections/failed.html.j2", mirrors=tuple(spec.mirrors), data=_failed(spec, e))
+
+
+# The report's record (``capture_report``): plain data ``ggviz.capture.records`` saves -- each section's record
+# (what its ``draw`` draws from: numbers, rows, arrays, trace events, ``ggviz.capture`` records, kept as they are; a
+# section without ``draw`` keeps its template's variables), the page's header. Three kinds of value are tagged so
+# that they come back as they were: markup the page inlines as it is ({"__markup__": text}), bytes ({"__bytes__":
+# uint8 array}) and an engine object a template reads attributes of (a BPE merge, the hparams: {"__object__":
+# {field: value}}, back as a ``SimpleNamespace``).
+REPORT_FORMAT = "ggviz-report-2"
 RECORDING_FILE = "report.npz"
 
 
 def _to_plain(x):
+    if dataclasses.is_dataclass(x) and not isinstance(x, type) and type(x).__module__.startswith("ggviz.capture."):
+        return x                                # a capture record: records.save keeps it (and loads it back)
     if isinstance(x, Markup):
         return {"__markup__": str(x)}
     if isinstance(x, (bytes, bytearray)):
@@ -831,6 +927,8 @@ def _to_plain(x):
         return {k: _to_plain(v) for k, v in x.items()}
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {"__object__": {f.name: _to_plain(getattr(x, f.name)) for f in dataclasses.fields(x)}}
+    if isinstance(x, types.SimpleNamespace):    # such an object loaded back (``_from_plain``)
+        return {"__object__": {k: _to_plain(v) for k, v in vars(x).items()}}
     raise TypeError(f"the report's record cannot hold a {type(x).__module__}.{type(x).__qualname__}")
 
 
@@ -851,7 +949,7 @@ def _from_plain(x):
 
 
 def capture_report(rec: Recording, bar=None) -> dict:
-    """The report's record of a ``Recording``: {format, header, sections: [{sid, title, template, mirrors, data}]},
+    """The report's record of a ``Recording``: {format, header, sections: [{sid, title, record (or failed)}]},
     plain data (``save_recording`` writes it; ``render_report`` draws the page from it, nothing else). ``bar``: a
     ``ggviz.progress`` bar to count the sections on."""
     if "matplotlib.pyplot" not in sys.modules:
@@ -860,7 +958,7 @@ def capture_report(rec: Recording, bar=None) -> dict:
     for spec in SECTIONS:
         if bar is not None:
             bar.set_postfix_str(spec.sid, refresh=True)
-        sections.append(_section_data(spec, rec))
+        sections.append(_section_record(spec, rec))
         if bar is not None:
             bar.update(1)
     st = rec.step
@@ -874,12 +972,18 @@ def render_report(doc: dict) -> str:
     """The standalone HTML page of a report record (``capture_report``'s, or ``load_recording``'s)."""
     if not isinstance(doc, dict) or doc.get("format") != REPORT_FORMAT:
         raise ValueError(f"not a ggviz report record (expected format {REPORT_FORMAT!r})")
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
     env = _env()
+    specs = {spec.sid: spec for spec in SECTIONS}
     sections = []
     for s in doc["sections"]:
+        if s["sid"] not in specs:
+            raise ValueError(f"the report record has a section this ggviz does not draw: {s['sid']!r}")
+        d = _section_data(specs[s["sid"]], s)
         # rendered by an autoescaping template: safe to put into the page as it is
-        html = Markup(env.get_template(s["template"]).render(sid=s["sid"], title=s["title"], mirrors=s["mirrors"],
-                                                             **_from_plain(s["data"])))
+        html = Markup(env.get_template(d["template"]).render(sid=s["sid"], title=s["title"], mirrors=d["mirrors"],
+                                                             **d["data"]))
         sections.append(dict(sid=s["sid"], title=s["title"], html=html))
     return env.get_template("report.html.j2").render(**doc["header"], sections=sections, css=_asset("report.css"),
                                                      js=_asset("report.js"))
@@ -958,7 +1062,8 @@ def main(argv=None) -> int:
                     help=cli.MODEL_HELP)
     rg = ap.add_mutually_exclusive_group()
     rg.add_argument("--save-recording", metavar="DIR", type=cli.output_dir,
-                    help=f"also save what the page shows into DIR ({RECORDING_FILE}), to re-render it later")
+                    help=f"also save the run's records the page is drawn from into DIR ({RECORDING_FILE}), to "
+                         "draw it again later")
     rg.add_argument("--from-recording", metavar="DIR",
                     help="draw the page from a recording saved with --save-recording (no model, no decode)")
     a = ap.parse_args(argv)

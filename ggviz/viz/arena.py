@@ -181,22 +181,24 @@ def _display_widths(sizes, scale):
 
 def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, include_free: bool = False,
                labels: bool = True, max_labels: int = 40, title: str | None = None, gid_prefix: str | None = None,
-               highlight: int | None = None):
+               highlight: int | None = None, rows: list | None = None):
     """Draw the arena as a horizontal byte map: one coloured span per region, objects labelled by name.
 
     ``scale="linear"`` keeps widths proportional to bytes; ``"log"``/``"sqrt"`` widen small regions so 32-byte
     headers stay visible next to megabytes of data (tick labels always show real byte offsets).
     ``gid_prefix``: each region's patch gets the SVG id ``<gid_prefix>o<object index>r<region index>`` (for click
     handling); ``highlight``: an object index outlined in red.
+    ``rows``: ``arena_map``'s rows of an arena recorded earlier, drawn instead of ``ctx``'s (``ctx`` may be None).
     Returns the matplotlib Axes.
     """
 
-    rows = arena_map(ctx, detail=detail, include_free=include_free)
+    if rows is None:
+        rows = arena_map(ctx, detail=detail, include_free=include_free)
     if ax is None:
         _, ax = plt.subplots(figsize=(12, 2.4))
     if not rows:
         ax.set_axis_off()
-        ax.set_title(title or f"empty arena ({ctx.mem_size} bytes)")
+        ax.set_title(title or (f"empty arena ({ctx.mem_size} bytes)" if ctx is not None else "empty arena"))
         return ax
     w = _display_widths([r["size"] for r in rows], scale)
     x = np.concatenate([[0.0], np.cumsum(w)])
@@ -251,7 +253,8 @@ def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, includ
             if r["object"] == "graph":
                 names[r["obj"]] = "ggml_cgraph"
             elif r["object"] == "work_buffer":
-                names[r["obj"]] = f"work buffer ({ctx.objects[r['obj']].size} B)"
+                size = next(q["size"] for q in rows if q["obj"] == r["obj"] and q["kind"] == "work buffer")
+                names[r["obj"]] = f"work buffer ({size} B)"         # the object's size (arena_map's row)
             elif r["kind"] == "tensor struct":
                 names[r["obj"]] = r["name"] or "(unnamed)"
         # the widest objects first: horizontal labels in up to 3 rows above the strip, each joined to its object by

@@ -66,6 +66,14 @@ WALK_LABEL = {True: "compiled walk: the threads can run at once, as in ggml's C 
                      "(not how ggml's C runs)"}
 
 
+def _spin(data: dict) -> float:
+    """How long a barrier wait of ``data``'s compute spun before it slept, in µs: the ``spin_us`` recorded with the
+    data (a recording drawn in another process draws the machine it was recorded on), else this process's."""
+    if not data.get("compiled"):
+        return 0.0
+    return data["spin_us"] if data.get("spin_us") is not None else spin_us()
+
+
 def timeline_data(events, which: int = -1) -> dict:
     """Plain data of one compute (``which``: index among the recorded computes, -1 = the last).
 
@@ -151,7 +159,7 @@ def thread_accounting(data: dict) -> list[dict]:
 
     ``busy_us`` = kernel_us, ``wait_us`` = barrier_us + pool_us; busy + wait + other = wall."""
     wall = float(data["t_end"])
-    sp = spin_us() if data.get("compiled") else 0.0
+    sp = _spin(data)
     out = []
     for i in range(data["n_threads"]):
         ns = [n for n in data["nodes"] if n["ith"] == i]
@@ -317,7 +325,7 @@ def plot_timeline(data: dict, node_range=None, highlight: int | None = None, ax=
         ax.broken_barh(xr, (ith - H / 2 - 0.13, 0.11), facecolors=shade, edgecolors="none", zorder=2)
     # a barrier wait: spinning on n_barrier_passed (as ggml's barrier always does) for up to spin_us(), then
     # asleep (the compiled walk's futex; the node-by-node walk's condition variable sleeps from the start)
-    sp = spin_us() if data.get("compiled") else 0.0
+    sp = _spin(data)
     bspin: dict = {}
     bsleep: dict = {}
     for b in barriers:
@@ -368,8 +376,9 @@ def plot_timeline(data: dict, node_range=None, highlight: int | None = None, ax=
 class ThreadTimeline(VizWidget):
     """Per-thread Gantt of one recorded graph compute; a node slider highlights one node and lists its chunks."""
 
-    def __init__(self, events, which: int = -1, window: int = 40):
+    def __init__(self, events, which: int = -1, window: int = 40, spin: float | None = None):
         self.data = timeline_data(events, which)
+        self.data["spin_us"] = spin                     # None: this process's spin_us() (a recording: its own)
         self.computed = sorted({n["node_n"] for n in self.data["nodes"]})
         if not self.computed:
             raise ValueError("the recorded compute ran no node")
