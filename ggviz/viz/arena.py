@@ -253,8 +253,9 @@ def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, includ
             if r["object"] == "graph":
                 names[r["obj"]] = "ggml_cgraph"
             elif r["object"] == "work_buffer":
-                size = next(q["size"] for q in rows if q["obj"] == r["obj"] and q["kind"] == "work buffer")
-                names[r["obj"]] = f"work buffer ({size} B)"         # the object's size (arena_map's row)
+                # the object's size: its arena_map row (none for an empty work buffer: arena_map skips 0-byte regions)
+                size = next((q["size"] for q in rows if q["obj"] == r["obj"] and q["kind"] == "work buffer"), 0)
+                names[r["obj"]] = f"work buffer ({size} B)"
             elif r["kind"] == "tensor struct":
                 names[r["obj"]] = r["name"] or "(unnamed)"
         # the widest objects first: horizontal labels in up to 3 rows above the strip, each joined to its object by

@@ -517,7 +517,7 @@ class VisitAnimation(VizWidget):
         if len(st["stack"]) > 12:
             stack = "… → " + stack
         return (f"<div style='font-size:14px;max-width:460px'>"
-                f"<b>step {st['step'] + 1} / {st['n_steps']}</b><br/>"
+                f"<b>event {st['step']} / {st['n_steps'] - 1}</b><br/>"     # as the stepper's header counts
                 f"<span style='color:{color};font-weight:bold'>{esc(st['text'])}</span><br/><br/>"
                 f"<b>DFS stack</b> (visited, sources not finished; depth {len(st['stack'])}):<br/>"
                 f"<code>{stack or '(empty)'}</code><br/><br/>"
