@@ -652,8 +652,9 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     assert kinds.get("07_decode_walkthrough.html", []).count("stepper.js") >= 1, kinds
     assert "explorer.js" in kinds.get("07_decode_walkthrough.html", []), kinds
     assert {"stepper.js", "svg_canvas.js"} <= set(kinds.get("03_cgraph.html", [])), kinds
-    # and the frames views: the GGUF map (00), the tensor and quant-block explorers (01), the arena (02), the allocator (04), the
-    # scheduler (05), the thread timeline (06), the attention graphs (07)
-    for p, n in (("00_quickstart", 1), ("01_tensors_and_views", 3), ("02_context_arena", 2), ("04_allocator", 1),
-                 ("05_backends_and_scheduler", 2), ("06_threadpool", 1), ("07_decode_walkthrough", 1)):
+    # and the frames views: the GGUF map (00), the tensor and quant-block explorers (01), the arena (02), the allocator
+    # (04), the scheduler (05), the thread timeline (06), the attention graphs (07), the predictor's thresholds (09)
+    for p, n in (("00_quickstart", 1), ("01_tensors_and_views", 3), ("02_context_arena", 1), ("04_allocator", 1),
+                 ("05_backends_and_scheduler", 2), ("06_threadpool", 1), ("07_decode_walkthrough", 1),
+                 ("09_powerinfer", 1)):
         assert kinds.get(p + ".html", []).count("frames.js") >= n, (p, kinds)
