@@ -317,6 +317,27 @@ def mul_mat(ctx, a, b):
     return r
 
 
+def mul_mat_id(ctx, as_, b, ids):
+    """ggml_mul_mat_id: one matrix product per selected expert. ``as_`` holds n_expert matrices [K, M, n_expert],
+    ``b`` the activations [K, n_b, n_tokens] (n_b is 1, or n_expert_used when each expert gets its own input row),
+    ``ids`` [n_expert_used, n_tokens] I32 the experts each token is routed to. The result is [M, n_expert_used,
+    n_tokens]: column (e, t) is ``as_[ids[e, t]] @ b[:, e % n_b, t]``. (C names the first argument ``as``, a Python
+    keyword.)"""
+    _require(not is_transposed(as_), "mul_mat_id", "as must not be transposed", as_)
+    _require(ids.type == C.GGML_TYPE_I32, "mul_mat_id", "ids must be I32", ids)
+    _require(as_.ne[3] == 1, "mul_mat_id", "as must be 3d (one matrix per expert: ne[3] == 1)", as_)
+    _require(b.ne[3] == 1, "mul_mat_id", "b must be 3d (ne[3] == 1)", b)
+    _require(ids.ne[2] == 1 and ids.ne[3] == 1, "mul_mat_id", "ids must be 2d", ids)
+    _require(ids.ne[1] == b.ne[2], "mul_mat_id", "ids needs one expert list per token: ids.ne[1] == b.ne[2]", ids, b)
+    _require(as_.ne[0] == b.ne[0], "mul_mat_id", "shapes do not match: need as.ne[0] == b.ne[0]", as_, b)
+    _require(ids.ne[0] % b.ne[1] == 0, "mul_mat_id", "ids.ne[0] must be a multiple of b.ne[1] (broadcast)", ids, b)
+    ne = [int(as_.ne[1]), int(ids.ne[0]), int(b.ne[2]), 1]
+    r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
+    r.op = C.GGML_OP_MUL_MAT_ID
+    r.src[0], r.src[1], r.src[2] = as_, b, ids
+    return r
+
+
 def out_prod(ctx, a, b):
     _require(can_out_prod(a, b), "out_prod",
              "shapes do not match: need a.ne[1] == b.ne[1] and b.ne[2], b.ne[3] multiples of a's", a, b)

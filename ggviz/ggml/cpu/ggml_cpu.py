@@ -112,6 +112,8 @@ def node_work_size(node: Tensor, n_tasks: int, n_threads: int) -> int:
     if op == C.GGML_OP_MUL_MAT:
         vdt = vec_dot_type(s0.type)
         return row_size(vdt, nelements(s1)) if s1.type != vdt else 0
+    if op == C.GGML_OP_MUL_MAT_ID:
+        return mul_mat.mul_mat_id_work_size(node)
     if op == C.GGML_OP_OUT_PROD:
         return f32 * int(s0.ne[0]) * n_tasks if (is_quantized(s0.type) or s0.type == C.GGML_TYPE_F16) else 0
     if op == C.GGML_OP_SET_ROWS:
@@ -186,6 +188,7 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
 def _dispatch():
     table = dict(cpu_ops.FORWARD)
     table[C.GGML_OP_MUL_MAT] = mul_mat.forward_mul_mat
+    table[C.GGML_OP_MUL_MAT_ID] = mul_mat.forward_mul_mat_id
     table.update(powerinfer.FORWARD)
     return table, cpu_ops
 
