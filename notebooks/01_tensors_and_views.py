@@ -32,7 +32,7 @@
 # %%
 import numpy as np
 
-from ggviz import ggml, viz
+from ggviz import ggml, trace, viz
 from ggviz.ggml import quants
 from ggviz.viz.widgets import QuantBlockExplorer, TensorExplorer
 from ggviz.viz.widgets import exercise as ex           # predict, then reveal: answers computed from the run
@@ -372,7 +372,70 @@ viz.Table([{"": f"row i1 = {n}", **{f"mul_mat [{m}]": f"{ggml.get_data(mm)[0, 0]
                 f"{list(mm.shape[:2])}, the same numbers (NumPy shows the rows i1, the columns i0)")
 
 # %% [markdown]
-# *Read the code:* ggviz.ggml.ops.permute, ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_2d, ggviz.ggml.ops.reshape_2d, ggviz.ggml.ops.cont, ggviz.ggml.ops.add_inplace, ggviz.ggml.ops.scale_inplace, ggviz.ggml.ops.cpy, ggviz.ggml.ops.mul_mat, ggviz.ggml.ops.out_prod ↔ ggml.c ggml_permute, ggml_transpose, ggml_view_2d, ggml_reshape_2d, ggml_cont, ggml_add_inplace, ggml_scale_inplace, ggml_cpy, ggml_mul_mat, ggml_out_prod
+# ### `ggml_mul_mat_id`: expert routing (mixture of experts)
+#
+# A mixture-of-experts FFN (Mixtral, Qwen-MoE, gpt-oss ...) has `n_expert` weight matrices per layer, stored as one 3-d
+# tensor `as` `[K, M, n_expert]`, and sends each token through only `n_expert_used` of them. llama.cpp's
+# `build_moe_ffn` computes router logits with a `ggml_mul_mat`, a `ggml_soft_max`, picks the top k experts per token
+# (`ggml_argsort_top_k`) into `ids` `[k, n_tokens]` (I32), and calls `ggml_mul_mat_id(ctx, as, b, ids)` with the
+# activations `b` `[K, 1, n_tokens]`: the result `[M, k, n_tokens]` holds, in column (slot s, token t), expert
+# `ids[s, t]`'s matrix times token t's row. Below, a synthetic layer of 4 experts, 2 used, 6 tokens (no MoE model
+# is at hand; tests/test_mul_mat_id.py checks this op bit for bit against the real ggml). ggviz has no ARGSORT
+# kernel yet, so the top 2 are picked from the graph's probabilities with NumPy (the same ids, ties aside).
+
+# %%
+ectx = ggml.init(1 << 20)
+n_embd, n_ff, n_expert, n_used, n_tok = 8, 4, 4, 2, 6
+rng = np.random.default_rng(3)
+x = ggml.set_name(ggml.new_tensor_2d(ectx, ggml.GGML_TYPE_F32, n_embd, n_tok), "x")            # 6 token rows
+gate = ggml.set_name(ggml.new_tensor_2d(ectx, ggml.GGML_TYPE_F32, n_embd, n_expert), "gate_inp")  # the router
+experts = ggml.set_name(ggml.new_tensor_3d(ectx, ggml.GGML_TYPE_F32, n_embd, n_ff, n_expert), "up_exps")
+for t_, shape in ((x, (n_tok, n_embd)), (gate, (n_expert, n_embd)), (experts, (n_expert, n_ff, n_embd))):
+    ggml.get_data(t_)[...] = rng.standard_normal(shape).astype(np.float32).reshape(ggml.get_data(t_).shape)
+probs = ggml.soft_max(ectx, ggml.mul_mat(ectx, gate, x))                 # [n_expert, n_tok]: each token's router
+gp = ggml.new_graph(ectx)
+ggml.build_forward_expand(gp, probs)
+ggml.graph_compute_with_ctx(ectx, gp, 1)
+P = ggml.get_data(probs)[0, 0]                                           # (n_tok, n_expert)
+top = np.argsort(-P, axis=1, kind="stable")[:, :n_used].astype(np.int32)  # ggml_argsort_top_k, done in NumPy
+ids = ggml.set_name(ggml.new_tensor_2d(ectx, ggml.GGML_TYPE_I32, n_used, n_tok), "ids")
+ggml.get_data(ids)[0, 0] = top
+y = ggml.mul_mat_id(ectx, experts, ggml.reshape_3d(ectx, x, n_embd, 1, n_tok), ids)   # [n_ff, n_used, n_tok]
+gy = ggml.new_graph(ectx)
+ggml.build_forward_expand(gy, y)
+with trace.recording(kinds={"cpu.mul_mat_id_rows", "cpu.chunk"}) as mmid_rec:
+    ggml.graph_compute_with_ctx(ectx, gy, 2)
+Y, W, X = ggml.get_data(y)[0], ggml.get_data(experts)[0], ggml.get_data(x)[0, 0]
+assert all(np.allclose(Y[t, s], W[top[t, s]] @ X[t], rtol=1e-5, atol=1e-5) for t in range(n_tok) for s in range(n_used))
+viz.Table([{"token": t, **{f"p(expert {e})": f"{P[t, e]:.2f}" for e in range(n_expert)},
+            "ids (slot 0, slot 1)": f"{top[t, 0]}, {top[t, 1]}"} for t in range(n_tok)],
+          title=f"the router: softmax(gate_inp · x) per token, and the top {n_used} experts it picks (ids)")
+
+# %% [markdown]
+# `ggml_compute_forward_mul_mat_id` does not run one matrix product per token. Thread 0 first groups the work by
+# expert: for each expert, the list of (slot, token) pairs routed to it (`matrix_row_counts`, `matrix_rows`, kept in
+# the work buffer), appended token by token. Then every thread walks the experts in order and, for an expert with
+# rows, splits (its `n_ff` rows × its routed columns) into chunks claimed from that expert's own `current_chunk`
+# counter. So each expert's weights are read once per step, however many tokens chose it; an expert nobody chose
+# costs nothing. The mapping and the chunks below were recorded from the compute above (2 threads):
+
+# %%
+(rows_ev,) = [e for e in mmid_rec.events if e["kind"] == "cpu.mul_mat_id_rows"]
+chunks_by_expert = {}
+for e in mmid_rec.events:
+    if e["kind"] == "cpu.chunk":
+        chunks_by_expert.setdefault(e["expert"], []).append((e["ith"], f"thread {e['ith']}: rows {e['ir0'][0]}–"
+                                                            f"{e['ir0'][1] - 1}, columns {e['ir1'][0]}–{e['ir1'][1] - 1}"))
+viz.Table([{"expert": e, "src1 rows routed (matrix_row_counts)": rows_ev["counts"][e],
+            "(slot, token) pairs, in order (matrix_rows)": " ".join(f"({s},{t})" for s, t in rows_ev["rows"][e]) or "—",
+            "chunks (the expert's rows × its routed columns)": "; ".join(c for _, c in sorted(chunks_by_expert.get(e, [])))
+            or "none"}
+           for e in range(n_expert)],
+          title=f"MUL_MAT_ID's row mapping: {n_tok} tokens × {n_used} slots = {sum(rows_ev['counts'])} columns, "
+                f"grouped by expert; dst[:, slot, token] is written from each pair")
+
+# %% [markdown]
+# *Read the code:* ggviz.ggml.ops.permute, ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_2d, ggviz.ggml.ops.reshape_2d, ggviz.ggml.ops.cont, ggviz.ggml.ops.add_inplace, ggviz.ggml.ops.scale_inplace, ggviz.ggml.ops.cpy, ggviz.ggml.ops.mul_mat, ggviz.ggml.ops.out_prod, ggviz.ggml.ops.mul_mat_id, ggviz.ggml.cpu.mul_mat.forward_mul_mat_id ↔ ggml.c ggml_permute, ggml_transpose, ggml_view_2d, ggml_reshape_2d, ggml_cont, ggml_add_inplace, ggml_scale_inplace, ggml_cpy, ggml_mul_mat, ggml_out_prod, ggml_mul_mat_id; ggml-cpu.c ggml_compute_forward_mul_mat_id
 
 # %% [markdown]
 # ## 5. A quantized block: `block_q4_0`
