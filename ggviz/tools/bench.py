@@ -1,6 +1,7 @@
 """ggviz bench: what a user waits for, ggviz beside llama.cpp.
 
     python -m ggviz bench                 # or: ggviz bench [--threads 2] [--decode 64] [--prefill 128] [--reps 3]
+    ggviz bench --llama-bench -p 512 -n 128 -r 5    # llama-bench's flow instead (ggviz/tools/llama_bench.py)
 
 **Default: what a user gets**, through each library's own llama.h API (ggviz's ``ggviz.llama``; llama.cpp's through
 ``llama_cpp``, llama-cpp-python, when it can be imported -- the build it found is named with its system info), the
@@ -48,6 +49,7 @@ import numpy as np
 from .. import cli, llama
 from ..fetch import fetch_default_model
 from ..progress import write
+from . import llama_bench
 
 
 # =====================================================================================================================
@@ -424,7 +426,14 @@ def user_main(argv=None, prog: str = "ggviz bench") -> int:
     return 0
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--llama-bench" in argv:        # llama-bench's flow, with its own options (ggviz/tools/llama_bench.py)
+        argv.remove("--llama-bench")
+        return llama_bench.main(argv)
     ap = cli.ArgumentParser(prog="ggviz bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-bench", action="store_true",
+                    help="llama-bench's flow instead: pp/tg tests, warm-up, repetitions, avg ± stddev t/s "
+                         "(its options: ggviz bench --llama-bench --help)")
     ap.add_argument("--model", default=None, type=cli.model_file,
                     help=cli.MODEL_HELP)
     ap.add_argument("--threads", default=[2], type=cli.thread_list, help="comma-separated thread counts (default 2)")
