@@ -18,11 +18,13 @@
 #
 # ggviz runs **SmolLM2-135M-Instruct** (a llama-architecture model, 30 layers, weights quantized to Q4_1) with a
 # Python/NumPy mirror of **ggml** and **llama.cpp**: the same data structures, the same functions, the same order of
-# operations, only slow enough to watch. This notebook runs it end to end, then opens three windows onto what happened:
+# operations, only slow enough to watch. This notebook runs it end to end, opens three windows onto what happened,
+# then measures it the way llama.cpp's benchmark does:
 #
 # 1. generate a few tokens (`ggviz.generate`, the `llama-simple` loop);
 # 2. the compute graph of one decode step;
-# 3. the memory: the model file, the KV cache, the compute buffer.
+# 3. the memory: the model file, the KV cache, the compute buffer;
+# 4. speed, measured as `llama-bench` measures it.
 #
 # > **Teacher note.** Everything below is a real run: the numbers come from the model file, not from a drawing.
 # > The other notebooks zoom in: 01–02 tensors and the context arena, 03 the graph, 06 the threadpool,
@@ -161,3 +163,49 @@ Exercise(f"The compute buffer ({buf / 2**20:.2f} MiB) is smaller than the sum of
 # > **Teacher note.** Notebook 04 (the allocator) shows the plan tensor by tensor. Next: **03 · the compute graph**.
 #
 # *Read the code:* ggviz.llama.kv_cache.KVCache, ggviz.ggml.alloc.gallocr_alloc_graph ↔ llama-kv-cache.cpp llama_kv_cache::llama_kv_cache; ggml-alloc.c ggml_gallocr_alloc_graph
+
+# %% [markdown]
+# ## 4. Speed, the llama-bench way
+#
+# llama.cpp's `llama-bench` reports two numbers per model: **pp** (prompt processing: a prompt of `n_prompt`
+# random tokens decoded in batches, no generation) and **tg** (text generation: `n_gen` single-token decodes). For
+# each test it creates a context of `n_prompt + n_gen` cells, runs it once as a **warm-up** (the whole prompt, or
+# one generated token) that is *not* counted, then repeats it `-r` times, clearing the KV cache before each, and
+# turns every repetition's time into tokens per second; the table shows their mean ± sample standard deviation.
+# `ggviz bench --llama-bench` runs that flow (with llama.cpp alternating when llama-cpp-python is installed); here a
+# small grid, pp32 and tg16, 3 repetitions, 2 threads, on ggviz alone:
+
+# %%
+from ggviz.tools import llama_bench as lb
+
+runner = lb.GGvizRunner(model=model)
+grid = lb.get_cmd_params_instances(n_prompt=[32], n_gen=[16], n_threads=[2])   # llama-bench -p 32 -n 16 -t 2
+bench = [tests[0] for tests in lb.run_bench([runner], grid, reps=3)]
+print(lb.markdown_table(bench, runner.build))
+
+# %%
+rows = []
+for t in bench:
+    n = t.inst.n_prompt + t.inst.n_gen
+    rows += [{"test": t.inst.name, "run": "warm-up (not counted)", "ms": f"{w / 1e6:.1f}", "t/s": "—"}
+             for w in t.warmup_ns]
+    rows += [{"test": t.inst.name, "run": f"repetition {i + 1}", "ms": f"{s / 1e6:.1f}", "t/s": f"{1e9 * n / s:.2f}"}
+             for i, s in enumerate(t.samples_ns)]
+    rows.append({"test": t.inst.name, "run": "mean ± sample stdev of the repetitions", "ms": "",
+                 "t/s": f"{t.avg_ts():.2f} ± {t.stdev_ts():.2f}"})
+viz.Table(rows, title="every timed run of the table above: t/s = tokens / time per repetition, the warm-up left out "
+                      "(its time includes first-use costs a steady run does not pay)")
+
+# %% tags=["answer-in-source"] jupyter={"source_hidden": true}
+tg = bench[1]
+Exercise(f"tg{tg.inst.n_gen} ran {len(tg.samples_ns)} repetitions after one warm-up. How many single-token decodes "
+         f"did ggviz run for this test in all?", 1 + len(tg.samples_ns) * tg.inst.n_gen, unit="decodes",
+         explain=f"llama-bench's warm-up for a tg test generates one token; each of the {len(tg.samples_ns)} "
+                 f"repetitions generates {tg.inst.n_gen}: 1 + {len(tg.samples_ns)} × {tg.inst.n_gen}.")
+
+# %% [markdown]
+# > **Teacher note.** These figures come from a Python engine on whatever machine built this page; llama.cpp's own
+# > figures for the same flow come from `ggviz bench --llama-bench` with llama-cpp-python installed (the two
+# > alternate repetition by repetition, so a busy machine slows both alike).
+#
+# *Read the code:* ggviz.tools.llama_bench.run_bench, ggviz.tools.llama_bench.test_prompt, ggviz.tools.llama_bench.test_gen, ggviz.tools.llama_bench.markdown_table ↔ llama-bench.cpp get_cmd_params_instances, test_prompt, test_gen, markdown_printer::print_test

@@ -169,8 +169,10 @@ class Test:
 class GGvizRunner:
     name = "ggviz"
 
-    def __init__(self, path):
-        self.model = llama.model_load_from_file(str(path), llama.model_default_params())
+    def __init__(self, path=None, model=None):
+        """From a GGUF path, or a model already loaded (``model=``: a notebook's)."""
+        self.model = model if model is not None else llama.model_load_from_file(str(path),
+                                                                                 llama.model_default_params())
         self.vocab = llama.model_get_vocab(self.model)
         self.build = f"ggviz {_ggviz_version()}"
 
