@@ -78,9 +78,10 @@ Exercise(f"The tokenizer turned {g.prompt!r} into {len(g.prompt_tokens)} tokens 
 # ## 2. The graph of one decode step
 #
 # Each `llama_decode` builds a **compute graph** (`llm_build_llama`): a DAG of ggml operations from the token id to
-# the 49152 logits. For one token it has 1086 nodes. Drawn with one box per layer (30 boxes, one block repeated) it
-# fits on a screen; the widget below has layer 0 open and opens any other layer when you click its box
-# (`GraphView`).
+# the 49152 logits. For one token it has 1086 nodes. The widget below (`GraphView`) draws layer 0 open and folds the
+# layers that repeat it node for node into one box; the last layer has its own box because it holds two more nodes
+# (llama.cpp's GET_ROWS by `inp_out_ids`, keeping only the rows whose logits are asked for, before the output head).
+# A click on a box opens its first layer.
 
 # %%
 from ggviz.capture import decode_graph
@@ -93,8 +94,11 @@ print(f"{gf.n_nodes} nodes, {gf.n_leafs} leafs | first nodes: {', '.join(t.name 
 # %%
 from ggviz.viz.widgets import GraphView
 
-view = GraphView(gf)
+from ggviz.viz import graph_dot
+
+view = GraphView(gf, fold=True)    # runs of identical collapsed layers as one box
 view.expand(0)                     # layer 0 opened up: the attention block, then the feed-forward block
+print(graph_dot.describe_picture(view.layout()[1]))
 view
 
 # %% [markdown]

@@ -167,14 +167,17 @@ viz.Table([{"enum ggml_op": op, "GGML_OP_NAME": ggml.op_name(op), "GGML_OP_SYMBO
 # > (the embedding), one by the last MUL_MAT (the logits). Views (RESHAPE, VIEW, PERMUTE, TRANSPOSE) are nodes too, but they compute nothing: they are a
 # > new header over the same bytes.
 #
-# Collapsed per layer, the graph is a chain of 30 identical blocks (a click on a box opens that layer; layer 0 is
-# open):
+# Collapsed per layer, the graph is a chain of blocks: layer 0 open below, the layers identical to it node for node
+# folded into one box, the last layer in its own box (it also holds the two GET_ROWS by `inp_out_ids`), then the
+# output head. A click on a box opens its first layer:
 
 # %%
+from ggviz.viz import graph_dot
 from ggviz.viz.widgets import GraphView
 
-view = GraphView(gfd)
+view = GraphView(gfd, fold=True)
 view.expand(0)
+print(graph_dot.describe_picture(view.layout()[1]))
 view
 
 # %% [markdown]

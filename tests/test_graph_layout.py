@@ -268,3 +268,21 @@ def test_export_full_graph(decode, tmp_path, monkeypatch):
     monkeypatch.setattr(G, "_dot_program", lambda: None)
     src = export.graph_dot(decode.gf, full=True).source
     assert " pos=" not in src and "mclimit" in src
+
+
+def test_fold_runs_of_identical_layers():
+    """``fold=True``: consecutive collapsed layers with the same nodes (op, type, shape) are one box ``L<first>``;
+    a layer that differs (layer 4's extra skip ADD) keeps its own box; the line describing the picture counts them."""
+    gf = _layered_graph(6)
+    dot, info = G.graph_to_dot_grouped(gf, collapse=[1, 2, 3, 4, 5], fold=True, layout="dot")
+    assert info["folds"] == {1: [1, 2, 3]} and info["boxes"] == {1: 4, 2: 4, 3: 4, 4: 5, 5: 4}
+    layers = info["layers"]
+    assert {info["vertex_of_node"][i] for i, il in enumerate(layers) if il in (1, 2, 3)} == {"L1"}
+    src = dot.source
+    assert "layers 1–3: 3 identical × 4 nodes = 12" in src and "layer 4 (5 nodes)" in src and "L2 [" not in src
+    assert info["n_nodes_drawn"] == 2 + 4 + 3          # outside, layer 0's nodes, three boxes
+    assert G.describe_picture(info) == (
+        "layer 0 open (4 nodes); layers 1–3 in one box (3 identical layers × 4 nodes); layer 4 in its own box "
+        "(5 nodes); layer 5 in its own box (4 nodes); 2 nodes outside the layers (embedding, output head): "
+        "27 nodes in all")
+    assert G.graph_to_dot_grouped(gf, collapse=[1, 2, 3, 4, 5], layout="dot")[1]["folds"] == {}

@@ -196,8 +196,13 @@ LAYERED_MIN_VERTICES = 200
 
 def graph_to_dot_grouped(gf, collapse=(), color_by="op", title: str | None = None, rankdir: str = "TB",
                          id_prefix: str = "", highlight=None, edge_labels: bool | None = None,
-                         legend: bool = False, hide_leafs: bool = False, layout: str = "auto"):
+                         legend: bool = False, hide_leafs: bool = False, layout: str = "auto", fold: bool = False):
     """A ``graphviz.Digraph`` of ``gf`` where the layers in ``collapse`` are drawn as one box each.
+
+    ``fold``: consecutive collapsed layers with the same structure (``layer_signature``: each node's op, type and
+    shape, in order) are drawn as one box ``L<first>``, "layers a–b: n identical × k nodes": a 30-layer decode
+    graph with layer 0 open reads as layer 0, one box for layers 1–28, layer 29 (it also holds the two unnamed
+    GET_ROWS of ``inp_out_ids``, so it is not identical) and the output head.
 
     ``collapse``: layer indices (``"all"`` for every layer). A collapsed layer's nodes become one box labelled
     ``layer il (n nodes)``; leafs read only by collapsed layers (its weights, cache tensors, shared inputs) are
@@ -241,7 +246,9 @@ def graph_to_dot_grouped(gf, collapse=(), color_by="op", title: str | None = Non
         key = (lambda t: op_desc(t)) if color_by == "op" else (lambda t: type_name(t.type))
         drawn = {key(t) for i, t in enumerate(gf.nodes) if layers[i] not in collapse}
         legend_items = {k: c for k, c in legend_items.items() if k in drawn}
-    vx = _Vertices(gf, layers, collapse, hide_leafs)
+    folds = fold_runs(gf, layers, collapse) if fold else {}
+    vx = _Vertices(gf, layers, collapse, hide_leafs, {il: run[0] for run in folds.values() for il in run})
+    vx.folds = folds
     # the picture as statements, in the order they are written to the DOT source: ("node", name, attrs) and
     # ("edge", src, dst, attrs); both layouts write the same statements
     stmts = _vertex_stmts(gf, vx, node_fill, color_by, highlight, id_prefix)
@@ -262,8 +269,8 @@ def graph_to_dot_grouped(gf, collapse=(), color_by="op", title: str | None = Non
         dot, lay, used = _dot_picture(stmts, graph_attr, legend_spec), {}, "dot"
 
     info = DotInfo(n_nodes_drawn=sum(1 for v in vx.node if not v.startswith("L")) + len(vx.box_members),
-                   n_leafs_drawn=sum(v is not None for v in vx.leaf), boxes={il: len(m) for il, m in
-                                                                            vx.box_members.items()},
+                   n_leafs_drawn=sum(v is not None for v in vx.leaf), boxes=dict(vx.layer_sizes),
+                   folds={il0: list(run) for il0, run in folds.items()},
                    collapsed=sorted(collapse), vertex_of_node=vx.node, vertex_of_leaf=vx.leaf,
                    colors=legend_items, n_edges=n_edges, layers=layers, layout=used, **lay)
     return dot, info
@@ -298,20 +305,70 @@ def _node_fills(gf, color_by) -> tuple[list, dict]:
     return node_fill, legend_items
 
 
+def layer_signature(gf, layers, il) -> tuple:
+    """What makes two layers draw the same: each node's op, type and shape, in graph order."""
+    return tuple((op_desc(t), t.type, tuple(int(x) for x in t.ne))
+                 for t, lay in zip(gf.nodes, layers) if lay == il)
+
+
+def fold_runs(gf, layers, collapse) -> dict:
+    """{first layer: [layers]} for each run of 2+ consecutive collapsed layers with one ``layer_signature``."""
+    runs, cur, prev_sig = {}, [], None
+    for il in sorted({x for x in layers if x is not None}):
+        sig = layer_signature(gf, layers, il) if il in collapse else None
+        if sig is not None and cur and sig == prev_sig and il == cur[-1] + 1:
+            cur.append(il)
+        else:
+            if len(cur) >= 2:
+                runs[cur[0]] = cur
+            cur = [il] if sig is not None else []
+        prev_sig = sig
+    if len(cur) >= 2:
+        runs[cur[0]] = cur
+    return runs
+
+
+def describe_picture(info) -> str:
+    """One line naming every part of a grouped picture with its real node counts (``info`` of
+    ``graph_to_dot_grouped``): open layers, folded runs, single boxes, the nodes outside every layer."""
+    layers, boxes, folds = info["layers"], info["boxes"], info.get("folds", {})
+    collapsed = set(info["collapsed"])
+    in_fold = {il: il0 for il0, run in folds.items() for il in run}
+    parts = []
+    for il in sorted({x for x in layers if x is not None}):
+        n = sum(1 for x in layers if x == il)
+        if il not in collapsed:
+            parts.append(f"layer {il} open ({n} nodes)")
+        elif il in folds:
+            run = folds[il]
+            parts.append(f"layers {run[0]}–{run[-1]} in one box ({len(run)} identical layers × {n} nodes)")
+        elif il not in in_fold:
+            parts.append(f"layer {il} in its own box ({boxes[il]} nodes)")
+    outside = sum(1 for x in layers if x is None)
+    parts.append(f"{outside} nodes outside the layers (embedding, output head)")
+    return "; ".join(parts) + f": {len(layers):,} nodes in all"
+
+
 class _Vertices:
     """Which vertex stands for each node and leaf: ``node[i]`` is ``n<i>`` or, in a collapsed layer, its box
-    ``L<il>``; ``leaf[j]`` is ``l<j>`` or None (folded into boxes, or hidden); ``addr`` maps a tensor's address to
-    its vertex (sources are found by address: a node's ``src`` are tensor objects, not indices)."""
+    ``L<il>`` (``L<first>`` for a folded run of layers, ``fold_of``); ``leaf[j]`` is ``l<j>`` or None (folded into
+    boxes, or hidden); ``addr`` maps a tensor's address to its vertex (sources are found by address: a node's
+    ``src`` are tensor objects, not indices)."""
 
-    def __init__(self, gf, layers, collapse, hide_leafs: bool):
+    def __init__(self, gf, layers, collapse, hide_leafs: bool, fold_of: dict | None = None):
         self.node = [None] * gf.n_nodes
         self.leaf = [None] * gf.n_leafs
         self.addr: dict = {}
         self.box_members: dict = {}
+        self.layer_sizes: dict = {}
+        self.folds: dict = {}
+        fold_of = fold_of or {}
         for i, (t, il) in enumerate(zip(gf.nodes, layers)):
             if il in collapse:
-                self.node[i] = f"L{il}"
-                self.box_members.setdefault(il, []).append(i)
+                box = fold_of.get(il, il)
+                self.node[i] = f"L{box}"
+                self.box_members.setdefault(box, []).append(i)
+                self.layer_sizes[il] = self.layer_sizes.get(il, 0) + 1
             else:
                 self.node[i] = f"n{i}"
             self.addr[t.addr] = self.node[i]
@@ -376,13 +433,17 @@ def _box_attrs(gf, vx: _Vertices, il: int, node_fill, color_by, highlight, vid: 
     user colouring gives all its nodes one colour (e.g. every node of the layer on one device)."""
     mem = vx.box_members[il]
     nl = len(set(vx.box_leafs.get(il, ())))
-    label = (f"<<b>layer {il} ({len(mem)} nodes)</b><br/><font point-size='9'>#{mem[0]}–#{mem[-1]}: "
+    run = vx.folds.get(il)
+    head = (f"layer {il} ({len(mem)} nodes)" if run is None else
+            f"layers {run[0]}–{run[-1]}: {len(run)} identical × {len(mem) // len(run)} nodes = {len(mem):,}")
+    label = (f"<<b>{head}</b><br/><font point-size='9'>#{mem[0]}–#{mem[-1]}: "
              f"{_esc(gf.nodes[mem[0]].name)} … {_esc(gf.nodes[mem[-1]].name)}"
              + (f"<br/>+ {nl} leafs (weights, cache, inputs)" if nl else "") + "</font>>")
     fills = {node_fill[k] for k in mem}
     fill = fills.pop() if len(fills) == 1 and not (isinstance(color_by, str) or color_by is None) else BOX_COLOR
     attrs = {"label": label, "shape": "box3d", "style": "filled", "fillcolor": fill, "id": vid,
-             "margin": "0.2,0.1", "tooltip": f"layer {il}: nodes {mem[0]}..{mem[-1]}"}
+             "margin": "0.2,0.1", "tooltip": (f"layer {il}" if run is None else f"layers {run[0]}-{run[-1]}")
+             + f": nodes {mem[0]}..{mem[-1]}"}
     if highlight & set(mem):
         attrs.update(_HIGHLIGHT)
     return attrs

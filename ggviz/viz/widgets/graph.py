@@ -80,13 +80,15 @@ class GraphView(VizWidget):
 
     ``collapse``: "auto" (every layer collapsed when the graph has layers), "all", or a set of layer indices.
     ``color_by``: "op" | "type" | None | {node index, name or address: value} | callable(tensor) -> value.
-    ``max_open``: how many layers ``expand`` keeps open at once (older ones fold again), so that clicking around
-    keeps the picture small; ``expand_all`` opens every layer regardless (the layered layout: < 1 s).
+    ``fold``: runs of identical collapsed layers drawn as one box (``graph_dot.graph_to_dot_grouped``); a click on
+    it opens its first layer. ``max_open``: how many layers ``expand`` keeps open at once (older ones fold again),
+    so that clicking around keeps the picture small; ``expand_all`` opens every layer regardless (the layered layout: < 1 s).
     """
 
     def __init__(self, gf, collapse="auto", color_by="op", title: str | None = None, rankdir: str = "TB",
-                 max_open: int = 3, attributes: dict | None = None, max_height: str = "700px"):
+                 max_open: int = 3, attributes: dict | None = None, max_height: str = "700px", fold: bool = False):
         self.gf = gf = as_cgraph(gf)                 # a GraphRecord draws as the graph it recorded
+        self.fold = fold                             # runs of identical collapsed layers as one box (graph_dot)
         self.layers = G.node_layers(gf)
         self.all_layers = sorted({il for il in self.layers if il is not None})
         if collapse in ("auto", "all"):
@@ -127,7 +129,8 @@ class GraphView(VizWidget):
             return hit
         t0 = time.perf_counter()
         dot, info = G.graph_to_dot_grouped(self.gf, collapse=collapsed, color_by=self._resolved_color(),
-                                           title=self.title, rankdir=self.rankdir, id_prefix=self.prefix)
+                                           title=self.title, rankdir=self.rankdir, id_prefix=self.prefix,
+                                           fold=self.fold)
         n_vis = info["n_nodes_drawn"] + info["n_leafs_drawn"]
         if n_vis > 250 and info["layout"] == "dot":      # (a laid-out picture is only drawn: nothing to tune)
             dot.graph_attr.update(_FAST)
@@ -143,7 +146,7 @@ class GraphView(VizWidget):
         hl = self.highlight if highlight is None else highlight
         return G.graph_to_dot_grouped(self.gf, collapse=self.collapsed, color_by=self._resolved_color(),
                                       title=self.title, rankdir=self.rankdir, highlight=hl, legend=legend,
-                                      id_prefix=self.prefix)[0]
+                                      id_prefix=self.prefix, fold=self.fold)[0]
 
     def png(self, dpi: int = 96) -> bytes:
         d = self.dot()
@@ -318,10 +321,13 @@ class GraphView(VizWidget):
                     css[v], infos[v] = self.css(), self.info_html()
         finally:
             self.selected = sel
+        folds = info.get("folds", {})
+        folded = {x for run in folds.values() for x in run[1:]}
         for il in self.all_layers:
-            if il in self.collapsed:
+            if il in self.collapsed and il not in folded:
+                what = f"layer {il}" if il not in folds else f"layers {folds[il][0]}–{folds[il][-1]} (identical)"
                 css[f"L{il}"] = highlight_css(self.prefix, [f"L{il}"])
-                infos[f"L{il}"] = (f"<div style='max-width:320px'><b>layer {il}</b> is collapsed here. Opening it lays "
+                infos[f"L{il}"] = (f"<div style='max-width:320px'><b>{what}</b> collapsed here. Opening it lays "
                                    f"the graph out again (Graphviz), which needs a kernel: in a live notebook, click "
                                    f"the box or call <code>view.expand({il})</code>. This page shows "
                                    + (f"layer {', '.join(map(str, opened))} open" if opened else "every layer "
