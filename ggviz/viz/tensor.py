@@ -93,11 +93,16 @@ def q4_0_block_figure(raw_block, x=None, fig=None):
     # ---- bottom: the 32 decoded values
     idx = np.arange(32)
     ax2.bar(idx, vals, color=["#c8e6c9" if i < 16 else "#bbdefb" for i in idx], edgecolor="#424242",
-            linewidth=0.5, label="decoded (q - 8) * d")
+            linewidth=0.5, label="decoded (q - 8) * d (green: x0–x15 from the low nibbles, blue: the high)")
+    xv = None if x is None else np.asarray(x, dtype=np.float32).reshape(-1)
     for i in idx:
-        ax2.text(i, vals[i], f"{int(q[i])}", ha="center", va="bottom" if vals[i] >= 0 else "top", fontsize=6.5)
-    if x is not None:
-        xv = np.asarray(x, dtype=np.float32).reshape(-1)
+        # the label goes beyond both the bar's end and the original value's dot, so neither hides it
+        up = vals[i] >= 0
+        y = vals[i] if xv is None else (max(vals[i], xv[i]) if up else min(vals[i], xv[i]))
+        ax2.annotate(f"{int(q[i])}", (i, y), xytext=(0, 3 if up else -3), textcoords="offset points",
+                     ha="center", va="bottom" if up else "top", fontsize=7)
+    ax2.margins(y=0.15)
+    if xv is not None:
         ax2.plot(idx, xv, "o", color="#d32f2f", markersize=3.5, label="original x")
         err = np.abs(xv - vals)
         ax2.set_title(f"max |error| = {err.max():.4g}, mean |error| = {err.mean():.4g} (d/2 = {d / 2:.4g})",
@@ -106,6 +111,6 @@ def q4_0_block_figure(raw_block, x=None, fig=None):
     ax2.set_xticks(idx)
     ax2.set_xticklabels([str(i) for i in idx], fontsize=6.5)
     ax2.set_xlabel("element (labels on bars: signed quant q - 8)", fontsize=8)
-    ax2.legend(fontsize=7, loc="upper left")
+    ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)   # off the bars
     fig.tight_layout()
     return fig
