@@ -92,9 +92,8 @@ print(f"{gf.n_nodes} nodes, {gf.n_leafs} leafs | first nodes: {', '.join(t.name 
       f"last: {gf.nodes[-1].name}")
 
 # %%
-from ggviz.viz.widgets import GraphView
-
 from ggviz.viz import graph_dot
+from ggviz.viz.widgets import GraphView
 
 view = GraphView(gf, fold=True)    # runs of identical collapsed layers as one box
 view.expand(0)                     # layer 0 opened up: the attention block, then the feed-forward block
@@ -210,6 +209,8 @@ Exercise(f"tg{tg.inst.n_gen} ran {len(tg.samples_ns)} repetitions after one warm
 # %% [markdown]
 # > **Teacher note.** These figures come from a Python engine on whatever machine built this page; llama.cpp's own
 # > figures for the same flow come from `ggviz bench --llama-bench` with llama-cpp-python installed (the two
-# > alternate repetition by repetition, so a busy machine slows both alike).
+# > alternate repetition by repetition, so a busy machine slows both alike). Its `model` column will read
+# > "llama 256M Q4_1" for this model: llama.cpp's `llama_model_desc` names the size from the layer count (30 layers →
+# > 256M, an entry written for SmolDocling), where ggviz prints the GGUF's `general.size_label` (135M).
 #
 # *Read the code:* ggviz.tools.llama_bench.run_bench, ggviz.tools.llama_bench.test_prompt, ggviz.tools.llama_bench.test_gen, ggviz.tools.llama_bench.markdown_table ↔ llama-bench.cpp get_cmd_params_instances, test_prompt, test_gen, markdown_printer::print_test

@@ -281,8 +281,8 @@ def test_fold_runs_of_identical_layers():
     src = dot.source
     assert "layers 1–3: 3 identical × 4 nodes = 12" in src and "layer 4 (5 nodes)" in src and "L2 [" not in src
     assert info["n_nodes_drawn"] == 2 + 4 + 3          # outside, layer 0's nodes, three boxes
-    assert G.describe_picture(info) == (
-        "layer 0 open (4 nodes); layers 1–3 in one box (3 identical layers × 4 nodes); layer 4 in its own box "
-        "(5 nodes); layer 5 in its own box (4 nodes); 2 nodes outside the layers (embedding, output head): "
-        "27 nodes in all")
+    assert G.describe_picture(info, "; ") == (
+        "layer 0 open: 4 nodes; layers 1–3 in one box: 3 identical layers × 4 nodes = 12; layer 4 in its own box: "
+        "5 nodes; layer 5 in its own box: 4 nodes; outside the layers (embedding, output head): 2 nodes; "
+        "in all: 27 nodes")
     assert G.graph_to_dot_grouped(gf, collapse=[1, 2, 3, 4, 5], layout="dot")[1]["folds"] == {}

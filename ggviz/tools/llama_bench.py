@@ -28,6 +28,7 @@ kept (``warmup_ns``) to show it is left out of the figures.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import sys
@@ -230,7 +231,6 @@ class LlamaCppRunner:
         self.build = f"llama-cpp-python {L.__version__}"
 
     def desc(self):
-        import ctypes
         buf = ctypes.create_string_buffer(128)
         self.L.llama_model_desc(self.model, buf, 128)
         return (buf.value.decode(), int(self.L.llama_model_size(self.model)),

@@ -328,9 +328,9 @@ def fold_runs(gf, layers, collapse) -> dict:
     return runs
 
 
-def describe_picture(info) -> str:
-    """One line naming every part of a grouped picture with its real node counts (``info`` of
-    ``graph_to_dot_grouped``): open layers, folded runs, single boxes, the nodes outside every layer."""
+def describe_picture(info, sep: str = "\n") -> str:
+    """The parts of a grouped picture with their real node counts, one per line (``info`` of
+    ``graph_to_dot_grouped``): open layers, folded runs, single boxes, the nodes outside every layer, the total."""
     layers, boxes, folds = info["layers"], info["boxes"], info.get("folds", {})
     collapsed = set(info["collapsed"])
     in_fold = {il: il0 for il0, run in folds.items() for il in run}
@@ -338,15 +338,16 @@ def describe_picture(info) -> str:
     for il in sorted({x for x in layers if x is not None}):
         n = sum(1 for x in layers if x == il)
         if il not in collapsed:
-            parts.append(f"layer {il} open ({n} nodes)")
+            parts.append(f"layer {il} open: {n} nodes")
         elif il in folds:
             run = folds[il]
-            parts.append(f"layers {run[0]}–{run[-1]} in one box ({len(run)} identical layers × {n} nodes)")
+            parts.append(f"layers {run[0]}–{run[-1]} in one box: {len(run)} identical layers × {n} nodes = "
+                         f"{len(run) * n:,}")
         elif il not in in_fold:
-            parts.append(f"layer {il} in its own box ({boxes[il]} nodes)")
-    outside = sum(1 for x in layers if x is None)
-    parts.append(f"{outside} nodes outside the layers (embedding, output head)")
-    return "; ".join(parts) + f": {len(layers):,} nodes in all"
+            parts.append(f"layer {il} in its own box: {boxes[il]} nodes")
+    parts.append(f"outside the layers (embedding, output head): {sum(1 for x in layers if x is None)} nodes")
+    parts.append(f"in all: {len(layers):,} nodes")
+    return sep.join(parts)
 
 
 class _Vertices:
