@@ -38,6 +38,7 @@ from ggviz.run import load_model
 MODEL = "smollm2"               # or "gemma3-270m" (after `ggviz fetch gemma3-270m`), or the path of a GGUF file
 model = load_model(MODEL)       # llama_model_load_from_file: parse the GGUF, map the weights, build the vocabulary
 hp = model.hparams
+# desc() is llama_model_desc: llama.cpp names the type from the layer count, so 30 layers read "256M" (see §4)
 print(model.desc(), f"| {hp.n_layer} layers, n_embd={hp.n_embd}, n_head={hp.n_head} (kv {hp.n_head_kv}), "
       f"n_vocab={hp.n_vocab}, {model.n_params() / 1e6:.0f} M parameters, {model.size() / 2**20:.0f} MiB")
 
@@ -209,8 +210,8 @@ Exercise(f"tg{tg.inst.n_gen} ran {len(tg.samples_ns)} repetitions after one warm
 # %% [markdown]
 # > **Teacher note.** These figures come from a Python engine on whatever machine built this page; llama.cpp's own
 # > figures for the same flow come from `ggviz bench --llama-bench` with llama-cpp-python installed (the two
-# > alternate repetition by repetition, so a busy machine slows both alike). Its `model` column will read
-# > "llama 256M Q4_1" for this model: llama.cpp's `llama_model_desc` names the size from the layer count (30 layers →
-# > 256M, an entry written for SmolDocling), where ggviz prints the GGUF's `general.size_label` (135M).
+# > alternate repetition by repetition, so a busy machine slows both alike). Its `model` column reads
+# > "llama 256M Q4_1" for this 135M model, in ggviz as in llama.cpp: `llama_model_desc` names the size from the
+# > layer count (30 layers → 256M, an entry written for SmolDocling), not from the GGUF's `general.size_label`.
 #
 # *Read the code:* ggviz.tools.llama_bench.run_bench, ggviz.tools.llama_bench.test_prompt, ggviz.tools.llama_bench.test_gen, ggviz.tools.llama_bench.markdown_table ↔ llama-bench.cpp get_cmd_params_instances, test_prompt, test_gen, markdown_printer::print_test

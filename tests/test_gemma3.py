@@ -68,6 +68,8 @@ def test_hparams_as_llamacpp_reads_them(gemma):
     assert (hp.rope_freq_base_train, hp.rope_freq_base_train_swa) == (1e6, 1e4)
     assert hp.f_attention_scale == 0.0625 and hp.f_final_logit_softcapping == 0.0
     assert gemma.output.name == "token_embd.weight"       # tied output (TENSOR_DUPLICATED)
+    # llama_model_desc as the AVX2 build of llama-cpp-python 0.3.36 returned it for this file
+    assert llama.model_desc(gemma) == "gemma3 270M Q4_K - Medium"
 
 
 @needs_model

@@ -46,6 +46,13 @@ def _node_desc(t):
                 src=[s.name for s in t.src if s is not None])
 
 
+def test_model_desc_as_llamacpp(model):
+    # llama_model_desc of the AVX2 build of llama-cpp-python 0.3.36 for this file: the type comes from the layer
+    # count (30 layers -> LLM_TYPE_256M in llama.cpp's table), not from general.size_label ("135M")
+    assert llama.model_desc(model) == "llama 256M Q4_1"
+    assert model.gguf.kv["general.size_label"] == "135M"
+
+
 def test_decode_graph_matches_llamacpp(model):
     ref = json.load(open(DATA / "smollm2_decode_graph.json"))
     ctx = _ctx(model)

@@ -28,7 +28,7 @@ class Recorder:
         self.calls = 0
 
     def desc(self):
-        return "llama 135M Q4_1", 96_575_488, 134_515_008
+        return "llama 256M Q4_1", 96_575_488, 134_515_008
 
     def add_bos(self):
         return self._add_bos
@@ -112,7 +112,7 @@ def test_flow_structure_and_numbers():
 
 
 def test_markdown_as_llama_bench_prints_it():
-    t = lb.Test(lb.Instance(512, 0, 2), "ggviz", "llama 135M Q4_1", 96_575_488, 134_515_008,
+    t = lb.Test(lb.Instance(512, 0, 2), "ggviz", "llama 256M Q4_1", 96_575_488, 134_515_008,
                 samples_ns=[1_000_000_000, 1_024_000_000])
     lines = lb.markdown_table([t], "ggviz 0.1.0").splitlines()
     assert lines[0] == ("| model                          |       size |     params | backend    | threads |"
@@ -120,7 +120,7 @@ def test_markdown_as_llama_bench_prints_it():
     assert lines[1] == ("| ------------------------------ | ---------: | ---------: | ---------- | ------: |"
                         " --------------: | -------------------: |")
     # ts = 512 / 1.0 s and 512 / 1.024 s: 512 and 500, mean 506, sample stdev sqrt(72) = 8.49
-    assert lines[2] == ("| llama 135M Q4_1                |  92.10 MiB |   134.52 M | CPU        |       2 |"
+    assert lines[2] == ("| llama 256M Q4_1                |  92.10 MiB |   134.52 M | CPU        |       2 |"
                         "           pp512 |        506.00 ± 8.49 |")
     assert lines[-1] == "build: ggviz 0.1.0"
     assert "n_batch" in lb.markdown_table([t], "x", n_batch=256).splitlines()[0]

@@ -66,6 +66,9 @@ class LlamaHparams:
     rope_freq_scale_train_swa: float = 1.0
     f_final_logit_softcapping: float = 0.0
     arch: str = "llama"
+    # llama_model::type as llm_type_name() spells it; each architecture's load_arch_hparams picks it from the
+    # layer count (so SmolLM2-135M's 30 layers read "256M", the size llama.cpp's table gives SmolDocling)
+    type_name: str = "?B"
 
     def is_swa(self, il: int) -> bool:
         """llama_hparams::is_swa."""
@@ -182,7 +185,8 @@ class LlamaModel:
 
     def desc(self) -> str:
         ftype = {2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 1: "F16", 0: "F32", 15: "Q4_K - Medium"}.get(self.gguf.kv.get("general.file_type"), "?")
-        return f"{self.arch} {self.gguf.kv.get('general.size_label', '?')} {ftype}"
+        # llama_model desc_str: arch_name() + " " + type_name() + " " + ftype_name()
+        return f"{self.arch} {self.hparams.type_name} {ftype}"
 
 
 def _get(gf: GGUFFile, key: str, default=None, required=True):

@@ -40,6 +40,7 @@ def load_arch_hparams(kv: dict, hp) -> None:
         hp.swa_type = LLAMA_SWA_TYPE_NONE
         hp.swa_layers = [False] * hp.n_layer
     hp.f_final_logit_softcapping = float(kv.get("gemma3.final_logit_softcapping", 0.0))
+    hp.type_name = {18: "270M", 26: "1B", 32: "8B", 34: "4B", 48: "12B", 62: "27B"}.get(hp.n_layer, "?B")
     # ref: gemma_pytorch config.py: query_pre_attn_scalar; llama.cpp derives it from the model type (27B: 62 layers)
     if hp.n_layer == 62:
         hp.f_attention_scale = float(np.float32(1.0) / np.sqrt(np.float32(hp.n_embd // hp.n_head)))

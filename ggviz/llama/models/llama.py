@@ -14,7 +14,19 @@ ROPE_TYPE = 0   # LLAMA_ROPE_TYPE_NORM
 
 
 def load_arch_hparams(kv: dict, hp) -> None:
-    """Nothing beyond the keys every architecture reads (llama_model::load_hparams) for the models ggviz runs."""
+    """Beyond the keys every architecture reads (llama_model::load_hparams): the model type from the layer count."""
+    n_expert = int(kv.get("llama.expert_count", 0))
+    if n_expert == 8:
+        hp.type_name = {32: "8x7B", 56: "8x22B"}.get(hp.n_layer, "?B")
+    elif hp.n_layer == 32:
+        # granite's vocab has 49152 entries
+        n_vocab = int(kv.get("llama.vocab_size", len(kv.get("tokenizer.ggml.tokens", ()))))
+        hp.type_name = "3B" if n_vocab == 49152 else ("7B" if n_vocab < 40000 else "8B")
+    elif hp.n_layer == 80:
+        hp.type_name = "65B" if hp.n_head == hp.n_head_kv else "70B"
+    else:
+        hp.type_name = {16: "1B", 22: "1B", 26: "3B", 28: "3B", 30: "256M", 36: "8B", 40: "13B", 48: "34B",
+                        60: "30B"}.get(hp.n_layer, "?B")
 
 
 def load_arch_tensors(need, opt, hp):
