@@ -11,8 +11,9 @@ faster) are printed, with the tok/s. Run from another checkout (``python OTHER/b
 measure that checkout's ggviz against the same llama.cpp: the ratios of two runs compare the two versions. It prints;
 it does not assert.
 
-``--profile`` then prints where ggviz's warm prefill goes: the compiled walk's per-row timestamp-counter ticks of
-thread 0 (``FastGraph.set_profiling``; a row's time includes its wait in the barrier after it, so a row whose work
+``--profile`` then prints where ggviz's cold prefill goes (graph build, scheduler split + allocation, compiled
+program build, compute: ``cold_parts``) and where its warm prefill goes: the compiled walk's per-row
+timestamp-counter ticks of thread 0 (``FastGraph.set_profiling``; a row's time includes its wait in the barrier after it, so a row whose work
 is badly split shows as long), summed by op and, for MUL_MAT, by weight type and shape, beside the wall time of the
 whole ``llama_decode`` (the rest is Python around the walk). The compiled walk's one-thread fallback under
 contention is switched off for it, so ``--threads 2`` profiles two threads. The main table says how many threads
@@ -125,6 +126,7 @@ def profile(path, nth, ids, fa, reps=5):
     if fg is None:
         print("the prefill graph did not take the compiled walk: no profile")
         return
+    cold = cold_parts(model, cp, ids)
     fg.CONTENDED = float("inf")                       # profile nth threads, whatever the machine's load
     fg.n_next = 1 << 30
     fg.set_profiling(True)
@@ -154,6 +156,55 @@ def profile(path, nth, ids, fa, reps=5):
     print(f"{'op':44s} {'rows':>5s} {'share':>7s} {'ms':>8s}")
     for op, v in groups.most_common():
         print(f"{op:44s} {count[op]:5d} {v / total * 100:6.2f}% {v:8.2f}")
+    whole = cold.pop("llama_decode")
+    print(f"\nggviz cold prefill (the first llama_decode of a second new context): {whole * 1e3:.1f} ms, of which")
+    for what, v in cold.items():
+        print(f"  {what:58s} {v * 1e3:8.1f} ms")
+    print(f"  {'the rest (ubatch split, KV cache slots, inputs, outputs)':58s} "
+          f"{(whole - sum(cold.values())) * 1e3:8.1f} ms")
+
+
+def cold_parts(model, cp, ids):
+    """Where a new context's first prefill goes: a second context of the same params (the process's first-use
+    costs already paid, as in the main table's cold column) decodes ``ids`` once with its graph build, scheduler
+    split + allocation, compiled program build and the compute (ggml_graph_plan and the walk) timed apart."""
+    from ggviz.ggml.cpu.fast import compiler
+    from ggviz.llama import context as lc
+    parts = {"graph build (build_graph / _derive_graph)": 0.0,
+             "scheduler split + allocation (_allocate)": 0.0,
+             "compiled program build (fast plan_graph)": 0.0,
+             "compute (graph_plan, the walk; less the program build)": 0.0}
+    keys = list(parts)
+    saved = []
+
+    def wrap(owner, name, key):
+        f = getattr(owner, name)
+        saved.append((owner, name, f))
+
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return f(*a, **kw)
+            finally:
+                parts[key] += time.perf_counter() - t
+                if name == "plan_graph":        # inside _compute: not compute time
+                    parts[keys[3]] -= time.perf_counter() - t
+        setattr(owner, name, timed)
+
+    ctx = llama.init_from_model(model, cp)      # its reserve's graph builds are not the decode's
+    wrap(lc.LlamaContext, "build_graph", keys[0])
+    wrap(lc.LlamaContext, "_derive_graph", keys[0])
+    wrap(lc.LlamaContext, "_allocate", keys[1])
+    wrap(lc.LlamaContext, "_compute", keys[3])
+    wrap(compiler, "plan_graph", keys[2])
+    try:
+        t0 = time.perf_counter()
+        assert llama.decode(ctx, llama.batch_get_one(ids)) == 0
+        parts["llama_decode"] = time.perf_counter() - t0
+    finally:
+        for owner, name, f in reversed(saved):
+            setattr(owner, name, f)
+    return parts
 
 
 def main(argv=None) -> int:

@@ -34,19 +34,19 @@ from ..common import FA_TILE_KV, FA_TILE_Q
 from .intrinsics import (
     HAVE_AVX2,
     compiled,
-    dot_f16_cells8,
     f16_to_f32_hw,
     f32_to_f16,
-    fma_f16_row_f32,
     fmaf,
     fp16_to_fp32,
     glibc_expf,
+    kq_cells64,
     ld_f32,
     ld_u16,
     mad_f16_row,
     scale_f16_row,
     soft_max_exp8,
     soft_max_exp16,
+    sv_cells_f16,
     st_f32,
 )
 from .program import (
@@ -248,7 +248,11 @@ def _split_kv(P, F, k, ith, nth, sync, wdata, qq, acc):
 
 
 @compiled
-def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq, mvs):
+def _tiled_rows(P, F, k, iq1a, iq1b, iq2, iq3, kq, kt, vkq, mvs, Ms, Ss):
+    """Query rows iq1a..iq1b-1 (at most TQ) of head (iq2, iq3), tile after tile of KV cells as
+    ggml_compute_forward_flash_attn_ext_tiled walks them: each KV tile's K is widened to float32 and packed
+    transposed once for the rows (K_f32), each row's K·Q and softmax·V then run on vectors of cells / dims. A row's
+    arithmetic is its own (its FMA chains, its online softmax state Ms/Ss/vkq), the same whatever rows share a tile."""
     q, kd, vd, dst = P[k, S0 + DATA], P[k, S1 + DATA], P[k, S2 + DATA], P[k, DST + DATA]
     DK, nek1, DV = P[k, S1 + NE0], P[k, S1 + NE1], P[k, S2 + NE0]
     neq1, neq2 = P[k, S0 + NE1], P[k, S0 + NE2]
@@ -258,78 +262,101 @@ def _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq, mvs):
     iv3 = iq3 // (P[k, S0 + NE3] // P[k, S2 + NE3])
     scale = F32(F[k, FA_SCALE])
     mask = P[k, FA_MASK]
-    mp = 0
-    if mask != 0:
-        mp = mask + iq1 * P[k, FA_MNB1] + (iq2 % P[k, FA_MNE2]) * P[k, FA_MNB2] + (iq3 % P[k, FA_MNE3]) * P[k, FA_MNB3]
-    pq = q + iq1 * P[k, S0 + NB1] + iq2 * P[k, S0 + NB2] + iq3 * P[k, S0 + NB3]
     kb = kd + ik2 * P[k, S1 + NB2] + ik3 * P[k, S1 + NB3]
     vb = vd + iv2 * P[k, S2 + NB2] + iv3 * P[k, S2 + NB3]
     nbk1, nbv1 = P[k, S1 + NB1], P[k, S2 + NB1]
-    for d in range(DV):
-        vkq[d] = F32(0.0)
-    S = F32(0.0)
-    M = F32(-np.inf)
+    nrows = iq1b - iq1a
+    vec = HAVE_AVX2 and TKV == 64
+    for i in range(nrows * DV):
+        vkq[i] = F32(0.0)
+    for r in range(nrows):
+        Ss[r] = F32(0.0)
+        Ms[r] = F32(-np.inf)
+    d8 = DV // 8 if HAVE_AVX2 else 0
     for ic in range(0, nek1, TKV):
         kv = min(TKV, nek1 - ic)
-        # the mask of the tile's cells first (-inf: out of the tile or masked); a tile with none left is skipped
-        live = False
-        for c in range(TKV):
-            mv = F32(-np.inf)
-            if c < kv:
-                mv = fp16_to_fp32(ld_u16(mp + 2 * (ic + c))) if mp != 0 else F32(0.0)
-            mvs[c] = mv
-            live = live or mv != F32(-np.inf)
-        if not live:
-            continue
-        # K·Q: each cell's sum is its own FMA chain over d from 0 (simd_gemm's order); the chains of the tile's cells
-        # advance together, d by d, so they run side by side instead of one after another (the same bits)
-        c8 = (kv // 8) * 8 if HAVE_AVX2 else 0
-        for c in range(0, c8, 8):
-            dot_f16_cells8(kq.ctypes.data + 4 * c, kb + (ic + c) * nbk1, nbk1, pq, DK)
-        for c in range(c8, TKV):
-            kq[c] = F32(0.0)
-        for d in range(DK):
-            qd = ld_f32(pq + 4 * d)
-            kcol = kb + ic * nbk1 + 2 * d
-            for c in range(c8, kv):
-                kq[c] = fmaf(_h2f(ld_u16(kcol + c * nbk1)), qd, kq[c])
-        tmax = F32(-np.inf)
-        for c in range(TKV):
-            if mvs[c] == F32(-np.inf):
-                kq[c] = F32(-np.inf)
+        packed = False
+        for r in range(nrows):
+            iq1 = iq1a + r
+            mp = 0
+            if mask != 0:
+                mp = (mask + iq1 * P[k, FA_MNB1] + (iq2 % P[k, FA_MNE2]) * P[k, FA_MNB2]
+                      + (iq3 % P[k, FA_MNE3]) * P[k, FA_MNB3])
+            pq = q + iq1 * P[k, S0 + NB1] + iq2 * P[k, S0 + NB2] + iq3 * P[k, S0 + NB3]
+            # the mask of the tile's cells first (-inf: out of the tile or masked); a tile with none left is skipped
+            live = False
+            for c in range(TKV):
+                mv = F32(-np.inf)
+                if c < kv:
+                    mv = fp16_to_fp32(ld_u16(mp + 2 * (ic + c))) if mp != 0 else F32(0.0)
+                mvs[c] = mv
+                live = live or mv != F32(-np.inf)
+            if not live:
                 continue
-            a = F32(kq[c] * scale)
-            if mp != 0:
-                a = F32(a + mvs[c])
-            kq[c] = a
-            tmax = tmax if tmax > a else a
-        if tmax == F32(-np.inf):
-            continue
-        mnew = M if M > tmax else tmax
-        if mnew > M:
-            ms = glibc_expf(F32(M - mnew))
-            for d in range(DV):
-                vkq[d] = F32(vkq[d] * ms)
-            S = F32(S * ms)
-        M = mnew
-        if P[k, FA_LANES] == 16:
-            ssum = soft_max_exp16(kq.ctypes.data, kq.ctypes.data, TKV // 16, M)
-        else:
-            ssum = soft_max_exp8(kq.ctypes.data, kq.ctypes.data, TKV // 8, M)
-        S = F32(np.float64(S) + ssum)
-        # softmax·V: each dim's FMA chain over the cells in order (simd_gemm's); cell by cell over all dims at once
-        d8 = DV // 8 if HAVE_AVX2 else 0
-        for c in range(kv):
-            w = kq[c]
-            vrow = vb + (ic + c) * nbv1
-            fma_f16_row_f32(vkq.ctypes.data, vrow, w, d8)
-            for d in range(8 * d8, DV):
-                vkq[d] = fmaf(_h2f(ld_u16(vrow + 2 * d)), w, vkq[d])
-    s_inv = F32(0.0) if S == F32(0.0) else F32(F32(1.0) / S)
+            # K·Q: each cell's sum is its own FMA chain over d from 0 (simd_gemm's order)
+            if vec:
+                if not packed:
+                    # the tile's K widened and transposed (K_f32[d][c]), the cells past the tile zero
+                    for c in range(TKV):
+                        krow = kb + (ic + c) * nbk1
+                        if c < kv:
+                            for d in range(DK):
+                                kt[d * TKV + c] = _h2f(ld_u16(krow + 2 * d))
+                        else:
+                            for d in range(DK):
+                                kt[d * TKV + c] = F32(0.0)
+                    packed = True
+                kq_cells64(kq.ctypes.data, kt.ctypes.data, pq, DK)
+            else:
+                for c in range(TKV):
+                    kq[c] = F32(0.0)
+                for d in range(DK):
+                    qd = ld_f32(pq + 4 * d)
+                    kcol = kb + ic * nbk1 + 2 * d
+                    for c in range(kv):
+                        kq[c] = fmaf(_h2f(ld_u16(kcol + c * nbk1)), qd, kq[c])
+            tmax = F32(-np.inf)
+            for c in range(TKV):
+                if mvs[c] == F32(-np.inf):
+                    kq[c] = F32(-np.inf)
+                    continue
+                a = F32(kq[c] * scale)
+                if mp != 0:
+                    a = F32(a + mvs[c])
+                kq[c] = a
+                tmax = tmax if tmax > a else a
+            if tmax == F32(-np.inf):
+                continue
+            M, S = Ms[r], Ss[r]
+            vr = r * DV
+            mnew = M if M > tmax else tmax
+            if mnew > M:
+                ms = glibc_expf(F32(M - mnew))
+                for d in range(DV):
+                    vkq[vr + d] = F32(vkq[vr + d] * ms)
+                S = F32(S * ms)
+            M = mnew
+            if P[k, FA_LANES] == 16:
+                ssum = soft_max_exp16(kq.ctypes.data, kq.ctypes.data, TKV // 16, M)
+            else:
+                ssum = soft_max_exp8(kq.ctypes.data, kq.ctypes.data, TKV // 8, M)
+            Ss[r] = F32(np.float64(S) + ssum)
+            Ms[r] = M
+            # softmax·V: each dim's FMA chain over the cells in order (simd_gemm's)
+            if d8 > 0:
+                sv_cells_f16(vkq.ctypes.data + 4 * vr, vb + ic * nbv1, nbv1, kq.ctypes.data, kv, d8)
+            for c in range(kv):
+                w = kq[c]
+                vrow = vb + (ic + c) * nbv1
+                for d in range(8 * d8, DV):
+                    vkq[vr + d] = fmaf(_h2f(ld_u16(vrow + 2 * d)), w, vkq[vr + d])
     ne1 = neq2
-    out = dst + (iq3 * neq1 * ne1 + iq2 + iq1 * ne1) * P[k, DST + NB1]
-    for d in range(DV):
-        st_f32(out + 4 * d, F32(vkq[d] * s_inv))
+    for r in range(nrows):
+        S = Ss[r]
+        s_inv = F32(0.0) if S == F32(0.0) else F32(F32(1.0) / S)
+        out = dst + (iq3 * neq1 * ne1 + iq2 + (iq1a + r) * ne1) * P[k, DST + NB1]
+        for d in range(DV):
+            st_f32(out + 4 * d, F32(vkq[r * DV + d] * s_inv))
 
 
 @compiled
@@ -345,15 +372,26 @@ def k_flash_attn_ext(P, F, k, ith, nth, sync, wdata):
     acc = np.empty(DV, np.uint16)
     kq = np.empty(TKV, np.float32)
     mvs = np.empty(TKV, np.float32)
-    vkq = np.empty(DV, np.float32)
     if P[k, FA_SPLIT] != 0:
         _split_kv(P, F, k, ith, nth, sync, wdata, qq, acc)
+        return
+    if tiled:
+        # up to TQ rows of one head at a time (ggml's Q tile), so that a KV tile is widened once for them
+        kt = np.empty(DK * TKV, np.float32)
+        vkq = np.empty(TQ * DV, np.float32)
+        Ms = np.empty(TQ, np.float32)
+        Ss = np.empty(TQ, np.float32)
+        ir = ir0
+        while ir < ir1:
+            iq3 = ir // (neq2 * neq1)
+            iq2 = (ir - iq3 * neq2 * neq1) // neq1
+            iq1 = ir - iq3 * neq2 * neq1 - iq2 * neq1
+            n = min(TQ, ir1 - ir, neq1 - iq1)
+            _tiled_rows(P, F, k, iq1, iq1 + n, iq2, iq3, kq, kt, vkq, mvs, Ms, Ss)
+            ir += n
         return
     for ir in range(ir0, ir1):
         iq3 = ir // (neq2 * neq1)
         iq2 = (ir - iq3 * neq2 * neq1) // neq1
         iq1 = ir - iq3 * neq2 * neq1 - iq2 * neq1
-        if tiled:
-            _tiled_row(P, F, k, iq1, iq2, iq3, kq, vkq, mvs)
-        else:
-            _one_row(P, F, k, iq1, iq2, iq3, qq, acc)
+        _one_row(P, F, k, iq1, iq2, iq3, qq, acc)

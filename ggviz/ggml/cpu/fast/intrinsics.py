@@ -542,43 +542,61 @@ mad_f16_row = _f16_row_op(True)        # (y, x, v, n8): y = fp16(fma(x, v, y))
 scale_f16_row = _f16_row_op(False)     # (y, 0, v, n8): y = fp16(y*v)
 
 @intrinsic
-def fma_f16_row_f32(typingctx, y, x, v, n8):
-    """y[i] = fma(fp16 x[i] widened, v, y[i]) on 8*n8 float32 at y, 8 lanes at a time (each lane the scalar FMA)."""
+def kq_cells64(typingctx, out, kt, q, n):
+    """The K·Q of one query row against a KV tile of 64 cells packed transposed as float32 (kt: n rows of 64 cells,
+    dim d's row at kt + 256*d, as ggml's tiled flash attention packs K_f32): out[c] = the FMA chain over d = 0..n-1
+    of kt[d][c] * q[d] from 0 (simd_gemm's order), 8 vectors of 8 cells side by side in registers."""
     def codegen(context, builder, sig, args):
-        y, x, v, n8 = args
-        v8f, v8h, v8s = _vec(_f32, 8), _vec(ir.HalfType(), 8), _vec(_i16, 8)
-        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
-        vv = _splat(builder, v, 8)
-        with cgutils.for_range(builder, n8) as loop:
-            py = _ptr(builder, builder.add(y, builder.mul(loop.index, ir.Constant(_i64, 32))), v8f)
-            fx = builder.fpext(builder.bitcast(builder.load(_ptr(builder, builder.add(
-                x, builder.mul(loop.index, ir.Constant(_i64, 16))), v8s), align=1), v8h), v8f)
-            builder.store(builder.call(fma8, [fx, vv, builder.load(py, align=1)]), py, align=1)
-        return context.get_dummy_value()
-    return types.void(types.int64, types.int64, types.float32, types.int64), codegen
-
-@intrinsic
-def dot_f16_cells8(typingctx, out, k0, stride, q, n):
-    """8 fp16 rows (k0 + j*stride) against the float32 row q, each row's sum its own FMA chain over i = 0..n-1 from
-    0 (simd_gemm's order), the 8 chains in the lanes of one vector; out[j] = row j's sum."""
-    def codegen(context, builder, sig, args):
-        out, k0, stride, q, n = args
+        out, kt, q, n = args
         v8f = _vec(_f32, 8)
         fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
-        acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, None))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(v8f, None)) for _ in range(8)]
         with cgutils.for_range(builder, n) as loop:
-            off = builder.mul(loop.index, ir.Constant(_i64, 2))
-            kv = ir.Constant(_vec(ir.HalfType(), 8), None)
-            for j in range(8):
-                a = builder.add(builder.add(k0, off), builder.mul(stride, ir.Constant(_i64, j)))
-                h = builder.bitcast(builder.load(_ptr(builder, a, _i16), align=1), ir.HalfType())
-                kv = builder.insert_element(kv, h, ir.Constant(_i32, j))
             qv = _splat(builder, builder.load(_ptr(builder, builder.add(q, builder.mul(loop.index, ir.Constant(
                 _i64, 4))), _f32), align=1), 8)
-            builder.store(builder.call(fma8, [builder.fpext(kv, v8f), qv, builder.load(acc)]), acc)
-        builder.store(builder.load(acc), _ptr(builder, out, v8f), align=1)
+            row = builder.add(kt, builder.mul(loop.index, ir.Constant(_i64, 256)))
+            for j in range(8):
+                kv = builder.load(_ptr(builder, builder.add(row, ir.Constant(_i64, 32 * j)), v8f), align=1)
+                builder.store(builder.call(fma8, [kv, qv, builder.load(accs[j])]), accs[j])
+        for j in range(8):
+            builder.store(builder.load(accs[j]), _ptr(builder, builder.add(out, ir.Constant(_i64, 32 * j)), v8f),
+                          align=1)
         return context.get_dummy_value()
-    return types.void(*([types.int64] * 5)), codegen
+    return types.void(*([types.int64] * 4)), codegen
+
+@intrinsic
+def sv_cells_f16(typingctx, y, v0, stride, w, n, n8):
+    """softmax·V of one query row over n cells: y[i] = the FMA chain over c = 0..n-1 of fp16 v[c][i] widened
+    (row c at v0 + c*stride) times w[c], onto y[i] (simd_gemm's order: cell after cell), for i < 8*n8; 32 dims
+    at a time kept in registers over all the cells (then 8 at a time for the rest)."""
+    def codegen(context, builder, sig, args):
+        y, v0, stride, w, n, n8 = args
+        v8f, v8h, v8s = _vec(_f32, 8), _vec(ir.HalfType(), 8), _vec(_i16, 8)
+        fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+
+        def blocks(first, count, width):
+            # dims [8*first + 32*b ...) in groups of `width` vectors, b = 0..count-1
+            with cgutils.for_range(builder, count) as blk:
+                d0 = builder.add(builder.mul(blk.index, ir.Constant(_i64, width)), first)
+                pys = [_ptr(builder, builder.add(y, builder.mul(builder.add(d0, ir.Constant(_i64, j)),
+                                                                ir.Constant(_i64, 32))), v8f) for j in range(width)]
+                accs = [cgutils.alloca_once_value(builder, builder.load(py, align=1)) for py in pys]
+                xoff = builder.mul(d0, ir.Constant(_i64, 16))
+                with cgutils.for_range(builder, n) as cell:
+                    wv = _splat(builder, builder.load(_ptr(builder, builder.add(w, builder.mul(
+                        cell.index, ir.Constant(_i64, 4))), _f32), align=1), 8)
+                    row = builder.add(builder.add(v0, builder.mul(cell.index, stride)), xoff)
+                    for j in range(width):
+                        fx = builder.fpext(builder.bitcast(builder.load(_ptr(builder, builder.add(
+                            row, ir.Constant(_i64, 16 * j)), v8s), align=1), v8h), v8f)
+                        builder.store(builder.call(fma8, [fx, wv, builder.load(accs[j])]), accs[j])
+                for j in range(width):
+                    builder.store(builder.load(accs[j]), pys[j], align=1)
+        n32 = builder.sdiv(n8, ir.Constant(_i64, 4))
+        blocks(ir.Constant(_i64, 0), n32, 4)
+        blocks(builder.mul(n32, ir.Constant(_i64, 4)), builder.sub(n8, builder.mul(n32, ir.Constant(_i64, 4))), 1)
+        return context.get_dummy_value()
+    return types.void(*([types.int64] * 3), types.int64, types.int64, types.int64), codegen
 
 @intrinsic
 def f16_to_f32_hw(typingctx, h):

@@ -110,6 +110,23 @@ def _st_i32x8(builder, addr, v):
     builder.store(v, _ptr(builder, addr, _vec(_i32, 8)), align=1)
 
 
+def _q6_K_half_levels(builder, xb, j):
+    """Half ``j`` (128 weights) of a block_q6_K as 4 vectors of 32 unsigned 6-bit levels: the low 4 bits from
+    ql (two nibbles of 64 bytes), the high 2 from qh (4 pairs in each of 32 bytes) -- the unpack both the
+    vec_dot and the tiled path do."""
+    m15 = _bsplat(builder, 15)
+    b1 = _ld(builder, xb, 64 * j)
+    b2 = _ld(builder, xb, 64 * j + 32)
+    bh = _ld(builder, xb, 128 + 32 * j)
+    h0 = builder.shl(builder.and_(bh, _bsplat(builder, 3)), _bsplat(builder, 4))
+    h1 = builder.shl(builder.and_(bh, _bsplat(builder, 12)), _bsplat(builder, 2))
+    h2 = builder.and_(bh, _bsplat(builder, 48))
+    h3 = builder.lshr(builder.and_(bh, _bsplat(builder, 192)), _bsplat(builder, 2))
+    return [builder.or_(builder.and_(b1, m15), h0), builder.or_(builder.and_(b2, m15), h1),
+            builder.or_(builder.and_(builder.lshr(b1, _bsplat(builder, 4)), m15), h2),
+            builder.or_(builder.and_(builder.lshr(b2, _bsplat(builder, 4)), m15), h3)]
+
+
 def _q6_K_sumi_ir(builder, xb, yb):
     """ggml_vec_dot_q6_K_q8_K's AVX2 integer part for one block: sumi (8 x int32, the -32 offset subtracted as
     q8sclsub), as an IR value."""
@@ -118,18 +135,8 @@ def _q6_K_sumi_ir(builder, xb, yb):
     bsums = _ld(builder, yb, 260, 16, _i16)
     sub = builder.shl(_madd(builder, bsums, sc16), _cvec(_i32, [5] * 8))
     sumi = ir.Constant(_vec(_i32, 8), None)
-    m15 = _bsplat(builder, 15)
     for j in range(2):
-        b1 = _ld(builder, xb, 64 * j)
-        b2 = _ld(builder, xb, 64 * j + 32)
-        bh = _ld(builder, xb, 128 + 32 * j)
-        h0 = builder.shl(builder.and_(bh, _bsplat(builder, 3)), _bsplat(builder, 4))
-        h1 = builder.shl(builder.and_(bh, _bsplat(builder, 12)), _bsplat(builder, 2))
-        h2 = builder.and_(bh, _bsplat(builder, 48))
-        h3 = builder.lshr(builder.and_(bh, _bsplat(builder, 192)), _bsplat(builder, 2))
-        qs = [builder.or_(builder.and_(b1, m15), h0), builder.or_(builder.and_(b2, m15), h1),
-              builder.or_(builder.and_(builder.lshr(b1, _bsplat(builder, 4)), m15), h2),
-              builder.or_(builder.and_(builder.lshr(b2, _bsplat(builder, 4)), m15), h3)]
+        qs = _q6_K_half_levels(builder, xb, j)
         ps = []
         for r in range(4):
             q8 = _ld(builder, yb, 4 + 128 * j + 32 * r)
@@ -180,18 +187,8 @@ def q6_K_unpack(typingctx, xb, u, scv):
     scales widened to int16 and expanded per 32-element group at scv (the layout ``_q6_K_levels_sumi_ir`` reads)."""
     def codegen(context, builder, sig, args):
         xb, u, scv = args
-        m15 = _bsplat(builder, 15)
         for j in range(2):
-            b1 = _ld(builder, xb, 64 * j)
-            b2 = _ld(builder, xb, 64 * j + 32)
-            bh = _ld(builder, xb, 128 + 32 * j)
-            h0 = builder.shl(builder.and_(bh, _bsplat(builder, 3)), _bsplat(builder, 4))
-            h1 = builder.shl(builder.and_(bh, _bsplat(builder, 12)), _bsplat(builder, 2))
-            h2 = builder.and_(bh, _bsplat(builder, 48))
-            h3 = builder.lshr(builder.and_(bh, _bsplat(builder, 192)), _bsplat(builder, 2))
-            qs = [builder.or_(builder.and_(b1, m15), h0), builder.or_(builder.and_(b2, m15), h1),
-                  builder.or_(builder.and_(builder.lshr(b1, _bsplat(builder, 4)), m15), h2),
-                  builder.or_(builder.and_(builder.lshr(b2, _bsplat(builder, 4)), m15), h3)]
+            qs = _q6_K_half_levels(builder, xb, j)
             for r in range(4):
                 builder.store(qs[r], _ptr(builder, builder.add(u, ir.Constant(_i64, 128 * j + 32 * r)),
                                           _vec(_i8, 32)), align=1)
