@@ -129,6 +129,18 @@ def test_rope(T, mode, ext_factor, freq_scale):
     _check(_run_both(build))
 
 
+def test_rope_two_params_one_graph():
+    """Two ROPEs of different params in one graph (the compiler works out a ROPE row's constants once per distinct
+    op params): each row keeps its own, bit-exact with the faithful kernel."""
+    def build(ctx, rng):
+        x = _f32(ctx, rng, 64, 9, 3)
+        pos = ggml.new_tensor_1d(ctx, I32, 3)
+        _fill(pos, np.array([5, 77, 301], np.int32))
+        y = ggml.rope_ext(ctx, x, pos, None, 64, 2, 8192, 100000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+        return ggml.rope_ext(ctx, y, pos, None, 32, 0, 4096, 10000.0, 0.25, 1.0, 1.0, 32.0, 1.0)
+    _check(_run_both(build))
+
+
 @pytest.mark.parametrize("T", TOKENS)
 def test_soft_max_masked(T):
     def build(ctx, rng):

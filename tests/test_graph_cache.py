@@ -207,6 +207,36 @@ def test_derived_graph_equals_a_fresh_build(model, fa):
     assert len(res.gf.nodes) == (936 if fa else 1086)
 
 
+def test_derived_graph_split_equals_the_passes(model, monkeypatch):
+    """The derived graph's split takes passes 1-4 from the reserve's split of the same graph (the scheduler's split
+    memo: only ne/nb changed, the backends answer the same): the scheduler's tables, plan and splits are, node by
+    node, those of the passes run on it (the memo turned off)."""
+    from ggviz.ggml import sched as gs
+
+    def first_step():
+        ctx = _ctx(model)
+        _decode(ctx, TOKS[:6], 0, 0)
+        n0 = ctx.sched.n_split_memo
+        _decode(ctx, [TOKS[6]], 0, 6)
+        s, gf = ctx.sched, ctx.last_graph.gf
+        # each tensor's backend id and cause, in graph order (the hash slots themselves follow the addresses,
+        # which differ between two contexts)
+        per_tensor = [(t.name, s.hv_tensor_backend_ids[s._slot[t.addr]], s.causes.get(s._slot[t.addr], ""))
+                      for t in list(gf.leafs) + list(gf.nodes)]
+        return (ctx.n_graph_derived, s.n_split_memo - n0, s.last_plan, s.node_backend_ids[:s.graph.n_nodes],
+                per_tensor, len(s._slot), int(gs._used_slots(s.hash_set, s.hash_set.used).sum()), s.n_splits,
+                [(sp.backend_id, sp.i_start, sp.i_end, len(sp.inputs)) for sp in s.splits[:s.n_splits]],
+                _offsets(ctx.last_graph), llama.get_logits_ith(ctx, -1).tobytes())
+
+    memo = first_step()
+    with monkeypatch.context() as m:
+        m.setattr(gs, "_split_memo_match", lambda sched, graph: None)
+        passes = first_step()
+    assert memo[:2] == (1, 1) and passes[:2] == (1, 0)
+    for i, (x, y) in enumerate(zip(memo[2:], passes[2:])):
+        assert x == y, f"item {i + 2} differs"
+
+
 def test_cache_is_bounded_and_cleared_by_a_new_reserve(model):
     ctx = _ctx(model)
     ctx.graph_cache_size = 2

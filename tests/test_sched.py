@@ -739,3 +739,46 @@ def test_smollm2_prompt_through_blas_keeps_quality():
     assert causes["2.sup"] == {"kqv"}
     top1 = float((mine.argmax(-1) == ref.argmax(-1)).mean())
     assert top1 >= 0.93, f"teacher-forced top-1 {top1:.3f}"
+
+
+def test_split_memo_only_where_the_passes_would_agree(monkeypatch):
+    """A graph split again (after a reset) with only ne/nb changed takes passes 1-4 from its last split (the split
+    memo); the result equals the passes' own, node by node. Any other changed field, or a trace listener (the views
+    read the passes' events), runs the passes."""
+    ctx = gg.init(1 << 20, no_alloc=True)
+    a = gg.new_tensor_2d(ctx, gg.GGML_TYPE_F32, 8, 4)
+    b = gg.new_tensor_2d(ctx, gg.GGML_TYPE_F32, 8, 4)
+    gg.set_input(a)
+    gg.set_input(b)
+    s = gg.add(ctx, a, b)
+    c = gg.mul(ctx, s, b)
+    gf = gg.new_graph(ctx)
+    gg.build_forward_expand(gf, c)
+    sched = S.backend_sched_new([cpu_backend.backend_cpu_init()], None, 1, 256, False, True)
+
+    def split():
+        S.backend_sched_reset(sched)
+        S.backend_sched_split_graph(sched, gf)
+        return (sched.last_plan, list(sched.hv_tensor_backend_ids), dict(sched.causes), dict(sched._slot),
+                sched.hash_set.used.copy().tolist())
+
+    first = split()
+    assert sched.n_split_memo == 0
+    assert split() == first and sched.n_split_memo == 1
+    for t in (a, b, s, c):                       # a new shape, in place (as llama.graph.derive_n_kv writes them)
+        t.ne[1] = 2
+        t.nb[2] = t.nb[3] = t.nb[1] * 2
+    derived = split()
+    assert sched.n_split_memo == 2
+    with monkeypatch.context() as m:
+        m.setattr(S, "_split_memo_match", lambda sched, graph: None)
+        assert split() == derived                # the passes' own result
+    s.op_params[0] = 1                           # another field: the passes run
+    split()
+    assert sched.n_split_memo == 2
+    split()
+    assert sched.n_split_memo == 3               # (and remember it)
+    with trace.recording(["sched.pass", "sched.assign"]) as rec:
+        split()
+    assert sched.n_split_memo == 3
+    assert {e["pass"] for e in rec.events if e["kind"] == "sched.pass"} >= {"1", "2.1", "3", "4", "5"}

@@ -926,8 +926,8 @@ def gallocr_init_tensor(galloc: ggml_gallocr, tensor: Tensor, ta: tensor_alloc) 
     buffer_id = ta.buffer_id
     view_src = tensor.view_src
     data = tensor.data
-    assert (data or view_src is not None
-            or B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], tensor) <= ta.size_max)
+    # (C asserts `data || view_src || alloc_size <= size_max` here and the size again below: the one check below
+    # is that condition, the alloc size worked out once)
 
     if view_src is not None:
         if tensor.buffer == 0:
@@ -938,8 +938,8 @@ def gallocr_init_tensor(galloc: ggml_gallocr, tensor: Tensor, ta: tensor_alloc) 
             B.backend_view_init(tensor)
     else:
         if data == 0:
-            assert ta.addr.offset != SIZE_MAX
             assert B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], tensor) <= ta.size_max
+            assert ta.addr.offset != SIZE_MAX
             vbuffer_tensor_alloc(galloc.buffers[buffer_id], tensor, ta.addr)
         else:
             if tensor.buffer == 0:

@@ -167,6 +167,10 @@ class ggml_backend_sched:
         self._pass = ""
         self._last_plan = None            # a dict, or a _PlanLater that makes it on first read
         self._spare_buffers: list = []    # context buffers given back by saved graph states (backend_sched_save_graph)
+        # ggviz: the backends' supports_op / offload_op answers passes 1-4 asked for (recorded for the split memo,
+        # _SplitMemo), None when not recording; how many splits took passes 1-4 from a memo
+        self._queries: list | None = None
+        self.n_split_memo = 0
 
     @property
     def last_plan(self) -> dict | None:
@@ -290,13 +294,29 @@ def _buffer_of(t: Tensor):
     return B.buffer_at(t.view_src.buffer if t.view_src is not None else t.buffer)
 
 
+def _supports(sched, b: int, op: Tensor) -> bool:
+    """ggml_backend_supports_op(sched->backends[b], op), the answer recorded while a split records its memo."""
+    r = B.backend_supports_op(sched.backends[b], op)
+    if sched._queries is not None:
+        sched._queries.append((op.addr, b, False, r))
+    return r
+
+
+def _offloads(sched, b: int, op: Tensor) -> bool:
+    """ggml_backend_offload_op(sched->backends[b], op), recorded as ``_supports``."""
+    r = B.backend_offload_op(sched.backends[b], op)
+    if sched._queries is not None:
+        sched._queries.append((op.addr, b, True, r))
+    return r
+
+
 def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
     buffer = _buffer_of(tensor)
     if buffer is None:
         return -1
     # find highest prio backend that supports the buffer type and the op
     for i in range(sched.n_backends):
-        if B.backend_supports_buft(sched.backends[i], buffer.buft) and B.backend_supports_op(sched.backends[i], op):
+        if B.backend_supports_buft(sched.backends[i], buffer.buft) and _supports(sched, i, op):
             return i
     if sched.debug:
         GGML_LOG("debug", f"ggml_backend_sched_backend_from_buffer: warning: no backend supports op {op_desc(tensor)} "
@@ -348,8 +368,7 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
                 if (sched.op_offload and src_backend_id == sched.n_backends - 1
                         and B.backend_buffer_is_host(src_buf)):
                     for b in range(src_backend_id):
-                        if (B.backend_supports_op(sched.backends[b], tensor)
-                                and B.backend_offload_op(sched.backends[b], tensor)):
+                        if _supports(sched, b, tensor) and _offloads(sched, b, tensor):
                             SET_CAUSE(sched, tensor, "1.off", b)
                             return b
                 SET_CAUSE(sched, tensor, f"1.wgt{i}", src_backend_id)
@@ -375,7 +394,7 @@ def backend_sched_buffer_supported(sched, t: Tensor, backend_id: int) -> bool:
 
 def backend_sched_set_if_supported(sched, node: Tensor, cur_backend_id: int) -> bool:
     """Assign ``cur_backend_id`` to ``node`` if the backend supports the op ("2.sup"); returns whether it did."""
-    if B.backend_supports_op(sched.backends[cur_backend_id], node):
+    if _supports(sched, cur_backend_id, node):
         _set_tbid(sched, node, cur_backend_id)
         SET_CAUSE(sched, node, "2.sup", cur_backend_id)
         return True
@@ -404,118 +423,18 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
     tbid = sched.hv_tensor_backend_ids
     cpu_id = sched.n_backends - 1
 
-    # pass 1: assign backends to ops with pre-allocated inputs
-    _pass(sched, "1", "assign backends to ops with pre-allocated inputs (weights, KV cache), graph inputs")
-    for leaf in leafs:
-        h = _hash_id(sched, leaf)
-        # do not overwrite user assignments
-        if tbid[h] == -1:
-            tbid[h] = backend_sched_backend_id_from_cur(sched, leaf)
-    # ggviz: each node's hash slot and whether it is a view op, found once here for the passes below (C's
-    # hash_id(node) is a probe of the hash set; the Python one a dict lookup and a call, ~10 per node)
-    hid = []
-    isview = []
-    for node in nodes:
-        h = _hash_id(sched, node)
-        hid.append(h)
-        isview.append(is_view_op(node.op))
-        # do not overwrite user assignments
-        if tbid[h] == -1:
-            tbid[h] = backend_sched_backend_id_from_cur(sched, node)
-
-    # pass 2: expand current backend assignments
-    # assign the same backend to adjacent nodes
-    # expand gpu backends (i.e. non last prio) up and down, ignoring cpu (the lowest priority backend)
-    # thus, cpu will never be used unless weights are on cpu, or there are no gpu ops between cpu ops
-    # ops unsupported by the backend being expanded will be left unassigned so that they can be assigned later when
-    # the locations of its inputs are known
-    for name, order, skip_cpu, what in (("2.1", range(n_nodes), True, "expand gpu down"),
-                                        ("2.2", range(n_nodes - 1, -1, -1), True, "expand gpu up"),
-                                        ("2.3", range(n_nodes), False, "expand rest down"),
-                                        ("2.4", range(n_nodes - 1, -1, -1), False, "expand rest up")):
-        _pass(sched, name, what)
-        cur_backend_id = -1
-        for i in order:
-            if isview[i]:
-                continue
-            node_backend_id = tbid[hid[i]]
-            if node_backend_id != -1:
-                if skip_cpu and node_backend_id == cpu_id:
-                    # skip cpu (lowest prio backend)
-                    cur_backend_id = -1
-                else:
-                    cur_backend_id = node_backend_id
-            elif cur_backend_id != -1:
-                backend_sched_set_if_supported(sched, nodes[i], cur_backend_id)
-
-    # pass 3: upgrade nodes to higher prio backends with compatible buffer types
-    # if the tensor is already in the same buffer type (*) as another higher priority backend, we should move it there
-    # however, we also need to verify that the sources are in compatible buffer types
-    # (*) the actual requirement is more relaxed, the buffer type of the backend should be supported by all the users
-    # of this tensor further down the graph; however, this is slow to verify, so we have a more strict requirement
-    # that the buffer type is the same. this is not uncommon since multiple backends can use host memory, with the
-    # same buffer type (eg. BLAS and CPU)
-    # additionally, set remaining unassigned nodes to the backend with the most supported inputs
-    # only nodes that could not be assigned during expansion due to the backend not supporting the op should be
-    # unassigned at this point
-    _pass(sched, "3", "upgrade to higher-priority backends with the same buffer type; assign the rest")
-    for i, node in enumerate(nodes):
-        if isview[i]:
-            continue
-        h = hid[i]
-        if tbid[h] == -1:
-            # unassigned node: find the backend with the most supported inputs
-            n_supported_best = -1
-            for b in range(sched.n_backends):
-                if B.backend_supports_op(sched.backends[b], node):
-                    n_supported = 0
-                    for j, src in A.srcs_of(node):
-                        if ((_tbid(sched, src) != -1 or _tbid(sched, src.view_src) != -1)
-                                and backend_sched_buffer_supported(sched, src, b)):
-                            n_supported += 1
-                    if n_supported > n_supported_best:
-                        n_supported_best = n_supported
-                        tbid[h] = b
-                        SET_CAUSE(sched, node, "3.best", b)
-        else:
-            # assigned node: upgrade to higher prio backend if possible
-            for b in range(tbid[h]):
-                if sched.bufts[b] is sched.bufts[tbid[h]] and B.backend_supports_op(sched.backends[b], node):
-                    supported = True
-                    for j, src in A.srcs_of(node):
-                        if not backend_sched_buffer_supported(sched, src, b):
-                            supported = False
-                            break
-                    if supported:
-                        tbid[h] = b
-                        SET_CAUSE(sched, node, "3.upg", b)
-                        break
-
-    # pass 4: assign backends to remaining src from dst and view_src
-    _pass(sched, "4", "views take their source's backend, sources their consumer's")
-    for i, node in enumerate(nodes):
-        h = hid[i]
-        if node.view_src is not None and tbid[h] == -1:
-            tbid[h] = _tbid(sched, node.view_src)
-            SET_CAUSE(sched, node, "4.vsrc", tbid[h])
-        for j, src in A.srcs_of(node):
-            hs = _hash_id(sched, src)
-            if tbid[hs] == -1:
-                if src.view_src is not None:
-                    # views are always on the same backend as the source
-                    tbid[hs] = _tbid(sched, src.view_src)
-                    SET_CAUSE(sched, src, "4.vsrc", tbid[hs])
-                else:
-                    tbid[hs] = tbid[h]
-                    SET_CAUSE(sched, src, "4.cur", tbid[hs])
-        # if the node is still unassigned, assign it to the first backend that supports it
-        b = 0
-        while b < sched.n_backends and tbid[h] == -1:
-            backend_sched_set_if_supported(sched, node, b)
-            b += 1
-        if not (tbid[h] != -1):      # (the message is only formatted when it fails)
-            GGML_ASSERT(False, f"GGML_ASSERT(*cur_backend_id != -1): no backend supports node "
-                               f"{node.name!r} ({op_desc(node)})")
+    memo = None if trace.active else _split_memo_match(sched, graph)
+    if memo is not None:
+        # ggviz: passes 1-4 of this graph as its last split left them (see _SplitMemo: the same graph, only shapes
+        # changed, which the backends' answers do not depend on)
+        hid, isview = _split_memo_apply(sched, memo)
+    else:
+        pre = _split_memo_begin(sched)
+        try:
+            hid, isview = _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id)
+        finally:
+            queries, sched._queries = sched._queries, None
+        _split_memo_end(sched, graph, pre, queries, hid, isview)
 
     # pass 5: split graph, find tensors that need to be copied
     _pass(sched, "5", "split the graph, find the tensors that need to be copied")
@@ -713,6 +632,293 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
 
     sched.last_plan = _PlanLater(sched, graph)
     sched._pass = ""
+
+
+# ---- ggviz: the split memo (passes 1-4 of a graph split again with other shapes)
+#
+# llama.cpp splits every graph it builds (microseconds in C); ggviz turns the graph of one n_kv into the graph of
+# another in place (llama.graph.derive_n_kv) and splits it again, ~1,000 nodes through passes 1-4 in Python. What
+# passes 1-4 read is: the scheduler's per-graph tables as they start (the user's pins), the backends and their buffer
+# types, each tensor's op, flags, sources, view source, buffer -- and the backends' supports_op / offload_op
+# answers, the only place a tensor's shape enters. So a graph whose node and leaf structs are byte for byte those
+# of its last split except ne/nb, split against the same starting tables, with every recorded supports_op /
+# offload_op answer about a reshaped tensor or a consumer of one still the same, gets the same backends, causes
+# and hash slots: they are put back instead of computed. (Backends answer from the op and its direct sources, as
+# ggml's do.) Anything else -- another node list, another field changed, a tensor outside the graph's arena
+# changed, another answer, a trace listener (the views read the passes' events) -- runs the passes.
+
+_TENSOR_WORDS = C.GGML_TENSOR_SIZE // 8
+_SHAPE_WORDS = np.zeros(_TENSOR_WORDS, bool)
+_SHAPE_WORDS[2:10] = True                    # ne[4], nb[4]: words 2..9 of struct ggml_tensor
+
+
+class _SplitMemo:
+    __slots__ = ("key", "addrs", "arena", "rows", "words", "ext", "ext_bytes", "pre", "post", "queries", "hid",
+                 "isview")
+
+
+def _tables(sched) -> tuple:
+    """The per-graph tables passes 1-4 read and write (copies)."""
+    hs = sched.hash_set
+    return (hs.used.copy(), hs.keys.copy(), dict(sched._slot), list(sched.hv_tensor_backend_ids),
+            dict(sched.causes), list(sched.hv_tensor_copies))
+
+
+def _used_slots(hs, used) -> np.ndarray:
+    """The used bitset as one bool per slot."""
+    return np.unpackbits(used.view(np.uint8), bitorder="little")[:hs.size].astype(bool)
+
+
+def _tables_equal(sched, t: tuple) -> bool:
+    """Do the scheduler's tables equal ``t``? (The keys of unused slots are left from earlier graphs, as in C --
+    reset clears only the bitset -- and nothing reads them.)"""
+    hs = sched.hash_set
+    if not (np.array_equal(hs.used, t[0]) and sched._slot == t[2] and sched.hv_tensor_backend_ids == t[3]
+            and sched.causes == t[4] and sched.hv_tensor_copies == t[5]):
+        return False
+    u = _used_slots(hs, hs.used)
+    return np.array_equal(hs.keys[u], t[1][u])
+
+
+def _sched_key(sched) -> tuple:
+    return (id(sched), tuple(id(b) for b in sched.backends), tuple(id(b) for b in sched.bufts), sched.op_offload,
+            sched.n_copies, sched.hash_set.size)
+
+
+def _arena_of(graph):
+    """The graph's context arena as 64-bit words (the node structs live there), or None."""
+    ctx = getattr(graph, "ctx", None)
+    if ctx is None or getattr(ctx, "mem_buffer", None) is None:
+        return None
+    return ctx.mem_buffer[:ctx.used_mem() // 8 * 8].view(np.uint64)
+
+
+def _split_memo_begin(sched):
+    """Before passes 1-4: the tables they start from, and turn on the recording of the backends' answers."""
+    if trace.active:
+        return None
+    sched._queries = []
+    return _tables(sched)
+
+
+def _split_memo_end(sched, graph, pre, queries, hid, isview) -> None:
+    """After passes 1-4: remember, on the graph, what they started from, read and left."""
+    if pre is None or queries is None:
+        return
+    arena = _arena_of(graph)
+    if arena is None:
+        return
+    base = graph.ctx.mem_buffer.ctypes.data
+    tensors = list(graph.leafs) + list(graph.nodes)
+    rows, ext = [], []
+    for t in tensors:
+        off = t.addr - base
+        if 0 <= off and off % 8 == 0 and off + C.GGML_TENSOR_SIZE <= arena.nbytes:
+            rows.append(off // 8)
+        else:
+            ext.append(t)                    # weights, the KV cache: structs in other contexts
+    m = _SplitMemo()
+    m.key = _sched_key(sched)
+    m.addrs = [t.addr for t in tensors]
+    m.rows = np.asarray(rows, np.int64)[:, None] + np.arange(_TENSOR_WORDS)
+    m.words = arena[m.rows]
+    m.ext = ext
+    m.ext_bytes = b"".join(t.raw.tobytes() for t in ext)
+    m.pre, m.post = pre, _tables(sched)
+    m.queries, m.hid, m.isview = queries, list(hid), list(isview)
+    # (two per graph: llama's reserve splits the tg graph with the build's pins and again without, and its
+    # first decode splits it with them)
+    try:
+        graph._ggviz_split_memo = [m] + [o for o in getattr(graph, "_ggviz_split_memo", ())[:1]
+                                         if o.key != m.key or not _same_tables(o.pre, m.pre)]
+    except AttributeError:
+        pass
+
+
+def _same_tables(a: tuple, b: tuple) -> bool:
+    return (np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2] and a[3] == b[3]
+            and a[4] == b[4] and a[5] == b[5])
+
+
+def _split_memo_match(sched, graph):
+    """A split memo of the graph for which passes 1-4 would give what they gave it (see above), else None."""
+    memos = getattr(graph, "_ggviz_split_memo", None)
+    if not memos:
+        return None
+    key = _sched_key(sched)
+    addrs = None
+    for m in memos:
+        if m.key != key or not _tables_equal(sched, m.pre):
+            continue
+        if addrs is None:
+            addrs = [t.addr for t in list(graph.leafs) + list(graph.nodes)]
+        if addrs == m.addrs and _memo_holds(sched, graph, m):
+            return m
+    return None
+
+
+def _memo_holds(sched, graph, m) -> bool:
+    """Are the graph's structs those of the memo's split but for ne/nb, with the same backends' answers?"""
+    arena = _arena_of(graph)
+    if arena is None or m.rows.size and m.rows.max() >= arena.size:
+        return False
+    words = arena[m.rows]
+    diff = words != m.words
+    if (diff & ~_SHAPE_WORDS).any():
+        return False                          # a field other than ne/nb changed
+    if b"".join(t.raw.tobytes() for t in m.ext) != m.ext_bytes:
+        return False
+    reshaped = diff.any(axis=1)
+    if reshaped.any():
+        base = graph.ctx.mem_buffer.ctypes.data
+        changed = m.rows[reshaped, 0] * 8 + base
+        # the reshaped tensors and those that read one (a backend's answer may look at its sources' shapes)
+        refs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC + 1]          # src[] and view_src
+        hit = reshaped | np.isin(refs, changed.astype(np.uint64)).any(axis=1)
+        affected = set((m.rows[hit, 0] * 8 + base).tolist())
+        for addr, b, offload, answer in m.queries:
+            if addr in affected:
+                t = tensor_at(addr)
+                now = (B.backend_offload_op if offload else B.backend_supports_op)(sched.backends[b], t)
+                if now != answer:
+                    return False
+    return True
+
+
+def _split_memo_apply(sched, m):
+    """Put passes 1-4's results back (in place: the split holds references to these tables)."""
+    used, keys, slot, tbid, causes, copies = m.post
+    hs = sched.hash_set
+    hs.used[...] = used
+    u = _used_slots(hs, used)
+    hs.keys[u] = keys[u]                     # (the other slots keep what they hold, as after the passes)
+    sched._slot.clear()
+    sched._slot.update(slot)
+    sched.hv_tensor_backend_ids[:] = tbid
+    sched.causes.clear()
+    sched.causes.update(causes)
+    sched.hv_tensor_copies[:] = copies
+    sched.n_split_memo += 1
+    return list(m.hid), list(m.isview)
+
+
+def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
+    """Passes 1-4 of backend_sched_split_graph: every node and leaf gets its backend (and cause). Returns each
+    node's hash slot and whether it is a view op (pass 5 reads them)."""
+    # pass 1: assign backends to ops with pre-allocated inputs
+    _pass(sched, "1", "assign backends to ops with pre-allocated inputs (weights, KV cache), graph inputs")
+    for leaf in leafs:
+        h = _hash_id(sched, leaf)
+        # do not overwrite user assignments
+        if tbid[h] == -1:
+            tbid[h] = backend_sched_backend_id_from_cur(sched, leaf)
+    # ggviz: each node's hash slot and whether it is a view op, found once here for the passes below (C's
+    # hash_id(node) is a probe of the hash set; the Python one a dict lookup and a call, ~10 per node)
+    hid = []
+    isview = []
+    for node in nodes:
+        h = _hash_id(sched, node)
+        hid.append(h)
+        isview.append(is_view_op(node.op))
+        # do not overwrite user assignments
+        if tbid[h] == -1:
+            tbid[h] = backend_sched_backend_id_from_cur(sched, node)
+
+    # pass 2: expand current backend assignments
+    # assign the same backend to adjacent nodes
+    # expand gpu backends (i.e. non last prio) up and down, ignoring cpu (the lowest priority backend)
+    # thus, cpu will never be used unless weights are on cpu, or there are no gpu ops between cpu ops
+    # ops unsupported by the backend being expanded will be left unassigned so that they can be assigned later when
+    # the locations of its inputs are known
+    for name, order, skip_cpu, what in (("2.1", range(n_nodes), True, "expand gpu down"),
+                                        ("2.2", range(n_nodes - 1, -1, -1), True, "expand gpu up"),
+                                        ("2.3", range(n_nodes), False, "expand rest down"),
+                                        ("2.4", range(n_nodes - 1, -1, -1), False, "expand rest up")):
+        _pass(sched, name, what)
+        cur_backend_id = -1
+        for i in order:
+            if isview[i]:
+                continue
+            node_backend_id = tbid[hid[i]]
+            if node_backend_id != -1:
+                if skip_cpu and node_backend_id == cpu_id:
+                    # skip cpu (lowest prio backend)
+                    cur_backend_id = -1
+                else:
+                    cur_backend_id = node_backend_id
+            elif cur_backend_id != -1:
+                backend_sched_set_if_supported(sched, nodes[i], cur_backend_id)
+
+    # pass 3: upgrade nodes to higher prio backends with compatible buffer types
+    # if the tensor is already in the same buffer type (*) as another higher priority backend, we should move it there
+    # however, we also need to verify that the sources are in compatible buffer types
+    # (*) the actual requirement is more relaxed, the buffer type of the backend should be supported by all the users
+    # of this tensor further down the graph; however, this is slow to verify, so we have a more strict requirement
+    # that the buffer type is the same. this is not uncommon since multiple backends can use host memory, with the
+    # same buffer type (eg. BLAS and CPU)
+    # additionally, set remaining unassigned nodes to the backend with the most supported inputs
+    # only nodes that could not be assigned during expansion due to the backend not supporting the op should be
+    # unassigned at this point
+    _pass(sched, "3", "upgrade to higher-priority backends with the same buffer type; assign the rest")
+    for i, node in enumerate(nodes):
+        if isview[i]:
+            continue
+        h = hid[i]
+        if tbid[h] == -1:
+            # unassigned node: find the backend with the most supported inputs
+            n_supported_best = -1
+            for b in range(sched.n_backends):
+                if _supports(sched, b, node):
+                    n_supported = 0
+                    for j, src in A.srcs_of(node):
+                        if ((_tbid(sched, src) != -1 or _tbid(sched, src.view_src) != -1)
+                                and backend_sched_buffer_supported(sched, src, b)):
+                            n_supported += 1
+                    if n_supported > n_supported_best:
+                        n_supported_best = n_supported
+                        tbid[h] = b
+                        SET_CAUSE(sched, node, "3.best", b)
+        else:
+            # assigned node: upgrade to higher prio backend if possible
+            for b in range(tbid[h]):
+                if sched.bufts[b] is sched.bufts[tbid[h]] and _supports(sched, b, node):
+                    supported = True
+                    for j, src in A.srcs_of(node):
+                        if not backend_sched_buffer_supported(sched, src, b):
+                            supported = False
+                            break
+                    if supported:
+                        tbid[h] = b
+                        SET_CAUSE(sched, node, "3.upg", b)
+                        break
+
+    # pass 4: assign backends to remaining src from dst and view_src
+    _pass(sched, "4", "views take their source's backend, sources their consumer's")
+    for i, node in enumerate(nodes):
+        h = hid[i]
+        if node.view_src is not None and tbid[h] == -1:
+            tbid[h] = _tbid(sched, node.view_src)
+            SET_CAUSE(sched, node, "4.vsrc", tbid[h])
+        for j, src in A.srcs_of(node):
+            hs = _hash_id(sched, src)
+            if tbid[hs] == -1:
+                if src.view_src is not None:
+                    # views are always on the same backend as the source
+                    tbid[hs] = _tbid(sched, src.view_src)
+                    SET_CAUSE(sched, src, "4.vsrc", tbid[hs])
+                else:
+                    tbid[hs] = tbid[h]
+                    SET_CAUSE(sched, src, "4.cur", tbid[hs])
+        # if the node is still unassigned, assign it to the first backend that supports it
+        b = 0
+        while b < sched.n_backends and tbid[h] == -1:
+            backend_sched_set_if_supported(sched, node, b)
+            b += 1
+        if not (tbid[h] != -1):      # (the message is only formatted when it fails)
+            GGML_ASSERT(False, f"GGML_ASSERT(*cur_backend_id != -1): no backend supports node "
+                               f"{node.name!r} ({op_desc(node)})")
+
+    return hid, isview
 
 
 def _check_not_split_before(sched, graph) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import ggml
-from ..ggml.alloc import srcs_of
+from ..ggml.tensor import _Q_SRC
 
 
 @dataclass
@@ -377,10 +377,12 @@ def derive_n_kv(res: GraphResult, n_kv) -> bool:
         c = changed.get(s.addr)
         return c if c is not None else (s.shape, s.strides)
 
+    n_src = ggml.GGML_MAX_SRC
     for node in res.gf.nodes:
         if node.addr in changed:
             continue
-        if not any(s.addr in changed for _, s in srcs_of(node)):
+        # (the src pointers straight from the struct's words: most nodes read no reshaped tensor)
+        if changed.keys().isdisjoint(node._q[_Q_SRC:_Q_SRC + n_src].tolist()):
             continue
         d = _derived_shape(node, shape)
         if d is None:

@@ -49,6 +49,7 @@ every weight in the mapping and every node on the faithful kernels. ``GGVIZ_NO_R
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 
@@ -137,9 +138,8 @@ class TensorTraits:
         if op.op != C.GGML_OP_MUL_MAT:
             return None
         s1 = op.src[1]
-        if self.type in K_TYPES:
-            return int(kq.kq_work_size(self.type, int(s1.ne[0]), int(s1.ne[1]) * int(s1.ne[2])))
-        return int(fk.mmq_layout(int(s1.ne[0]), int(s1.ne[1]) * int(s1.ne[2]))[4])
+        ne = s1._q[2:5].tolist()               # src1->ne[0..2]
+        return _work_size(self.type, ne[0], ne[1] * ne[2])
 
     def compute_forward(self, params, op: Tensor) -> bool:
         if op.op != C.GGML_OP_MUL_MAT:
@@ -309,6 +309,15 @@ def get_optimal_repack_type(cur: Tensor):
     if int(cur.ne[1]) % NB_COLS != 0 or int(cur.ne[0]) % Q.blck_size(cur.type) != 0 or n_dims(cur) > 2:
         return None
     return _traits_for_type(cur.type)
+
+
+@functools.lru_cache(maxsize=256)
+def _work_size(type_: int, ne10: int, nrows1: int) -> int:
+    """The repacked MUL_MAT's work buffer: src1 quantized to the weight's vec-dot layout (a function of the weight
+    type and src1's row length and row count only; the planner and the compiler ask it for every MUL_MAT node)."""
+    if type_ in K_TYPES:
+        return int(kq.kq_work_size(type_, ne10, nrows1))
+    return int(fk.mmq_layout(ne10, nrows1)[4])
 
 
 def tensor_traits_of(t: Tensor):

@@ -10,6 +10,7 @@ Each row's columns are named in ``program.py``.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -25,7 +26,6 @@ from ...tensor import (
     get_glu_op,
     get_op_params_f32,
     get_op_params_i32,
-    is_empty,
     nelements,
     nrows,
     op_desc,
@@ -513,7 +513,7 @@ def _build(cgraph, require_repack: bool = True):
         while i < n:
             node = nodes[i]
             op = node.op
-            if op in EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE) or is_empty(node):
+            if op in EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE) or 0 in node._q[2:6].tolist():   # is_empty (ne is words 2..5)
                 i += 1
                 continue
             s0, s1, s2 = node.src[0], node.src[1], node.src[2]
@@ -604,26 +604,34 @@ def _build(cgraph, require_repack: bool = True):
 
 def _build_rope(P, F, k, node):
     s0, s1, s2 = node.src[0], node.src[1], node.src[2]
-    mode = get_op_params_i32(node, 2)
+    mode, n_dims, freq_consts = _rope_consts(node.op_params[:11].tobytes())
     _need(s0.type == GGML_TYPE_F32 and node.type == GGML_TYPE_F32 and s1.type == C.GGML_TYPE_I32)
     _need(mode in (C.GGML_ROPE_TYPE_NORMAL, C.GGML_ROPE_TYPE_NEOX))
     _need(int(s0.nb[0]) == 4 and int(node.nb[0]) == 4)
-    n_dims = get_op_params_i32(node, 1)
-    n_ctx_orig = get_op_params_i32(node, 4)
-    freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (
-        np.float32(get_op_params_f32(node, i)) for i in range(5, 11))
     _need(n_dims <= int(node.ne[0]) and n_dims % 2 == 0)
     if s2 is not None:
         _need(s2.type == GGML_TYPE_F32 and int(s2.ne[0]) >= n_dims // 2)
-    theta_scale = powf(freq_base, np.float32(-2.0) / np.float32(n_dims))
-    corr = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     P[k, OP] = OP_ROPE
     P[k, ROPE_N_DIMS] = n_dims
     P[k, ROPE_NEOX] = 1 if mode == C.GGML_ROPE_TYPE_NEOX else 0
+    F[k, ROPE_FREQ_SCALE:ROPE_SIN_SIGN + 1] = freq_consts
+    if s2 is None:
+        P[k, S2 + DATA] = 0
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_consts(op_params: bytes):
+    """(mode, n_dims, the F columns) of a ROPE row: a function of the node's op params alone (words 0..10: n_dims,
+    mode, n_ctx_orig, freq_base ... beta_slow), worked out once per distinct params -- a model's ROPE nodes share
+    them, and libm's powf/logf and the YaRN corr dims cost ~1 ms a node in Python."""
+    w = np.frombuffer(op_params, np.int32)
+    f = np.frombuffer(op_params, np.float32)
+    n_dims, mode, n_ctx_orig = int(w[1]), int(w[2]), int(w[4])
+    freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (np.float32(f[i]) for i in range(5, 11))
+    theta_scale = powf(freq_base, np.float32(-2.0) / np.float32(n_dims))
+    corr = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     mscale = attn_factor
     if ext_factor != 0:
         # rope_yarn: mscale *= 1.0f + 0.1f * logf(1.0f / freq_scale) (gcc fuses it into an FMA)
         mscale = np.float32(mscale * fma32(np.float32(0.1), logf(np.float32(1) / freq_scale), np.float32(1)))
-    F[k, ROPE_FREQ_SCALE:ROPE_SIN_SIGN + 1] = [freq_scale, ext_factor, mscale, theta_scale, corr[0], corr[1], 1.0]
-    if s2 is None:
-        P[k, S2 + DATA] = 0
+    return mode, n_dims, [float(v) for v in (freq_scale, ext_factor, mscale, theta_scale, corr[0], corr[1], 1.0)]
