@@ -163,6 +163,8 @@ def test_disturbance_names_idle_threads_and_oversubscription():
     o = disturbance(dict(_synthetic(False), cores=1))
     assert not o["clean"] and o["note"].startswith("MORE THREADS THAN CORES (2 threads, 1 cores")
     assert disturbance(dict(_synthetic(False), cores=2))["clean"]
+    busy = disturbance(dict(_synthetic(True), n_threads=3, cores=2))     # idle, and the two that ran took turns
+    assert busy["note"].startswith("ONLY 2 OF 3 THREADS WORKED") and "BUSY MACHINE" in busy["note"]
 
 
 def test_timeline_switches_between_thread_counts_recorded(model):

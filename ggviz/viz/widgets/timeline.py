@@ -264,20 +264,20 @@ def disturbance(data: dict) -> dict:
         who = "both threads" if len(ran) == 2 else "two threads or more"
         note = (f"{who} inside the same MUL_MAT for {both} of {n_mm} MUL_MATs; asleep in barriers: {slept} "
                 f"of {wall / 1e3:.1f} ms; thread {lat} started {late[lat] / 1e3:.1f} ms after the first")
-    if idle:
+    if len(ran) >= 2:
+        if over and not idle:
+            note = (f"MORE THREADS THAN CORES ({nt} threads, {cores} cores: the threads took turns on the cores): "
+                    + note)
+        elif not (share >= CLEAN_SHARE and max_late <= LATE_SHARE * wall):
+            note = ("BUSY MACHINE (another process held a core, so the threads took turns): " + note
+                    + (f"; the most lopsided MUL_MAT split its chunks {':'.join(map(str, worst[1]))}"
+                       if worst is not None else ""))
+    if idle:           # said first: the picture has fewer working threads than its title's count
         names = ", ".join(map(str, idle))
         note = (f"ONLY {len(ran)} OF {nt} THREADS WORKED: thread{'s' if len(idle) > 1 else ''} {names} ran no node"
                 + ((" (ggviz's compiled walk runs at most as many threads as the process has cores"
                     + (f", {cores} here" if cores else "") + f"; ggml's C would run all {nt}, taking turns on the "
                     f"cores)") if data.get("compiled") else "") + ": " + note)
-    elif nt >= 2 and len(ran) >= 2:
-        if over:
-            note = (f"MORE THREADS THAN CORES ({nt} threads, {cores} cores: the threads took turns on the cores): "
-                    + note)
-        elif not clean:
-            note = ("BUSY MACHINE (another process held a core, so the threads took turns): " + note
-                    + (f"; the most lopsided MUL_MAT split its chunks {':'.join(map(str, worst[1]))}"
-                       if worst is not None else ""))
     return {"n_threads": nt, "wall_us": wall, "n_mul_mat": n_mm, "n_shared": len(shared), "n_both": both,
             "both_share": share, "late_us": late, "idle": idle, "sleep_us": sleep, "worst_split": worst,
             "clean": bool(clean), "note": note}
