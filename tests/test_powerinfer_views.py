@@ -96,14 +96,15 @@ def test_skipped_rows_are_the_kernels_zeros(built, runs, tmp_path):
     with pytest.raises(ValueError, match="token 99"):
         v.select(layer=3, token=99)
     assert (v.layer, v.token) == (5, 2)                                      # a refused call changes nothing
-    # the book's recording: layers 0, 10, 20, 29 and 5, every token; one drawing per layer, the token's row marked
+    # the book's recording: layers 0, 15, 29 and 5, every token; one drawing per layer, the token's row marked
     # over it (lower for a later token), each token's skipped rows as the view lists them
     rec = v.book_view()
     tab = {t["set"]: t for t in rec["tables"]}
-    assert [o[1] for o in json.loads(rec["state"]["controls"])[0]["options"]] == [0, 5, 10, 20, 29]
-    assert len(tab["picture"]["values"]) == 5 and len(tab["info"]["pick"]) == 5 * run.n_tokens
+    assert [o[1] for o in json.loads(rec["state"]["controls"])[0]["options"]] == [0, 5, 15, 29]
+    assert len(tab["picture"]["values"]) == 4 and len(tab["info"]["pick"]) == 4 * run.n_tokens
     info = lambda k: tab["info"]["values"][tab["info"]["pick"][k]]                 # noqa: E731
-    assert info("20,3") == PV.SkippedRowsView(run, layer=20, token=3).token_html()
+    assert info("15,3") == PV.SkippedRowsView(run, layer=15, token=3).token_html()
+    assert "layers 0, 5, 15, 29: another layer" in rec["state"]["note"]
     top = lambda k: json.loads(tab["cursor"]["values"][tab["cursor"]["pick"][k]])[0]["t"]   # noqa: E731
     assert top("5,0") < top("5,1") < top("5,2") and (v.layer, v.token) == (5, 2)
 
@@ -155,10 +156,10 @@ def test_hot_cold_view_totals_and_device_rows(built, runs):
     small = PV.HotColdView(np.arange(1, 9)[None, :], top=0.25).state()
     assert small["top_share"] == [pytest.approx(15 / 36)]
     assert "PowerInfer" in _bundle_html(v)
-    rec = v.book_view()          # the book: layers 0, 7, 10, 20, 29, each its own drawing and summary
+    rec = v.book_view()          # the book: layers 0, 7, 15, 29, each its own drawing and summary
     tab = {t["set"]: t for t in rec["tables"]}
-    assert sorted(tab["info"]["pick"]) == ["0", "10", "20", "29", "7"] and len(tab["picture"]["values"]) == 5
-    assert tab["info"]["values"][tab["info"]["pick"]["20"]] == v.select(20).summary_html()
+    assert sorted(tab["info"]["pick"]) == ["0", "15", "29", "7"] and len(tab["picture"]["values"]) == 4
+    assert tab["info"]["values"][tab["info"]["pick"]["15"]] == v.select(15).summary_html()
 
 
 def test_hybrid_timeline_is_the_executors_records(model, runs):

@@ -480,7 +480,8 @@ def frames_book(controls: list, keys, frame, header: str = "", note: str = "", p
     return book_payload("frames.js", state, [
         dict({"on": "key", "set": name, "values": uniq, "pick": pick},
              **({"missing": missing[name]} if name in missing else {}))
-        for name, (uniq, _seen, pick) in parts.items()])
+        for name, (uniq, _seen, pick) in parts.items()
+        if name != "foot" or len(uniq) > 1])              # (a foot the same for every key: the state holds it)
 
 
 def frames_static(rec: dict) -> str:

@@ -54,11 +54,10 @@ def _check_layer(il, n_layer) -> int:
 
 
 def book_layers(layers, current) -> list:
-    """The layers a book recording of a per-layer view holds: the first, the last, two between and the current one
-    (each layer is another drawing: all of them would weigh a page down)."""
+    """The layers a book recording of a per-layer view holds: the first, the middle one, the last and the current one
+    (each layer is another drawing: all of them would weigh a page down and slow the book's build)."""
     layers = sorted(layers)
-    n = len(layers)
-    pick = {layers[0], layers[n // 3], layers[(2 * n) // 3], layers[-1]}
+    pick = {layers[0], layers[len(layers) // 2], layers[-1]}
     if current is not None:
         pick.add(current)
     return sorted(pick)

@@ -198,9 +198,9 @@ class VecDotLanes(VizWidget):
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.block_html() + self.reduce_html()
 
     def book_rows(self) -> list:
-        """The output rows a book recording holds: the current one and the first eight (each row is another
+        """The output rows a book recording holds: the current one and the first three (each row is another
         drawing)."""
-        return sorted({self.row, *range(min(8, self.cap["w_rows"].shape[0]))})
+        return sorted({self.row, *range(min(3, self.cap["w_rows"].shape[0]))})
 
     def book_view(self) -> dict:
         """Each of ``book_rows`` drawn once with no block marked, every block of it recorded: the page marks the
