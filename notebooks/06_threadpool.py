@@ -116,12 +116,12 @@ ex.Exercise(f"The same ADD on {nr} rows with {nth2} threads: how many rows does 
 
 # %%
 from ggviz.llama import context_pool
-from ggviz.viz.widgets.timeline import WALK_LABEL, cleanest, concurrent_chunks, thread_accounting
+from ggviz.viz.widgets.timeline import WALK_LABEL, cleanest, concurrent_chunks, machine_cores, thread_accounting
 
 
-def record_step():
+def record_step(threads=2):
     context_pool.context_pool_clear()     # a fresh context each time: no thread count carried over from the last one
-    return decode_step("The ggml library is", threads=2, model=model)   # prompt, then one recorded decode step
+    return decode_step("The ggml library is", threads=threads, model=model)   # prompt, then one recorded decode step
 
 
 # on a shared machine another process may take a core in the middle of a compute: record up to 3 times, keep the
@@ -157,11 +157,20 @@ viz.Table([{"thread": a["thread"], "in kernels (µs)": round(a["kernel_us"]),
 # %%
 from ggviz.viz.widgets import ThreadTimeline
 
-tt = ThreadTimeline(step.events, window=40)
+# the same step recorded on 1, 3 and 4 threads too (the cleanest of 2 tries where the cores allow a clean one): the
+# "threads" buttons pick the recording; on a machine with fewer cores than threads the picture says so in red
+others = {n: cleanest(lambda n=n: record_step(n), tries=2 if 1 < n <= machine_cores() else 1)[0].events
+          for n in (1, 3, 4)}
+print(f"this machine gives this process {machine_cores()} cores")
+tt = ThreadTimeline(step.events, window=40, others=others, cores=machine_cores())
 tt.select(next(i for i, t in enumerate(gf.nodes) if t.name == "ffn_up-0"))
 tt
 
 # %% [markdown]
+# The *threads* buttons switch to the same decode step recorded on 1, 3 and 4 threads: one thread computes every
+# chunk itself, with nobody to wait for; with more threads than free cores the threads take turns on the cores, and
+# the title says so in red (the printed line above says how many cores this machine gave the notebook).
+#
 # When the operating system gives each thread a core, both threads work on the same MUL_MAT at the same time. The
 # count below says for how many MUL_MATs that happened in this recording, and the table shows a few of them: chunks
 # that ran on the two threads with overlapping time spans. (The node-by-node NumPy walk, `load_model(use_extra_bufts=False)`, overlaps too, inside

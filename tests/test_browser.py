@@ -409,6 +409,16 @@ const k = bs.findIndex(b => b.getAttribute('aria-pressed') === 'true');
 if (bs.length < 2) return null;
 const b = bs[(k + 1) % bs.length]; b.click(); return b.getAttribute('data-v');
 """
+# the smallest SVG text of a frames.js view's picture, in CSS px as drawn: each <text>'s font size (matplotlib writes
+# it in the SVG's user units) times the scale from user units to the screen (getScreenCTM: the picture's width fitted
+# to the page); null when the picture has no SVG text
+JS_FRAMES_SVG_TEXT = """
+const f = document.querySelectorAll('div.ggv-view')[arguments[0]].querySelector('.ggv-fr');
+const px = [...f.querySelectorAll('.ggv-fr-pic svg text')].filter(t => t.textContent.trim()
+  && t.getBoundingClientRect().height > 0).map(t => { const m = t.getScreenCTM();
+  return parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b); });
+return px.length ? Math.min(...px) : null;
+"""
 # one frames.js view's state (JS_VIEWS's frames(), for view k alone)
 JS_FRAMES_STATE = ("return frames(document.querySelectorAll('div.ggv-view')[arguments[0]].querySelector('.ggv-fr'));\n"
                    "function frames" + JS_VIEWS.split("function frames", 1)[1])
@@ -536,10 +546,12 @@ def _check_canvas(drv, page, k: int) -> None:
     assert stroke == RED, (page, vert, stroke)
 
 
-def _check_frames(drv, page, k: int) -> None:
+def _check_frames(drv, page, k: int):
     """A recorded frames.js view (tensor / quant / arena explorers, allocator, scheduler, thread timeline, attention
-    graphs): each control moved changes the key and what the view shows (its table, marks or picture), from the
-    recording (never "not recorded")."""
+    graphs, PowerInfer's views, the vec_dot lanes): each control moved changes the key and what the view shows (its
+    table, marks or picture), from the recording (never "not recorded"). Returns the smallest SVG text of its
+    picture as the page opened (px, JS_FRAMES_SVG_TEXT; None: no SVG text)."""
+    small = drv.execute_script(JS_FRAMES_SVG_TEXT, k)
     f0 = drv.execute_script(JS_FRAMES_STATE, k)
     assert f0["controls"], (page, k, "a frames view with no control")
     for c in range(len(f0["controls"])):
@@ -553,6 +565,7 @@ def _check_frames(drv, page, k: int) -> None:
         assert (after["info"], after["detail"], after["cursor"], after["picture"]) != \
                (before["info"], before["detail"], before["cursor"], before["picture"]), what
         assert "was not recorded" not in after["info"], what
+    return small
 
 
 def _check_explorer(drv, page) -> dict:
@@ -592,7 +605,7 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     drv.execute_cdp_cmd("Network.enable", {})
     drv.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": True, "latency": 0,
                                                               "downloadThroughput": -1, "uploadThroughput": -1})
-    kinds, moves, timings = {}, [], {}
+    kinds, moves, timings, svg_text = {}, [], {}, {}
     try:
         for page in pages:
             drv.get_log("browser")                               # drop what earlier pages logged
@@ -620,7 +633,9 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
                 elif v["canvas"]:
                     _check_canvas(drv, page.name, v["k"])
                 elif v["frames"]:
-                    _check_frames(drv, page.name, v["k"])
+                    small = _check_frames(drv, page.name, v["k"])
+                    if small is not None:
+                        svg_text.setdefault(page.name, []).append(round(small, 1))
                 elif v["explorer"]:
                     ms = _check_explorer(drv, page.name)
                     timings[page.name] += "; select -> all panes: " + ", ".join(f"{k} {t:.1f} ms"
@@ -646,6 +661,9 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
                                                                   "downloadThroughput": -1, "uploadThroughput": -1})
     print("recorded views per page: " + "; ".join(f"{p}: {', '.join(k)}" for p, k in kinds.items()))
     print("\n".join(f"{p}: {t}" for p, t in timings.items()))
+    print("smallest SVG text of the frames views (px): " + "; ".join(f"{p}: {v}" for p, v in svg_text.items()))
+    # the GGUF map (00): its range labels, offsets and layer numbers at 9 px or more as the page draws it (#21)
+    assert min(svg_text.get("00_quickstart.html", [0])) >= 9, svg_text
     assert (ARTIFACTS / "book_index.png").stat().st_size > 5000
     # the views the book must carry interactive: the node stepper and the explorer (07), the graph walk and the
     # layer-0 graph (03)
@@ -653,8 +671,9 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     assert "explorer.js" in kinds.get("07_decode_walkthrough.html", []), kinds
     assert {"stepper.js", "svg_canvas.js"} <= set(kinds.get("03_cgraph.html", [])), kinds
     # and the frames views: the GGUF map (00), the tensor and quant-block explorers (01), the arena (02), the allocator
-    # (04), the scheduler (05), the thread timeline (06), the attention graphs (07), the predictor's thresholds (09)
+    # (04), the scheduler (05), the thread timeline on 1-4 threads and the vec_dot lanes (06), the attention graphs
+    # (07), the predictor's thresholds, hot/cold neurons, skipped rows, two hybrid timelines and the costs (09)
     for p, n in (("00_quickstart", 1), ("01_tensors_and_views", 3), ("02_context_arena", 1), ("04_allocator", 1),
-                 ("05_backends_and_scheduler", 2), ("06_threadpool", 1), ("07_decode_walkthrough", 1),
-                 ("09_powerinfer", 1)):
+                 ("05_backends_and_scheduler", 2), ("06_threadpool", 2), ("07_decode_walkthrough", 1),
+                 ("09_powerinfer", 6)):
         assert kinds.get(p + ".html", []).count("frames.js") >= n, (p, kinds)

@@ -96,6 +96,17 @@ def test_skipped_rows_are_the_kernels_zeros(built, runs, tmp_path):
     with pytest.raises(ValueError, match="token 99"):
         v.select(layer=3, token=99)
     assert (v.layer, v.token) == (5, 2)                                      # a refused call changes nothing
+    # the book's recording: layers 0, 15, 29 and 5, every token; one drawing per layer, the token's row marked
+    # over it (lower for a later token), each token's skipped rows as the view lists them
+    rec = v.book_view()
+    tab = {t["set"]: t for t in rec["tables"]}
+    assert [o[1] for o in json.loads(rec["state"]["controls"])[0]["options"]] == [0, 5, 15, 29]
+    assert len(tab["picture"]["values"]) == 4 and len(tab["info"]["pick"]) == 4 * run.n_tokens
+    info = lambda k: tab["info"]["values"][tab["info"]["pick"][k]]                 # noqa: E731
+    assert info("15,3") == PV.SkippedRowsView(run, layer=15, token=3).token_html()
+    assert "layers 0, 5, 15, 29: another layer" in rec["state"]["note"]
+    top = lambda k: json.loads(tab["cursor"]["values"][tab["cursor"]["pick"][k]])[0]["t"]   # noqa: E731
+    assert top("5,0") < top("5,1") < top("5,2") and (v.layer, v.token) == (5, 2)
 
 
 def test_predictor_view_counts_and_refuses_a_thresholded_run(built, runs):
@@ -145,6 +156,10 @@ def test_hot_cold_view_totals_and_device_rows(built, runs):
     small = PV.HotColdView(np.arange(1, 9)[None, :], top=0.25).state()
     assert small["top_share"] == [pytest.approx(15 / 36)]
     assert "PowerInfer" in _bundle_html(v)
+    rec = v.book_view()          # the book: layers 0, 7, 15, 29, each its own drawing and summary
+    tab = {t["set"]: t for t in rec["tables"]}
+    assert sorted(tab["info"]["pick"]) == ["0", "15", "29", "7"] and len(tab["picture"]["values"]) == 4
+    assert tab["info"]["values"][tab["info"]["pick"]["15"]] == v.select(15).summary_html()
 
 
 def test_hybrid_timeline_is_the_executors_records(model, runs):
@@ -180,6 +195,13 @@ def test_hybrid_timeline_is_the_executors_records(model, runs):
     assert got == {(f"{n}-{il}", to): b for il in layers for (n, to), b in per_layer.items()}
     html = _bundle_html(v.select(layers[0]))
     assert "every node started after its sources finished" in html
+    rec = v.book_view()          # the book: all layers and each recorded layer, its own drawing and tables
+    tab = {t["set"]: t for t in rec["tables"]}
+    assert sorted(tab["info"]["pick"]) == sorted(["all"] + [str(x) for x in layers])
+    assert tab["info"]["values"][tab["info"]["pick"][str(layers[-1])]] == \
+        PV.HybridTimelineView(recs, n_threads=3, layer=layers[-1]).text_html()
+    assert rec["state"]["key"] == str(layers[0]) and v.layer == layers[0]
+    assert rec["state"]["note"] == ""                 # every layer of these records is in the recording
     with pytest.raises(ValueError, match="no records"):
         v.select(29)
     assert v.layer == layers[0]
@@ -203,3 +225,8 @@ def test_cost_view_flops_and_bytes(model, runs):
     assert v.select(-np.inf).state()["decode_flops_ratio"] > 1.0      # nothing skipped: the predictor is pure cost
     assert "MORE than dense" in v.verdict()
     assert "MFLOP" in _bundle_html(v.select(0.0))
+    rec = v.book_view()          # the book: thresholds -1, 0, 1, each its own drawing, headline and table
+    tab = {t["set"]: t for t in rec["tables"]}
+    assert sorted(tab["info"]["pick"]) == ["-1", "0", "1"] and len(set(tab["picture"]["pick"].values())) == 3
+    assert "At threshold 1 the kernels skip" in tab["info"]["values"][tab["info"]["pick"]["1"]]
+    assert v.threshold == 0.0

@@ -149,3 +149,56 @@ def test_disturbance_says_in_numbers_how_busy_the_machine_was():
     # the figure carries it in its title
     fig = plot_timeline(_synthetic(True))
     assert "BUSY MACHINE" in fig.axes[0].get_title()
+
+
+def test_disturbance_names_idle_threads_and_oversubscription():
+    """A recording on 3 threads whose thread 2 ran no node (the compiled walk runs no more threads than the process
+    has cores) says so, and is not called clean; 2 threads recorded by a process with 1 core say they took turns."""
+    from ggviz.viz.widgets.timeline import disturbance
+    d = dict(_synthetic(False), n_threads=3, cores=2)
+    q = disturbance(d)
+    assert q["idle"] == [2] and not q["clean"] and q["late_us"] == {0: 0.0, 1: 0.0}
+    assert q["note"].startswith("ONLY 2 OF 3 THREADS WORKED: thread 2 ran no node") and ", 2 here" in q["note"]
+    assert "both threads inside the same MUL_MAT for 4 of 4 MUL_MATs" in q["note"]
+    o = disturbance(dict(_synthetic(False), cores=1))
+    assert not o["clean"] and o["note"].startswith("MORE THREADS THAN CORES (2 threads, 1 cores")
+    assert disturbance(dict(_synthetic(False), cores=2))["clean"]
+    busy = disturbance(dict(_synthetic(True), n_threads=3, cores=2))     # idle, and the two that ran took turns
+    assert busy["note"].startswith("ONLY 2 OF 3 THREADS WORKED") and "BUSY MACHINE" in busy["note"]
+
+
+def test_timeline_switches_between_thread_counts_recorded(model):
+    """``others``: the same graph computed on 1 thread beside 2: the thread control switches the data shown, the node
+    stays, and the book's recording holds every (threads, node) key with that run's own table."""
+    from ggviz.ggml.cpu import ggml_cpu
+    from test_fast_trace import _graph
+
+    gf, out, keep = _graph()
+    recs = {}
+    for nt in (2, 1):
+        plan = ggml_cpu.graph_plan(gf, nt)
+        if plan.work_size:
+            plan.work_data = np.zeros(plan.work_size, np.uint8)
+        with trace.Recorder() as rec:
+            ggml_cpu.graph_compute(gf, plan)
+        recs[nt] = rec
+    with pytest.raises(ValueError, match="ran on 1 threads, not 3"):
+        ThreadTimeline(recs[2], others={3: recs[1]})
+    tt = ThreadTimeline(recs[2], others={1: recs[1]}, cores=2)
+    assert tt.state()["recorded_threads"] == [1, 2] and tt.state()["n_threads"] == 2
+    n = tt.computed[1]
+    tt.select(n)
+    tt.select_threads(1)
+    st = tt.state()
+    assert st["n_threads"] == 1 and st["node"]["node_n"] == n and [x["thread"] for x in st["node"]["threads"]] == [0]
+    with pytest.raises(ValueError, match="no recording on 4 threads"):
+        tt.select_threads(4)
+    tt.select_threads(2)
+    rec = tt.book_view()
+    ctrl = __import__("json").loads(rec["state"]["controls"])
+    assert [c["name"] for c in ctrl] == ["threads", "node"] and rec["state"]["key"] == f"2,{n}"
+    pick = {t["set"]: t for t in rec["tables"]}
+    feet = pick["foot"]
+    assert feet["values"][feet["pick"][f"1,{n}"]] != feet["values"][feet["pick"][f"2,{n}"]]
+    assert "one thread" in feet["values"][feet["pick"][f"1,{n}"]]
+    assert tt.state()["n_threads"] == 2 and tt.node == n            # the recording left the view as it was

@@ -3,6 +3,8 @@ activations), recomputed lane by lane as ggml's AVX2 ggml_vec_dot_q4_1_q8_1 does
 bit for bit; with another float32 summation order it would not be (so the bit test can fail)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -71,3 +73,14 @@ def test_widget_state_and_static_rendering(cap):
     with pytest.raises(ValueError, match="out of range"):
         w.select_row(10_000)
     assert w.row == 100
+    # the book: rows 0..2 and 100, each drawn once, every block; the block's box moves right over the drawing, its
+    # table and the row's reduce are the view's own
+    rec = w.book_view()
+    tab = {t["set"]: t for t in rec["tables"]}
+    assert len(tab["picture"]["values"]) == 4 and len(tab["info"]["pick"]) == 4 * 18
+    left = lambda k: json.loads(tab["cursor"]["values"][tab["cursor"]["pick"][k]])[0]["l"]   # noqa: E731
+    assert left("2,0") < left("2,1") < left("2,17")
+    w2 = VecDotLanes(cap, row=2, block=5, column=1)
+    assert tab["info"]["values"][tab["info"]["pick"]["2,5"]] == w2.block_html()
+    assert tab["detail"]["values"][tab["detail"]["pick"]["2,5"]] == w2.reduce_html()
+    assert (w.row, w.block) == (100, 7)

@@ -37,6 +37,9 @@ TYPE_COLORS = {"f32": "#90caf9", "f16": "#b3e5fc", "bf16": "#b2ebf2", "q4_0": "#
                "q5_0": "#c5e1a5", "q5_1": "#aed581", "q8_0": "#4db6ac", "q2_k": "#e6ee9c", "q3_k": "#dce775",
                "q4_k": "#66bb6a", "q5_k": "#9ccc65", "q6_k": "#26a69a", "q8_k": "#80cbc4"}
 # the share of the piecewise axis each section gets (renormalised over the sections present)
+# the range labels under the bar, in points: the book draws the map about as wide as the page (~1 px per pt), and
+# print and the book keep text at 9 px or more (issue #21)
+LABEL_PT = 9.5
 SECTION_SHARES = {"header": 0.07, "kv": 0.28, "tensor_info": 0.2, "padding": 0.04, "tensor_data": 0.41}
 
 
@@ -212,7 +215,7 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
                for k in SECTION_ORDER if k != "tensor_data" and any(s["section"] == k for s in secs)]
     handles += [Patch(facecolor=TYPE_COLORS.get(t, SECTION_COLORS["tensor_data"]), edgecolor="#424242",
                       label=f"data: {t}") for t in types]
-    ax2.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9, frameon=False)
+    ax2.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9.5, frameon=False)
     return fig
 
 
@@ -229,7 +232,7 @@ def _draw_to_scale(ax1, gf, secs):
     ax1.set_ylim(0, 1)
     ax1.set_yticks([])
     ax1.set_xticks(np.linspace(0, 1, 6))
-    ax1.set_xticklabels([_fmt_size(int(round(v * size))) for v in np.linspace(0, 1, 6)], fontsize=9)
+    ax1.set_xticklabels([_fmt_size(int(round(v * size))) for v in np.linspace(0, 1, 6)], fontsize=9.5)
     small = [s for s in secs if s["size"] / size <= 0.04]
     data_pct = 100 * sum(s["size"] for s in secs if s["section"] == "tensor_data") / size
     ax1.set_title(f"{gf.path.rsplit('/', 1)[-1]}: {_fmt_size(size)} drawn to scale — tensor data is {data_pct:.1f}% "
@@ -279,11 +282,11 @@ def _draw_layer_groups(ax2, groups: dict):
     for (k, il), (a, b) in groups.items():
         ax2.add_patch(Rectangle((a, 0), b - a, 1, facecolor="none", edgecolor="#263238", linewidth=0.7, zorder=3))
         if il % 5 == 0 or b - a > 0.02:
-            ax2.text((a + b) / 2, 0.5, str(il), ha="center", va="center", fontsize=6.5, color="#263238", zorder=4,
+            ax2.text((a + b) / 2, 0.5, str(il), ha="center", va="center", fontsize=9, color="#263238", zorder=4,
                      rotation=90 if b - a < 0.012 else 0)
     if groups:
         ax2.text(1.0, -0.05, "boxes: the tensors of one layer (blk.N); the file orders them by name: blk.0, blk.1, "
-                 "blk.10 … blk.19, blk.2, …", ha="right", va="top", fontsize=7.5, color="#546e7a", style="italic")
+                 "blk.10 … blk.19, blk.2, …", ha="right", va="top", fontsize=9.5, color="#546e7a", style="italic")
 
 
 def _draw_section_marks(ax2, lay, x0, spans, size: int):
@@ -292,16 +295,16 @@ def _draw_section_marks(ax2, lay, x0, spans, size: int):
         first = min(i for i, r in enumerate(lay) if abs(x0[i] - a) < 1e-12)
         ax2.text((a + b) / 2, 1.36, f"{SECTION_NAMES.get(g, g)}", ha="center", va="bottom", fontsize=10.5,
                  fontweight="bold", color="#37474f")
-        ax2.text(a + 0.002, 1.13, f"{lay[first]['start']}", ha="left", va="bottom", fontsize=8, color="#37474f")
+        ax2.text(a + 0.002, 1.13, f"{lay[first]['start']}", ha="left", va="bottom", fontsize=9.5, color="#37474f")
         ax2.plot([a, a], [0, 1.3], color="#37474f", linewidth=1.4, clip_on=False)
-    ax2.text(1.0, 1.13, f"{size}", ha="right", va="bottom", fontsize=8, color="#37474f")
+    ax2.text(1.0, 1.13, f"{size}", ha="right", va="bottom", fontsize=9.5, color="#37474f")
 
 
 def _draw_range_labels(ax2, fig, lay, x0, w, lab, sel_idx):
     """Horizontal labels in rows under the bar, each joined to its range by a leader line; a label goes to the
     first row where it overlaps no other (widths estimated from the text length), none left if all rows are full."""
     rows: list = [[] for _ in range(4)]
-    char_w = 8 * 0.6 / (fig.get_figwidth() * 72 * 0.8)           # one 8 pt character, as a fraction of the axis
+    char_w = LABEL_PT * 0.6 / (fig.get_figwidth() * 72 * 0.8)           # one LABEL_PT character, as a fraction of the axis
     for i in sorted(lab, key=lambda i: (i not in sel_idx, i)):      # the selection first, then left to right
         xc = x0[i] + w[i] / 2
         r = lay[i]
@@ -318,5 +321,5 @@ def _draw_range_labels(ax2, fig, lay, x0, w, lab, sel_idx):
         sel = i in sel_idx
         ax2.plot([xc, xc, xt], [0, y + 0.08, y + 0.02], color="#d50000" if sel else "#90a4ae", linewidth=0.6,
                  clip_on=False)
-        ax2.text(xt, y, txt, ha="center", va="top", fontsize=8, color="#d50000" if sel else "#212121",
+        ax2.text(xt, y, txt, ha="center", va="top", fontsize=LABEL_PT, color="#d50000" if sel else "#212121",
                  fontweight="bold" if sel else "normal")

@@ -6,8 +6,8 @@
 // ne[0]); `key` (the controls' values joined by ","), which the view sets and saves; whoever holds the recording
 // answers with `picture` (HTML: the figure), `cursor` (JSON: [{l, t, w, h}] boxes in % of the picture, drawn over
 // it: the selected node's column of a chart that is drawn once), `css` (restyles the picture: a highlight),
-// `info` (HTML under it), `detail` (a second part under it); `header`, `foot` (over the info) and `note`
-// (what this recording does not cover and why) stay. A click on an
+// `info` (HTML under it), `detail` (a second part under it), `foot` (over the info: what one control alone decides, e.g. the
+// recording picked); `header` and `note` (what this recording does not cover and why) stay. A click on an
 // element of the picture whose id is `prefix` + s, with s in `clickmap` (JSON {s: value}), sets the first control
 // to that value (an arena object clicked in its map). The kernel in a live notebook, the recorded tables in the
 // static book (book_model.js).
@@ -140,6 +140,7 @@ function render({ model, el }) {
   model.on("change:info", drawInfo);
   model.on("change:css", restyle);
   model.on("change:detail", drawDetail);
+  model.on("change:foot", () => { q(".ggv-fr-foot").innerHTML = model.get("foot") || ""; });
   sync();
   root.setAttribute("data-ggv-key", ctrls.map((c) => vals[c.name]).join(","));
   drawPic();

@@ -452,16 +452,17 @@ def frames_book(controls: list, keys, frame, header: str = "", note: str = "", p
                 clickmap: dict | None = None, foot: str = "") -> dict:
     """The book recording of a FramesPane view: ``controls`` (frames.js's list, each ``value`` the current one),
     ``keys``: every key to record (tuples of control values), ``frame(key) -> {"picture", "cursor", "css",
-    "info", "detail"}`` (``detail``: a second part under the info, e.g. what one control alone decides) (``cursor``: a list of boxes in % of the picture, or None); ``prefix``, ``clickmap``: clicks on the
+    "info", "detail", "foot"}`` (``detail``: a second part under the info, e.g. what one control alone decides;
+    ``foot``: the part over the info, ``foot`` where the frame has none) (``cursor``: a list of boxes in % of the picture, or None); ``prefix``, ``clickmap``: clicks on the
     picture (see frames.js). Each part is stored once per distinct value (a chart
     drawn once and only its cursor moving costs one picture), keyed through ``pick``."""
-    parts = {k: ([], {}, {}) for k in ("picture", "cursor", "css", "info", "detail")}
+    parts = {k: ([], {}, {}) for k in ("picture", "cursor", "css", "info", "detail", "foot")}
     cur = ",".join(str(c["value"]) for c in controls)
     first = None
     for k in keys:
         ks = ",".join(str(x) for x in k)
         fr = frame(k)
-        fr = dict(fr, cursor=json.dumps(fr.get("cursor") or [], separators=(",", ":")))
+        fr = dict(fr, cursor=json.dumps(fr.get("cursor") or [], separators=(",", ":")), foot=fr.get("foot", foot))
         if ks == cur or first is None:
             first = fr
         for name, (uniq, seen, pick) in parts.items():
@@ -472,14 +473,15 @@ def frames_book(controls: list, keys, frame, header: str = "", note: str = "", p
             pick[ks] = seen[v]
     if first is None:
         raise ValueError("frames_book: no key to record")
-    state = dict(header=header, note=note, foot=foot, controls=json.dumps(controls), key=cur,
+    state = dict(header=header, note=note, foot=first["foot"], controls=json.dumps(controls), key=cur,
                  picture=first.get("picture") or "", cursor=first["cursor"], css=first.get("css") or "",
                  info=first.get("info") or "", detail=first.get("detail") or "", prefix=prefix, clickmap=json.dumps(clickmap or {}))
     missing = {"info": NOT_RECORDED, "cursor": "[]"}          # (a key not recorded keeps the picture shown)
     return book_payload("frames.js", state, [
         dict({"on": "key", "set": name, "values": uniq, "pick": pick},
              **({"missing": missing[name]} if name in missing else {}))
-        for name, (uniq, _seen, pick) in parts.items()])
+        for name, (uniq, _seen, pick) in parts.items()
+        if name != "foot" or len(uniq) > 1])              # (a foot the same for every key: the state holds it)
 
 
 def frames_static(rec: dict) -> str:

@@ -28,7 +28,7 @@ from matplotlib.patches import Patch
 
 from ... import ggml
 from ...capture.sparse import COMPUTED, ON_DEVICE, SKIPPED, SparseRun
-from ._base import VizWidget, esc, fig_to_png, frames_book, html_table, png_img, quiet
+from ._base import VizWidget, chart_with_cursor, esc, fig_to_png, frames_book, html_table, png_img, quiet
 
 F32 = np.float32
 
@@ -51,6 +51,24 @@ def _check_layer(il, n_layer) -> int:
     if not 0 <= il < n_layer:
         raise ValueError(f"layer {il} is out of range [0, {n_layer})")
     return il
+
+
+def book_layers(layers, current) -> list:
+    """The layers a book recording of a per-layer view holds: the first, the middle one, the last and the current one
+    (each layer is another drawing: all of them would weigh a page down and slow the book's build)."""
+    layers = sorted(layers)
+    pick = {layers[0], layers[len(layers) // 2], layers[-1]}
+    if current is not None:
+        pick.add(current)
+    return sorted(pick)
+
+
+def _layers_note(shown, every, what: str = "another layer") -> str:
+    """The note of a book recording holding layers ``shown`` of ``every``: none when it holds them all."""
+    if set(shown) >= set(every):
+        return ""
+    return (f"recorded for layers {', '.join(map(str, shown))}: {what} is another drawing, which needs a kernel (run "
+            f"the notebook and move the slider)")
 
 
 def _check_threshold(thr) -> float:
@@ -289,6 +307,23 @@ class HotColdView(VizWidget):
     def to_html(self) -> str:
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.summary_html()
 
+    def book_view(self) -> dict:
+        """A few layers recorded (``book_layers``): the page switches between their drawings and summaries."""
+        layer = self.layer
+        shown = book_layers(range(self.counts.shape[0]), layer)
+
+        def frame(key):
+            self.layer = int(key[0])
+            return {"picture": png_img(fig_to_png(self.figure()), "max-width:100%"), "info": self.summary_html()}
+
+        try:
+            with quiet(self):
+                return frames_book([{"name": "layer", "label": "layer", "kind": "select", "value": layer,
+                                     "options": [[str(x), x] for x in shown]}], [(x,) for x in shown], frame,
+                                   note=_layers_note(shown, range(self.counts.shape[0])))
+        finally:
+            self.layer = layer
+
     def _build(self):
         self._w_layer = W.IntSlider(value=self.layer, min=0, max=self.counts.shape[0] - 1, description="layer",
                                     continuous_update=False)
@@ -346,13 +381,14 @@ class SkippedRowsView(VizWidget):
                 "device_fraction": [sum(p["on_device"]) / n for p in per],
                 "mean_skipped_fraction": float(np.mean([sum(p["skipped"]) / n for p in per]))}
 
-    def figure(self):
+    def figure(self, token_line: bool = True):
         st = self.state()
         il = self.layer
         cls = self.run.row_class(il)
         fig, ax = plt.subplots(2, 1, figsize=(11.5, 4.6), gridspec_kw={"height_ratios": [1.3, 1]})
         ax[0].imshow(cls, aspect="auto", cmap=_ROW_COLOURS, vmin=0, vmax=2, interpolation="nearest")
-        ax[0].axhline(self.token, color="gold", lw=0.8)
+        if token_line:
+            ax[0].axhline(self.token, color="gold", lw=0.8)
         ax[0].set_ylabel("token")
         ax[0].set_xlabel(f"row (neuron) of ffn_up / ffn_gate, layer {il}")
         c = st["current"]
@@ -385,6 +421,33 @@ class SkippedRowsView(VizWidget):
 
     def to_html(self) -> str:
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.token_html()
+
+    def book_view(self) -> dict:
+        """A few layers recorded (``book_layers``), each drawn once with no token marked; every token of those layers
+        recorded: the page marks the token's row over the drawing and lists its skipped rows."""
+        layer, token = self.layer, self.token
+        shown = book_layers(range(self.run.n_layer), layer)
+        charts = {}
+
+        def frame(key):
+            self.layer, self.token = int(key[0]), int(key[1])
+            if self.layer not in charts:
+                fig = self.figure(token_line=False)
+                charts[self.layer] = chart_with_cursor(fig, fig.axes[0])
+            img, box = charts[self.layer]
+            return {"picture": img, "info": self.token_html(),
+                    "cursor": [box(-0.5, self.run.n_ff - 0.5, self.token - 0.5, self.token + 0.5)]}
+
+        try:
+            with quiet(self):
+                return frames_book([{"name": "layer", "label": "layer", "kind": "select", "value": layer,
+                                     "options": [[str(x), x] for x in shown]},
+                                    {"name": "token", "label": "token", "kind": "range", "min": 0,
+                                     "max": self.run.n_tokens - 1, "value": token}],
+                                   [(x, t) for x in shown for t in range(self.run.n_tokens)], frame,
+                                   note=_layers_note(shown, range(self.run.n_layer)))
+        finally:
+            self.layer, self.token = layer, token
 
     def _build(self):
         self._w_layer = W.IntSlider(value=self.layer, min=0, max=self.run.n_layer - 1, description="layer",
@@ -583,13 +646,36 @@ class HybridTimelineView(VizWidget):
             out = html_table(rows, title=f"layer {self.layer}: its {len(recs)} nodes by kind") + out
         return out
 
-    def to_html(self) -> str:
+    def text_html(self) -> str:
+        """What ``to_html`` shows under the picture: the order check and the tables."""
         st = self.state()
         ok = ("every node started after its sources finished" if not st["started_before_sources_finished"]
               else f"{len(st['started_before_sources_finished'])} nodes started before a source finished!")
-        return (png_img(fig_to_png(self.figure()), "max-width:100%")
-                + f"<p>{esc(ok)}; device nodes overlapping CPU nodes of their layer: {len(st['overlaps'])} pairs.</p>"
+        return (f"<p>{esc(ok)}; device nodes overlapping CPU nodes of their layer: {len(st['overlaps'])} pairs.</p>"
                 + self.table_html())
+
+    def to_html(self) -> str:
+        return png_img(fig_to_png(self.figure()), "max-width:100%") + self.text_html()
+
+    def book_view(self) -> dict:
+        """All layers and a few single layers (``book_layers``) recorded: the zoom list switches between them."""
+        layer = self.layer
+        shown = book_layers(self.layers, layer)
+        keys = ["all"] + [str(x) for x in shown]
+
+        def frame(key):
+            self.layer = None if key[0] == "all" else int(key[0])
+            return {"picture": png_img(fig_to_png(self.figure()), "max-width:100%"), "info": self.text_html()}
+
+        try:
+            with quiet(self):
+                return frames_book([{"name": "zoom", "label": "zoom", "kind": "select",
+                                     "value": "all" if layer is None else str(layer),
+                                     "options": [["all layers", "all"]] + [[f"layer {x}", str(x)] for x in shown]}],
+                                   [(k,) for k in keys], frame,
+                                   note=_layers_note(shown, self.layers, "a zoom on another layer"))
+        finally:
+            self.layer = layer
 
     def _build(self):
         opts = [("all layers", None)] + [(f"layer {x}", x) for x in self.layers]
@@ -757,6 +843,28 @@ class SparseCostView(VizWidget):
     def to_html(self) -> str:
         return (png_img(fig_to_png(self.figure()), "max-width:100%") + f"<p>{esc(self.headline())}</p>"
                 + self.table_html())
+
+    BOOK_THRESHOLDS = (-1.0, 0.0, 1.0)
+
+    def book_view(self) -> dict:
+        """The lesson's thresholds recorded (−1, 0, 1 and the current one), as PredictorView's."""
+        thr = self.threshold
+        ths = sorted({*self.BOOK_THRESHOLDS, float(thr)})
+
+        def frame(key):
+            self.threshold = float(key[0])
+            return {"picture": png_img(fig_to_png(self.figure()), "max-width:100%"),
+                    "info": f"<p>{esc(self.headline())}</p>" + self.table_html()}
+
+        try:
+            with quiet(self):
+                return frames_book(
+                    [{"name": "threshold", "label": "threshold", "kind": "toggle", "value": f"{float(thr):g}",
+                      "options": [[f"{t:g}", f"{t:g}"] for t in ths]}], [(f"{t:g}",) for t in ths], frame,
+                    note=f"recorded for thresholds {', '.join(f'{t:g}' for t in ths)}: another threshold is another "
+                         f"drawing, which needs a kernel (run the notebook and move the slider)")
+        finally:
+            self.threshold = thr
 
     def _build(self):
         self._w_thr = W.FloatSlider(value=min(max(self.threshold, -3.0), 2.0), min=-3.0, max=2.0, step=0.25, description="threshold",

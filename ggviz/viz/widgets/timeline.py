@@ -21,6 +21,7 @@ time into kernel work, barrier waits and time in the pool outside the walk (kick
 """
 from __future__ import annotations
 
+import os
 import textwrap
 import time
 
@@ -72,6 +73,11 @@ def _spin(data: dict) -> float:
     if not data.get("compiled"):
         return 0.0
     return data["spin_us"] if data.get("spin_us") is not None else spin_us()
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its affinity mask; what a recording made here could use)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def timeline_data(events, which: int = -1) -> dict:
@@ -218,15 +224,19 @@ def disturbance(data: dict) -> dict:
     ``ggml_barrier`` (a thread sleeps there when the other one is late: on a busy machine, because the OS gave its
     core to another process) and how late its first node started after the first thread's; the MUL_MATs whose
     chunks ran on two threads at once (``concurrent_chunks``) out of those with chunks on two threads or more; the
-    most lopsided chunk split of a MUL_MAT. ``clean``: both threads inside the same MUL_MAT for at least
-    ``CLEAN_SHARE`` of them and no thread more than ``LATE_SHARE`` of the wall time late. ``note``: one line that
-    says so in numbers (the figures' titles carry it)."""
+    most lopsided chunk split of a MUL_MAT; the threads that ran no node (``idle``: the compiled walk never runs
+    more threads than the process has cores, ``N_CPUS``). ``clean``: both threads inside the same MUL_MAT for at
+    least ``CLEAN_SHARE`` of them, no thread more than ``LATE_SHARE`` of the wall time late, every thread at work,
+    and no more threads than the cores the recording process had (``data["cores"]`` where the recorder wrote it).
+    ``note``: one line that says so in numbers (the figures' titles carry it)."""
     wall = float(data["t_end"]) or 1.0
     nt = int(data["n_threads"])
     acc = thread_accounting(data)
     first = {i: min((n["t0"] for n in data["nodes"] if n["ith"] == i), default=None) for i in range(nt)}
     t_first = min((v for v in first.values() if v is not None), default=0.0)
-    late = {i: (v - t_first if v is not None else wall) for i, v in first.items()}
+    ran = [i for i in range(nt) if first[i] is not None] or list(range(nt))
+    idle = [i for i in range(nt) if i not in ran]
+    late = {i: (first[i] - t_first if first[i] is not None else wall) for i in ran}
     per_mm: dict = {}
     for c in data["chunks"]:
         per_mm.setdefault(c["node_n"], []).append(c["ith"])
@@ -235,27 +245,42 @@ def disturbance(data: dict) -> dict:
     both = len(concurrent_chunks(data)) if nt > 1 else 0
     worst = None
     for nn, ths in per_mm.items():
-        counts = sorted((ths.count(i) for i in range(nt)), reverse=True)
+        counts = sorted((ths.count(i) for i in ran), reverse=True)
         if len(ths) >= 4 and (worst is None or counts[0] / max(counts[-1], 0.5) > worst[1][0] / max(worst[1][-1], 0.5)):
             worst = (nn, counts)
     sleep = {a["thread"]: a["sleep_us"] for a in acc}
     share = both / n_mm if n_mm else 0.0
     max_late = max(late.values()) if late else 0.0
-    clean = nt < 2 or (share >= CLEAN_SHARE and max_late <= LATE_SHARE * wall)
+    cores = data.get("cores")
+    over = bool(cores) and nt > cores
+    clean = nt < 2 or (share >= CLEAN_SHARE and max_late <= LATE_SHARE * wall and not over and not idle)
     if nt < 2:
         note = f"one thread: nothing ran in parallel ({wall / 1e3:.1f} ms)"
+    elif len(ran) < 2:
+        note = f"only thread {ran[0]} ran nodes ({wall / 1e3:.1f} ms)"
     else:
-        slept = ", ".join(f"thread {i} {sleep[i] / 1e3:.1f} ms" for i in range(nt))
+        slept = ", ".join(f"thread {i} {sleep[i] / 1e3:.1f} ms" for i in ran)
         lat = max(late, key=late.get)
-        note = (f"both threads inside the same MUL_MAT for {both} of {n_mm} MUL_MATs; asleep in barriers: {slept} "
+        who = "both threads" if len(ran) == 2 else "two threads or more"
+        note = (f"{who} inside the same MUL_MAT for {both} of {n_mm} MUL_MATs; asleep in barriers: {slept} "
                 f"of {wall / 1e3:.1f} ms; thread {lat} started {late[lat] / 1e3:.1f} ms after the first")
-        if not clean:
+    if len(ran) >= 2:
+        if over and not idle:
+            note = (f"MORE THREADS THAN CORES ({nt} threads, {cores} cores: the threads took turns on the cores): "
+                    + note)
+        elif not (share >= CLEAN_SHARE and max_late <= LATE_SHARE * wall):
             note = ("BUSY MACHINE (another process held a core, so the threads took turns): " + note
                     + (f"; the most lopsided MUL_MAT split its chunks {':'.join(map(str, worst[1]))}"
                        if worst is not None else ""))
+    if idle:           # said first: the picture has fewer working threads than its title's count
+        names = ", ".join(map(str, idle))
+        note = (f"ONLY {len(ran)} OF {nt} THREADS WORKED: thread{'s' if len(idle) > 1 else ''} {names} ran no node"
+                + ((" (ggviz's compiled walk runs at most as many threads as the process has cores"
+                    + (f", {cores} here" if cores else "") + f"; ggml's C would run all {nt}, taking turns on the "
+                    f"cores)") if data.get("compiled") else "") + ": " + note)
     return {"n_threads": nt, "wall_us": wall, "n_mul_mat": n_mm, "n_shared": len(shared), "n_both": both,
-            "both_share": share, "late_us": late, "sleep_us": sleep, "worst_split": worst, "clean": bool(clean),
-            "note": note}
+            "both_share": share, "late_us": late, "idle": idle, "sleep_us": sleep, "worst_split": worst,
+            "clean": bool(clean), "note": note}
 
 
 def cleanest(record, tries: int = 3, events=lambda r: r.events):
@@ -374,17 +399,46 @@ def plot_timeline(data: dict, node_range=None, highlight: int | None = None, ax=
 
 
 class ThreadTimeline(VizWidget):
-    """Per-thread Gantt of one recorded graph compute; a node slider highlights one node and lists its chunks."""
+    """Per-thread Gantt of one recorded graph compute; a node slider highlights one node and lists its chunks.
 
-    def __init__(self, events, which: int = -1, window: int = 40, spin: float | None = None):
-        self.data = timeline_data(events, which)
-        self.data["spin_us"] = spin                     # None: this process's spin_us() (a recording: its own)
-        self.computed = sorted({n["node_n"] for n in self.data["nodes"]})
-        if not self.computed:
-            raise ValueError("the recorded compute ran no node")
+    ``others``: the same graph computed on other thread counts ({n_threads: events}, e.g. the same decode step
+    recorded on 1, 3 and 4 threads): a thread-count control picks the recording shown (``select_threads``); each
+    says under its title how the machine treated it. ``cores``: the cores the recording process could use
+    (``machine_cores()`` where this process just recorded; None: not known), so a recording on more threads than
+    cores says so."""
+
+    def __init__(self, events, which: int = -1, window: int = 40, spin: float | None = None, others=None,
+                 cores: int | None = None):
+        self.runs = {}
+        for want, ev in [(None, events), *dict(others or {}).items()]:
+            d = timeline_data(ev, which)
+            if want is not None and int(want) != d["n_threads"]:
+                raise ValueError(f"others[{want}]: that recording ran on {d['n_threads']} threads, not {want}")
+            d["spin_us"] = spin                     # None: this process's spin_us() (a recording: its own)
+            d["cores"] = cores
+            if not d["nodes"]:
+                raise ValueError("the recorded compute ran no node")
+            if d["n_threads"] in self.runs:
+                raise ValueError(f"two recordings on {d['n_threads']} threads: give one per thread count")
+            self.runs[d["n_threads"]] = d
         self.window = window
+        self.threads = None
+        self.node = None
+        self._use(next(iter(self.runs)))
         self.node = self.computed[0]
         self.range = (self.computed[0], self.computed[min(len(self.computed), window) - 1] + 1)
+
+    def _use(self, n_threads: int):
+        self.threads = int(n_threads)
+        self.data = self.runs[self.threads]
+        self.computed = sorted({n["node_n"] for n in self.data["nodes"]})
+
+    def select_threads(self, n_threads: int):
+        """Show the recording on ``n_threads`` threads (one of ``others``), at the same node."""
+        if int(n_threads) not in self.runs:
+            raise ValueError(f"no recording on {n_threads} threads (recorded: {sorted(self.runs)})")
+        self._use(n_threads)
+        return self.select(self.node)
 
     def select(self, node_n: int):
         """Highlight node ``node_n`` (the window moves to contain it)."""
@@ -425,7 +479,8 @@ class ThreadTimeline(VizWidget):
 
     def state(self) -> dict:
         d = self.data
-        return {"n_threads": d["n_threads"], "n_computed": len(self.computed), "range": self.range,
+        return {"n_threads": d["n_threads"], "recorded_threads": sorted(self.runs), "n_computed": len(self.computed),
+                "range": self.range,
                 "node": self.node_info(), "total_us": d["t_end"],
                 "barrier_wait_us": {i: sum(b["t1"] - b["t0"] for b in d["barriers"] if b["ith"] == i)
                                     for i in range(d["n_threads"])},
@@ -462,34 +517,51 @@ class ThreadTimeline(VizWidget):
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.accounting_html() + self.info_html()
 
     def book_view(self) -> dict:
-        """This window's chart drawn once (no node marked), the selected node's time span marked over it in the page;
-        every node of the window's table recorded. Another window is another drawing, which needs a kernel."""
+        """This window's chart drawn once per thread count (no node marked), the selected node's time span marked
+        over it in the page; every node of the window's table recorded, for each recorded thread count. Another
+        window is another drawing, which needs a kernel."""
         a, b = self.range
-        in_win = [n for n in self.computed if a <= n < b]
-        node = self.node
-        fig = self.figure(highlight=None)
-        img, box = chart_with_cursor(fig, fig.axes[0])
-        spans = {}
-        for x in self.data["nodes"]:
-            lo, hi = spans.get(x["node_n"], (x["t0"], x["t1"]))
-            spans[x["node_n"]] = (min(lo, x["t0"]), max(hi, x["t1"]))
-
-        def frame(key):
-            # a node number that computed nothing shows the next one that did (as select does)
-            self.node = next((x for x in in_win if x >= key[0]), in_win[-1])
-            return {"picture": img, "cursor": [box(*spans[self.node])], "info": self.info_html()}
-
+        node, threads = self.node, self.threads
+        charts, wins = {}, {}
         try:
             with quiet(self):
+                for nt in self.runs:
+                    self._use(nt)
+                    fig = self.figure(highlight=None)
+                    img, box = chart_with_cursor(fig, fig.axes[0])
+                    spans = {}
+                    for x in self.data["nodes"]:
+                        lo, hi = spans.get(x["node_n"], (x["t0"], x["t1"]))
+                        spans[x["node_n"]] = (min(lo, x["t0"]), max(hi, x["t1"]))
+                    charts[nt] = (img, box, spans, self.accounting_html())
+                    wins[nt] = [n for n in self.computed if a <= n < b]
+                lo = min(w[0] for w in wins.values())
+                hi = max(w[-1] for w in wins.values())
+
+                def frame(key):
+                    nt, n = (threads, key[0]) if len(key) == 1 else key
+                    self._use(nt)
+                    img, box, spans, acc = charts[nt]
+                    # a node number that computed nothing shows the next one that did (as select does)
+                    self.node = next((x for x in wins[nt] if x >= n), wins[nt][-1])
+                    return {"picture": img, "cursor": [box(*spans[self.node])], "info": self.info_html(), "foot": acc}
+
+                ctrl = [{"name": "node", "label": "node", "kind": "range", "min": lo, "max": hi, "value": node,
+                         "width": 480}]
+                keys = [(n,) for n in range(lo, hi + 1)]
+                if len(self.runs) > 1:
+                    ctrl.insert(0, {"name": "threads", "label": "threads (recorded runs)", "kind": "toggle",
+                                    "value": threads, "options": [[str(t), t] for t in sorted(self.runs)]})
+                    keys = [(t, n) for t in sorted(self.runs) for n in range(lo, hi + 1)]
+                in_win = wins[threads]
                 return frames_book(
-                    [{"name": "node", "label": "node", "kind": "range", "min": in_win[0], "max": in_win[-1],
-                      "value": node, "width": 480}],
-                    [(n,) for n in range(in_win[0], in_win[-1] + 1)], frame, foot=self.accounting_html(),
+                    ctrl, keys, frame,
                     note="" if len(in_win) == len(self.computed) else
                     f"nodes {in_win[0]} … {in_win[-1]} of {self.computed[0]} … {self.computed[-1]} drawn here: "
                     f"another window is another drawing, which needs a kernel (run the notebook and move the slider "
                     f"past the window)")
         finally:
+            self._use(threads)
             self.node = node
 
     def _build(self):
@@ -498,16 +570,26 @@ class ThreadTimeline(VizWidget):
                                          continuous_update=False, layout=W.Layout(width="700px"))
         self._w_node.observe(lambda ch: None if getattr(self, "_syncing", False) else self.select(ch["new"]),
                              "value")
+        self._w_threads = W.ToggleButtons(options=sorted(self.runs), value=self.threads,
+                                          description="threads", layout=W.Layout(
+                                              display=None if len(self.runs) > 1 else "none"))
+        self._w_threads.observe(lambda ch: None if getattr(self, "_syncing", False)
+                                else self.select_threads(ch["new"]), "value")
         self._w_img = W.HTML()
+        self._w_acc = W.HTML()
         self._w_info = W.HTML()
-        return W.VBox([self._w_node, self._w_img, W.HTML(self.accounting_html()), self._w_info])
+        return W.VBox([W.HBox([self._w_threads, self._w_node]), self._w_img, self._w_acc, self._w_info])
 
     def _refresh(self):
-        if self._w_node.value != self.node:
-            self._syncing = True
-            try:
+        self._syncing = True
+        try:
+            if self._w_node.options != tuple(self.computed):
+                self._w_node.options = self.computed
+            if self._w_node.value != self.node:
                 self._w_node.value = self.node
-            finally:
-                self._syncing = False
+            self._w_threads.value = self.threads
+        finally:
+            self._syncing = False
         self._w_img.value = png_img(fig_to_png(self.figure()), "max-width:100%")
+        self._w_acc.value = self.accounting_html()
         self._w_info.value = self.info_html()

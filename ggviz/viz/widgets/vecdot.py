@@ -26,7 +26,7 @@ from ...ggml import consts as C
 from ...ggml import quants as Q
 from ...ggml.cpu import quants as CQ
 from ...ggml.cpu.libm import fma32
-from ._base import VizWidget, esc, fig_to_png, html_table, png_img
+from ._base import VizWidget, chart_with_cursor, esc, fig_to_png, frames_book, html_table, png_img, quiet
 
 F32 = np.float32
 
@@ -123,9 +123,9 @@ class VecDotLanes(VizWidget):
                     np.uint32))}
 
     # ---- drawing ------------------------------------------------------------------------------------------------
-    def figure(self):
+    def figure(self, mark: bool = True):
         """Left: the lanes' integer products P_u per block (8 lanes x nb blocks); right: the lane accumulators after
-        each block (the FMA order), the selected block outlined."""
+        each block (the FMA order), the selected block outlined (``mark``; the book marks it over the drawing)."""
         L = self.lanes
         nb = L["nb"]
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.4), gridspec_kw={"width_ratios": [1, 1]})
@@ -136,10 +136,12 @@ class VecDotLanes(VizWidget):
         a1.set_ylabel("lane u (elements 4u..4u+3)")
         a1.set_yticks(range(8))
         a1.set_title("maddubs + madd: 8 integer lanes per block", fontsize=10)
-        a1.add_patch(plt.Rectangle((self.block - 0.5, -0.5), 1, 8, fill=False, edgecolor="#d50000", linewidth=2))
+        if mark:
+            a1.add_patch(plt.Rectangle((self.block - 0.5, -0.5), 1, 8, fill=False, edgecolor="#d50000", linewidth=2))
         for u in range(8):
             a2.plot(range(nb), L["acc"][:, u], marker=".", linewidth=1, label=f"lane {u}")
-        a2.axvline(self.block, color="#d50000", linewidth=1)
+        if mark:
+            a2.axvline(self.block, color="#d50000", linewidth=1)
         a2.xaxis.set_major_locator(MaxNLocator(integer=True))
         a2.set_xlabel("block (one FMA per lane per block, in order)")
         a2.set_ylabel("acc_u")
@@ -194,6 +196,48 @@ class VecDotLanes(VizWidget):
 
     def to_html(self) -> str:
         return png_img(fig_to_png(self.figure()), "max-width:100%") + self.block_html() + self.reduce_html()
+
+    def book_rows(self) -> list:
+        """The output rows a book recording holds: the current one and the first three (each row is another
+        drawing)."""
+        return sorted({self.row, *range(min(3, self.cap["w_rows"].shape[0]))})
+
+    def book_view(self) -> dict:
+        """Each of ``book_rows`` drawn once with no block marked, every block of it recorded: the page marks the
+        block over both charts, and shows its lanes (info) and the row's reduce (detail)."""
+        row, block = self.row, self.block
+        rows = self.book_rows()
+        charts = {}
+
+        def frame(key):
+            if self.row != int(key[0]):
+                self.select_row(int(key[0]))
+            b = min(int(key[1]), self.lanes["nb"] - 1)
+            self.block = b
+            if self.row not in charts:
+                fig = self.figure(mark=False)
+                a1, a2 = fig.axes[0], fig.axes[1]              # (the colorbar's axes come after the two)
+                lo2, hi2 = a2.get_ylim()
+                img, box = chart_with_cursor(fig, a1)
+                charts[self.row] = (img, box, a1, a2, lo2, hi2)
+            img, box, a1, a2, lo2, hi2 = charts[self.row]
+            return {"picture": img,
+                    "cursor": [box(b - 0.5, b + 0.5, -0.5, 7.5, a1), box(b - 0.1, b + 0.1, lo2, hi2, a2)],
+                    "info": self.block_html(), "detail": self.reduce_html()}
+
+        with quiet(self):
+            try:
+                return frames_book(
+                    [{"name": "row", "label": "output row", "kind": "select", "value": row,
+                      "options": [[str(r), r] for r in rows]},
+                     {"name": "block", "label": "block", "kind": "range", "min": 0, "max": self.lanes["nb"] - 1,
+                      "value": block}],
+                    [(r, b) for r in rows for b in range(self.lanes["nb"])], frame,
+                    note=f"recorded for output rows {', '.join(map(str, rows))} of {self.cap['w_rows'].shape[0]}: "
+                         f"another row is another computation, which needs a kernel (run the notebook)")
+            finally:
+                self.select_row(row)
+                self.block = block
 
     def _build(self):
         n = self.cap["w_rows"].shape[0]
