@@ -71,9 +71,14 @@ def notebook_runner():
 # per worker. (Not xdist_group marks with --dist loadgroup: pytest-xdist 3.8 tags the marked tests by rewriting
 # `item._nodeid`, which pytest 9 no longer reads, so the marks group nothing.)
 SHARED_WORKER = {"test_notebooks.py": "notebooks", "test_browser.py": "notebooks"}
-# The longest groups start first (the book alone executes every notebook: ~250 s of the ~1450 s), so that the two
-# workers finish together instead of one starting a long module while the other has nothing left.
-FIRST = ("test_browser.py", "test_notebooks.py", "test_widgets.py")
+# The longest groups start first, longest first (the book alone executes every notebook: ~250 s of the ~1450 s;
+# then the modules whose tests decode on the faithful kernels or drive a browser, by their CI durations), the short
+# modules after them in collection order: the worker that finishes its long group picks up short modules, so that
+# the two workers finish together instead of one starting a long module while the other has nothing left.
+FIRST = ("test_browser.py", "test_notebooks.py", "test_widgets.py", "test_graph_cache.py", "test_powerinfer_model.py",
+         "test_explorer_browser.py", "test_misuse_cli.py", "test_sched.py", "test_powerinfer_hybrid.py",
+         "test_report.py", "test_models_cli.py", "test_powerinfer_views.py", "test_sgemm.py", "test_demo.py",
+         "test_flash_attn_llamacpp.py", "test_misuse_llama.py", "test_misuse_state.py", "test_explorer.py")
 
 
 def _module(nodeid: str) -> str:
@@ -99,4 +104,6 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):          # an xdist worker: every worker sorts its identical collection alike
-        items.sort(key=lambda item: _module(item.nodeid) not in FIRST)      # stable: otherwise in collection order
+        rank = {name: i for i, name in enumerate(FIRST)}
+        # stable: FIRST in its order, then the other modules in collection order
+        items.sort(key=lambda item: rank.get(_module(item.nodeid), len(FIRST)))

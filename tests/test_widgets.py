@@ -31,6 +31,20 @@ def model():
 
 
 @pytest.fixture(scope="module")
+def fast_model():
+    """The default model with its weights repacked (CPU_REPACK, as ggviz.run.load_model() and notebook 07 load it):
+    a decode with the eval callback asking for nodes runs its segments on the compiled kernels (~4x faster than the
+    faithful NumPy kernels of ``model``), for the tests whose subject is not the kernels."""
+    from ggviz.run import load_model
+    return load_model()
+
+
+@pytest.fixture(scope="module")
+def fast_stepper(fast_model):
+    return DecodeStepper(PROMPT, model=fast_model)
+
+
+@pytest.fixture(scope="module")
 def run(model):
     """One decode of the prompt on 2 threads, recording every trace event and the graph inputs, then a sample."""
     cp = llama.context_default_params()
@@ -466,7 +480,8 @@ def test_bpe_view(model):
     assert "<table" in bv.to_html()
 
 
-def test_attention_capture_matches_the_stepper(model, stepper, tmp_path):
+def test_attention_capture_matches_the_stepper(fast_model, fast_stepper, tmp_path):
+    model, stepper = fast_model, fast_stepper
     cp = llama.context_default_params()
     cp.n_ctx, cp.flash_attn_type = 256, 0        # the weights are a node (kq_soft_max) only without flash attention
     cp.n_threads = cp.n_threads_batch = 2
@@ -546,14 +561,14 @@ def test_decode_stepper_shows_what_cb_eval_saw(stepper, model):
         assert svg_t["values"][svg_t["pick"][i]] == ds.goto(i).view.svg()
 
 
-def test_decode_stepper_header_shows_the_given_tokens(model, stepper, tmp_path):
+def test_decode_stepper_header_shows_the_given_tokens(fast_model, stepper, tmp_path):
     # the fixture's stepper: from the prompt, which is also what its tokens detokenize to
     assert stepper.text == PROMPT and stepper.prompt == PROMPT and "The capital of France is" in stepper.header_html()
     # only tokens: the header shows them, detokenized (special tokens written out), not the default prompt
-    # (3 tokens: the stepper decodes them with the faithful kernels, ~5 s a token on 2 shared cores)
-    ids = [1] + llama.tokenize(model.vocab, "Bonjour", add_special=False, parse_special=False)
+    # (3 tokens, on the repacked model: its segments run compiled; the faithful kernels took ~5 s a token)
+    ids = [1] + llama.tokenize(fast_model.vocab, "Bonjour", add_special=False, parse_special=False)
     assert len(ids) == 3
-    ds = DecodeStepper(tokens=ids, model=model, copy_limit=0, slice_rows=1, slice_cols=4)
+    ds = DecodeStepper(tokens=ids, model=fast_model, copy_limit=0, slice_rows=1, slice_cols=4)
     assert ds.tokens == ids and ds.state()["tokens"] == ids
     assert ds.text == ds.prompt == "<|im_start|>Bonjour" == ds.state()["text"]
     head = ds.header_html()

@@ -406,4 +406,5 @@ def graph_view(cg: CGraph, i0: int, i1: int) -> CGraph:
     # ggviz: the graph the view was cut from (a view of a view points at the root): the fast path asks it whether
     # the model runs compiled when a view alone (one eval-callback segment) cannot tell
     v.view_of = getattr(cg, "view_of", None) or cg
+    v.view_parent = cg        # ggviz: and the graph it was cut from (an eval-callback segment: its split)
     return v

@@ -408,10 +408,15 @@ def compile_graph(cgraph, require_repack: bool = False):
 
 def _has_repacked_mul_mat(cgraph) -> bool:
     """Cheap test before compiling: does some MUL_MAT read a weight that has CPU_REPACK traits? A view (a split, or
-    the node range between two nodes the eval callback asked for) of a PowerInfer graph may hold none -- the sparse
-    kernels and the predictor read the plain layout -- so for those the graph it was cut from decides: a segment
-    of a compiled PWRI model's graph runs compiled too (the same bits; the node-by-node NumPy walk of ~300
-    segments cost a captured run ~2x its time). Dense graphs keep the rule as it was."""
+    the node range between two nodes the eval callback asked for) may hold none, so for those the graph it was cut
+    from decides. A PowerInfer graph's views ask the root: the sparse kernels and the predictor read the plain
+    layout, and a segment of a compiled PWRI model's graph runs compiled too (the same bits; the node-by-node NumPy
+    walk of ~300 segments cost a captured run ~2x its time). A dense graph's eval-callback segment (a view of a
+    split) runs as its split does: compiled when the split holds a repacked MUL_MAT, so that a step-through of a
+    repacked model computes its KQ / KQV (F16 / F32) MUL_MATs and its other ops with the compiled kernels -- the
+    same bits as the faithful ones (fast/sgemm.py is tinyBLAS lane for lane), not the NumPy lane emulation that
+    cost such a decode ~60 % of its time. A split itself keeps its own rule, and a model whose weights stay in
+    the mapping (``use_extra_bufts=False``) has no repacked MUL_MAT anywhere: every node on the faithful kernels."""
     if _repacked_mul_mat_in(cgraph.nodes):
         return True
     root = getattr(cgraph, "view_of", None)
@@ -425,7 +430,20 @@ def _has_repacked_mul_mat(cgraph) -> bool:
             root._ggviz_pwri_compiled = cached
         except AttributeError:
             pass
-    return cached[1]
+    if cached[1]:
+        return True
+    split = getattr(cgraph, "view_parent", None)
+    if split is None or getattr(split, "view_of", None) is None:      # a split (cut from the root), or no parent
+        return False
+    nodes = split.nodes
+    cached = getattr(split, "_ggviz_split_repacked", None)
+    if cached is None or cached[0] is not nodes or cached[1] != len(nodes):
+        cached = (nodes, len(nodes), _repacked_mul_mat_in(nodes))
+        try:
+            split._ggviz_split_repacked = cached
+        except AttributeError:
+            pass
+    return cached[2]
 
 
 def _repacked_mul_mat_in(nodes) -> bool:
