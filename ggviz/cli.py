@@ -20,7 +20,9 @@ ggviz and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
+import gc
 import importlib
 import logging
 import math
@@ -359,10 +361,22 @@ def _engine_logs(debug: bool) -> None:
         log.addHandler(logging.NullHandler())      # no "last resort" printing of engine warnings
 
 
+# Commands whose process exits without the interpreter's last garbage collection (see main).
+_FREEZE_AT_EXIT = {"run"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    program = argv is None       # the `ggviz` program (or `python -m ggviz`), not a call from Python
     debug, argv = _debug(list(sys.argv[1:] if argv is None else argv))
     command = argv[0] if argv and not argv[0].startswith("-") else None
     _engine_logs(debug)
+    if program and command in _FREEZE_AT_EXIT:
+        # ggviz: a process that loaded a model exits only after Python's final garbage collection has walked every
+        # object still alive (~130,000 after a one-shot run: the model's and the graphs' tensors, Numba's types) to
+        # free what a C program's exit leaves to the OS. Frozen by the last atexit handler (gc.freeze), they are
+        # left to the OS too. Only for commands that leave no file open: what they write goes to stdout / stderr,
+        # which are flushed as usual.
+        atexit.register(gc.freeze)
     try:
         return _dispatch(argv)
     except (Exception, KeyboardInterrupt) as e:

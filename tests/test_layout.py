@@ -40,6 +40,8 @@ LAZY_IMPORTS_ALLOWED = {
     "ggviz": "`import ggviz` stays light: its re-exports (generate, load_gguf) are loaded on first use (PEP 562)",
     "ggviz.llama": "the chat templates (jinja2's sandbox) load on first use, not with every run (PEP 562)",
     "ggviz.tools.oneshot_child": "a fresh process that times its own imports, and imports llama_cpp or ggviz",
+    "ggviz.ggml.gguf": "gguf-py (~30-70 ms) only for GGUFFile.gguf_reader's cross-check, not for loading a model",
+    "ggviz.llama.vocab": "gguf-py (~30-70 ms) only for read_tokenizer_kv on a path, not for loading a model",
     "ggviz.progress": "tqdm.auto (asyncio, importlib.metadata, ipywidgets in Jupyter) loads at the first bar: a "
                       "one-shot `ggviz run` of a model already here never draws one",
 }

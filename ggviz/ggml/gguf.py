@@ -45,7 +45,6 @@ import struct
 import weakref
 from dataclasses import dataclass
 
-import gguf
 import numpy as np
 
 from . import consts as C
@@ -473,6 +472,7 @@ class GGUFFile:
 
     def gguf_reader(self):
         """gguf-py's GGUFReader on the same file (slow on real models; for cross-checking)."""
+        import gguf     # gguf-py (and the yaml it imports): ~70 ms that loading a model does not need
         return gguf.GGUFReader(self.path)
 
     def layout(self) -> list:

@@ -42,7 +42,6 @@ import operator
 import os
 from typing import Iterable, Sequence
 
-import gguf
 import numpy as np
 
 from .unicode import UNICODE_TO_BYTE, UTF8_LEN, byte_encode, cpts_from_utf8, regex_split
@@ -156,7 +155,7 @@ def read_tokenizer_kv(path_or_reader) -> dict:
     dict of Python values, read with ``gguf.GGUFReader`` (pass a path, or a reader you already opened: opening
     one parses the whole file's metadata, which takes seconds for a 49k-token vocabulary)."""
     if isinstance(path_or_reader, (str, os.PathLike)):
-
+        import gguf     # gguf-py (and the yaml it imports): ~70 ms that loading a model (from_gguf_kv) does not need
         reader = gguf.GGUFReader(os.fspath(path_or_reader))
     else:
         reader = path_or_reader

@@ -22,7 +22,10 @@ processes, alternating rep by rep (``ggviz/tools/oneshot_child.py`` is the proce
   through llama-cpp-python in a fresh process (the texts are compared), with a profile of both by phase (imports,
   model load, context creation, prompt, first step, the other steps);
 * the first context of a loaded model (context n_ctx 512 + the 4-token prompt + the first sample);
-* the first decode step after a 128-token prompt (a new batch shape) beside a steady step.
+* the first decode step after a 128-token prompt (a new batch shape) beside a steady step;
+* ggviz's part of each phase that is Numba's first use in the process: the ms spent holding its compiler lock
+  (its CPU target set up, then the kernels' machine code loaded from the on-disk cache) and how many dispatchers
+  were loaded or compiled (counts that do not depend on the machine's load).
 
 Both libraries use their default context parameters (flash attention: llama.cpp's default, auto = on for the CPU).
 
@@ -360,13 +363,13 @@ def oneshot_bench(path=None, n_threads: int = 2, reps: int = 3, n_predict: int =
             wall = wall_c
             texts.setdefault(name, set()).add(d["text"])
         _, out_f = _run_child([py, _CHILD, name, *args, "first_ctx,shape"], _child_env(env))
-        d.update({k: v for k, v in json.loads(out_f.strip().splitlines()[-1]).items() if k.startswith(("fc_", "first_", "shape_"))})
+        d.update({k: v for k, v in json.loads(out_f.strip().splitlines()[-1]).items() if k.startswith(("fc_", "first_", "shape_", "numba_fc_"))})
         if warm:
             return
         r.setdefault("wall_ms", []).append(wall)
         r.setdefault("startup_ms", []).append(wall_c - d["oneshot_ms"])
         for k, v in d.items():
-            if isinstance(v, float):
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
                 r.setdefault(k, []).append(v)
 
     for name, (py, env) in libs:           # warm: bytecode written, kernels' caches and the file in the page cache
@@ -405,6 +408,21 @@ def oneshot_bench(path=None, n_threads: int = 2, reps: int = 3, n_predict: int =
         if len(med) > 1 and med[1] > 0:
             line += f"   x{med[0] / med[1]:.2f}"
         log(line)
+    if "numba_prompt_loaded" in res["ggviz"]:
+        # what of each phase is Numba's first use in the process (counts: independent of the machine's load)
+        r = res["ggviz"]
+        log("ggviz, Numba's first use by phase (median): ms holding its compiler lock (its CPU target set up, then "
+            "machine code loaded from its cache or compiled), dispatchers loaded from the cache / compiled")
+        for label, ph, total in [("one-shot: model load", "load", "load_ms"),
+                                 ("one-shot: context creation", "ctx", "ctx_ms"),
+                                 ("one-shot: prompt", "prompt", "prompt_ms"),
+                                 ("one-shot: the generation steps", "steps", "steps_ms"),
+                                 ("first context (2nd process): context", "fc_ctx", "fc_ctx_ms"),
+                                 ("first context (2nd process): 4-token prompt", "fc_prompt", "fc_prompt_ms")]:
+            lock = statistics.median(r[f"numba_{ph}_lock_ms"])
+            log(f"  {label:44s}{lock:8.1f} ms of {statistics.median(r[total]):8.1f}   "
+                f"loaded {int(statistics.median(r[f'numba_{ph}_loaded']))}, "
+                f"compiled {int(statistics.median(r[f'numba_{ph}_compiled']))}")
     for n in names:
         r = res[n]
         log(f"{n}: first decode step after the 128-token prompt / a steady step: "

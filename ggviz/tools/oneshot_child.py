@@ -15,6 +15,11 @@ the parent measures around it), and the generated text. Three parts, each on a m
 
 Both libraries run the same llama.h calls in the same order, with their own default context parameters
 (llama.cpp's default flash attention: auto, on for the CPU).
+
+For ggviz it also counts, per phase, Numba's first use (keys ``numba_<phase>_*``): the ms spent holding Numba's
+compiler lock (its CPU target set up on first use, then each dispatcher's machine code loaded from the on-disk
+cache or compiled), how many dispatchers were loaded from the cache and how many compiled. Those counts do not
+depend on the machine's load; llama.cpp's kernels are in its shared library before the first line runs.
 """
 import time
 
@@ -38,13 +43,16 @@ def main(argv) -> int:
     out = {"lib": lib}
     api = _GGviz() if lib == "ggviz" else _LlamaCpp()
     out["imports_ms"] = _ms(T0)
+    api.numba_phase(out, "imports")
     t = time.perf_counter()
     api.load(path)
     out["load_ms"] = _ms(t)
+    api.numba_phase(out, "load")
     if "oneshot" in parts:
         t = time.perf_counter()
         ctx = api.new_ctx(2048, n_threads)
         out["ctx_ms"] = _ms(t)
+        api.numba_phase(out, "ctx")
         t = time.perf_counter()
         ids = api.tokenize(prompt)
         out["tokenize_ms"] = _ms(t)
@@ -52,6 +60,7 @@ def main(argv) -> int:
         t = time.perf_counter()
         api.decode(ctx, ids)
         out["prompt_ms"] = _ms(t)
+        api.numba_phase(out, "prompt")
         pieces, steps = [], []
         for i in range(n_predict):
             t = time.perf_counter()
@@ -63,7 +72,9 @@ def main(argv) -> int:
                 api.decode(ctx, [tok])
             steps.append(_ms(t))
         out["first_step_ms"] = steps[0] if steps else 0.0
+        api.numba_phase(out, "steps")
         out["rest_ms"] = sum(steps[1:])
+        out["steps_ms"] = sum(steps)
         out["steady_step_ms"] = statistics.median(steps[1:]) if len(steps) > 1 else 0.0
         out["text"] = prompt + "".join(pieces)
         out["oneshot_ms"] = _ms(T0)
@@ -73,9 +84,11 @@ def main(argv) -> int:
         t = time.perf_counter()
         ctx = api.new_ctx(512, n_threads)
         out["fc_ctx_ms"] = _ms(t)
+        api.numba_phase(out, "fc_ctx")
         t1 = time.perf_counter()
         api.decode(ctx, PROMPT4)
         out["fc_prompt_ms"] = _ms(t1)
+        api.numba_phase(out, "fc_prompt")
         t1 = time.perf_counter()
         api.sample(smpl, ctx)
         out["fc_sample_ms"] = _ms(t1)
@@ -101,8 +114,39 @@ def main(argv) -> int:
 
 class _GGviz:
     def __init__(self):
+        import atexit
+        import gc
+
         from ggviz import llama
         self.L = llama
+        atexit.register(gc.freeze)    # as the `ggviz run` program exits (ggviz/cli.py: main)
+        try:
+            from numba.core import event
+            from numba.core.dispatcher import Dispatcher
+        except ImportError:         # no fast path: nothing to count
+            self._lock = None
+            return
+        self._Dispatcher = Dispatcher
+        self._lock = event.TimingListener()      # time inside Numba's global compiler lock, summed
+        event.register("numba:compiler_lock", self._lock)
+        self._seen = (0.0, 0, 0)
+
+    def numba_phase(self, out, phase):
+        """Numba's work since the previous call: ms in its compiler lock, dispatchers loaded from its cache,
+        dispatchers compiled (each dispatcher's own counters, over the ggviz modules that define them)."""
+        if self._lock is None:
+            return
+        import sys as _sys
+        ds = {id(v): v for name, m in list(_sys.modules.items()) if name.startswith("ggviz.") and m is not None
+              for v in vars(m).values() if isinstance(v, self._Dispatcher)}
+        hits = sum(sum(d._cache_hits.values()) for d in ds.values())
+        misses = sum(sum(d._cache_misses.values()) for d in ds.values())
+        lock_ms = self._lock.duration * 1e3 if self._lock.done else 0.0
+        l0, h0, m0 = self._seen
+        out[f"numba_{phase}_lock_ms"] = lock_ms - l0
+        out[f"numba_{phase}_loaded"] = hits - h0
+        out[f"numba_{phase}_compiled"] = misses - m0
+        self._seen = (lock_ms, hits, misses)
 
     def load(self, path):
         self.model = self.L.model_load_from_file(path, self.L.model_default_params())
@@ -139,6 +183,9 @@ class _GGviz:
 
 
 class _LlamaCpp:
+    def numba_phase(self, out, phase):
+        pass
+
     def __init__(self):
         import llama_cpp as L
         try:     # errors only, as Llama(verbose=False)

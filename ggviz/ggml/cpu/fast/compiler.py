@@ -160,6 +160,7 @@ class FastGraph:
         self.n_next = 1 << 30                 # threads for the next compute (see compute_thread)
         self.n_use_now = None                 # threads of the compute in flight, fixed before its kickoff
         self.wall = {}                        # n_use -> recent wall ns of a compute (exponential average)
+        self.n_computes = 0                   # computes so far (the first decides nothing: _choose_threads)
         self.n_single = 0                     # computes run on one thread since the last probe ...
         self.single_ns = 0                    # ... and their time
         self.probe_every, self.probe_ns, self.probing = self.PROBE_EVERY, self.PROBE_NS, False
@@ -189,6 +190,13 @@ class FastGraph:
     def _choose_threads(self, n_max: int, n_use: int, wall_ns: int, wall_ticks: int) -> None:
         slept_ticks = int(self.sync[SYNC_SLEEP_TICKS])
         self.sync[SYNC_SLEEP_TICKS] = 0
+        self.n_computes += 1
+        if self.n_computes == 1:
+            # a program's first compute is no sample of contention: it pays one-time costs in one thread while the
+            # others sleep in a barrier (a process's first compute loads Numba's machine code in thread 0; the first
+            # touches of a new graph's buffers). Counted, it sent a one-shot `ggviz run` to one thread for its
+            # first 16 decode steps: ~17 ms a step where two threads take ~11.6 (SmolLM2, quiet 2-core machine)
+            return
         prev = self.wall.get(n_use)
         self.wall[n_use] = wall_ns if prev is None else (prev * 3 + wall_ns) // 4
         if n_max <= 1:
