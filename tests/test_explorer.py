@@ -296,3 +296,22 @@ def test_sample_phase_shows_the_sampler_chain_and_the_reused_step(ex):
     assert r is not None and r["reused"] and "build_graph" not in r["ms"] and r["ms"]["compute"] > 0
     assert ph["compute"]["ms_next"] == pytest.approx(r["ms"]["compute"]) and ph["build_graph"]["ms_next"] == 0.0
     assert "reused the graph" in ex.timing_note()
+
+
+def test_a_one_token_prompt_shows_the_reused_split(model):
+    """A one-token prompt gives the recorded step the prompt's shapes: llama.cpp reuses the graph (no new split, no
+    sched.* event of the step). The explorer shows the split the step computed with -- checked against the
+    scheduler's own splits and node backends -- and says it was reused (it used to raise "no sched.pass event")."""
+    ex1 = DecodeExplorer.record("Hi", threads=1, model=model, values=False)
+    assert len(ex1.step.prompt_ids) == 1
+    assert any(e["kind"] == "llama.graph_reuse" for e in ex1.record.events)
+    assert not any(e["kind"] == "sched.pass" for e in ex1.record.events)
+    sched = ex1.sched
+    assert ex1.record.sched.reused and ex1.sv.reused and ex1.sv.state()["reused"]
+    assert [(s["i_start"], s["i_end"], s["backend_id"]) for s in ex1.sv.splits] == [
+        (sp.i_start, sp.i_end, sp.backend_id) for sp in sched.splits[:sched.n_splits]]
+    names = [B.backend_name(b) for b in sched.backends]
+    assert [names[b] for b in ex1.sv.snapshots["5"]["backend"]] == [
+        B.backend_name(S.backend_sched_get_tensor_backend(sched, t)) for t in ex1.gf.nodes]
+    text = next(p["text"] for p in ex1.phases() if p["key"] == "sched_alloc")
+    assert "reused the previous decode's graph" in text

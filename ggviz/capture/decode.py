@@ -16,6 +16,7 @@ from ..ggml.tensor import get_data
 from ..run import load_model
 from .eval_callback import EvalCallback
 from .inputs import capture_inputs
+from .plans import SCHED_KINDS
 
 DEFAULT_PROMPT = "The ggml library is"
 
@@ -27,7 +28,9 @@ class DecodeStep:
     ``graph`` is the ``GraphResult`` of the decode (``graph.gf`` the cgraph, ``graph.inputs`` its input leafs);
     ``prompt_ids`` the prompt's tokens, ``token`` the token decoded (the greedy pick after the prompt), ``pos`` its
     position; ``events`` every trace event of the decode (when ``record=True``); ``timeline`` the
-    ``trace.ComputeTimeline``; ``masks`` the KQ masks set for each decode (prompt first), read through
+    ``trace.ComputeTimeline``; ``split_events`` the ``sched.*`` events of the prompt's split (the step's split when
+    the step reused the prompt's graph: a one-token prompt gives the step the same shape, so llama.cpp reuses the
+    graph and the step splits nothing); ``masks`` the KQ masks set for each decode (prompt first), read through
     ``graph_hook`` just before each compute, and ``snapshots`` the same moments as ``capture.DecodeSnapshot``
     (inputs and KV cells); ``t_decode_ms`` the decode's wall time."""
     model: object
@@ -42,6 +45,7 @@ class DecodeStep:
     timeline: object = None
     masks: list = field(default_factory=list)
     snapshots: list = field(default_factory=list)
+    split_events: list = field(default_factory=list)
     t_prompt_ms: float = 0.0
     t_decode_ms: float = 0.0
 
@@ -77,8 +81,13 @@ def decode_step(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ct
     if not ids:
         raise ValueError("the prompt tokenized to zero tokens")
     masks = []
+    # the prompt's split, recorded only up to its compute (the graph hook runs after the split and the allocation):
+    # the step that follows splits its graph anew -- or, when it reuses the prompt's graph, keeps this split
+    split_rec = trace.Recorder(SCHED_KINDS) if record else None
 
     def hook(res):
+        if split_rec is not None:
+            trace.unlisten(split_rec)
         masks.append(get_data(res.inputs.kq_mask).reshape(res.n_tokens, -1).copy())
 
     ctx.graph_hook = hook
@@ -87,8 +96,14 @@ def decode_step(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ct
         # the snapshots of the inputs and KV cells, taken by a graph hook chained after the one above
         with capture_inputs(ctx) as snapshots:
             t0 = time.perf_counter()
-            if llama.decode(ctx, llama.batch_get_one(ids)) != 0:
-                raise RuntimeError("llama_decode failed on the prompt")
+            if split_rec is not None:
+                trace.listen(split_rec)
+            try:
+                if llama.decode(ctx, llama.batch_get_one(ids)) != 0:
+                    raise RuntimeError("llama_decode failed on the prompt")
+            finally:
+                if split_rec is not None:
+                    trace.unlisten(split_rec)
             t_prompt = (time.perf_counter() - t0) * 1e3
             token = int(ctx.get_logits_ith(-1).argmax())
             step = DecodeStep(model=model, ctx=ctx, prompt=prompt, prompt_ids=list(ids), token=token, pos=len(ids),
@@ -110,6 +125,7 @@ def decode_step(prompt: str = DEFAULT_PROMPT, threads: int = 2, model=None, n_ct
         raise RuntimeError(f"llama_decode failed on the decode step (status {st})")
     if record:
         step.events = recorders[0].events
+        step.split_events = split_rec.events
     step.graph = ctx.last_graph
     return step
 

@@ -158,6 +158,20 @@ def _input_leafs(step, gf) -> dict:
     return out
 
 
+def _step_split(step, sched, gf) -> SchedRecord:
+    """The split the step computed with: its own, or -- when it reused the previous decode's graph (llama.cpp's
+    graph reuse: the same shapes, e.g. after a one-token prompt, so no new split and no sched.* event) -- the split
+    that decode made of the same graph (``DecodeStep.split_events``), marked ``reused``."""
+    sid = id(sched)
+    if any(e["kind"] == "sched.pass" and e.get("sched") == sid for e in step.events):
+        return capture_sched(sched, gf, step.events)
+    if not any(e["kind"] == "llama.graph_reuse" for e in step.events):
+        raise ValueError("the decode step recorded neither a split of its graph nor a graph reuse")
+    rec = capture_sched(sched, gf, getattr(step, "split_events", None) or [])
+    rec.reused = True
+    return rec
+
+
 def capture_step(step, values: dict | None = None, sampled: int | None = None, reused: dict | None = None) -> StepRecord:
     """The ``StepRecord`` of a ``DecodeStep`` recorded with ``record=True`` (its events, timeline, the context's
     scheduler and allocator, the sampler chain on its logits, read now while they are alive); ``values``: {node
@@ -168,7 +182,7 @@ def capture_step(step, values: dict | None = None, sampled: int | None = None, r
     tl = step.timeline
     return StepRecord(
         prompt=step.prompt, token=int(step.token), pos=int(step.pos), t_decode_ms=float(step.t_decode_ms),
-        graph=capture_graph(gf), sched=capture_sched(sched, gf, step.events), alloc=capture_alloc(sched.galloc, gf),
+        graph=capture_graph(gf), sched=_step_split(step, sched, gf), alloc=capture_alloc(sched.galloc, gf),
         reserve_tokens=int(log[-1]["n_tokens"]) if log else None, events=list(step.events),
         compute=tl.last if tl is not None else None, node_bytes=[_where(t) for t in gf.nodes],
         leaf_bytes=[_where(t) for t in gf.leafs], leaf_values=_input_leafs(step, gf), values=dict(values or {}),

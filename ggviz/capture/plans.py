@@ -39,7 +39,9 @@ class SchedRecord:
     assignments each pass made, in order; ``splits``: pass 5's splits [{index, backend, backend_id, i_start, i_end,
     n_nodes, inputs: [{name, copy, copies, from_backend, nbytes, consumer}]}]; ``kernels``: per node, the kernel a
     MUL_MAT runs on its final backend ("" otherwise); ``mul_mats``: the MUL_MAT nodes' indices; ``graph_inputs``:
-    names with cause "1.inp"; ``which`` / ``n_recorded`` / ``is_last``: which split of the scheduler's recording."""
+    names with cause "1.inp"; ``which`` / ``n_recorded`` / ``is_last``: which split of the scheduler's recording;
+    ``reused``: the recorded step split nothing (llama.cpp reused its graph, same shapes: no new split) and this
+    is the split it computed with, made by the decode before it."""
     backends: list
     bufts: list
     n_nodes: int
@@ -56,6 +58,7 @@ class SchedRecord:
     which: int
     n_recorded: int
     is_last: bool
+    reused: bool = False
 
 
 def _splits_from(split_evs, copy_evs) -> list[dict]:

@@ -651,6 +651,10 @@ class DecodeExplorer(VizWidget):
             elif key == "sched_alloc":
                 extra = (f" {len(self.sv.splits)} split(s) on {', '.join(sorted({s['backend'] for s in self.sv.splits}))}"
                          f"; compute buffer {_fmt_bytes(self.av.space_size(0))}.")
+                if getattr(self.sv, "reused", False):
+                    extra += (" This step reused the previous decode's graph (same shapes: llama.cpp's graph reuse), "
+                              "so it neither split nor allocated: shown is the split it computed with, the last one "
+                              "made (by the prompt's decode).")
             elif key == "compute" and self.compute is not None:
                 extra = f" {len(self.compute['threads'])} threads, {(self._t1 - self._t0) / 1e6:.2f} ms."
             elif key == "sample" and self.chain_history:

@@ -111,6 +111,7 @@ class SchedulerView(VizWidget):
         self.snapshots, self.events_by_stage, self.splits = rec.snapshots, rec.events_by_stage, rec.splits
         self.graph_inputs = rec.graph_inputs
         self.which, self.n_recorded, self.is_last = rec.which, rec.n_recorded, rec.is_last
+        self.reused = bool(getattr(rec, "reused", False))      # the split a reused graph kept (records before: no)
         self.stage = stage if stage in STAGES else "5"
         self.split_sel: int | None = None
 
@@ -211,7 +212,7 @@ class SchedulerView(VizWidget):
                 "copies_per_backend": copies_per_backend, "graph_inputs": list(self.graph_inputs),
                 "selected_split": self.split_sel, "split": self.split_info(), "which": self.which,
                 "mul_mat_kernels": self.mul_mat_kernels(),
-                "is_last_split_of_sched": self.is_last}
+                "is_last_split_of_sched": self.is_last, "reused": self.reused}
 
     # ------------------------------------------------------------------------------------------------ drawing
     def figure(self):
