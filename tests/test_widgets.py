@@ -4,6 +4,7 @@ One real decode of the default model (trace events, inputs, sampler) and one ste
 tests; every check compares a view's plain state with the engine's own objects or with an independent recording.
 """
 import json
+import re
 
 import numpy as np
 import pytest
@@ -120,6 +121,24 @@ def test_gguf_map_covers_the_file_and_selects_a_tensor(model):
     assert svg.startswith("<svg") and f'id="{w.prefix}r{k}"' in svg
     w.widget._repr_mimebundle_ if hasattr(w.widget, "_repr_mimebundle_") else None
     assert w._w_pick.value == "blk.0.attn_q.weight"
+
+
+def test_gguf_book_map_shows_the_selected_label(model):
+    """The book draws the map once, with nothing selected; the selection's red labels (the live map's, same text)
+    are in it hidden, and each frame's CSS shows its own selection's labels only (they were never drawn)."""
+    w = GGUFMapWidget(model.gguf, selected="blk.0.attn_q.weight")
+    rec = w.book_view()
+    fr, other = _frame(rec, "blk.0.attn_q.weight"), _frame(rec, "output_norm.weight")
+    assert fr["picture"] == other["picture"]                            # drawn once
+    svg, live = fr["picture"], w.svg()
+    mine = [i for i, r in enumerate(w.layout) if r.get("name") == "blk.0.attn_q.weight"]
+    assert [w.layout[i]["kind"] for i in mine] == ["tensor_info", "tensor_data"]
+    for i in mine:
+        g = svg.index(f'id="{w.prefix}lab{i}"')
+        text = re.search(r"<text[^>]*>([^<]*)</text>", svg[g:]).group(1)
+        assert text.startswith("blk.0.attn_q.weight (") and f">{text}</text>" in live      # the live map's label
+        assert f"#{w.prefix}lab{i}," in fr["css"] and f"#{w.prefix}lab{i}," not in other["css"]
+    assert f"[id^='{w.prefix}lab'] {{ display: none; }}" in fr["css"]
 
 
 # ----------------------------------------------------------------------------------------------------------- arena

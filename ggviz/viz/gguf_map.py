@@ -166,11 +166,14 @@ def _fmt_size(n: int) -> str:
 
 
 def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "", label_kv: int = 6,
-                  label_tensors: int = 10):
+                  label_tensors: int = 10, sel_labels=()):
     """The file as two bars: to scale (top), and piecewise-log with every range drawn (bottom).
 
     ``selected``: a tensor name (its info record and its data are outlined in red) or ``"kv:<key>"``.
     Each range's patch has gid ``gid_prefix + "r<index in layout>"`` (for click handling in SVG).
+    ``sel_labels``: ranges whose red selection label is drawn too, each as the SVG group ``gid_prefix +
+    "lab<index>"`` (its leader line ``"labl<index>"``), for a page to hide and show by CSS (the book's map is drawn
+    once, with no selection: its frames' CSS shows the selected range's label).
     Returns the Figure.
     """
 
@@ -201,6 +204,8 @@ def plot_gguf_map(gf, selected: str | None = None, fig=None, gid_prefix: str = "
                     key=lambda i: -(lay[i]["end"] - lay[i]["start"]))
     lab = sorted(set(kv_idx[:label_kv] + td_idx[:label_tensors] + sel_idx))
     _draw_range_labels(ax2, fig, lay, x0, w, lab, sel_idx)
+    for i in sel_labels:
+        _draw_sel_label(ax2, fig, lay, x0, w, i, gid_prefix)
     al = gf.alignment
     ax2.set_title(f"every byte range ({len(lay)}: 1 header, {gf.n_kv} KV pairs, {gf.n_tensors} tensor infos, "
                   f"{gf.n_tensors} tensor data) on a piecewise axis: each section gets a fixed share, each range a "
@@ -300,19 +305,40 @@ def _draw_section_marks(ax2, lay, x0, spans, size: int):
     ax2.text(1.0, 1.13, f"{size}", ha="right", va="bottom", fontsize=9.5, color="#37474f")
 
 
+def _label_text(r) -> str:
+    txt = (r.get("key") or r.get("name") or r["label"])
+    txt = txt if len(txt) <= 30 else txt[:29] + "…"
+    return txt + f" ({_fmt_size(r['end'] - r['start'])})"
+
+
+def _label_place(fig, xc, txt):
+    """(x of the label's centre, half its width) in axis fractions: centred under its range, kept inside the axis."""
+    char_w = LABEL_PT * 0.6 / (fig.get_figwidth() * 72 * 0.8)           # one LABEL_PT character, as a fraction of the axis
+    half = len(txt) * char_w / 2 + 0.004
+    return min(max(xc, half), 1 - half), half
+
+
+def _draw_sel_label(ax2, fig, lay, x0, w, i, gid_prefix):
+    """Range ``i``'s selection label where the live map puts it (the first row: the selection is placed first),
+    on white so that it covers the labels drawn there; grouped under ids for CSS to show (see plot_gguf_map)."""
+    xc = x0[i] + w[i] / 2
+    txt = _label_text(lay[i])
+    xt, _ = _label_place(fig, xc, txt)
+    y = -0.16
+    ln, = ax2.plot([xc, xc, xt], [0, y + 0.08, y + 0.02], color="#d50000", linewidth=0.6, clip_on=False, zorder=7)
+    ln.set_gid(f"{gid_prefix}labl{i}")
+    ax2.text(xt, y, txt, ha="center", va="top", fontsize=LABEL_PT, color="#d50000", fontweight="bold", zorder=7,
+             gid=f"{gid_prefix}lab{i}", bbox=dict(facecolor="white", edgecolor="none", pad=1.0))
+
+
 def _draw_range_labels(ax2, fig, lay, x0, w, lab, sel_idx):
     """Horizontal labels in rows under the bar, each joined to its range by a leader line; a label goes to the
     first row where it overlaps no other (widths estimated from the text length), none left if all rows are full."""
     rows: list = [[] for _ in range(4)]
-    char_w = LABEL_PT * 0.6 / (fig.get_figwidth() * 72 * 0.8)           # one LABEL_PT character, as a fraction of the axis
     for i in sorted(lab, key=lambda i: (i not in sel_idx, i)):      # the selection first, then left to right
         xc = x0[i] + w[i] / 2
-        r = lay[i]
-        txt = (r.get("key") or r.get("name") or r["label"])
-        txt = txt if len(txt) <= 30 else txt[:29] + "…"
-        txt += f" ({_fmt_size(r['end'] - r['start'])})"
-        half = len(txt) * char_w / 2 + 0.004
-        xt = min(max(xc, half), 1 - half)
+        txt = _label_text(lay[i])
+        xt, half = _label_place(fig, xc, txt)
         row = next((k for k, used in enumerate(rows) if all(xt + half < a or xt - half > b for a, b in used)), None)
         if row is None:
             continue

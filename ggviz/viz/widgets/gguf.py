@@ -187,15 +187,22 @@ class GGUFMapWidget(VizWidget):
                 ranges.setdefault(v, []).append(i)
                 clickmap[f"r{i}"] = v
         rule = "{ stroke: #d50000 !important; stroke-width: 2.5px !important; }"
+        # the selection's red labels, drawn hidden: each frame's CSS shows its own (the live map draws them in place)
+        hide = f"[id^='{self.prefix}lab'] {{ display: none; }} "
+        labels = sorted(i for v in ranges.values() for i in v)
         try:
             with quiet(self):
                 self.selected = None
-                picture = self.svg().replace("<svg ", "<svg style='max-width:100%;height:auto' ", 1)
+                picture = fig_to_svg(M.plot_gguf_map(self.gf, gid_prefix=self.prefix, sel_labels=labels)).replace(
+                    "<svg ", "<svg style='max-width:100%;height:auto' ", 1)
 
                 def frame(key):
                     self.select(key[0])
+                    mine = ranges.get(key[0], [])
+                    show = ", ".join(f"#{self.prefix}lab{i}, #{self.prefix}labl{i}" for i in mine)
                     return {"picture": picture, "info": self.info_html(),
-                            "css": ", ".join(f"#{self.prefix}r{i} path" for i in ranges.get(key[0], [])) + " " + rule}
+                            "css": hide + (f"{show} {{ display: inline !important; }} " if mine else "")
+                            + ", ".join(f"#{self.prefix}r{i} path" for i in mine) + " " + rule}
 
                 return frames_book([{"name": "pick", "label": "tensor / KV", "kind": "select", "value": cur,
                                      "options": [[n, n] for n in names]}], [(n,) for n in names], frame,
