@@ -104,6 +104,37 @@ def _shot(drv, el, name: str) -> pathlib.Path:
     return path
 
 
+# ================================================================================================ the graph canvas
+
+def test_canvas_fit_shows_the_whole_picture(browser, tmp_path):
+    """The graph canvas's "fit" beside a wide info panel (the book's GraphView: its legend): the whole picture fits
+    in its box, no part scrolled off (flex used to shrink the fitted box again for the info, cutting off the
+    picture's right side). A recorded canvas in a page as the book writes it, a tall synthetic picture."""
+    from ggviz.tools.book import _scripts, _view_html
+    from ggviz.viz.widgets._base import book_payload
+
+    svg = ("<svg xmlns='http://www.w3.org/2000/svg' width='1600pt' height='3000pt' viewBox='0 0 1600 3000'>"
+           "<rect id='pfx-n0' x='0' y='0' width='1600' height='3000' fill='#90caf9'/>"
+           "<text x='1500' y='1500' font-size='40'>right edge</text></svg>")
+    rec = book_payload("svg_canvas.js", dict(svg=svg, css="", prefix="pfx-", focus="", clicked="", n_clicks=0,
+                                             info="<div style='width:1000px'>a wide legend</div>",
+                                             max_height="650px", max_width="none", fit_width=False))
+    page = tmp_path / "canvas.html"
+    page.write_text("<!doctype html><html><head><meta charset='utf-8'></head><body><div style='width:1100px'>"
+                    + _view_html(rec, "") + "</div>" + _scripts({"svg_canvas.js"}) + "</body></html>")
+    browser.get(page.as_uri())
+    _wait(browser, lambda d: d.execute_script("return !!document.querySelector('.ggv-c-box svg')"), 30, "the canvas")
+    got = browser.execute_script("""
+        const box = document.querySelector('.ggv-c-box');
+        document.querySelector('.ggv-c-fit').click();
+        const v = document.querySelector('.ggv-view [data-ggv-zoom]') || document.querySelector('[data-ggv-zoom]');
+        return {zoom: parseFloat(v.getAttribute('data-ggv-zoom')), cw: box.clientWidth, sw: box.scrollWidth,
+                ch: box.clientHeight, sh: box.scrollHeight};""")
+    assert got["zoom"] < 0.3, got
+    assert got["sw"] <= got["cw"] and got["sh"] <= got["ch"], got      # nothing of the picture scrolled off
+    _shot(browser, browser.find_element("css selector", ".ggv-view"), "canvas_fit.png")
+
+
 # ================================================================================================= (a) the report
 
 JS_STEPPER = """

@@ -20,6 +20,10 @@ function render({ model, el }) {
   const bar = el.querySelector(".ggv-c-bar");
   let s = 1, natW = 0, natH = 0;
   const svgOf = () => box.querySelector("svg");
+  // the box is a flex item beside the info: at a zoom the user picked it may shrink (scroll bars) to leave the
+  // info room; fitted, it keeps the picture's width and the info takes what is left (else, with a wide info, flex
+  // shrank the fitted box again and cut off the picture's right side)
+  const pin = (on) => { box.style.flexShrink = on ? "0" : "1"; };
   const zoom = (ns, cx, cy) => {
     const svg = svgOf(); if (!svg || !natW) return;
     // keep the point under (cx, cy) of the box where it is
@@ -53,6 +57,7 @@ function render({ model, el }) {
       // the picture's own size in CSS px (Graphviz writes pt): no stylesheet may squeeze it (a notebook page's
       // `svg {max-width: 100%}` would shrink a big graph's text under 9 px)
       svg.style.maxWidth = "none";
+      svg.style.display = "block";              // (inline, its baseline gap would overflow the box by a few px)
       const w = svg.width.baseVal, h = svg.height.baseVal;
       w.convertToSpecifiedUnits(SVGLength.SVG_LENGTHTYPE_PX); h.convertToSpecifiedUnits(SVGLength.SVG_LENGTHTYPE_PX);
       natW = w.valueInSpecifiedUnits; natH = h.valueInSpecifiedUnits;
@@ -73,13 +78,20 @@ function render({ model, el }) {
   window.addEventListener("mouseup", () => { drag = null; box.style.cursor = "grab"; });
   box.addEventListener("wheel", (e) => {
     if (!e.ctrlKey || !natW) return;            // a plain wheel scrolls the page and the box, as usual
-    e.preventDefault(); zoom(s * Math.exp(-e.deltaY * 0.002), e.clientX, e.clientY);
+    e.preventDefault(); pin(false); zoom(s * Math.exp(-e.deltaY * 0.002), e.clientX, e.clientY);
   }, { passive: false });
-  el.querySelector(".ggv-c-in").addEventListener("click", () => zoom(s * 1.25));
-  el.querySelector(".ggv-c-out").addEventListener("click", () => zoom(s / 1.25));
-  el.querySelector(".ggv-c-one").addEventListener("click", () => { zoom(1); scroll(); });
+  el.querySelector(".ggv-c-in").addEventListener("click", () => { pin(false); zoom(s * 1.25); });
+  el.querySelector(".ggv-c-out").addEventListener("click", () => { pin(false); zoom(s / 1.25); });
+  el.querySelector(".ggv-c-one").addEventListener("click", () => { pin(false); zoom(1); scroll(); });
   el.querySelector(".ggv-c-fit").addEventListener("click", () => {
-    if (natW) zoom(Math.min(box.clientWidth / natW, (box.clientHeight || natH) / natH, 1));
+    if (!natW) return;
+    // the whole row's width (not the box's: flex may have shrunk it for the info), less the box's own frame
+    // (border, scroll bar), and the box's height as max_height lets it be
+    const frameW = box.offsetWidth - box.clientWidth;
+    const availW = Math.max(box.parentNode.clientWidth - frameW, 1);
+    const availH = box.clientHeight || natH;
+    pin(true);
+    zoom(Math.min(availW / natW, availH / natH, 1));
   });
   box.addEventListener("click", (e) => {
     if (moved) { moved = false; return; }      // the end of a drag is not a click
