@@ -405,6 +405,10 @@ class SchedulerView(VizWidget):
         st = self.state()
         parts = [f"<b>{esc(STAGE_SHORT[self.stage])}</b>: {esc(st['stage_title'])}<br/>"
                  f"nodes per backend: {esc(_words({(k or 'unassigned'): v for k, v in st['counts'].items()}))}"]
+        if self.reused:
+            parts.insert(0, "<i>The recorded step reused the previous decode's graph (same shapes: llama.cpp's graph "
+                            "reuse), so it split nothing: this is the split it computed with, made by that decode."
+                            "</i><br/>")
         if self.stage != "5":
             ch = [r for r in st["assignment"] if r["changed"]]
             leafs = [dict(e) for e in self.events_by_stage.get(self.stage, []) if e["leaf"]]
