@@ -437,6 +437,7 @@ def test_reserve_large_then_alloc_small_keeps_plan(pairs):
     assert vsize == rsize
     rchunks, vchunks = real_gallocr_chunks(rg, 1), viz_gallocr_chunks(vg)
     assert not A.gallocr_needs_realloc(vg, small.v["gf"])
+    assert A._plan_fits(vg, small.v["gf"])           # (the check that decides it, without ggml's messages)
     assert g.gallocr_alloc_graph(rg, small.r["gf"]) and A.gallocr_alloc_graph(vg, small.v["gf"])
     # no re-plan: same buffers, same size
     assert real_gallocr_chunks(rg, 1) == rchunks and viz_gallocr_chunks(vg) == vchunks
@@ -464,6 +465,7 @@ def test_alloc_larger_graph_replans(pairs):
     assert g.gallocr_reserve(rg, small.r["gf"]) and A.gallocr_reserve(vg, small.v["gf"])
     s0 = A.gallocr_get_buffer_size(vg, 0)
     assert s0 == g.gallocr_get_buffer_size(rg, 0)
+    assert not A._plan_fits(vg, big.v["gf"])
     with trace.recording(["alloc.needs_realloc", "alloc.reserve"]) as rec:
         assert A.gallocr_needs_realloc(vg, big.v["gf"])
         assert g.gallocr_alloc_graph(rg, big.r["gf"]) and A.gallocr_alloc_graph(vg, big.v["gf"])

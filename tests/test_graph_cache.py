@@ -207,10 +207,24 @@ def test_derived_graph_equals_a_fresh_build(model, fa):
     assert len(res.gf.nodes) == (936 if fa else 1086)
 
 
+def _placement(gf):
+    """Every leaf's and node's place after allocation: (name, its buffer's usage, data - the buffer's base, or the
+    absolute address when it has no buffer) -- views, weights and the KV cache included."""
+    out = []
+    for t in list(gf.leafs) + list(gf.nodes):
+        buf = B.buffer_at(t.buffer)
+        out.append((t.name, None if buf is None else buf.usage,
+                    t.data if buf is None else t.data - B.backend_buffer_get_base(buf)))
+    return out
+
+
 def test_derived_graph_split_equals_the_passes(model, monkeypatch):
     """The derived graph's split takes passes 1-4 from the reserve's split of the same graph (the scheduler's split
     memo: only ne/nb changed, the backends answer the same): the scheduler's tables, plan and splits are, node by
-    node, those of the passes run on it (the memo turned off)."""
+    node, those of the passes run on it (the memo turned off). The same run places the scheduler's graph with the
+    allocator's fast placing loop, the other with ggml's call-by-call loop (what a trace listener gets): every
+    tensor's buffer and place, views included, and the buffer sizes are the same."""
+    from ggviz.ggml import alloc as ga
     from ggviz.ggml import sched as gs
 
     def first_step():
@@ -226,11 +240,13 @@ def test_derived_graph_split_equals_the_passes(model, monkeypatch):
         return (ctx.n_graph_derived, s.n_split_memo - n0, s.last_plan, s.node_backend_ids[:s.graph.n_nodes],
                 per_tensor, len(s._slot), int(gs._used_slots(s.hash_set, s.hash_set.used).sum()), s.n_splits,
                 [(sp.backend_id, sp.i_start, sp.i_end, len(sp.inputs)) for sp in s.splits[:s.n_splits]],
-                _offsets(ctx.last_graph), llama.get_logits_ith(ctx, -1).tobytes())
+                _offsets(ctx.last_graph), _placement(s.graph), ga.gallocr_get_buffer_size(s.galloc, 0),
+                llama.get_logits_ith(ctx, -1).tobytes())
 
     memo = first_step()
     with monkeypatch.context() as m:
         m.setattr(gs, "_split_memo_match", lambda sched, graph: None)
+        m.setattr(ga, "_alloc_graph_tensors_fast", ga._alloc_graph_tensors)
         passes = first_step()
     assert memo[:2] == (1, 1) and passes[:2] == (1, 0)
     for i, (x, y) in enumerate(zip(memo[2:], passes[2:])):

@@ -32,7 +32,7 @@ from . import backend as B
 from . import consts as C
 from .graph import HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import _Q_SRC, Tensor, tensor_at
+from .tensor import _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, Tensor, tensor_at
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -959,11 +959,52 @@ def gallocr_node_needs_realloc(galloc: ggml_gallocr, node: Tensor, talloc: tenso
     return talloc.size_max >= node_size
 
 
+def _plan_fits(galloc: ggml_gallocr, graph) -> bool:
+    """ggviz: whether ``_realloc_reason`` finds nothing, with each tensor's alloc size worked out once (a node is
+    checked as itself and again as the source of each of its consumers) and its struct words read once. Same
+    node count assumed."""
+    bufts = galloc.bufts
+    sizes = {}        # (address, buffer id) -> the size gallocr_node_needs_realloc compares with the slot
+
+    def fits(a, t, ta) -> bool:
+        bid = ta.buffer_id
+        key = (a, bid)
+        n = sizes.get(key)
+        if n is None:
+            w = (t if t is not None else tensor_at(a))._q
+            if w.item(_Q_DATA) or w.item(_Q_VIEW_SRC):
+                n = 0
+            elif bid < 0:
+                return False             # (it had data when planned but has none now)
+            else:
+                n = B.backend_buft_get_alloc_size(bufts[bid], t if t is not None else tensor_at(a))
+            sizes[key] = n
+        return ta.size_max >= n
+
+    node_allocs = galloc.node_allocs
+    nodes = graph.nodes
+    for i in range(graph.n_nodes):
+        node = nodes[i]
+        na = node_allocs[i]
+        if not fits(node.addr, node, na.dst):
+            return False
+        q = node._q.tolist()
+        src = na.src
+        for j in range(C.GGML_MAX_SRC):
+            a = q[_Q_SRC + j]
+            if a and not fits(a, None, src[j]):
+                return False
+    return True
+
+
 def _realloc_reason(galloc: ggml_gallocr, graph) -> str | None:
     if galloc.n_nodes != graph.n_nodes:
         return "graph has different number of nodes"
     if galloc.n_leafs != graph.n_leafs:
         return "graph has different number of leafs"
+    if _plan_fits(galloc, graph):
+        return None
+    # (the plan does not fit: which tensor, by ggml's own checks)
     for i in range(graph.n_nodes):
         node = graph.nodes[i]
         na = galloc.node_allocs[i]
@@ -1000,6 +1041,16 @@ def gallocr_alloc_graph(galloc: ggml_gallocr, graph) -> bool:
             vbuffer_reset(galloc.buffers[i])
 
     # allocate the graph tensors from the previous assignments
+    if trace.active:
+        # (a trace listener sees every placement made by ggml's own calls)
+        _alloc_graph_tensors(galloc, graph)
+    else:
+        _alloc_graph_tensors_fast(galloc, graph)
+    return True
+
+
+def _alloc_graph_tensors(galloc: ggml_gallocr, graph) -> None:
+    """gallocr_alloc_graph's placing loop, call by call as in C."""
     # ggviz: a tensor is placed by the first call that reaches it (a node as the source of its consumers, a leaf
     # ...); the calls after that change nothing (its data is set), so they are skipped -- ~2,800 calls per graph
     # to ~1,000
@@ -1018,7 +1069,87 @@ def gallocr_alloc_graph(galloc: ggml_gallocr, graph) -> bool:
                 placed.add(src.addr)
         if node.addr not in placed and gallocr_init_tensor(galloc, node, na.dst):
             placed.add(node.addr)
-    return True
+
+
+def _alloc_graph_tensors_fast(galloc: ggml_gallocr, graph) -> None:
+    """ggviz: what ``_alloc_graph_tensors`` does, in the same order and with the same results (each tensor's
+    ``buffer`` and ``data``), with fewer Python operations per tensor: one read of a node's struct words gives its
+    sources, view source, buffer and data; a planned tensor gets ``data = chunk base + offset`` and a view
+    ``data = its source's data + view_offs``, written straight into the struct. What the plain cases do not cover
+    -- a leaf placed by the plan (its size is checked against the plan, as C asserts), a view whose source has no
+    buffer or no data yet, a tensor that already has a buffer, a buffer type with an ``init_tensor`` hook, a source
+    not placed yet -- goes through ``gallocr_init_tensor`` as in ``_alloc_graph_tensors``. Before this runs, the
+    plan fits the graph (``gallocr_needs_realloc`` checked every node and source, or the plan was just made for
+    it), which is what C's size asserts check again."""
+    placed = set()
+    new = {}          # address -> (buffer, data) of the tensors placed by this call
+    chunk_of = {}     # (buffer_id, chunk) -> (chunk buffer's address, its base) for buffers without init_tensor
+    no_init = {}      # buffer address -> does its type have no init_tensor hook
+
+    def place(t, q, ta) -> bool:
+        """Place the tensor with struct words ``q`` (a list); False when only gallocr_init_tensor can."""
+        vs = q[_Q_VIEW_SRC]
+        if vs:
+            if q[1]:                       # a view with a buffer already: gallocr_init_tensor changes nothing
+                placed.add(t.addr)
+                return True
+            r = new.get(vs)
+            if r is None:
+                s = tensor_at(vs)._q
+                r = (s.item(1), s.item(_Q_DATA))
+            rb, rd = r
+            if not rb or not rd:
+                return False
+            ok = no_init.get(rb)
+            if ok is None:
+                ok = no_init[rb] = B.buffer_at(rb).iface.init_tensor is None
+            if not ok:
+                return False
+            d = rd + q[_Q_VIEW_OFFS]
+        else:
+            if q[_Q_DATA]:                 # placed outside this allocator (a weight, the KV cache, ...)
+                placed.add(t.addr)
+                return True
+            if q[1]:
+                return False               # (backend_tensor_alloc refuses it)
+            key = (ta.buffer_id, ta.addr.chunk)
+            c = chunk_of.get(key)
+            if c is None:
+                buf = galloc.buffers[ta.buffer_id].chunks[ta.addr.chunk]
+                if buf.iface.init_tensor is not None:
+                    return False
+                c = chunk_of[key] = (buf.addr, B.backend_buffer_get_base(buf))
+            rb, d = c[0], c[1] + ta.addr.offset
+        w = t._q
+        w[1] = rb
+        w[_Q_DATA] = d
+        new[t.addr] = (rb, d)
+        placed.add(t.addr)
+        return True
+
+    # leafs
+    for i in range(graph.n_leafs):
+        leaf = graph.leafs[i]
+        q = leaf._q.tolist()
+        if q[_Q_VIEW_SRC] or q[_Q_DATA]:
+            if place(leaf, q, None):
+                continue
+        if gallocr_init_tensor(galloc, leaf, galloc.leaf_allocs[i].leaf):
+            placed.add(leaf.addr)
+    # nodes
+    node_allocs = galloc.node_allocs
+    for i in range(graph.n_nodes):
+        node = graph.nodes[i]
+        q = node._q.tolist()
+        na = node_allocs[i]
+        for j in range(C.GGML_MAX_SRC):
+            a = q[_Q_SRC + j]
+            if a and a not in placed:
+                src = tensor_at(a)
+                if gallocr_init_tensor(galloc, src, na.src[j]):
+                    placed.add(a)
+        if node.addr not in placed and not place(node, q, na.dst) and gallocr_init_tensor(galloc, node, na.dst):
+            placed.add(node.addr)
 
 
 def gallocr_get_buffer_size(galloc: ggml_gallocr, buffer_id: int) -> int:
