@@ -89,8 +89,8 @@ def _print_fonts(fig, dpi: int) -> float:
     wider, no text is under MIN_PRINT_PX; returns the smallest font then, in pixels of the PNG."""
     pad = float(matplotlib.rcParams["savefig.pad_inches"])
     for _ in range(3):                       # larger text widens the tight box a little: converge on it
-        fig.draw_without_rendering()         # lays out the ticks and legends (their texts exist only once drawn)
-        tb = fig.get_tightbbox(fig.canvas.get_renderer())                   # inches
+        # inches; laying it out makes the ticks and legends (their texts exist only from then on)
+        tb = fig.get_tightbbox(fig.canvas.get_renderer())
         scale = min(1.0, PRINT_WIDTH_PX / ((tb.width + 2 * pad) * dpi))
         need = MIN_PRINT_PX / scale * 72.0 / dpi                            # points
         small = False
@@ -107,7 +107,6 @@ def _print_fonts(fig, dpi: int) -> float:
                 small = True
         if not small:
             break
-    fig.draw_without_rendering()
     return min((t.get_fontsize() for t in _texts(fig)), default=need) * dpi / 72.0
 
 
