@@ -46,6 +46,7 @@ from ..viz.widgets._base import BOOK_MIME, template
 
 # the index page's stylesheet (a package file, like the report's: no CSS in Python strings)
 _INDEX_CSS = importlib.resources.files("ggviz").joinpath("templates", "book", "index.css").read_text("utf-8").strip()
+_PRINT_CSS = importlib.resources.files("ggviz").joinpath("templates", "book", "print.css").read_text("utf-8").strip()
 
 NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -258,6 +259,8 @@ def build_book(out_dir, only=None, folder=NOTEBOOK_DIR, timeout: int = 600,
             n_views = make_static(nb, modules)
             body, _ = exp.from_notebook_node(nb)
             body = _offline(body)
+            j = body.find("</head>")                 # printing: A4 landscape, pictures within the paper (print.css)
+            body = body[:j] + f"<style data-ggv-print>{_PRINT_CSS}</style>" + body[j:]
             if modules:
                 j = body.rfind("</body>")
                 body = body[:j] + _scripts(modules) + body[j:]

@@ -70,10 +70,53 @@ def fig_to_svg(fig, close: bool = True) -> str:
     return s[s.index("<svg"):]          # drop the XML prolog / DOCTYPE: the SVG is inlined into HTML
 
 
-def fig_to_png(fig, dpi: int = 110, close: bool = True) -> bytes:
+# Print (#21): a book page prints on A4 landscape (ggviz/templates/book/print.css: 281 mm = 1062 CSS px inside its
+# 8 mm margins), where a chart wider than the output column is shrunk to fit it. PRINT_WIDTH_PX is that column (the
+# page less the notebook's prompt column and paddings: 911 px in Chromium's print emulation); fig_to_png
+# raises every text of a chart that would print under MIN_PRINT_PX to the size that prints at it.
+PRINT_WIDTH_PX = 900
+MIN_PRINT_PX = 9.0
+FONT_PX_KEY = "ggviz:min-font-px"        # the PNG's text chunk: its smallest text, in pixels of the PNG
 
+
+def _texts(fig):
+    return [t for t in fig.findobj(matplotlib.text.Text)
+            if t.get_visible() and t.get_text().strip() and t.get_figure() is fig]
+
+
+def _print_fonts(fig, dpi: int) -> float:
+    """Raise the fonts of ``fig`` so that, once saved at ``dpi`` with a tight box and shrunk to PRINT_WIDTH_PX if
+    wider, no text is under MIN_PRINT_PX; returns the smallest font then, in pixels of the PNG."""
+    pad = float(matplotlib.rcParams["savefig.pad_inches"])
+    for _ in range(3):                       # larger text widens the tight box a little: converge on it
+        # inches; laying it out makes the ticks and legends (their texts exist only from then on)
+        tb = fig.get_tightbbox(fig.canvas.get_renderer())
+        scale = min(1.0, PRINT_WIDTH_PX / ((tb.width + 2 * pad) * dpi))
+        need = MIN_PRINT_PX / scale * 72.0 / dpi                            # points
+        small = False
+        for ax in fig.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                for which, ticks in (("major", axis.get_major_ticks()), ("minor", axis.get_minor_ticks())):
+                    sizes = [t.label1.get_fontsize() for t in ticks if t.label1.get_visible()]
+                    if sizes and min(sizes) < need - 1e-3:   # set_tick_params: new ticks of the axis get it too
+                        axis.set_tick_params(which=which, labelsize=need)
+                        small = True
+        for t in _texts(fig):
+            if t.get_fontsize() < need - 1e-3:
+                t.set_fontsize(need)
+                small = True
+        if not small:
+            break
+    return min((t.get_fontsize() for t in _texts(fig)), default=need) * dpi / 72.0
+
+
+def fig_to_png(fig, dpi: int = 110, close: bool = True) -> bytes:
+    """A matplotlib Figure as PNG bytes (tight box), its fonts raised for print (``_print_fonts``); the smallest
+    text size, in pixels of the PNG, is kept in its text chunk FONT_PX_KEY (before the pixels: a test of the printed
+    page reads it from the picture's data: URL)."""
+    font_px = _print_fonts(fig, dpi)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={FONT_PX_KEY: f"{font_px:.2f}"})
     if close:
         plt.close(fig)
     return buf.getvalue()
