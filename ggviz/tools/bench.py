@@ -106,20 +106,8 @@ class LlamaCppLib:
     name = "llama.cpp"
 
     def __init__(self, path, n_threads):
-        try:     # optional (and loaded only here: its libggml must not meet another ggml in the process first)
-            import llama_cpp as L
-        except ImportError as e:
-            raise ImportError(f"llama-cpp-python is not installed ({e})") from e
-        try:     # llama-cpp-python's log callback: errors only (as its Llama(verbose=False))
-            from llama_cpp import _logger
-            _logger.set_verbose(False)
-        except (ImportError, AttributeError):
-            pass
-        self.L = L
-        L.llama_backend_init()
-        self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
-        if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.L, self.model = llama_bench.load_llamacpp_model(path)
+        L = self.L
         self.n_threads = n_threads
         self.build = f"llama-cpp-python {L.__version__} ({os.path.dirname(L.__file__)})"
         try:

@@ -209,26 +209,31 @@ class GGvizRunner:
         llama.free(ctx)
 
 
+def load_llamacpp_model(path):
+    """llama-cpp-python's binding and a llama_model loaded from ``path`` (ImportError if it is not installed)."""
+    try:     # optional (loaded only here: its libggml must not meet another ggml in the process first)
+        import llama_cpp as L
+    except ImportError as e:
+        raise ImportError(f"llama-cpp-python is not installed ({e})") from e
+    try:     # llama-cpp-python's log callback: errors only (as its Llama(verbose=False))
+        from llama_cpp import _logger
+        _logger.set_verbose(False)
+    except (ImportError, AttributeError):
+        pass
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    return L, model
+
+
 class LlamaCppRunner:
     name = "llama.cpp"
 
     def __init__(self, path):
-        try:     # optional (loaded only here: its libggml must not meet another ggml in the process first)
-            import llama_cpp as L
-        except ImportError as e:
-            raise ImportError(f"llama-cpp-python is not installed ({e})") from e
-        try:
-            from llama_cpp import _logger
-            _logger.set_verbose(False)
-        except (ImportError, AttributeError):
-            pass
-        self.L = L
-        L.llama_backend_init()
-        self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
-        if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {path}")
-        self.vocab = L.llama_model_get_vocab(self.model)
-        self.build = f"llama-cpp-python {L.__version__}"
+        self.L, self.model = load_llamacpp_model(path)
+        self.vocab = self.L.llama_model_get_vocab(self.model)
+        self.build = f"llama-cpp-python {self.L.__version__}"
 
     def desc(self):
         buf = ctypes.create_string_buffer(128)

@@ -59,6 +59,31 @@ def _rows(t, i2: int, i3: int, r0: int, r1: int, rb: int) -> np.ndarray:
     return np.ndarray(shape=(r1 - r0, rb), dtype=np.uint8, buffer=arr, offset=start, strides=(nb[1], 1))
 
 
+def _src1_to_vec_dot_type(params, src1, vdt, op: str) -> None:
+    """src1 converted to vec_dot_type into the start of the work buffer, this thread's share of blocks of every
+    row (mul_mat and mul_mat_id convert alike; ggml-cpu.c writes the loop in each)."""
+    if src1.type == vdt:
+        return
+    if src1.type != C.GGML_TYPE_F32:
+        raise GGMLError(f"{op}: src1 must be F32 when it needs conversion to {vdt}")
+    ith, nth = params.ith, params.nth
+    ne10, ne11, ne12, ne13 = src1.shape
+    nb10, nb11, nb12, nb13 = src1.strides
+    bs = blck_size(vdt)
+    nbw0 = type_size(vdt)
+    row_vd = row_size(vdt, ne10)
+    blk0 = (ith * ne10 // bs) // nth
+    blk1 = ((ith + 1) * ne10 // bs) // nth
+    if blk1 > blk0:
+        arr, off = tensor_bytes(src1)
+        # this thread's block range of every row of src1
+        x = np.ndarray(shape=(ne13, ne12, ne11, (blk1 - blk0) * bs), dtype=np.float32, buffer=arr,
+                       offset=off + blk0 * bs * nb10, strides=(nb13, nb12, nb11, nb10))
+        q = cq.from_float(vdt, np.ascontiguousarray(x).reshape(-1, (blk1 - blk0) * bs))
+        w = params.wdata[:ne13 * ne12 * ne11 * row_vd].reshape(ne13 * ne12 * ne11, row_vd)
+        w[:, blk0 * nbw0:blk1 * nbw0] = q.reshape(ne13 * ne12 * ne11, -1)
+
+
 def forward_mul_mat(params: ComputeParams, dst) -> None:
     src0, src1 = dst.src[0], dst.src[1]
     ne00, ne01, ne02, ne03 = src0.shape
@@ -86,21 +111,7 @@ def forward_mul_mat(params: ComputeParams, dst) -> None:
 
     wdata = params.wdata
     row_vd = row_size(vdt, ne10)
-    if src1.type != vdt:
-        if src1.type != C.GGML_TYPE_F32:
-            raise GGMLError(f"mul_mat: src1 must be F32 when it needs conversion to {vdt}")
-        bs = blck_size(vdt)
-        nbw0 = type_size(vdt)
-        blk0 = (ith * ne10 // bs) // nth
-        blk1 = ((ith + 1) * ne10 // bs) // nth
-        if blk1 > blk0:
-            arr, off = tensor_bytes(src1)
-            # this thread's block range of every row of src1
-            x = np.ndarray(shape=(ne13, ne12, ne11, (blk1 - blk0) * bs), dtype=np.float32, buffer=arr,
-                           offset=off + blk0 * bs * nb10, strides=(nb13, nb12, nb11, nb10))
-            q = cq.from_float(vdt, np.ascontiguousarray(x).reshape(-1, (blk1 - blk0) * bs))
-            w = wdata[:ne13 * ne12 * ne11 * row_vd].reshape(ne13 * ne12 * ne11, row_vd)
-            w[:, blk0 * nbw0:blk1 * nbw0] = q.reshape(ne13 * ne12 * ne11, -1)
+    _src1_to_vec_dot_type(params, src1, vdt, "mul_mat")
     tp = params.threadpool
     if ith == 0 and tp is not None:
         # every thread starts at its own chunk ith, so the first unclaimed chunk is nth
@@ -336,20 +347,7 @@ def forward_mul_mat_id(params: ComputeParams, dst) -> None:
     chunk_ctr = wdata[lay["chunks"]:lay["end"]].view(np.int32).reshape(n_as, CACHE_LINE_SIZE // 4)
 
     row_vd = row_size(vdt, ne10)
-    if src1.type != vdt:
-        if src1.type != C.GGML_TYPE_F32:
-            raise GGMLError(f"mul_mat_id: src1 must be F32 when it needs conversion to {vdt}")
-        bs = blck_size(vdt)
-        nbw0 = type_size(vdt)
-        blk0 = (ith * ne10 // bs) // nth
-        blk1 = ((ith + 1) * ne10 // bs) // nth
-        if blk1 > blk0:
-            arr, off = tensor_bytes(src1)
-            x = np.ndarray(shape=(ne13, ne12, ne11, (blk1 - blk0) * bs), dtype=np.float32, buffer=arr,
-                           offset=off + blk0 * bs * nb10, strides=(nb13, nb12, nb11, nb10))
-            q = cq.from_float(vdt, np.ascontiguousarray(x).reshape(-1, (blk1 - blk0) * bs))
-            w = wdata[:ne13 * ne12 * ne11 * row_vd].reshape(ne13 * ne12 * ne11, row_vd)
-            w[:, blk0 * nbw0:blk1 * nbw0] = q.reshape(ne13 * ne12 * ne11, -1)
+    _src1_to_vec_dot_type(params, src1, vdt, "mul_mat_id")
     if ith == 0:
         c, r = mul_mat_id_row_mapping(ids, n_as)
         counts[:] = c
