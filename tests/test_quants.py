@@ -375,3 +375,73 @@ def test_agrees_with_gguf_py_dequantize(t):
     raw = Q.quantize_row_ref(t, make_data(11))
     g = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t)).astype(np.float32)
     assert np.array_equal(g.view(np.uint32), Q.dequantize_row(t, raw).view(np.uint32))
+
+
+
+def _numpy_and_compiled(t, w, y, monkeypatch):
+    """C.vec_dot(t) of raw rows by the compiled kernel (fast/blockdot.py) and by the NumPy one."""
+    fast = C.vec_dot(t, w, y)
+    with monkeypatch.context() as m:
+        m.setattr(C, "_blockdot", None)
+        ref = C.vec_dot(t, w, y)
+    return fast, ref
+
+
+def _same_bits(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_compiled_q4_1_q8_0_vec_dot_is_the_numpy_bits(monkeypatch):
+    """The faithful MUL_MAT's Q4_1 . Q8_1 and Q8_0 . Q8_0 vec_dots run compiled where Numba is there: they must be
+    the NumPy kernels' float32 arithmetic bit for bit (Q4_1 in block order, Q8_0 in the AVX2 lane order), on the
+    default model's real weight rows (layer 0's ffn_up, ffn_down's 48 blocks a row, token_embd (Q8_0, the output
+    matrix), read through a row stride as MUL_MAT reads them) and on random blocks with the edge values (fp16
+    inf / NaN / subnormal / 65504 scales, nibbles 0 and 15, q8 -128 and 127)."""
+    if C._blockdot is None:
+        pytest.skip("no compiled kernels (Numba missing or GGVIZ_NO_NUMBA=1)")
+    from ggviz.ggml.gguf import load_gguf
+    from tests.conftest import MODEL
+    path = MODEL
+    if not path.exists():
+        from ggviz.fetch import fetch_default_model
+        path = fetch_default_model(quiet=True)
+    gf = load_gguf(path)
+    r = np.random.default_rng(5)
+    checked = 0
+    for name, t in (("blk.0.ffn_up.weight", GGML_TYPE_Q4_1), ("blk.0.ffn_down.weight", GGML_TYPE_Q4_1),
+                    ("token_embd.weight", GGML_TYPE_Q8_0)):
+        info = gf.tensor(name)
+        assert info.type == t
+        rows = gf.tensor_data(name).reshape(info.ne[1], -1)
+        w = rows[::7][:40]                                      # a strided view: row stride 7 rows' bytes
+        y = C.from_float(C.VEC_DOT_TYPE[t], (r.standard_normal((5, info.ne[0])) * 3).astype(np.float32))
+        fast, ref = _numpy_and_compiled(t, w, y, monkeypatch)
+        assert ref.shape == (5, 40) and np.isfinite(ref).all()
+        assert _same_bits(fast, ref)
+        checked += fast.size
+    # random blocks, then edge values written into the scales and levels
+    M, Nc, nb = 24, 6, 9
+    edge = np.array([np.inf, -np.inf, np.nan, 65504.0, -65504.0, 6e-8, -6e-8, 0.0, -0.0, 1e-4], np.float16)
+    for t, (xb, yb, qo) in ((GGML_TYPE_Q4_1, (20, 36, 4)), (GGML_TYPE_Q8_0, (34, 34, 2))):
+        w = r.integers(0, 256, (M, nb * xb), dtype=np.uint8)
+        y = r.integers(0, 256, (Nc, nb * yb), dtype=np.uint8)
+        wb, ybk = w.reshape(M, nb, xb), y.reshape(Nc, nb, yb)
+        half = (r.standard_normal((M + Nc, nb, qo // 2)) * 0.05).astype(np.float16)
+        wb[:, :, :qo] = half[:M].view(np.uint8).reshape(M, nb, qo)
+        ybk[:, :, :qo] = half[M:].view(np.uint8).reshape(Nc, nb, qo)
+        for i, v in enumerate(edge):
+            wb[i, i % nb, :2] = np.array([v]).view(np.uint8)                    # d
+            wb[i + 10, (i + 3) % nb, qo - 2:qo] = np.array([v]).view(np.uint8)  # m (Q4_1), d (Q8_0)
+        ybk[0, 1, :2] = np.array([np.float16(65504.0)]).view(np.uint8)
+        ybk[1, 2, qo - 2:qo] = np.array([np.float16(np.inf)]).view(np.uint8)
+        ybk[2, 0, :2] = np.array([np.float16(6e-8)]).view(np.uint8)
+        wb[20, :, qo:] = 0xFF                                   # all nibbles 15 (Q4_1), -1 (Q8_0)
+        wb[21, :, qo:] = 0x00
+        wb[22, :, qo:] = 0x80                                   # -128 (Q8_0)
+        ybk[3, :, qo:] = np.uint8(0x80)                         # q8 -128
+        ybk[4, :, qo:] = np.uint8(0x7F)                         # q8 127
+        fast, ref = _numpy_and_compiled(t, w, y, monkeypatch)
+        assert np.isnan(ref).any() and np.isinf(ref).any()      # the edge values reached the results
+        assert _same_bits(fast, ref)
+        checked += fast.size
+    assert checked == 3 * 5 * 40 + 2 * Nc * M

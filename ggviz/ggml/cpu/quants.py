@@ -54,7 +54,9 @@ folded into X and the depth of each product is chosen so that this holds), then
 (4 bytes per weight, versus 0.5-1 byte in the packed format); time is one
 (N x n) @ (n x M) sgemm split into thin pieces of depth 32..256, plus 3 passes over an
 (N, M) array per block.  Use :func:`prepare` to unpack a weight matrix once when the
-same src0 is multiplied many times.
+same src0 is multiplied many times. Where the compiled fast path is importable (Numba), raw Q4_1 and Q8_0 rows
+skip all that: ``fast/blockdot.py`` runs the same float32 operations per element on the packed blocks (the same
+bits, tests/test_quants.py), which is what the faithful MUL_MAT of a step-through decode spends most of its time in.
 """
 from __future__ import annotations
 
@@ -99,6 +101,11 @@ from ..consts import (
 )
 from . import vec
 from .libm import fma32
+
+try:        # the block-order Q4_1 vec_dot below, compiled (the same bits): used where the fast path is importable
+    from .fast import blockdot as _blockdot
+except ImportError:         # no Numba, or GGVIZ_NO_NUMBA=1
+    _blockdot = None
 
 __all__ = [
     "VEC_DOT_TYPE", "HAS_VEC_DOT", "HAS_FROM_FLOAT", "NROWS",
@@ -520,6 +527,16 @@ def vec_dot_tiled(t: int, x, y) -> np.ndarray:
     return buf
 
 
+# src0 types whose vec_dot of raw rows fast/blockdot.py computes: (src0, vec_dot_type) block bytes
+_COMPILED = {GGML_TYPE_Q4_1: (20, 36), GGML_TYPE_Q8_0: (34, 34)}
+
+
+def _raw_rows(a, block_bytes: int) -> bool:
+    """a is raw blocks the compiled kernels can read: uint8 (rows, whole blocks), each row's bytes contiguous."""
+    return (isinstance(a, np.ndarray) and a.dtype == np.uint8 and a.ndim == 2 and a.strides[1] == 1
+            and a.shape[1] % block_bytes == 0 and a.shape[0] > 0)
+
+
 def vec_dot(t: int, x, y, exact: bool = False) -> np.ndarray:
     """All row-by-row dot products of type_traits_cpu[t].vec_dot: returns float32 (N, M).
 
@@ -547,6 +564,15 @@ def vec_dot(t: int, x, y, exact: bool = False) -> np.ndarray:
     if t not in HAS_VEC_DOT:
         raise NotImplementedError(f"type_traits_cpu[{Q.type_name(t)}].vec_dot is NULL")
     vt = VEC_DOT_TYPE[t]
+    if _blockdot is not None and t in _COMPILED and not (exact and t == GGML_TYPE_Q4_1):
+        xb, yb = _COMPILED[t]
+        if _raw_rows(x, xb) and _raw_rows(y, yb) and x.shape[1] // xb == y.shape[1] // yb:
+            # fast/blockdot.py: this function's arithmetic for raw rows, element for element (the same bits):
+            # Q4_1 in _scaled_block_dot's block order, Q8_0 in _vec_dot_avx2_tile's lane order
+            out = np.empty((y.shape[0], x.shape[0]), np.float32)
+            kernel = _blockdot.vec_dot_q4_1_q8_1 if t == GGML_TYPE_Q4_1 else _blockdot.vec_dot_q8_0_q8_0
+            kernel(np.asarray(x), np.asarray(y), out)
+            return out
     py = y if isinstance(y, PreparedRows) else prepare(vt, y)
     if py.type != vt:
         raise ValueError(f"vec_dot({Q.type_name(t)}): y is {Q.type_name(py.type)}, not {Q.type_name(vt)}")

@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from . import fattn, gemma_ops, sparse
+from . import blockdot, fattn, gemma_ops, sparse
 from .intrinsics import (
     HAVE_AVX2,
     SCALES_F16,
@@ -842,4 +842,13 @@ def warmup() -> float:
     mmq_chunk_rows(0, 1, 8, 8)
     mmq_nchunk(8, 1)
     mmq_chunk(T_Q4_1, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 1, 32, 0, 1)
+    # the faithful MUL_MAT's vec_dots of raw rows (cpu/quants.vec_dot), on one zero block: weight rows read-only (the
+    # mapped GGUF) or writable (rows made in memory), src1 rows in the work buffer
+    out = np.zeros((1, 1), np.float32)
+    for xb, yb, fn in ((20, 36, blockdot.vec_dot_q4_1_q8_1), (34, 34, blockdot.vec_dot_q8_0_q8_0)):
+        xw, y = np.zeros((1, xb), np.uint8), np.zeros((1, yb), np.uint8)
+        xr = xw.copy()
+        xr.flags.writeable = False
+        fn(xw, y, out)
+        fn(xr, y, out)
     return time.perf_counter() - t0
