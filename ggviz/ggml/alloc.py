@@ -32,7 +32,7 @@ from . import backend as B
 from . import consts as C
 from .graph import HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, Tensor, tensor_at
+from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, Tensor, tensor_at
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -1090,13 +1090,13 @@ def _alloc_graph_tensors_fast(galloc: ggml_gallocr, graph) -> None:
         """Place the tensor with struct words ``q`` (a list); False when only gallocr_init_tensor can."""
         vs = q[_Q_VIEW_SRC]
         if vs:
-            if q[1]:                       # a view with a buffer already: gallocr_init_tensor changes nothing
+            if q[_Q_BUFFER]:               # a view with a buffer already: gallocr_init_tensor changes nothing
                 placed.add(t.addr)
                 return True
             r = new.get(vs)
             if r is None:
                 s = tensor_at(vs)._q
-                r = (s.item(1), s.item(_Q_DATA))
+                r = (s.item(_Q_BUFFER), s.item(_Q_DATA))
             rb, rd = r
             if not rb or not rd:
                 return False
@@ -1110,7 +1110,7 @@ def _alloc_graph_tensors_fast(galloc: ggml_gallocr, graph) -> None:
             if q[_Q_DATA]:                 # placed outside this allocator (a weight, the KV cache, ...)
                 placed.add(t.addr)
                 return True
-            if q[1]:
+            if q[_Q_BUFFER]:
                 return False               # (backend_tensor_alloc refuses it)
             key = (ta.buffer_id, ta.addr.chunk)
             c = chunk_of.get(key)
@@ -1121,7 +1121,7 @@ def _alloc_graph_tensors_fast(galloc: ggml_gallocr, graph) -> None:
                 c = chunk_of[key] = (buf.addr, B.backend_buffer_get_base(buf))
             rb, d = c[0], c[1] + ta.addr.offset
         w = t._q
-        w[1] = rb
+        w[_Q_BUFFER] = rb
         w[_Q_DATA] = d
         new[t.addr] = (rb, d)
         placed.add(t.addr)
