@@ -22,7 +22,7 @@ from ggviz import capture, ggml
 from ggviz.ggml import backend as B
 from ggviz.ggml import memory
 from ggviz.ggml import sched as S
-from ggviz.viz.widgets.explorer import PHASES, DecodeExplorer
+from ggviz.viz.widgets.explorer import PHASES, DecodeExplorer, lanes_window
 
 NODES = ["kq-3", "ffn_out-7", "l_out-0", "result_output", "embd"]
 
@@ -315,3 +315,20 @@ def test_a_one_token_prompt_shows_the_reused_split(model):
         B.backend_name(S.backend_sched_get_tensor_backend(sched, t)) for t in ex1.gf.nodes]
     text = next(p["text"] for p in ex1.phases() if p["key"] == "sched_alloc")
     assert "reused the previous decode's graph" in text and "reused the previous decode's graph" in ex1.sv.info_html()
+
+
+def test_lanes_window_stays_inside_the_compute(ex):
+    # hand-checked: a short node mid-compute gets 150 µs each side; a long node at the end is shifted left, not
+    # clipped at 0 and stretched past the end (what CI saw for result_output on a busy machine)
+    assert lanes_window(500.0, 510.0, 2000.0) == (350.0, 310.0)
+    assert lanes_window(1000.0, 1100.0, 2000.0) == (700.0, 700.0)
+    assert lanes_window(1800.0, 1900.0, 2000.0) == (1300.0, 700.0)      # 3x each side would end at 2200
+    assert lanes_window(1000.0, 1300.0, 2000.0) == (0.0, 2000.0)        # wider than the compute: all of it
+    assert lanes_window(0.0, 10.0, 2000.0) == (0.0, 310.0)
+    # the static page draws that window for the last node
+    last = ex.n_nodes - 1
+    ex.select(last)
+    lanes = ex.lanes_of(last)
+    t_end = float(re.search(r'data-t-end="([0-9.]+)"', ex.lanes_svg()).group(1))
+    x, w = lanes_window(min(s["t0"] for s in lanes), max(s["t1"] for s in lanes), t_end)
+    assert f'viewBox="{x:.3f} 0 {w:.3f} ' in ex.to_html() and x + w <= t_end + 1e-3

@@ -17,6 +17,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from ggviz.viz.widgets.explorer import lanes_window
 from tests.test_browser import ARTIFACTS, ROOT, _free_port, _shot, _stop, _unavailable, _wait, _wait_port  # noqa: F401
 from tests.test_browser import browser  # noqa: F401  (the Chromium fixture, shared)
 
@@ -70,6 +73,9 @@ const full = (st) => {
           zoomViewBox: root.querySelector('.ggv-x-memz svg').getAttribute('viewBox'),
           spans: spans.map(r => r.querySelector('title').textContent),
           lanesViewBox: root.querySelector('.ggv-x-lanes-svg svg').getAttribute('viewBox'),
+          lanesEnd: parseFloat(root.querySelector('.ggv-x-lanes-svg svg').getAttribute('data-t-end')),
+          spanX: spans.map(r => [parseFloat(r.getAttribute('x')), parseFloat(r.getAttribute('x'))
+                                                                  + parseFloat(r.getAttribute('width'))]),
           vertexInView: vr.left >= gb.left && vr.right <= gb.right && vr.top >= gb.top && vr.bottom <= gb.bottom,
           info: root.querySelector('.ggv-x-info').textContent, cause: root.querySelector('.ggv-x-cause').textContent,
           bytes: root.querySelector('.ggv-x-bytes').textContent, selMs: root.getAttribute('data-ggv-sel-ms')});
@@ -148,7 +154,11 @@ def test_explorer_in_voila(request, tmp_path):
             assert a <= int(key[1:]) + 1 <= a + 80, st                 # ... around the node
             assert len(st["spans"]) == 2 and all(f" {shown} (thread " in s for s in st["spans"]), st
             assert sorted(s.split("(thread ")[1][0] for s in st["spans"]) == ["0", "1"], st
-            assert st["lanesViewBox"] and not st["lanesViewBox"].startswith("0 0 "), st    # zoomed on the node
+            # the lanes show the node's spans with 3x their length each side, inside the compute (lanes_window)
+            x, _, w, _ = map(float, st["lanesViewBox"].split())
+            t0, t1 = min(a for a, _ in st["spanX"]), max(b for _, b in st["spanX"])
+            assert 0 <= x <= t0 and t1 <= x + w <= st["lanesEnd"] + 1e-3, st
+            assert (x, w) == pytest.approx(lanes_window(t0, t1, st["lanesEnd"]), abs=1e-2), st
             assert "backend CPU" in st["cause"], st
             results[f"{how} {target}"] = st
             # the values pane is drawn by the kernel: it follows after a round trip

@@ -169,8 +169,11 @@ function render({ model, el }) {
     q(".ggv-x-lanes-text").innerHTML = d.lanes;
     if (lsvg) {
       const n = nth * 26;
+      // explorer.py's lanes_window: the node with 3x its length each side, kept inside the compute
       if (d.t) { const pad = Math.max(3 * (d.t[1] - d.t[0]), 150);
-                 lsvg.setAttribute("viewBox", `${Math.max(d.t[0] - pad, 0)} 0 ${d.t[1] - d.t[0] + 2 * pad} ${n}`); }
+                 const w = tEnd > 0 ? Math.min(d.t[1] - d.t[0] + 2 * pad, tEnd) : d.t[1] - d.t[0] + 2 * pad;
+                 const x = Math.min(Math.max(d.t[0] - pad, 0), Math.max(tEnd - w, 0));
+                 lsvg.setAttribute("viewBox", `${x} 0 ${w} ${n}`); }
       else lsvg.setAttribute("viewBox", `0 0 ${tEnd} ${n}`);
       timeAxis();
     }

@@ -50,6 +50,16 @@ RED = "#d50000"
 SHARE = "#ef6c00"
 SRC = "#1565c0"        # the selected node's sources in the graph
 
+
+def lanes_window(t0: float, t1: float, t_end: float) -> tuple[float, float]:
+    """The part of the compute (µs, x and width) the thread lanes show for a node that ran from t0 to t1: the node
+    with three times its length (at least 150 µs) on each side, kept inside [0, t_end] so a long node near either end
+    still shows its neighbours on the other side. explorer.js's ``select`` draws the same window in the browser."""
+    pad = max(3 * (t1 - t0), 150.0)
+    w = min(t1 - t0 + 2 * pad, t_end) if t_end > 0 else t1 - t0 + 2 * pad
+    x = min(max(t0 - pad, 0.0), max(t_end - w, 0.0))
+    return x, w
+
 # ggml-backend.c's SET_CAUSE codes, in words
 CAUSES = {
     "usr": "pinned by the application before the split (ggml_backend_sched_set_tensor_backend: llama.cpp's graph "
@@ -746,10 +756,9 @@ class DecodeExplorer(VizWidget):
         if k == "node" and self.lanes_of(i):
             t0 = min(s["t0"] for s in self.lanes_of(i))
             t1 = max(s["t1"] for s in self.lanes_of(i))
-            pad = max(3 * (t1 - t0), 150.0)
+            x, w = lanes_window(t0, t1, float(re.search(r'data-t-end="([0-9.]+)"', lanes).group(1)))
             lanes = lanes.replace('viewBox="0 0 ', 'data-full="', 1)
-            lanes = lanes.replace("<svg ", f'<svg viewBox="{max(t0 - pad, 0):.3f} 0 {t1 - t0 + 2 * pad:.3f} '
-                                  f'{len(self.compute["threads"]) * 26}" ', 1)
+            lanes = lanes.replace("<svg ", f'<svg viewBox="{x:.3f} 0 {w:.3f} {len(self.compute["threads"]) * 26}" ', 1)
         sel = self._info_html(k, i) if i is not None else "<i>nothing selected</i>"
 
         def pane(title, body):
