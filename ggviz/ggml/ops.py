@@ -253,6 +253,45 @@ def argmax(ctx, a):
     return r
 
 
+def argsort(ctx, a, order):
+    """ggml_argsort: per row of ``a``, the positions 0..ne0-1 sorted by value (I32, a's shape); op_params[0] is the
+    order. ggviz: an order other than ASC / DESC is refused here (ggml aborts when it computes)."""
+    order = _index(order, "argsort", "order")
+    _require(order in (C.GGML_SORT_ORDER_ASC, C.GGML_SORT_ORDER_DESC), "argsort",
+             f"order must be GGML_SORT_ORDER_ASC (0) or GGML_SORT_ORDER_DESC (1), got {order}", a)
+    _require(a.ne[0] <= 2**31 - 1, "argsort", "rows longer than INT32_MAX", a)
+    r = new_tensor(ctx, C.GGML_TYPE_I32, C.GGML_MAX_DIMS, a.shape)
+    set_op_params_i32(r, 0, order)
+    r.op, r.src[0] = C.GGML_OP_ARGSORT, a
+    return r
+
+
+def argsort_top_k(ctx, a, k):
+    """ggml_argsort_top_k: ARGSORT descending, then a view of each row's first k positions (the best k, in order,
+    ties as std::sort leaves them). What llama.cpp's build_moe_ffn picks experts with."""
+    k = _index(k, "argsort_top_k", "k")
+    _require(0 <= k <= a.ne[0], "argsort_top_k", f"need 0 <= k <= a.ne[0], got k = {k}", a)
+    # two objects: if the view does not fit, the ARGSORT goes too (a failed call leaves the context as it was)
+    mark = ctx._mark(2 * (C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE) + 4 * nelements(a) + C.GGML_MEM_ALIGN)
+    try:
+        r = argsort(ctx, a, C.GGML_SORT_ORDER_DESC)
+        return view_4d(ctx, r, k, int(r.ne[1]), int(r.ne[2]), int(r.ne[3]), int(r.nb[1]), int(r.nb[2]),
+                       int(r.nb[3]), 0)
+    except BaseException:
+        ctx._rollback(mark)
+        raise
+
+
+def top_k(ctx, a, k):
+    """ggml_top_k: per row, the positions of the k largest values (I32 [k, ne1, ne2, ne3]), by std::partial_sort;
+    the order within them is not promised (the CPU kernel swaps the first two on purpose)."""
+    k = _index(k, "top_k", "k")
+    _require(0 <= k <= a.ne[0], "top_k", f"need 0 <= k <= a.ne[0], got k = {k}", a)
+    r = new_tensor_4d(ctx, C.GGML_TYPE_I32, k, int(a.ne[1]), int(a.ne[2]), int(a.ne[3]))
+    r.op, r.src[0] = C.GGML_OP_TOP_K, a
+    return r
+
+
 def repeat(ctx, a, b):
     _require(can_repeat(a, b), "repeat", "a cannot be repeated to b's shape", a, b)
     r = new_tensor(ctx, a.type, C.GGML_MAX_DIMS, b.shape)

@@ -18,8 +18,9 @@ Seeded generation reproduces llama.cpp's token for token given the same logits:
   (k <= 128) or llama.cpp's 128-bucket partial sort + ``std::sort`` (k > 128), ``top_p`` softmaxes without sorting
   (float sums), then sorts (adaptive: the best 256 first when more than 1024 candidates), ``min_p`` filters in place
   when unsorted and falls back to a full sort. libstdc++'s ``std::partial_sort`` (heap select + heap sort) and
-  ``std::sort`` (introsort) are not stable; they are reproduced exactly (``cxx_partial_sort``, ``cxx_sort``), so
-  ties (common in float16 logits) come out in llama.cpp's order.
+  ``std::sort`` (introsort) are not stable; they are reproduced exactly (``cxx_partial_sort``, ``cxx_sort``, in
+  ggviz/ggml/cpu/libstdcxx.py beside ggml's ARGSORT / TOP_K), so ties (common in float16 logits) come out in
+  llama.cpp's order.
 
 Each step records what it did (``SamplerChain.history``), so the visual layer can draw logits -> filters -> chosen
 token: per stage the candidates that survive it (the best ``history_k`` by logit, with the logit and ``p`` exactly as
@@ -35,6 +36,7 @@ import secrets
 import numpy as np
 
 from ..ggml.cpu.libm import glibc_expf, logf
+from ..ggml.cpu.libstdcxx import cxx_partial_sort, cxx_sort
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
@@ -118,216 +120,6 @@ def get_rng_seed(seed: int) -> int:
     if int(seed) & 0xFFFFFFFF == LLAMA_DEFAULT_SEED:
         return secrets.randbits(32)
     return int(seed) & 0xFFFFFFFF
-
-
-# ---- libstdc++'s std::partial_sort / std::sort (GCC 12 bits/stl_heap.h, bits/stl_algo.h), with llama.cpp's
-# comparator ``a.logit > b.logit``. They work on ``a``, a list of candidate positions, comparing ``x[a[i]]`` (the
-# logits as Python floats: exact, and NaN compares false as in C). Not stable: equal logits end up in an order that
-# depends on the algorithm, reproduced here step by step.
-
-def _push_heap(a, x, f, hole, top, val):
-    xv = x[val]
-    parent = (hole - 1) // 2
-    while hole > top and x[a[f + parent]] > xv:
-        a[f + hole] = a[f + parent]
-        hole = parent
-        parent = (hole - 1) // 2
-    a[f + hole] = val
-
-
-def _adjust_heap(a, x, f, hole, n, val):
-    top = hole
-    second = hole
-    while second < (n - 1) // 2:
-        second = 2 * (second + 1)
-        if x[a[f + second]] > x[a[f + second - 1]]:
-            second -= 1
-        a[f + hole] = a[f + second]
-        hole = second
-    if (n & 1) == 0 and second == (n - 2) // 2:
-        second = 2 * (second + 1)
-        a[f + hole] = a[f + second - 1]
-        hole = second - 1
-    _push_heap(a, x, f, hole, top, val)
-
-
-def _make_heap(a, x, f, last):
-    n = last - f
-    if n < 2:
-        return
-    parent = (n - 2) // 2
-    while True:
-        _adjust_heap(a, x, f, parent, n, a[f + parent])
-        if parent == 0:
-            return
-        parent -= 1
-
-
-def _sort_heap(a, x, f, last):
-    while last - f > 1:
-        last -= 1
-        val = a[last]                 # __pop_heap(first, last, last)
-        a[last] = a[f]
-        _adjust_heap(a, x, f, 0, last - f, val)
-
-
-def _heap_select(a, x, f, middle, last):
-    """``__heap_select``: heapify [f, middle), then every later element that beats the heap's top (its smallest
-    logit) replaces it (``__pop_heap(first, middle, i)``: the evicted one goes to position i)."""
-    _make_heap(a, x, f, middle)
-    for i in range(middle, last):
-        if x[a[i]] > x[a[f]]:
-            val = a[i]
-            a[i] = a[f]
-            _adjust_heap(a, x, f, 0, middle - f, val)
-
-
-def _partial_sort_range(a, x, f, middle, last):
-    _heap_select(a, x, f, middle, last)
-    _sort_heap(a, x, f, middle)
-
-
-def _unguarded_linear_insert(a, x, last):
-    v = a[last]
-    xv = x[v]
-    nxt = last - 1
-    while xv > x[a[nxt]]:
-        a[last] = a[nxt]
-        last = nxt
-        nxt -= 1
-    a[last] = v
-
-
-def _insertion_sort(a, x, f, last):
-    if f == last:
-        return
-    for i in range(f + 1, last):
-        if x[a[i]] > x[a[f]]:
-            v = a[i]
-            a[f + 1:i + 1] = a[f:i]
-            a[f] = v
-        else:
-            _unguarded_linear_insert(a, x, i)
-
-
-def _final_insertion_sort(a, x, f, last):
-    if last - f > 16:
-        _insertion_sort(a, x, f, f + 16)
-        for i in range(f + 16, last):
-            _unguarded_linear_insert(a, x, i)
-    else:
-        _insertion_sort(a, x, f, last)
-
-
-def _move_median_to_first(a, x, result, i, j, k):
-    xa, xb, xc = x[a[i]], x[a[j]], x[a[k]]
-    if xa > xb:
-        if xb > xc:
-            s = j
-        elif xa > xc:
-            s = k
-        else:
-            s = i
-    elif xa > xc:
-        s = i
-    elif xb > xc:
-        s = k
-    else:
-        s = j
-    a[result], a[s] = a[s], a[result]
-
-
-def _unguarded_partition(a, x, first, last, pivot):
-    xp = x[a[pivot]]
-    while True:
-        while x[a[first]] > xp:
-            first += 1
-        last -= 1
-        while xp > x[a[last]]:
-            last -= 1
-        if not first < last:
-            return first
-        a[first], a[last] = a[last], a[first]
-        first += 1
-
-
-def _introsort_loop(a, x, f, last, depth):
-    while last - f > 16:
-        if depth == 0:
-            _partial_sort_range(a, x, f, last, last)
-            return
-        depth -= 1
-        mid = f + (last - f) // 2
-        _move_median_to_first(a, x, f, f + 1, mid, last - 1)
-        cut = _unguarded_partition(a, x, f + 1, last, f)
-        _introsort_loop(a, x, cut, last, depth)
-        last = cut
-
-
-def _distinct(v: np.ndarray) -> bool:
-    """No two values compare equal (and no NaN): then every correct sort gives the same order."""
-    if v.size < 2:
-        return True
-    if np.isnan(v).any():
-        return False
-    s = np.sort(v)
-    return bool(np.all(s[1:] != s[:-1]))
-
-
-def cxx_sort(x: np.ndarray) -> np.ndarray:
-    """``std::sort(first, last, [](a, b) { return a.logit > b.logit; })``: the permutation it leaves (positions into
-    ``x``). Introsort (median of 3, depth limit 2 * floor(log2 n), heap sort past it), then insertion sort."""
-    x = np.asarray(x, F32)
-    n = x.size
-    if _distinct(x):
-        return np.argsort(-x.astype(np.float64), kind="stable")
-    xs = x.tolist()
-    a = list(range(n))
-    if n:
-        _introsort_loop(a, xs, 0, n, 2 * (n.bit_length() - 1))
-        _final_insertion_sort(a, xs, 0, n)
-    return np.asarray(a, dtype=np.int64)
-
-
-def cxx_partial_sort(x: np.ndarray, middle: int) -> np.ndarray:
-    """``std::partial_sort(first, first + middle, last, comp)`` with comp = greater logit: the positions of the first
-    ``middle`` elements it leaves, in order (the rest of the range is left in an unspecified order nobody reads)."""
-    x = np.asarray(x, F32)
-    n = x.size
-    middle = int(min(max(middle, 0), n))
-    if middle == 0:
-        return np.zeros(0, dtype=np.int64)
-    has_nan = bool(np.isnan(x).any())
-    if not has_nan:
-        top = np.argpartition(-x, middle)[:middle + 1] if middle < n else np.arange(n)
-        order = top[np.argsort(-x[top].astype(np.float64), kind="stable")]
-        head = x[order]
-        if bool(np.all(head[:-1] > head[1:])):
-            return order[:middle]   # the best `middle` are distinct and beat the rest: the result is unique
-    # __heap_select + __sort_heap. Only elements that beat the heap's top (its smallest logit) enter it; the top is
-    # never below the middle-th largest logit seen so far, so elements not above that bound (taken at doubling block
-    # starts) are skipped. An entering element replaces the top (__pop_heap(first, middle, i) moves the top to
-    # position i, which nothing reads again).
-    if has_nan:
-        cand = list(range(middle, n))
-        xs = x.tolist()
-    else:
-        blocks, b = [], middle
-        while b < n:
-            e = min(n, 2 * b)
-            bound = np.partition(x[:b], b - middle)[b - middle]
-            blocks.append(np.nonzero(x[b:e] > bound)[0] + b)
-            b = e
-        cand = np.concatenate(blocks).tolist() if blocks else []
-        pos = list(range(middle)) + cand
-        xs = dict(zip(pos, x[pos].tolist()))
-    a = list(range(middle))
-    _make_heap(a, xs, 0, middle)
-    for i in cand:
-        if xs[i] > xs[a[0]]:
-            _adjust_heap(a, xs, 0, 0, middle, i)
-    _sort_heap(a, xs, 0, middle)
-    return np.asarray(a, dtype=np.int64)
 
 
 _BUCKET_SCALE = F32(128) / (F32(10.0) - F32(-10.0))      # nbuckets / (bucket_high - bucket_low) = 6.4f

@@ -14,6 +14,9 @@ Jobs (``run(jobs)``: a list of dicts, results in the same order):
 * ``{"op": "quantize_mat_q8_K_4x8", "x": float32 (4, n)}`` -> uint8 block_q8_Kx4 bytes;
 * ``{"op": "gemv_q4_K_8x8" / "gemm_q4_K_8x8", "vx": repacked bytes, "vy": q8_K / q8_Kx4 bytes, "n", "nr", "nc"}``
   -> float32 (nr, nc) (``ggml_gemv_q4_K_8x8_q8_K`` / ``ggml_gemm_q4_K_8x8_q8_K``, bs = nc);
+* ``{"op": "argsort" / "argsort_top_k" / "top_k", "x": float32 (R, n), "arg": order or k, "n_threads": k}`` -> int32
+  (R, ne0): ``ggml_argsort(ctx, x, order)`` / ``ggml_argsort_top_k(ctx, x, k)`` / ``ggml_top_k(ctx, x, k)`` computed by
+  ggml's CPU backend;
 * ``{"op": "mul_mat", "type": t, "w": uint8 (M, rb), "x": float32 (N, K), "n_threads": k, "repack": bool}``
   -> {"out": float32 (N, M), "repacked": the weight's bytes as the buffer holds them}: one MUL_MAT graph computed by
   ggml's CPU backend, the weight in the CPU_REPACK buffer type (``repack``) or a plain CPU buffer; with ``"reps": r``
@@ -105,6 +108,9 @@ def _load():
         (base, "ggml_free"): (None, [c_void_p]),
         (base, "ggml_new_tensor_2d"): (c_void_p, [c_void_p, c_int, c_int64, c_int64]),
         (base, "ggml_mul_mat"): (c_void_p, [c_void_p, c_void_p, c_void_p]),
+        (base, "ggml_argsort"): (c_void_p, [c_void_p, c_void_p, c_int]),
+        (base, "ggml_argsort_top_k"): (c_void_p, [c_void_p, c_void_p, c_int]),
+        (base, "ggml_top_k"): (c_void_p, [c_void_p, c_void_p, c_int]),
         (base, "ggml_new_graph"): (c_void_p, [c_void_p]),
         (base, "ggml_build_forward_expand"): (None, [c_void_p, c_void_p]),
         (base, "ggml_get_data"): (c_void_p, [c_void_p]),
@@ -210,6 +216,27 @@ def _job(base, cpu, job: dict):
         base.ggml_backend_buffer_free(buf)
         base.ggml_free(ctx_w)
         return {"out": out, "repacked": repacked, "times": np.asarray(times, np.float64)}
+    if op in ("argsort", "argsort_top_k", "top_k"):      # arg: the order (argsort) or k
+        x = np.ascontiguousarray(job["x"], np.float32)
+        R, n = x.shape
+        arg, nth = int(job["arg"]), int(job["n_threads"])
+        ctx = base.ggml_init(_InitParams(x.nbytes * 3 + (1 << 20), None, False))
+        tx = base.ggml_new_tensor_2d(ctx, 0, n, R)
+        ctypes.memmove(base.ggml_get_data(tx), _p(x), x.nbytes)
+        to = getattr(base, "ggml_" + op)(ctx, tx, arg)
+        gf = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(gf, to)
+        be = cpu.ggml_backend_cpu_init()
+        cpu.ggml_backend_cpu_set_n_threads(be, nth)
+        st = base.ggml_backend_graph_compute(be, gf)
+        assert st == 0, f"graph_compute status {st}"
+        ne0 = n if op == "argsort" else arg
+        stride = n if op != "top_k" else arg          # argsort_top_k: a view of the argsort's rows
+        out = np.frombuffer(ctypes.string_at(base.ggml_get_data(to), 4 * stride * R), np.int32)
+        out = out.reshape(R, stride)[:, :ne0].copy()
+        base.ggml_backend_free(be)
+        base.ggml_free(ctx)
+        return out
     raise ValueError(f"unknown oracle op {op!r}")
 
 

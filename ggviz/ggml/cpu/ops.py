@@ -5,7 +5,8 @@ Mirrors (ggml/src/ggml-cpu/):
 
 * ops.cpp: ``ggml_compute_forward_dup`` (``dup_same_cont``, ``dup_bytes``, ``dup_flt``, ``dup_to_q``,
   ``dup_from_q``; CPY and CONT call it), ``add`` (``add_q_f32``), ``add1`` (f32, f16, bf16, q), ``sum_rows``,
-  ``mean``, ``argmax``, ``repeat``, ``concat``, ``gelu``/``gelu_quick``/``gelu_erf``/``silu`` (f32, f16), ``norm``,
+  ``mean``, ``argmax``, ``argsort``, ``top_k`` (libstdc++'s sorts: ``libstdcxx.py``), ``repeat``, ``concat``,
+  ``gelu``/``gelu_quick``/``gelu_erf``/``silu`` (f32, f16), ``norm``,
   ``rms_norm`` and ``rms_norm_mul_fused``, ``out_prod`` (f32, f16, q), ``scale``, ``get_rows`` (f32/i32, f16, bf16,
   q), ``set_rows``, ``soft_max`` (mask, ALiBi, sinks), ``rope`` (``ggml_rope_cache_init``, ``ggml_mrope_cache_init``,
   ``rope_yarn``, ``rotate_pairs``), the GLU family (``reglu``, ``geglu``, ``swiglu``, ``swiglu_oai``,
@@ -41,7 +42,7 @@ import numpy as np
 
 from .. import consts as C
 from .. import quants
-from ..impl import GGML_ASSERT
+from ..impl import GGML_ASSERT, GGMLError
 from ..tensor import (
     Tensor,
     blck_size,
@@ -76,11 +77,13 @@ from .common import (
     put_scratch,
     row_idx,
     rows_bytes,
+    scratch,
     tensor_bytes,
     thread_range,
     to_f32,
 )
 from .libm import erff_vec, expf_vec, fma32, glibc_cosf, glibc_sinf, logf, powf
+from .libstdcxx import partial_sort_positions, sort_positions
 from .vec import (
     SQRT_2_INV,
     gelu_f32,
@@ -564,6 +567,56 @@ def _argmax_c(row) -> int:
         if mx == v:
             idx = i
     return idx
+
+
+# =====================================================================================================================
+# ARGSORT TOP_K (the row interleave; libstdc++'s sorts: libstdcxx.py)
+# =====================================================================================================================
+
+
+def _sort_rows(op: str, dst: Tensor):
+    """(src rows, dst rows) as ggml's sort kernels address them: row i of the flattened tensor at ``i*nb01`` (src,
+    read as contiguous floats) and ``i*nb1`` (dst, int32)."""
+    src0 = dst.src[0]
+    if src0.type != C.GGML_TYPE_F32:
+        raise GGMLError(f"{op}: ggml's CPU kernel sorts F32 rows only, src0 is {type_name(src0.type)}")
+    GGML_ASSERT(int(dst.nb[0]) == 4, "GGML_ASSERT(nb0 == sizeof(float)) failed")
+    nr, ne00 = nrows(src0), int(src0.ne[0])
+    arr, off = tensor_bytes(src0)
+    x = np.ndarray(shape=(nr, ne00), dtype=F32, buffer=arr, offset=off, strides=(int(src0.nb[1]), 4))
+    return x, flat_rows(dst, nr, int(dst.ne[0]), np.int32)
+
+
+@kernel
+def forward_argsort(params: ComputeParams, dst: Tensor):
+    """ggml_compute_forward_argsort_f32: thread ith takes rows ith, ith + nth, ...; each dst row is 0..ne0-1, then
+    ``std::sort`` by the row's values (``<`` for GGML_SORT_ORDER_ASC, ``>`` for DESC). Equal values keep the order
+    libstdc++'s introsort leaves, as in ggml."""
+    x, d = _sort_rows("argsort", dst)
+    order = get_op_params_i32(dst, 0)
+    if order not in (C.GGML_SORT_ORDER_ASC, C.GGML_SORT_ORDER_DESC):
+        raise GGMLError(f"argsort: invalid sort order {order} (op_params[0])")     # GGML_ABORT in ggml
+    for i in range(params.ith, x.shape[0], params.nth):
+        d[i] = sort_positions(-x[i] if order == C.GGML_SORT_ORDER_ASC else x[i])   # ASC: the same walk on -x
+
+
+@kernel
+def forward_top_k(params: ComputeParams, dst: Tensor):
+    """ggml_compute_forward_top_k_f32: per row (the ith, ith + nth interleave), the positions 0..ne00-1 in this
+    thread's int32 scratch (``wdata + (ne00 + CACHE_LINE_SIZE_F32)*ith``), ``std::partial_sort`` of its first top_k =
+    ne0 by ``>``, those copied to dst, and then dst's first two swapped ("the order is not important")."""
+    x, d = _sort_rows("top_k", dst)
+    ne00, top_k = x.shape[1], int(dst.ne[0])
+    tmp = scratch(params, ne00)
+    if tmp is None:
+        raise GGMLError(f"top_k: the work buffer holds {params.wsize} bytes, thread {params.ith} needs "
+                        f"{(ne00 + CACHE_LINE_SIZE_F32) * params.ith * 4 + ne00 * 4} (ggml_graph_plan's size)")
+    tmp = tmp.view(np.int32)
+    for i in range(params.ith, x.shape[0], params.nth):
+        tmp[:] = partial_sort_positions(x[i], top_k)
+        d[i] = tmp[:top_k]
+        if top_k > 1:
+            d[i, 0], d[i, 1] = tmp[1], tmp[0]
 
 
 # =====================================================================================================================
@@ -1436,6 +1489,8 @@ FORWARD = {
     C.GGML_OP_SUM_ROWS: forward_sum_rows,
     C.GGML_OP_MEAN: forward_mean,
     C.GGML_OP_ARGMAX: forward_argmax,
+    C.GGML_OP_ARGSORT: forward_argsort,
+    C.GGML_OP_TOP_K: forward_top_k,
     C.GGML_OP_REPEAT: forward_repeat,
     C.GGML_OP_CONCAT: forward_concat,
     C.GGML_OP_NORM: forward_norm,
