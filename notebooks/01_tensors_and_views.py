@@ -375,41 +375,76 @@ viz.Table([{"": f"row i1 = {n}", **{f"mul_mat [{m}]": f"{ggml.get_data(mm)[0, 0]
 # ### `ggml_mul_mat_id`: expert routing (mixture of experts)
 #
 # A mixture-of-experts FFN (Mixtral, Qwen-MoE, gpt-oss ...) has `n_expert` weight matrices per layer, stored as one 3-d
-# tensor `as` `[K, M, n_expert]`, and sends each token through only `n_expert_used` of them. llama.cpp's
-# `build_moe_ffn` computes router logits with a `ggml_mul_mat`, a `ggml_soft_max`, picks the top k experts per token
-# (`ggml_argsort_top_k`) into `ids` `[k, n_tokens]` (I32), and calls `ggml_mul_mat_id(ctx, as, b, ids)` with the
-# activations `b` `[K, 1, n_tokens]`: the result `[M, k, n_tokens]` holds, in column (slot s, token t), expert
-# `ids[s, t]`'s matrix times token t's row. Below, a synthetic layer of 4 experts, 2 used, 6 tokens (no MoE model
-# is at hand; tests/test_mul_mat_id.py checks this op bit for bit against the real ggml). ggviz has no ARGSORT
-# kernel yet, so the top 2 are picked from the graph's probabilities with NumPy (the same ids, ties aside).
+# tensor `as` `[K, M, n_expert]`, and sends each token through only `n_expert_used` of them. Below, a synthetic layer
+# of 4 experts, 2 used, 6 tokens (no MoE model is at hand), built as llama.cpp's `build_moe_ffn` (llama-graph.cpp)
+# builds it, with Qwen2-MoE's settings (softmax gating, weights not renormalized; Mixtral would add SUM_ROWS, CLAMP,
+# DIV): the router's logits `ggml_mul_mat(gate_inp, x)`, `ggml_soft_max` (the probabilities), `ggml_argsort_top_k`
+# (an ARGSORT of each token's probabilities, descending, and a view of its first 2: `ids` `[2, n_tokens]`, I32),
+# `ggml_get_rows` of the probabilities at those ids (the weights), then `ggml_mul_mat_id(ctx, as, b, ids)` for the
+# experts' up, gate and down matrices: column (slot s, token t) of its result is expert `ids[s, t]`'s matrix times
+# token t's row. The weighted experts are summed per token. All of it is one graph, computed by ggviz's CPU backend
+# (tests/test_argsort.py and tests/test_mul_mat_id.py check ARGSORT and MUL_MAT_ID against the real ggml).
 
 # %%
+from ggviz.viz.widgets import GraphView
+
 ectx = ggml.init(1 << 20)
 n_embd, n_ff, n_expert, n_used, n_tok = 8, 4, 4, 2, 6
 rng = np.random.default_rng(3)
-x = ggml.set_name(ggml.new_tensor_2d(ectx, ggml.GGML_TYPE_F32, n_embd, n_tok), "x")            # 6 token rows
-gate = ggml.set_name(ggml.new_tensor_2d(ectx, ggml.GGML_TYPE_F32, n_embd, n_expert), "gate_inp")  # the router
-experts = ggml.set_name(ggml.new_tensor_3d(ectx, ggml.GGML_TYPE_F32, n_embd, n_ff, n_expert), "up_exps")
-for t_, shape in ((x, (n_tok, n_embd)), (gate, (n_expert, n_embd)), (experts, (n_expert, n_ff, n_embd))):
-    ggml.get_data(t_)[...] = rng.standard_normal(shape).astype(np.float32).reshape(ggml.get_data(t_).shape)
-probs = ggml.soft_max(ectx, ggml.mul_mat(ectx, gate, x))                 # [n_expert, n_tok]: each token's router
-gp = ggml.new_graph(ectx)
-ggml.build_forward_expand(gp, probs)
-ggml.graph_compute_with_ctx(ectx, gp, 1)
-P = ggml.get_data(probs)[0, 0]                                           # (n_tok, n_expert)
-top = np.argsort(-P, axis=1, kind="stable")[:, :n_used].astype(np.int32)  # ggml_argsort_top_k, done in NumPy
-ids = ggml.set_name(ggml.new_tensor_2d(ectx, ggml.GGML_TYPE_I32, n_used, n_tok), "ids")
-ggml.get_data(ids)[0, 0] = top
-y = ggml.mul_mat_id(ectx, experts, ggml.reshape_3d(ectx, x, n_embd, 1, n_tok), ids)   # [n_ff, n_used, n_tok]
-gy = ggml.new_graph(ectx)
-ggml.build_forward_expand(gy, y)
+F32 = ggml.GGML_TYPE_F32
+x = ggml.set_name(ggml.new_tensor_2d(ectx, F32, n_embd, n_tok), "x")                      # 6 token rows
+gate_inp = ggml.set_name(ggml.new_tensor_2d(ectx, F32, n_embd, n_expert), "gate_inp")       # the router
+up_exps = ggml.set_name(ggml.new_tensor_3d(ectx, F32, n_embd, n_ff, n_expert), "up_exps")   # 4 experts' matrices
+gate_exps = ggml.set_name(ggml.new_tensor_3d(ectx, F32, n_embd, n_ff, n_expert), "gate_exps")
+down_exps = ggml.set_name(ggml.new_tensor_3d(ectx, F32, n_ff, n_embd, n_expert), "down_exps")
+for t_ in (x, gate_inp, up_exps, gate_exps, down_exps):
+    ggml.get_data(t_)[...] = rng.standard_normal(ggml.get_data(t_).shape).astype(np.float32)
+
+# llm_graph_context::build_moe_ffn, step by step (the names are llama.cpp's callback names)
+logits = ggml.set_name(ggml.mul_mat(ectx, gate_inp, x), "ffn_moe_logits")                # [n_expert, n_tok]
+probs = ggml.set_name(ggml.soft_max(ectx, logits), "ffn_moe_probs")
+selected = ggml.set_name(ggml.argsort_top_k(ectx, probs, n_used), "ffn_moe_topk")       # [n_used, n_tok], I32
+ggml.set_name(selected.src[0], "ffn_moe_argsort")                                        # the ARGSORT it views
+weights = ggml.set_name(ggml.get_rows(ectx, ggml.reshape_3d(ectx, probs, 1, n_expert, n_tok), selected),
+                        "ffn_moe_weights")                                               # [1, n_used, n_tok]
+gm = ggml.new_graph(ectx)
+ggml.build_forward_expand(gm, weights)
+cur = ggml.reshape_3d(ectx, x, n_embd, 1, n_tok)
+up = ggml.set_name(ggml.mul_mat_id(ectx, up_exps, cur, selected), "ffn_moe_up")         # [n_ff, n_used, n_tok]
+gate = ggml.set_name(ggml.mul_mat_id(ectx, gate_exps, cur, selected), "ffn_moe_gate")
+act = ggml.set_name(ggml.swiglu_split(ectx, gate, up), "ffn_moe_swiglu")
+experts_out = ggml.set_name(ggml.mul_mat_id(ectx, down_exps, act, selected), "ffn_moe_down")  # [n_embd, n_used, n_tok]
+experts_out = ggml.set_name(ggml.mul(ectx, experts_out, weights), "ffn_moe_weighted")
+ggml.build_forward_expand(gm, experts_out)
+slots = [ggml.view_2d(ectx, experts_out, n_embd, n_tok, experts_out.nb[2], s * experts_out.nb[1]) for s in range(n_used)]
+for v in slots:
+    ggml.build_forward_expand(gm, v)
+moe_out = ggml.set_name(ggml.add(ectx, slots[0], slots[1]), "ffn_moe_out")               # [n_embd, n_tok]
+ggml.build_forward_expand(gm, moe_out)
 with trace.recording(kinds={"cpu.mul_mat_id_rows", "cpu.chunk"}) as mmid_rec:
-    ggml.graph_compute_with_ctx(ectx, gy, 2)
-Y, W, X = ggml.get_data(y)[0], ggml.get_data(experts)[0], ggml.get_data(x)[0, 0]
-assert all(np.allclose(Y[t, s], W[top[t, s]] @ X[t], rtol=1e-5, atol=1e-5) for t in range(n_tok) for s in range(n_used))
+    ggml.graph_compute_with_ctx(ectx, gm, 2)
+
+P, top, wts = ggml.get_data(probs)[0, 0], ggml.get_data(selected)[0, 0], ggml.get_data(weights)[0, :, :, 0]
+# the graph's picks are the 2 largest probabilities of each token (no ties here: with ties, std::sort's order decides)
+assert np.array_equal(top, np.argsort(-P, axis=1, kind="stable")[:, :n_used])
+# and the layer's output is the weighted sum of the chosen experts' SwiGLU FFNs (float64 NumPy, to float32 rounding)
+Wu, Wg, Wd = (ggml.get_data(t_)[0].astype(np.float64) for t_ in (up_exps, gate_exps, down_exps))
+X = ggml.get_data(x)[0, 0].astype(np.float64)
+ffn = lambda e, v: Wd[e] @ ((Wg[e] @ v) / (1 + np.exp(-(Wg[e] @ v))) * (Wu[e] @ v))   # noqa: E731
+want = np.stack([sum(wts[t, s] * ffn(top[t, s], X[t]) for s in range(n_used)) for t in range(n_tok)])
+assert np.allclose(ggml.get_data(moe_out)[0, 0], want, rtol=1e-4, atol=1e-5)
 viz.Table([{"token": t, **{f"p(expert {e})": f"{P[t, e]:.2f}" for e in range(n_expert)},
-            "ids (slot 0, slot 1)": f"{top[t, 0]}, {top[t, 1]}"} for t in range(n_tok)],
-          title=f"the router: softmax(gate_inp · x) per token, and the top {n_used} experts it picks (ids)")
+            "ids (slot 0, slot 1)": f"{top[t, 0]}, {top[t, 1]}",
+            "weights": f"{wts[t, 0]:.2f}, {wts[t, 1]:.2f}"} for t in range(n_tok)],
+          title=f"the router: ffn_moe_probs (SOFT_MAX of gate_inp · x) per token, the top {n_used} experts the "
+                f"ARGSORT picks (ffn_moe_topk) and their probabilities (GET_ROWS: ffn_moe_weights)")
+
+# %% [markdown]
+# The graph (click a node for its tensor): ARGSORT and its VIEW pick the experts, GET_ROWS their weights, the three
+# MUL_MAT_IDs read the same `ffn_moe_topk`, MUL scales each slot by its weight, and the two VIEWs of the slots are added.
+
+# %%
+GraphView(gm, title=f"build_moe_ffn: {gm.n_nodes} nodes", max_height="820px")
 
 # %% [markdown]
 # `ggml_compute_forward_mul_mat_id` does not run one matrix product per token. Thread 0 first groups the work by
@@ -417,13 +452,14 @@ viz.Table([{"token": t, **{f"p(expert {e})": f"{P[t, e]:.2f}" for e in range(n_e
 # the work buffer), appended token by token. Then every thread walks the experts in order and, for an expert with
 # rows, splits (its `n_ff` rows × its routed columns) into chunks claimed from that expert's own `current_chunk`
 # counter. So each expert's weights are read once per step, however many tokens chose it; an expert nobody chose
-# costs nothing. The mapping and the chunks below were recorded from the compute above (2 threads):
+# costs nothing. The mapping and the chunks below were recorded from the compute above (2 threads) for `ffn_moe_up`
+# (`ffn_moe_gate` and `ffn_moe_down` read the same ids, so they map the same pairs):
 
 # %%
-(rows_ev,) = [e for e in mmid_rec.events if e["kind"] == "cpu.mul_mat_id_rows"]
+(rows_ev,) = [e for e in mmid_rec.events if e["kind"] == "cpu.mul_mat_id_rows" and e["node"] == "ffn_moe_up"]
 chunks_by_expert = {}
 for e in mmid_rec.events:
-    if e["kind"] == "cpu.chunk":
+    if e["kind"] == "cpu.chunk" and e["node"] == "ffn_moe_up":
         chunks_by_expert.setdefault(e["expert"], []).append((e["ith"], f"thread {e['ith']}: rows {e['ir0'][0]}–"
                                                             f"{e['ir0'][1] - 1}, columns {e['ir1'][0]}–{e['ir1'][1] - 1}"))
 viz.Table([{"expert": e, "src1 rows routed (matrix_row_counts)": rows_ev["counts"][e],
@@ -435,7 +471,7 @@ viz.Table([{"expert": e, "src1 rows routed (matrix_row_counts)": rows_ev["counts
                 f"grouped by expert; dst[:, slot, token] is written from each pair")
 
 # %% [markdown]
-# *Read the code:* ggviz.ggml.ops.permute, ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_2d, ggviz.ggml.ops.reshape_2d, ggviz.ggml.ops.cont, ggviz.ggml.ops.add_inplace, ggviz.ggml.ops.scale_inplace, ggviz.ggml.ops.cpy, ggviz.ggml.ops.mul_mat, ggviz.ggml.ops.out_prod, ggviz.ggml.ops.mul_mat_id, ggviz.ggml.cpu.mul_mat.forward_mul_mat_id ↔ ggml.c ggml_permute, ggml_transpose, ggml_view_2d, ggml_reshape_2d, ggml_cont, ggml_add_inplace, ggml_scale_inplace, ggml_cpy, ggml_mul_mat, ggml_out_prod, ggml_mul_mat_id; ggml-cpu.c ggml_compute_forward_mul_mat_id
+# *Read the code:* ggviz.ggml.ops.permute, ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_2d, ggviz.ggml.ops.reshape_2d, ggviz.ggml.ops.cont, ggviz.ggml.ops.add_inplace, ggviz.ggml.ops.scale_inplace, ggviz.ggml.ops.cpy, ggviz.ggml.ops.mul_mat, ggviz.ggml.ops.out_prod, ggviz.ggml.ops.mul_mat_id, ggviz.ggml.ops.argsort_top_k, ggviz.ggml.cpu.ops.forward_argsort, ggviz.ggml.cpu.mul_mat.forward_mul_mat_id ↔ ggml.c ggml_permute, ggml_transpose, ggml_view_2d, ggml_reshape_2d, ggml_cont, ggml_add_inplace, ggml_scale_inplace, ggml_cpy, ggml_mul_mat, ggml_out_prod, ggml_mul_mat_id, ggml_argsort_top_k; ops.cpp ggml_compute_forward_argsort; ggml-cpu.c ggml_compute_forward_mul_mat_id; llama-graph.cpp llm_graph_context::build_moe_ffn
 
 # %% [markdown]
 # ## 5. A quantized block: `block_q4_0`

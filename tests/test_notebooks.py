@@ -124,3 +124,20 @@ def test_harness_reports_failing_cell(tmp_path, notebook_runner):
     nbformat.write(nb, path)
     out = notebook_runner.run(path).cells[0].outputs[0]["text"].split()
     assert out == [str(tmp_path), sys.executable, str(ROOT / "ggviz" / "__init__.py")]
+
+
+def test_nb01_routing_picks_the_top_probabilities(notebook_runner):
+    """nb01 §4's MoE layer picks its experts with ggml_argsort_top_k in the graph: on the page, each token's ids are
+    its two largest probabilities (as printed, best first) and its weights are those probabilities -- checkable by
+    hand from the router table."""
+    nb = notebook_runner(NB_DIR / "01_tensors_and_views.ipynb")
+    (text,) = [o["data"]["text/plain"] for c in nb.cells for o in c.get("outputs", [])
+               if str(o.get("data", {}).get("text/plain", "")).startswith("the router:")]
+    rows = [line.split() for line in text.splitlines()[3:] if line.strip()]
+    assert len(rows) == 6
+    for r in rows:                       # token, p(expert 0..3), "a,", "b", "wa,", "wb"
+        p = [float(v) for v in r[1:5]]
+        ids, w = [int(r[5].rstrip(",")), int(r[6])], [r[7].rstrip(","), r[8]]
+        rest = [p[e] for e in range(4) if e not in ids]
+        assert p[ids[0]] >= p[ids[1]] >= max(rest), r
+        assert w == [r[1 + e] for e in ids], r
