@@ -49,7 +49,7 @@ CASES = [(what, arg) for what, args in (("argsort", (ASC, DESC)), ("argsort_top_
 
 def _run(L, x, what, arg, n_threads):
     """One graph: ``what``(ctx, a, arg) on a (R rows of n) F32 tensor shaped [n, 2, R/2] when R is even (rows across
-    two dimensions), else [n, R]. Returns (indices (R, ne0), ne, op, op_params[0], type, work size)."""
+    two dimensions), else [n, R]. Returns (indices (R, ne0), ne, op, op_params[0], type, (work size, plan threads))."""
     R, n = x.shape
     ctx = L.init(8 << 20)
     try:
@@ -63,8 +63,8 @@ def _run(L, x, what, arg, n_threads):
             head = head[:1] + (int(src.op), int(src.op_params[0]), int(s.type))
         gf = L.new_graph(ctx)
         L.build_forward_expand(gf, t)
-        ws = L.graph_plan(gf, 3)
-        ws = ws["work_size"] if isinstance(ws, dict) else ws.work_size
+        plan = L.graph_plan(gf, 3)          # n_tasks = n_threads for both ops: the plan takes all 3
+        ws = (plan["work_size"], plan["n_threads"]) if isinstance(plan, dict) else (plan.work_size, plan.n_threads)
         if graphs.is_oracle(L):
             assert L.graph_compute(gf, n_threads) == 0
         else:
@@ -87,7 +87,7 @@ def test_bitwise_with_ggml_0_20_2(what, arg):
         assert ref[2] == want_op
         for n in (1, 3):
             got = _run(gg, x, what, arg, n)
-            assert got[1:] == ref[1:], f"{what}({arg}) of {x.shape}: ne, op, op_params, type, work size"
+            assert got[1:] == ref[1:], f"{what}({arg}) of {x.shape}: ne, op, op_params, type, plan"
             assert np.array_equal(got[0], ref[0]), f"{what}({arg}), {n} threads, rows {x.tolist()}:\n{got[0]}\n{ref[0]}"
         # and what it means: the positions of the best values (in order, but for TOP_K's swapped first two)
         k = ref[0].shape[1]
