@@ -440,8 +440,9 @@ viz.Table([{"token": t, **{f"p(expert {e})": f"{P[t, e]:.2f}" for e in range(n_e
                 f"ARGSORT picks (ffn_moe_topk) and their probabilities (GET_ROWS: ffn_moe_weights)")
 
 # %% [markdown]
-# The graph (click a node for its tensor): ARGSORT and its VIEW pick the experts, GET_ROWS their weights, the three
-# MUL_MAT_IDs read the same `ffn_moe_topk`, MUL scales each slot by its weight, and the two VIEWs of the slots are added.
+# The graph (click a node for its tensor; *fit* shows all of it, drag pans): ARGSORT and its VIEW pick the experts,
+# GET_ROWS their weights, the three MUL_MAT_IDs read the same `ffn_moe_topk`, MUL scales each slot by its weight, and
+# the two VIEWs of the slots are added.
 
 # %%
 GraphView(gm, title=f"build_moe_ffn: {gm.n_nodes} nodes", max_height="820px")
