@@ -34,6 +34,8 @@
 # and the Gemma points of section 6 are not shown by this run.)
 
 # %%
+import re
+
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import HTML, display
@@ -164,10 +166,15 @@ for name, (m, ids, ctx) in runs.items():
     dot, _ = graph_to_dot_grouped(ggml.graph_view(gf, i0, i0 + len(nodes)), title=f"{name}: layer 1",
                                   legend=False)
     svg = dot.pipe(format="svg").decode("utf-8")
-    # one above the other, each as wide as the page: side by side, Graphviz's ~1700-point-wide layouts shrink
-    # until their labels cannot be read
-    svgs.append(f"<div style='max-width:100%;overflow:auto'>{svg[svg.find('<svg'):]}</div>")
-display(HTML("".join(svgs)))
+    # one above the other, each at its own size in a box that scrolls: shrunk to the page's width, Graphviz's
+    # ~1700-point-wide layouts printed their labels at 4 px; at full size the smallest is 8 pt (10.7 px). A printed
+    # page shows the box's top, moved sideways (the book's print.css, --ggv-print-shift) to the layer's first node
+    svg = svg[svg.find("<svg"):].replace("<svg ", "<svg style='max-width:none;height:auto' ", 1)
+    x0 = float(re.search(r'x="([-\d.]+)"[^>]*>#0</text>', svg).group(1)) * 4 / 3    # points -> CSS px
+    svgs.append(f"<div class='ggv-print-shift' style='--ggv-print-shift:{max(0, x0 - 400):.0f}px;max-width:100%;"
+                f"max-height:620px;overflow:auto;border:1px solid #ddd'>{svg}</div>")
+display(HTML("<p><i>Each graph at full size: scroll its box to follow the layer (a printed page shows the top of "
+             "each, where the layer starts).</i></p>" + "".join(svgs)))
 
 # %% [markdown]
 # The ops per layer, counted: Gemma-3's layer has four more RMS_NORM + MUL pairs (QK norm, the two post-norms),

@@ -14,9 +14,11 @@ GGVIZ_CHROMEDRIVER.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -397,7 +399,8 @@ def test_voila_widgets_step(browser, tmp_path):
 PRINT_PAGE_PX = (1062, 733)
 
 # as a page prints: each displayed chart of fig_to_png (its smallest text, which it keeps in a text chunk of the PNG,
-# times the scale it is shown at), the smallest HTML text and SVG text laid out (their rendered size), each with what it is
+# times the scale it is shown at), the smallest HTML text and SVG text laid out (their rendered size), each with what it
+# is, and the notebooks' own matplotlib outputs (image/png) that carry no such size (unmeasured: book_figures missed them)
 JS_PRINT_SIZES = """
 const seen = el => { const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0
                      && el.checkVisibility({visibilityProperty: true}); };
@@ -421,13 +424,16 @@ for (let n = walk.nextNode(); n; n = walk.nextNode()) {
     html.push([parseFloat(getComputedStyle(el).fontSize), n.textContent.trim().slice(0, 30)]);
   }
 }
-return {charts: charts, html: html, svg: svg};
+const plain = [...document.querySelectorAll('.jp-RenderedImage img')].filter(seen).filter(im => fontPx(im) === null)
+    .map(im => [im.getBoundingClientRect().width, im.naturalWidth]);
+return {charts: charts, html: html, svg: svg, plain: plain};
 """
 
 
 def print_sizes(drv) -> dict:
     """The text sizes of the page loaded in ``drv`` as it prints (print media, the A4 landscape width of print.css):
-    ``charts``: [size px, shown width, PNG width] per chart; ``html``, ``svg``: [size px, text] per text."""
+    ``charts``: [size px, shown width, PNG width] per chart; ``html``, ``svg``: [size px, text] per text; ``plain``:
+    [shown width, PNG width] per matplotlib output of the notebook with no recorded text size."""
     drv.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
     drv.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": PRINT_PAGE_PX[0], "height": PRINT_PAGE_PX[1],
                                                                "deviceScaleFactor": 1, "mobile": False})
@@ -441,15 +447,17 @@ def print_sizes(drv) -> dict:
 def test_print_keeps_charts_readable(browser, tmp_path):
     """A book page printed (print media, A4 landscape: print.css): a chart of ``fig_to_png`` wider than the page's
     column, whose smallest text is 7 pt, prints that text at 9 px or more; the same chart saved as it was before
-    (plain ``savefig``) prints it under 9 px, and a narrow chart keeps its 7 pt. The page is made by ``build_book``
-    from a notebook whose outputs are given (no kernel)."""
+    (plain ``savefig``) prints it under 9 px, and a narrow chart keeps its 7 pt. A notebook's own figure (an image/png
+    output) drawn by the book kernels' formatter (``_book_png``, see ``book_figures``) prints at 9 px too; one saved
+    plainly is reported unmeasured. The page is made by ``build_book`` from a notebook whose outputs are given (no
+    kernel)."""
     import matplotlib
     matplotlib.use("agg")
     import matplotlib.pyplot as plt
     import nbformat
 
     from ggviz.tools import book
-    from ggviz.viz.widgets._base import FONT_PX_KEY, fig_to_png, png_img
+    from ggviz.viz.widgets._base import FONT_PX_KEY, _book_png, fig_to_png, png_img
 
     def chart(width_in):
         fig, ax = plt.subplots(figsize=(width_in, 3))
@@ -460,7 +468,6 @@ def test_print_keeps_charts_readable(browser, tmp_path):
         ax.text(3, 5, "a note at 6.5 pt", fontsize=6.5)
         return fig
 
-    import base64
     import io
     buf = io.BytesIO()
     chart(14).savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={FONT_PX_KEY: f"{6.5 * 110 / 72:.2f}"})
@@ -474,20 +481,30 @@ def test_print_keeps_charts_readable(browser, tmp_path):
         c = nbformat.v4.new_code_cell(f"# {name}", execution_count=1)
         c.outputs = [nbformat.v4.new_output("display_data", {"text/html": f"<div id='{name}'>{html_}</div>"})]
         nb.cells.append(c)
+    plain = io.BytesIO()
+    chart(5).savefig(plain, format="png", dpi=110, bbox_inches="tight")
+    for name, png64 in (("figure", _book_png(chart(12))), ("plain", base64.b64encode(plain.getvalue()).decode())):
+        c = nbformat.v4.new_code_cell(f"# {name}", execution_count=1)
+        c.outputs = [nbformat.v4.new_output("display_data", {"image/png": png64})]
+        nb.cells.append(c)
+    plt.close("all")
     folder = tmp_path / "nb"
     folder.mkdir()
     nbformat.write(nb, folder / "print.ipynb")
     pages = book.build_book(tmp_path / "book", folder=folder, disable_progress=True, executed=lambda p: nb)
     browser.get(pages[1].as_uri())
     _wait(browser, lambda d: d.execute_script("return [...document.images].every(i => i.complete)"), 30, "charts")
-    got = print_sizes(browser)["charts"]
-    assert len(got) == 3, got
+    printed = print_sizes(browser)
+    got = printed["charts"]
+    assert len(got) == 4 and len(printed["plain"]) == 1, printed
     by_width = {png: px for px, shown, png in got}
     sizes = browser.execute_script("return ['wide', 'narrow', 'old'].map(k => document.querySelector('#' + k + "
                                    "' img').naturalWidth)")
     wide, narrow, old_px = (by_width[w] for w in sizes)
-    print(f"\nprinted smallest chart text (px): 14 in chart {wide:.2f} (before: {old_px:.2f}), 5 in chart {narrow:.2f}")
-    assert old_px < 9 <= wide, (wide, old_px)                    # without the raise it prints too small
+    figure = next(px for px, shown, png in got if png not in sizes)
+    print(f"\nprinted smallest chart text (px): 14 in chart {wide:.2f} (before: {old_px:.2f}), 5 in chart {narrow:.2f}"
+          f", a notebook's 12 in figure {figure:.2f}")
+    assert old_px < 9 <= wide and figure >= 9, (wide, old_px, figure)   # without the raise it prints too small
     assert narrow == pytest.approx(6.5 * 110 / 72, abs=0.01)      # one that fits the column keeps its sizes
 
 
@@ -716,8 +733,9 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     """``ggviz book``: every notebook executed into a static page; each loads in Chromium with the network off and
     no kernel, with no JavaScript error, requests nothing outside the book's folder, shows its figures (every image
     decoded), and every recorded view answers its interactions (steppers step, graphs zoom and select, the explorer's
-    five panes follow a click and a search within 200 ms). The notebooks are executed by the session's runner
-    (``book.execute``, once: tests/test_notebooks.py checks the same runs)."""
+    five panes follow a click and a search within 200 ms), and prints (A4 landscape, print.css) with no text under 9 px:
+    HTML, SVG and every chart, the notebooks' own matplotlib figures included. The notebooks are executed by the
+    session's runner (``book.execute``, once: tests/test_notebooks.py checks the same runs)."""
     from ggviz.tools import book
 
     pages = book.build_book(tmp_path / "book", disable_progress=True, executed=notebook_runner)
@@ -792,15 +810,27 @@ def test_book_pages_load_without_errors(browser, tmp_path, notebook_runner):
     print("recorded views per page: " + "; ".join(f"{p}: {', '.join(k)}" for p, k in kinds.items()))
     print("\n".join(f"{p}: {t}" for p, t in timings.items()))
     print("smallest SVG text of the frames views (px): " + "; ".join(f"{p}: {v}" for p, v in svg_text.items()))
-    # printed (A4 landscape, print.css): the views' charts (fig_to_png) keep their text at 9 px or more (#21); the
-    # HTML and SVG text and the notebooks' own matplotlib outputs are reported, not yet held to it
+    # printed (A4 landscape, print.css), every page: no text under 9 px (#21) -- the charts by the size fig_to_png
+    # records (the views' and the notebooks' own matplotlib figures: book_figures draws those in the book's kernels),
+    # the HTML and SVG text as laid out; and no matplotlib output left unmeasured
     def smallest(rows):
         return f"{min(r[0] for r in rows):.1f}" if rows else "-"
     print("printed, smallest text (px): " + "; ".join(
         f"{p}: charts {smallest(s['charts'])} ({len(s['charts'])}), HTML {smallest(s['html'])}, SVG {smallest(s['svg'])}"
-        for p, s in printed.items()))
-    small = {p: [round(c[0], 2) for c in s["charts"] if c[0] < 9] for p, s in printed.items()}
-    assert not any(small.values()) and sum(len(s["charts"]) for s in printed.values()) >= 5, small
+        for p, s in printed.items())
+        + ("" if gemma_here else " -- 08 without Gemma-3 (not fetched): its Gemma cells skipped, their text unmeasured"))
+    small = {p: sorted({(k, round(r[0], 2), str(r[1])[:30]) for k in ("charts", "html", "svg") for r in s[k]
+                        if r[0] < 9})[:6] for p, s in printed.items()}
+    assert not any(small.values()), {p: v for p, v in small.items() if v}
+    plain = {p: s["plain"] for p, s in printed.items() if s["plain"]}
+    assert not plain, f"matplotlib outputs with no recorded text size (not drawn by book_figures): {plain}"
+    assert len(printed) == len(pages) and sum(len(s["charts"]) for s in printed.values()) >= 15, printed.keys()
+    # the landscape page is the one Chromium prints, even asked for portrait (its dialog then offers no choice)
+    drv.get(min(pages[1:], key=lambda q: q.stat().st_size).as_uri())
+    pdf = base64.b64decode(drv.execute_cdp_cmd("Page.printToPDF", {"landscape": False, "paperWidth": 8.27,
+                                                                    "paperHeight": 11.69})["data"])
+    boxes = {tuple(float(v) for v in b.split()) for b in re.findall(rb"/MediaBox\s*\[([^\]]*)\]", pdf)}
+    assert boxes and all(b[2] > b[3] for b in boxes), boxes
     # the GGUF map (00): its range labels, offsets and layer numbers at 9 px or more as the page draws it (#21)
     assert min(svg_text.get("00_quickstart.html", [0])) >= 9, svg_text
     assert (ARTIFACTS / "book_index.png").stat().st_size > 5000

@@ -35,6 +35,10 @@ KIND_COLORS = {
     "free": "#ffffff",
 }
 
+# the labels, offsets and legend of plot_arena: the arena's SVG (about 820 points wide) prints no narrower than that
+# on A4 landscape (ggviz/templates/book/print.css), so 9 pt stays 9 px or more on paper (#21; 7 pt printed at 8 px)
+TEXT_PT = 9
+
 _OBJ_NAMES = {C.GGML_OBJECT_TYPE_TENSOR: "tensor", C.GGML_OBJECT_TYPE_GRAPH: "graph",
               C.GGML_OBJECT_TYPE_WORK_BUFFER: "work_buffer"}
 
@@ -236,7 +240,7 @@ def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, includ
             kept_x.append(xi)
             kept_off.append(oi)
     ax.set_xticks(kept_x)
-    ax.set_xticklabels([str(o) for o in kept_off], fontsize=7, rotation=45)
+    ax.set_xticklabels([str(o) for o in kept_off], fontsize=TEXT_PT, rotation=45)
     ax.set_xlabel("byte offset in mem_buffer" + ("" if scale == "linear" else f" ({scale} width scale)"))
     longest = 0
     if labels:
@@ -263,7 +267,7 @@ def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, includ
         items = sorted(spans.items(), key=lambda kv: -(kv[1][1] - kv[1][0]))[:max_labels]
         fig = ax.figure
         axis_pt = max(ax.get_position().width * fig.get_figwidth() * 72, 1.0)
-        char = 7 * 0.6 / axis_pt * total                       # one 7 pt character in data units
+        char = TEXT_PT * 0.6 / axis_pt * total                 # one TEXT_PT character in data units
         rows_used: list = [[] for _ in range(3)]
         for obj, (a, b) in items:
             text = names.get(obj, "")
@@ -280,11 +284,11 @@ def plot_arena(ctx, ax=None, scale: str = "linear", detail: bool = False, includ
             rows_used[row].append((xt - half, xt + half))
             y = 1.08 + 0.22 * row
             ax.plot([xc, xc, xt], [1.0, y - 0.05, y - 0.01], color="#90a4ae", linewidth=0.6, clip_on=False)
-            ax.text(xt, y, text, fontsize=7, ha="center", va="bottom")
+            ax.text(xt, y, text, fontsize=TEXT_PT, ha="center", va="bottom")
             longest = max(longest, 1 + row)
     kinds = [k for k in KIND_COLORS if any(r["kind"] == k for r in rows)]
     ax.legend(handles=[Patch(facecolor=KIND_COLORS[k], edgecolor="#424242", label=k) for k in kinds],
-              loc="center left", bbox_to_anchor=(1.005, 0.5), fontsize=7, frameon=False)
+              loc="center left", bbox_to_anchor=(1.005, 0.5), fontsize=TEXT_PT, frameon=False)
     ax.set_title(title or f"context arena: used {ctx.used_mem()} of {ctx.mem_size} bytes, {len(ctx.objects)} objects",
                  fontsize=9, pad=_label_pad(ax, longest) if labels else 6)
     for side in ("top", "right", "left"):

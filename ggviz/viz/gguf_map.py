@@ -287,7 +287,7 @@ def _draw_layer_groups(ax2, groups: dict):
     for (k, il), (a, b) in groups.items():
         ax2.add_patch(Rectangle((a, 0), b - a, 1, facecolor="none", edgecolor="#263238", linewidth=0.7, zorder=3))
         if il % 5 == 0 or b - a > 0.02:
-            ax2.text((a + b) / 2, 0.5, str(il), ha="center", va="center", fontsize=9, color="#263238", zorder=4,
+            ax2.text((a + b) / 2, 0.5, str(il), ha="center", va="center", fontsize=9.5, color="#263238", zorder=4,
                      rotation=90 if b - a < 0.012 else 0)
     if groups:
         ax2.text(1.0, -0.05, "boxes: the tensors of one layer (blk.N); the file orders them by name: blk.0, blk.1, "

@@ -116,7 +116,7 @@ function render({ model, el }) {
   const center = (vid) => {
     if (!centres) measure();
     const c = centres && centres[GP + vid]; if (!c) return;
-    if (s < 0.5) s = 0.8;
+    if (s < 0.5) s = 0.9;     // 8 pt labels at 9.6 px: the frame as it opens (and prints) stays readable (#21)
     const k = centres.__k || 1;
     tx = boxW / 2 - c[0] * k * s; ty = boxH / 2 - c[1] * k * s;
     apply();

@@ -126,6 +126,29 @@ def png_img(png: bytes, style: str = "") -> str:
     return f"<img style='{style}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/>"
 
 
+def _book_png(fig) -> str:
+    """IPython's image/png formatter for a matplotlib Figure in the book's kernels: ``fig_to_png`` (base64)."""
+    return base64.b64encode(fig_to_png(fig, close=False)).decode()
+
+
+def book_figures() -> bool:
+    """The notebooks' own matplotlib figures (``plt.show()``, a Figure displayed) go through ``fig_to_png`` in the
+    kernels that run for the book (#21): they print at MIN_PRINT_PX or more and carry FONT_PX_KEY, which the book's
+    test reads. matplotlib-inline registers its own formatter (``select_figure_formats``, once, when it is imported
+    as the backend): it is imported first, so that ours is the one that stays. False where there is no IPython."""
+    try:                              # guarded: IPython and matplotlib-inline are there in a kernel, not in every run
+        from IPython import get_ipython
+        shell = get_ipython()
+        if shell is None:
+            return False
+        if "inline" in str(matplotlib.get_backend()):
+            import matplotlib_inline.backend_inline  # noqa: F401
+    except ImportError:                              # pragma: no cover
+        return False
+    shell.display_formatter.formatters["image/png"].for_type(plt.Figure, _book_png)
+    return True
+
+
 def value_range(a, symmetric: bool = True, vmin=None, vmax=None) -> tuple[float, float]:
     """The colour range ``array_png`` uses for ``a``: its finite min/max (symmetric around 0 if asked)."""
     a = np.asarray(a, dtype=np.float64)
@@ -583,3 +606,7 @@ def chart_with_cursor(fig, ax_top, ax_bottom=None, dpi: int = 100):
                 "w": round(100 * (hi - lo) / width, 3), "h": round(100 * (top - bot) / height, 3)}
 
     return png_img(png, "max-width:100%;display:block"), box
+
+
+if os.environ.get("GGVIZ_BOOK") == "1":          # a kernel that runs for the book: see book_figures
+    book_figures()
