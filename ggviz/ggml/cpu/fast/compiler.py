@@ -493,9 +493,7 @@ def _build_mul_mat(P, k, node):
         _need(int(s1.ne[3]) == 1 and int(node.ne[3]) == 1)
         P[k, OP] = OP_MUL_MAT_Q
         P[k, MMQ_TYPE] = s0.type
-        P[k, MMQ_QS] = rw.qs.ctypes.data
-        P[k, MMQ_D] = rw.d.ctypes.data
-        P[k, MMQ_M] = rw.m.ctypes.data if rw.m is not None else 0
+        P[k, MMQ_QS], P[k, MMQ_D], P[k, MMQ_M] = rw.ptrs
         return tr.work_size(1, node), True
     else:
         _need(s0.type in (GGML_TYPE_F16, GGML_TYPE_F32) and s1.type == GGML_TYPE_F32)
@@ -614,8 +612,8 @@ class _Topo:
         self.Wm = Wm
         # a repacked weight's row holds the addresses of its repacked blocks (tensor->extra's, not the struct's):
         # they are part of the key (not the tensor's address: a freed weight's struct address comes back)
-        rw = tuple((j, x.qs.ctypes.data, x.d.ctypes.data, 0 if x.m is None else x.m.ctypes.data)
-                   for j, x in ((j, t.py_extra) for j, t in enumerate(T)) if type(x) is repack.RepackedWeight)
+        RW = repack.RepackedWeight
+        rw = tuple((j, t.py_extra.ptrs) for j, t in enumerate(T) if type(t.py_extra) is RW)
         self.key = (self.n_nodes, n_in, len(T), refs.tobytes(), rw, repack.in_use(), cpu_feats.variant_lanes(),
                     mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
 
