@@ -3,7 +3,8 @@
 Not a ggml source file (see the package docstring). ``plan_graph`` is what ``ggml_cpu.graph_plan`` asks for: the
 program of a graph whose MUL_MATs read weights in CPU_REPACK and whose every other op has a compiled kernel, or None
 (then the node-by-node walk runs). The program is cached on the graph while its nodes are unchanged (llama.cpp
-reuses graphs between decodes). ``FastGraph.compute_thread`` is thread ith's part of ``ggml_graph_compute``;
+reuses graphs between decodes); a new graph of a topology compiled before gets a program derived from that one
+(``_derive``: same rows, the changed ones rebuilt), unless a trace listener records. ``FastGraph.compute_thread`` is thread ith's part of ``ggml_graph_compute``;
 ``trace_begin`` / ``trace_end`` turn on the compiled walk's own log and hand it over as one ``trace.Batch``, expanded
 into the node-by-node walk's ``cpu.node`` / ``cpu.barrier`` / ``cpu.chunk`` events only when somebody reads them.
 Each row's columns are named in ``program.py``.
@@ -641,8 +642,11 @@ def _topo_of(cgraph):
 def _memo_store(topo, fg, slots) -> None:
     """Remember ``fg`` (just built for the graph of ``topo``) under its topology."""
     where = {t.addr: j for j, t in enumerate(topo.T)}
-    ids = np.array([[-1 if t is None else where[t.addr] for t in slots[k]] for k in range(len(fg))],
-                   np.int64).reshape(len(fg), 4)
+    try:
+        ids = np.array([[-1 if t is None else where[t.addr] for t in slots[k]] for k in range(len(fg))],
+                       np.int64).reshape(len(fg), 4)
+    except KeyError:            # a row describes a tensor outside the table: not derivable, not remembered
+        return
     _memo_put(topo.key, _Memo(topo.Wm, fg, ids, (fg.P[:, OP] == OP_RMS_NORM) & (fg.P[:, SUBOP] == 1)))
 
 
