@@ -253,6 +253,74 @@ def test_derived_graph_split_equals_the_passes(model, monkeypatch):
         assert x == y, f"item {i + 2} differs"
 
 
+def _programs_as_built(ctx):
+    """Each split's compiled program against a fresh build of the same split graph (fast/compiler.py's row
+    builder over every node) and its plans against ggml_graph_plan's per-node loop run on the graph: equal, field by
+    field. Returns how many of the programs were derived from a remembered one."""
+    from ggviz.ggml.cpu import ggml_cpu, traits
+    from ggviz.ggml.cpu.fast import compiler
+    from ggviz.ggml.cpu.fast.program import FA_NTH
+    s = ctx.sched
+    derived = 0
+    for sp in s.splits[:s.n_splits]:
+        g = sp.graph
+        fg = g._ggviz_fast[1]
+        fresh = compiler._build(g, require_repack=False)
+        P = fg.P.copy()
+        P[fg.fa_rows, FA_NTH] = 0          # (ggml's n_threads, written before each compute: begin_compute)
+        assert np.array_equal(P, fresh.P) and np.array_equal(fg.F, fresh.F), "program rows differ"
+        assert (fg.node_index, fg.names, fg.meta, fg.n_nodes) == (fresh.node_index, fresh.names, fresh.meta,
+                                                                  fresh.n_nodes)
+        assert (fg.work_size, fg.row_ws) == (fresh.work_size, fresh.row_ws)
+        assert fg.plan_nodes
+        for nt, (tasks, ws) in fg.plan_nodes.items():
+            want_t = [ggml_cpu.get_n_tasks(x, nt) for x in g.nodes]
+            extra = [traits.extra_work_size(nt, x) for x in g.nodes]
+            want_w = [e if e is not None else ggml_cpu.node_work_size(x, t, nt)
+                      for x, t, e in zip(g.nodes, want_t, extra)]
+            assert (tasks, ws) == (want_t, want_w), "the derived plan differs from ggml_graph_plan's loop"
+            assert fg.plan_cache[nt] == (max(max(want_w), fg.work_size), max(want_t), want_t)
+        derived += fg.plan_from is not None
+    return derived
+
+
+def test_derived_program_equals_a_fresh_build(model, monkeypatch):
+    """A new graph whose topology was compiled before (another n_tokens or n_kv, another context) takes that program
+    with its descriptors read from the new structs and the rows that read changed tensors rebuilt (fast/compiler.py:
+    _derive), and ggml_graph_plan's loop runs on the changed nodes only: every program and plan equals a fresh
+    build's and the loop's, the logits are the bits of a run with derivation off -- across a prompt -> decode
+    step, a second context, and n_kv 256 -> 512 (a prompt crossing 256 cells, then a decode step there). A step
+    recorded by a trace listener compiles for real."""
+    from ggviz.ggml.cpu.fast import compiler
+    long = [200 + (i * 7919) % 39800 for i in range(250)]
+
+    def run(derive):
+        monkeypatch.setattr(compiler, "DERIVE", derive)
+        compiler._memo.clear()
+        a, b = _ctx(model), _ctx(model)
+        out, derived = [], []
+        for ctx, ids, pos in ((a, TOKS[:6], 0), (a, [TOKS[6]], 6), (b, TOKS[:10], 0), (b, [TOKS[10]], 10),
+                              (a, long, 7), (a, TOKS[:8], 257), (a, [TOKS[8]], 265)):
+            out.append(_decode(ctx, ids, 0, pos).tobytes())
+            derived.append(_programs_as_built(ctx))
+        assert a.kv.get_n_kv() == 512
+        with trace.recording(("cpu.plan",)) as rec:
+            c = _ctx(model)
+            out.append(_decode(c, TOKS[:6], 0, 0).tobytes())
+            derived.append(_programs_as_built(c))
+        assert rec.events
+        return out, derived
+
+    on, d_on = run(True)
+    off, d_off = run(False)
+    assert d_off == [0] * 8
+    # derived: a's decode step (from its prompt's), b's prompt (from a's prompt) and decode step (from a's:
+    # another context), a's long prompt, its 8 tokens at n_kv 512 and its decode step at n_kv 512; not the first
+    # program, not the recorded step
+    assert d_on == [0, 1, 1, 1, 1, 1, 1, 0], d_on
+    assert on == off
+
+
 def test_cache_is_bounded_and_cleared_by_a_new_reserve(model):
     ctx = _ctx(model)
     ctx.graph_cache_size = 2

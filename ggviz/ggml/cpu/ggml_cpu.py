@@ -165,12 +165,27 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
     prog = fast.plan_graph(cgraph, n_threads) if fast is not None else None
     if prog is not None and n_threads in prog.plan_cache:
         work_size, max_tasks, per_node = prog.plan_cache[n_threads]
-    for node in (cgraph.nodes if not per_node else ()):
-        n_tasks = get_n_tasks(node, n_threads)
-        per_node.append(n_tasks)
-        max_tasks = max(max_tasks, n_tasks)
-        extra = traits.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
-        work_size = max(work_size, extra if extra is not None else node_work_size(node, n_tasks, n_threads))
+    else:
+        nodes = cgraph.nodes
+        seed = prog.plan_from[0].get(n_threads) if prog is not None and prog.plan_from is not None else None
+        if seed is not None and len(seed[0]) == len(nodes):
+            # ggviz: a program derived from one of the same topology (fast/compiler.py): the nodes whose structs
+            # (or their sources') changed are planned here, the others planned as they were there
+            per_node, node_ws = list(seed[0]), list(seed[1])
+            todo = prog.plan_from[1]
+        else:
+            per_node, node_ws = [0] * len(nodes), [0] * len(nodes)
+            todo = range(len(nodes))
+        for i in todo:
+            node = nodes[i]
+            n_tasks = get_n_tasks(node, n_threads)
+            per_node[i] = n_tasks
+            extra = traits.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
+            node_ws[i] = extra if extra is not None else node_work_size(node, n_tasks, n_threads)
+        max_tasks = max(per_node, default=1)          # (n_tasks >= 1)
+        work_size = max(node_ws, default=0)
+        if prog is not None:
+            prog.plan_nodes[n_threads] = (per_node, node_ws)
     if prog is not None:
         work_size = max(work_size, prog.work_size)     # what the compiled kernels lay out differently (fast/)
         prog.plan_cache[n_threads] = (work_size, max_tasks, list(per_node))

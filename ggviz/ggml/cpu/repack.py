@@ -103,10 +103,12 @@ class RepackedWeight:
     """The repacked data of one weight (what ggml writes into tensor->data): per group of 8 rows and block, the
     interleaved quants ``qs`` (uint8), the 8 rows' scales ``d`` (and mins ``m`` for Q4_1), fp16 bits where the CPU
     converts fp16 in hardware, float32 otherwise (``fast.intrinsics.SCALES_F16``)."""
-    __slots__ = ("traits", "qs", "d", "m", "rows", "ne00")
+    __slots__ = ("traits", "qs", "d", "m", "rows", "ne00", "ptrs")
 
     def __init__(self, traits, qs, d, m, rows, ne00):
         self.traits, self.qs, self.d, self.m, self.rows, self.ne00 = traits, qs, d, m, rows, ne00
+        # the blocks' addresses (what a compiled program row holds; fast/compiler.py keys derived programs on them)
+        self.ptrs = (qs.ctypes.data, d.ctypes.data, 0 if m is None else m.ctypes.data)
 
     @property
     def nbytes(self) -> int:

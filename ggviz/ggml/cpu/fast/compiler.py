@@ -3,7 +3,8 @@
 Not a ggml source file (see the package docstring). ``plan_graph`` is what ``ggml_cpu.graph_plan`` asks for: the
 program of a graph whose MUL_MATs read weights in CPU_REPACK and whose every other op has a compiled kernel, or None
 (then the node-by-node walk runs). The program is cached on the graph while its nodes are unchanged (llama.cpp
-reuses graphs between decodes). ``FastGraph.compute_thread`` is thread ith's part of ``ggml_graph_compute``;
+reuses graphs between decodes); a new graph of a topology compiled before gets a program derived from that one
+(``_derive``: same rows, the changed ones rebuilt), unless a trace listener records. ``FastGraph.compute_thread`` is thread ith's part of ``ggml_graph_compute``;
 ``trace_begin`` / ``trace_end`` turn on the compiled walk's own log and hand it over as one ``trace.Batch``, expanded
 into the node-by-node walk's ``cpu.node`` / ``cpu.barrier`` / ``cpu.chunk`` events only when somebody reads them.
 Each row's columns are named in ``program.py``.
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
+from collections import OrderedDict
 
 import numpy as np
 
 from .... import trace
 from ... import consts as C
+from ... import backend
 from ...impl import EMPTY_OPS, GGMLError
 from ...tensor import (
     GGML_OP_AXPY,
@@ -29,8 +33,10 @@ from ...tensor import (
     nelements,
     nrows,
     op_desc,
+    tensor_at,
 )
 from .. import cpu_feats, mul_mat, repack
+from .. import ops as cpu_ops
 from ..libm import fma32, logf, powf
 from ..ops import can_fuse_rms_norm_mul, rope_yarn_corr_dims
 from . import fattn, gemma_ops, kernels, sparse, sync
@@ -165,6 +171,9 @@ class FastGraph:
         self.single_ns = 0                    # ... and their time
         self.probe_every, self.probe_ns, self.probing = self.PROBE_EVERY, self.PROBE_NS, False
         self.sparse_work = []                 # (bytes, bytes per thread) of PowerInfer's AXPY rows
+        self.row_ws = []                      # each row's work size (work_size is their max)
+        self.plan_nodes = {}                  # n_threads -> ggml_graph_plan's per-node (n_tasks, work sizes)
+        self.plan_from = None                 # a derived program: (the plan_nodes it came from, nodes changed)
         # rows of FLASH_ATTN_EXT: ggml's n_threads is written before each compute (the split-KV chunks)
         self.fa_rows = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
         # rows of PowerInfer's MUL_MAT_SPARSE / AXPY: their threshold and n_threads are written before each compute
@@ -397,7 +406,18 @@ def plan_graph(cgraph, n_threads: int):
             return cache[1]
     if not _has_repacked_mul_mat(cgraph):
         return None
-    fg = _build(cgraph, require_repack=False)         # the test above stood for it (a view may hold no MUL_MAT)
+    # a program derived from the last one of the same topology (only shapes, places and buffers changed), or
+    # built; never while somebody records (a recorded step shows the compiler's real work)
+    fg = None
+    topo = False                                        # (not worked out: no derivation)
+    parent = getattr(cgraph, "view_parent", None)
+    if DERIVE and (parent is None or getattr(parent, "view_of", None) is None):
+        # (a whole graph or a scheduler's split: not the eval callback's segments, one-off views of a split)
+        topo = _topo_of(cgraph)
+        if topo is not None and not trace.active:
+            fg = _derive(cgraph, topo)
+    if fg is None:
+        fg = _build(cgraph, require_repack=False, memo=topo)   # (the test above stood for require_repack)
     if fg is not None and getattr(cgraph, "ctx", None) is not None:
         if sig is None:
             sig = _graph_signature(cgraph)
@@ -474,9 +494,7 @@ def _build_mul_mat(P, k, node):
         _need(int(s1.ne[3]) == 1 and int(node.ne[3]) == 1)
         P[k, OP] = OP_MUL_MAT_Q
         P[k, MMQ_TYPE] = s0.type
-        P[k, MMQ_QS] = rw.qs.ctypes.data
-        P[k, MMQ_D] = rw.d.ctypes.data
-        P[k, MMQ_M] = rw.m.ctypes.data if rw.m is not None else 0
+        P[k, MMQ_QS], P[k, MMQ_D], P[k, MMQ_M] = rw.ptrs
         return tr.work_size(1, node), True
     else:
         _need(s0.type in (GGML_TYPE_F16, GGML_TYPE_F32) and s1.type == GGML_TYPE_F32)
@@ -489,7 +507,7 @@ def _build_mul_mat(P, k, node):
         return (2 * nelements(s1) if s0.type == GGML_TYPE_F16 else 0), False
 
 
-def _build_rms_norm(P, F, k, cgraph, i, node) -> int:
+def _build_rms_norm(P, F, k, cgraph, i, node, slot) -> int:
     """RMS_NORM's row, fused with the MUL that follows when ggml-cpu fuses them; returns the nodes it swallowed."""
     s0 = node.src[0]
     _need(s0.type == GGML_TYPE_F32 and node.type == GGML_TYPE_F32 and int(s0.nb[0]) == 4)
@@ -503,6 +521,7 @@ def _build_rms_norm(P, F, k, cgraph, i, node) -> int:
         P[k, SUBOP] = 1
         _desc(P, k, DST, mul)
         _desc(P, k, S1, w)
+        slot[0], slot[2] = mul, w
         return 1
     return 0
 
@@ -524,16 +543,300 @@ def _build_swiglu(P, k, node):
         P[k, S1 + DATA] = 0
 
 
-def _build(cgraph, require_repack: bool = True):
+# ---- ggviz: a program derived from the previous program of the same topology
+#
+# A new batch shape is a new graph: llama.cpp builds and plans it in microseconds, ggviz compiled ~500 rows in Python
+# (~25 ms) and planned ~900 nodes (~12 ms) again. But the graph of a new n_kv (every 256 cells), or the decode graph
+# of another context of the model, has the nodes of one compiled before -- the same ops reading the same operands,
+# in the same order -- and differs in shapes, places and buffers only. So each compiled program is remembered under
+# its graph's topology (``_Topo``: every node's and leaf's sources and view source as positions in one tensor
+# table, the repacked weights' block addresses, the settings the rows bake in), with every tensor's struct words but
+# for pointers; a graph of the same topology takes the remembered rows, with the descriptors (data, ne, nb) read
+# from its own structs and every row that reads a tensor whose other words changed rebuilt by the row builder
+# (``_build_row``). What a row holds is a function of those words (its node's and its sources' types, shapes,
+# op params, flags, whether data is set, buffer types) and of the repacked weights: equal words, equal row
+# (tests/test_graph_cache.py compares derived and fresh programs, plans and logits). Rows whose builder reads a
+# data pointer other than the descriptors' (FLASH_ATTN_EXT's mask) are always rebuilt; graphs with PowerInfer's
+# rows (operand contents checked at build) are never derived. ``ggml_graph_plan``'s per-node loop is derived the
+# same way (``FastGraph.plan_from``: the nodes whose words changed are planned again).
+
+DERIVE = True                 # tests turn it off to compare derived programs with fresh builds
+MEMO_SIZE = 8                 # topologies remembered (a context's decode, prompt shapes; other contexts')
+SHAPES_PER_TOPO = 4           # programs remembered per topology (the one closest to a new graph is taken)
+_memo: OrderedDict = OrderedDict()
+_memo_lock = threading.Lock()
+_NW = C.GGML_TENSOR_SIZE // 8                       # 42 words a struct
+_W_BUF, _W_SRC, _W_VIEW_SRC, _W_DATA, _W_NAME = 1, 19, 29, 31, 32
+_NREF = C.GGML_MAX_SRC + 1                          # src[] and view_src
+_ALWAYS_REBUILT = (OP_FLASH_ATTN,)                  # rows that read a data pointer beyond the descriptors
+
+
+class _Topo:
+    """A graph's tensor table: nodes, leafs, then the tensors they reference from outside the graph (weights, the
+    KV cache), in order of first reference; their struct words (``W``), the words but for pointers (``Wm``: src,
+    view_src and name zeroed, data as set / unset, buffer as its buffer type), each one's references (``refs``:
+    positions in the table, -1 for NULL) and the topology key."""
+
+    def __init__(self, cgraph):
+        nodes, leafs = cgraph.nodes, cgraph.leafs
+        T = list(nodes) + list(leafs)
+        n_in = len(T)
+        W = np.stack([t._q for t in T]) if T else np.zeros((0, _NW), np.uint64)
+        addrs = np.fromiter((t.addr for t in T), np.uint64, n_in)
+        ref = W[:, _W_SRC:_W_SRC + _NREF]
+        order = np.argsort(addrs, kind="stable")
+        sa = addrs[order]
+        pos = np.minimum(np.searchsorted(sa, ref), max(n_in - 1, 0))
+        found = (sa[pos] == ref) if n_in else np.zeros(ref.shape, bool)
+        outside = ~found & (ref != 0)
+        refs = np.where(found, order[pos] if n_in else 0, -1)
+        if outside.any():
+            flat = ref[outside]
+            _, first = np.unique(flat, return_index=True)
+            ext_addrs = flat[np.sort(first)]                    # in order of first reference
+            T += [tensor_at(a) for a in ext_addrs.tolist()]
+            W = np.concatenate([W, np.stack([t._q for t in T[n_in:]])])
+            sorter = np.argsort(ext_addrs)
+            at = sorter[np.minimum(np.searchsorted(ext_addrs, ref, sorter=sorter), len(ext_addrs) - 1)]
+            refs = np.where(outside, n_in + at, refs)
+        self.T, self.W, self.refs = T, W, refs.astype(np.int64)
+        self.n_nodes, self.n_in = len(nodes), n_in
+        Wm = W.copy()
+        Wm[:, _W_SRC:_W_SRC + _NREF] = 0
+        Wm[:, _W_NAME:_W_NAME + 8] = 0
+        Wm[:, _W_DATA] = W[:, _W_DATA] != 0
+        bufs = W[:, _W_BUF]
+        for b in np.unique(bufs).tolist():
+            if b:
+                buf = backend._buffers.get(b)
+                Wm[bufs == b, _W_BUF] = id(buf.buft) if buf is not None else b
+        self.Wm = Wm
+        # a repacked weight's row holds the addresses of its repacked blocks (tensor->extra's, not the struct's):
+        # they are part of the key (not the tensor's address: a freed weight's struct address comes back)
+        RW = repack.RepackedWeight
+        rw = tuple((j, t.py_extra.ptrs) for j, t in enumerate(T) if type(t.py_extra) is RW)
+        self.key = (self.n_nodes, n_in, len(T), refs.tobytes(), rw, repack.in_use(), cpu_feats.variant_lanes(),
+                    mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
+
+
+class _Memo:
+    """What a program's derivation reads of it (not the FastGraph: its sync words, thread policy and trace log stay
+    with the graph that has it): its rows, their nodes, descriptor tensors (positions in the tensor table) and
+    work sizes, and its plans (``plan_nodes``: filled by ggml_graph_plan after the compile)."""
+    __slots__ = ("Wm", "P", "F", "node_index", "meta", "row_ws", "plan_nodes", "slots", "fused")
+
+    def __init__(self, Wm, fg, slots, fused):
+        self.Wm, self.slots, self.fused = Wm, slots, fused
+        self.P, self.F, self.node_index, self.meta = fg.P, fg.F, fg.node_index, fg.meta
+        self.row_ws, self.plan_nodes = fg.row_ws, fg.plan_nodes
+
+
+def _topo_of(cgraph):
+    """The graph's _Topo, or None (a reference to no live tensor, or a buffer nobody knows: nothing to remember)."""
+    try:
+        return _Topo(cgraph)
+    except (ValueError, KeyError):
+        return None
+
+
+def _memo_store(topo, fg, slots) -> None:
+    """Remember ``fg`` (just built for the graph of ``topo``) under its topology."""
+    where = {t.addr: j for j, t in enumerate(topo.T)}
+    try:
+        ids = np.array([[-1 if t is None else where[t.addr] for t in slots[k]] for k in range(len(fg))],
+                       np.int64).reshape(len(fg), 4)
+    except KeyError:            # a row describes a tensor outside the table: not derivable, not remembered
+        return
+    _memo_put(topo.key, _Memo(topo.Wm, fg, ids, (fg.P[:, OP] == OP_RMS_NORM) & (fg.P[:, SUBOP] == 1)))
+
+
+def _memo_put(key, m) -> None:
+    """Remember ``m`` first among the programs of its topology (one per set of shapes: a prompt's and a decode
+    step's graphs can share a topology), at most SHAPES_PER_TOPO of them, MEMO_SIZE topologies."""
+    with _memo_lock:
+        same = [o for o in _memo.get(key, ()) if not np.array_equal(o.Wm, m.Wm)]
+        _memo[key] = [m] + same[:SHAPES_PER_TOPO - 1]
+        _memo.move_to_end(key)
+        while len(_memo) > MEMO_SIZE:
+            _memo.popitem(last=False)
+
+
+def _derive(cgraph, topo):
+    """The program of ``cgraph`` (its tensor table ``topo``) from the remembered program of its topology, or None
+    (none remembered, or the graph's rows would not be the remembered ones': then it is built)."""
+    with _memo_lock:
+        cands = list(_memo.get(topo.key, ()))
+    if not cands:
+        return None
+    # the remembered program whose graph is closest: the fewest tensors changed
+    diffs = [(topo.Wm != o.Wm).any(axis=1) for o in cands]
+    best = min(range(len(cands)), key=lambda j: int(diffs[j].sum()))
+    m = prev = cands[best]
+    n = topo.n_nodes
+    nodes = cgraph.nodes
+    changed = np.append(diffs[best], False)         # (index -1: NULL, unchanged)
+    refs = topo.refs[:n, :C.GGML_MAX_SRC]
+    node_changed = changed[:n] | changed[refs].any(axis=1)
+    idx = np.asarray(prev.node_index, np.int64)
+    k_n = len(idx)
+    rebuild = node_changed[idx]
+    rebuild[m.fused] |= node_changed[idx[m.fused] + 1]
+    rebuild |= np.isin(prev.P[:, OP], _ALWAYS_REBUILT)
+    # the rows are the remembered ones: every changed node that was no row is still empty or swallowed by a fusion,
+    # and every RMS_NORM row still fuses (or not) as it did
+    is_row = np.zeros(n, bool)
+    is_row[idx] = True
+    is_row[idx[m.fused] + 1] = True
+    for i in np.flatnonzero(node_changed & ~is_row).tolist():
+        node = nodes[i]
+        if not (node.op in EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE)
+                or 0 in node._q[2:6].tolist()):
+            return None
+    for k in np.flatnonzero(prev.P[:, OP] == OP_RMS_NORM).tolist():
+        if (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) != bool(m.fused[k]):
+            return None
+    P, F = prev.P.copy(), prev.F.copy()
+    # the descriptors from this graph's structs (a NULL slot reads the zero row)
+    W = np.concatenate([topo.W, np.zeros((1, _NW), np.uint64)]).view(np.int64)
+    for c, col in enumerate((DST, S0, S1, S2)):
+        rows = W[m.slots[:, c]]
+        P[:, col + DATA] = rows[:, _W_DATA]
+        P[:, col + NE0:col + NB3 + 1] = rows[:, 2:10]
+    T = topo.T
+    row_ws = list(prev.row_ws)
+    slots = {}
+    meta = list(prev.meta)
+    rb = np.flatnonzero(rebuild).tolist()
+    try:
+        for k in rb:
+            P[k] = 0
+            F[k] = 0
+            i = int(idx[k])
+            if 0 in nodes[i]._q[2:6].tolist():
+                return None                 # (empty now: no row)
+            skip, ws, _, sparse_ws = _build_row(P, F, k, cgraph, nodes, i, slots)
+            if skip != int(m.fused[k]) or sparse_ws is not None:
+                return None
+            row_ws[k] = ws
+            meta[k] = (nodes[i].addr, op_desc(nodes[i]))
+    except _Unsupported:
+        return None
+    keep = np.flatnonzero(~rebuild)
+    if keep.size:
+        # _build_row's check for the rows taken over: every tensor they describe that has elements has data
+        chk = np.concatenate([idx[keep, None], refs[idx[keep], :3]], axis=1)
+        Wc = W[chk]                                                 # (rows, 4, words)
+        has = (Wc[:, :, 2:6] != 0).all(axis=2) & (chk >= 0)
+        if (has & (Wc[:, :, _W_DATA] == 0)).any():
+            return None
+    sel = W[idx, _W_NAME:_W_NAME + 8].tobytes()
+    names = [sel[j * 64:(j + 1) * 64].partition(b"\0")[0].decode("utf-8", "replace") for j in range(k_n)]
+    for k in keep.tolist():
+        meta[k] = (T[int(idx[k])].addr, meta[k][1])
+    fg = FastGraph(P, F, list(prev.node_index), names, max(row_ws, default=0), meta, n)
+    fg.row_ws = row_ws
+    fg.plan_from = (prev.plan_nodes, np.flatnonzero(node_changed).tolist())
+    _memo_put(topo.key, _Memo(topo.Wm, fg, m.slots, m.fused))
+    return fg
+
+
+def _build_row(P, F, k, cgraph, nodes, i, slots):
+    """Program row k for node i (not empty). Returns (nodes it swallowed, work size, repacked MUL_MAT?, the AXPY's
+    (bytes, bytes per thread) or None); ``slots[k]`` gets the tensors of the row's DST, S0, S1, S2 descriptors.
+    Raises _Unsupported."""
+    node = nodes[i]
+    op = node.op
+    s0, s1, s2 = node.src[0], node.src[1], node.src[2]
+    _desc(P, k, DST, node)
+    _desc(P, k, S0, s0)
+    _desc(P, k, S1, s1)
+    _desc(P, k, S2, s2)
+    slot = [node, s0, s1, s2]
+    skip = 0
+    ws = 0
+    is_repack = False
+    sparse_ws = None
+    if op == C.GGML_OP_MUL_MAT:
+        ws, is_repack = _build_mul_mat(P, k, node)
+    elif op == C.GGML_OP_RMS_NORM:
+        skip = _build_rms_norm(P, F, k, cgraph, i, node, slot)
+    elif op in _BINOP:
+        _need(s0.type == GGML_TYPE_F32 and s1.type == GGML_TYPE_F32 and node.type == GGML_TYPE_F32)
+        _need(int(s0.nb[0]) == 4 and int(node.nb[0]) == 4 and s0.shape == node.shape)
+        P[k, OP] = OP_BINARY
+        P[k, SUBOP] = _BINOP[op]
+    elif op == C.GGML_OP_ROPE:
+        _build_rope(P, F, k, node)
+    elif op == C.GGML_OP_SET_ROWS:
+        _need(s0.type == GGML_TYPE_F32 and node.type in (GGML_TYPE_F16, GGML_TYPE_F32))
+        _need(s1.type in (C.GGML_TYPE_I32, C.GGML_TYPE_I64))
+        P[k, OP] = OP_SET_ROWS
+        P[k, SET_ROWS_TYPE] = node.type
+        P[k, SET_ROWS_ITYPE] = s1.type
+    elif op == C.GGML_OP_SOFT_MAX:
+        _need(s0.type == GGML_TYPE_F32 and s2 is None and int(s0.nb[0]) == 4)
+        max_bias = get_op_params_f32(node, 1)
+        _need(max_bias == 0.0)
+        if s1 is not None:
+            _need(s1.type in (GGML_TYPE_F32, GGML_TYPE_F16) and int(s1.nb[0]) in (2, 4))
+            P[k, SOFT_MAX_MTYPE] = s1.type
+        P[k, OP] = OP_SOFT_MAX
+        P[k, SOFT_MAX_LANES] = cpu_feats.variant_lanes()
+        F[k, SOFT_MAX_SCALE] = get_op_params_f32(node, 0)
+        F[k, SOFT_MAX_SLOPE] = 1.0
+    elif op in (C.GGML_OP_CPY, C.GGML_OP_CONT, C.GGML_OP_DUP):
+        ok = {(GGML_TYPE_F32, GGML_TYPE_F32), (GGML_TYPE_F16, GGML_TYPE_F16), (GGML_TYPE_F32, GGML_TYPE_F16),
+              (GGML_TYPE_F16, GGML_TYPE_F32)}
+        _need((s0.type, node.type) in ok)
+        P[k, OP] = OP_CPY
+        P[k, CPY_STYPE] = s0.type
+        P[k, CPY_DTYPE] = node.type
+        _desc(P, k, DST, node)
+    elif op == C.GGML_OP_SCALE:
+        _need(gemma_ops.build_scale(P, F, k, node))
+    elif op == C.GGML_OP_GLU and get_glu_op(node) == C.GGML_GLU_OP_GEGLU:
+        _need(gemma_ops.build_geglu(P, F, k, node))
+    elif op == C.GGML_OP_GLU:
+        _build_swiglu(P, k, node)
+    elif op in _SPARSE_OPS:
+        # PowerInfer's sparse FFN: MUL_MAT_SPARSE, AXPY and the RELU / SILU around them (sparse.py)
+        _need(sparse.build_node(P, F, k, node))
+        fixed, per_thread = sparse.work_size(node)
+        ws = fixed
+        if per_thread:
+            sparse_ws = (fixed, per_thread)
+    elif op == C.GGML_OP_FLASH_ATTN_EXT:
+        _need(fattn.build_node(P, F, k, node))
+    elif op == C.GGML_OP_GET_ROWS:
+        _need(node.type == GGML_TYPE_F32 and s1.type in (C.GGML_TYPE_I32, C.GGML_TYPE_I64))
+        _need(s0.type in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+                          C.GGML_TYPE_Q5_0, C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q6_K))
+        _need(int(node.nb[0]) == 4)
+        P[k, OP] = OP_GET_ROWS
+        P[k, GET_ROWS_TYPE] = s0.type
+        P[k, GET_ROWS_ITYPE] = s1.type
+    else:
+        raise _Unsupported()
+    for t in (node, s0, s1, s2):
+        if t is not None and nelements(t) > 0 and not t.data:
+            raise _Unsupported()
+    slots[k] = slot
+    return skip, ws, is_repack, sparse_ws
+
+
+def _build(cgraph, require_repack: bool = True, memo=None):
+    """The program of ``cgraph`` row by row (None: some node has no compiled kernel); remembered for derivations
+    under ``memo``, the graph's _Topo, if given."""
     nodes = list(cgraph.nodes)
     n = len(nodes)
     P = np.zeros((n, NCOL), np.int64)
     F = np.zeros((n, NFCOL), np.float64)
     idx, names, meta = [], [], []
     k = 0
-    wsize = 0
+    row_ws = []
     any_repack = False
     sparse_work = []              # (bytes, bytes per thread) of the AXPY rows (sparse.work_size)
+    slots = {}
     i = 0
     try:
         while i < n:
@@ -542,78 +845,11 @@ def _build(cgraph, require_repack: bool = True):
             if op in EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE) or 0 in node._q[2:6].tolist():   # is_empty (ne is words 2..5)
                 i += 1
                 continue
-            s0, s1, s2 = node.src[0], node.src[1], node.src[2]
-            _desc(P, k, DST, node)
-            _desc(P, k, S0, s0)
-            _desc(P, k, S1, s1)
-            _desc(P, k, S2, s2)
-            skip = 0
-            if op == C.GGML_OP_MUL_MAT:
-                ws, is_repack = _build_mul_mat(P, k, node)
-                wsize = max(wsize, ws)
-                any_repack = any_repack or is_repack
-            elif op == C.GGML_OP_RMS_NORM:
-                skip = _build_rms_norm(P, F, k, cgraph, i, node)
-            elif op in _BINOP:
-                _need(s0.type == GGML_TYPE_F32 and s1.type == GGML_TYPE_F32 and node.type == GGML_TYPE_F32)
-                _need(int(s0.nb[0]) == 4 and int(node.nb[0]) == 4 and s0.shape == node.shape)
-                P[k, OP] = OP_BINARY
-                P[k, SUBOP] = _BINOP[op]
-            elif op == C.GGML_OP_ROPE:
-                _build_rope(P, F, k, node)
-            elif op == C.GGML_OP_SET_ROWS:
-                _need(s0.type == GGML_TYPE_F32 and node.type in (GGML_TYPE_F16, GGML_TYPE_F32))
-                _need(s1.type in (C.GGML_TYPE_I32, C.GGML_TYPE_I64))
-                P[k, OP] = OP_SET_ROWS
-                P[k, SET_ROWS_TYPE] = node.type
-                P[k, SET_ROWS_ITYPE] = s1.type
-            elif op == C.GGML_OP_SOFT_MAX:
-                _need(s0.type == GGML_TYPE_F32 and s2 is None and int(s0.nb[0]) == 4)
-                max_bias = get_op_params_f32(node, 1)
-                _need(max_bias == 0.0)
-                if s1 is not None:
-                    _need(s1.type in (GGML_TYPE_F32, GGML_TYPE_F16) and int(s1.nb[0]) in (2, 4))
-                    P[k, SOFT_MAX_MTYPE] = s1.type
-                P[k, OP] = OP_SOFT_MAX
-                P[k, SOFT_MAX_LANES] = cpu_feats.variant_lanes()
-                F[k, SOFT_MAX_SCALE] = get_op_params_f32(node, 0)
-                F[k, SOFT_MAX_SLOPE] = 1.0
-            elif op in (C.GGML_OP_CPY, C.GGML_OP_CONT, C.GGML_OP_DUP):
-                ok = {(GGML_TYPE_F32, GGML_TYPE_F32), (GGML_TYPE_F16, GGML_TYPE_F16), (GGML_TYPE_F32, GGML_TYPE_F16),
-                      (GGML_TYPE_F16, GGML_TYPE_F32)}
-                _need((s0.type, node.type) in ok)
-                P[k, OP] = OP_CPY
-                P[k, CPY_STYPE] = s0.type
-                P[k, CPY_DTYPE] = node.type
-                _desc(P, k, DST, node)
-            elif op == C.GGML_OP_SCALE:
-                _need(gemma_ops.build_scale(P, F, k, node))
-            elif op == C.GGML_OP_GLU and get_glu_op(node) == C.GGML_GLU_OP_GEGLU:
-                _need(gemma_ops.build_geglu(P, F, k, node))
-            elif op == C.GGML_OP_GLU:
-                _build_swiglu(P, k, node)
-            elif op in _SPARSE_OPS:
-                # PowerInfer's sparse FFN: MUL_MAT_SPARSE, AXPY and the RELU / SILU around them (sparse.py)
-                _need(sparse.build_node(P, F, k, node))
-                fixed, per_thread = sparse.work_size(node)
-                wsize = max(wsize, fixed)
-                if per_thread:
-                    sparse_work.append((fixed, per_thread))
-            elif op == C.GGML_OP_FLASH_ATTN_EXT:
-                _need(fattn.build_node(P, F, k, node))
-            elif op == C.GGML_OP_GET_ROWS:
-                _need(node.type == GGML_TYPE_F32 and s1.type in (C.GGML_TYPE_I32, C.GGML_TYPE_I64))
-                _need(s0.type in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-                                  C.GGML_TYPE_Q5_0, C.GGML_TYPE_Q4_K, C.GGML_TYPE_Q6_K))
-                _need(int(node.nb[0]) == 4)
-                P[k, OP] = OP_GET_ROWS
-                P[k, GET_ROWS_TYPE] = s0.type
-                P[k, GET_ROWS_ITYPE] = s1.type
-            else:
-                raise _Unsupported()
-            for t in (node, s0, s1, s2):
-                if t is not None and nelements(t) > 0 and not t.data:
-                    raise _Unsupported()
+            skip, ws, is_repack, sparse_ws = _build_row(P, F, k, cgraph, nodes, i, slots)
+            row_ws.append(ws)
+            any_repack = any_repack or is_repack
+            if sparse_ws is not None:
+                sparse_work.append(sparse_ws)
             idx.append(i)
             names.append(node.name)
             meta.append((node.addr, op_desc(node)))
@@ -623,8 +859,11 @@ def _build(cgraph, require_repack: bool = True):
         return None
     if require_repack and not any_repack:
         return None
-    fg = FastGraph(P[:k].copy(), F[:k].copy(), idx, names, wsize, meta, n)
+    fg = FastGraph(P[:k].copy(), F[:k].copy(), idx, names, max(row_ws, default=0), meta, n)
     fg.sparse_work = sparse_work
+    fg.row_ws = row_ws
+    if memo and not sparse_work:
+        _memo_store(memo, fg, slots)
     return fg
 
 
