@@ -374,6 +374,25 @@ def test_no_repack_env():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
+def test_numba_blas_probe_deferred():
+    """Numba's CPU target set up by a ggviz kernel does not import scipy.linalg (its BLAS probe is deferred,
+    fast/__init__.py), and a jitted np.dot / @ afterwards still gets Numba's BLAS path (the real check runs then)."""
+    code = ("import sys, numpy as np, numba\n"
+            "from ggviz.ggml.cpu.fast import kernels as fk\n"
+            "fk.mmq_layout(576, 1)\n"                       # a cached kernel: Numba's CPU target is set up
+            "import numba.np.arraymath as am\n"
+            "assert am._HAVE_BLAS is True, am._HAVE_BLAS\n"
+            "assert 'scipy.linalg' not in sys.modules\n"
+            "f = numba.njit(lambda a, b: (np.dot(a, b), a @ b))\n"
+            "a = np.arange(12.0).reshape(3, 4); b = np.arange(8.0).reshape(4, 2)\n"
+            "d, m = f(a, b)\n"
+            "assert (d == a @ b).all() and (m == a @ b).all()\n"
+            "assert 'scipy.linalg.cython_blas' in sys.modules\n"
+            "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=_ROOT))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the model
 # ---------------------------------------------------------------------------------------------------------------------
