@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import ggml, trace
 from ..ggml import backend as gb
-from ..ggml import backend_reg, impl
+from ..ggml import backend_reg, impl, memory
 from ..ggml import alloc as galloc
 from ..ggml import sched as gs
 from ..ggml.cpu import cpu_backend, hybrid
@@ -1020,4 +1020,5 @@ def _check_hybrid(model, p, n_threads: int, n_threads_batch: int) -> None:
 
 
 def init_from_model(model, params: LlamaContextParams | None = None) -> LlamaContext:
-    return LlamaContext(model, params or context_default_params())
+    with memory.gc_paused():     # ggviz: the graphs' ~30,000 long-lived objects, not traversed while made
+        return LlamaContext(model, params or context_default_params())
