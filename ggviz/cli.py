@@ -222,9 +222,22 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_module(name: str, argv: list[str]) -> int:
+def _cmd_module(name: str, argv: list[str], program: bool = False) -> int:
     module_name, _, func = MODULE_COMMANDS[name][0].partition(":")
-    module = importlib.import_module(module_name)
+    if program and name in _FREEZE_AT_EXIT and gc.isenabled():
+        # ggviz: the command's imports (the engine, NumPy, Numba: ~70,000 objects that live until the process exits)
+        # with the cyclic collector paused, then frozen out of its way (gc.freeze): its ~150 collections during the
+        # imports traversed them again and again (~80-120 ms of a one-shot run, gc.callbacks), as would every later
+        # full collection. The program's own process only (see _FREEZE_AT_EXIT), as a forking server freezes what
+        # its workers share.
+        gc.disable()
+        try:
+            module = importlib.import_module(module_name)
+        finally:
+            gc.freeze()
+            gc.enable()
+    else:
+        module = importlib.import_module(module_name)
     rc = getattr(module, func or "main")(argv)
     return rc if isinstance(rc, int) else 0
 
@@ -245,10 +258,10 @@ def _cmd_version() -> int:
     return 0
 
 
-def _dispatch(argv: list[str]) -> int:
+def _dispatch(argv: list[str], program: bool = False) -> int:
     # Module commands take their arguments verbatim (argparse would try to parse `--help` etc.).
     if argv and argv[0] in MODULE_COMMANDS:
-        return _cmd_module(argv[0], argv[1:])
+        return _cmd_module(argv[0], argv[1:], program)
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command == "fetch":
@@ -378,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         # which are flushed as usual.
         atexit.register(gc.freeze)
     try:
-        return _dispatch(argv)
+        return _dispatch(argv, program)
     except (Exception, KeyboardInterrupt) as e:
         if debug:
             raise

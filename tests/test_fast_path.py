@@ -331,6 +331,31 @@ def test_repacked_mul_mat_bitexact_with_real_ggml(qtype, M, K, T):
     assert np.array_equal(out, real)
 
 
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0, C.GGML_TYPE_Q5_0])
+def test_compiled_repack_is_the_numpy_repack(qtype):
+    """The compiled repack (fast.kernels.repack_blocks_8x4, used at model load where NumPy would move single bytes)
+    moves the same bytes as the NumPy transposes (repack.repack_blocks_numpy), for weights read-only (the mapping)
+    or in memory."""
+    rows, ne00 = 24, 96
+    raw = np.random.default_rng(qtype).integers(0, 256, rows * Q.row_size(qtype, ne00), dtype=np.uint8)
+    tr = repack._traits_for_type(qtype)
+    t = ggml.new_tensor_2d(ggml.init(1 << 16, no_alloc=True), qtype, ne00, rows)
+    for writeable in (True, False):
+        src = raw.copy()
+        src.flags.writeable = writeable
+        blocks = np.ascontiguousarray(src).view(Q.BLOCK_DTYPES[qtype]).reshape(rows, ne00 // 32)
+        if qtype == C.GGML_TYPE_Q5_0:
+            blocks = repack.q5_0_as_q8_0(blocks)
+        ref = repack.repack_blocks_numpy(tr, blocks, rows, ne00)
+        got = repack.repack_blocks_compiled(tr, blocks, rows, ne00)
+        for r in (got, tr.repack(t, src)):       # the kernel, and what the load uses (one of the two)
+            assert np.array_equal(r.qs, ref.qs) and np.array_equal(r.d.view(np.uint8), ref.d.view(np.uint8))
+        assert got.qs.dtype == ref.qs.dtype and got.d.dtype == ref.d.dtype
+        assert (got.m is None) == (ref.m is None) == (qtype != Q4_1)
+        if got.m is not None:
+            assert np.array_equal(got.m.view(np.uint8), ref.m.view(np.uint8))
+
+
 def test_repacked_output_matrix():
     """The tied Q8_0 output matrix: 49152 rows."""
     ref, _, _ = _mm_case(Q8_0, 49152, 576, 2, 1, place=False, route="graph")
@@ -373,6 +398,25 @@ def test_no_repack_env():
                        env=dict(os.environ, PYTHONPATH=_ROOT))
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
+
+def test_numba_blas_probe_deferred():
+    """Numba's CPU target set up by a ggviz kernel does not import scipy.linalg (its BLAS probe is deferred,
+    fast/__init__.py), and a jitted np.dot / @ afterwards still gets Numba's BLAS path (the real check runs then)."""
+    code = ("import sys, numpy as np, numba\n"
+            "from ggviz.ggml.cpu.fast import kernels as fk\n"
+            "fk.mmq_layout(576, 1)\n"                       # a cached kernel: Numba's CPU target is set up
+            "import numba.np.arraymath as am\n"
+            "assert am._HAVE_BLAS is True, am._HAVE_BLAS\n"
+            "assert 'scipy.linalg' not in sys.modules\n"
+            "f = numba.njit(lambda a, b: (np.dot(a, b), a @ b))\n"
+            "a = np.arange(12.0).reshape(3, 4); b = np.arange(8.0).reshape(4, 2)\n"
+            "d, m = f(a, b)\n"
+            "assert (d == a @ b).all() and (m == a @ b).all()\n"
+            "assert 'scipy.linalg.cython_blas' in sys.modules\n"
+            "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=_ROOT))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the model

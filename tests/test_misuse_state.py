@@ -77,6 +77,29 @@ def test_params_must_be_llama_context_params(model):
         llama.init_from_model(model, {"n_ctx": 256})
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_failed_load_and_init_leave_the_garbage_collector_as_it_was(model, tmp_path, enabled):
+    """Model load and context creation pause Python's cyclic collector (ggml.memory.gc_paused): a failure inside
+    leaves it as it was, enabled or not (the caller's choice)."""
+    import gc
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        with pytest.raises(TypeError):
+            llama.init_from_model(model, {"n_ctx": 256})
+        assert gc.isenabled() is enabled
+        with pytest.raises(Exception):
+            llama.model_load_from_file(str(tmp_path / "missing.gguf"), llama.model_default_params())
+        assert gc.isenabled() is enabled
+        with ggml.memory.gc_paused():
+            with ggml.memory.gc_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 6. sampling on non-finite logits; lone surrogates
 # ---------------------------------------------------------------------------------------------------------------

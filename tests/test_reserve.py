@@ -103,3 +103,38 @@ def test_sched_need_reserve_reserves_before_the_next_decode(model):
         assert llama.decode(ctx, llama.batch_get_one([1, 2, 3])) == 0
     assert [e["kind"] for e in rec.events] == ["llama.sched_reserve"] and not ctx.sched_need_reserve
     assert len(ctx.reserve_log) == 3 and ctx.check_compute_buffers() == []
+
+
+def _plan_of(ctx):
+    """The allocator's plan and the scheduler's split as the reserve left them, as plain data."""
+    sched = ctx.sched
+    g = sched.galloc
+    ta = lambda a: (a.buffer_id, a.addr, a.size_max)     # noqa: E731
+    chunks = [[(ch.max_size, [(b.offset, b.size) for b in ch.free_blocks]) for ch in t.chunks] for t in g.buf_tallocs]
+    return dict(nodes=[(ta(na.dst), [ta(s) for s in na.src]) for na in g.node_allocs[:g.n_nodes]],
+                leafs=[ta(la.leaf) for la in g.leaf_allocs[:g.n_leafs]], n=(g.n_nodes, g.n_leafs), chunks=chunks,
+                last_alloc={k: v for k, v in g.last_alloc.items() if k != "tensors"},
+                tensors=[sorted((k, v) for k, v in r.items() if k != "addr") for r in g.last_alloc["tensors"]],
+                splits=sched.n_splits, sizes=ctx.compute_buffer_sizes(), log=ctx.reserve_log)
+
+
+def test_third_reserve_puts_back_the_same_plan(model):
+    """sched_reserve's third reserve (the pp graph again) puts the first one's allocator plan back
+    (sched.backend_sched_reserve_again) unless a trace listener is active: both ways leave the same plan, split and
+    sizes, and the prompt after it runs at the same addresses."""
+    def make():
+        cp = llama.context_default_params()
+        cp.n_ctx, cp.n_threads, cp.n_threads_batch = 512, 1, 1
+        return llama.init_from_model(model, cp)
+    from ggviz.llama.context_pool import context_pool_clear
+    fast = make()
+    st = _plan_of(fast)
+    llama.free(fast)
+    context_pool_clear(model)
+    with trace.recording(("alloc.reserve",)) as rec:
+        real = make()
+    assert len(rec.events) == 3          # the real passes ran: pp, tg, pp
+    assert _plan_of(real) == st
+    assert st["last_alloc"]["reallocated"] == [] and st["n"][0] == st["nodes"].__len__() > 0
+    llama.free(real)
+    context_pool_clear(model)

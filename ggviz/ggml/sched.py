@@ -1549,6 +1549,55 @@ def backend_sched_reserve(sched, measure_graph) -> bool:
     return True
 
 
+class backend_sched_reserve_state:
+    """ggviz: what ``backend_sched_reserve`` of one graph left for the allocator -- its plan (``gallocr_plan``) and
+    the backend ids of the split graph's nodes and leafs it was made for -- so that reserving the same graph again
+    (llama_context::sched_reserve reserves its prompt graph twice) can put the plan back
+    (``backend_sched_reserve_again``) instead of planning again."""
+    __slots__ = ("plan", "node_backend_ids", "leaf_backend_ids")
+
+
+def backend_sched_save_reserve(sched) -> backend_sched_reserve_state:
+    """Right after ``backend_sched_reserve``: keep its plan (see ``backend_sched_reserve_state``)."""
+    st = backend_sched_reserve_state()
+    g = sched.graph
+    st.node_backend_ids = list(sched.node_backend_ids[:g.n_nodes])
+    st.leaf_backend_ids = list(sched.leaf_backend_ids[:g.n_leafs])
+    st.plan = A.gallocr_save_plan(sched.galloc)
+    return st
+
+
+def backend_sched_reserve_again(sched, measure_graph, st: backend_sched_reserve_state) -> bool:
+    """ggviz: ``backend_sched_reserve`` of a graph this scheduler reserved before (``st``: saved right after that
+    reserve). The graph is split as in ggml; the allocator's plan is the saved one put back, not made again: the
+    plan is a function of the split graph and its backend ids alone (the dynamic allocators start empty at every
+    reserve), so when those ids are the same and the buffers were not reallocated since (no larger chunk), planning
+    again would give the same node and leaf placements, the same chunk sizes and no reallocation -- about a fifth of
+    a first context's work in Python, for nothing. With a trace listener, or when anything differs, it is the real
+    reserve (the listener sees every pass). The state is spent either way."""
+    GGML_ASSERT(sched is not None, "sched")
+    if trace.active or st.plan is None or not A.gallocr_plan_valid(sched.galloc, st.plan):
+        return backend_sched_reserve(sched, measure_graph)
+    GGML_ASSERT(sched.hash_set.size >= measure_graph.n_nodes + measure_graph.n_leafs, "hash_set.size")
+    backend_sched_synchronize(sched)
+    backend_sched_split_graph(sched, measure_graph)
+    g = sched.graph
+    if (g.n_nodes != st.plan.n_nodes or g.n_leafs != st.plan.n_leafs
+            or sched.node_backend_ids[:g.n_nodes] != st.node_backend_ids
+            or sched.leaf_backend_ids[:g.n_leafs] != st.leaf_backend_ids):
+        ok = A.gallocr_reserve_n(sched.galloc, g, sched.node_backend_ids, sched.leaf_backend_ids)
+    else:
+        A.gallocr_restore_plan(sched.galloc, st.plan)
+        # what gallocr_reserve_n's record says of a plan that fits the buffers as they are: nothing reallocated
+        sched.galloc.last_alloc = dict(sched.galloc.last_alloc, reallocated=[])
+        ok = True
+    st.plan = None
+    if not ok:
+        return False
+    backend_sched_reset(sched)
+    return True
+
+
 def backend_sched_alloc_graph(sched, graph) -> bool:
     GGML_ASSERT(sched is not None, "sched")
     GGML_ASSERT(sched.hash_set.size >= graph.n_nodes + graph.n_leafs,

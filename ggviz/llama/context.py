@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import ggml, trace
 from ..ggml import backend as gb
-from ..ggml import backend_reg, impl
+from ..ggml import backend_reg, impl, memory
 from ..ggml import alloc as galloc
 from ..ggml import sched as gs
 from ..ggml.cpu import cpu_backend, hybrid
@@ -451,7 +451,9 @@ class LlamaContext(context_pool.GraphCache):
         # one (the tg probe and the tg reserve; the two pp reserves). With a single backend splitting leaves a graph
         # as it was built (no input copies rewrite a node's sources), so the built graph is reserved again instead
         # of rebuilt: the same nodes, the same sizes, half the Python work of a first context. With several
-        # backends each reserve builds its own, as in llama.cpp.
+        # backends each reserve builds its own, as in llama.cpp. The third reserve also puts the first one's
+        # allocator plan back instead of planning the same graph again (sched.backend_sched_reserve_again; the real
+        # passes when a trace listener is active).
         reuse = {} if len(self.backends) == 1 else None
         self._graph_template = None
         tg_probe = self.resolve_fused_ops(n_seqs)
@@ -462,12 +464,15 @@ class LlamaContext(context_pool.GraphCache):
         pp = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
         if reuse is not None:
             reuse["pp"] = pp
+            # ... and its allocator plan, put back by the third reserve if nothing changed (reserve_again)
+            reuse["pp_plan"] = gs.backend_sched_save_reserve(self.sched)
         n_splits_pp, n_nodes_pp = gs.backend_sched_get_n_splits(self.sched), pp.gf.n_nodes
         # reserve with tg (token generation) graph to get the number of splits and nodes
         tg = self.graph_reserve(n_seqs, n_seqs, n_seqs, reuse=(reuse or {}).get("tg"))
         n_splits_tg, n_nodes_tg = gs.backend_sched_get_n_splits(self.sched), tg.gf.n_nodes
         # reserve again with pp graph to avoid ggml-alloc reallocations during inference
-        self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, reuse=(reuse or {}).get("pp"))
+        self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, reuse=(reuse or {}).get("pp"),
+                           plan=(reuse or {}).get("pp_plan"))
         if reuse is not None:
             self._graph_template = tg
         self.backend_buf_exp_size = [gs.backend_sched_get_buffer_size(self.sched, b) for b in self.backends]
@@ -513,13 +518,16 @@ class LlamaContext(context_pool.GraphCache):
             self.flash_attn = True
         return res
 
-    def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False, reuse=None):
+    def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False, reuse=None,
+                      plan=None):
         """llama_context::graph_reserve: build the graph of a dummy ubatch (``n_tokens`` tokens, the first
         ``n_outputs`` of them output) over the full KV cache and reserve the scheduler's buffers for it
         (``ggml_backend_sched_reserve``), or only split it (``split_only``). The scheduler is reset first, so the
         previous graph can no longer be reused. Returns the GraphResult (its inputs are never set). ``reuse``:
         ggviz: the GraphResult of an earlier reserve of the same dummy ubatch, reserved again instead of rebuilt
-        (sched_reserve)."""
+        (sched_reserve); ``plan``: what the scheduler kept of that reserve (``backend_sched_save_reserve``): the graph
+        is split again and the allocator's plan put back, not made again (``backend_sched_reserve_again``: the same
+        plan, no reallocation; the real reserve with a trace listener or when anything differs)."""
         if n_tokens % n_seqs != 0:
             n_tokens = ((n_tokens + (n_seqs - 1)) // n_seqs) * n_seqs   # round to next multiple of n_seqs
         gs.backend_sched_reset(self.sched)
@@ -529,7 +537,8 @@ class LlamaContext(context_pool.GraphCache):
         res = reuse if reuse is not None else self.build_graph(n_tokens, n_outputs, self.kv.size)
         if split_only:
             gs.backend_sched_split_graph(self.sched, res.gf)
-        elif not gs.backend_sched_reserve(self.sched, res.gf):
+        elif not (gs.backend_sched_reserve(self.sched, res.gf) if plan is None
+                  else gs.backend_sched_reserve_again(self.sched, res.gf, plan)):
             raise DecodeError(f"llama_context::graph_reserve: failed to allocate compute buffers "
                               f"({impl.last_log_error() or 'allocation failed'})")
         entry = dict(n_tokens=n_tokens, n_seqs=n_seqs, n_outputs=n_outputs, n_kv=self.kv.size,
@@ -1011,4 +1020,5 @@ def _check_hybrid(model, p, n_threads: int, n_threads_batch: int) -> None:
 
 
 def init_from_model(model, params: LlamaContextParams | None = None) -> LlamaContext:
-    return LlamaContext(model, params or context_default_params())
+    with memory.gc_paused():     # ggviz: the graphs' ~30,000 long-lived objects, not traversed while made
+        return LlamaContext(model, params or context_default_params())

@@ -233,6 +233,11 @@ def load_hparams(gf: GGUFFile) -> LlamaHparams:
 
 def model_load_from_file(path, params: LlamaModelParams | None = None) -> LlamaModel:
     """llama_model_load_from_file: parse, validate, map the weights, build the vocabulary."""
+    with memory.gc_paused():     # ggviz: the vocabulary's and the weights' long-lived objects, not traversed while made
+        return _model_load_from_file(path, params)
+
+
+def _model_load_from_file(path, params: LlamaModelParams | None) -> LlamaModel:
     params = params or model_default_params()
     t0 = time.perf_counter()
     # vram_budget_gb: <= 0 means no FFN split; NaN (which passes neither test) and inf (no byte count) are refused

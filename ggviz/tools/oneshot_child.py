@@ -117,7 +117,14 @@ class _GGviz:
         import atexit
         import gc
 
-        from ggviz import llama
+        # as the `ggviz run` program imports its command (ggviz/cli.py: _cmd_module): the collector paused, then
+        # what was imported frozen out of its way
+        gc.disable()
+        try:
+            from ggviz import llama
+        finally:
+            gc.freeze()
+            gc.enable()
         self.L = llama
         atexit.register(gc.freeze)    # as the `ggviz run` program exits (ggviz/cli.py: main)
         try:

@@ -254,7 +254,38 @@ def _qs_words(blocks: np.ndarray):
 
 
 def repack_blocks(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int) -> RepackedWeight:
-    """ggml blocks (rows, nb) -> the 8-row interleaved layout the compiled kernels read."""
+    """ggml blocks (rows, nb) -> the 8-row interleaved layout the compiled kernels read: NumPy's transposes
+    (``repack_blocks_numpy``) where the quants can be moved as 4-byte words (Q4_1's 20-byte blocks: as fast as a
+    compiled loop), else the compiled ``fast.kernels.repack_blocks_8x4`` (Q8_0's 34-byte and Q4_0's 18-byte blocks,
+    whose NumPy transposes move single bytes: ~3x slower; e.g. SmolLM2's 49152-row output matrix). Same bytes
+    (tests/test_fast_path.py)."""
+    if (not blocks.flags.c_contiguous or blocks.shape != (rows, ne00 // 32) or rows % NB_COLS
+            or (traits.kernel_type != GGML_TYPE_Q8_0 and _qs_words(blocks) is not None)):
+        return repack_blocks_numpy(traits, blocks, rows, ne00)
+    return repack_blocks_compiled(traits, blocks, rows, ne00)
+
+
+def repack_blocks_compiled(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int) -> RepackedWeight:
+    """``repack_blocks`` by ``fast.kernels.repack_blocks_8x4`` (C-contiguous blocks, rows a multiple of 8)."""
+    g, nb = rows // NB_COLS, ne00 // 32
+    dt = blocks.dtype
+    qs_off, qs_len = dt.fields["qs"][1], dt.fields["qs"][0].itemsize
+    is_q4_1 = traits.type == GGML_TYPE_Q4_1
+    n_words = qs_len // INTER_SIZE
+    qs = np.empty((g, nb, n_words, NB_COLS), np.uint32)
+    d = np.empty((g, nb, NB_COLS), np.uint16)
+    m = np.empty((g, nb, NB_COLS), np.uint16) if is_q4_1 else d
+    fk.repack_blocks_8x4(blocks.view(np.uint8).reshape(rows, nb * dt.itemsize), nb, dt.itemsize, qs_off, n_words,
+                         dt.fields["d"][1], dt.fields["m"][1] if is_q4_1 else -1, qs, d, m)
+    if not SCALES_F16:
+        d = Q.fp16_to_fp32(d)                                            # exact
+        m = Q.fp16_to_fp32(m) if is_q4_1 else None
+    return RepackedWeight(traits, qs.reshape(-1).view(np.uint8), d.reshape(-1),
+                          m.reshape(-1) if is_q4_1 else None, rows, ne00)
+
+
+def repack_blocks_numpy(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int) -> RepackedWeight:
+    """``repack_blocks`` with NumPy transposes (the reference the compiled repack is checked against)."""
     g, nb = rows // NB_COLS, ne00 // 32
 
     def scales(field):

@@ -23,13 +23,68 @@ faithful kernels.
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import pathlib
+import sys
 
 if os.environ.get("GGVIZ_NO_NUMBA", "") not in ("", "0"):
     raise ImportError("the compiled fast path is disabled by GGVIZ_NO_NUMBA")
 
 import numba  # noqa: E402,F401 - an ImportError here means: no compiled kernels
+
+
+def _defer_numba_blas_probe() -> None:
+    """Let Numba's BLAS probe look for SciPy's BLAS without importing all of ``scipy.linalg`` (until a jitted
+    function really calls BLAS).
+
+    When Numba's CPU target first loads or compiles any kernel it imports ``numba.np.arraymath``, whose import runs
+    ``_HAVE_BLAS = _check_blas()``: ``numba.np.linalg.ensure_blas()``, i.e. ``import scipy.linalg.cython_blas``.
+    That import runs the whole of ``scipy/linalg/__init__.py`` (its LAPACK wrappers, its array-API layer, which pulls
+    in numpy.f2py, numpy.testing and unittest): ~270 ms of a one-shot run's ~700 ms of Numba set-up, about 60 %, for
+    ``np.dot`` / ``np.vdot`` / ``@`` inside jitted code (only they read ``_HAVE_BLAS``, and their typing calls
+    ``ensure_blas()`` again before it emits a BLAS call) -- which no ggviz kernel uses. So for that one probe, and
+    only while ``numba.np.arraymath`` is being imported, the answer comes from whether SciPy ships the
+    ``cython_blas`` extension at all (``find_spec`` on ``scipy``: no import of scipy.linalg); every later call, the
+    ones that precede a real BLAS call, is Numba's own ``ensure_blas``: it imports scipy.linalg and checks its LAPACK
+    integer width then, raising what it always raised. A Numba whose internals differ (no ``ensure_blas``, or
+    arraymath already imported) is left alone: the probe then costs what it costs."""
+    if "numba.np.arraymath" in sys.modules:
+        return
+    try:
+        from numba.np import linalg as _nb_linalg
+    except ImportError:
+        return
+    real = getattr(_nb_linalg, "ensure_blas", None)
+    if real is None or getattr(real, "_ggviz_deferred", False):
+        return
+
+    def _shipped() -> bool:
+        try:
+            spec = importlib.util.find_spec("scipy")
+        except (ImportError, ValueError):
+            return False
+        for d in (spec.submodule_search_locations or []) if spec is not None else []:
+            lin = pathlib.Path(d) / "linalg"
+            if any((lin / f"cython_blas{sfx}").is_file() for sfx in importlib.machinery.EXTENSION_SUFFIXES):
+                return True
+        return False
+
+    def ensure_blas():
+        am = sys.modules.get("numba.np.arraymath")
+        if am is not None and not hasattr(am, "_HAVE_BLAS") and "scipy.linalg.cython_blas" not in sys.modules:
+            if not _shipped():                # arraymath's import-time probe: the answer, without the import
+                raise ImportError("scipy 0.16+ is required for linear algebra")
+            return
+        return real()                         # a real BLAS use: Numba's own check
+
+    ensure_blas._ggviz_deferred = True
+    ensure_blas.__doc__ = real.__doc__
+    _nb_linalg.ensure_blas = ensure_blas
+
+
+_defer_numba_blas_probe()
 
 
 # Numba's on-disk cache checks only the timestamp of the file that defines a cached function, but the compiled
