@@ -282,3 +282,43 @@ def test_im2col_wrong_types_fail_the_compute(src_type, dst_type, pattern):
     with pytest.raises(gg.GGMLError, match=r"computing node 0 .*" + pattern):
         gg.graph_compute_with_ctx(ctx, gf, 2)
     gg.free(ctx)
+
+
+# ---------------------------------------------------------------- the lesson's figure and exercise (nb01 §4)
+
+def test_im2col_figure_draws_the_computed_matrix():
+    """Every cell of the figure's matrix is the im2col's value, "·" exactly where the kernel hangs over the padding
+    (counted by hand from the geometry), and the input panel shows each pixel once."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ggviz import viz
+    ctx = gg.init(1 << 20)
+    img = gg.new_tensor_4d(ctx, F32, 5, 4, 2, 1)
+    k = gg.new_tensor_4d(ctx, F16, 3, 3, 2, 1)
+    gg.set_data(img, np.arange(40, dtype=np.float32))
+    c = gg.im2col(ctx, k, img, 2, 1, 1, 1, 1, 1, True, F16)           # OW = 3, OH = 4: 12 rows of 18
+    gf = gg.new_graph(ctx)
+    gg.build_forward_expand(gf, c)
+    assert gg.graph_compute_with_ctx(ctx, gf, 3) == 0
+    fig = viz.im2col_figure(c, oh=1, ow=2)
+    ax0, ax1 = fig.axes
+    cells = [t.get_text() for t in ax1.texts]
+    m = np.array(gg.get_data_f32(c)).reshape(12, 18)
+    pads = sum(1 for oh in range(4) for ow in range(3) for ic in range(2) for kh in range(3) for kw in range(3)
+               if not (0 <= oh + kh - 1 < 4 and 0 <= 2 * ow + kw - 1 < 5))
+    assert len(cells) == 12 * 18 and cells.count("·") == pads == 2 * (108 - 10 * 7)   # per channel: (oh, kh) 10 of 12 inside, (ow, kw) 7 of 9
+    assert all(t == "·" or float(t) == v for t, v in zip(cells, m.reshape(-1)))
+    assert sorted(float(t.get_text()) for t in ax0.texts if t.get_text()[0].isdigit()) == list(range(40))
+    assert "s=(2, 1)" in ax1.get_title() and "ne = [18, 3, 4, 1]" in ax1.get_title()
+    plt.close(fig)
+    gg.free(ctx)
+
+
+def test_im2col_exercise():
+    from ggviz.viz.widgets import exercise as ex
+    e = ex.im2col_ne([3, 3, 2, 3], [6, 6, 2, 1], 2, 1, 1)
+    assert e.kind == "rerun" and e.answer == (18, 3, 3, 1)            # (6 + 2 - 2 - 1)//2 + 1 = 3
+    assert e.check("[18, 3, 3, 1]") and not e.check("18 4 4 1")
+    assert ex.im2col_ne([3, 3, 2, 3], [6, 6, 2, 1], 1, 0, 2).answer == (18, 2, 2, 1)   # dilation 2: a 5x5 reach
