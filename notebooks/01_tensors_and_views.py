@@ -372,6 +372,71 @@ viz.Table([{"": f"row i1 = {n}", **{f"mul_mat [{m}]": f"{ggml.get_data(mm)[0, 0]
                 f"{list(mm.shape[:2])}, the same numbers (NumPy shows the rows i1, the columns i0)")
 
 # %% [markdown]
+# ### `ggml_conv_2d`: im2col, then a MUL_MAT
+#
+# A 2-D convolution slides a `KH × KW` kernel over an image and, at each output pixel, sums kernel × pixels over
+# every input channel. ggml's `ggml_conv_2d(ctx, a, b, s0, s1, p0, p1, d0, d1)` (kernel `a` `[KW, KH, IC, OC]`,
+# image `b` `[IW, IH, IC, N]`, stride, padding, dilation per axis) has no loop of its own: it builds **IM2COL**,
+# which copies the `IC·KH·KW` input values under the kernel at each output pixel into one row (`[IC·KH·KW, OW, OH,
+# N]`, F16), then one **MUL_MAT** of those rows by the kernel seen as `OC` rows of `IC·KH·KW` values, then reshapes and
+# a permute + cont put `OC` before `N`. The sliding window becomes a matrix product — the operation ggml is fastest at.
+#
+# Below, a 6 × 6 image with 2 channels whose pixels hold their own labels (channel 0: 0–35, channel 1: 36–71) goes
+# through `ggml_im2col` with a 3 × 3 kernel (stride 1, no padding): each row of the result is one output pixel,
+# each column one (channel, kh, kw) tap, and each cell says which input pixel landed there.
+
+# %%
+cctx = ggml.init(1 << 20)
+IW = IH = 6
+IC, OC, KS = 2, 3, 3
+img = ggml.set_name(ggml.new_tensor_4d(cctx, ggml.GGML_TYPE_F32, IW, IH, IC, 1), "img")
+kern = ggml.set_name(ggml.new_tensor_4d(cctx, ggml.GGML_TYPE_F16, KS, KS, IC, OC), "kernel")
+ggml.get_data(img)[...] = np.arange(IC * IH * IW, dtype=np.float32).reshape(1, IC, IH, IW)     # pixel labels
+col = ggml.im2col(cctx, kern, img, 1, 1, 0, 0, 1, 1, True, ggml.GGML_TYPE_F32)   # s0, s1, p0, p1, d0, d1, is_2D
+gc = ggml.new_graph(cctx)
+ggml.build_forward_expand(gc, col)
+ggml.graph_compute_with_ctx(cctx, gc, 2)       # 2 threads: thread 0 fills channel 0's columns, thread 1 channel 1's
+viz.im2col_figure(col, oh=1, ow=2);
+
+# %% [markdown]
+# Row (1, 2) holds pixels 8–10, 14–16, 20–22 of channel 0 and the same window of channel 1: the red square on the
+# left. Neighbouring output pixels share most of their input, so the im2col matrix holds each pixel up to 9 times
+# (here 16 × 18 = 288 values from 72 pixels): memory traded for one large matrix product.
+#
+# Now the convolution itself, with small integers in the image and the kernel (so that the F16 the im2col stores
+# them in holds them exactly): `ggml_conv_2d`'s graph, and its result beside a direct convolution in NumPy.
+
+# %%
+rng = np.random.default_rng(5)
+ggml.get_data(img)[...] = rng.integers(-4, 5, (1, IC, IH, IW)).astype(np.float32)
+W = rng.integers(-2, 3, (OC, IC, KS, KS)).astype(np.float32)
+ggml.get_data(kern)[...] = W.astype(np.float16)
+conv = ggml.conv_2d(cctx, kern, img, 1, 1, 0, 0, 1, 1)       # [OW, OH, OC, N]
+gconv = ggml.new_graph(cctx)
+ggml.build_forward_expand(gconv, conv)
+ggml.graph_compute_with_ctx(cctx, gconv, 2)
+viz.Table([{"node": i, "op": ggml.op_desc(t), "type": ggml.type_name(t.type), "ne": list(t.shape),
+            "computes": "nothing (a view)" if t.view_src is not None else "yes"}
+           for i, t in enumerate(gconv.nodes[:gconv.n_nodes])],
+          title="ggml_conv_2d's graph: IM2COL, MUL_MAT, CONT compute; the reshapes and the permute are views")
+
+# %%
+X = ggml.get_data(img)[0]                                   # (IC, IH, IW)
+OHW = IH - KS + 1
+direct = np.zeros((OC, OHW, OHW), np.float64)               # out[oc, oh, ow] = Σ_c,kh,kw W[oc, c, kh, kw] · X[c, oh+kh, ow+kw]
+for kh in range(KS):
+    for kw in range(KS):
+        direct += np.einsum("chw,oc->ohw", X[:, kh:kh + OHW, kw:kw + OHW], W[:, :, kh, kw])
+got = ggml.get_data(conv)[0]                                # (OC, OH, OW)
+print(f"conv_2d result ne = {list(conv.shape)}; output channel 0:\n{got[0]}")
+print(f"equal to the direct NumPy convolution: {np.array_equal(got, direct)} "
+      f"(largest difference {np.abs(got - direct).max():g})")
+
+# %%
+s, p, d = 2, 1, 1        # change the stride, padding or dilation, predict, then run this cell again
+ex.im2col_ne(list(kern.shape), list(img.shape), s, p, d)
+
+# %% [markdown]
 # ### `ggml_mul_mat_id`: expert routing (mixture of experts)
 #
 # A mixture-of-experts FFN (Mixtral, Qwen-MoE, gpt-oss ...) has `n_expert` weight matrices per layer, stored as one 3-d
@@ -472,7 +537,7 @@ viz.Table([{"expert": e, "src1 rows routed (matrix_row_counts)": rows_ev["counts
                 f"grouped by expert; dst[:, slot, token] is written from each pair")
 
 # %% [markdown]
-# *Read the code:* ggviz.ggml.ops.permute, ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_2d, ggviz.ggml.ops.reshape_2d, ggviz.ggml.ops.cont, ggviz.ggml.ops.add_inplace, ggviz.ggml.ops.scale_inplace, ggviz.ggml.ops.cpy, ggviz.ggml.ops.mul_mat, ggviz.ggml.ops.out_prod, ggviz.ggml.ops.mul_mat_id, ggviz.ggml.ops.argsort_top_k, ggviz.ggml.cpu.ops.forward_argsort, ggviz.ggml.cpu.mul_mat.forward_mul_mat_id ↔ ggml.c ggml_permute, ggml_transpose, ggml_view_2d, ggml_reshape_2d, ggml_cont, ggml_add_inplace, ggml_scale_inplace, ggml_cpy, ggml_mul_mat, ggml_out_prod, ggml_mul_mat_id, ggml_argsort_top_k; ops.cpp ggml_compute_forward_argsort; ggml-cpu.c ggml_compute_forward_mul_mat_id; llama-graph.cpp llm_graph_context::build_moe_ffn
+# *Read the code:* ggviz.ggml.ops.permute, ggviz.ggml.ops.transpose, ggviz.ggml.ops.view_2d, ggviz.ggml.ops.reshape_2d, ggviz.ggml.ops.cont, ggviz.ggml.ops.add_inplace, ggviz.ggml.ops.scale_inplace, ggviz.ggml.ops.cpy, ggviz.ggml.ops.mul_mat, ggviz.ggml.ops.out_prod, ggviz.ggml.ops.im2col, ggviz.ggml.ops.conv_2d, ggviz.ggml.cpu.ops.forward_im2col, ggviz.ggml.ops.mul_mat_id, ggviz.ggml.ops.argsort_top_k, ggviz.ggml.cpu.ops.forward_argsort, ggviz.ggml.cpu.mul_mat.forward_mul_mat_id ↔ ggml.c ggml_permute, ggml_transpose, ggml_view_2d, ggml_reshape_2d, ggml_cont, ggml_add_inplace, ggml_scale_inplace, ggml_cpy, ggml_mul_mat, ggml_out_prod, ggml_im2col, ggml_conv_2d, ggml_mul_mat_id, ggml_argsort_top_k; ops.cpp ggml_compute_forward_im2col, ggml_compute_forward_argsort; ggml-cpu.c ggml_compute_forward_mul_mat_id; llama-graph.cpp llm_graph_context::build_moe_ffn
 
 # %% [markdown]
 # ## 5. A quantized block: `block_q4_0`

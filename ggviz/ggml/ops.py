@@ -388,6 +388,90 @@ def out_prod(ctx, a, b):
     return r
 
 
+# ---------------------------------------------------------------- convolution: im2col, then a matrix product
+
+def _conv_output_size(ins: int, ks: int, s: int, p: int, d: int) -> int:
+    """ggml_calc_conv_output_size: (ins + 2p - d(ks - 1) - 1)/s + 1, divided as C divides int64_t (toward zero, so
+    an input one tap short of the kernel still gives one output when s > 1)."""
+    num = ins + 2 * p - d * (ks - 1) - 1
+    q = abs(num) // abs(s)
+    return (q if (num >= 0) == (s > 0) else -q) + 1
+
+
+def _im2col_shape(a, b, s0, s1, p0, p1, d0, d1, is_2D):
+    """ggml_im2col's asserts and result shape; returns (op_params bytes, ne). Nothing is created here."""
+    s0, s1, p0, p1, d0, d1 = (_index(v, "im2col", n) for v, n in
+                              zip((s0, s1, p0, p1, d0, d1), ("s0", "s1", "p0", "p1", "d0", "d1")))
+    if is_2D:
+        _require(a.ne[2] == b.ne[2], "im2col", "a and b must have the same channels: a.ne[2] == b.ne[2]", a, b)
+    else:
+        _require(b.ne[1] == a.ne[1], "im2col", "a and b must have the same channels: b.ne[1] == a.ne[1]", a, b)
+        _require(b.ne[3] == 1, "im2col", "a 1-D b must be 3d (b.ne[3] == 1)", b)
+    # ggviz: a zero stride divides by zero in C (SIGFPE); ggviz names it
+    _require(s0 != 0 and (s1 != 0 or not is_2D), "im2col", f"the strides must not be 0 (s0={s0}, s1={s1})")
+    params = _pack("im2col", "<7i", s0, s1, p0, p1, d0, d1, 1 if is_2D else 0)
+    OH = _conv_output_size(int(b.ne[1]), int(a.ne[1]), s1, p1, d1) if is_2D else 0
+    OW = _conv_output_size(int(b.ne[0]), int(a.ne[0]), s0, p0, d0)
+    _require(not is_2D or OH > 0, "im2col", f"b too small compared to a (OH = {OH})", a, b)
+    _require(OW > 0, "im2col", f"b too small compared to a (OW = {OW})", a, b)
+    if is_2D:
+        return params, [int(a.ne[2] * a.ne[1] * a.ne[0]), OW, OH, int(b.ne[3])]
+    return params, [int(a.ne[1] * a.ne[0]), OW, int(b.ne[2]), 1]
+
+
+def im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, is_2D, dst_type):
+    """ggml_im2col: unroll the patches of image ``b`` [IW, IH, IC, N] that kernel ``a`` [KW, KH, IC, OC] visits into
+    rows: the result [IC*KH*KW, OW, OH, N] holds in row (ow, oh, n) the IC*KH*KW input values under the kernel placed
+    at output pixel (ow, oh), zero where the kernel hangs over the padding. Only ``a``'s shape is read. 1-D
+    (``is_2D`` false): ``a`` [K, IC, OC], ``b`` [IL, IC, N], result [IC*K, OL, N]. ``dst_type`` is F16 or F32
+    (the CPU kernel takes no other). op_params: s0, s1, p0, p1, d0, d1, is_2D as int32."""
+    params, ne = _im2col_shape(a, b, s0, s1, p0, p1, d0, d1, is_2D)
+    r = new_tensor(ctx, dst_type, 4, ne)
+    set_op_params(r, params)
+    r.op = C.GGML_OP_IM2COL
+    r.src[0], r.src[1] = a, b
+    return r
+
+
+def _conv_via_im2col(ctx, fn, a, b, conv_params, is_2D, build):
+    """ggml_conv_1d / ggml_conv_2d: im2col into F16 (F32 for a BF16 kernel), then ``build(col)`` the MUL_MAT and
+    the reshapes. ggviz: every check comes first, and the tensors are made all or none (a mark covering the bytes
+    they can write; ``ctx._rollback`` if the arena runs out midway), so a failed call changes nothing."""
+    _require(is_contiguous(a), fn, "the kernel a must be contiguous (it is reshaped)", a)
+    _, ne = _im2col_shape(a, b, *conv_params, is_2D)
+    dst_type = C.GGML_TYPE_F32 if a.type == C.GGML_TYPE_BF16 else C.GGML_TYPE_F16
+    n_rows, n_oc = ne[1] * ne[2] * ne[3], int(a.ne[3] if is_2D else a.ne[2])
+    nbytes = type_size(dst_type) * ne[0] * n_rows + 2 * 4 * n_rows * n_oc     # im2col, MUL_MAT and cont (F32)
+    mark = ctx._mark(nbytes + 8 * (C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE + 2 * C.GGML_MEM_ALIGN))
+    try:
+        return build(im2col(ctx, a, b, *conv_params, is_2D, dst_type))
+    except BaseException:
+        ctx._rollback(mark)
+        raise
+
+
+def conv_1d(ctx, a, b, s0, p0, d0):
+    """ggml_conv_1d: kernel ``a`` [K, IC, OC], signal ``b`` [IL, IC, N] -> [OL, OC, N]: im2col [IC*K, OL, N], then
+    MUL_MAT of its rows by the kernel as OC rows of IC*K values, reshaped."""
+    def build(col):                                                                         # [N, OL, IC*K]
+        r = mul_mat(ctx, reshape_2d(ctx, col, int(col.ne[0]), int(col.ne[2] * col.ne[1])),
+                    reshape_2d(ctx, a, int(a.ne[0] * a.ne[1]), int(a.ne[2])))               # [OC, N*OL]
+        return reshape_3d(ctx, r, int(col.ne[1]), int(a.ne[2]), int(col.ne[2]))              # [N, OC, OL]
+    return _conv_via_im2col(ctx, "conv_1d", a, b, (s0, 0, p0, 0, d0, 0), False, build)
+
+
+def conv_2d(ctx, a, b, s0, s1, p0, p1, d0, d1):
+    """ggml_conv_2d: kernel ``a`` [KW, KH, IC, OC], image ``b`` [IW, IH, IC, N] -> [OW, OH, OC, N]. ggml builds it
+    from other ops: im2col [IC*KH*KW, OW, OH, N]; MUL_MAT of those rows by the kernel as OC rows of IC*KH*KW
+    values, [N*OH*OW, OC]; reshaped to [OW, OH, N, OC], and OC moved before N by a permute and a cont."""
+    def build(col):                                                                         # [N, OH, OW, IC*KH*KW]
+        r = mul_mat(ctx, reshape_2d(ctx, col, int(col.ne[0]), int(col.ne[3] * col.ne[2] * col.ne[1])),
+                    reshape_2d(ctx, a, int(a.ne[0] * a.ne[1] * a.ne[2]), int(a.ne[3])))      # [OC, N*OH*OW]
+        r = reshape_4d(ctx, r, int(col.ne[1]), int(col.ne[2]), int(col.ne[3]), int(a.ne[3]))  # [OC, N, OH, OW]
+        return cont(ctx, permute(ctx, r, 0, 1, 3, 2))                                       # [N, OC, OH, OW]
+    return _conv_via_im2col(ctx, "conv_2d", a, b, (s0, s1, p0, p1, d0, d1), True, build)
+
+
 # ---------------------------------------------------------------- scale
 
 def _scale(ctx, a, s, b, inplace):

@@ -5,6 +5,7 @@
   + i3*nb3`` (for block-quantized types, of the block holding element ``i0``: ``(i0/blck)*nb0``). This is the
   address arithmetic of ggml's kernels (``(char *) t->data + i1*nb1 + ...``).
 - ``q4_0_block_figure(raw)``: the 18 bytes of a ``block_q4_0`` (ggml-common.h) and the 32 values they encode.
+- ``im2col_figure(col)``: a computed ``ggml_im2col`` of one image beside its input: which pixel went to which column.
 """
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ from matplotlib.patches import Rectangle
 
 from ..ggml import consts as C
 from ..ggml import quants
-from ..ggml.tensor import Tensor, blck_size, is_contiguous, is_permuted, is_transposed, type_name, type_size
+from ..ggml.tensor import (
+    Tensor,
+    blck_size,
+    get_data_f32,
+    get_op_params_i32,
+    is_contiguous,
+    is_permuted,
+    is_transposed,
+    type_name,
+    type_size,
+)
 from .table import Table
 
 
@@ -114,3 +125,70 @@ def q4_0_block_figure(raw_block, x=None, fig=None):
     ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)   # off the bars
     fig.tight_layout()
     return fig
+
+
+def im2col_figure(col: Tensor, oh: int = 0, ow: int = 0, fig=None):
+    """A computed 2-D ``ggml_im2col`` (F32 or F16) of one image (N = 1) whose pixels hold small integer labels: left,
+    the image's channels with the kernel's window at output pixel (``oh``, ``ow``); right, the result, one row per
+    output pixel (oh, ow) and one column per (channel, kh, kw), each cell the value copied there ("·" on white: the
+    padding, where the kernel writes 0). Everything drawn is read from ``col`` (its values, op_params and sources)."""
+    img_t, ker = col.src[1], col.src[0]
+    s0, s1, p0, p1, d0, d1 = (get_op_params_i32(col, i) for i in range(6))
+    KW, KH, IC = int(ker.ne[0]), int(ker.ne[1]), int(ker.ne[2])
+    IW, IH = int(img_t.ne[0]), int(img_t.ne[1])
+    OW, OH = int(col.ne[1]), int(col.ne[2])
+    img = _values(img_t).reshape(-1, IC, IH, IW)[0]
+    m = _values(col).reshape(-1, OH * OW, IC * KH * KW)[0]
+    tint = ["#bbdefb", "#ffe0b2", "#c8e6c9", "#f8bbd0"]
+    fig = fig or plt.figure(figsize=(12.5, 0.32 * OH * OW + 1.6))
+    gs = fig.add_gridspec(1, 2, width_ratios=[1.05 * IC * IW / IH, IC * KH * KW / 4.5])
+    ax0, ax1 = fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
+    for c in range(IC):                               # the channels side by side, a gap of one pixel between
+        x0 = c * (IW + 1)
+        for h in range(IH):
+            for w in range(IW):
+                ax0.add_patch(Rectangle((x0 + w, h), 1, 1, facecolor=tint[c % 4], edgecolor="white"))
+                ax0.text(x0 + w + 0.5, h + 0.5, f"{img[c, h, w]:g}", ha="center", va="center", fontsize=8)
+        for kh in range(KH):                          # the window of output pixel (oh, ow)
+            for kw in range(KW):
+                ih, iw = oh * s1 + kh * d1 - p1, ow * s0 + kw * d0 - p0
+                ax0.add_patch(Rectangle((x0 + iw, ih), 1, 1, fill=False, edgecolor="#c62828", linewidth=2,
+                                        clip_on=False))
+        ax0.text(x0 + IW / 2, -0.4 - max(p1, 0), f"channel {c}", ha="center", va="bottom", fontsize=9)
+    ax0.set_xlim(-0.5 - p0, IC * (IW + 1) - 0.5 + p0)
+    ax0.set_ylim(IH + 0.5 + p1, -1.4 - p1)
+    ax0.set_aspect("equal")
+    ax0.axis("off")
+    ax0.set_title(f"input b: ne = {list(img_t.shape)}; red: the kernel's window for output ({oh}, {ow})",
+                  fontsize=9)
+    for r in range(OH * OW):
+        for j in range(IC * KH * KW):
+            c, kh, kw = j // (KH * KW), (j % (KH * KW)) // KW, j % KW
+            ih, iw = (r // OW) * s1 + kh * d1 - p1, (r % OW) * s0 + kw * d0 - p0
+            inside = 0 <= ih < IH and 0 <= iw < IW          # outside: the padding, a 0 the kernel writes
+            sel = r == oh * OW + ow
+            ax1.add_patch(Rectangle((j, r), 1, 1, facecolor=tint[c % 4] if inside else "white",
+                                    edgecolor="#c62828" if sel else "white", linewidth=1.5 if sel else 0.5))
+            ax1.text(j + 0.5, r + 0.5, f"{m[r, j]:g}" if inside else "·", ha="center", va="center", fontsize=8)
+    ax1.set_xlim(0, IC * KH * KW)
+    ax1.set_ylim(OH * OW, 0)
+    ax1.set_yticks(np.arange(OH * OW) + 0.5)
+    ax1.set_yticklabels([f"({r // OW}, {r % OW})" for r in range(OH * OW)], fontsize=8)
+    ax1.set_xticks(np.arange(IC * KH * KW) + 0.5)
+    ax1.set_xticklabels([f"{(j % (KH * KW)) // KW},{j % KW}" for j in range(IC * KH * KW)], fontsize=8)
+    ax1.tick_params(length=0)
+    for sp in ax1.spines.values():
+        sp.set_visible(False)
+    ax1.set_ylabel("row = output pixel (oh, ow)", fontsize=9)
+    ax1.set_xlabel("column = (kh, kw) within channel " + ", then ".join(str(c) for c in range(IC)), fontsize=9)
+    def pair(x, y):
+        return f"{x}" if x == y else f"({x}, {y})"
+    ax1.set_title(f"ggml_im2col(a, b, s={pair(s0, s1)}, p={pair(p0, p1)}, d={pair(d0, d1)}): ne = {list(col.shape)} "
+                  f"({type_name(col.type)}), {OH * OW} rows × {IC * KH * KW} columns", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _values(t: Tensor) -> np.ndarray:
+    """A contiguous F32 or F16 tensor's values as float32, in memory order."""
+    return np.asarray(get_data_f32(t), dtype=np.float32).reshape(-1)

@@ -10,7 +10,7 @@ Mirrors (ggml/src/ggml-cpu/):
   ``rms_norm`` and ``rms_norm_mul_fused``, ``out_prod`` (f32, f16, q), ``scale``, ``get_rows`` (f32/i32, f16, bf16,
   q), ``set_rows``, ``soft_max`` (mask, ALiBi, sinks), ``rope`` (``ggml_rope_cache_init``, ``ggml_mrope_cache_init``,
   ``rope_yarn``, ``rotate_pairs``), the GLU family (``reglu``, ``geglu``, ``swiglu``, ``swiglu_oai``,
-  ``geglu_erf``, ``geglu_quick``);
+  ``geglu_erf``, ``geglu_quick``), ``im2col`` (f32, f16: the unrolling under ``ggml_conv_1d`` / ``ggml_conv_2d``);
 * ggml.c: ``ggml_rope_yarn_corr_dims``.
 
 Beside it: binary-ops.cpp is ``binary_ops.py``, unary-ops.cpp ``unary_ops.py``, vec.h / vec.cpp ``vec.py``, the
@@ -51,6 +51,7 @@ from ..tensor import (
     is_contiguous,
     is_empty,
     is_quantized,
+    nbytes,
     nelements,
     nrows,
     row_size,
@@ -1337,6 +1338,69 @@ def forward_rope_back(params: ComputeParams, dst: Tensor):
 
 
 # =====================================================================================================================
+# IM2COL
+# =====================================================================================================================
+
+
+@kernel
+def forward_im2col(params: ComputeParams, dst: Tensor):
+    """ggml_compute_forward_im2col (its _f32 and _f16 kernels): for every output pixel (n, oh, ow), the row of
+    dst at (n*OH*OW + oh*OW + ow) * IC*KH*KW gets, channel by channel, the KH x KW input values under the kernel:
+    input (ih, iw) = (oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0), 0 outside the image. Threads split the input
+    channels: thread ith fills the channels ith, ith + nth, ... of every row. F32 -> F32 and F16 -> F16 are copies;
+    F32 -> F16 rounds as GGML_CPU_FP32_TO_FP16 (F16C)."""
+    src0, src1 = dst.src[0], dst.src[1]
+    if dst.type == C.GGML_TYPE_F16:
+        GGML_ASSERT(src1.type in (C.GGML_TYPE_F16, C.GGML_TYPE_F32),
+                    f"GGML_ASSERT(src1->type == GGML_TYPE_F16 || src1->type == GGML_TYPE_F32) failed "
+                    f"(src1 is {type_name(src1.type)})")
+    elif dst.type == C.GGML_TYPE_F32:
+        GGML_ASSERT(src1.type == C.GGML_TYPE_F32,
+                    f"GGML_ASSERT(src1->type == GGML_TYPE_F32) failed (src1 is {type_name(src1.type)})")
+    else:
+        GGML_ASSERT(False, f"ggml_compute_forward_im2col: fatal error: no kernel for a {type_name(dst.type)} "
+                    "result (F16 or F32)")
+    s0, s1, p0, p1, d0, d1, is_2d = (get_op_params_i32(dst, i) for i in range(7))
+    is_2d = is_2d == 1
+    ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
+    ne10, ne11, ne12, ne13 = (int(x) for x in src1.ne)
+    nb10, nb11, nb12, nb13 = (int(x) for x in src1.nb)
+    N, IC = (ne13, ne12) if is_2d else (ne12, ne11)
+    IH, IW = (ne11 if is_2d else 1), ne10
+    KH, KW = (ne01 if is_2d else 1), ne00
+    OH, OW = (int(dst.ne[2]) if is_2d else 1), int(dst.ne[1])
+    ofs0, ofs1 = (nb13, nb12) if is_2d else (nb12, nb11)
+    es = type_size(src1.type)
+    GGML_ASSERT(nb10 == es, f"GGML_ASSERT(nb10 == {es}) failed")
+    iic = np.arange(params.ith, IC, params.nth)
+    if iic.size == 0 or N == 0:
+        return
+    # C reads the channel's pixel (ih, iw) at element ih*IW + iw from the channel's start, whatever nb11 says;
+    # ggviz: that reach must stay inside src1's bytes (C would read past them)
+    reach = (N - 1) * ofs0 + (IC - 1) * ofs1 + IH * IW * es
+    GGML_ASSERT(reach <= nbytes(src1), f"ggviz: im2col would read {reach} bytes of src1, which has {nbytes(src1)} "
+                "(rows are read IW elements apart: nb11 must be ne10*nb10)")
+    ih = np.arange(OH)[:, None] * s1 + np.arange(KH)[None, :] * d1 - p1          # (OH, KH)
+    iw = np.arange(OW)[:, None] * s0 + np.arange(KW)[None, :] * d0 - p0          # (OW, KW)
+    inside = ((ih >= 0) & (ih < IH))[:, None, :, None] & ((iw >= 0) & (iw < IW))[None, :, None, :]
+    bits = np.uint32 if es == 4 else np.uint16
+    out_bits = np.uint32 if dst.type == C.GGML_TYPE_F32 else np.uint16
+    if IH * IW > 0:
+        arr, off = tensor_bytes(src1)
+        img = np.ndarray((N, IC, IH * IW), dtype=bits, buffer=arr, offset=off, strides=(ofs0, ofs1, es))
+        at = (np.clip(ih, 0, IH - 1) * IW)[:, None, :, None] + np.clip(iw, 0, IW - 1)[None, :, None, :]
+        v = img[:, iic][:, :, at]                                                  # (N, nic, OH, OW, KH, KW)
+        if bits is not out_bits:                                                   # F32 -> F16
+            v = f32_to_f16(v.view(F32)).view(np.uint16)
+        v = np.where(inside, v, out_bits(0))
+    else:
+        v = np.zeros((N, iic.size, OH, OW, KH, KW), out_bits)
+    darr, doff = tensor_bytes(dst)
+    out = np.ndarray((N, OH, OW, IC, KH * KW), dtype=out_bits, buffer=darr, offset=doff)
+    out[:, :, :, iic, :] = np.moveaxis(v, 1, 3).reshape(N, OH, OW, iic.size, KH * KW)
+
+
+# =====================================================================================================================
 # GET_ROWS SET_ROWS
 # =====================================================================================================================
 
@@ -1499,6 +1563,7 @@ FORWARD = {
     C.GGML_OP_FLASH_ATTN_EXT: forward_flash_attn_ext,
     C.GGML_OP_ROPE: forward_rope,
     C.GGML_OP_ROPE_BACK: forward_rope_back,
+    C.GGML_OP_IM2COL: forward_im2col,
     C.GGML_OP_UNARY: forward_unary,
     C.GGML_OP_GLU: forward_glu,
     C.GGML_OP_GET_ROWS: forward_get_rows,

@@ -252,3 +252,21 @@ def n_tasks(node, n_threads: int) -> Exercise:
                     explain="Views and reshapes compute nothing: 1. MUL_MAT, element-wise ops and norms: every "
                             "thread. SOFT_MAX: at most one thread per row (min(n_threads, rows)). The planner's n_tasks is what ggml_graph_plan counts; threads beyond it return "
                             "at once.")
+
+
+def im2col_ne(kernel_ne, image_ne, s: int, p: int, d: int) -> Exercise:
+    """ne of ``ggml_im2col`` (2-D, the same stride ``s``, padding ``p`` and dilation ``d`` on both axes) for a kernel
+    and an image of these shapes (made in a scratch context)."""
+    scratch = ggml.init(1 << 16, no_alloc=True)
+    k = ggml.new_tensor(scratch, ggml.GGML_TYPE_F16, 4, [int(x) for x in kernel_ne])
+    x = ggml.new_tensor(scratch, ggml.GGML_TYPE_F32, 4, [int(x) for x in image_ne])
+    col = ggml.im2col(scratch, k, x, s, s, p, p, d, d, True, ggml.GGML_TYPE_F16)
+    KW, KH, IC, _ = (int(v) for v in kernel_ne)
+    IW, IH = int(image_ne[0]), int(image_ne[1])
+    return Exercise(f"An image with ne = {list(image_ne)}, a kernel with ne = {list(kernel_ne)}, stride {s}, padding "
+                    f"{p}, dilation {d} on both axes. What is the ne of ggml_im2col's result (4 numbers)?",
+                    tuple(int(v) for v in col.ne), kind="rerun",
+                    explain=f"ne[0] = IC·KH·KW = {IC}·{KH}·{KW}: a row holds every input value one output pixel "
+                            f"reads. ne[1] = OW = (IW + 2p − d·(KW − 1) − 1)/s + 1 = ({IW} + {2 * p} − {d * (KW - 1)}"
+                            f" − 1)/{s} + 1 (C's integer division), ne[2] = OH the same with IH = {IH}, KH; "
+                            "ne[3] = N, the images.")
