@@ -68,9 +68,11 @@ def notebook_runner():
 # Parallel runs: `./dev test` runs pytest-xdist's `-n 2 --dist loadscope`, with the scheduler below. Each module's
 # tests stay on one worker, so a module's fixtures (a loaded model, a Chromium) are built once, as in a serial run;
 # the modules that ask for `notebook_runner` share a worker, so that every notebook is executed once per run, not once
-# per worker. (Not xdist_group marks with --dist loadgroup: pytest-xdist 3.8 tags the marked tests by rewriting
-# `item._nodeid`, which pytest 9 no longer reads, so the marks group nothing.)
-SHARED_WORKER = {"test_notebooks.py": "notebooks", "test_browser.py": "notebooks"}
+# per worker (every module that asks for it must be in SHARED_WORKER, checked at collection: test_concepts.py, left
+# out, executed 9 of the 10 notebooks a second time on the other worker). (Not xdist_group marks with --dist
+# loadgroup: pytest-xdist 3.8 tags the marked tests by rewriting `item._nodeid`, which pytest 9 no longer reads, so
+# the marks group nothing.)
+SHARED_WORKER = {"test_notebooks.py": "notebooks", "test_browser.py": "notebooks", "test_concepts.py": "notebooks"}
 # The longest groups start first, longest first (the book alone executes every notebook: ~250 s of the ~1450 s;
 # then the modules whose tests decode on the faithful kernels or drive a browser, by their CI durations), the short
 # modules after them in collection order: the worker that finishes its long group picks up short modules, so that
@@ -103,6 +105,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
+    strays = sorted({_module(item.nodeid) for item in items if "notebook_runner" in getattr(item, "fixturenames", ())}
+                    - SHARED_WORKER.keys())
+    if strays:            # on another worker they would execute the notebooks a second time (~100-200 s)
+        raise pytest.UsageError(f"tests/conftest.py: add {', '.join(strays)} to SHARED_WORKER: its tests use "
+                                "notebook_runner, whose runs are shared only on one worker")
     if hasattr(config, "workerinput"):          # an xdist worker: every worker sorts its identical collection alike
         rank = {name: i for i, name in enumerate(FIRST)}
         # stable: FIRST in its order, then the other modules in collection order

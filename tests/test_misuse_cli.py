@@ -5,14 +5,15 @@ unless --debug (or GGVIZ_DEBUG=1) asks for it.
 The cases that load the model, need a process (Ctrl-C, a closed pipe, --debug's traceback) or check an entry point
 run the real command, ``python -m ggviz ...`` in the checkout, as a subprocess; those that load the model run under
 an RLIMIT_AS (a regression that allocates without bound fails instead of swapping the machine) and a
-timeout (a guard against a hang, not a benchmark). The bad arguments (exit 2, refused before any work) call
-``cli.main`` in this process, what ``python -m ggviz`` calls (``sys.exit(main())``), with stdout and stderr captured:
+timeout (a guard against a hang, not a benchmark). The bad arguments (exit 2, refused before any work), a file
+that is no GGUF and the --debug spellings but one call ``cli.main`` in this process, what ``python -m ggviz`` calls (``sys.exit(main())``), with stdout and stderr captured:
 the same exit code and lines, without a ~2 s interpreter start and import each (~25 of them).
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import pathlib
 import re
@@ -152,12 +153,13 @@ def test_module_entry_points_share_the_errors():
 def test_not_a_gguf_and_a_truncated_one(tmp_path, model_path):
     text = tmp_path / "passwd.gguf"
     text.write_text("root:x:0:0:root:/root:/bin/bash\n")
-    lines = assert_user_error(ggviz("run", "-m", text, "-n", "1"), 1,
+    # refused while reading the file's first bytes: in this process (the subprocess cases below load a real model)
+    lines = assert_user_error(ggviz_here("run", "-m", text, "-n", "1"), 1,
                               "invalid GGUF at offset 0", "magic: expected b'GGUF', found b'root'")
     assert lines[1] == "ggviz run: -m/--model needs a GGUF model file (leave it out for the default model)"
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(model_path.read_bytes()[:4096])
-    assert_user_error(ggviz("report", "-m", cut, "-o", tmp_path / "r.html"), 1, "ggviz report: error:", "cut.gguf")
+    assert_user_error(ggviz_here("report", "-m", cut, "-o", tmp_path / "r.html"), 1, "ggviz report: error:", "cut.gguf")
     assert not (tmp_path / "r.html").exists()
 
 
@@ -176,14 +178,9 @@ def test_prompt_longer_than_the_context(model_path):
                       "ggviz run: error: prompt (", "n_predict (300) exceed n_ctx (256)")
 
 
-def test_context_too_big_is_a_short_error(model_path):
-    """-c 100000000 asks for terabytes of KV cache: a short error, not a traceback (under RLIMIT_AS)."""
-    r = ggviz("run", "-m", model_path, "-c", "100000000", "-n", "1", limit=True)
-    assert_user_error(r, 1, "ggviz run: error:")
-
-
 def test_context_too_big_names_what_fits(model_path):
-    """Refused before allocating (llama.init_from_model's up-front check), naming the n_ctx that would fit."""
+    """-c 100000000 asks for terabytes of KV cache: a short error, not a traceback (under RLIMIT_AS), refused before
+    allocating (llama.init_from_model's up-front check), naming the n_ctx that would fit."""
     t0 = time.perf_counter()
     r = ggviz("run", "-m", model_path, "-c", "100000000", "-n", "1", limit=True)
     assert_user_error(r, 1, "ggviz run: error:")
@@ -201,15 +198,28 @@ def test_fetch_into_an_unwritable_folder():
 
 # --------------------------------------------------------------------------------- --debug and GGVIZ_DEBUG=1
 
-def test_debug_shows_the_traceback(tmp_path):
+def test_debug_shows_the_traceback(tmp_path, monkeypatch):
+    """One process shows the traceback end to end; the other spellings of --debug are checked in this process:
+    ``cli.main`` re-raises the error (what the interpreter then prints as that traceback) instead of reporting it."""
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 60)
-    assert_user_error(ggviz("run", "-m", bad), 1, "invalid GGUF")
-    for r in (ggviz("--debug", "run", "-m", bad), ggviz("run", "-m", bad, "--debug"),
-              ggviz("run", "-m", bad, env=_env(GGVIZ_DEBUG="1"))):
-        assert r.returncode == 1
-        assert "Traceback (most recent call last)" in r.stderr and "ggviz.ggml.gguf.GGUFError" in r.stderr
-    assert_user_error(ggviz("run", "-m", bad, env=_env(GGVIZ_DEBUG="0")), 1, "invalid GGUF")
+    assert_user_error(ggviz_here("run", "-m", bad), 1, "invalid GGUF")
+    r = ggviz("--debug", "run", "-m", bad)
+    assert r.returncode == 1
+    assert "Traceback (most recent call last)" in r.stderr and "ggviz.ggml.gguf.GGUFError" in r.stderr
+    log = logging.getLogger("ggviz")            # --debug sends the engine's warnings to stderr: restored after
+    monkeypatch.setattr(log, "handlers", list(log.handlers))
+    monkeypatch.setattr(log, "level", log.level)
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    with pytest.raises(GGUFError):
+        cli.main(["run", "-m", str(bad), "--debug"])
+    monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    with pytest.raises(GGUFError):
+        cli.main(["run", "-m", str(bad)])
+    monkeypatch.setenv(cli.DEBUG_ENV, "0")
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert cli.main(["run", "-m", str(bad)]) == 1
+    assert "invalid GGUF" in err.getvalue() and "Traceback" not in err.getvalue()
 
 
 # ----------------------------------------------------------------------------------- Ctrl-C and a closed pipe

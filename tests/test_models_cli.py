@@ -206,6 +206,7 @@ def test_demo_command(model_name, model, tmp_path, capsys):
     out = tmp_path / "demo"
     assert cli.main(["demo", "--model", model_name, "--out", str(out), "-n", "0", "--no-report", "--quiet"]) == 0
     assert (out / "arena.txt").exists() and (out / "layer0.dot").exists()
+    assert not (out / "report.html").exists()          # --no-report (test_report: the report is written last)
     arena = (out / "arena.txt").read_text()
     expect = _llamacpp_kv(_path(model_name), 256)
     if model_name == "gemma3-270m":
