@@ -9,7 +9,9 @@
   through llama-cpp-python (the texts are compared), and both runs by phase: interpreter start-up, imports, model
   load, context creation, the prompt, the first step, the other steps;
 * the first context of a loaded model: context (n_ctx 512) + the 4-token prompt + the first sample;
-* the first decode step after a 128-token prompt (a new batch shape) beside a steady step;
+* the first decode step after a 128-token prompt (a new batch shape) beside a steady step, twice: in a fresh
+  process (load, context, the prompt, the step: the user's case, no 1-token graph built before) and in the
+  process that has just run the first context (a 4-token prompt's graphs exist);
 * ggviz's Numba first use by phase: ms in Numba's compiler lock, dispatchers loaded from its cache / compiled.
 
 It prints; it does not assert. The code is ``ggviz.tools.bench.oneshot_bench`` (``ggviz bench`` runs it after its

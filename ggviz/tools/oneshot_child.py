@@ -11,7 +11,8 @@ the parent measures around it), and the generated text. Three parts, each on a m
 * ``first_ctx``: the model's next context, n_ctx 512: context + the 4-token prompt + the first sample (the first
   context of a fresh process when ``--first-ctx-only``);
 * ``shape``: a 128-token prompt in a new context, then the first decode step after it (a new batch shape) and the
-  median of the 8 steady steps after that one.
+  median of the 8 steady steps after that one (alone in a process: the user's case; after ``first_ctx``: a
+  process that has built other graphs).
 
 Both libraries run the same llama.h calls in the same order, with their own default context parameters
 (llama.cpp's default flash attention: auto, on for the CPU).
