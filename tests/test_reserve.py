@@ -138,3 +138,43 @@ def test_third_reserve_puts_back_the_same_plan(model):
     assert st["last_alloc"]["reallocated"] == [] and st["n"][0] == st["nodes"].__len__() > 0
     llama.free(real)
     context_pool_clear(model)
+
+
+def test_token_generation_reserve_splits_what_the_probe_split(model, monkeypatch):
+    """With flash attention AUTO the tg reserve reserves the probe's graph again (not rebuilt, one backend): the
+    build's scheduler pins (graph_get_cb's norms, cause "usr") are made again, as llama.cpp's rebuild makes them, so
+    its split -- every tensor's backend and cause, the split graph's backend ids -- is the probe's. It takes passes
+    1-4 from the probe's split memo (and the third reserve from the first's): the same result as the passes run
+    with the memo off."""
+    from ggviz.ggml import sched as gs
+    from ggviz.llama.context_pool import context_pool_clear
+
+    def create():
+        seen = []
+        real = gs.backend_sched_split_graph
+
+        def split(sched, graph):
+            real(sched, graph)
+            seen.append(([(t.name, sched.hv_tensor_backend_ids[sched._slot[t.addr]],
+                           sched.causes.get(sched._slot[t.addr], "")) for t in list(graph.leafs) + list(graph.nodes)],
+                         sched.node_backend_ids[:sched.graph.n_nodes], sched.n_splits))
+        monkeypatch.setattr(gs, "backend_sched_split_graph", split)
+        context_pool_clear(model)
+        cp = llama.context_default_params()
+        cp.n_ctx, cp.n_threads, cp.n_threads_batch = 512, 1, 1
+        ctx = llama.init_from_model(model, cp)
+        out = (seen, ctx.sched.n_split_memo, ctx.reserve_log, ctx.compute_buffer_sizes(), ctx.flash_attn)
+        llama.free(ctx)
+        context_pool_clear(model)
+        monkeypatch.undo()
+        return out
+
+    memo = create()
+    monkeypatch.setattr(gs, "_split_memo_match", lambda sched, graph: None)
+    passes = create()
+    assert [e["split_only"] for e in memo[2]] == [True, False, False, False] and memo[4] is True
+    probe, pp, tg, pp2 = memo[0]
+    assert sum(c == "usr" for _, _, c in probe[0]) > 0       # the 1-token graph pins its norms (n_tokens < 32)
+    assert tg == probe and pp2 == pp and not any(c == "usr" for _, _, c in pp[0])
+    assert memo[1] == 2 and passes[1] == 0
+    assert memo[0] == passes[0] and memo[2:] == passes[2:]

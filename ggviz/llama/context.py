@@ -535,6 +535,12 @@ class LlamaContext(context_pool.GraphCache):
         self._prev_key = None
         # memory->init_full(): the graph attends the whole cache
         res = reuse if reuse is not None else self.build_graph(n_tokens, n_outputs, self.kv.size)
+        if reuse is not None:
+            # the build's scheduler pins (graph_get_cb's norms, cause "usr"), made again as llama.cpp's rebuild makes
+            # them: the reset above dropped them. So the split sees what the probe's split saw (and takes passes 1-4
+            # from the probe's split memo: the same graph, the same tables)
+            for t, backend in res.sched_pins:
+                gs.backend_sched_set_tensor_backend(self.sched, t, backend)
         if split_only:
             gs.backend_sched_split_graph(self.sched, res.gf)
         elif not (gs.backend_sched_reserve(self.sched, res.gf) if plan is None
