@@ -411,8 +411,10 @@ def plan_graph(cgraph, n_threads: int):
     fg = None
     topo = False                                        # (not worked out: no derivation)
     parent = getattr(cgraph, "view_parent", None)
-    if DERIVE and (parent is None or getattr(parent, "view_of", None) is None):
-        # (a whole graph or a scheduler's split: not the eval callback's segments, one-off views of a split)
+    if DERIVE and (parent is None or getattr(parent, "view_of", None) is None) and not _powerinfer_graph(cgraph):
+        # (a whole graph or a scheduler's split: not the eval callback's segments, one-off views of a split; not a
+        # PowerInfer graph, whose sparse rows read settings outside the tensors' structs -- the context's hybrid
+        # flag, the device's row split -- that the topology key does not hold)
         topo = _topo_of(cgraph)
         if topo is not None and not trace.active:
             fg = _derive(cgraph, topo)
@@ -432,6 +434,12 @@ def compile_graph(cgraph, require_repack: bool = False):
     """The FastGraph of ``cgraph`` (None if some node has no compiled kernel). Unlike ``plan_graph`` this does not
     need a CPU_REPACK weight in the graph and does not cache: for tests and the views."""
     return _build(cgraph, require_repack)
+
+
+def _powerinfer_graph(cgraph) -> bool:
+    """Does the graph (or the graph it was cut from) hold PowerInfer's sparse ops?"""
+    root = getattr(cgraph, "view_of", None)
+    return any(x.op in _POWERINFER_OPS for x in (cgraph.nodes if root is None else root.nodes))
 
 
 def _has_repacked_mul_mat(cgraph) -> bool:
