@@ -182,6 +182,20 @@ def cxx_sort(x: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.int64)
 
 
+def _heap_candidates(x: np.ndarray, middle: int) -> list:
+    """The positions after ``middle`` that __heap_select may let into its heap (x without NaN, middle < n): only an
+    element above the heap's top can enter, and the top never falls below the middle-th largest value seen so far,
+    so elements not above that bound (taken at doubling block starts) are skipped."""
+    n = x.size
+    blocks, b = [], middle
+    while b < n:
+        e = min(n, 2 * b)
+        bound = np.partition(x[:b], b - middle)[b - middle]
+        blocks.append(np.nonzero(x[b:e] > bound)[0] + b)
+        b = e
+    return np.concatenate(blocks).tolist() if blocks else []
+
+
 def cxx_partial_sort(x: np.ndarray, middle: int) -> np.ndarray:
     """``std::partial_sort(first, first + middle, last, comp)`` with comp = greater logit: the positions of the first
     ``middle`` elements it leaves, in order (the rest of the range is left in an unspecified order nobody reads)."""
@@ -205,13 +219,7 @@ def cxx_partial_sort(x: np.ndarray, middle: int) -> np.ndarray:
         cand = list(range(middle, n))
         xs = x.tolist()
     else:
-        blocks, b = [], middle
-        while b < n:
-            e = min(n, 2 * b)
-            bound = np.partition(x[:b], b - middle)[b - middle]
-            blocks.append(np.nonzero(x[b:e] > bound)[0] + b)
-            b = e
-        cand = np.concatenate(blocks).tolist() if blocks else []
+        cand = _heap_candidates(x, middle)
         pos = list(range(middle)) + cand
         xs = dict(zip(pos, x[pos].tolist()))
     a = list(range(middle))
@@ -244,15 +252,7 @@ def partial_sort_positions(x: np.ndarray, middle: int) -> np.ndarray:
     if np.isnan(x).any() or middle == n:
         cand = range(middle, n)
     else:
-        # only an element above the heap's top can enter, and the top never falls below the middle-th largest
-        # value seen so far: elements not above that bound (taken at doubling block starts) are skipped
-        blocks, b = [], middle
-        while b < n:
-            e = min(n, 2 * b)
-            bound = np.partition(x[:b], b - middle)[b - middle]
-            blocks.append(np.nonzero(x[b:e] > bound)[0] + b)
-            b = e
-        cand = np.concatenate(blocks).tolist()
+        cand = _heap_candidates(x, middle)
     _make_heap(a, xs, 0, middle)
     for i in cand:
         if xs[i] > xs[a[0]]:                   # __heap_select: __pop_heap(first, middle, i)
