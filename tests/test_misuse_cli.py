@@ -224,9 +224,17 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------------- Ctrl-C and a closed pipe
 
+def _as_from_a_terminal():
+    # Ctrl-C in a terminal: SIGINT at its default, whatever this process inherited (a shell's background job, or a
+    # test worker, ignores SIGINT, and a Python started with it ignored keeps it ignored: no KeyboardInterrupt)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _limit_as()
+
+
 def test_interrupt_prints_one_line_and_exits_130(model_path):
     p = subprocess.Popen([sys.executable, "-m", "ggviz", "run", "-m", str(model_path), "-n", "500", "-p", "Once"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), preexec_fn=_limit_as)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+                         preexec_fn=_as_from_a_terminal)
     try:
         assert p.stdout.read(4) == b"Once"          # the model is loaded, generation is starting
         time.sleep(1.0)                             # into the decode loop
