@@ -577,6 +577,10 @@ _NW = C.GGML_TENSOR_SIZE // 8                       # 42 words a struct
 _W_BUF, _W_SRC, _W_VIEW_SRC, _W_DATA, _W_NAME = 1, 19, 29, 31, 32
 _NREF = C.GGML_MAX_SRC + 1                          # src[] and view_src
 _ALWAYS_REBUILT = (OP_FLASH_ATTN,)                  # rows that read a data pointer beyond the descriptors
+# rows never copied from an equal one (see _derive): a repacked MUL_MAT's row holds its weight's repacked blocks,
+# which no word tells apart (a repacked weight's ``extra`` is its type's traits, shared)
+_BUILT_ALONE = (OP_FLASH_ATTN, OP_RMS_NORM, OP_MUL_MAT_Q)
+_DESC_END = S2 + NB3 + 1                            # the descriptor columns: DST .. S2's nb[3]
 
 
 class _Topo:
@@ -714,9 +718,21 @@ def _derive(cgraph, topo):
     row_ws = list(prev.row_ws)
     slots = {}
     meta = list(prev.meta)
-    rb = np.flatnonzero(rebuild).tolist()
+    rb = np.flatnonzero(rebuild)
+    # rows whose node's and sources' words (pointers masked: topo.Wm) are equal are equal but for their descriptors:
+    # one row of each such group is built, the others take its columns (a new batch shape changes every row, and a
+    # decode graph's 30 layers repeat the same ones). Not RMS_NORM (its fusion reads the next node), nor a repacked
+    # MUL_MAT (its weight's blocks), nor the rows that read a data pointer beyond the descriptors (_ALWAYS_REBUILT)
+    rep = np.arange(k_n)
+    grp = rb[~np.isin(prev.P[rb, OP], _BUILT_ALONE)]
+    if grp.size > 1:
+        Wx = np.concatenate([topo.Wm, np.zeros((1, _NW), np.uint64)])
+        keys = Wx[np.concatenate([m.slots[grp], topo.refs[idx[grp]]], axis=1)].reshape(grp.size, -1)
+        _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        rep[grp] = grp[first[inv.reshape(-1)]]
+    copies = np.flatnonzero(rep != np.arange(k_n))
     try:
-        for k in rb:
+        for k in rb[rep[rb] == rb].tolist():
             P[k] = 0
             F[k] = 0
             i = int(idx[k])
@@ -729,6 +745,14 @@ def _derive(cgraph, topo):
             meta[k] = (nodes[i].addr, op_desc(nodes[i]))
     except _Unsupported:
         return None
+    if copies.size:
+        src = rep[copies]
+        P[copies, :DST] = P[src, :DST]
+        P[copies, _DESC_END:] = P[src, _DESC_END:]
+        F[copies] = F[src]
+        for k, r in zip(copies.tolist(), src.tolist()):
+            row_ws[k] = row_ws[r]
+            meta[k] = (nodes[int(idx[k])].addr, meta[r][1])
     keep = np.flatnonzero(~rebuild)
     if keep.size:
         # _build_row's check for the rows taken over: every tensor they describe that has elements has data
