@@ -728,8 +728,8 @@ def _derive(cgraph, topo):
     if grp.size > 1:
         Wx = np.concatenate([topo.Wm, np.zeros((1, _NW), np.uint64)])
         keys = Wx[np.concatenate([m.slots[grp], topo.refs[idx[grp]]], axis=1)].reshape(grp.size, -1)
-        _, first, inv = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        rep[grp] = grp[first[inv.reshape(-1)]]
+        first = {}                          # (bytes as keys: np.unique(axis=0) sorts ~600 fields a row, slowly)
+        rep[grp] = [first.setdefault(key, k) for key, k in zip(map(bytes, keys), grp.tolist())]
     copies = np.flatnonzero(rep != np.arange(k_n))
     try:
         for k in rb[rep[rb] == rb].tolist():
