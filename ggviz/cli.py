@@ -236,6 +236,8 @@ def _cmd_module(name: str, argv: list[str], program: bool = False) -> int:
         finally:
             gc.freeze()
             gc.enable()
+        # and so are the model and the context it makes, which also live until the process exits
+        importlib.import_module("ggviz.ggml.memory").gc_freeze_after_paused()
     else:
         module = importlib.import_module(module_name)
     rc = getattr(module, func or "main")(argv)

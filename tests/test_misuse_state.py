@@ -100,6 +100,37 @@ def test_failed_load_and_init_leave_the_garbage_collector_as_it_was(model, tmp_p
         gc.enable() if was else gc.disable()
 
 
+def test_a_program_freezes_what_a_paused_block_made_and_only_when_it_ends_well():
+    """`ggviz run` keeps its model and context until it exits: gc_freeze_after_paused makes the outermost
+    gc_paused block freeze the heap as it ends (nothing for the collector to traverse again), but not after an
+    error, and not for a library user (the flag is off by default)."""
+    import gc
+    mem = ggml.memory
+    assert mem._gc_freeze_after is False                 # a library user's default
+    was = gc.isenabled()
+    gc.enable()
+    gc.unfreeze()
+    try:
+        with mem.gc_paused():
+            made = [[i] for i in range(1000)]
+        assert gc.get_freeze_count() == 0                # off: nothing frozen
+        mem.gc_freeze_after_paused()
+        with pytest.raises(RuntimeError):
+            with mem.gc_paused():
+                raise RuntimeError("a failed load")
+        assert gc.get_freeze_count() == 0 and gc.isenabled()
+        with mem.gc_paused():
+            with mem.gc_paused():
+                made = [[i] for i in range(1000)]
+            assert gc.get_freeze_count() == 0            # an inner block's end freezes nothing
+        n = gc.get_freeze_count()
+        assert n >= len(made) and gc.isenabled()
+    finally:
+        mem.gc_freeze_after_paused(False)
+        gc.unfreeze()
+        gc.enable() if was else gc.disable()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 6. sampling on non-finite logits; lone surrogates
 # ---------------------------------------------------------------------------------------------------------------
