@@ -275,7 +275,8 @@ def repack_blocks_compiled(traits: TensorTraits, blocks: np.ndarray, rows: int, 
     qs = np.empty((g, nb, n_words, NB_COLS), np.uint32)
     d = np.empty((g, nb, NB_COLS), np.uint16)
     m = np.empty((g, nb, NB_COLS), np.uint16) if is_q4_1 else d
-    fk.repack_blocks_8x4(blocks.view(np.uint8).reshape(rows, nb * dt.itemsize), nb, dt.itemsize, qs_off, n_words,
+    # C-contiguous (checked by repack_blocks), read in place: `blocks` outlives the call
+    fk.repack_blocks_8x4(blocks.ctypes.data, rows, nb * dt.itemsize, nb, dt.itemsize, qs_off, n_words,
                          dt.fields["d"][1], dt.fields["m"][1] if is_q4_1 else -1, qs, d, m)
     if not SCALES_F16:
         d = Q.fp16_to_fp32(d)                                            # exact
