@@ -571,7 +571,11 @@ def vec_dot(t: int, x, y, exact: bool = False) -> np.ndarray:
             # Q4_1 in _scaled_block_dot's block order, Q8_0 in _vec_dot_avx2_tile's lane order
             out = np.empty((y.shape[0], x.shape[0]), np.float32)
             kernel = _blockdot.vec_dot_q4_1_q8_1 if t == GGML_TYPE_Q4_1 else _blockdot.vec_dot_q8_0_q8_0
-            kernel(np.asarray(x), np.asarray(y), out)
+            # read-only views: one compiled flavour of each kernel, whether the rows are the mapped GGUF's
+            # (read-only) or made in memory (a second flavour cost ~8 s of every fresh compile)
+            xr, yr = np.asarray(x).view(), np.asarray(y).view()
+            xr.flags.writeable = yr.flags.writeable = False
+            kernel(xr, yr, out)
             return out
     py = y if isinstance(y, PreparedRows) else prepare(vt, y)
     if py.type != vt:

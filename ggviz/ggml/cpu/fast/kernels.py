@@ -869,13 +869,11 @@ def warmup() -> float:
     z16 = np.zeros((1, 1, 8), np.uint16)
     raw = np.zeros((8, 20), np.uint8)
     repack_blocks_8x4(raw.ctypes.data, 8, 20, 1, 20, 4, 4, 0, 2, np.zeros((1, 1, 4, 8), np.uint32), z16, z16)
-    # the faithful MUL_MAT's vec_dots of raw rows (cpu/quants.vec_dot), on one zero block: weight rows read-only (the
-    # mapped GGUF) or writable (rows made in memory), src1 rows in the work buffer
+    # the faithful MUL_MAT's vec_dots of raw rows (cpu/quants.vec_dot), on one zero block: it hands them read-only
+    # views of both operands
     out = np.zeros((1, 1), np.float32)
     for xb, yb, fn in ((20, 36, blockdot.vec_dot_q4_1_q8_1), (34, 34, blockdot.vec_dot_q8_0_q8_0)):
-        xw, y = np.zeros((1, xb), np.uint8), np.zeros((1, yb), np.uint8)
-        xr = xw.copy()
-        xr.flags.writeable = False
-        fn(xw, y, out)
-        fn(xr, y, out)
+        x, y = np.zeros((1, xb), np.uint8), np.zeros((1, yb), np.uint8)
+        x.flags.writeable = y.flags.writeable = False
+        fn(x, y, out)
     return time.perf_counter() - t0
