@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import graphlib
 import pathlib
 import re
@@ -55,6 +56,18 @@ OTHER_DEPARTURE_MARKERS = re.compile(r"ggviz addition|no C counterpart|Python[- 
                                      r"ggviz goes further|ggviz[- ]only|\(ggviz(;|\):)", re.IGNORECASE)
 
 
+@functools.cache
+def _tree(path: pathlib.Path) -> ast.Module:
+    """A module's syntax tree, parsed once for all the checks below (parsing and walking ~200 modules once per check
+    was ~30 s of the suite's CPU time; the checks only read the trees)."""
+    return ast.parse(path.read_text())
+
+
+@functools.cache
+def _nodes(path: pathlib.Path) -> tuple:
+    return tuple(ast.walk(_tree(path)))
+
+
 def _modules() -> dict[str, pathlib.Path]:
     mods = {}
     for p in PKG.rglob("*.py"):
@@ -80,16 +93,17 @@ def _imported(mod: str, path: pathlib.Path, node, mods) -> list[str]:
     return [n for n in names if n in mods]
 
 
-def _graph():
+@functools.cache
+def _graph() -> dict[str, frozenset]:
     mods = _modules()
     graph = {m: set() for m in mods}
     for m, p in mods.items():
-        for node in ast.walk(ast.parse(p.read_text())):
+        for node in _nodes(p):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for t in _imported(m, p, node, mods):
                     if t != m and not m.startswith(t + "."):      # a package's own parents are not a cycle
                         graph[m].add(t)
-    return graph
+    return {m: frozenset(ts) for m, ts in graph.items()}
 
 
 def test_no_import_cycles():
@@ -155,9 +169,8 @@ def test_imports_at_module_top():
     """Function-level imports only for optional dependencies (inside try) or with a reason (allow-list)."""
     bad = []
     for mod, path in _modules().items():
-        tree = ast.parse(path.read_text())
-        parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
-        for node in ast.walk(tree):
+        parents = {c: n for n in _nodes(path) for c in ast.iter_child_nodes(n)}
+        for node in _nodes(path):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             chain, p = [], parents.get(node)
@@ -174,7 +187,7 @@ def test_imports_at_module_top():
 def test_impl_helpers_defined_once():
     where = {name: [] for name in IMPL_HELPERS}
     for path in PKG.rglob("*.py"):
-        for node in ast.parse(path.read_text()).body:        # module-level names (methods may share a name)
+        for node in _tree(path).body:        # module-level names (methods may share a name)
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in where:
                 where[node.name].append(str(path.relative_to(ROOT)))
             elif isinstance(node, ast.Assign):
@@ -263,7 +276,7 @@ def test_no_long_functions():
     bad = []
     for path in sorted(PKG.rglob("*.py")):
         rel = str(path.relative_to(ROOT))
-        for name, line, n in _long_functions(ast.parse(path.read_text()), MAX_FUNCTION_LINES):
+        for name, line, n in _long_functions(_tree(path), MAX_FUNCTION_LINES):
             if name not in MIRRORED_LONG_FUNCTIONS:
                 bad.append(f"{rel}:{line}: {name} ({n} lines)")
     assert not bad, (f"functions over {MAX_FUNCTION_LINES} lines (split them into named phases, or list a mirror of "
@@ -288,9 +301,8 @@ def _browser_code(text: str) -> list[str]:
     return why
 
 
-def _code_strings(source: str):
+def _code_strings(tree: ast.Module):
     """(line, text) of the string constants of a module, docstrings left out (they may quote code)."""
-    tree = ast.parse(source)
     docs = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
@@ -305,7 +317,7 @@ def _code_strings(source: str):
 def test_no_javascript_or_css_in_python_strings():
     bad = []
     for path in sorted(PKG.rglob("*.py")):
-        for line, text in _code_strings(path.read_text()):
+        for line, text in _code_strings(_tree(path)):
             why = _browser_code(text)
             if why:
                 bad.append(f"{path.relative_to(ROOT)}:{line}: {' and '.join(why)}: {text.strip()[:60]!r}")
@@ -327,7 +339,7 @@ export default { render };
     assert _browser_code("#ggv1dag-n3 path, #ggv1dag-n3 polygon { stroke: #d50000 !important; }") == []
     assert _browser_code("<div style='display:flex;gap:8px'>the function ggml_add (its src: a, b)</div>") == []
     module = 'def f():\n    """Quotes ``function f() { return 1; }``."""\n    return "const a = 1;"\n'
-    assert [(line, _browser_code(t)) for line, t in _code_strings(module)] == [(3, ["JavaScript"])]
+    assert [(line, _browser_code(t)) for line, t in _code_strings(ast.parse(module))] == [(3, ["JavaScript"])]
     long_fn = "def f():\n" + "    x = 1\n" * 130
     assert _long_functions(ast.parse(long_fn), MAX_FUNCTION_LINES) == [("f", 1, 131)]
 
