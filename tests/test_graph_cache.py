@@ -413,22 +413,21 @@ def test_a_graph_allocated_on_the_scheduler_directly_is_not_taken_for_the_contex
 
 
 def test_restored_graph_with_splits_and_input_copies():
-    """Every layer on a (simulated) accelerator that cannot run RMS_NORM: each graph is split in ~120 pieces whose
-    inputs are copied between the devices (copies made in the scheduler's own context). A 3-token prompt's graph,
-    restored from the cache after a decode step, computes bit for bit what a fresh build computes, with the same
-    splits, causes and copies.
+    """The last 4 layers on a (simulated) accelerator that cannot run RMS_NORM: each graph is split in 19 pieces
+    whose inputs are copied between the devices (copies made in the scheduler's own context), the CPU's splits run
+    by compiled programs, the device's by the faithful kernels. A 3-token prompt's graph, restored from the cache
+    after a decode step, computes bit for bit what a fresh build computes, with the same splits, causes and copies.
 
-    The device runs the faithful kernels (seconds a decode), so the fresh build is made in the same context: the
-    restored prompt's positions removed again, ``graph_reuse`` off, the prompt decoded anew (the same KV history,
-    built, split and allocated from scratch); a second context, fresh, splits and allocates (without computing) the
-    same graph, for the plan. One thread: two slow these faithful kernels down (NumPy calls on small blocks, the
-    GIL, a barrier after each of ~120 splits' nodes: 1.3x to 1.5x the time, measured on 2 shared cores)."""
+    The fresh build is made in the same context: the restored prompt's positions removed again, ``graph_reuse``
+    off, the prompt decoded anew (the same KV history, built, split and allocated from scratch); a second context,
+    fresh, splits and allocates (without computing) the same graph, for the plan. (Every layer on the device, with
+    the weights in host memory, took 62 s under load: the faithful kernels on both sides; now 8.5 s.)"""
     if not MODEL.exists():
         pytest.skip("the default model is not in data/models")
     from ggviz.ggml import sched as gs
     dev = accel.backend_accel_device_new("ACCEL0", supported_ops=accel.DEFAULT_SUPPORTED_OPS - {ggml.GGML_OP_RMS_NORM})
     mp = llama.model_default_params()
-    mp.devices, mp.n_gpu_layers, mp.use_extra_bufts = [dev], 31, False
+    mp.devices, mp.n_gpu_layers = [dev], 4
     model = llama.model_load_from_file(str(MODEL), mp)
     ctx = _ctx(model, threads=1)
     prompt = [9690, 504, 3575]
@@ -443,9 +442,10 @@ def test_restored_graph_with_splits_and_input_copies():
     built = _decode(ctx, prompt, 0, 4)
     assert ctx.n_graph_builds == n_builds + 1 and ctx.n_graph_restored == 1      # built anew
     assert np.array_equal(restored, built)
-    assert ctx.sched.n_splits == splits_a > 100 and ctx.sched.last_plan == plan_a
+    # per offloaded layer at least 4 splits: attn_norm (CPU), attention (device), ffn_norm (CPU), FFN (device)
+    assert ctx.sched.n_splits == splits_a >= 4 * 4 and ctx.sched.last_plan == plan_a
     fresh = _ctx(model, reuse=False, threads=1)
     gs.backend_sched_reset(fresh.sched)
     assert gs.backend_sched_alloc_graph(fresh.sched, fresh.build_graph(len(prompt), 1, 256).gf)
     assert fresh.sched.n_splits == splits_a and fresh.sched.last_plan == plan_a
-    assert plan_a["n_inputs"] > 100                 # the inputs copied between the devices
+    assert plan_a["n_inputs"] >= 4 * 4              # the inputs copied between the devices: one per split at least
