@@ -323,12 +323,30 @@ def test_glibc_libm_emulation(fn):
 
 
 def test_fma32():
+    """libm.fma32 (NumPy) and its compiled twin (fast/blockdot.fma32, what the faithful kernels call where Numba is
+    importable): single-rounding, against long double on random operands, and bit for bit equal to each other on
+    the hard cases (float32 rounding midpoints, subnormals, overflow, infinities, NaN) and under broadcasting."""
     rng = np.random.default_rng(1)
     a, b, c = (rng.standard_normal(200000).astype(np.float32) for _ in range(3))
     r = cpu_libm.fma32(a, b, c)
     exact = (a.astype(np.longdouble) * b + c)          # 64-bit mantissa: exact for these magnitudes
     ref = exact.astype(np.float32)
     assert np.array_equal(r, ref) or np.finfo(np.longdouble).nmant < 63
+    blockdot = pytest.importorskip("ggviz.ggml.cpu.fast.blockdot", reason="the compiled fast path needs Numba")
+    assert np.array_equal(blockdot.fma32(a, b, c), r)
+    # a*b exact in 48 bits, c chosen so that the float64 sum lands on a float32 midpoint (the double-rounding trap)
+    one_ulp = np.float32(2.0 ** -23)
+    x = np.float32(1 + 2.0 ** -12)
+    hard_a = np.array([x, x, 1e-30, 3e38, np.inf, np.nan, -0.0, 1e-20, x], np.float32)
+    hard_b = np.array([x, -x, 1e-15, 10, 0, 1, 0, 1e-20, x], np.float32)
+    hard_c = np.array([one_ulp / 2, -one_ulp / 2, 1e-44, 3e38, 1, 2, -0.0, -1e-40, np.float32(2.0 ** -40)],
+                      np.float32)
+    got, want = blockdot.fma32(hard_a, hard_b, hard_c), cpu_libm.fma32(hard_a, hard_b, hard_c)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    # broadcasting and scalars, as the kernels call it ((N, 1) x (1, M) + (N, M); 0-d rope factors)
+    d, s_, acc = a[:6, None], b[None, :5], c[:30].reshape(6, 5)
+    assert np.array_equal(blockdot.fma32(d, s_, acc), cpu_libm.fma32(d, s_, acc))
+    assert blockdot.fma32(np.float32(0.1), np.float32(3), np.float32(1)) == cpu_libm.fma32(np.float32(0.1), 3, 1)
 
 
 # ------------------------------------------------------------------------------------------------ layout ops

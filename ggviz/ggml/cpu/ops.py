@@ -60,6 +60,7 @@ from ..tensor import (
 )
 from . import binary_ops, unary_ops
 from . import quants as cpu_quants
+from .quants import fma32        # libm's, compiled where the fast path is importable (the same bits)
 from .common import (
     CACHE_LINE_SIZE_F32,
     FA_TILE_KV,
@@ -83,7 +84,7 @@ from .common import (
     thread_range,
     to_f32,
 )
-from .libm import erff_vec, expf_vec, fma32, glibc_cosf, glibc_sinf, logf, powf
+from .libm import erff_vec, expf_vec, glibc_cosf, glibc_sinf, logf, powf
 from .libstdcxx import partial_sort_positions, sort_positions
 from .vec import (
     SQRT_2_INV,

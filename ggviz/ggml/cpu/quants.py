@@ -99,13 +99,14 @@ from ..consts import (
     GGML_TYPE_TQ2_0,
     TYPE_TRAITS,
 )
-from . import vec
-from .libm import fma32
+from . import libm, vec
 
 try:        # the block-order Q4_1 vec_dot below, compiled (the same bits): used where the fast path is importable
     from .fast import blockdot as _blockdot
 except ImportError:         # no Numba, or GGVIZ_NO_NUMBA=1
     _blockdot = None
+# libm.fma32, compiled where the fast path is importable (the same bits, ~10x fewer passes over the operands)
+fma32 = libm.fma32 if _blockdot is None else _blockdot.fma32
 
 __all__ = [
     "VEC_DOT_TYPE", "HAS_VEC_DOT", "HAS_FROM_FLOAT", "NROWS",
