@@ -876,4 +876,5 @@ def warmup() -> float:
         x, y = np.zeros((1, xb), np.uint8), np.zeros((1, yb), np.uint8)
         x.flags.writeable = y.flags.writeable = False
         fn(x, y, out)
+    blockdot.fma32(np.zeros(1, np.float32), np.zeros(1, np.float32), np.zeros(1, np.float32))  # the faithful FMAs
     return time.perf_counter() - t0
