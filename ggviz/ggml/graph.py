@@ -328,14 +328,19 @@ def _visited_settled(hs: HashSet, src: Tensor, addr: int, compute: bool) -> int:
     """ggviz: the recursive call on an already visited ``src`` that would not recurse further, done in place: its
     compute flag set as that call sets it, and its hash slot returned -- without a generator for it (most of a
     graph's visits are of a tensor already in it: a weight, a norm or a residual read again). -1: not visited yet,
-    or a source of it still lacks the compute flag (the call recurses: the caller makes it)."""
+    or a source of it other than a leaf still lacks the compute flag (the call recurses: the caller makes it)."""
     pos = hs.find(addr)
     if pos < 0 or not (hs.used.item(pos >> 5) >> (pos & 31)) & 1:
         return -1
     if compute:
         for a in src._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
-            if a and not (tensor_at(a).flags & C.GGML_TENSOR_FLAG_COMPUTE):
-                return -1
+            if a:
+                s = tensor_at(a)
+                if not (s.flags & C.GGML_TENSOR_FLAG_COMPUTE) and (
+                        s.op != C.GGML_OP_NONE or any(s._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist())):
+                    # (a source without the flag is visited again, which changes nothing for a leaf -- op NONE,
+                    # no sources: it never gets the flag and has nothing to visit -- and may for anything else)
+                    return -1
         if src.op != C.GGML_OP_NONE:
             src.flags = src.flags | C.GGML_TENSOR_FLAG_COMPUTE
     return pos
