@@ -448,7 +448,7 @@ class ggml_gallocr:
         self.buf_tallocs = []      # [n_buffers]
         self.n_buffers = 0
         self.hash_set = HashSet(0, np.zeros(0, np.uint32), np.zeros(0, np.uint64))
-        self.hash_values: list[hash_node] = []     # [hash_set.size]
+        self.hash_values: dict = {}      # slot -> hash_node (ggviz: made on first use; C: an array of hash_set.size)
         self.node_allocs: list[node_alloc] = []    # [n_nodes]
         self.n_nodes = 0
         self.leaf_allocs: list[leaf_alloc] = []    # [n_leafs]
@@ -507,7 +507,7 @@ def gallocr_free(galloc: ggml_gallocr | None) -> None:
         if not any(galloc.buf_tallocs[j] is galloc.buf_tallocs[i] for j in range(i)):
             dyn_tallocr_free(galloc.buf_tallocs[i])
     galloc.buffers = [None] * galloc.n_buffers
-    galloc.hash_values = []
+    galloc.hash_values = {}
     galloc._slot = {}
     galloc.node_allocs = []
     galloc.leaf_allocs = []
@@ -526,10 +526,13 @@ def gallocr_hash_get(galloc: ggml_gallocr, t: Tensor) -> hash_node:
         if not hs.get_used(i):
             hs.set_used(i)
             hs.keys[i] = addr
-            hn = galloc._slot[addr] = galloc.hash_values[i]
+            hn = galloc._slot[addr] = galloc.hash_values[i] = hash_node()
             return hn
-        if int(hs.keys[i]) == addr:
-            hn = galloc._slot[addr] = galloc.hash_values[i]
+        if hs.keys.item(i) == addr:
+            hn = galloc.hash_values.get(i)
+            if hn is None:
+                hn = galloc.hash_values[i] = hash_node()
+            galloc._slot[addr] = hn
             return hn
         i = (i + 1) % hs.size
         if i == h:
@@ -723,7 +726,9 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
     """Plan the graph: every tensor's (buffer id, chunk, offset), kept in the hash table."""
     # clear hash tables
     galloc.hash_set.reset()
-    galloc.hash_values = [hash_node() for _ in range(galloc.hash_set.size)]
+    # ggviz: a slot's hash_node is made when the slot is first used (C zeroes the whole array; a used slot starts
+    # from a fresh node either way)
+    galloc.hash_values = {}
     galloc._slot = {}
     galloc._rec = {}
 
@@ -805,7 +810,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
     # initialize hash table
     if galloc.hash_set.size < min_hash_size:
         galloc.hash_set = hash_set_new(min_hash_size)
-        galloc.hash_values = [hash_node() for _ in range(galloc.hash_set.size)]
+        galloc.hash_values = {}
         galloc._slot = {}
 
     # reset allocators

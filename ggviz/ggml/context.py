@@ -21,7 +21,7 @@ from .. import trace
 from . import consts as C
 from . import memory
 from .impl import GGML_PAD, GGMLError, row_size, type_name, type_size
-from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes
+from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes, tensor_in_arena
 
 
 INT64_MAX = (1 << 63) - 1
@@ -45,17 +45,23 @@ OBJECT_TYPE_NAMES = {C.GGML_OBJECT_TYPE_TENSOR: "tensor", C.GGML_OBJECT_TYPE_GRA
 
 class Object:
     """A view of one ``struct ggml_object`` header in the arena (plus what it holds, for Python)."""
-    __slots__ = ("hdr_offs", "rec", "payload")
+    __slots__ = ("hdr_offs", "ctx", "payload")
 
-    def __init__(self, hdr_offs, rec, payload=None):
+    def __init__(self, hdr_offs, ctx, payload=None):
         self.hdr_offs = hdr_offs   # where the 32-byte header starts in the arena
-        self.rec = rec             # structured view of the header bytes
+        self.ctx = ctx             # the context whose arena holds it
         self.payload = payload     # the Tensor / cgraph / None for a work buffer
 
-    offs = property(lambda s: int(s.rec["offs"]))
-    size = property(lambda s: int(s.rec["size"]))
-    type = property(lambda s: int(s.rec["type"]))
-    next = property(lambda s: int(s.rec["next"]))
+    @property
+    def rec(self):
+        """The header bytes as a structured record (writes go to the arena)."""
+        return self.ctx.mem_buffer[self.hdr_offs:self.hdr_offs + C.GGML_OBJECT_SIZE].view(OBJECT_DTYPE)[0]
+
+    # the fields, read from the arena's words (ggml_object: size_t offs, size; ggml_object * next; int type)
+    offs = property(lambda s: s.ctx._u64.item(s.hdr_offs >> 3))
+    size = property(lambda s: s.ctx._u64.item((s.hdr_offs >> 3) + 1))
+    next = property(lambda s: s.ctx._u64.item((s.hdr_offs >> 3) + 2))
+    type = property(lambda s: s.ctx._i32.item((s.hdr_offs >> 2) + 6))
 
     def __repr__(self):
         return f"<ggml_object {OBJECT_TYPE_NAMES.get(self.type)} offs={self.offs} size={self.size}>"
@@ -96,6 +102,12 @@ class Context:
         self.no_alloc = bool(no_alloc)
         # the arena's address, read once (ndarray.ctypes builds a new object at each access: ~2 per tensor)
         self._base = self.mem_buffer.ctypes.data
+        # ggviz: the arena as 4- and 8-byte words (it is 16-byte aligned): object headers and tensor structs are
+        # written and sliced through these, a slice each instead of a slice and a dtype view per field
+        words = self.mem_buffer[:self.mem_buffer.shape[0] & ~7]
+        self._u64 = words.view(np.uint64)
+        self._i64 = words.view(np.int64)
+        self._i32 = words.view(np.int32)
         self._end = 0                       # ggviz: where the next object goes (objects_end->offs + size), cached
         self.n_objects = 0
         self.objects: list[Object] = []     # objects_begin .. objects_end, in list order
@@ -130,7 +142,7 @@ class Context:
         size = _index(size, "ggml_new_object", "size")
         if size < 0:
             raise GGMLError(f"ggml_new_object: negative size {size}")
-        cur = self.objects_end
+        objects = self.objects
         cur_end = self._end
         size_needed = GGML_PAD(size, C.GGML_MEM_ALIGN)
         need = cur_end + size_needed + C.GGML_OBJECT_SIZE
@@ -138,15 +150,15 @@ class Context:
             raise ContextOutOfMemory(
                 f"ggml_new_object: not enough space in the context's memory pool (needed {need}, available "
                 f"{self.mem_size}) while adding a {OBJECT_TYPE_NAMES.get(type_, type_)} object of {size} bytes")
-        hdr = self.mem_buffer[cur_end:cur_end + C.GGML_OBJECT_SIZE].view(OBJECT_DTYPE)[0]
-        hdr["offs"] = cur_end + C.GGML_OBJECT_SIZE
-        hdr["size"] = size_needed
-        hdr["next"] = 0
-        hdr["type"] = type_
-        obj = Object(cur_end, hdr)
-        if cur is not None:
-            cur.rec["next"] = self.base + cur_end     # obj_cur->next = obj_new (a real pointer)
-        self.objects.append(obj)
+        # the header {offs, size, next, type} (the 4 padding bytes are not written, as in C)
+        q = cur_end >> 3
+        self._u64[q:q + 3] = (cur_end + C.GGML_OBJECT_SIZE, size_needed, 0)
+        self._i32[(cur_end >> 2) + 6] = type_
+        obj = Object(cur_end, self)
+        if objects:
+            # obj_cur->next = obj_new (a real pointer)
+            self._u64[(objects[-1].hdr_offs >> 3) + 2] = self._base + cur_end
+        objects.append(obj)
         self._end = need
         if trace.active:
             trace.emit("ctx.object", ctx=id(self), hdr_offs=cur_end, offs=cur_end + C.GGML_OBJECT_SIZE,
@@ -202,16 +214,16 @@ class Context:
         try:
             obj = self.new_object(C.GGML_OBJECT_TYPE_TENSOR, C.GGML_TENSOR_SIZE + obj_alloc_size)
             offs = obj.hdr_offs + C.GGML_OBJECT_SIZE          # obj->offs
-            raw = self.mem_buffer[offs:offs + C.GGML_TENSOR_SIZE]
-            raw[:] = 0
-            t = Tensor(raw, self, self._base + offs)
+            self.mem_buffer[offs:offs + C.GGML_TENSOR_SIZE] = 0
+            addr = self._base + offs
+            t = tensor_in_arena(self, offs, addr)
             obj.payload = t
-            t.type = type_
-            t.ne[:] = ne
-            t.view_src = view_src
-            t.view_offs = view_offs
-            t.data = (t.addr + C.GGML_TENSOR_SIZE) if obj_alloc_size > 0 else data
-            t.nb[:] = nb_c if nb is None else nb
+            # type; ne and nb (words 2..9); view_src, view_offs, data (words 29..31)
+            q = offs >> 3
+            self._i32[offs >> 2] = type_
+            self._i64[q + 2:q + 10] = ne + (nb_c if nb is None else nb)
+            self._u64[q + 29:q + 32] = (0 if view_src is None else view_src.addr, view_offs,
+                                        (addr + C.GGML_TENSOR_SIZE) if obj_alloc_size > 0 else data)
             self.n_objects += 1
             if trace.active:
                 trace.emit("tensor.new", ctx=id(self), addr=t.addr, offs=offs, type=type_, ne=t.shape,

@@ -95,17 +95,19 @@ class HashSet:
         self.size, self.used, self.keys = size, used, keys
 
     def get_used(self, i: int) -> bool:
-        return bool((int(self.used[i >> 5]) >> (i & 31)) & 1)
+        return bool((self.used.item(i >> 5) >> (i & 31)) & 1)
 
     def set_used(self, i: int):
-        self.used[i >> 5] |= np.uint32(1 << (i & 31))
+        used = self.used
+        used[i >> 5] = used.item(i >> 5) | (1 << (i & 31))
 
     def find(self, addr: int) -> int:
         """ggml_hash_find: slot of ``addr`` or the first free slot on its probe path; FULL if neither."""
-        h = (addr >> 4) % self.size      # ggml_hash: the low 4 bits of a tensor pointer are always zero
+        size, used, keys = self.size, self.used, self.keys
+        h = (addr >> 4) % size           # ggml_hash: the low 4 bits of a tensor pointer are always zero
         i = h
-        while self.get_used(i) and int(self.keys[i]) != addr:
-            i = (i + 1) % self.size
+        while (used.item(i >> 5) >> (i & 31)) & 1 and keys.item(i) != addr:
+            i = (i + 1) % size
             if i == h:
                 return GGML_HASHSET_FULL
         return i
@@ -296,10 +298,14 @@ def _visit(cg: CGraph, node: Tensor, compute: bool):
     addrs = node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
     if cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT:
         addrs.reverse()
+    use_counts = cg.use_counts
     for a in addrs:
         if a:
-            src_pos = yield (tensor_at(a), compute)
-            cg.use_counts[src_pos] += 1
+            src = tensor_at(a)
+            src_pos = _visited_settled(hs, src, a, compute) if not trace.active else -1
+            if src_pos < 0:
+                src_pos = yield (src, compute)
+            use_counts[src_pos] = use_counts.item(src_pos) + 1
     if node.op == C.GGML_OP_NONE and not (node.flags & C.GGML_TENSOR_FLAG_PARAM):
         # a leaf: constant data, not computed by the graph
         if not node.name:
@@ -315,6 +321,28 @@ def _visit(cg: CGraph, node: Tensor, compute: bool):
     if trace.active:
         trace.emit("graph.add", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=where[0],
                    index=where[1])
+    return pos
+
+
+def _visited_settled(hs: HashSet, src: Tensor, addr: int, compute: bool) -> int:
+    """ggviz: the recursive call on an already visited ``src`` that would not recurse further, done in place: its
+    compute flag set as that call sets it, and its hash slot returned -- without a generator for it (most of a
+    graph's visits are of a tensor already in it: a weight, a norm or a residual read again). -1: not visited yet,
+    or a source of it other than a leaf still lacks the compute flag (the call recurses: the caller makes it)."""
+    pos = hs.find(addr)
+    if pos < 0 or not (hs.used.item(pos >> 5) >> (pos & 31)) & 1:
+        return -1
+    if compute:
+        for a in src._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
+            if a:
+                s = tensor_at(a)
+                if not (s.flags & C.GGML_TENSOR_FLAG_COMPUTE) and (
+                        s.op != C.GGML_OP_NONE or any(s._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist())):
+                    # (a source without the flag is visited again, which changes nothing for a leaf -- op NONE,
+                    # no sources: it never gets the flag and has nothing to visit -- and may for anything else)
+                    return -1
+        if src.op != C.GGML_OP_NONE:
+            src.flags = src.flags | C.GGML_TENSOR_FLAG_COMPUTE
     return pos
 
 

@@ -65,7 +65,7 @@ from .graph import (
 )
 from .impl import GGML_ASSERT, GGML_LOG, last_log_error
 from .ops import dup_tensor, view_tensor
-from .tensor import _Q_SRC, Tensor, nbytes, op_desc, tensor_at
+from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, Tensor, nbytes, op_desc, tensor_at
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
@@ -327,24 +327,28 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
 
 def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
     """The backend that should be used for the node based on the current locations (pass 1)."""
-    # assign pre-allocated nodes to their backend
-    cur_backend_id = backend_sched_backend_from_buffer(sched, tensor, tensor)
-    if cur_backend_id != -1:
-        SET_CAUSE(sched, tensor, "1.dst", cur_backend_id)
-        return cur_backend_id
-
-    # view_src
-    if tensor.view_src is not None:
-        cur_backend_id = backend_sched_backend_from_buffer(sched, tensor.view_src, tensor)
+    q = tensor._q
+    # (a tensor with no buffer of its own and no view source -- most of a graph's nodes -- goes straight to the
+    # checks below: the three above it find no buffer and return -1 without asking a backend)
+    if q.item(_Q_BUFFER) or q.item(_Q_VIEW_SRC):
+        # assign pre-allocated nodes to their backend
+        cur_backend_id = backend_sched_backend_from_buffer(sched, tensor, tensor)
         if cur_backend_id != -1:
-            SET_CAUSE(sched, tensor, "1.vsrc", cur_backend_id)
+            SET_CAUSE(sched, tensor, "1.dst", cur_backend_id)
             return cur_backend_id
 
-    if tensor.buffer or (tensor.view_src is not None and tensor.view_src.buffer):
-        # since the tensor is pre-allocated, it cannot be moved to another backend
-        buffer = _buffer_of(tensor)
-        raise GGMLError(f"pre-allocated tensor ({tensor.name}) in a buffer ({B.backend_buffer_name(buffer)}) that "
-                        f"cannot run the operation ({op_desc(tensor)})")
+        # view_src
+        if tensor.view_src is not None:
+            cur_backend_id = backend_sched_backend_from_buffer(sched, tensor.view_src, tensor)
+            if cur_backend_id != -1:
+                SET_CAUSE(sched, tensor, "1.vsrc", cur_backend_id)
+                return cur_backend_id
+
+        if tensor.buffer or (tensor.view_src is not None and tensor.view_src.buffer):
+            # since the tensor is pre-allocated, it cannot be moved to another backend
+            buffer = _buffer_of(tensor)
+            raise GGMLError(f"pre-allocated tensor ({tensor.name}) in a buffer ({B.backend_buffer_name(buffer)}) "
+                            f"that cannot run the operation ({op_desc(tensor)})")
 
     # graph input
     if tensor.flags & C.GGML_TENSOR_FLAG_INPUT:
@@ -360,8 +364,12 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
     allow = allow and tensor.op != C.GGML_OP_FLASH_ATTN_EXT
 
     if allow:
-        for i, src in A.srcs_of(tensor):
-            src_buf = B.buffer_at(src.buffer) if src.buffer else None
+        for i, a in enumerate(q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
+            if not a:
+                continue
+            src = tensor_at(a)
+            sb = src._q.item(_Q_BUFFER)
+            src_buf = B.buffer_at(sb) if sb else None
             if src_buf is not None and src_buf.usage == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
                 src_backend_id = backend_sched_backend_from_buffer(sched, src, tensor)
                 # check if a backend with higher prio wants to offload the op

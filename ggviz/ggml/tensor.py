@@ -140,9 +140,8 @@ class Tensor:
         # char name[GGML_MAX_NAME]: at most 63 bytes plus the terminating NUL, like ggml_set_name's copy loop (and
         # vsnprintf in ggml_format_name). The bytes after the NUL are left alone, as in C: renaming to a shorter
         # name keeps the tail of the old one in the struct.
-        b = value.encode("utf-8")[:C.GGML_MAX_NAME - 1]
+        b = value.encode("utf-8")[:C.GGML_MAX_NAME - 1] + b"\0"
         self.raw[256:256 + len(b)] = np.frombuffer(b, dtype=np.uint8)
-        self.raw[256 + len(b)] = 0
 
     # -- conveniences (not C fields)
     @property
@@ -174,6 +173,35 @@ class Tensor:
 
     def __hash__(self):
         return self.addr
+
+
+_registry_remove = _registry._remove
+_KeyedRef = weakref.KeyedRef
+
+
+def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
+    """ggviz: ``Tensor(ctx.mem_buffer[offs:offs + 336], ctx, addr)`` for a struct at an 8-byte aligned ``offs`` of
+    a context's arena, its fields sliced out of the arena's typed views (``ctx._i32`` / ``ctx._u64`` /
+    ``ctx._i64``: one slice each instead of a slice and a dtype view) and registered without
+    WeakValueDictionary.__setitem__'s frame. The same handle: ``raw``, ``_w``, ``_q``, ``ne``, ``nb``,
+    ``op_params`` are views of the same bytes."""
+    t = Tensor.__new__(Tensor)
+    t.raw = ctx.mem_buffer[offs:offs + C.GGML_TENSOR_SIZE]
+    t.addr = addr
+    w, q = offs >> 2, offs >> 3
+    t._w = ctx._i32[w:w + C.GGML_TENSOR_SIZE // 4]
+    t._q = ctx._u64[q:q + C.GGML_TENSOR_SIZE // 8]
+    i64 = ctx._i64
+    t.ne = i64[q + 2:q + 6]
+    t.nb = i64[q + 6:q + 10]
+    t.op_params = ctx._i32[w + 21:w + 37]
+    t.ctx = ctx
+    t.py_extra = None
+    if _registry._pending_removals:
+        _registry[addr] = t
+    else:
+        _registry_refs[addr] = _KeyedRef(t, _registry_remove, addr)
+    return t
 
 
 def forget(t: Tensor) -> None:

@@ -240,19 +240,22 @@ _CPU_NO_FROM_FLOAT = {C.GGML_TYPE_IQ3_XXS, C.GGML_TYPE_IQ3_S, C.GGML_TYPE_IQ2_XX
 
 def _cpu_dev_supports_op(dev, op: Tensor) -> bool:
     """ggml_backend_cpu_device_supports_op."""
-    src0, src1 = op.src[0], op.src[1]
-    if op_is_empty(op.op):
+    o = op.op
+    if op_is_empty(o):
         return True
     # check extra buffer types
     # note: only the first sources are checked for extra buffer types to reduce overhead, increase if necessary
-    for a in op._q[_Q_SRC:_Q_SRC + 4].tolist():      # op->src[0..3], the pointers read in one go
+    srcs = op._q[_Q_SRC:_Q_SRC + 4].tolist()          # op->src[0..3], the pointers read in one go
+    extra = traits.get_extra_buffer_types() if any(srcs) else ()
+    for a in srcs:
         if not a:
             continue
         buf = tensor_at(a).buffer
-        if buf and backend_cpu_is_extra_buffer_type(buffer_at(buf).buft):
-            buf_extra = buffer_at(buf).buft.context
-            return bool(buf_extra.supports_op(dev, op))
-    o = op.op
+        if buf and extra:
+            buft = buffer_at(buf).buft
+            if any(b is buft for b in extra):         # ggml_backend_cpu_is_extra_buffer_type
+                return bool(buft.context.supports_op(dev, op))
+    src0, src1 = tensor_at(srcs[0]), tensor_at(srcs[1])
     if o in (C.GGML_OP_CPY, C.GGML_OP_SET_ROWS):
         return op.type not in _CPU_NO_FROM_FLOAT
     if o == C.GGML_OP_MUL_MAT:
