@@ -331,7 +331,7 @@ def test_repacked_mul_mat_bitexact_with_real_ggml(qtype, M, K, T):
     assert np.array_equal(out, real)
 
 
-@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0, C.GGML_TYPE_Q5_0])
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0])
 def test_compiled_repack_is_the_numpy_repack(qtype):
     """The compiled repack (fast.kernels.repack_blocks_8x4, used at model load where NumPy would move single bytes)
     moves the same bytes as the NumPy transposes (repack.repack_blocks_numpy), for weights read-only (the mapping)
@@ -344,8 +344,6 @@ def test_compiled_repack_is_the_numpy_repack(qtype):
         src = raw.copy()
         src.flags.writeable = writeable
         blocks = np.ascontiguousarray(src).view(Q.BLOCK_DTYPES[qtype]).reshape(rows, ne00 // 32)
-        if qtype == C.GGML_TYPE_Q5_0:
-            blocks = repack.q5_0_as_q8_0(blocks)
         ref = repack.repack_blocks_numpy(tr, blocks, rows, ne00)
         got = repack.repack_blocks_compiled(tr, blocks, rows, ne00)
         for r in (got, tr.repack(t, src)):       # the kernel, and what the load uses (one of the two)
@@ -354,6 +352,31 @@ def test_compiled_repack_is_the_numpy_repack(qtype):
         assert (got.m is None) == (ref.m is None) == (qtype != Q4_1)
         if got.m is not None:
             assert np.array_equal(got.m.view(np.uint8), ref.m.view(np.uint8))
+
+
+def test_q5_0_rows_tails_are_vec_dot():
+    """fast/sgemm.py's q5_0_rows (tinyBLAS_Q0's 4x2 tiles on ggml's 22-byte Q5_0 blocks) gives ggml_vec_dot_q5_0_q8_0's
+    bits (the faithful cpu/quants.vec_dot, itself checked against llama.cpp) for any row range and column count: the
+    4-row tiles, the rows left over (a range that is not a multiple of 4) and an odd last column."""
+    from ggviz.ggml.cpu import quants as CQ
+    from ggviz.ggml.cpu.fast import sgemm
+    from ggviz.ggml.cpu.fast.rowdot import mmq_layout
+    rng = np.random.default_rng(5)
+    rows, ne00, ncols, t5 = 11, 96, 5, C.GGML_TYPE_Q5_0
+    nb = ne00 // 32
+    raw = rng.integers(0, 256, rows * Q.row_size(t5, ne00), dtype=np.uint8)
+    raw.view(Q.BLOCK_DTYPES[t5])["d"] = Q.fp32_to_fp16(rng.uniform(-0.05, 0.05, rows * nb).astype(np.float32))
+    x = rng.standard_normal((ncols, ne00)).astype(np.float32)
+    want = CQ.vec_dot(t5, raw.reshape(rows, -1), CQ.from_float(C.GGML_TYPE_Q8_0, x))
+    o_q, o_d, _, _, total = mmq_layout(ne00, ncols)
+    w = np.zeros(total, np.uint8)
+    fk.mmq_quantize(x.ctypes.data, ne00, ncols, 1, ne00 * 4, ne00 * 4 * ncols, 4, w.ctypes.data, False, 0, 1)
+    scratch = np.zeros(sgemm.Q5_ROWS * nb * (sgemm.Q5_UNPACKED + 4), np.uint8)
+    got = np.full((ncols, rows), np.nan, np.float32)
+    for r0, r1 in ((0, 4), (4, 11)):            # a full tile, then a tile and 3 rows left over
+        sgemm.q5_0_rows(raw.ctypes.data, nb * sgemm.Q5_0_SIZE, r0, r1, nb, w.ctypes.data + o_q, ne00,
+                        w.ctypes.data + o_d, nb * 4, ncols, got.ctypes.data, rows * 4, scratch.ctypes.data)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_repacked_output_matrix():

@@ -286,7 +286,7 @@ def _placed_mul_mat(t, w, x, nth, route):
 @pytest.mark.parametrize("t", [GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K], ids=Q.type_name)
 def test_cpu_repack_mul_mat_bitwise(oracle, t, N):
     """Weights in ggviz's CPU_REPACK: Q4_K as block_q4_Kx8 (llama.cpp repacks it too: compared with its CPU_REPACK
-    MUL_MAT), Q5_0 expanded to the Q8_0 layout and Q6_K as rows (llama.cpp does not repack them: compared with its
+    MUL_MAT), Q5_0 and Q6_K as ggml's rows (llama.cpp does not repack them: compared with its
     plain MUL_MAT). Both routes, 1 and 3 threads."""
     res, (w, x) = oracle[("cr", t, N)]
     ref = res["out"]

@@ -20,9 +20,10 @@ Where ggviz differs from ggml, and why:
   8 rows' block scales in their own array (fp16, or float32 on CPUs without hardware fp16 conversion). ggml on AVX2
   has no repack for Q4_1 or Q8_0 weights. ggviz: they are added because its test model is Q4_1 with a tied Q8_0 output,
   and computes them with the arithmetic of ggml's *non*-repacked AVX2 vec_dot, so the results are ggml's bits.
-  Likewise for Gemma-3: Q5_0 weights are expanded to ``q8_0_8x4`` (int8 levels q - 16; ggml_vec_dot_q5_0_q8_0 is
-  vec_dot_q8_0 on those levels) and Q6_K weights are kept as rows (``q6_K_rows_q8_K``: vec_dot_q6_K, or tiled.cpp's
-  microtile from 8 src1 rows on), so that a Gemma graph compiles whole; Q4_K is ggml's own ``q4_K_8x8_q8_K``.
+  Likewise for Gemma-3: Q5_0 weights are kept as ggml's 22-byte rows (``q5_0_rows_q8_0``: llamafile's
+  tinyBLAS_Q0_AVX, which is what llama.cpp runs them with, fast/sgemm.py) and Q6_K weights as rows
+  (``q6_K_rows_q8_K``: vec_dot_q6_K, or tiled.cpp's microtile from 8 src1 rows on), so that a Gemma graph compiles
+  whole; Q4_K is ggml's own ``q4_K_8x8_q8_K``.
 * The repacked data is kept *beside* the original bytes, not instead of them: the buffer holds the tensor's
   ggml blocks unchanged (so GET_ROWS of the tied token embedding, the faithful kernels and the views still read
   ggml's own layout) and ``tensor.py_extra`` holds the repacked arrays. ``tensor->extra`` points at the traits
@@ -79,8 +80,8 @@ GGML_TYPE_Q5_0, GGML_TYPE_Q6_K = C.GGML_TYPE_Q5_0, C.GGML_TYPE_Q6_K
 # Gemma-3's weight types, computed by fast/kquants.py: Q4_K repacked as ggml does on AVX2 (block_q4_Kx8); Q6_K,
 # which ggml does not repack on AVX2, kept in its own layout here so that a Gemma graph compiles whole (its MUL_MAT
 # is ggml's plain one: vec_dot, or tiled.cpp for >= 8 src1 rows -- the same bits). Q5_0 (not repacked by ggml on
-# AVX2 either) is expanded to the q8_0_8x4 layout (int8 levels q - 16, the same fp16 d): ggml_vec_dot_q5_0_q8_0 is
-# ggml_vec_dot_q8_0_q8_0 on those levels, operation for operation, so the Q8_0 micro-kernels give its bits.
+# AVX2 either) stays in ggml's 22-byte blocks too: llama.cpp's prefill runs it through tinyBLAS_Q0_AVX, whose per-block
+# FMA lanes are ggml_vec_dot_q5_0_q8_0's, and so does fast/sgemm.py's q5_0_rows (the 5th bit unpacked per row tile).
 K_TYPES = (GGML_TYPE_Q4_K, GGML_TYPE_Q6_K)
 NB_COLS = 8           # rows interleaved per group
 INTER_SIZE = 4        # bytes per row per group step
@@ -123,8 +124,8 @@ class TensorTraits:
 
     def __init__(self, type_: int, param_type: int, name: str):
         self.type = type_
-        # the layout / kernel that computes it (Q5_0 weights are expanded to Q8_0's repacked layout)
-        self.kernel_type = GGML_TYPE_Q8_0 if type_ == GGML_TYPE_Q5_0 else type_
+        # the layout / kernel that computes it
+        self.kernel_type = type_
         self.param_type = param_type          # the vec-dot type src1 is quantized to (Q8_0 / Q8_1)
         self.name = name
         # the object's "address" (tensor->extra points at it, as at the static traits instance in C)
@@ -232,9 +233,10 @@ class TensorTraits:
             else:
                 qs = raw.copy()                  # not repacked by ggml on AVX2: the rows as they are
             return RepackedWeight(self, qs, np.zeros(0, np.uint8), None, rows, ne00)
+        if self.type == GGML_TYPE_Q5_0:      # not repacked by ggml on AVX2: the rows as they are
+            raw = np.asarray(data).view(np.uint8)[:rows * Q.row_size(self.type, ne00)]
+            return RepackedWeight(self, np.array(raw, np.uint8), np.zeros(0, np.uint8), None, rows, ne00)
         blocks = np.ascontiguousarray(data).view(Q.BLOCK_DTYPES[self.type]).reshape(rows, ne00 // 32)
-        if self.type == GGML_TYPE_Q5_0:
-            blocks = q5_0_as_q8_0(blocks)
         return repack_blocks(self, blocks, rows, ne00)
 
 
@@ -310,15 +312,6 @@ def repack_blocks_numpy(traits: TensorTraits, blocks: np.ndarray, rows: int, ne0
     return RepackedWeight(traits, qs.reshape(-1), d.reshape(-1), None if m is None else m.reshape(-1), rows, ne00)
 
 
-def q5_0_as_q8_0(blocks: np.ndarray) -> np.ndarray:
-    """Q5_0 blocks -> Q8_0 blocks with the same d and the int8 levels q - 16 (what the AVX2 kernel multiplies)."""
-    u = Q.unpack_blocks(GGML_TYPE_Q5_0, blocks.reshape(-1))
-    out = np.zeros(blocks.size, Q.BLOCK_DTYPES[GGML_TYPE_Q8_0])
-    out["d"] = blocks["d"].reshape(-1)
-    out["qs"] = (u["q"] - 16).astype(np.int8)
-    return out.reshape(blocks.shape)
-
-
 _TRAITS_BY_ADDR: dict[int, TensorTraits] = {}
 _TRAITS: dict[int, TensorTraits] = {}
 
@@ -326,7 +319,7 @@ _TRAITS: dict[int, TensorTraits] = {}
 def _traits_for_type(t: int) -> TensorTraits:
     if t not in _TRAITS:
         name = {GGML_TYPE_Q4_0: "q4_0_8x4_q8_0", GGML_TYPE_Q4_1: "q4_1_8x4_q8_1", GGML_TYPE_Q8_0: "q8_0_8x4_q8_0",
-                GGML_TYPE_Q4_K: "q4_K_8x8_q8_K", GGML_TYPE_Q5_0: "q5_0_8x4_q8_0", GGML_TYPE_Q6_K: "q6_K_rows_q8_K"}[t]
+                GGML_TYPE_Q4_K: "q4_K_8x8_q8_K", GGML_TYPE_Q5_0: "q5_0_rows_q8_0", GGML_TYPE_Q6_K: "q6_K_rows_q8_K"}[t]
         param = {GGML_TYPE_Q4_1: C.GGML_TYPE_Q8_1, GGML_TYPE_Q4_K: GGML_TYPE_Q8_K,
                  GGML_TYPE_Q6_K: GGML_TYPE_Q8_K}.get(t, C.GGML_TYPE_Q8_0)
         _TRAITS[t] = TensorTraits(t, param, name)

@@ -165,7 +165,7 @@ from .kquants import dequantize_row as kq_dequantize_row
 from .kquants import k_mul_mat_kq
 from .program import T_Q4_K, T_Q5_0, T_Q6_K
 from .rowdot import mmq_layout, quantize_row_q8, vec_dot_f16, vec_dot_f16_16, vec_dot_f32
-from .sgemm import llamafile_mul_mat_f
+from .sgemm import Q5_0_SIZE, Q5_ROWS, Q5_UNPACKED, llamafile_mul_mat_f, q5_0_rows
 from .sync import new_sync, set_error, tr_rec, traced, traced_barrier
 
 F32 = np.float32
@@ -204,6 +204,12 @@ def mmq_chunk(qtype, xq, xd, xm, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, w
     """Rows [r0, r1) (multiples of 8) of src0 times every column of plane i12 of the quantized src1."""
     nb = ne00 // 32
     o_q, o_d, o_s, o_sum, total = mmq_layout(ne10, ntot)
+    if qtype == T_Q5_0:         # ggml's 22-byte rows, tinyBLAS_Q0's tiles (sgemm.py)
+        scratch = np.empty(Q5_ROWS * nb * (Q5_UNPACKED + 4), np.uint8)
+        row = i12 * ne11
+        q5_0_rows(xq, nb * Q5_0_SIZE, r0, r1, nb, wdata + o_q + row * ne10, ne10, wdata + o_d + row * nb * 4,
+                  nb * 4, ne11, dst + i12 * nb2, nb1, scratch.ctypes.data)
+        return
     gq = nb * (128 if qtype != T_Q8_0 else 256)
     gd = nb * (16 if SCALES_F16 else 32)
     yqs = ne10
@@ -273,8 +279,6 @@ def k_mul_mat_q(P, F, k, ith, nth, sync, wdata):
     if qtype == T_Q4_K or qtype == T_Q6_K:      # Gemma-3's K-quant weights: kquants.py
         k_mul_mat_kq(P, k, ith, nth, sync, wdata)
         return
-    if qtype == T_Q5_0:                         # repacked as Q8_0 (levels q - 16): the same arithmetic
-        qtype = T_Q8_0
     xq, xd, xm = P[k, MMQ_QS], P[k, MMQ_D], P[k, MMQ_M]
     ne00, ne01 = P[k, S0 + NE0], P[k, S0 + NE1]
     src1 = P[k, S1 + DATA]

@@ -882,7 +882,7 @@ def kq_quantize(qtype, src1, ne10, ne11, ne12, nb11, nb12, wdata, ith, nth):
 def kq_chunk(qtype, xq, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata):
     """Rows [r0, r1) of src0 (multiples of 8 for Q4_K) times every row of plane i12 of the quantized src1.
     Q4_K: forward_mul_mat_one_chunk (gemm for the groups of 4, gemv for the rest);
-    Q6_K: vec_dot, or tiled.cpp's microtile when src1 has >= 8 rows (Q5_0 weights go through the Q8_0 kernels)."""
+    Q6_K: vec_dot, or tiled.cpp's microtile when src1 has >= 8 rows (Q5_0 weights: sgemm.q5_0_rows)."""
     rs = _vd_row_size(qtype, ne10)
     y0 = wdata + i12 * ne11 * rs
     d0 = dst + i12 * nb2
