@@ -331,7 +331,7 @@ def test_repacked_mul_mat_bitexact_with_real_ggml(qtype, M, K, T):
     assert np.array_equal(out, real)
 
 
-@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0])
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0, C.GGML_TYPE_Q5_0])
 def test_compiled_repack_is_the_numpy_repack(qtype):
     """The compiled repack (fast.kernels.repack_blocks_8x4, used at model load where NumPy would move single bytes)
     moves the same bytes as the NumPy transposes (repack.repack_blocks_numpy), for weights read-only (the mapping)
@@ -344,6 +344,8 @@ def test_compiled_repack_is_the_numpy_repack(qtype):
         src = raw.copy()
         src.flags.writeable = writeable
         blocks = np.ascontiguousarray(src).view(Q.BLOCK_DTYPES[qtype]).reshape(rows, ne00 // 32)
+        if qtype == C.GGML_TYPE_Q5_0:
+            blocks = repack.q5_0_as_q8_0(blocks)
         ref = repack.repack_blocks_numpy(tr, blocks, rows, ne00)
         got = repack.repack_blocks_compiled(tr, blocks, rows, ne00)
         for r in (got, tr.repack(t, src)):       # the kernel, and what the load uses (one of the two)
@@ -352,6 +354,34 @@ def test_compiled_repack_is_the_numpy_repack(qtype):
         assert (got.m is None) == (ref.m is None) == (qtype != Q4_1)
         if got.m is not None:
             assert np.array_equal(got.m.view(np.uint8), ref.m.view(np.uint8))
+
+
+def test_quantize_row_q8_vector_block_is_the_scalar_loop():
+    """rowdot.quantize_row_q8 on contiguous rows (a block at a time in vector IR, q8_block) writes the bytes of its
+    scalar loop (the strided rows' path, which follows arch/x86's quantize_row_q8_0/1 lane for lane), with and
+    without Q8_1's s, for blocks with NaN, infinities, zeros, ties, huge and tiny values."""
+    from ggviz.ggml.cpu.fast.rowdot import mmq_layout, quantize_row_q8
+    rng = np.random.default_rng(11)
+    n, k = 9, 256
+    x = (rng.standard_normal((n, k)) * rng.choice([1e-30, 1e-3, 1.0, 1e30], (n, 1))).astype(np.float32)
+    x[1, :32] = 0.0
+    x[2, 5], x[2, 40], x[2, 70] = np.nan, np.inf, -np.inf
+    x[3, :32] = np.arange(32) - 15.5                     # ties after scaling
+    x[4, 33] = -1e38
+    strided = np.zeros((n, 2 * k), np.float32)
+    strided[:, ::2] = x
+    for with_sum in (False, True):
+        outs = []
+        for src, nb00 in ((x, 4), (strided, 8)):
+            o_q, o_d, o_s, o_sum, total = mmq_layout(k, n)
+            w = np.full(total, 0x55, np.uint8)
+            nb = k // 32
+            for r in range(n):
+                quantize_row_q8(src[r].ctypes.data, nb00, k, w.ctypes.data + o_q + r * k,
+                                w.ctypes.data + o_d + r * nb * 4, w.ctypes.data + o_s + r * nb * 4,
+                                w.ctypes.data + o_sum + r * nb * 4, with_sum)
+            outs.append(w)
+        assert np.array_equal(outs[0], outs[1])
 
 
 def test_q5_0_rows_tails_are_vec_dot():

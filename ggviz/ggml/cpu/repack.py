@@ -20,8 +20,10 @@ Where ggviz differs from ggml, and why:
   8 rows' block scales in their own array (fp16, or float32 on CPUs without hardware fp16 conversion). ggml on AVX2
   has no repack for Q4_1 or Q8_0 weights. ggviz: they are added because its test model is Q4_1 with a tied Q8_0 output,
   and computes them with the arithmetic of ggml's *non*-repacked AVX2 vec_dot, so the results are ggml's bits.
-  Likewise for Gemma-3: Q5_0 weights are kept as ggml's 22-byte rows (``q5_0_rows_q8_0``: llamafile's
-  tinyBLAS_Q0_AVX, which is what llama.cpp runs them with, fast/sgemm.py) and Q6_K weights as rows
+  Likewise for Gemma-3: Q5_0 weights are expanded to ``q8_0_8x4`` (int8 levels q - 16; ggml_vec_dot_q5_0_q8_0 is
+  vec_dot_q8_0 on those levels) for MUL_MATs of a few src1 rows (a decode), while a prompt's MUL_MAT reads ggml's
+  own 22-byte blocks in ``tensor->data`` through tinyBLAS_Q0_AVX's tiles, as llama.cpp does (fast/sgemm.py
+  ``q5_0_rows``; the same lanes and FMAs, so the same bits), and Q6_K weights are kept as rows
   (``q6_K_rows_q8_K``: vec_dot_q6_K, or tiled.cpp's microtile from 8 src1 rows on), so that a Gemma graph compiles
   whole; Q4_K is ggml's own ``q4_K_8x8_q8_K``.
 * The repacked data is kept *beside* the original bytes, not instead of them: the buffer holds the tensor's
@@ -80,8 +82,8 @@ GGML_TYPE_Q5_0, GGML_TYPE_Q6_K = C.GGML_TYPE_Q5_0, C.GGML_TYPE_Q6_K
 # Gemma-3's weight types, computed by fast/kquants.py: Q4_K repacked as ggml does on AVX2 (block_q4_Kx8); Q6_K,
 # which ggml does not repack on AVX2, kept in its own layout here so that a Gemma graph compiles whole (its MUL_MAT
 # is ggml's plain one: vec_dot, or tiled.cpp for >= 8 src1 rows -- the same bits). Q5_0 (not repacked by ggml on
-# AVX2 either) stays in ggml's 22-byte blocks too: llama.cpp's prefill runs it through tinyBLAS_Q0_AVX, whose per-block
-# FMA lanes are ggml_vec_dot_q5_0_q8_0's, and so does fast/sgemm.py's q5_0_rows (the 5th bit unpacked per row tile).
+# AVX2 either) is expanded to the q8_0_8x4 layout (int8 levels q - 16, the same fp16 d): ggml_vec_dot_q5_0_q8_0 is
+# ggml_vec_dot_q8_0_q8_0 on those levels, operation for operation, so the Q8_0 micro-kernels give its bits.
 K_TYPES = (GGML_TYPE_Q4_K, GGML_TYPE_Q6_K)
 NB_COLS = 8           # rows interleaved per group
 INTER_SIZE = 4        # bytes per row per group step
@@ -124,8 +126,8 @@ class TensorTraits:
 
     def __init__(self, type_: int, param_type: int, name: str):
         self.type = type_
-        # the layout / kernel that computes it
-        self.kernel_type = type_
+        # the layout / kernel that computes it (Q5_0 weights are expanded to Q8_0's repacked layout)
+        self.kernel_type = GGML_TYPE_Q8_0 if type_ == GGML_TYPE_Q5_0 else type_
         self.param_type = param_type          # the vec-dot type src1 is quantized to (Q8_0 / Q8_1)
         self.name = name
         # the object's "address" (tensor->extra points at it, as at the static traits instance in C)
@@ -169,7 +171,7 @@ class TensorTraits:
             raise GGMLError(f"repack mul_mat: work buffer of {0 if wdata is None else wdata.nbytes} bytes, "
                             f"needs {need}")
         w = wdata.ctypes.data
-        qtype = self.kernel_type
+        qtype = self.type if self.type == GGML_TYPE_Q5_0 else self.kernel_type     # mmq_chunk picks Q5_0's layout
         fk.mmq_quantize(int(src1.data), ne10, ne11, ne12, nb11, nb12, nb10, w, qtype == GGML_TYPE_Q4_1, ith, nth)
         tp = params.threadpool
         nchunk0, dr0 = fk.mmq_nchunk(ne01, nth)
@@ -188,7 +190,7 @@ class TensorTraits:
                     trace.emit("cpu.chunk", ith=ith, node=op.name, chunk=current, ir0=(int(s), int(e)),
                                ir1=(0, ne11), repack=self.name)
                 fk.mmq_chunk(qtype, xq, xd, xm, ne00, s, e, int(op.data), nb1, nb2, current // nchunk0, ne11,
-                             ne10, w, ne11 * ne12)
+                             ne10, w, ne11 * ne12, int(src0.data), int(src0.nb[1]))
             current = tp.chunk_add(1) if tp is not None else current + nth
 
     def _forward_mul_mat_kq(self, params, op: Tensor, rw, wdata) -> None:
@@ -233,10 +235,9 @@ class TensorTraits:
             else:
                 qs = raw.copy()                  # not repacked by ggml on AVX2: the rows as they are
             return RepackedWeight(self, qs, np.zeros(0, np.uint8), None, rows, ne00)
-        if self.type == GGML_TYPE_Q5_0:      # not repacked by ggml on AVX2: the rows as they are
-            raw = np.asarray(data).view(np.uint8)[:rows * Q.row_size(self.type, ne00)]
-            return RepackedWeight(self, np.array(raw, np.uint8), np.zeros(0, np.uint8), None, rows, ne00)
         blocks = np.ascontiguousarray(data).view(Q.BLOCK_DTYPES[self.type]).reshape(rows, ne00 // 32)
+        if self.type == GGML_TYPE_Q5_0:
+            blocks = q5_0_as_q8_0(blocks)
         return repack_blocks(self, blocks, rows, ne00)
 
 
@@ -312,6 +313,15 @@ def repack_blocks_numpy(traits: TensorTraits, blocks: np.ndarray, rows: int, ne0
     return RepackedWeight(traits, qs.reshape(-1), d.reshape(-1), None if m is None else m.reshape(-1), rows, ne00)
 
 
+def q5_0_as_q8_0(blocks: np.ndarray) -> np.ndarray:
+    """Q5_0 blocks -> Q8_0 blocks with the same d and the int8 levels q - 16 (what the AVX2 kernel multiplies)."""
+    u = Q.unpack_blocks(GGML_TYPE_Q5_0, blocks.reshape(-1))
+    out = np.zeros(blocks.size, Q.BLOCK_DTYPES[GGML_TYPE_Q8_0])
+    out["d"] = blocks["d"].reshape(-1)
+    out["qs"] = (u["q"] - 16).astype(np.int8)
+    return out.reshape(blocks.shape)
+
+
 _TRAITS_BY_ADDR: dict[int, TensorTraits] = {}
 _TRAITS: dict[int, TensorTraits] = {}
 
@@ -319,7 +329,7 @@ _TRAITS: dict[int, TensorTraits] = {}
 def _traits_for_type(t: int) -> TensorTraits:
     if t not in _TRAITS:
         name = {GGML_TYPE_Q4_0: "q4_0_8x4_q8_0", GGML_TYPE_Q4_1: "q4_1_8x4_q8_1", GGML_TYPE_Q8_0: "q8_0_8x4_q8_0",
-                GGML_TYPE_Q4_K: "q4_K_8x8_q8_K", GGML_TYPE_Q5_0: "q5_0_rows_q8_0", GGML_TYPE_Q6_K: "q6_K_rows_q8_K"}[t]
+                GGML_TYPE_Q4_K: "q4_K_8x8_q8_K", GGML_TYPE_Q5_0: "q5_0_8x4_q8_0", GGML_TYPE_Q6_K: "q6_K_rows_q8_K"}[t]
         param = {GGML_TYPE_Q4_1: C.GGML_TYPE_Q8_1, GGML_TYPE_Q4_K: GGML_TYPE_Q8_K,
                  GGML_TYPE_Q6_K: GGML_TYPE_Q8_K}.get(t, C.GGML_TYPE_Q8_0)
         _TRAITS[t] = TensorTraits(t, param, name)

@@ -287,6 +287,25 @@ Q5_0_SIZE = 22          # sizeof(block_q5_0): fp16 d, 4 bytes qh, 16 bytes qs
 Q5_UNPACKED = 64        # per block in the scratch: the 32 levels a (int8), then |a|
 
 
+def _q5_0_levels(builder, blk):
+    """tinyBLAS_Q0_AVX::load(const block_q5_0 *): the block at address blk -> its 32 int8 levels q - 16 (the nibbles,
+    OR the 5th bit as 0x10, minus 16; element j < 16 the low nibble of qs[j], j >= 16 the high nibble of qs[j - 16])
+    and its d as float32 (exact)."""
+    v32 = _vec(_i8, 32)
+    zero = ir.Constant(v32, None)
+    h = builder.load(_ptr(builder, blk, ir.IntType(16)), align=1)
+    d = builder.fpext(builder.bitcast(h, ir.HalfType()), _f32)
+    qh = builder.load(_ptr(builder, builder.add(blk, ir.Constant(_i64, 2)), _vec(_i8, 4)), align=1)
+    qs = builder.load(_ptr(builder, builder.add(blk, ir.Constant(_i64, 6)), _vec(_i8, 16)), align=1)
+    nib = builder.and_(builder.lshr(builder.shuffle_vector(qs, qs, _cvec(_i32, list(range(16)) * 2)),
+                                    _cvec(_i8, [0] * 16 + [4] * 16)), _cvec(_i8, [15] * 32))
+    # bit j of qh -> 0x10 (bytes_from_bits_32)
+    hb = builder.and_(builder.shuffle_vector(qh, qh, _cvec(_i32, [j // 8 for j in range(32)])),
+                      _cvec(_i8, [1 << (j % 8) for j in range(32)]))
+    h5 = builder.select(builder.icmp_unsigned("!=", hb, zero), _cvec(_i8, [16] * 32), zero)
+    return builder.sub(builder.or_(nib, h5), _cvec(_i8, [16] * 32)), d
+
+
 @intrinsic
 def q5_0_unpack_rows(typingctx, x, xrs, nrows, nb, scratch, sd):
     """Rows x + r*xrs (r < nrows) of nb block_q5_0 each -> scratch + (r*nb + b)*64: the int8 levels q - 16 of block
@@ -294,29 +313,13 @@ def q5_0_unpack_rows(typingctx, x, xrs, nrows, nb, scratch, sd):
     def codegen(context, builder, sig, args):
         x, xrs, nrows, nb, scratch, sd = args
         v32 = _vec(_i8, 32)
-        lo_hi = _cvec(_i32, list(range(16)) + list(range(16)))
-        nib_sh = _cvec(_i8, [0] * 16 + [4] * 16)
-        mask15 = _cvec(_i8, [15] * 32)
-        qh_byte = _cvec(_i32, [j // 8 for j in range(32)])
-        qh_bit = _cvec(_i8, [1 << (j % 8) for j in range(32)])
-        zero = ir.Constant(v32, None)
         with cgutils.for_range(builder, nrows) as rl:
             row = builder.add(x, builder.mul(rl.index, xrs))
             with cgutils.for_range(builder, nb) as bl:
                 i = builder.add(builder.mul(rl.index, nb), bl.index)
-                blk = builder.add(row, builder.mul(bl.index, ir.Constant(_i64, Q5_0_SIZE)))
-                h = builder.load(_ptr(builder, blk, ir.IntType(16)), align=1)
-                d = builder.fpext(builder.bitcast(h, ir.HalfType()), _f32)
+                a, d = _q5_0_levels(builder, builder.add(row, builder.mul(bl.index, ir.Constant(_i64, Q5_0_SIZE))))
                 builder.store(d, _ptr(builder, builder.add(sd, builder.mul(i, ir.Constant(_i64, 4))), _f32),
                               align=1)
-                qh = builder.load(_ptr(builder, builder.add(blk, ir.Constant(_i64, 2)), _vec(_i8, 4)), align=1)
-                qs = builder.load(_ptr(builder, builder.add(blk, ir.Constant(_i64, 6)), _vec(_i8, 16)), align=1)
-                # element j < 16: low nibble of qs[j]; j >= 16: high nibble of qs[j - 16]
-                nib = builder.and_(builder.lshr(builder.shuffle_vector(qs, qs, lo_hi), nib_sh), mask15)
-                # bit j of qh -> 0x10 (bytes_from_bits_32)
-                hb = builder.and_(builder.shuffle_vector(qh, qh, qh_byte), qh_bit)
-                h5 = builder.select(builder.icmp_unsigned("!=", hb, zero), _cvec(_i8, [16] * 32), zero)
-                a = builder.sub(builder.or_(nib, h5), _cvec(_i8, [16] * 32))
                 dst = builder.add(scratch, builder.mul(i, ir.Constant(_i64, Q5_UNPACKED)))
                 builder.store(a, _ptr(builder, dst, v32), align=1)
                 builder.store(_sign_b(builder, a, a), _ptr(builder, builder.add(dst, ir.Constant(_i64, 32)), v32),
@@ -373,6 +376,9 @@ q0_tile_4x1 = _make_q0_tile(4, 1)
 q0_tile_1x2 = _make_q0_tile(1, 2)
 q0_tile_1x1 = _make_q0_tile(1, 1)
 Q5_ROWS = 4             # rows unpacked (and computed) together
+# from this many src1 columns on (a prompt), Q5_0's MUL_MAT reads ggml's blocks here; below, the unpack would not
+# pay for itself and the CPU_REPACK's Q8_0 expansion is faster (a decode's GEMV: ~1.8x)
+Q5_RAW_COLS = 32
 
 
 @compiled
