@@ -356,6 +356,59 @@ def test_compiled_repack_is_the_numpy_repack(qtype):
             assert np.array_equal(got.m.view(np.uint8), ref.m.view(np.uint8))
 
 
+def test_quantize_row_q8_vector_block_is_the_scalar_loop():
+    """rowdot.quantize_row_q8 on contiguous rows (a block at a time in vector IR, q8_block) writes the bytes of its
+    scalar loop (the strided rows' path, which follows arch/x86's quantize_row_q8_0/1 lane for lane), with and
+    without Q8_1's s, for blocks with NaN, infinities, zeros, ties, huge and tiny values."""
+    from ggviz.ggml.cpu.fast.rowdot import mmq_layout, quantize_row_q8
+    rng = np.random.default_rng(11)
+    n, k = 9, 256
+    x = (rng.standard_normal((n, k)) * rng.choice([1e-30, 1e-3, 1.0, 1e30], (n, 1))).astype(np.float32)
+    x[1, :32] = 0.0
+    x[2, 5], x[2, 40], x[2, 70] = np.nan, np.inf, -np.inf
+    x[3, :32] = np.arange(32) - 15.5                     # ties after scaling
+    x[4, 33] = -1e38
+    strided = np.zeros((n, 2 * k), np.float32)
+    strided[:, ::2] = x
+    for with_sum in (False, True):
+        outs = []
+        for src, nb00 in ((x, 4), (strided, 8)):
+            o_q, o_d, o_s, o_sum, total = mmq_layout(k, n)
+            w = np.full(total, 0x55, np.uint8)
+            nb = k // 32
+            for r in range(n):
+                quantize_row_q8(src[r].ctypes.data, nb00, k, w.ctypes.data + o_q + r * k,
+                                w.ctypes.data + o_d + r * nb * 4, w.ctypes.data + o_s + r * nb * 4,
+                                w.ctypes.data + o_sum + r * nb * 4, with_sum)
+            outs.append(w)
+        assert np.array_equal(outs[0], outs[1])
+
+
+def test_q5_0_rows_tails_are_vec_dot():
+    """fast/sgemm.py's q5_0_rows (tinyBLAS_Q0's 4x2 tiles on ggml's 22-byte Q5_0 blocks) gives ggml_vec_dot_q5_0_q8_0's
+    bits (the faithful cpu/quants.vec_dot, itself checked against llama.cpp) for any row range and column count: the
+    4-row tiles, the rows left over (a range that is not a multiple of 4) and an odd last column."""
+    from ggviz.ggml.cpu import quants as CQ
+    from ggviz.ggml.cpu.fast import sgemm
+    from ggviz.ggml.cpu.fast.rowdot import mmq_layout
+    rng = np.random.default_rng(5)
+    rows, ne00, ncols, t5 = 11, 96, 5, C.GGML_TYPE_Q5_0
+    nb = ne00 // 32
+    raw = rng.integers(0, 256, rows * Q.row_size(t5, ne00), dtype=np.uint8)
+    raw.view(Q.BLOCK_DTYPES[t5])["d"] = Q.fp32_to_fp16(rng.uniform(-0.05, 0.05, rows * nb).astype(np.float32))
+    x = rng.standard_normal((ncols, ne00)).astype(np.float32)
+    want = CQ.vec_dot(t5, raw.reshape(rows, -1), CQ.from_float(C.GGML_TYPE_Q8_0, x))
+    o_q, o_d, _, _, total = mmq_layout(ne00, ncols)
+    w = np.zeros(total, np.uint8)
+    fk.mmq_quantize(x.ctypes.data, ne00, ncols, 1, ne00 * 4, ne00 * 4 * ncols, 4, w.ctypes.data, False, 0, 1)
+    scratch = np.zeros(sgemm.Q5_ROWS * nb * (sgemm.Q5_UNPACKED + 4), np.uint8)
+    got = np.full((ncols, rows), np.nan, np.float32)
+    for r0, r1 in ((0, 4), (4, 11)):            # a full tile, then a tile and 3 rows left over
+        sgemm.q5_0_rows(raw.ctypes.data, nb * sgemm.Q5_0_SIZE, r0, r1, nb, w.ctypes.data + o_q, ne00,
+                        w.ctypes.data + o_d, nb * 4, ncols, got.ctypes.data, rows * 4, scratch.ctypes.data)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_repacked_output_matrix():
     """The tied Q8_0 output matrix: 49152 rows."""
     ref, _, _ = _mm_case(Q8_0, 49152, 576, 2, 1, place=False, route="graph")

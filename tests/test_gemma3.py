@@ -211,6 +211,25 @@ def test_teacher_forced_decode_path(gemma):
 
 
 @needs_model
+def test_teacher_forced_prompt_path(gemma):
+    """The same 90 ids in ONE llama_decode, logits for every position (llama.cpp's capture made the same way): the
+    prompt path -- src1 quantized a batch at a time, Q5_0 through tinyBLAS_Q0's tiles on ggml's own blocks, the
+    repacked Q4_K GEMM, Q6_K's tiled microkernel, the batched attention -- gives every row's float32 bytes."""
+    z = np.load(DATA / "gemma3_tf_batch90.npz")
+    ids = z["ids"]
+    ctx = _ctx(gemma)
+    b = llama.batch_init(len(ids), 0, 1)
+    for i, t in enumerate(ids):
+        b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = int(t), i, 1, 0, 1
+    b.n_tokens = len(ids)
+    assert llama.decode(ctx, b) == 0
+    rows = np.array([llama.get_logits_ith(ctx, i).astype(np.float32) for i in range(len(ids))])
+    exact = [hashlib.sha256(r.tobytes()).hexdigest().encode() == bytes(h) for r, h in zip(rows, z["row_sha256"])]
+    assert all(exact), f"rows not bit-identical to llama.cpp's: {[i for i, e in enumerate(exact) if not e]}"
+    assert np.array_equal(rows.argmax(-1), z["argmax"])
+
+
+@needs_model
 def test_greedy_continuations_equal_llamacpp(gemma):
     """Each of the 3 prompts (llama.cpp's ids, one batch), then 32 tokens, one per llama_decode, each the argmax:
     the same 32 tokens as llama.cpp's greedy run, from the first."""

@@ -111,7 +111,7 @@ def oracle():
             add(("mm", t, N), op="mul_mat", type=t, w=w, x=x, n_threads=2, repack=False)
     for t in (GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K):
         w = _quant(t, _rows(5, 64, N_EL))
-        for N in (1, 5, 9):
+        for N in (1, 5, 9, 33):
             x = _rows(400 + N, N, N_EL)
             data[("cr", t, N)] = (w, x)
             add(("cr", t, N), op="mul_mat", type=t, w=w, x=x, n_threads=3, repack=t == GGML_TYPE_Q4_K)
@@ -282,12 +282,12 @@ def _placed_mul_mat(t, w, x, nth, route):
 
 
 @pytest.mark.skipif(K is None or not R.available(), reason="no compiled fast path (Numba) / CPU_REPACK disabled")
-@pytest.mark.parametrize("N", [1, 5, 9])
+@pytest.mark.parametrize("N", [1, 5, 9, 33])
 @pytest.mark.parametrize("t", [GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K], ids=Q.type_name)
 def test_cpu_repack_mul_mat_bitwise(oracle, t, N):
     """Weights in ggviz's CPU_REPACK: Q4_K as block_q4_Kx8 (llama.cpp repacks it too: compared with its CPU_REPACK
-    MUL_MAT), Q5_0 expanded to the Q8_0 layout and Q6_K as rows (llama.cpp does not repack them: compared with its
-    plain MUL_MAT). Both routes, 1 and 3 threads."""
+    MUL_MAT), Q5_0 expanded to the Q8_0 layout (1-9 columns) or read as ggml's rows by tinyBLAS_Q0's tiles (33) and
+    Q6_K as rows (llama.cpp does not repack them: compared with its plain MUL_MAT). Both routes, 1 and 3 threads."""
     res, (w, x) = oracle[("cr", t, N)]
     ref = res["out"]
     for nth in (1, 3):

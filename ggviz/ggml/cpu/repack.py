@@ -21,8 +21,11 @@ Where ggviz differs from ggml, and why:
   has no repack for Q4_1 or Q8_0 weights. ggviz: they are added because its test model is Q4_1 with a tied Q8_0 output,
   and computes them with the arithmetic of ggml's *non*-repacked AVX2 vec_dot, so the results are ggml's bits.
   Likewise for Gemma-3: Q5_0 weights are expanded to ``q8_0_8x4`` (int8 levels q - 16; ggml_vec_dot_q5_0_q8_0 is
-  vec_dot_q8_0 on those levels) and Q6_K weights are kept as rows (``q6_K_rows_q8_K``: vec_dot_q6_K, or tiled.cpp's
-  microtile from 8 src1 rows on), so that a Gemma graph compiles whole; Q4_K is ggml's own ``q4_K_8x8_q8_K``.
+  vec_dot_q8_0 on those levels) for MUL_MATs of a few src1 rows (a decode), while a prompt's MUL_MAT reads ggml's
+  own 22-byte blocks in ``tensor->data`` through tinyBLAS_Q0_AVX's tiles, as llama.cpp does (fast/sgemm.py
+  ``q5_0_rows``; the same lanes and FMAs, so the same bits), and Q6_K weights are kept as rows
+  (``q6_K_rows_q8_K``: vec_dot_q6_K, or tiled.cpp's microtile from 8 src1 rows on), so that a Gemma graph compiles
+  whole; Q4_K is ggml's own ``q4_K_8x8_q8_K``.
 * The repacked data is kept *beside* the original bytes, not instead of them: the buffer holds the tensor's
   ggml blocks unchanged (so GET_ROWS of the tied token embedding, the faithful kernels and the views still read
   ggml's own layout) and ``tensor.py_extra`` holds the repacked arrays. ``tensor->extra`` points at the traits
@@ -168,7 +171,7 @@ class TensorTraits:
             raise GGMLError(f"repack mul_mat: work buffer of {0 if wdata is None else wdata.nbytes} bytes, "
                             f"needs {need}")
         w = wdata.ctypes.data
-        qtype = self.kernel_type
+        qtype = self.type if self.type == GGML_TYPE_Q5_0 else self.kernel_type     # mmq_chunk picks Q5_0's layout
         fk.mmq_quantize(int(src1.data), ne10, ne11, ne12, nb11, nb12, nb10, w, qtype == GGML_TYPE_Q4_1, ith, nth)
         tp = params.threadpool
         nchunk0, dr0 = fk.mmq_nchunk(ne01, nth)
@@ -187,7 +190,7 @@ class TensorTraits:
                     trace.emit("cpu.chunk", ith=ith, node=op.name, chunk=current, ir0=(int(s), int(e)),
                                ir1=(0, ne11), repack=self.name)
                 fk.mmq_chunk(qtype, xq, xd, xm, ne00, s, e, int(op.data), nb1, nb2, current // nchunk0, ne11,
-                             ne10, w, ne11 * ne12)
+                             ne10, w, ne11 * ne12, int(src0.data), int(src0.nb[1]))
             current = tp.chunk_add(1) if tp is not None else current + nth
 
     def _forward_mul_mat_kq(self, params, op: Tensor, rw, wdata) -> None:

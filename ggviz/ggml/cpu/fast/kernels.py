@@ -165,7 +165,7 @@ from .kquants import dequantize_row as kq_dequantize_row
 from .kquants import k_mul_mat_kq
 from .program import T_Q4_K, T_Q5_0, T_Q6_K
 from .rowdot import mmq_layout, quantize_row_q8, vec_dot_f16, vec_dot_f16_16, vec_dot_f32
-from .sgemm import llamafile_mul_mat_f
+from .sgemm import Q5_RAW_COLS, Q5_ROWS, Q5_UNPACKED, llamafile_mul_mat_f, q5_0_rows
 from .sync import new_sync, set_error, tr_rec, traced, traced_barrier
 
 F32 = np.float32
@@ -200,10 +200,20 @@ def mmq_quantize(src1, ne10, ne11, ne12, nb11, nb12, nb10, wdata, with_sum, ith,
             i11 += nth
 
 @compiled
-def mmq_chunk(qtype, xq, xd, xm, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata, ntot):
-    """Rows [r0, r1) (multiples of 8) of src0 times every column of plane i12 of the quantized src1."""
+def mmq_chunk(qtype, xq, xd, xm, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata, ntot, x0, xrs):
+    """Rows [r0, r1) (multiples of 8) of src0 times every column of plane i12 of the quantized src1. Q5_0: from
+    Q5_RAW_COLS columns on, ggml's own blocks (x0: src0->data, xrs: nb01) through tinyBLAS_Q0's tiles (sgemm.py),
+    which unpack a row tile once for all the columns; fewer columns take the repacked Q8_0 layout (xq, xd)."""
     nb = ne00 // 32
     o_q, o_d, o_s, o_sum, total = mmq_layout(ne10, ntot)
+    if qtype == T_Q5_0:
+        if ne11 >= Q5_RAW_COLS:
+            scratch = np.empty(Q5_ROWS * nb * (Q5_UNPACKED + 4), np.uint8)
+            row = i12 * ne11
+            q5_0_rows(x0, xrs, r0, r1, nb, wdata + o_q + row * ne10, ne10, wdata + o_d + row * nb * 4,
+                      nb * 4, ne11, dst + i12 * nb2, nb1, scratch.ctypes.data)
+            return
+        qtype = T_Q8_0          # expanded to Q8_0 (levels q - 16): ggml_vec_dot_q5_0_q8_0's arithmetic
     gq = nb * (128 if qtype != T_Q8_0 else 256)
     gd = nb * (16 if SCALES_F16 else 32)
     yqs = ne10
@@ -273,8 +283,6 @@ def k_mul_mat_q(P, F, k, ith, nth, sync, wdata):
     if qtype == T_Q4_K or qtype == T_Q6_K:      # Gemma-3's K-quant weights: kquants.py
         k_mul_mat_kq(P, k, ith, nth, sync, wdata)
         return
-    if qtype == T_Q5_0:                         # repacked as Q8_0 (levels q - 16): the same arithmetic
-        qtype = T_Q8_0
     xq, xd, xm = P[k, MMQ_QS], P[k, MMQ_D], P[k, MMQ_M]
     ne00, ne01 = P[k, S0 + NE0], P[k, S0 + NE1]
     src1 = P[k, S1 + DATA]
@@ -295,7 +303,7 @@ def k_mul_mat_q(P, F, k, ith, nth, sync, wdata):
         if s < e:
             t0 = rdtsc() if tr else 0
             mmq_chunk(qtype, xq, xd, xm, ne00, s, e, dst, nb1, nb2, current // nchunk0, ne11, ne10, wdata,
-                      ne11 * ne12)
+                      ne11 * ne12, P[k, S0 + DATA], P[k, S0 + NB1])
             if tr:
                 i12 = current // nchunk0
                 tr_rec(sync, ith, TR_CHUNK, k, current, s, e, i12 * ne11, (i12 + 1) * ne11,
@@ -863,7 +871,7 @@ def warmup() -> float:
     mmq_layout(32, 1)
     mmq_chunk_rows(0, 1, 8, 8)
     mmq_nchunk(8, 1)
-    mmq_chunk(T_Q4_1, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 1, 32, 0, 1)
+    mmq_chunk(T_Q4_1, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 1, 32, 0, 1, 0, 0)
     # CPU_REPACK's repack at model load (repack.py), on one group of 8 empty rows
     # weights read from the mapped GGUF (read-only) or made in memory
     z16 = np.zeros((1, 1, 8), np.uint16)

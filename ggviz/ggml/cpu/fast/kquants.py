@@ -527,39 +527,90 @@ def quantize_row_q8_K(x, y, k):
         st_f32(yb, F32(1.0) / iscale)
 
 
+@intrinsic
+def q8_K_absmax_pos(typingctx, xb):
+    """The 256 floats at xb: amax = the largest |x| that compares greater (NaNs never do; 0 when none), as the
+    running ``a if a > amax else amax`` (any order gives the same value), and whether some x == +amax: returns
+    amax, negated when no x equals +amax (-0.0 for an all-zero block: the caller tests amax != 0 first)."""
+    def codegen(context, builder, sig, args):
+        (xb,) = args
+        v8f = _vec(_f32, 8)
+        fabs = _decl(builder, "llvm.fabs.v8f32", v8f, [v8f])
+        xs = [builder.load(_ptr(builder, builder.add(xb, ir.Constant(_i64, 32 * c)), v8f), align=1) for c in range(32)]
+        m = ir.Constant(v8f, None)
+        for x in xs:
+            a = builder.call(fabs, [x])
+            m = builder.select(builder.fcmp_ordered(">", a, m), a, m)
+        amax = ir.Constant(_f32, 0.0)
+        for j in range(8):
+            e = builder.extract_element(m, ir.Constant(_i32, j))
+            amax = builder.select(builder.fcmp_ordered(">", e, amax), e, amax)
+        sp = _splat(builder, amax, 8)
+        hit = builder.fcmp_ordered("==", xs[0], sp)
+        for x in xs[1:]:
+            hit = builder.or_(hit, builder.fcmp_ordered("==", x, sp))
+        bits = builder.bitcast(builder.zext(hit, _vec(_i8, 8)), _i64)
+        return builder.select(builder.icmp_unsigned("!=", bits, ir.Constant(_i64, 0)), amax, builder.fneg(amax))
+    return types.float32(types.int64), codegen
+
+
+@intrinsic
+def q8_K_quant32(typingctx, x, iscale, q, qstride):
+    """32 floats at x -> int8 ``rint(x*iscale)`` (NaN -> -128, else clamped to [-128, 127] as floats), stored as
+    four 8-byte runs at q, q + qstride, ...; returns the two int32 sums of 16 as (s0 & 0xFFFFFFFF) | s1 << 32."""
+    def codegen(context, builder, sig, args):
+        x, iscale, q, qstride = args
+        v32f = _vec(_f32, 32)
+        rint = _decl(builder, "llvm.rint.v32f32", v32f, [v32f])
+        v = builder.call(rint, [builder.fmul(builder.load(_ptr(builder, x, v32f), align=1),
+                                             _splat(builder, iscale, 32))])
+        lo, hi = _splat(builder, ir.Constant(_f32, -128.0), 32), _splat(builder, ir.Constant(_f32, 127.0), 32)
+        c = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)       # max(v, -128): v unless v <= -128
+        c = builder.select(builder.fcmp_ordered("<", c, hi), c, hi)       # min(c, 127)
+        c = builder.select(builder.fcmp_unordered("uno", v, v), lo, c)     # NaN -> -128
+        qi = builder.fptosi(c, _vec(_i32, 32))
+        q8 = builder.trunc(qi, _vec(_i8, 32))
+        for t in range(4):
+            part = builder.shuffle_vector(q8, q8, _cvec(_i32, list(range(8 * t, 8 * t + 8))))
+            builder.store(part, _ptr(builder, builder.add(q, builder.mul(ir.Constant(_i64, t), qstride)),
+                                     _vec(_i8, 8)), align=1)
+        sums = []
+        for h in range(2):
+            w = builder.shuffle_vector(qi, qi, _cvec(_i32, list(range(16 * h, 16 * h + 16))))
+            n = 16
+            while n > 1:
+                n //= 2
+                w = builder.add(builder.shuffle_vector(w, w, _cvec(_i32, list(range(n)))),
+                                builder.shuffle_vector(w, w, _cvec(_i32, list(range(n, 2 * n)))))
+            sums.append(builder.zext(builder.extract_element(w, ir.Constant(_i32, 0)), _i64))
+        return builder.or_(sums[0], builder.shl(sums[1], ir.Constant(_i64, 32)))
+    return types.int64(types.int64, types.float32, types.int64, types.int64), codegen
+
+
 @compiled
 def quantize_mat_q8_K_4x8(x, row_stride, y, k):
     """ggml_quantize_mat_q8_K_4x8 (AVX2): 4 float32 rows (x, x + row_stride bytes, ...) -> block_q8_Kx4 at y.
-    The scale is -127/amax when some value equals +amax, else 127/amax (the AVX2 code's sign test)."""
-    iscale = np.zeros(4, np.float32)
+    The scale is -127/amax when some value equals +amax, else 127/amax (the AVX2 code's sign test). A super-block
+    of a row at a time in vector IR (q8_K_absmax_pos, q8_K_quant32): the same compares, products and roundings as
+    the scalar loops they replace, whatever the order."""
     for i in range(k // 256):
         yb = y + Q8_KX4_SIZE * i
         for r in range(4):
             xb = x + r * row_stride + 4 * 256 * i
-            amax = F32(0.0)
-            for j in range(256):
-                a = abs(ld_f32(xb + 4 * j))
-                amax = a if a > amax else amax
-            pos = False
-            for j in range(256):
-                if ld_f32(xb + 4 * j) == amax:
-                    pos = True
+            am = q8_K_absmax_pos(xb)
+            amax = abs(am)
             if amax != F32(0.0):
-                iscale[r] = (F32(-127.0) if pos else F32(127.0)) / amax
-                st_f32(yb + 4 * r, F32(1.0) / iscale[r])
+                iscale = (F32(-127.0) if am > F32(0.0) else F32(127.0)) / amax
+                st_f32(yb + 4 * r, F32(1.0) / iscale)
             else:
-                iscale[r] = F32(0.0)
+                iscale = F32(0.0)
                 st_f32(yb + 4 * r, F32(0.0))
-        for r in range(4):
-            xb = x + r * row_stride + 4 * 256 * i
-            for g in range(16):
-                s = np.int64(0)
-                for j in range(16 * g, 16 * g + 16):
-                    v = np.rint(ld_f32(xb + 4 * j) * iscale[r])
-                    q = np.int64(-128) if v != v else np.int64(min(max(v, F32(-128.0)), F32(127.0)))
-                    st_i8(yb + 16 + 32 * (j >> 3) + 8 * r + (j & 7), np.int8(q))
-                    s += q
-                st_u16(yb + 16 + 1024 + 2 * (16 * (g >> 2) + 4 * r + (g & 3)), np.uint16(s & 0xFFFF))
+            for j0 in range(0, 256, 32):
+                s2 = q8_K_quant32(xb + 4 * j0, iscale, yb + 16 + 32 * (j0 >> 3) + 8 * r, 32)
+                for h in range(2):
+                    g = j0 // 16 + h
+                    s = (s2 >> (32 * h)) & 0xFFFF
+                    st_u16(yb + 16 + 1024 + 2 * (16 * (g >> 2) + 4 * r + (g & 3)), np.uint16(s))
 
 
 @intrinsic
@@ -882,7 +933,7 @@ def kq_quantize(qtype, src1, ne10, ne11, ne12, nb11, nb12, wdata, ith, nth):
 def kq_chunk(qtype, xq, ne00, r0, r1, dst, nb1, nb2, i12, ne11, ne10, wdata):
     """Rows [r0, r1) of src0 (multiples of 8 for Q4_K) times every row of plane i12 of the quantized src1.
     Q4_K: forward_mul_mat_one_chunk (gemm for the groups of 4, gemv for the rest);
-    Q6_K: vec_dot, or tiled.cpp's microtile when src1 has >= 8 rows (Q5_0 weights go through the Q8_0 kernels)."""
+    Q6_K: vec_dot, or tiled.cpp's microtile when src1 has >= 8 rows (Q5_0 weights: sgemm.q5_0_rows)."""
     rs = _vd_row_size(qtype, ne10)
     y0 = wdata + i12 * ne11 * rs
     d0 = dst + i12 * nb2

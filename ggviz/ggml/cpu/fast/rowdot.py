@@ -8,6 +8,10 @@ can call PowerInfer's kernels in ``sparse.py``, which need them too, without an 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .intrinsics import (
     HAVE_AVX2,
@@ -35,11 +39,86 @@ F32 = np.float32
 def _maxps(a, b):
     return a if a > b else b
 
+@intrinsic
+def q8_block(typingctx, xb, qy, out):
+    """One block of 32 contiguous floats at xb -> 32 int8 quants at qy, as quantize_row_q8's loop below (the same
+    selects, the same float ops, the same integers) in vector IR; returns amax / 127 (the unrounded d) and writes
+    the int32 sum of the quants at ``out`` and the wrapping int32 sum of the rounded values (before the int8
+    saturation: Q8_1's s) at out + 4."""
+    def codegen(context, builder, sig, args):
+        xb, qy, out = args
+        f32, i32, i8 = ir.FloatType(), ir.IntType(32), ir.IntType(8)
+        v32 = ir.VectorType(f32, 32)
+        iv32 = ir.VectorType(i32, 32)
+
+        def const(t, n, v):
+            return ir.Constant(ir.VectorType(t, n), [ir.Constant(t, v)] * n)
+
+        def fabs(v):
+            name = f"llvm.fabs.v{v.type.count}f32" if isinstance(v.type, ir.VectorType) else "llvm.fabs.f32"
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v.type, [v.type]), name)
+            return builder.call(fn, [v])
+
+        def maxps(a, b):            # _mm256_max_ps(a, b): a if a > b else b (b where either is NaN)
+            return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+        x = builder.load(builder.inttoptr(xb, v32.as_pointer()), align=1)
+        ax = fabs(x)
+        lanes = builder.shuffle_vector(ax, ax, ir.Constant(ir.VectorType(i32, 8), list(range(8))))
+        for v in range(1, 4):
+            nxt = builder.shuffle_vector(ax, ax, ir.Constant(ir.VectorType(i32, 8), list(range(8 * v, 8 * v + 8))))
+            lanes = maxps(lanes, nxt)
+        e = [builder.extract_element(lanes, ir.Constant(i32, j)) for j in range(8)]
+        m0, m1, m2, m3 = maxps(e[4], e[0]), maxps(e[5], e[1]), maxps(e[6], e[2]), maxps(e[7], e[3])
+        amax = maxps(maxps(m0, m2), maxps(m1, m3))
+        d = builder.fdiv(amax, ir.Constant(f32, 127.0))
+        idv = builder.select(builder.fcmp_unordered("!=", amax, ir.Constant(f32, 0.0)),
+                             builder.fdiv(ir.Constant(f32, 127.0), amax), ir.Constant(f32, 0.0))
+        vi = builder.insert_element(ir.Constant(v32, None), idv, ir.Constant(i32, 0))
+        v = builder.fmul(x, builder.shuffle_vector(vi, vi, ir.Constant(ir.VectorType(i32, 32), [0] * 32)))
+        # _mm256_round_ps(nearest) then _mm256_cvtps_epi32 (NaN / out of range -> INT_MIN)
+        bad = builder.or_(builder.fcmp_unordered("uno", v, v),
+                          builder.fcmp_ordered(">=", fabs(v), const(f32, 32, 2147483648.0)))
+        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v32]), "llvm.rint.v32f32")
+        r = builder.select(bad, const(f32, 32, 0.0), builder.call(rint, [v]))
+        iv = builder.select(bad, const(i32, 32, -2147483648), builder.fptosi(r, iv32))
+        q = builder.select(builder.icmp_signed(">", iv, const(i32, 32, 127)), const(i32, 32, 127), iv)
+        q = builder.select(builder.icmp_signed("<", q, const(i32, 32, -128)), const(i32, 32, -128), q)
+        qp = builder.inttoptr(qy, ir.VectorType(i8, 32).as_pointer())
+        builder.store(builder.trunc(q, ir.VectorType(i8, 32)), qp, align=1)
+
+        def hadd(w):                # exact (wrapping) integer sum: any order
+            n = 32
+            while n > 1:
+                n //= 2
+                lo = builder.shuffle_vector(w, w, ir.Constant(ir.VectorType(i32, n), list(range(n))))
+                hi = builder.shuffle_vector(w, w, ir.Constant(ir.VectorType(i32, n), list(range(n, 2 * n))))
+                w = builder.add(lo, hi)
+            return builder.extract_element(w, ir.Constant(i32, 0))
+        po = builder.inttoptr(out, i32.as_pointer())
+        builder.store(hadd(q), po, align=1)
+        builder.store(hadd(iv), builder.gep(po, [ir.Constant(i32, 1)]), align=1)
+        return d
+    return types.float32(types.int64, types.int64, types.int64), codegen
+
+
 @compiled
 def quantize_row_q8(x, nb00, k, qy, dy, sy, ysum, with_sum):
     """One row of k floats at ``x`` (element stride nb00) -> int8 quants at qy, per block float32 d (the F16C-
     rounded scale), s (Q8_1: F16C(d*sum)), and the int32 sum of the int8 quants."""
     nb = k // 32
+    if nb00 == 4:                   # contiguous: a block at a time in vector IR (q8_block), the same bits
+        sums = np.empty(2, np.int32)
+        ps = sums.ctypes.data
+        for ib in range(nb):
+            d = q8_block(x + ib * 128, qy + ib * 32, ps)
+            st_f32(dy + ib * 4, fp16_to_fp32(fp32_to_fp16(d)))
+            st_i32(ysum + ib * 4, sums[0])
+            if with_sum:
+                st_f32(sy + ib * 4, fp16_to_fp32(fp32_to_fp16(d * F32(sums[1]))))
+            else:
+                st_f32(sy + ib * 4, F32(0.0))
+        return
     lanes = np.empty(8, np.float32)
     for ib in range(nb):
         xb = x + ib * 32 * nb00

@@ -5,7 +5,8 @@ TA, TB, float>`` for F32 x F32 and F16 x F16, the types a llama graph's F32/F16 
 attention: src1 converted to F16 first), and the AVX-512 build's ``tinyBLAS<16, __m512, ...>`` for the zen4 variant
 (16 lanes, ``_mm512_reduce_add_ps``, VECTOR_REGISTERS 32 tiles; program column MMF_LANES). The faithful NumPy
 twin, with the quantized ``tinyBLAS_Q0_AVX``, is ``ggviz/ggml/cpu/llamafile/sgemm.py``; both give the same bits,
-which are llama.cpp's.
+which are llama.cpp's. ``q5_0_rows`` (at the end) is tinyBLAS_Q0_AVX's tile for Gemma-3's Q5_0 weights on ggml's own
+22-byte blocks, called by the CPU_REPACK MUL_MAT's chunks (fast/kernels.py ``mmq_chunk``).
 
 What makes the bits: every output ``C[j][i]`` is ONE 8-lane accumulator, ``acc = fmadd(A[i][l:l+8], B[j][l:l+8],
 acc)`` for l = 0, 8, .. k-8 (``k % 8 == 0`` or tinyBLAS refuses), then sgemm.cpp's ``hsum``: high 128 bits + low,
@@ -26,7 +27,26 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .intrinsics import _decl, _hsum8, _hsum16, _i16, _i64, _ptr, _vec, atomic_add, atomic_store, compiled, rdtsc
+from .intrinsics import (
+    _cvec,
+    _decl,
+    _hsum8,
+    _hsum16,
+    _i8,
+    _i16,
+    _i32,
+    _i64,
+    _madd_ones,
+    _maddubs,
+    _ptr,
+    _sign_b,
+    _splat,
+    _vec,
+    atomic_add,
+    atomic_store,
+    compiled,
+    rdtsc,
+)
 from .program import (
     DATA,
     DST,
@@ -252,3 +272,139 @@ def row_kernel(P, k) -> str | None:
                                                                                          NB2, NB3))):
             return "sgemm"
     return "vec_dot chunks"
+
+
+# =================================================================================================================
+# tinyBLAS_Q0_AVX for Q5_0 x Q8_0 on ggml's own 22-byte blocks
+# =================================================================================================================
+# What makes the bits (the same as ggml_vec_dot_q5_0_q8_0's, AVX2): every output C[j][i] is ONE 8-lane accumulator,
+# lane u += d_a*d_b * P_u with one FMA per block, P_u the exact integer dot product of the block's elements
+# 4u..4u+3 (updot: maddubs(|a|, sign(b, a)) then madd with ones; |a| <= 16 and |b| <= 127 cannot saturate), then
+# sgemm.cpp's hsum. Here a row tile's blocks are unpacked once (tinyBLAS_Q0_AVX::load(block_q5_0): the nibbles OR
+# the 5th bit as 0x10, minus 16; and sign(a, a)) into a small scratch that stays in L1, so the 5th bit is unpacked
+# once per row tile, not once per tile of columns: which rows and columns a call covers never changes a bit.
+Q5_0_SIZE = 22          # sizeof(block_q5_0): fp16 d, 4 bytes qh, 16 bytes qs
+Q5_UNPACKED = 64        # per block in the scratch: the 32 levels a (int8), then |a|
+
+
+def _q5_0_levels(builder, blk):
+    """tinyBLAS_Q0_AVX::load(const block_q5_0 *): the block at address blk -> its 32 int8 levels q - 16 (the nibbles,
+    OR the 5th bit as 0x10, minus 16; element j < 16 the low nibble of qs[j], j >= 16 the high nibble of qs[j - 16])
+    and its d as float32 (exact)."""
+    v32 = _vec(_i8, 32)
+    zero = ir.Constant(v32, None)
+    h = builder.load(_ptr(builder, blk, ir.IntType(16)), align=1)
+    d = builder.fpext(builder.bitcast(h, ir.HalfType()), _f32)
+    qh = builder.load(_ptr(builder, builder.add(blk, ir.Constant(_i64, 2)), _vec(_i8, 4)), align=1)
+    qs = builder.load(_ptr(builder, builder.add(blk, ir.Constant(_i64, 6)), _vec(_i8, 16)), align=1)
+    nib = builder.and_(builder.lshr(builder.shuffle_vector(qs, qs, _cvec(_i32, list(range(16)) * 2)),
+                                    _cvec(_i8, [0] * 16 + [4] * 16)), _cvec(_i8, [15] * 32))
+    # bit j of qh -> 0x10 (bytes_from_bits_32)
+    hb = builder.and_(builder.shuffle_vector(qh, qh, _cvec(_i32, [j // 8 for j in range(32)])),
+                      _cvec(_i8, [1 << (j % 8) for j in range(32)]))
+    h5 = builder.select(builder.icmp_unsigned("!=", hb, zero), _cvec(_i8, [16] * 32), zero)
+    return builder.sub(builder.or_(nib, h5), _cvec(_i8, [16] * 32)), d
+
+
+@intrinsic
+def q5_0_unpack_rows(typingctx, x, xrs, nrows, nb, scratch, sd):
+    """Rows x + r*xrs (r < nrows) of nb block_q5_0 each -> scratch + (r*nb + b)*64: the int8 levels q - 16 of block
+    b, then their absolute values (``_mm256_sign_epi8(a, a)``); sd + (r*nb + b)*4: the block's d as float32 (exact)."""
+    def codegen(context, builder, sig, args):
+        x, xrs, nrows, nb, scratch, sd = args
+        v32 = _vec(_i8, 32)
+        with cgutils.for_range(builder, nrows) as rl:
+            row = builder.add(x, builder.mul(rl.index, xrs))
+            with cgutils.for_range(builder, nb) as bl:
+                i = builder.add(builder.mul(rl.index, nb), bl.index)
+                a, d = _q5_0_levels(builder, builder.add(row, builder.mul(bl.index, ir.Constant(_i64, Q5_0_SIZE))))
+                builder.store(d, _ptr(builder, builder.add(sd, builder.mul(i, ir.Constant(_i64, 4))), _f32),
+                              align=1)
+                dst = builder.add(scratch, builder.mul(i, ir.Constant(_i64, Q5_UNPACKED)))
+                builder.store(a, _ptr(builder, dst, v32), align=1)
+                builder.store(_sign_b(builder, a, a), _ptr(builder, builder.add(dst, ir.Constant(_i64, 32)), v32),
+                              align=1)
+        return context.get_dummy_value()
+    return types.void(*([types.int64] * 6)), codegen
+
+
+def _make_q0_tile(rm: int, rn: int):
+    """C[j][i] for rm unpacked rows (scratch of ``q5_0_unpack_rows``) x rn Q8_0 columns (ggviz's split layout:
+    int8 quants at yq + j*yqs, float32 d at yd + j*yds), all nb blocks: tinyBLAS_Q0_AVX's gemm<RM, RN> tile."""
+    def gen(typingctx, a, ad, nb, yq, yqs, yd, yds, c, ldc):
+        def codegen(context, builder, sig, args):
+            a, ad, nb, yq, yqs, yd, yds, c, ldc = args
+            v8f, v32 = _vec(_f32, 8), _vec(_i8, 32)
+            fma8 = _decl(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+            acc = [[cgutils.alloca_once_value(builder, ir.Constant(v8f, None)) for _ in range(rm)] for _ in range(rn)]
+            rstride = builder.mul(nb, ir.Constant(_i64, Q5_UNPACKED))
+            dstride = builder.mul(nb, ir.Constant(_i64, 4))
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                bq = [builder.load(_ptr(builder, builder.add(builder.add(yq, builder.mul(ir.Constant(_i64, j), yqs)),
+                                                             builder.mul(b, ir.Constant(_i64, 32))), v32), align=1)
+                      for j in range(rn)]
+                bd = [builder.load(_ptr(builder, builder.add(builder.add(yd, builder.mul(ir.Constant(_i64, j), yds)),
+                                                             builder.mul(b, ir.Constant(_i64, 4))), _f32), align=1)
+                      for j in range(rn)]
+                for i in range(rm):
+                    ai = builder.add(builder.add(a, builder.mul(ir.Constant(_i64, i), rstride)),
+                                     builder.mul(b, ir.Constant(_i64, Q5_UNPACKED)))
+                    av = builder.load(_ptr(builder, ai, v32), align=1)
+                    aa = builder.load(_ptr(builder, builder.add(ai, ir.Constant(_i64, 32)), v32), align=1)
+                    da = builder.load(_ptr(builder, builder.add(builder.add(ad, builder.mul(ir.Constant(_i64, i),
+                                                                                            dstride)),
+                                                                builder.mul(b, ir.Constant(_i64, 4))), _f32), align=1)
+                    for j in range(rn):
+                        p = builder.sitofp(_madd_ones(builder, _maddubs(builder, aa, _sign_b(builder, bq[j], av))),
+                                           v8f)
+                        d = _splat(builder, builder.fmul(da, bd[j]), 8)
+                        builder.store(builder.call(fma8, [d, p, builder.load(acc[j][i])]), acc[j][i])
+            for j in range(rn):
+                for i in range(rm):
+                    r = _hsum8(builder, builder.load(acc[j][i]))
+                    off = builder.add(builder.mul(ir.Constant(_i64, j), ldc), ir.Constant(_i64, 4 * i))
+                    builder.store(r, _ptr(builder, builder.add(c, off), _f32), align=1)
+            return context.get_dummy_value()
+        return types.void(*([types.int64] * 9)), codegen
+    gen.__name__ = f"q0_tile_{rm}x{rn}"
+    return intrinsic(gen)
+
+
+q0_tile_4x2 = _make_q0_tile(4, 2)
+q0_tile_4x1 = _make_q0_tile(4, 1)
+q0_tile_1x2 = _make_q0_tile(1, 2)
+q0_tile_1x1 = _make_q0_tile(1, 1)
+Q5_ROWS = 4             # rows unpacked (and computed) together
+# from this many src1 columns on (a prompt), Q5_0's MUL_MAT reads ggml's blocks here; below, the unpack would not
+# pay for itself and the CPU_REPACK's Q8_0 expansion is faster (a decode's GEMV: ~1.8x)
+Q5_RAW_COLS = 32
+
+
+@compiled
+def q5_0_rows(x, xrs, r0, r1, nb, yq, yqs, yd, yds, ncols, c, ldc, scratch):
+    """C[j][i] = row i of the Q5_0 matrix x (row stride xrs bytes) . column j of the Q8_0 src1 (split layout), for
+    rows [r0, r1) and columns [0, ncols): c + j*ldc + i*4. ``scratch``: Q5_ROWS*nb*68 bytes."""
+    sd = scratch + Q5_ROWS * nb * Q5_UNPACKED
+    i = r0
+    while i < r1:
+        rm = min(Q5_ROWS, r1 - i)
+        q5_0_unpack_rows(x + i * xrs, xrs, rm, nb, scratch, sd)
+        ci = c + i * 4
+        if rm == Q5_ROWS:
+            j = 0
+            while j + 2 <= ncols:
+                q0_tile_4x2(scratch, sd, nb, yq + j * yqs, yqs, yd + j * yds, yds, ci + j * ldc, ldc)
+                j += 2
+            if j < ncols:
+                q0_tile_4x1(scratch, sd, nb, yq + j * yqs, yqs, yd + j * yds, yds, ci + j * ldc, ldc)
+        else:
+            for r in range(rm):
+                a, ad = scratch + r * nb * Q5_UNPACKED, sd + r * nb * 4
+                j = 0
+                while j + 2 <= ncols:
+                    q0_tile_1x2(a, ad, nb, yq + j * yqs, yqs, yd + j * yds, yds, ci + r * 4 + j * ldc, ldc)
+                    j += 2
+                if j < ncols:
+                    q0_tile_1x1(a, ad, nb, yq + j * yqs, yqs, yd + j * yds, yds, ci + r * 4 + j * ldc, ldc)
+        i += rm
