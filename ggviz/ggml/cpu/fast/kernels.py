@@ -872,8 +872,8 @@ def warmup() -> float:
     mmq_chunk_rows(0, 1, 8, 8)
     mmq_nchunk(8, 1)
     mmq_chunk(T_Q4_1, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 1, 32, 0, 1, 0, 0)
-    # CPU_REPACK's repack at model load (repack.py), on one group of 8 empty rows
-    # weights read from the mapped GGUF (read-only) or made in memory
+    # CPU_REPACK's repack at model load (repack.py), on one group of 8 empty rows (read by address: the mapped GGUF's
+    # read-only rows and rows made in memory alike)
     z16 = np.zeros((1, 1, 8), np.uint16)
     raw = np.zeros((8, 20), np.uint8)
     repack_blocks_8x4(raw.ctypes.data, 8, 20, 1, 20, 4, 4, 0, 2, np.zeros((1, 1, 4, 8), np.uint32), z16, z16)
