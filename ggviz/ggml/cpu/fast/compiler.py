@@ -577,9 +577,12 @@ _NW = C.GGML_TENSOR_SIZE // 8                       # 42 words a struct
 _W_BUF, _W_SRC, _W_VIEW_SRC, _W_DATA, _W_NAME = 1, 19, 29, 31, 32
 _NREF = C.GGML_MAX_SRC + 1                          # src[] and view_src
 _ALWAYS_REBUILT = (OP_FLASH_ATTN,)                  # rows that read a data pointer beyond the descriptors
-# rows never copied from an equal one (see _derive): a repacked MUL_MAT's row holds its weight's repacked blocks,
-# which no word tells apart (a repacked weight's ``extra`` is its type's traits, shared)
-_BUILT_ALONE = (OP_FLASH_ATTN, OP_RMS_NORM, OP_MUL_MAT_Q)
+# rows never copied from an equal one (see _derive). A repacked MUL_MAT's row holds its weight's repacked blocks,
+# which no word tells apart (a repacked weight's ``extra`` is its type's traits, shared): it is copied from an equal
+# row all but those (MMQ_QS .. MMQ_M), which stay the remembered row's -- the same weight, as the topology key holds
+# each table position's repacked blocks
+_BUILT_ALONE = (OP_FLASH_ATTN, OP_RMS_NORM)
+_MMQ_PTRS = slice(MMQ_QS, MMQ_M + 1)
 _DESC_END = S2 + NB3 + 1                            # the descriptor columns: DST .. S2's nb[3]
 
 
@@ -721,13 +724,16 @@ def _derive(cgraph, topo):
     rb = np.flatnonzero(rebuild)
     # rows whose node's and sources' words (pointers masked: topo.Wm) are equal are equal but for their descriptors:
     # one row of each such group is built, the others take its columns (a new batch shape changes every row, and a
-    # decode graph's 30 layers repeat the same ones). Not RMS_NORM (its fusion reads the next node), nor a repacked
-    # MUL_MAT (its weight's blocks), nor the rows that read a data pointer beyond the descriptors (_ALWAYS_REBUILT)
+    # decode graph's 30 layers repeat the same ones: a 1-token step after a prompt built 305 rows, 210 of them the
+    # repacked MUL_MATs). Not RMS_NORM (its fusion reads the next node), nor the rows that read a data pointer
+    # beyond the descriptors (_ALWAYS_REBUILT); a repacked MUL_MAT keeps its own weight's blocks (below). The key
+    # holds the remembered row's op, so that a repacked MUL_MAT is only ever copied from another one
     rep = np.arange(k_n)
     grp = rb[~np.isin(prev.P[rb, OP], _BUILT_ALONE)]
     if grp.size > 1:
         Wx = np.concatenate([topo.Wm, np.zeros((1, _NW), np.uint64)])
         keys = Wx[np.concatenate([m.slots[grp], topo.refs[idx[grp]]], axis=1)].reshape(grp.size, -1)
+        keys = np.concatenate([keys, prev.P[grp, OP, None].astype(np.uint64)], axis=1)
         first = {}                          # (bytes as keys: np.unique(axis=0) sorts ~600 fields a row, slowly)
         rep[grp] = [first.setdefault(key, k) for key, k in zip(map(bytes, keys), grp.tolist())]
     copies = np.flatnonzero(rep != np.arange(k_n))
@@ -747,8 +753,12 @@ def _derive(cgraph, topo):
         return None
     if copies.size:
         src = rep[copies]
+        mmq = prev.P[copies, OP] == OP_MUL_MAT_Q
+        if ((P[src, OP] == OP_MUL_MAT_Q) != mmq).any():
+            return None                     # (a weight repacked here and not there: built)
         P[copies, :DST] = P[src, :DST]
         P[copies, _DESC_END:] = P[src, _DESC_END:]
+        P[copies[mmq], _MMQ_PTRS] = prev.P[copies[mmq], _MMQ_PTRS]     # each its own weight's repacked blocks
         F[copies] = F[src]
         for k, r in zip(copies.tolist(), src.tolist()):
             row_ws[k] = row_ws[r]
