@@ -70,9 +70,9 @@ def fma32(a, b, c):
     float32 subnormal range). Those few lanes get the exact error e (TwoSum) and s is nudged one float64 ulp toward
     it (round-to-odd), which makes the second rounding correct (Boldo & Melquiond).
     """
-    p = np.asarray(a, F32).astype(F64) * np.asarray(b, F32).astype(F64)
-    cc = np.asarray(c, F32).astype(F64)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):     # inf * 0 is NaN, as the instruction gives it: no warning
+        p = np.asarray(a, F32).astype(F64) * np.asarray(b, F32).astype(F64)
+        cc = np.asarray(c, F32).astype(F64)
         s = np.asarray(p + cc, dtype=F64)
         bits = s.view(np.int64)
         risky = ((bits & 0x1FFFFFFF) == 0x10000000) | (np.abs(s) < 2.0 ** -125)
