@@ -378,12 +378,12 @@ def test_agrees_with_gguf_py_dequantize(t):
 
 
 
-def _numpy_and_compiled(t, w, y, monkeypatch):
+def _numpy_and_compiled(t, w, y, monkeypatch, exact=False):
     """C.vec_dot(t) of raw rows by the compiled kernel (fast/blockdot.py) and by the NumPy one."""
-    fast = C.vec_dot(t, w, y)
+    fast = C.vec_dot(t, w, y, exact=exact)
     with monkeypatch.context() as m:
         m.setattr(C, "_blockdot", None)
-        ref = C.vec_dot(t, w, y)
+        ref = C.vec_dot(t, w, y, exact=exact)
     return fast, ref
 
 
@@ -393,7 +393,8 @@ def _same_bits(a, b):
 
 def test_compiled_q4_1_q8_0_vec_dot_is_the_numpy_bits(monkeypatch):
     """The faithful MUL_MAT's Q4_1 . Q8_1 and Q8_0 . Q8_0 vec_dots run compiled where Numba is there: they must be
-    the NumPy kernels' float32 arithmetic bit for bit (Q4_1 in block order, Q8_0 in the AVX2 lane order), on the
+    the NumPy kernels' float32 arithmetic bit for bit (Q4_1 in block order and, ``exact`` as PowerInfer's sparse
+    kernels ask, in the AVX2 lane order; Q8_0 in the AVX2 lane order), on the
     default model's real weight rows (layer 0's ffn_up, ffn_down's 48 blocks a row, token_embd (Q8_0, the output
     matrix), read through a row stride as MUL_MAT reads them) and on random blocks with the edge values (fp16
     inf / NaN / subnormal / 65504 scales, nibbles 0 and 15, q8 -128 and 127)."""
@@ -415,10 +416,11 @@ def test_compiled_q4_1_q8_0_vec_dot_is_the_numpy_bits(monkeypatch):
         rows = gf.tensor_data(name).reshape(info.ne[1], -1)
         w = rows[::7][:40]                                      # a strided view: row stride 7 rows' bytes
         y = C.from_float(C.VEC_DOT_TYPE[t], (r.standard_normal((5, info.ne[0])) * 3).astype(np.float32))
-        fast, ref = _numpy_and_compiled(t, w, y, monkeypatch)
-        assert ref.shape == (5, 40) and np.isfinite(ref).all()
-        assert _same_bits(fast, ref)
-        checked += fast.size
+        for exact in (False, True) if t == GGML_TYPE_Q4_1 else (False,):
+            fast, ref = _numpy_and_compiled(t, w, y, monkeypatch, exact)
+            assert ref.shape == (5, 40) and np.isfinite(ref).all()
+            assert _same_bits(fast, ref)
+            checked += fast.size
     # random blocks, then edge values written into the scales and levels
     M, Nc, nb = 24, 6, 9
     edge = np.array([np.inf, -np.inf, np.nan, 65504.0, -65504.0, 6e-8, -6e-8, 0.0, -0.0, 1e-4], np.float16)
@@ -440,8 +442,9 @@ def test_compiled_q4_1_q8_0_vec_dot_is_the_numpy_bits(monkeypatch):
         wb[22, :, qo:] = 0x80                                   # -128 (Q8_0)
         ybk[3, :, qo:] = np.uint8(0x80)                         # q8 -128
         ybk[4, :, qo:] = np.uint8(0x7F)                         # q8 127
-        fast, ref = _numpy_and_compiled(t, w, y, monkeypatch)
-        assert np.isnan(ref).any() and np.isinf(ref).any()      # the edge values reached the results
-        assert _same_bits(fast, ref)
-        checked += fast.size
-    assert checked == 3 * 5 * 40 + 2 * Nc * M
+        for exact in (False, True) if t == GGML_TYPE_Q4_1 else (False,):
+            fast, ref = _numpy_and_compiled(t, w, y, monkeypatch, exact)
+            assert np.isnan(ref).any() and np.isinf(ref).any()      # the edge values reached the results
+            assert _same_bits(fast, ref)
+            checked += fast.size
+    assert checked == 5 * 5 * 40 + 3 * Nc * M

@@ -565,13 +565,15 @@ def vec_dot(t: int, x, y, exact: bool = False) -> np.ndarray:
     if t not in HAS_VEC_DOT:
         raise NotImplementedError(f"type_traits_cpu[{Q.type_name(t)}].vec_dot is NULL")
     vt = VEC_DOT_TYPE[t]
-    if _blockdot is not None and t in _COMPILED and not (exact and t == GGML_TYPE_Q4_1):
+    if _blockdot is not None and t in _COMPILED:
         xb, yb = _COMPILED[t]
         if _raw_rows(x, xb) and _raw_rows(y, yb) and x.shape[1] // xb == y.shape[1] // yb:
             # fast/blockdot.py: this function's arithmetic for raw rows, element for element (the same bits):
-            # Q4_1 in _scaled_block_dot's block order, Q8_0 in _vec_dot_avx2_tile's lane order
+            # Q4_1 in _scaled_block_dot's block order (or, exact, _vec_dot_avx2_tile's lane order), Q8_0 in
+            # _vec_dot_avx2_tile's lane order
             out = np.empty((y.shape[0], x.shape[0]), np.float32)
-            kernel = _blockdot.vec_dot_q4_1_q8_1 if t == GGML_TYPE_Q4_1 else _blockdot.vec_dot_q8_0_q8_0
+            kernel = ((_blockdot.vec_dot_q4_1_q8_1_avx2 if exact else _blockdot.vec_dot_q4_1_q8_1)
+                      if t == GGML_TYPE_Q4_1 else _blockdot.vec_dot_q8_0_q8_0)
             # read-only views: one compiled flavour of each kernel, whether the rows are the mapped GGUF's
             # (read-only) or made in memory (a second flavour cost ~8 s of every fresh compile)
             xr, yr = np.asarray(x).view(), np.asarray(y).view()

@@ -9,7 +9,8 @@ the exact integer sum S_b of the levels' products, then, in float32,
     result = acc + summs
 
 and Q8_0 . Q8_0 (``ggml_vec_dot_q8_0_q8_0``) lane for lane as the AVX2 kernel (``_vec_dot_avx2_tile``): 8 lanes,
-``acc_l = fma(d_y*d_x, (float) S_l, acc_l)`` block after block, then ``hsum_float_8``.
+``acc_l = fma(d_y*d_x, (float) S_l, acc_l)`` block after block, then ``hsum_float_8``; and Q4_1 . Q8_1 in that lane
+order too (plus the ``m_x * s_y`` sum) where ``vec_dot(..., exact=True)`` asks for it: PowerInfer's sparse kernels.
 
 The kernels below are those sequences of float32 operations, element for element (each product and sum rounded to
 float32 as NumPy rounds it, one rounding per FMA as ``libm.fma32``; no reassociation: ``compiled`` has no fastmath),
@@ -121,6 +122,57 @@ def vec_dot_q8_0_q8_0(x, y, out):
             lo = F32(F32(acc[4] + acc[0]) + F32(acc[6] + acc[2]))
             hi = F32(F32(acc[5] + acc[1]) + F32(acc[7] + acc[3]))
             out[j, i] = F32(lo + hi)
+
+
+@compiled
+def vec_dot_q4_1_q8_1_avx2(x, y, out):
+    """out[j, i] = x[i] . y[j] for Q4_1 rows x (M, nb*20) uint8 and Q8_1 rows y (N, nb*36) uint8, float32 (N, M),
+    as ``cpu/quants._vec_dot_avx2_tile`` computes ggml_vec_dot_q4_1_q8_1 (AVX2) lane for lane (``vec_dot(...,
+    exact=True)``: PowerInfer's sparse kernels): ``bytes_from_nibbles_32`` puts the low nibbles of qs[0..15] in bytes
+    0..15 and the high ones in bytes 16..31 (elements 0..31 in order), so lane l sums elements 4l..4l+3 as for Q8_0;
+    per block ``acc_l = fma(d_x*d_y, (float) S_l, acc_l)`` and ``summs += m_x * s_y`` (a product of two fp16 values,
+    exact in float32), then ``hsum_float_8(acc) + summs``."""
+    M, N = x.shape[0], y.shape[0]
+    nb = x.shape[1] // Q4_1_BYTES
+    yq = np.empty((N, nb * QK), np.int32)
+    yd = np.empty((N, nb), np.float32)
+    ys = np.empty((N, nb), np.float32)
+    for j in range(N):
+        for b in range(nb):
+            o = b * Q8_1_BYTES
+            yd[j, b] = _half(y[j], o)
+            ys[j, b] = _half(y[j], o + 2)
+            for k in range(QK):
+                v = np.int32(y[j, o + 4 + k])
+                yq[j, b * QK + k] = v - 256 if v >= 128 else v
+    xq = np.empty(nb * QK, np.int32)
+    xd = np.empty(nb, np.float32)
+    xm = np.empty(nb, np.float32)
+    acc = np.empty(8, np.float32)
+    for i in range(M):
+        row = x[i]
+        for b in range(nb):
+            o = b * Q4_1_BYTES
+            xd[b] = _half(row, o)
+            xm[b] = _half(row, o + 2)
+            for k in range(16):
+                v = np.int32(row[o + 4 + k])
+                xq[b * QK + k] = v & 15
+                xq[b * QK + 16 + k] = v >> 4
+        for j in range(N):
+            acc[:] = F32(0.0)
+            summs = F32(0.0)
+            for b in range(nb):
+                summs = F32(summs + F32(xm[b] * ys[j, b]))
+                d = F32(yd[j, b] * xd[b])
+                for lane in range(8):
+                    k0 = b * QK + 4 * lane
+                    s = (xq[k0] * yq[j, k0] + xq[k0 + 1] * yq[j, k0 + 1] + xq[k0 + 2] * yq[j, k0 + 2]
+                         + xq[k0 + 3] * yq[j, k0 + 3])
+                    acc[lane] = fmaf(d, F32(s), acc[lane])
+            lo = F32(F32(acc[4] + acc[0]) + F32(acc[6] + acc[2]))
+            hi = F32(F32(acc[5] + acc[1]) + F32(acc[7] + acc[3]))
+            out[j, i] = F32(F32(lo + hi) + summs)
 
 
 @compiled

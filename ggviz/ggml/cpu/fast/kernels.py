@@ -880,7 +880,8 @@ def warmup() -> float:
     # the faithful MUL_MAT's vec_dots of raw rows (cpu/quants.vec_dot), on one zero block: it hands them read-only
     # views of both operands
     out = np.zeros((1, 1), np.float32)
-    for xb, yb, fn in ((20, 36, blockdot.vec_dot_q4_1_q8_1), (34, 34, blockdot.vec_dot_q8_0_q8_0)):
+    for xb, yb, fn in ((20, 36, blockdot.vec_dot_q4_1_q8_1), (20, 36, blockdot.vec_dot_q4_1_q8_1_avx2),
+                       (34, 34, blockdot.vec_dot_q8_0_q8_0)):
         x, y = np.zeros((1, xb), np.uint8), np.zeros((1, yb), np.uint8)
         x.flags.writeable = y.flags.writeable = False
         fn(x, y, out)
