@@ -65,7 +65,7 @@ from .graph import (
 )
 from .impl import GGML_ASSERT, GGML_LOG, last_log_error
 from .ops import dup_tensor, view_tensor
-from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, Tensor, nbytes, op_desc, tensor_at
+from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, _W_OP, Tensor, nbytes, op_desc, tensor_at
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
@@ -75,9 +75,12 @@ GGML_SCHED_MAX_SPLITS_DEBUG = 4096
 
 
 
+_VIEW_OPS = frozenset((C.GGML_OP_VIEW, C.GGML_OP_RESHAPE, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE))
+
+
 def is_view_op(op: int) -> bool:
     """ggml_is_view_op."""
-    return op in (C.GGML_OP_VIEW, C.GGML_OP_RESHAPE, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE)
+    return op in _VIEW_OPS
 
 
 _graph_uid = 0
@@ -170,6 +173,7 @@ class ggml_backend_sched:
         # ggviz: the backends' supports_op / offload_op answers passes 1-4 asked for (recorded for the split memo,
         # _SplitMemo), None when not recording; how many splits took passes 1-4 from a memo
         self._queries: list | None = None
+        self._buft_ok: dict = {}            # ggviz: (backend index, id(buft)) -> (buft, supports_buft)
         self.n_split_memo = 0
 
     @property
@@ -291,14 +295,30 @@ def backend_sched_backend_id(sched, backend) -> int:
 
 
 def _buffer_of(t: Tensor):
-    return B.buffer_at(t.view_src.buffer if t.view_src is not None else t.buffer)
+    q = t._q
+    vs = q.item(_Q_VIEW_SRC)
+    return B.buffer_at(tensor_at(vs)._q.item(_Q_BUFFER) if vs else q.item(_Q_BUFFER))
 
 
 def _supports(sched, b: int, op: Tensor) -> bool:
-    """ggml_backend_supports_op(sched->backends[b], op), the answer recorded while a split records its memo."""
-    r = B.backend_supports_op(sched.backends[b], op)
+    """ggml_backend_supports_op(sched->backends[b], op), the answer recorded while a split records its memo.
+    (ggml_backend_supports_op -> ggml_backend_dev_supports_op -> the device's supports_op, called straight.)"""
+    dev = sched.backends[b].device
+    r = bool(dev.iface.supports_op(dev, op))
     if sched._queries is not None:
         sched._queries.append((op.addr, b, False, r))
+    return r
+
+
+def _supports_buft(sched, b: int, buft) -> bool:
+    """ggml_backend_supports_buft(sched->backends[b], buft): a device's answer for a buffer type does not change
+    (ggml's supports_buft reads only the two), so each pair is asked once per scheduler."""
+    cache = sched._buft_ok
+    e = cache.get((b, id(buft)))
+    if e is not None and e[0] is buft:
+        return e[1]
+    r = B.backend_supports_buft(sched.backends[b], buft)
+    cache[(b, id(buft))] = (buft, r)
     return r
 
 
@@ -316,7 +336,7 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
         return -1
     # find highest prio backend that supports the buffer type and the op
     for i in range(sched.n_backends):
-        if B.backend_supports_buft(sched.backends[i], buffer.buft) and _supports(sched, i, op):
+        if _supports_buft(sched, i, buffer.buft) and _supports(sched, i, op):
             return i
     if sched.debug:
         GGML_LOG("debug", f"ggml_backend_sched_backend_from_buffer: warning: no backend supports op {op_desc(tensor)} "
@@ -328,9 +348,11 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
 def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
     """The backend that should be used for the node based on the current locations (pass 1)."""
     q = tensor._q
-    # (a tensor with no buffer of its own and no view source -- most of a graph's nodes -- goes straight to the
-    # checks below: the three above it find no buffer and return -1 without asking a backend)
-    if q.item(_Q_BUFFER) or q.item(_Q_VIEW_SRC):
+    # (a tensor with no buffer, neither its own nor its view source's -- most of a graph's nodes, views of them
+    # included -- goes straight to the checks below: the three above it find no buffer and return -1 without
+    # asking a backend)
+    vs = q.item(_Q_VIEW_SRC)
+    if q.item(_Q_BUFFER) or (vs and tensor_at(vs)._q.item(_Q_BUFFER)):
         # assign pre-allocated nodes to their backend
         cur_backend_id = backend_sched_backend_from_buffer(sched, tensor, tensor)
         if cur_backend_id != -1:
@@ -358,10 +380,11 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
 
     # operations with weights are preferably run on the same backend as the weights
     allow = True
+    op = tensor._w.item(_W_OP)
     # skip ROPE since the rope freqs tensor is too small to choose a backend based on it
-    allow = allow and tensor.op != C.GGML_OP_ROPE
+    allow = allow and op != C.GGML_OP_ROPE
     # skip FLASH_ATTN_EXT since the sinks tensor is too small to choose a based based on it
-    allow = allow and tensor.op != C.GGML_OP_FLASH_ATTN_EXT
+    allow = allow and op != C.GGML_OP_FLASH_ATTN_EXT
 
     if allow:
         for i, a in enumerate(q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
@@ -397,7 +420,7 @@ def backend_sched_buffer_supported(sched, t: Tensor, backend_id: int) -> bool:
             tensor_backend_id = _tbid(sched, t.view_src)
         if tensor_backend_id != -1:
             buft = sched.bufts[tensor_backend_id]
-    return buft is not None and B.backend_supports_buft(sched.backends[backend_id], buft)
+    return buft is not None and _supports_buft(sched, backend_id, buft)
 
 
 def backend_sched_set_if_supported(sched, node: Tensor, cur_backend_id: int) -> bool:
@@ -827,7 +850,7 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
     for node in nodes:
         h = _hash_id(sched, node)
         hid.append(h)
-        isview.append(is_view_op(node.op))
+        isview.append(node._w.item(_W_OP) in _VIEW_OPS)        # ggml_is_view_op
         # do not overwrite user assignments
         if tbid[h] == -1:
             tbid[h] = backend_sched_backend_id_from_cur(sched, node)

@@ -141,7 +141,7 @@ class Tensor:
         # vsnprintf in ggml_format_name). The bytes after the NUL are left alone, as in C: renaming to a shorter
         # name keeps the tail of the old one in the struct.
         b = value.encode("utf-8")[:C.GGML_MAX_NAME - 1] + b"\0"
-        self.raw[256:256 + len(b)] = np.frombuffer(b, dtype=np.uint8)
+        self.raw.data[256:256 + len(b)] = b          # (through the bytes' memoryview: no array made for them)
 
     # -- conveniences (not C fields)
     @property
@@ -253,7 +253,10 @@ def set_op_params(t: Tensor, values: bytes) -> None:
     """ggml_set_op_params: memcpy of up to GGML_MAX_OP_PARAMS bytes."""
     if len(values) > C.GGML_MAX_OP_PARAMS:
         raise ValueError(f"op params of {len(values)} bytes exceed GGML_MAX_OP_PARAMS ({C.GGML_MAX_OP_PARAMS})")
-    t.raw[84:84 + len(values)] = np.frombuffer(values, dtype=np.uint8)
+    if type(values) is bytes:
+        t.raw.data[84:84 + len(values)] = values     # (through the bytes' memoryview: no array made for them)
+    else:
+        t.raw[84:84 + len(values)] = np.frombuffer(values, dtype=np.uint8)
 
 
 def get_unary_op(t: Tensor) -> int:
