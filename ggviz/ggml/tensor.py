@@ -176,7 +176,14 @@ class Tensor:
 
 
 _registry_remove = _registry._remove
-_KeyedRef = weakref.KeyedRef
+
+
+class _AddrRef(weakref.ref):
+    """The registry's weak reference to a tensor, keyed by its address: weakref.KeyedRef (what
+    WeakValueDictionary.__setitem__ stores; its removal callback reads ``.key``) without KeyedRef's Python-level
+    ``__new__``/``__init__`` -- made by ref's own constructor, then the key set: two Python frames less per tensor
+    (a graph build makes ~1,000)."""
+    __slots__ = ("key",)
 
 
 def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
@@ -200,7 +207,9 @@ def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
     if _registry._pending_removals:
         _registry[addr] = t
     else:
-        _registry_refs[addr] = _KeyedRef(t, _registry_remove, addr)
+        r = _AddrRef(t, _registry_remove)
+        r.key = addr
+        _registry_refs[addr] = r
     return t
 
 
