@@ -847,8 +847,11 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
     # hash_id(node) is a probe of the hash set; the Python one a dict lookup and a call, ~10 per node)
     hid = []
     isview = []
+    slot = sched._slot
     for node in nodes:
-        h = _hash_id(sched, node)
+        h = slot.get(node.addr)
+        if h is None:
+            h = _hash_id(sched, node)
         hid.append(h)
         isview.append(node._w.item(_W_OP) in _VIEW_OPS)        # ggml_is_view_op
         # do not overwrite user assignments
@@ -925,14 +928,23 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
 
     # pass 4: assign backends to remaining src from dst and view_src
     _pass(sched, "4", "views take their source's backend, sources their consumer's")
+    slot = sched._slot
     for i, node in enumerate(nodes):
         h = hid[i]
-        if node.view_src is not None and tbid[h] == -1:
-            tbid[h] = _tbid(sched, node.view_src)
+        q = node._q
+        vs = q.item(_Q_VIEW_SRC)
+        if vs and tbid[h] == -1:
+            tbid[h] = _tbid(sched, tensor_at(vs))
             SET_CAUSE(sched, node, "4.vsrc", tbid[h])
-        for j, src in A.srcs_of(node):
-            hs = _hash_id(sched, src)
+        # (node->src[j] from the struct's words; hash_id(src) is the slot found before, for nearly every source)
+        for a in q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
+            if not a:
+                continue
+            hs = slot.get(a)
+            if hs is None:
+                hs = _hash_id(sched, tensor_at(a))
             if tbid[hs] == -1:
+                src = tensor_at(a)
                 if src.view_src is not None:
                     # views are always on the same backend as the source
                     tbid[hs] = _tbid(sched, src.view_src)
