@@ -815,25 +815,9 @@ def _invalid_alloc(ta: tensor_alloc) -> None:
     ta.size_max = 0
 
 
-def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, no_alloc: bool) -> bool:
-    min_hash_size = graph.n_nodes + graph.n_leafs
-    # add 25% margin to avoid hash collisions
-    min_hash_size += min_hash_size // 4
-
-    # initialize hash table
-    if galloc.hash_set.size < min_hash_size:
-        galloc.hash_set = hash_set_new(min_hash_size)
-        galloc.hash_values = {}
-        galloc._slot = {}
-
-    # reset allocators
-    for i in range(galloc.n_buffers):
-        dyn_tallocr_reset(galloc.buf_tallocs[i])
-
-    # allocate in hash table
-    gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
-
-    # set the node_allocs from the hash table
+def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
+    """gallocr_reserve_n_impl's "set the node_allocs from the hash table": each node's and each of its sources'
+    tensor_alloc (buffer id, address, size), or an invalid one for a view, a tensor with data or a NULL source."""
     # ggviz: every field of every tensor_alloc is written below, so a fresh plan's structs are made with their values
     # (object.__new__ and the slots set: no __init__ frame for the ~11,000 of a 1,000-node graph)
     fresh = galloc.n_nodes < graph.n_nodes or galloc._plan_shared
@@ -879,6 +863,28 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
                 ta.buffer_id = hn.buffer_id
                 ta.addr = hn.addr
                 ta.size_max = B.backend_buft_get_alloc_size(bufts[hn.buffer_id], src)
+
+
+def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, no_alloc: bool) -> bool:
+    min_hash_size = graph.n_nodes + graph.n_leafs
+    # add 25% margin to avoid hash collisions
+    min_hash_size += min_hash_size // 4
+
+    # initialize hash table
+    if galloc.hash_set.size < min_hash_size:
+        galloc.hash_set = hash_set_new(min_hash_size)
+        galloc.hash_values = {}
+        galloc._slot = {}
+
+    # reset allocators
+    for i in range(galloc.n_buffers):
+        dyn_tallocr_reset(galloc.buf_tallocs[i])
+
+    # allocate in hash table
+    gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
+
+    # set the node_allocs from the hash table
+    _set_node_allocs(galloc, graph)
     if galloc.n_leafs < graph.n_leafs or galloc._plan_shared:
         galloc.leaf_allocs = [leaf_alloc() for _ in range(graph.n_leafs)]
     galloc.n_leafs = graph.n_leafs

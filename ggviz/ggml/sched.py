@@ -73,8 +73,6 @@ GGML_SCHED_MAX_COPIES = 4
 GGML_SCHED_MAX_SPLITS_DEBUG = 4096
 
 
-
-
 _VIEW_OPS = frozenset((C.GGML_OP_VIEW, C.GGML_OP_RESHAPE, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE))
 
 
@@ -927,6 +925,13 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
                         break
 
     # pass 4: assign backends to remaining src from dst and view_src
+    _assign_pass4(sched, nodes, hid, tbid)
+    return hid, isview
+
+
+def _assign_pass4(sched, nodes, hid, tbid) -> None:
+    """Pass 4 of backend_sched_split_graph: views take their source's backend, sources their consumer's, and a
+    node still unassigned the first backend that supports it."""
     _pass(sched, "4", "views take their source's backend, sources their consumer's")
     slot = sched._slot
     for i, node in enumerate(nodes):
@@ -960,8 +965,6 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
         if not (tbid[h] != -1):      # (the message is only formatted when it fails)
             GGML_ASSERT(False, f"GGML_ASSERT(*cur_backend_id != -1): no backend supports node "
                                f"{node.name!r} ({op_desc(node)})")
-
-    return hid, isview
 
 
 def _check_not_split_before(sched, graph) -> None:
@@ -1568,7 +1571,6 @@ def _spare(sched, buf) -> None:
         sched._spare_buffers.append(buf)
     else:
         memory.unregister(buf)
-
 
 
 def backend_sched_reserve_size(sched, measure_graph, sizes=None) -> list:
