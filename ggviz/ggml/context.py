@@ -22,7 +22,7 @@ from .. import trace
 from . import consts as C
 from . import memory
 from .impl import GGML_PAD, GGMLError, type_name
-from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes, tensor_in_arena
+from .tensor import _Q_VIEW_SRC, OBJECT_DTYPE, Tensor, forget, nbytes, tensor_in_arena
 
 
 INT64_MAX = (1 << 63) - 1
@@ -210,7 +210,7 @@ class Context:
             raise GGMLError("ggml context used after ggml_free")
         ne, view_offs, nb, rs, data_size = _check_new_tensor(fn, type_, n_dims, ne, view_src, view_offs, nb)
         # find the base tensor and absolute offset
-        if view_src is not None and view_src.view_src is not None:
+        if view_src is not None and view_src._q.item(_Q_VIEW_SRC):
             view_offs += view_src.view_offs
             view_src = view_src.view_src
         ne0, ne1, ne2, ne3 = ne
@@ -405,9 +405,11 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
     * ``nb``: every byte the view can reach, ``offset + sum((ne[i]-1)*nb[i]) +`` the element (block) size, must lie
       inside its source, so nothing written through it reaches a neighbour tensor or a header in the arena.
     """
-    if type_ not in C.TYPE_TRAITS or C.TYPE_TRAITS[type_][2] == 0:
+    tr = C.TYPE_TRAITS.get(type_)
+    if tr is None or tr[2] == 0:
         raise GGMLError(f"{fn}: invalid ggml_type {type_}")
-    n_dims = _index(n_dims, fn, "n_dims")
+    if type(n_dims) is not int:
+        n_dims = _index(n_dims, fn, "n_dims")
     if not 1 <= n_dims <= C.GGML_MAX_DIMS:
         raise GGMLError(f"{fn}: n_dims must be in 1..{C.GGML_MAX_DIMS}, got {n_dims}")
     if len(ne) < n_dims:
@@ -416,13 +418,14 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
         ne = [operator.index(x) for x in ne[:n_dims]]
     except TypeError:
         raise GGMLError(f"{fn}: ne must hold integers, got {list(ne[:n_dims])}") from None
-    for x in ne:
-        if not 0 <= x <= INT64_MAX:
-            raise GGMLError(f"{fn}: ne={ne}: each dimension must be in 0..INT64_MAX"
-                            + (" (negative dimension)" if x < 0 else " (does not fit int64_t)"))
+    if min(ne) < 0 or max(ne) > INT64_MAX:
+        for x in ne:
+            if not 0 <= x <= INT64_MAX:
+                raise GGMLError(f"{fn}: ne={ne}: each dimension must be in 0..INT64_MAX"
+                                + (" (negative dimension)" if x < 0 else " (does not fit int64_t)"))
     ne += [1] * (C.GGML_MAX_DIMS - n_dims)
     ne0, ne1, ne2, ne3 = ne
-    _, bs, ts, _ = C.TYPE_TRAITS[type_]
+    _, bs, ts, _ = tr
     if ne0 % bs:
         raise GGMLError(f"{fn}: ne[0] = {ne0} is not a multiple of {type_name(type_)}'s block size {bs}")
     rs = ts * (ne0 // bs)                         # ggml_row_size
@@ -442,7 +445,7 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
         raise GGMLError(f"{fn}: negative offset {view_offs} into {view_src.name!r} (a size_t in ggml: it "
                         f"would wrap and point before the source)")
     offs = view_offs
-    if view_src.view_src is not None:             # measured against the base tensor, as ggml does
+    if view_src._q.item(_Q_VIEW_SRC):              # measured against the base tensor, as ggml does
         offs += view_src.view_offs
         view_src = view_src.view_src
     src_size = nbytes(view_src)
@@ -456,7 +459,7 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
             nb = [operator.index(x) for x in nb]
         except TypeError:
             raise GGMLError(f"{fn}: the strides nb must be integers, got {list(nb)}") from None
-        if not all(0 <= x <= INT64_MAX for x in nb):
+        if nb and (min(nb) < 0 or max(nb) > INT64_MAX):
             raise GGMLError(f"{fn}: the strides nb={nb} must be in 0..INT64_MAX (a size_t in ggml)")
         if data_size:                             # an empty view reaches no byte
             # ggml_nbytes with these strides: the last byte the view can reach, + 1

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import consts as C
 from . import memory, quants
-from .impl import GGML_PAD, blck_size, is_quantized, row_size, type_name, type_size, type_sizef  # noqa: F401 - ggml.c's
+from .impl import GGML_PAD, _traits, blck_size, is_quantized, row_size, type_name, type_size, type_sizef  # noqa: F401 - ggml.c's
 
 # ---- struct ggml_object { size_t offs; size_t size; struct ggml_object * next; enum ggml_object_type type; char padding[4]; }
 OBJECT_DTYPE = np.dtype({"names": ["offs", "size", "next", "type", "padding"],
@@ -342,11 +342,12 @@ def n_dims(t) -> int:
 
 
 def is_empty(t) -> bool:
-    return any(int(x) == 0 for x in t.ne)
+    return 0 in t.ne.tolist()
 
 
 def is_transposed(t) -> bool:
-    return t.nb[0] > t.nb[1]
+    nb = t.nb
+    return nb.item(0) > nb.item(1)
 
 
 def is_permuted(t) -> bool:
@@ -355,8 +356,8 @@ def is_permuted(t) -> bool:
 
 
 def _is_contiguous_m_n(t, m: int, n: int) -> bool:
-    ne, nb = t.shape, t.strides
-    ts, bs = type_size(t.type), blck_size(t.type)
+    ne, nb = t.ne.tolist(), t.nb.tolist()
+    _, bs, ts, _ = _traits(t.type)
     next_nb = ts
     if ne[0] != bs and nb[0] != next_nb:
         return False
@@ -416,8 +417,9 @@ def is_view(t) -> bool:
 def can_repeat(t0, t1) -> bool:
     if is_empty(t0):
         return is_empty(t1)
-    a, b = t0.shape, t1.shape
-    return all(b[i] % a[i] == 0 for i in range(4))
+    a0, a1, a2, a3 = t0.ne.tolist()
+    b0, b1, b2, b3 = t1.ne.tolist()
+    return b0 % a0 == 0 and b1 % a1 == 0 and b2 % a2 == 0 and b3 % a3 == 0
 
 
 def can_repeat_rows(t0, t1) -> bool:
@@ -425,7 +427,10 @@ def can_repeat_rows(t0, t1) -> bool:
 
 
 def can_mul_mat(t0, t1) -> bool:
-    return t0.ne[0] == t1.ne[0] and t1.ne[2] % t0.ne[2] == 0 and t1.ne[3] % t0.ne[3] == 0
+    a0, _, a2, a3 = t0.ne.tolist()
+    b0, _, b2, b3 = t1.ne.tolist()
+    # (x % 0 is 0 for NumPy's int64, which these were compared as: an empty a broadcasts)
+    return a0 == b0 and (a2 == 0 or b2 % a2 == 0) and (a3 == 0 or b3 % a3 == 0)
 
 
 def can_out_prod(t0, t1) -> bool:
