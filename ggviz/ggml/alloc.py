@@ -551,13 +551,22 @@ def gallocr_is_allocated(galloc: ggml_gallocr, t: Tensor) -> bool:
 
 # ---- ggviz: the plan record and trace events ---------------------------------------------------------
 
+_REC_TEMPLATE = dict(name=None, addr=None, op=None, phase=None, buffer_id=None, chunk=None, offset=None, size=0,
+                     alloc_size=0, alloc_node=None, free_node=None, reused_from=None, reused_by=None, view_src=None,
+                     view_offs=0, extra_freed=0, output=False, input=False)
+
+
 def _record(galloc, t: Tensor, **fields) -> dict:
-    rec = galloc._rec.get(t.addr)
+    addr = t.addr
+    rec = galloc._rec.get(addr)
     if rec is None:
-        rec = dict(name=t.name, addr=t.addr, op=t.op, phase=galloc._phase, buffer_id=None, chunk=None, offset=None, size=0, alloc_size=0, alloc_node=None, free_node=None,
-                   reused_from=None, reused_by=None, view_src=None, view_offs=0, extra_freed=0,
-                   output=bool(t.flags & C.GGML_TENSOR_FLAG_OUTPUT), input=bool(t.flags & C.GGML_TENSOR_FLAG_INPUT))
-        galloc._rec[t.addr] = rec
+        # (a copy of the template, keys in its order, then the tensor's own values: no 18-keyword dict call)
+        rec = _REC_TEMPLATE.copy()
+        flags = t.flags
+        rec["name"], rec["addr"], rec["op"], rec["phase"] = t.name, addr, t.op, galloc._phase
+        rec["output"] = bool(flags & C.GGML_TENSOR_FLAG_OUTPUT)
+        rec["input"] = bool(flags & C.GGML_TENSOR_FLAG_INPUT)
+        galloc._rec[addr] = rec
     rec.update(fields)
     return rec
 
@@ -750,6 +759,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
     nodes = graph.nodes
     node_srcs = [srcs_of(node) for node in nodes]
     hash_get = gallocr_hash_get
+    slot = galloc._slot          # (gallocr_hash_get's first lookup: a tensor found before since the reset)
     INPUT = C.GGML_TENSOR_FLAG_INPUT
 
     # count number of children and views
@@ -771,7 +781,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
             gallocr_allocate_node(galloc, nodes[i], get_node_buffer_id(node_buffer_ids, i))
 
         for j, src in node_srcs[i]:
-            hash_get(galloc, src).n_children += 1
+            (slot.get(src.addr) or hash_get(galloc, src)).n_children += 1
 
             # allocate explicit inputs
             if src.flags & INPUT:
@@ -794,7 +804,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
 
         # update parents
         for _, parent in srcs_j:
-            p_hn = hash_get(galloc, parent)
+            p_hn = slot.get(parent.addr) or hash_get(galloc, parent)
             p_hn.n_children -= 1
 
             if p_hn.n_children == 0 and p_hn.n_views == 0:

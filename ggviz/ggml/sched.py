@@ -241,7 +241,8 @@ def _bname(sched, backend_id: int):
 
 
 def SET_CAUSE(sched, t: Tensor, cause: str, backend_id: int = -1) -> None:
-    sched.causes[_hash_id(sched, t)] = cause
+    h = sched._slot.get(t.addr)          # (hash_id(t): nearly always a tensor the split has seen already)
+    sched.causes[_hash_id(sched, t) if h is None else h] = cause
     if trace.active:
         trace.emit("sched.assign", sched=id(sched), name=t.name, addr=t.addr, op=op_desc(t), cause=cause,
                    backend=_bname(sched, backend_id), backend_id=backend_id, **{"pass": sched._pass})
