@@ -839,6 +839,9 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
     bufts = galloc.bufts
     INVALID = GGML_BUFFER_ADDRESS_INVALID
     new = object.__new__
+    # each tensor's alloc size, asked of its buffer type once (a node's is asked again for each node that reads it;
+    # a tensor's buffer type is its hash_node's, the same for every reader)
+    size_of: dict = {}
     nodes = graph.nodes
     for i in range(n_nodes):
         node = nodes[i]
@@ -857,7 +860,7 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
             hn = gallocr_hash_get(galloc, node)
             ta.buffer_id = hn.buffer_id
             ta.addr = hn.addr
-            ta.size_max = B.backend_buft_get_alloc_size(bufts[hn.buffer_id], node)
+            ta.size_max = size_of[node.addr] = B.backend_buft_get_alloc_size(bufts[hn.buffer_id], node)
         # node->src[j] for every j: NULL, a view or a tensor with data gets an invalid tensor_alloc
         for j, a in enumerate(q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
             if fresh:
@@ -872,7 +875,10 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
                 hn = gallocr_hash_get(galloc, src)
                 ta.buffer_id = hn.buffer_id
                 ta.addr = hn.addr
-                ta.size_max = B.backend_buft_get_alloc_size(bufts[hn.buffer_id], src)
+                size = size_of.get(a)
+                if size is None:
+                    size = size_of[a] = B.backend_buft_get_alloc_size(bufts[hn.buffer_id], src)
+                ta.size_max = size
 
 
 def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, no_alloc: bool) -> bool:
