@@ -319,8 +319,8 @@ def _leave(cg: CGraph, node: Tensor, pos: int) -> None:
             node.name = f"node_{cg.n_nodes}"
         cg._append_node(node)
         where = ("node", cg.n_nodes - 1)
-    cg._sync_counts()
     if trace.active:
+        cg._sync_counts()          # (without a listener, visit_parents writes the counts once, when it returns)
         trace.emit("graph.add", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=where[0],
                    index=where[1])
 
@@ -354,6 +354,14 @@ def visit_parents(cg: CGraph, node: Tensor, compute: bool = True) -> int:
     r = _enter(cg, node, compute)
     if type(r) is int:
         return r
+    try:
+        return _visit_frames(cg, r)
+    finally:
+        cg._sync_counts()          # the struct's n_nodes / n_leafs, as the C calls leave them
+
+
+def _visit_frames(cg: CGraph, r: list) -> int:
+    """visit_parents' loop over the stack of frames, from the root's frame ``r``."""
     stack = [r]
     hs = cg.visited_hash_set
     find, used = hs.find, hs.used
