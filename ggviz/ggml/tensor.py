@@ -335,8 +335,9 @@ def is_3d(t):
 
 
 def n_dims(t) -> int:
-    for i in range(3, 0, -1):
-        if t.ne[i] > 1:
+    ne = t.ne.tolist()
+    for i in (3, 2, 1):
+        if ne[i] > 1:
             return i + 1
     return 1
 

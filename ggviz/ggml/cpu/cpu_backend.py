@@ -259,8 +259,9 @@ def _cpu_dev_supports_op(dev, op: Tensor) -> bool:
             buf = tensor_at(a)._q.item(_Q_BUFFER)
             if buf:
                 buft = buffer_at(buf).buft
-                if any(b is buft for b in extra):     # ggml_backend_cpu_is_extra_buffer_type
-                    return bool(buft.context.supports_op(dev, op))
+                for b in extra:
+                    if b is buft:                      # ggml_backend_cpu_is_extra_buffer_type
+                        return bool(buft.context.supports_op(dev, op))
     if o not in _CPU_OPS_CHECKED:                      # (the ops below; every other op is supported)
         return True
     src0, src1 = tensor_at(srcs[0]), tensor_at(srcs[1])
