@@ -395,7 +395,8 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
             if src_buf is not None and src_buf.usage == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
                 src_backend_id = backend_sched_backend_from_buffer(sched, src, tensor)
                 # check if a backend with higher prio wants to offload the op
-                if (sched.op_offload and src_backend_id == sched.n_backends - 1
+                # (with one backend there is no higher-prio backend to ask: is_host is not asked for nothing)
+                if (sched.op_offload and src_backend_id == sched.n_backends - 1 and src_backend_id > 0
                         and B.backend_buffer_is_host(src_buf)):
                     for b in range(src_backend_id):
                         if _supports(sched, b, tensor) and _offloads(sched, b, tensor):
