@@ -61,7 +61,7 @@ _Q_NE = 2                 # ne[0] as a word of struct ggml_tensor (nb follows at
 
 def _set_op(r: Tensor, op: int, *srcs) -> None:
     """``r->op = op; r->src[0] = srcs[0]; ...``: the words written straight into the struct (``r.op`` and
-    ``r.src[i]`` are a property and an accessor object each: a third of a small op's cost)."""
+    ``r.src[i]`` go through a property and a new accessor object each, for every tensor a graph build makes)."""
     r._w[_W_OP] = op
     q = r._q
     for i, t in enumerate(srcs):
