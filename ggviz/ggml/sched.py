@@ -869,6 +869,10 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
                                         ("2.3", range(n_nodes), False, "expand rest down"),
                                         ("2.4", range(n_nodes - 1, -1, -1), False, "expand rest up")):
         _pass(sched, name, what)
+        if skip_cpu and sched.n_backends == 1:
+            # (the only backend is the CPU, which these passes skip: every node they reach either is the CPU's --
+            # cur_backend_id back to -1 -- or finds cur_backend_id at -1, so they assign nothing)
+            continue
         cur_backend_id = -1
         for i in order:
             if isview[i]:
