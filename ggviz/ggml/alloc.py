@@ -32,7 +32,7 @@ from . import backend as B
 from . import consts as C
 from .graph import HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, Tensor, tensor_at
+from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_OP, Tensor, tensor_at
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -551,13 +551,22 @@ def gallocr_is_allocated(galloc: ggml_gallocr, t: Tensor) -> bool:
 
 # ---- ggviz: the plan record and trace events ---------------------------------------------------------
 
+_REC_TEMPLATE = dict(name=None, addr=None, op=None, phase=None, buffer_id=None, chunk=None, offset=None, size=0,
+                     alloc_size=0, alloc_node=None, free_node=None, reused_from=None, reused_by=None, view_src=None,
+                     view_offs=0, extra_freed=0, output=False, input=False)
+
+
 def _record(galloc, t: Tensor, **fields) -> dict:
-    rec = galloc._rec.get(t.addr)
+    addr = t.addr
+    rec = galloc._rec.get(addr)
     if rec is None:
-        rec = dict(name=t.name, addr=t.addr, op=t.op, phase=galloc._phase, buffer_id=None, chunk=None, offset=None, size=0, alloc_size=0, alloc_node=None, free_node=None,
-                   reused_from=None, reused_by=None, view_src=None, view_offs=0, extra_freed=0,
-                   output=bool(t.flags & C.GGML_TENSOR_FLAG_OUTPUT), input=bool(t.flags & C.GGML_TENSOR_FLAG_INPUT))
-        galloc._rec[t.addr] = rec
+        # (a copy of the template, keys in its order, then the tensor's own values: no 18-keyword dict call)
+        rec = _REC_TEMPLATE.copy()
+        flags = t.flags
+        rec["name"], rec["addr"], rec["op"], rec["phase"] = t.name, addr, t.op, galloc._phase
+        rec["output"] = bool(flags & C.GGML_TENSOR_FLAG_OUTPUT)
+        rec["input"] = bool(flags & C.GGML_TENSOR_FLAG_INPUT)
+        galloc._rec[addr] = rec
     rec.update(fields)
     return rec
 
@@ -642,17 +651,23 @@ def gallocr_free_extra_space(galloc: ggml_gallocr, node: Tensor, parent: Tensor)
         _note_free(galloc, node, p_addr, extra_size, extra=True)
 
 
-def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int) -> None:
-    GGML_ASSERT(buffer_id >= 0, "buffer_id >= 0")
+def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int, srcs=None) -> None:
+    """(ggviz: ``srcs``, the node's ``srcs_of`` when the caller has it; the struct's words are read directly:
+    ``view_src``, ``data`` and ``buffer`` are tested for NULL, the same tests as C's)"""
+    if buffer_id < 0:
+        GGML_ASSERT(False, "buffer_id >= 0")
     hn = gallocr_hash_get(galloc, node)
+    q = node._q
+    is_view = q.item(_Q_VIEW_SRC) != 0
 
-    if not gallocr_is_allocated(galloc, node) and not _is_view(node):
+    # (not ggml_gallocr_is_allocated: no data set externally, no external buffer, not allocated by galloc)
+    if not is_view and not (q.item(_Q_DATA) or q.item(_Q_BUFFER) or hn.allocated):
         hn.allocated = True
         assert hn.addr.offset == 0
 
         # try to reuse a parent's buffer (inplace)
-        if op_can_inplace(node.op):
-            for i, parent in srcs_of(node):
+        if op_can_inplace(node._w.item(_W_OP)):
+            for i, parent in (srcs_of(node) if srcs is None else srcs):
 
                 # if the node's data is external, then we cannot re-use it
                 if not gallocr_is_own(galloc, parent):
@@ -698,7 +713,7 @@ def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int) ->
         hn.buffer_id = buffer_id
         hn.addr = dyn_tallocr_alloc(alloc, size, node)
         _note_alloc(galloc, node, hn, size, aligned_offset(0, size, alloc.alignment))
-    elif _is_view(node):
+    elif is_view:
         _note_view(galloc, node)
 
 
@@ -740,55 +755,63 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         leaf = graph.leafs[i]
         gallocr_allocate_node(galloc, leaf, get_node_buffer_id(leaf_buffer_ids, i))
 
+    # ggviz: each node's sources (srcs_of) and view source, read from the struct once for the three loops below
+    nodes = graph.nodes
+    node_srcs = [srcs_of(node) for node in nodes]
+    hash_get = gallocr_hash_get
+    slot = galloc._slot          # (gallocr_hash_get's first lookup: a tensor found before since the reset)
+    INPUT = C.GGML_TENSOR_FLAG_INPUT
+
     # count number of children and views
     # allocate other graph inputs and leafs first to avoid overwriting them
     galloc._phase = "inputs"
     for i in range(graph.n_nodes):
         galloc._index = i
-        node = graph.nodes[i]
+        node = nodes[i]
 
         # TODO: better way to add external dependencies
         # GGML_OP_NONE does not appear normally in the graph nodes, but is used by ggml-backend to add dependencies to
         # control when some tensors are allocated and freed. in this case, the dependencies are in `src`, but the node
         # itself is never used and should not be considered a dependency
-        if _is_view(node) and node.op != C.GGML_OP_NONE:
-            view_src = node.view_src
-            gallocr_hash_get(galloc, view_src).n_views += 1
+        vs = node._q.item(_Q_VIEW_SRC)
+        if vs and node._w.item(_W_OP) != C.GGML_OP_NONE:
+            hash_get(galloc, tensor_at(vs)).n_views += 1
 
-        if node.flags & C.GGML_TENSOR_FLAG_INPUT:
-            gallocr_allocate_node(galloc, graph.nodes[i], get_node_buffer_id(node_buffer_ids, i))
+        if node.flags & INPUT:
+            gallocr_allocate_node(galloc, nodes[i], get_node_buffer_id(node_buffer_ids, i))
 
-        for j, src in srcs_of(node):
-            gallocr_hash_get(galloc, src).n_children += 1
+        for j, src in node_srcs[i]:
+            (slot.get(src.addr) or hash_get(galloc, src)).n_children += 1
 
             # allocate explicit inputs
-            if src.flags & C.GGML_TENSOR_FLAG_INPUT:
+            if src.flags & INPUT:
                 gallocr_allocate_node(galloc, src, get_node_buffer_id(node_buffer_ids, i))
 
     # allocate tensors
     galloc._phase = "nodes"
     for i in range(graph.n_nodes):
         galloc._index = i
-        node = graph.nodes[i]
+        node = nodes[i]
         buffer_id = get_node_buffer_id(node_buffer_ids, i)
-        srcs = [s for _, s in srcs_of(node)]
+        srcs_j = node_srcs[i]
 
         # allocate parents (only leafs need to be allocated at this point)
-        for parent in srcs:
+        for _, parent in srcs_j:
             gallocr_allocate_node(galloc, parent, buffer_id)
 
         # allocate node
-        gallocr_allocate_node(galloc, node, buffer_id)
+        gallocr_allocate_node(galloc, node, buffer_id, srcs_j)
 
         # update parents
-        for parent in srcs:
-            p_hn = gallocr_hash_get(galloc, parent)
+        for _, parent in srcs_j:
+            p_hn = slot.get(parent.addr) or hash_get(galloc, parent)
             p_hn.n_children -= 1
 
             if p_hn.n_children == 0 and p_hn.n_views == 0:
-                if _is_view(parent):
-                    view_src = parent.view_src
-                    view_src_hn = gallocr_hash_get(galloc, view_src)
+                vs = parent._q.item(_Q_VIEW_SRC)
+                if vs:
+                    view_src = tensor_at(vs)
+                    view_src_hn = hash_get(galloc, view_src)
                     view_src_hn.n_views -= 1
                     if view_src_hn.n_views == 0 and view_src_hn.n_children == 0 and view_src_hn.allocated:
                         gallocr_free_node(galloc, view_src)
@@ -800,6 +823,62 @@ def _invalid_alloc(ta: tensor_alloc) -> None:
     ta.buffer_id = -1
     ta.addr = GGML_BUFFER_ADDRESS_INVALID
     ta.size_max = 0
+
+
+def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
+    """gallocr_reserve_n_impl's "set the node_allocs from the hash table": each node's and each of its sources'
+    tensor_alloc (buffer id, address, size), or an invalid one for a view, a tensor with data or a NULL source."""
+    # ggviz: every field of every tensor_alloc is written below, so a fresh plan's structs are made with their values
+    # (object.__new__ and the slots set: no __init__ frame for the ~11,000 of a 1,000-node graph)
+    fresh = galloc.n_nodes < graph.n_nodes or galloc._plan_shared
+    n_nodes = graph.n_nodes
+    node_allocs = [None] * n_nodes if fresh else galloc.node_allocs
+    if fresh:
+        galloc.node_allocs = node_allocs
+    galloc.n_nodes = n_nodes
+    bufts = galloc.bufts
+    INVALID = GGML_BUFFER_ADDRESS_INVALID
+    new = object.__new__
+    # each tensor's alloc size, asked of its buffer type once (a node's is asked again for each node that reads it;
+    # a tensor's buffer type is its hash_node's, the same for every reader)
+    size_of: dict = {}
+    nodes = graph.nodes
+    for i in range(n_nodes):
+        node = nodes[i]
+        if fresh:
+            na = new(node_alloc)
+            na.dst = ta = new(tensor_alloc)
+            na.src = src_tas = []
+            node_allocs[i] = na
+        else:
+            na = node_allocs[i]
+            ta = na.dst
+        q = node._q
+        if q.item(_Q_VIEW_SRC) or q.item(_Q_DATA):
+            ta.buffer_id, ta.addr, ta.size_max = -1, INVALID, 0          # (_invalid_alloc)
+        else:
+            hn = gallocr_hash_get(galloc, node)
+            ta.buffer_id = hn.buffer_id
+            ta.addr = hn.addr
+            ta.size_max = size_of[node.addr] = B.backend_buft_get_alloc_size(bufts[hn.buffer_id], node)
+        # node->src[j] for every j: NULL, a view or a tensor with data gets an invalid tensor_alloc
+        for j, a in enumerate(q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
+            if fresh:
+                ta = new(tensor_alloc)
+                src_tas.append(ta)
+            else:
+                ta = na.src[j]
+            src = tensor_at(a) if a else None
+            if src is None or src._q.item(_Q_VIEW_SRC) or src._q.item(_Q_DATA):
+                ta.buffer_id, ta.addr, ta.size_max = -1, INVALID, 0
+            else:
+                hn = gallocr_hash_get(galloc, src)
+                ta.buffer_id = hn.buffer_id
+                ta.addr = hn.addr
+                size = size_of.get(a)
+                if size is None:
+                    size = size_of[a] = B.backend_buft_get_alloc_size(bufts[hn.buffer_id], src)
+                ta.size_max = size
 
 
 def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, no_alloc: bool) -> bool:
@@ -821,29 +900,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
     gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
     # set the node_allocs from the hash table
-    if galloc.n_nodes < graph.n_nodes or galloc._plan_shared:
-        galloc.node_allocs = [node_alloc() for _ in range(graph.n_nodes)]
-    galloc.n_nodes = graph.n_nodes
-    for i in range(graph.n_nodes):
-        node = graph.nodes[i]
-        na = galloc.node_allocs[i]
-        if node.view_src is not None or node.data:
-            _invalid_alloc(na.dst)
-        else:
-            hn = gallocr_hash_get(galloc, node)
-            na.dst.buffer_id = hn.buffer_id
-            na.dst.addr = hn.addr
-            na.dst.size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node)
-        srcs = dict(srcs_of(node))
-        for j in range(C.GGML_MAX_SRC):
-            src = srcs.get(j)
-            if src is None or src.view_src is not None or src.data:
-                _invalid_alloc(na.src[j])
-            else:
-                hn = gallocr_hash_get(galloc, src)
-                na.src[j].buffer_id = hn.buffer_id
-                na.src[j].addr = hn.addr
-                na.src[j].size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], src)
+    _set_node_allocs(galloc, graph)
     if galloc.n_leafs < graph.n_leafs or galloc._plan_shared:
         galloc.leaf_allocs = [leaf_alloc() for _ in range(graph.n_leafs)]
     galloc.n_leafs = graph.n_leafs

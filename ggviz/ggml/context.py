@@ -13,6 +13,7 @@ or it is a view) its data, so ``t->data == (char *)(t + 1)``.
 from __future__ import annotations
 
 import operator
+import struct
 import weakref
 
 import numpy as np
@@ -20,11 +21,19 @@ import numpy as np
 from .. import trace
 from . import consts as C
 from . import memory
-from .impl import GGML_PAD, GGMLError, row_size, type_name, type_size
-from .tensor import OBJECT_DTYPE, Tensor, forget, nbytes, tensor_in_arena
+from .impl import GGML_PAD, GGMLError, type_name
+from .tensor import _Q_VIEW_SRC, OBJECT_DTYPE, Tensor, forget, nbytes, tensor_in_arena
 
 
 INT64_MAX = (1 << 63) - 1
+
+# ggviz: a tensor object as new_tensor_impl writes it, header and struct (368 bytes): struct ggml_object {offs, size,
+# next, type, padding}, then struct ggml_tensor as 42 words (type and its padding; buffer; ne[4]; nb[4]; op,
+# op_params, flags, src[10] (words 10..28); view_src; view_offs; data; name (words 32..39); extra; padding)
+_TENSOR_OBJECT = struct.Struct("<3QiI42Q")
+_ZEROS_10_28 = (0,) * 19
+_ZEROS_32_41 = (0,) * 10
+assert _TENSOR_OBJECT.size == C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE
 
 
 class ContextOutOfMemory(GGMLError, MemoryError):
@@ -108,6 +117,8 @@ class Context:
         self._u64 = words.view(np.uint64)
         self._i64 = words.view(np.int64)
         self._i32 = words.view(np.int32)
+        self._u32 = words.view(np.uint32)
+        self._mv = memoryview(self.mem_buffer)       # (struct.pack_into writes a tensor's object through it)
         self._end = 0                       # ggviz: where the next object goes (objects_end->offs + size), cached
         self.n_objects = 0
         self.objects: list[Object] = []     # objects_begin .. objects_end, in list order
@@ -195,21 +206,60 @@ class Context:
 
         ggviz: the arguments are checked before anything is written (``_check_new_tensor``), beyond ggml's asserts.
         """
-        self._check()
-        ne, view_offs, nb = _check_new_tensor(fn, type_, n_dims, ne, view_src, view_offs, nb)
+        if self.freed:
+            raise GGMLError("ggml context used after ggml_free")
+        ne, view_offs, nb, rs, data_size = _check_new_tensor(fn, type_, n_dims, ne, view_src, view_offs, nb)
         # find the base tensor and absolute offset
-        if view_src is not None and view_src.view_src is not None:
+        if view_src is not None and view_src._q.item(_Q_VIEW_SRC):
             view_offs += view_src.view_offs
             view_src = view_src.view_src
         ne0, ne1, ne2, ne3 = ne
-        rs = row_size(type_, ne0)
-        data_size = rs * ne1 * ne2 * ne3
         data = view_src.data if view_src is not None else 0
         if data:
             data += view_offs
         obj_alloc_size = data_size if (view_src is None and not self.no_alloc) else 0
-        nb_c = [type_size(type_), rs, rs * ne1, rs * ne1 * ne2]
+        if nb is None:
+            nb = (C.TYPE_TRAITS[type_][2], rs, rs * ne1, rs * ne1 * ne2)
+        if trace.active:
+            return self._new_tensor_traced(type_, ne, nb, view_src, view_offs, data, obj_alloc_size)
+        # ggml_new_object (inlined for a tensor): its header, then the struct, written in one go below
+        cur_end = self._end
+        size_needed = GGML_PAD(C.GGML_TENSOR_SIZE + obj_alloc_size, C.GGML_MEM_ALIGN)
+        need = cur_end + size_needed + C.GGML_OBJECT_SIZE
+        if need > self.mem_size:
+            raise ContextOutOfMemory(
+                f"ggml_new_object: not enough space in the context's memory pool (needed {need}, available "
+                f"{self.mem_size}) while adding a tensor object of {C.GGML_TENSOR_SIZE + obj_alloc_size} bytes")
+        objects = self.objects
+        mark = (len(objects), self.n_objects, cur_end,
+                self.mem_buffer[cur_end:cur_end + C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE].tobytes())
+        try:
+            offs = cur_end + C.GGML_OBJECT_SIZE          # obj->offs
+            addr = self._base + offs
+            # the header {offs, size, next = NULL, type} (its 4 padding bytes keep what they held: not written, as
+            # in C), then the struct: zero but for type, ne, nb, view_src, view_offs and data
+            _TENSOR_OBJECT.pack_into(
+                self._mv, cur_end, offs, size_needed, 0, C.GGML_OBJECT_TYPE_TENSOR,
+                self._u32.item((cur_end >> 2) + 7), type_, 0, ne0, ne1, ne2, ne3, *nb, *_ZEROS_10_28,
+                0 if view_src is None else view_src.addr, view_offs,
+                (addr + C.GGML_TENSOR_SIZE) if obj_alloc_size > 0 else data, *_ZEROS_32_41)
+            obj = Object(cur_end, self)
+            if objects:
+                # obj_cur->next = obj_new (a real pointer)
+                self._u64[(objects[-1].hdr_offs >> 3) + 2] = self._base + cur_end
+            objects.append(obj)
+            self._end = need
+            t = tensor_in_arena(self, offs, addr)
+            obj.payload = t
+            self.n_objects += 1
+        except BaseException:
+            self._rollback(mark)
+            raise
+        return t
 
+    def _new_tensor_traced(self, type_, ne, nb, view_src, view_offs, data, obj_alloc_size) -> Tensor:
+        """new_tensor_impl's writes one field at a time, through ggml_new_object, while a trace listener records
+        them (its events: ``ctx.object``, then ``tensor.new``)."""
         mark = self._mark(C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE)
         try:
             obj = self.new_object(C.GGML_OBJECT_TYPE_TENSOR, C.GGML_TENSOR_SIZE + obj_alloc_size)
@@ -221,14 +271,13 @@ class Context:
             # type; ne and nb (words 2..9); view_src, view_offs, data (words 29..31)
             q = offs >> 3
             self._i32[offs >> 2] = type_
-            self._i64[q + 2:q + 10] = ne + (nb_c if nb is None else nb)
+            self._i64[q + 2:q + 10] = list(ne) + list(nb)
             self._u64[q + 29:q + 32] = (0 if view_src is None else view_src.addr, view_offs,
                                         (addr + C.GGML_TENSOR_SIZE) if obj_alloc_size > 0 else data)
             self.n_objects += 1
-            if trace.active:
-                trace.emit("tensor.new", ctx=id(self), addr=t.addr, offs=offs, type=type_, ne=t.shape,
-                           view_src=view_src.addr if view_src is not None else 0, view_offs=view_offs,
-                           data=t.data, data_size=obj_alloc_size)
+            trace.emit("tensor.new", ctx=id(self), addr=t.addr, offs=offs, type=type_, ne=t.shape,
+                       view_src=view_src.addr if view_src is not None else 0, view_offs=view_offs,
+                       data=t.data, data_size=obj_alloc_size)
         except BaseException:
             self._rollback(mark)
             raise
@@ -340,9 +389,9 @@ def get_tensor(ctx: Context, name: str):
     return None
 
 
-def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs, nb) -> tuple[list, int, list | None]:
+def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs, nb) -> tuple:
     """ggviz: the arguments of ``new_tensor_impl``, checked; returns ``ne`` (GGML_MAX_DIMS integers), ``view_offs``
-    and ``nb`` as integers.
+    and ``nb`` as integers, and the row size and data size they give.
 
     ggml checks only ``data_size + view_offs <= ggml_nbytes(view_src)``, in size_t arithmetic that wraps, so real
     ggml accepts a negative ne, a size that wraps, a negative offset and strides that leave the source
@@ -356,9 +405,11 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
     * ``nb``: every byte the view can reach, ``offset + sum((ne[i]-1)*nb[i]) +`` the element (block) size, must lie
       inside its source, so nothing written through it reaches a neighbour tensor or a header in the arena.
     """
-    if type_ not in C.TYPE_TRAITS or C.TYPE_TRAITS[type_][2] == 0:
+    tr = C.TYPE_TRAITS.get(type_)
+    if tr is None or tr[2] == 0:
         raise GGMLError(f"{fn}: invalid ggml_type {type_}")
-    n_dims = _index(n_dims, fn, "n_dims")
+    if type(n_dims) is not int:
+        n_dims = _index(n_dims, fn, "n_dims")
     if not 1 <= n_dims <= C.GGML_MAX_DIMS:
         raise GGMLError(f"{fn}: n_dims must be in 1..{C.GGML_MAX_DIMS}, got {n_dims}")
     if len(ne) < n_dims:
@@ -367,13 +418,14 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
         ne = [operator.index(x) for x in ne[:n_dims]]
     except TypeError:
         raise GGMLError(f"{fn}: ne must hold integers, got {list(ne[:n_dims])}") from None
-    for x in ne:
-        if not 0 <= x <= INT64_MAX:
-            raise GGMLError(f"{fn}: ne={ne}: each dimension must be in 0..INT64_MAX"
-                            + (" (negative dimension)" if x < 0 else " (does not fit int64_t)"))
+    if min(ne) < 0 or max(ne) > INT64_MAX:
+        for x in ne:
+            if not 0 <= x <= INT64_MAX:
+                raise GGMLError(f"{fn}: ne={ne}: each dimension must be in 0..INT64_MAX"
+                                + (" (negative dimension)" if x < 0 else " (does not fit int64_t)"))
     ne += [1] * (C.GGML_MAX_DIMS - n_dims)
     ne0, ne1, ne2, ne3 = ne
-    _, bs, ts, _ = C.TYPE_TRAITS[type_]
+    _, bs, ts, _ = tr
     if ne0 % bs:
         raise GGMLError(f"{fn}: ne[0] = {ne0} is not a multiple of {type_name(type_)}'s block size {bs}")
     rs = ts * (ne0 // bs)                         # ggml_row_size
@@ -384,7 +436,7 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
     if view_src is None:
         if nb is not None:
             raise GGMLError(f"{fn}: strides can be given only to a view")
-        return ne, view_offs, None
+        return ne, view_offs, None, rs, data_size
     try:
         view_offs = operator.index(view_offs)
     except TypeError:
@@ -393,7 +445,7 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
         raise GGMLError(f"{fn}: negative offset {view_offs} into {view_src.name!r} (a size_t in ggml: it "
                         f"would wrap and point before the source)")
     offs = view_offs
-    if view_src.view_src is not None:             # measured against the base tensor, as ggml does
+    if view_src._q.item(_Q_VIEW_SRC):              # measured against the base tensor, as ggml does
         offs += view_src.view_offs
         view_src = view_src.view_src
     src_size = nbytes(view_src)
@@ -407,7 +459,7 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
             nb = [operator.index(x) for x in nb]
         except TypeError:
             raise GGMLError(f"{fn}: the strides nb must be integers, got {list(nb)}") from None
-        if not all(0 <= x <= INT64_MAX for x in nb):
+        if nb and (min(nb) < 0 or max(nb) > INT64_MAX):
             raise GGMLError(f"{fn}: the strides nb={nb} must be in 0..INT64_MAX (a size_t in ggml)")
         if data_size:                             # an empty view reaches no byte
             # ggml_nbytes with these strides: the last byte the view can reach, + 1
@@ -418,4 +470,4 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
                     f"{fn}: a view of {view_src.name!r} with ne={ne}, nb={nb} at offset {offs} reaches "
                     f"{extent} bytes, up to byte {offs + extent}, beyond its source {view_src.name!r} "
                     f"({src_size} bytes)")
-    return ne, view_offs, nb
+    return ne, view_offs, nb, rs, data_size

@@ -19,7 +19,9 @@ import numpy as np
 from .. import trace
 from . import consts as C
 from .context import Context, GGMLError
-from .tensor import _Q_SRC, Tensor, tensor_at
+from .tensor import _Q_SRC, _W_FLAGS, _W_OP, Tensor, tensor_at
+
+_NAME0 = 256                     # the first byte of struct ggml_tensor's name (NUL: no name)
 
 GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = 0
 GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT = 1
@@ -266,99 +268,147 @@ def new_graph(ctx: Context) -> CGraph:
     return CGraph(ctx, C.GGML_DEFAULT_GRAPH_SIZE, False)
 
 
-def _visit(cg: CGraph, node: Tensor, compute: bool):
-    """ggml_visit_parents_graph, written as a generator so the DFS needs no Python recursion.
-
-    Each ``yield (src, compute)`` is the recursive call in C; the value sent back is that call's return value.
-    """
-    if node.op != C.GGML_OP_NONE and compute:
+def _enter(cg: CGraph, node: Tensor, compute: bool, pos: int | None = None):
+    """The start of ggml_visit_parents_graph(cg, node, compute): up to the loop over the sources. Returns the hash
+    slot when the call ends there (already visited, no source to visit again), else the frame of the loop
+    (``visit_parents`` runs it): ``[new, node, src addresses, next index, slot, compute]``. ``pos``: the node's
+    slot when the caller has probed for it already."""
+    if compute and node._w.item(_W_OP) != C.GGML_OP_NONE:
         node.flags = node.flags | C.GGML_TENSOR_FLAG_COMPUTE
     hs = cg.visited_hash_set
-    pos = hs.find(node.addr)
+    addr = node.addr
+    if pos is None:
+        pos = hs.find(addr)
     if pos == GGML_HASHSET_FULL:
         raise GGMLError(f"graph hash set is full ({hs.size} slots) while visiting {node.name!r}")
-    if hs.get_used(pos):
+    used = hs.used
+    if (used.item(pos >> 5) >> (pos & 31)) & 1:
         # already visited: only propagate the compute flag
         if trace.active:
-            trace.emit("graph.visit", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=True)
+            trace.emit("graph.visit", graph=graph_key(cg), addr=addr, name=node.name, hash_pos=pos, hit=True)
         if compute:
-            for a in node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
-                if a:
-                    src = tensor_at(a)
-                    if not (src.flags & C.GGML_TENSOR_FLAG_COMPUTE):
-                        yield (src, True)
+            addrs = node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+            for a in addrs:
+                if a and not (tensor_at(a).flags & C.GGML_TENSOR_FLAG_COMPUTE):
+                    # (the flags are read again as the loop reaches each source: a visit may set a later one's)
+                    return [False, node, addrs, 0, pos, True]
         return pos
     # first time we see this node in the current graph
-    hs.keys[pos] = node.addr
-    hs.set_used(pos)
+    hs.keys[pos] = addr
+    used[pos >> 5] = used.item(pos >> 5) | (1 << (pos & 31))
     cg.use_counts[pos] = 0
     if trace.active:
-        trace.emit("graph.visit", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, hit=False)
+        trace.emit("graph.visit", graph=graph_key(cg), addr=addr, name=node.name, hash_pos=pos, hit=False)
     # node->src[k] for k in the graph's order, the pointer array read from the struct in one go
     addrs = node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
     if cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT:
         addrs.reverse()
-    use_counts = cg.use_counts
-    for a in addrs:
-        if a:
-            src = tensor_at(a)
-            src_pos = _visited_settled(hs, src, a, compute) if not trace.active else -1
-            if src_pos < 0:
-                src_pos = yield (src, compute)
-            use_counts[src_pos] = use_counts.item(src_pos) + 1
-    if node.op == C.GGML_OP_NONE and not (node.flags & C.GGML_TENSOR_FLAG_PARAM):
+    return [True, node, addrs, 0, pos, compute]
+
+
+def _leave(cg: CGraph, node: Tensor, pos: int) -> None:
+    """The end of ggml_visit_parents_graph for a node seen for the first time: it joins the leafs or the nodes."""
+    if node._w.item(_W_OP) == C.GGML_OP_NONE and not (node._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_PARAM):
         # a leaf: constant data, not computed by the graph
-        if not node.name:
+        if not node.raw.item(_NAME0):
             node.name = f"leaf_{cg.n_leafs}"
         cg._append_leaf(node)
         where = ("leaf", cg.n_leafs - 1)
     else:
-        if not node.name:
+        if not node.raw.item(_NAME0):
             node.name = f"node_{cg.n_nodes}"
         cg._append_node(node)
         where = ("node", cg.n_nodes - 1)
-    cg._sync_counts()
     if trace.active:
+        cg._sync_counts()          # (without a listener, visit_parents writes the counts once, when it returns)
         trace.emit("graph.add", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=where[0],
                    index=where[1])
-    return pos
 
 
-def _visited_settled(hs: HashSet, src: Tensor, addr: int, compute: bool) -> int:
-    """ggviz: the recursive call on an already visited ``src`` that would not recurse further, done in place: its
-    compute flag set as that call sets it, and its hash slot returned -- without a generator for it (most of a
-    graph's visits are of a tensor already in it: a weight, a norm or a residual read again). -1: not visited yet,
-    or a source of it other than a leaf still lacks the compute flag (the call recurses: the caller makes it)."""
-    pos = hs.find(addr)
-    if pos < 0 or not (hs.used.item(pos >> 5) >> (pos & 31)) & 1:
-        return -1
+def _settled(src: Tensor, compute: bool) -> bool:
+    """ggviz: the recursive call on an already visited ``src`` would not recurse further: its compute flag is set
+    here as that call sets it (True), without a frame for it (most of a graph's visits are of a tensor already in
+    it: a weight, a norm or a residual read again). False: a source of it other than a leaf still lacks the compute
+    flag (the call recurses: the caller makes it)."""
     if compute:
         for a in src._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
             if a:
                 s = tensor_at(a)
-                if not (s.flags & C.GGML_TENSOR_FLAG_COMPUTE) and (
-                        s.op != C.GGML_OP_NONE or any(s._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist())):
+                if not (s._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_COMPUTE) and (
+                        s._w.item(_W_OP) != C.GGML_OP_NONE or any(s._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist())):
                     # (a source without the flag is visited again, which changes nothing for a leaf -- op NONE,
                     # no sources: it never gets the flag and has nothing to visit -- and may for anything else)
-                    return -1
-        if src.op != C.GGML_OP_NONE:
+                    return False
+        if src._w.item(_W_OP) != C.GGML_OP_NONE:
             src.flags = src.flags | C.GGML_TENSOR_FLAG_COMPUTE
-    return pos
+    return True
 
 
 def visit_parents(cg: CGraph, node: Tensor, compute: bool = True) -> int:
-    stack = [_visit(cg, node, compute)]
-    val = None
+    """ggml_visit_parents_graph: the recursive DFS over src[] run with a stack of frames (no Python recursion: a
+    graph is thousands of nodes deep). Each frame is one C call's loop over its sources (``_enter`` makes it,
+    ``_leave`` ends a new node's); the value a call returns (the source's hash slot) counts one more use of that
+    source in its caller, when the caller is the first visit of its node. A source's slot is probed once: the
+    call on a visited source that would not recurse is done in place (``_settled``), else ``_enter`` takes the
+    slot."""
+    r = _enter(cg, node, compute)
+    if type(r) is int:
+        return r
+    try:
+        return _visit_frames(cg, r)
+    finally:
+        cg._sync_counts()          # the struct's n_nodes / n_leafs, as the C calls leave them
+
+
+def _visit_frames(cg: CGraph, r: list) -> int:
+    """visit_parents' loop over the stack of frames, from the root's frame ``r``."""
+    stack = [r]
+    hs = cg.visited_hash_set
+    find, used = hs.find, hs.used
+    use_counts = cg.use_counts
+    tr = trace.active
+    COMPUTE = C.GGML_TENSOR_FLAG_COMPUTE
+    pos = -1
     while stack:
-        try:
-            sub = stack[-1].send(val)
-        except StopIteration as stop:
-            stack.pop()
-            val = stop.value
+        f = stack[-1]
+        new, addrs, i = f[0], f[2], f[3]
+        child = None
+        sp = None
+        n = len(addrs)
+        while i < n:
+            a = addrs[i]
+            i += 1
+            if not a:
+                continue
+            src = tensor_at(a)
+            if new:
+                sp = find(a)
+                if (not tr and sp >= 0 and (used.item(sp >> 5) >> (sp & 31)) & 1
+                        and _settled(src, f[5])):
+                    use_counts[sp] = use_counts.item(sp) + 1
+                    continue
+                child = src
+                break
+            elif not (src._w.item(_W_FLAGS) & COMPUTE):
+                child = src
+                break
+        f[3] = i
+        if child is not None:
+            r = _enter(cg, child, f[5], sp)
+            if type(r) is int:
+                if new:
+                    use_counts[r] = use_counts.item(r) + 1
+            else:
+                stack.append(r)
             continue
-        stack.append(_visit(cg, *sub))
-        val = None
-    return val
+        # the call of this frame returns
+        stack.pop()
+        pos = f[4]
+        if new:
+            _leave(cg, f[1], pos)
+        if stack and stack[-1][0]:
+            use_counts[pos] = use_counts.item(pos) + 1
+    return pos
 
 
 def build_forward_expand(cg: CGraph, tensor: Tensor) -> None:

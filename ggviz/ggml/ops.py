@@ -13,6 +13,8 @@ from . import consts as C
 from .context import Context, GGMLError
 from .tensor import GGML_OP_AXPY, GGML_OP_MUL_MAT_SPARSE  # PowerInfer's ops, see the end of this file
 from .tensor import (
+    _Q_SRC,
+    _W_OP,
     Tensor,
     are_same_shape,
     can_mul_mat,
@@ -52,6 +54,18 @@ def _require(cond, op: str, msg: str, *tensors):
     if not cond:
         detail = ", ".join(_desc(t) for t in tensors if t is not None)
         raise GGMLError(f"ggml_{op}: {msg}" + (f" [{detail}]" if detail else ""))
+
+
+_Q_NE = 2                 # ne[0] as a word of struct ggml_tensor (nb follows at word 6)
+
+
+def _set_op(r: Tensor, op: int, *srcs) -> None:
+    """``r->op = op; r->src[0] = srcs[0]; ...``: the words written straight into the struct (``r.op`` and
+    ``r.src[i]`` go through a property and a new accessor object each, for every tensor a graph build makes)."""
+    r._w[_W_OP] = op
+    q = r._q
+    for i, t in enumerate(srcs):
+        q[_Q_SRC + i] = 0 if t is None else t.addr
 
 
 # ---------------------------------------------------------------- tensor creation
@@ -144,21 +158,20 @@ def _f32_params(*vals, op: str = "op") -> bytes:
 
 def dup(ctx, a):
     r = _unary_like(ctx, a, False)
-    r.op, r.src[0] = C.GGML_OP_DUP, a
+    _set_op(r, C.GGML_OP_DUP, a)
     return r
 
 
 def dup_inplace(ctx, a):
     r = _unary_like(ctx, a, True)
-    r.op, r.src[0] = C.GGML_OP_DUP, a
+    _set_op(r, C.GGML_OP_DUP, a)
     return r
 
 
 def _binary(ctx, a, b, op, opname, inplace):
     _require(can_repeat(b, a), opname, "b cannot be broadcast (repeated) to a's shape", a, b)
     r = _unary_like(ctx, a, inplace)
-    r.op = op
-    r.src[0], r.src[1] = a, b
+    _set_op(r, op, a, b)
     return r
 
 
@@ -198,8 +211,7 @@ def _add1(ctx, a, b, inplace):
     _require(is_scalar(b), "add1", "b must be a scalar", b)
     _require(is_padded_1d(a), "add1", "a must be padded 1d (contiguous rows)", a)
     r = _unary_like(ctx, a, inplace)
-    r.op = C.GGML_OP_ADD1
-    r.src[0], r.src[1] = a, b
+    _set_op(r, C.GGML_OP_ADD1, a, b)
     return r
 
 
@@ -213,7 +225,7 @@ def add1_inplace(ctx, a, b):
 
 def _simple_unary_op(ctx, a, op, inplace):
     r = _unary_like(ctx, a, inplace)
-    r.op, r.src[0] = op, a
+    _set_op(r, op, a)
     return r
 
 
@@ -235,13 +247,13 @@ def sqrt_inplace(ctx, a):
 
 def sum_rows(ctx, a):
     r = new_tensor(ctx, a.type, C.GGML_MAX_DIMS, [1] + list(a.shape[1:]))
-    r.op, r.src[0] = C.GGML_OP_SUM_ROWS, a
+    _set_op(r, C.GGML_OP_SUM_ROWS, a)
     return r
 
 
 def mean(ctx, a):
     r = new_tensor(ctx, C.GGML_TYPE_F32, 4, [1] + list(a.shape[1:]))
-    r.op, r.src[0] = C.GGML_OP_MEAN, a
+    _set_op(r, C.GGML_OP_MEAN, a)
     return r
 
 
@@ -249,7 +261,7 @@ def argmax(ctx, a):
     _require(is_matrix(a), "argmax", "a must be a matrix (ne2 == ne3 == 1)", a)
     _require(a.ne[0] <= 2**31 - 1, "argmax", "rows longer than INT32_MAX", a)
     r = new_tensor_1d(ctx, C.GGML_TYPE_I32, int(a.ne[1]))
-    r.op, r.src[0] = C.GGML_OP_ARGMAX, a
+    _set_op(r, C.GGML_OP_ARGMAX, a)
     return r
 
 
@@ -262,7 +274,7 @@ def argsort(ctx, a, order):
     _require(a.ne[0] <= 2**31 - 1, "argsort", "rows longer than INT32_MAX", a)
     r = new_tensor(ctx, C.GGML_TYPE_I32, C.GGML_MAX_DIMS, a.shape)
     set_op_params_i32(r, 0, order)
-    r.op, r.src[0] = C.GGML_OP_ARGSORT, a
+    _set_op(r, C.GGML_OP_ARGSORT, a)
     return r
 
 
@@ -288,14 +300,14 @@ def top_k(ctx, a, k):
     k = _index(k, "top_k", "k")
     _require(0 <= k <= a.ne[0], "top_k", f"need 0 <= k <= a.ne[0], got k = {k}", a)
     r = new_tensor_4d(ctx, C.GGML_TYPE_I32, k, int(a.ne[1]), int(a.ne[2]), int(a.ne[3]))
-    r.op, r.src[0] = C.GGML_OP_TOP_K, a
+    _set_op(r, C.GGML_OP_TOP_K, a)
     return r
 
 
 def repeat(ctx, a, b):
     _require(can_repeat(a, b), "repeat", "a cannot be repeated to b's shape", a, b)
     r = new_tensor(ctx, a.type, C.GGML_MAX_DIMS, b.shape)
-    r.op, r.src[0] = C.GGML_OP_REPEAT, a
+    _set_op(r, C.GGML_OP_REPEAT, a)
     return r
 
 
@@ -312,8 +324,7 @@ def concat(ctx, a, b, dim):
         ne.append(int(a.ne[d]))
     r = new_tensor(ctx, a.type, C.GGML_MAX_DIMS, ne)
     set_op_params_i32(r, 0, dim)
-    r.op = C.GGML_OP_CONCAT
-    r.src[0], r.src[1] = a, b
+    _set_op(r, C.GGML_OP_CONCAT, a, b)
     return r
 
 
@@ -323,7 +334,7 @@ def _norm(ctx, a, eps, op, inplace):
     params = _f32_params(eps, op=C.OP_NAMES[op].lower())
     r = _unary_like(ctx, a, inplace)
     set_op_params(r, params)
-    r.op, r.src[0] = op, a
+    _set_op(r, op, a)
     return r
 
 
@@ -351,8 +362,7 @@ def mul_mat(ctx, a, b):
     _require(not is_transposed(a), "mul_mat", "a must not be transposed (nb[0] > nb[1])", a)
     ne = [int(a.ne[1]), int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
     r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
-    r.op = C.GGML_OP_MUL_MAT
-    r.src[0], r.src[1] = a, b
+    _set_op(r, C.GGML_OP_MUL_MAT, a, b)
     return r
 
 
@@ -372,8 +382,7 @@ def mul_mat_id(ctx, as_, b, ids):
     _require(ids.ne[0] % b.ne[1] == 0, "mul_mat_id", "ids.ne[0] must be a multiple of b.ne[1] (broadcast)", ids, b)
     ne = [int(as_.ne[1]), int(ids.ne[0]), int(b.ne[2]), 1]
     r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
-    r.op = C.GGML_OP_MUL_MAT_ID
-    r.src[0], r.src[1], r.src[2] = as_, b, ids
+    _set_op(r, C.GGML_OP_MUL_MAT_ID, as_, b, ids)
     return r
 
 
@@ -383,8 +392,7 @@ def out_prod(ctx, a, b):
     _require(not is_transposed(a), "out_prod", "a must not be transposed", a)
     ne = [int(a.ne[0]), int(b.ne[0]), int(b.ne[2]), int(b.ne[3])]
     r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
-    r.op = C.GGML_OP_OUT_PROD
-    r.src[0], r.src[1] = a, b
+    _set_op(r, C.GGML_OP_OUT_PROD, a, b)
     return r
 
 
@@ -428,8 +436,7 @@ def im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, is_2D, dst_type):
     params, ne = _im2col_shape(a, b, s0, s1, p0, p1, d0, d1, is_2D)
     r = new_tensor(ctx, dst_type, 4, ne)
     set_op_params(r, params)
-    r.op = C.GGML_OP_IM2COL
-    r.src[0], r.src[1] = a, b
+    _set_op(r, C.GGML_OP_IM2COL, a, b)
     return r
 
 
@@ -479,7 +486,7 @@ def _scale(ctx, a, s, b, inplace):
     params = _f32_params(s, b, op="scale")
     r = _unary_like(ctx, a, inplace)
     set_op_params(r, params)
-    r.op, r.src[0] = C.GGML_OP_SCALE, a
+    _set_op(r, C.GGML_OP_SCALE, a)
     return r
 
 
@@ -504,23 +511,21 @@ def cpy(ctx, a, b):
         format_name(r, "%s (copy of %s)", b.name, a.name)
     else:
         format_name(r, "%s (copy)", a.name)
-    r.op = C.GGML_OP_CPY
-    r.src[0], r.src[1] = a, b
+    _set_op(r, C.GGML_OP_CPY, a, b)
     return r
 
 
 def cast(ctx, a, type):
     r = new_tensor(ctx, type, C.GGML_MAX_DIMS, a.shape)
     format_name(r, "%s (copy)", a.name)
-    r.op = C.GGML_OP_CPY
-    r.src[0], r.src[1] = a, r
+    _set_op(r, C.GGML_OP_CPY, a, r)
     return r
 
 
 def cont(ctx, a):
     r = dup_tensor(ctx, a)
     format_name(r, "%s (cont)", a.name)
-    r.op, r.src[0] = C.GGML_OP_CONT, a
+    _set_op(r, C.GGML_OP_CONT, a)
     return r
 
 
@@ -528,7 +533,7 @@ def cont_4d(ctx, a, ne0, ne1, ne2, ne3):
     _require(nelements(a) == ne0 * ne1 * ne2 * ne3, "cont_4d", "element count mismatch", a)
     r = new_tensor_4d(ctx, a.type, ne0, ne1, ne2, ne3)
     format_name(r, "%s (cont)", a.name)
-    r.op, r.src[0] = C.GGML_OP_CONT, a
+    _set_op(r, C.GGML_OP_CONT, a)
     return r
 
 
@@ -552,7 +557,7 @@ def _reshape_nd(ctx, a, ne, fn):
     _require(nelements(a) == prod, fn, f"cannot reshape {nelements(a)} elements to {list(ne)}", a)
     r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, 0, None, f"ggml_{fn}")
     format_name(r, "%s (reshaped)", a.name)
-    r.op, r.src[0] = C.GGML_OP_RESHAPE, a
+    _set_op(r, C.GGML_OP_RESHAPE, a)
     return r
 
 
@@ -561,7 +566,7 @@ def reshape(ctx, a, b):
     _require(nelements(a) == nelements(b), "reshape", "a and b must have the same number of elements", a, b)
     r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, b.shape, a, 0, None, "ggml_reshape")
     format_name(r, "%s (reshaped)", a.name)
-    r.op, r.src[0] = C.GGML_OP_RESHAPE, a
+    _set_op(r, C.GGML_OP_RESHAPE, a)
     return r
 
 
@@ -594,7 +599,7 @@ def _view_impl(ctx, a, ne, offset, nb, fn):
     r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, offset, nb, f"ggml_{fn}")
     format_name(r, "%s (view)", a.name)
     set_op_params(r, struct.pack("<Q", offset))     # offset is a checked integer in 0..nbytes(a) by now
-    r.op, r.src[0] = C.GGML_OP_VIEW, a
+    _set_op(r, C.GGML_OP_VIEW, a)
     return r
 
 
@@ -616,29 +621,35 @@ def view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
     return _view_impl(ctx, a, (ne0, ne1, ne2, ne3), offset, (nb1, nb2, nb3), "view_4d")
 
 
+def _view_renamed(ctx, a: Tensor, fn: str, fmt: str):
+    """``ggml_view_tensor(ctx, a)`` then ``ggml_format_name(result, fmt, a->name)``, as permute and transpose start.
+    view_tensor names the view "<a> (view)" first; the second name is longer, so it covers every byte of the first
+    (and its NUL): it is the only one written. Returns the view and a's ne and nb (Python ints)."""
+    ne_a, nb_a = a.ne.tolist(), a.nb.tolist()
+    r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, ne_a, a, 0, nb_a, fn)
+    format_name(r, fmt, a.name)
+    return r, ne_a, nb_a
+
+
 def permute(ctx, a, axis0, axis1, axis2, axis3):
     axes = tuple(_index(x, "permute", "an axis") for x in (axis0, axis1, axis2, axis3))
     _require(all(0 <= x < C.GGML_MAX_DIMS for x in axes) and len(set(axes)) == 4, "permute",
              f"axes {list(axes)} must be a permutation of 0..3", a)
-    r = view_tensor(ctx, a, "ggml_permute")        # a permutation of a's ne/nb: the same bytes as a
-    format_name(r, "%s (permuted)", a.name)
+    r, ne_a, nb_a = _view_renamed(ctx, a, "ggml_permute", "%s (permuted)")  # a permutation of a's ne/nb: a's bytes
     ne, nb = [0] * 4, [0] * 4
     for i, ax in enumerate(axes):
-        ne[ax] = int(a.ne[i])
-        nb[ax] = int(a.nb[i])
-    r.ne[:] = ne
-    r.nb[:] = nb
-    r.op, r.src[0] = C.GGML_OP_PERMUTE, a
+        ne[ax] = ne_a[i]
+        nb[ax] = nb_a[i]
+    r._q[_Q_NE:_Q_NE + 8] = ne + nb              # ne[4], nb[4]: words 2..9 of the struct
+    _set_op(r, C.GGML_OP_PERMUTE, a)
     set_op_params(r, struct.pack("<4i", *axes))
     return r
 
 
 def transpose(ctx, a):
-    r = view_tensor(ctx, a, "ggml_transpose")
-    format_name(r, "%s (transposed)", a.name)
-    r.ne[0], r.ne[1] = a.ne[1], a.ne[0]
-    r.nb[0], r.nb[1] = a.nb[1], a.nb[0]
-    r.op, r.src[0] = C.GGML_OP_TRANSPOSE, a
+    r, (ne0, ne1, ne2, ne3), (nb0, nb1, nb2, nb3) = _view_renamed(ctx, a, "ggml_transpose", "%s (transposed)")
+    r._q[_Q_NE:_Q_NE + 8] = (ne1, ne0, ne2, ne3, nb1, nb0, nb2, nb3)
+    _set_op(r, C.GGML_OP_TRANSPOSE, a)
     return r
 
 
@@ -651,8 +662,7 @@ def get_rows(ctx, a, b):
     _require(b.type == C.GGML_TYPE_I32, "get_rows", "row indices b must be I32", b)
     type_ = C.GGML_TYPE_I32 if a.type == C.GGML_TYPE_I32 else C.GGML_TYPE_F32
     r = new_tensor_4d(ctx, type_, int(a.ne[0]), int(b.ne[0]), int(b.ne[1]), int(b.ne[2]))
-    r.op = C.GGML_OP_GET_ROWS
-    r.src[0], r.src[1] = a, b
+    _set_op(r, C.GGML_OP_GET_ROWS, a, b)
     return r
 
 
@@ -689,8 +699,7 @@ def _soft_max(ctx, a, mask, scale_, max_bias, inplace):
     params = _f32_params(scale_, max_bias, op="soft_max")
     r = _unary_like(ctx, a, inplace)
     set_op_params(r, params)
-    r.op = C.GGML_OP_SOFT_MAX
-    r.src[0], r.src[1] = a, mask
+    _set_op(r, C.GGML_OP_SOFT_MAX, a, mask)
     return r
 
 
@@ -728,8 +737,7 @@ def flash_attn_ext(ctx, q, k, v, mask, scale, max_bias, logit_softcap):
     ne = [int(v.ne[0]), int(q.ne[2]), int(q.ne[1]), int(q.ne[3])]
     r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
     set_op_params(r, params)
-    r.op = C.GGML_OP_FLASH_ATTN_EXT
-    r.src[0], r.src[1], r.src[2], r.src[3] = q, k, v, mask
+    _set_op(r, C.GGML_OP_FLASH_ATTN_EXT, q, k, v, mask)
     return r
 
 
@@ -795,8 +803,7 @@ def _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq
                    attn_factor, beta_fast, beta_slow, *secs)
     r = _unary_like(ctx, a, inplace)
     set_op_params(r, params)
-    r.op = C.GGML_OP_ROPE
-    r.src[0], r.src[1], r.src[2] = a, b, c
+    _set_op(r, C.GGML_OP_ROPE, a, b, c)
     return r
 
 
@@ -823,7 +830,7 @@ def _unary(ctx, a, uop, inplace):
     params = _pack("unary", "<i", uop)
     r = _unary_like(ctx, a, inplace)
     set_op_params(r, params)
-    r.op, r.src[0] = C.GGML_OP_UNARY, a
+    _set_op(r, C.GGML_OP_UNARY, a)
     return r
 
 
@@ -869,8 +876,7 @@ def _glu(ctx, a, b, gop, swapped):
     params = _pack("glu", "<2i", gop, int(swapped))
     r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, ne, None, 0)
     set_op_params(r, params)
-    r.op = C.GGML_OP_GLU
-    r.src[0], r.src[1] = a, b
+    _set_op(r, C.GGML_OP_GLU, a, b)
     return r
 
 
@@ -929,8 +935,7 @@ def mul_mat_idx(ctx, a, b, sparse_idx, gpu_idx):
              "gpu_idx must have one entry per row of a", gpu_idx, a)
     ne = [int(a.ne[1]), int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
     r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
-    r.op = GGML_OP_MUL_MAT_SPARSE
-    r.src[0], r.src[1], r.src[2], r.src[3] = a, b, sparse_idx, gpu_idx
+    _set_op(r, GGML_OP_MUL_MAT_SPARSE, a, b, sparse_idx, gpu_idx)
     set_op_params_i32(r, 0, 0 if gpu_idx is not None else 1)
     return r
 
@@ -949,8 +954,7 @@ def mul_mat_idx_upscale(ctx, a, b, sparse_idx, gpu_bucket, result_ne0):
              "gpu_bucket must name one row of the result per row of a", gpu_bucket, a)
     ne = [result_ne0, int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
     r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
-    r.op = GGML_OP_MUL_MAT_SPARSE
-    r.src[0], r.src[1], r.src[2], r.src[3] = a, b, sparse_idx, gpu_bucket
+    _set_op(r, GGML_OP_MUL_MAT_SPARSE, a, b, sparse_idx, gpu_bucket)
     set_op_params_i32(r, 1, 1)
     return r
 
@@ -975,8 +979,7 @@ def axpy(ctx, a, b, sparse_idx, hybrid_aux, *, bucket=False):
                  "gpu_idx must have one entry per row of a", hybrid_aux, a)
     ne = [int(a.ne[0]), int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
     r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
-    r.op = GGML_OP_AXPY
-    r.src[0], r.src[1], r.src[2], r.src[3] = a, b, sparse_idx, hybrid_aux
+    _set_op(r, GGML_OP_AXPY, a, b, sparse_idx, hybrid_aux)
     set_op_params_i32(r, 0, 0 if hybrid_aux is not None else 1)
     set_op_params_i32(r, 1, 1 if bucket else 0)
     return r

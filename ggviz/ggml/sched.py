@@ -65,7 +65,7 @@ from .graph import (
 )
 from .impl import GGML_ASSERT, GGML_LOG, last_log_error
 from .ops import dup_tensor, view_tensor
-from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, Tensor, nbytes, op_desc, tensor_at
+from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, _W_OP, Tensor, nbytes, op_desc, tensor_at
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
@@ -73,11 +73,12 @@ GGML_SCHED_MAX_COPIES = 4
 GGML_SCHED_MAX_SPLITS_DEBUG = 4096
 
 
+_VIEW_OPS = frozenset((C.GGML_OP_VIEW, C.GGML_OP_RESHAPE, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE))
 
 
 def is_view_op(op: int) -> bool:
     """ggml_is_view_op."""
-    return op in (C.GGML_OP_VIEW, C.GGML_OP_RESHAPE, C.GGML_OP_PERMUTE, C.GGML_OP_TRANSPOSE)
+    return op in _VIEW_OPS
 
 
 _graph_uid = 0
@@ -170,6 +171,7 @@ class ggml_backend_sched:
         # ggviz: the backends' supports_op / offload_op answers passes 1-4 asked for (recorded for the split memo,
         # _SplitMemo), None when not recording; how many splits took passes 1-4 from a memo
         self._queries: list | None = None
+        self._buft_ok: dict = {}            # ggviz: (backend index, id(buft)) -> (buft, supports_buft)
         self.n_split_memo = 0
 
     @property
@@ -239,7 +241,8 @@ def _bname(sched, backend_id: int):
 
 
 def SET_CAUSE(sched, t: Tensor, cause: str, backend_id: int = -1) -> None:
-    sched.causes[_hash_id(sched, t)] = cause
+    h = sched._slot.get(t.addr)          # (hash_id(t): nearly always a tensor the split has seen already)
+    sched.causes[_hash_id(sched, t) if h is None else h] = cause
     if trace.active:
         trace.emit("sched.assign", sched=id(sched), name=t.name, addr=t.addr, op=op_desc(t), cause=cause,
                    backend=_bname(sched, backend_id), backend_id=backend_id, **{"pass": sched._pass})
@@ -291,14 +294,30 @@ def backend_sched_backend_id(sched, backend) -> int:
 
 
 def _buffer_of(t: Tensor):
-    return B.buffer_at(t.view_src.buffer if t.view_src is not None else t.buffer)
+    q = t._q
+    vs = q.item(_Q_VIEW_SRC)
+    return B.buffer_at(tensor_at(vs)._q.item(_Q_BUFFER) if vs else q.item(_Q_BUFFER))
 
 
 def _supports(sched, b: int, op: Tensor) -> bool:
-    """ggml_backend_supports_op(sched->backends[b], op), the answer recorded while a split records its memo."""
-    r = B.backend_supports_op(sched.backends[b], op)
+    """ggml_backend_supports_op(sched->backends[b], op), the answer recorded while a split records its memo.
+    (ggml_backend_supports_op -> ggml_backend_dev_supports_op -> the device's supports_op, called straight.)"""
+    dev = sched.backends[b].device
+    r = bool(dev.iface.supports_op(dev, op))
     if sched._queries is not None:
         sched._queries.append((op.addr, b, False, r))
+    return r
+
+
+def _supports_buft(sched, b: int, buft) -> bool:
+    """ggml_backend_supports_buft(sched->backends[b], buft): a device's answer for a buffer type does not change
+    (ggml's supports_buft reads only the two), so each pair is asked once per scheduler."""
+    cache = sched._buft_ok
+    e = cache.get((b, id(buft)))
+    if e is not None and e[0] is buft:
+        return e[1]
+    r = B.backend_supports_buft(sched.backends[b], buft)
+    cache[(b, id(buft))] = (buft, r)
     return r
 
 
@@ -316,7 +335,7 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
         return -1
     # find highest prio backend that supports the buffer type and the op
     for i in range(sched.n_backends):
-        if B.backend_supports_buft(sched.backends[i], buffer.buft) and _supports(sched, i, op):
+        if _supports_buft(sched, i, buffer.buft) and _supports(sched, i, op):
             return i
     if sched.debug:
         GGML_LOG("debug", f"ggml_backend_sched_backend_from_buffer: warning: no backend supports op {op_desc(tensor)} "
@@ -328,9 +347,11 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
 def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
     """The backend that should be used for the node based on the current locations (pass 1)."""
     q = tensor._q
-    # (a tensor with no buffer of its own and no view source -- most of a graph's nodes -- goes straight to the
-    # checks below: the three above it find no buffer and return -1 without asking a backend)
-    if q.item(_Q_BUFFER) or q.item(_Q_VIEW_SRC):
+    # (a tensor with no buffer, neither its own nor its view source's -- most of a graph's nodes, views of them
+    # included -- goes straight to the checks below: the three above it find no buffer and return -1 without
+    # asking a backend)
+    vs = q.item(_Q_VIEW_SRC)
+    if q.item(_Q_BUFFER) or (vs and tensor_at(vs)._q.item(_Q_BUFFER)):
         # assign pre-allocated nodes to their backend
         cur_backend_id = backend_sched_backend_from_buffer(sched, tensor, tensor)
         if cur_backend_id != -1:
@@ -358,10 +379,11 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
 
     # operations with weights are preferably run on the same backend as the weights
     allow = True
+    op = tensor._w.item(_W_OP)
     # skip ROPE since the rope freqs tensor is too small to choose a backend based on it
-    allow = allow and tensor.op != C.GGML_OP_ROPE
+    allow = allow and op != C.GGML_OP_ROPE
     # skip FLASH_ATTN_EXT since the sinks tensor is too small to choose a based based on it
-    allow = allow and tensor.op != C.GGML_OP_FLASH_ATTN_EXT
+    allow = allow and op != C.GGML_OP_FLASH_ATTN_EXT
 
     if allow:
         for i, a in enumerate(q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
@@ -373,7 +395,8 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
             if src_buf is not None and src_buf.usage == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
                 src_backend_id = backend_sched_backend_from_buffer(sched, src, tensor)
                 # check if a backend with higher prio wants to offload the op
-                if (sched.op_offload and src_backend_id == sched.n_backends - 1
+                # (with one backend there is no higher-prio backend to ask: is_host is not asked for nothing)
+                if (sched.op_offload and src_backend_id == sched.n_backends - 1 and src_backend_id > 0
                         and B.backend_buffer_is_host(src_buf)):
                     for b in range(src_backend_id):
                         if _supports(sched, b, tensor) and _offloads(sched, b, tensor):
@@ -397,7 +420,7 @@ def backend_sched_buffer_supported(sched, t: Tensor, backend_id: int) -> bool:
             tensor_backend_id = _tbid(sched, t.view_src)
         if tensor_backend_id != -1:
             buft = sched.bufts[tensor_backend_id]
-    return buft is not None and B.backend_supports_buft(sched.backends[backend_id], buft)
+    return buft is not None and _supports_buft(sched, backend_id, buft)
 
 
 def backend_sched_set_if_supported(sched, node: Tensor, cur_backend_id: int) -> bool:
@@ -824,10 +847,13 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
     # hash_id(node) is a probe of the hash set; the Python one a dict lookup and a call, ~10 per node)
     hid = []
     isview = []
+    slot = sched._slot
     for node in nodes:
-        h = _hash_id(sched, node)
+        h = slot.get(node.addr)
+        if h is None:
+            h = _hash_id(sched, node)
         hid.append(h)
-        isview.append(is_view_op(node.op))
+        isview.append(node._w.item(_W_OP) in _VIEW_OPS)        # ggml_is_view_op
         # do not overwrite user assignments
         if tbid[h] == -1:
             tbid[h] = backend_sched_backend_id_from_cur(sched, node)
@@ -843,6 +869,10 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
                                         ("2.3", range(n_nodes), False, "expand rest down"),
                                         ("2.4", range(n_nodes - 1, -1, -1), False, "expand rest up")):
         _pass(sched, name, what)
+        if skip_cpu and sched.n_backends == 1:
+            # (the only backend is the CPU, which these passes skip: every node they reach either is the CPU's --
+            # cur_backend_id back to -1 -- or finds cur_backend_id at -1, so they assign nothing)
+            continue
         cur_backend_id = -1
         for i in order:
             if isview[i]:
@@ -901,15 +931,31 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
                         break
 
     # pass 4: assign backends to remaining src from dst and view_src
+    _assign_pass4(sched, nodes, hid, tbid)
+    return hid, isview
+
+
+def _assign_pass4(sched, nodes, hid, tbid) -> None:
+    """Pass 4 of backend_sched_split_graph: views take their source's backend, sources their consumer's, and a
+    node still unassigned the first backend that supports it."""
     _pass(sched, "4", "views take their source's backend, sources their consumer's")
+    slot = sched._slot
     for i, node in enumerate(nodes):
         h = hid[i]
-        if node.view_src is not None and tbid[h] == -1:
-            tbid[h] = _tbid(sched, node.view_src)
+        q = node._q
+        vs = q.item(_Q_VIEW_SRC)
+        if vs and tbid[h] == -1:
+            tbid[h] = _tbid(sched, tensor_at(vs))
             SET_CAUSE(sched, node, "4.vsrc", tbid[h])
-        for j, src in A.srcs_of(node):
-            hs = _hash_id(sched, src)
+        # (node->src[j] from the struct's words; hash_id(src) is the slot found before, for nearly every source)
+        for a in q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
+            if not a:
+                continue
+            hs = slot.get(a)
+            if hs is None:
+                hs = _hash_id(sched, tensor_at(a))
             if tbid[hs] == -1:
+                src = tensor_at(a)
                 if src.view_src is not None:
                     # views are always on the same backend as the source
                     tbid[hs] = _tbid(sched, src.view_src)
@@ -925,8 +971,6 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
         if not (tbid[h] != -1):      # (the message is only formatted when it fails)
             GGML_ASSERT(False, f"GGML_ASSERT(*cur_backend_id != -1): no backend supports node "
                                f"{node.name!r} ({op_desc(node)})")
-
-    return hid, isview
 
 
 def _check_not_split_before(sched, graph) -> None:
@@ -1533,7 +1577,6 @@ def _spare(sched, buf) -> None:
         sched._spare_buffers.append(buf)
     else:
         memory.unregister(buf)
-
 
 
 def backend_sched_reserve_size(sched, measure_graph, sizes=None) -> list:

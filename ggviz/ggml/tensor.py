@@ -18,7 +18,7 @@ import numpy as np
 
 from . import consts as C
 from . import memory, quants
-from .impl import GGML_PAD, blck_size, is_quantized, row_size, type_name, type_size, type_sizef  # noqa: F401 - ggml.c's
+from .impl import GGML_PAD, _traits, blck_size, is_quantized, row_size, type_name, type_size, type_sizef  # noqa: F401 - ggml.c's
 
 # ---- struct ggml_object { size_t offs; size_t size; struct ggml_object * next; enum ggml_object_type type; char padding[4]; }
 OBJECT_DTYPE = np.dtype({"names": ["offs", "size", "next", "type", "padding"],
@@ -141,7 +141,7 @@ class Tensor:
         # vsnprintf in ggml_format_name). The bytes after the NUL are left alone, as in C: renaming to a shorter
         # name keeps the tail of the old one in the struct.
         b = value.encode("utf-8")[:C.GGML_MAX_NAME - 1] + b"\0"
-        self.raw[256:256 + len(b)] = np.frombuffer(b, dtype=np.uint8)
+        self.raw.data[256:256 + len(b)] = b          # (through the bytes' memoryview: no array made for them)
 
     # -- conveniences (not C fields)
     @property
@@ -176,7 +176,14 @@ class Tensor:
 
 
 _registry_remove = _registry._remove
-_KeyedRef = weakref.KeyedRef
+
+
+class _AddrRef(weakref.ref):
+    """The registry's weak reference to a tensor, keyed by its address: weakref.KeyedRef (what
+    WeakValueDictionary.__setitem__ stores; its removal callback reads ``.key``) without KeyedRef's Python-level
+    ``__new__``/``__init__`` -- made by ref's own constructor, then the key set: two Python frames less per tensor
+    (a graph build makes ~1,000)."""
+    __slots__ = ("key",)
 
 
 def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
@@ -200,7 +207,9 @@ def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
     if _registry._pending_removals:
         _registry[addr] = t
     else:
-        _registry_refs[addr] = _KeyedRef(t, _registry_remove, addr)
+        r = _AddrRef(t, _registry_remove)
+        r.key = addr
+        _registry_refs[addr] = r
     return t
 
 
@@ -253,7 +262,10 @@ def set_op_params(t: Tensor, values: bytes) -> None:
     """ggml_set_op_params: memcpy of up to GGML_MAX_OP_PARAMS bytes."""
     if len(values) > C.GGML_MAX_OP_PARAMS:
         raise ValueError(f"op params of {len(values)} bytes exceed GGML_MAX_OP_PARAMS ({C.GGML_MAX_OP_PARAMS})")
-    t.raw[84:84 + len(values)] = np.frombuffer(values, dtype=np.uint8)
+    if type(values) is bytes:
+        t.raw.data[84:84 + len(values)] = values     # (through the bytes' memoryview: no array made for them)
+    else:
+        t.raw[84:84 + len(values)] = np.frombuffer(values, dtype=np.uint8)
 
 
 def get_unary_op(t: Tensor) -> int:
@@ -323,18 +335,20 @@ def is_3d(t):
 
 
 def n_dims(t) -> int:
-    for i in range(3, 0, -1):
-        if t.ne[i] > 1:
+    ne = t.ne.tolist()
+    for i in (3, 2, 1):
+        if ne[i] > 1:
             return i + 1
     return 1
 
 
 def is_empty(t) -> bool:
-    return any(int(x) == 0 for x in t.ne)
+    return 0 in t.ne.tolist()
 
 
 def is_transposed(t) -> bool:
-    return t.nb[0] > t.nb[1]
+    nb = t.nb
+    return nb.item(0) > nb.item(1)
 
 
 def is_permuted(t) -> bool:
@@ -343,8 +357,8 @@ def is_permuted(t) -> bool:
 
 
 def _is_contiguous_m_n(t, m: int, n: int) -> bool:
-    ne, nb = t.shape, t.strides
-    ts, bs = type_size(t.type), blck_size(t.type)
+    ne, nb = t.ne.tolist(), t.nb.tolist()
+    _, bs, ts, _ = _traits(t.type)
     next_nb = ts
     if ne[0] != bs and nb[0] != next_nb:
         return False
@@ -404,8 +418,9 @@ def is_view(t) -> bool:
 def can_repeat(t0, t1) -> bool:
     if is_empty(t0):
         return is_empty(t1)
-    a, b = t0.shape, t1.shape
-    return all(b[i] % a[i] == 0 for i in range(4))
+    a0, a1, a2, a3 = t0.ne.tolist()
+    b0, b1, b2, b3 = t1.ne.tolist()
+    return b0 % a0 == 0 and b1 % a1 == 0 and b2 % a2 == 0 and b3 % a3 == 0
 
 
 def can_repeat_rows(t0, t1) -> bool:
@@ -413,7 +428,10 @@ def can_repeat_rows(t0, t1) -> bool:
 
 
 def can_mul_mat(t0, t1) -> bool:
-    return t0.ne[0] == t1.ne[0] and t1.ne[2] % t0.ne[2] == 0 and t1.ne[3] % t0.ne[3] == 0
+    a0, _, a2, a3 = t0.ne.tolist()
+    b0, _, b2, b3 = t1.ne.tolist()
+    # (x % 0 is 0 for NumPy's int64, which these were compared as: an empty a broadcasts)
+    return a0 == b0 and (a2 == 0 or b2 % a2 == 0) and (a3 == 0 or b3 % a3 == 0)
 
 
 def can_out_prod(t0, t1) -> bool:

@@ -774,8 +774,10 @@ class LlamaContext(context_pool.GraphCache):
         """llama_context::graph_get_cb (after naming): "norm may be automatically assigned to the backend of the
         previous layer, increasing data transfer between backends" -- so for small batches (or a full offload) each
         layer's norm is pinned to its layer's device (``ggml_backend_sched_set_tensor_backend``: cause "usr")."""
+        if name != "norm" or il == -1:       # (the cheap tests first: this runs for every named tensor)
+            return
         full_offload = self.model.params.n_gpu_layers > self.model.hparams.n_layer
-        if (n_tokens < 32 or full_offload) and il != -1 and name == "norm" and self.model.dev_layer:
+        if (n_tokens < 32 or full_offload) and self.model.dev_layer:
             dev_layer = self.model.dev_layer[il]
             for backend in self.backends:
                 if gb.backend_get_device(backend) is dev_layer and gb.backend_supports_op(backend, cur):

@@ -33,8 +33,8 @@ from ..backend import (
     ggml_backend_reg,
     ggml_backend_reg_i,
 )
-from ..impl import GGML_ASSERT, GGML_LOG, op_is_empty
-from ..tensor import _Q_SRC, Tensor, is_contiguous, is_quantized, tensor_at
+from ..impl import EMPTY_OPS, GGML_ASSERT, GGML_LOG
+from ..tensor import _Q_BUFFER, _Q_SRC, _W_OP, Tensor, is_contiguous, is_quantized, tensor_at
 from . import cpu_feats, ggml_cpu, traits
 from . import threadpool as _tp
 from .quants import VEC_DOT_TYPE
@@ -238,23 +238,32 @@ _CPU_NO_FROM_FLOAT = {C.GGML_TYPE_IQ3_XXS, C.GGML_TYPE_IQ3_S, C.GGML_TYPE_IQ2_XX
                       C.GGML_TYPE_IQ2_S, C.GGML_TYPE_IQ1_S, C.GGML_TYPE_IQ1_M}   # missing type_traits.from_float
 
 
+_CPU_OPS_CHECKED = frozenset((C.GGML_OP_CPY, C.GGML_OP_SET_ROWS, C.GGML_OP_MUL_MAT, C.GGML_OP_SOFT_MAX_BACK,
+                              C.GGML_OP_IM2COL_BACK, C.GGML_OP_GET_ROWS_BACK, C.GGML_OP_OUT_PROD, C.GGML_OP_CONV_2D,
+                              C.GGML_OP_SSM_SCAN))
+
+
 def _cpu_dev_supports_op(dev, op: Tensor) -> bool:
     """ggml_backend_cpu_device_supports_op."""
-    o = op.op
-    if op_is_empty(o):
+    o = op._w.item(_W_OP)
+    if o in EMPTY_OPS:                                 # ggml_op_is_empty
         return True
     # check extra buffer types
     # note: only the first sources are checked for extra buffer types to reduce overhead, increase if necessary
     srcs = op._q[_Q_SRC:_Q_SRC + 4].tolist()          # op->src[0..3], the pointers read in one go
     extra = traits.get_extra_buffer_types() if any(srcs) else ()
-    for a in srcs:
-        if not a:
-            continue
-        buf = tensor_at(a).buffer
-        if buf and extra:
-            buft = buffer_at(buf).buft
-            if any(b is buft for b in extra):         # ggml_backend_cpu_is_extra_buffer_type
-                return bool(buft.context.supports_op(dev, op))
+    if extra:
+        for a in srcs:
+            if not a:
+                continue
+            buf = tensor_at(a)._q.item(_Q_BUFFER)
+            if buf:
+                buft = buffer_at(buf).buft
+                for b in extra:
+                    if b is buft:                      # ggml_backend_cpu_is_extra_buffer_type
+                        return bool(buft.context.supports_op(dev, op))
+    if o not in _CPU_OPS_CHECKED:                      # (the ops below; every other op is supported)
+        return True
     src0, src1 = tensor_at(srcs[0]), tensor_at(srcs[1])
     if o in (C.GGML_OP_CPY, C.GGML_OP_SET_ROWS):
         return op.type not in _CPU_NO_FROM_FLOAT

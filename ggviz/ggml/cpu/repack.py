@@ -337,15 +337,20 @@ def _traits_for_type(t: int) -> TensorTraits:
     return _TRAITS[t]
 
 
+_REPACK_TYPES = frozenset((GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0) + K_TYPES)
+
+
 def get_optimal_repack_type(cur: Tensor):
     """ggml_repack_get_optimal_repack_type: the traits for this weight, or None (then it is not repacked)."""
     if fk is None:
         return None
-    if cur.type not in (GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0) + K_TYPES:
+    type_ = cur.type
+    if type_ not in _REPACK_TYPES:
         return None
-    if int(cur.ne[1]) % NB_COLS != 0 or int(cur.ne[0]) % Q.blck_size(cur.type) != 0 or n_dims(cur) > 2:
+    ne0, ne1, _, _ = cur.ne.tolist()
+    if ne1 % NB_COLS != 0 or ne0 % Q.blck_size(type_) != 0 or n_dims(cur) > 2:
         return None
-    return _traits_for_type(cur.type)
+    return _traits_for_type(type_)
 
 
 @functools.lru_cache(maxsize=256)
@@ -403,7 +408,8 @@ class ExtraBufferType:
 
     def supports_op(self, dev, op: Tensor) -> bool:
         if op.op == C.GGML_OP_MUL_MAT:
-            s0, s1 = op.src[0], op.src[1]
+            src = op.src
+            s0, s1 = src[0], src[1]
             if (s0.buffer and n_dims(s0) == 2 and backend.buffer_at(s0.buffer).buft is repack_buffer_type()
                     and get_optimal_repack_type(s0) is not None):
                 if s1.buffer and not backend.backend_buft_is_host(backend.buffer_at(s1.buffer).buft):
