@@ -333,7 +333,7 @@ def test_repacked_mul_mat_bitexact_with_real_ggml(qtype, M, K, T):
 
 @pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0, C.GGML_TYPE_Q5_0])
 def test_compiled_repack_is_the_numpy_repack(qtype):
-    """The compiled repack (fast.kernels.repack_blocks_8x4, used at model load where NumPy would move single bytes)
+    """The compiled repack (fast.kernels.repack_blocks_8x4, used at model load for every weight)
     moves the same bytes as the NumPy transposes (repack.repack_blocks_numpy), for weights read-only (the mapping)
     or in memory."""
     rows, ne00 = 24, 96
