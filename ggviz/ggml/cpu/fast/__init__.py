@@ -39,8 +39,9 @@ def _defer_numba_blas_probe() -> None:
     """Let Numba's BLAS probe look for SciPy's BLAS without importing all of ``scipy.linalg`` (until a jitted
     function really calls BLAS).
 
-    When Numba's CPU target first loads or compiles any kernel it imports ``numba.np.arraymath``, whose import runs
-    ``_HAVE_BLAS = _check_blas()``: ``numba.np.linalg.ensure_blas()``, i.e. ``import scipy.linalg.cython_blas``.
+    When Numba's CPU target is first refreshed (before its first compile; cached kernels load without it, see
+    ``cached_without_registries``) it imports ``numba.np.arraymath``, whose import runs ``_HAVE_BLAS =
+    _check_blas()``: ``numba.np.linalg.ensure_blas()``, i.e. ``import scipy.linalg.cython_blas``.
     That import runs the whole of ``scipy/linalg/__init__.py`` (its LAPACK wrappers, its array-API layer, which pulls
     in numpy.f2py, numpy.testing and unittest): ~270 ms of a one-shot run's ~700 ms of Numba set-up, about 60 %, for
     ``np.dot`` / ``np.vdot`` / ``@`` inside jitted code (only they read ``_HAVE_BLAS``, and their typing calls
