@@ -333,7 +333,7 @@ def test_repacked_mul_mat_bitexact_with_real_ggml(qtype, M, K, T):
 
 @pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0, C.GGML_TYPE_Q5_0])
 def test_compiled_repack_is_the_numpy_repack(qtype):
-    """The compiled repack (fast.kernels.repack_blocks_8x4, used at model load where NumPy would move single bytes)
+    """The compiled repack (fast.kernels.repack_blocks_8x4, used at model load for every weight)
     moves the same bytes as the NumPy transposes (repack.repack_blocks_numpy), for weights read-only (the mapping)
     or in memory."""
     rows, ne00 = 24, 96
@@ -470,6 +470,31 @@ def test_numba_blas_probe_deferred():
     r = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=_ROOT))
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_cached_kernel_loads_without_numba_registries():
+    """A fresh process loads a cached ggviz kernel without Numba's compiler registries (fast.cached_without_registries:
+    Numba's implementation modules, e.g. numba.np.arraymath, stay unimported), the kernel gives what it gives in this
+    process, and a function compiled afterwards in that process still finds those implementations (Numba's compiler
+    refreshes its contexts before it types anything)."""
+    code = ("import sys, numpy as np, numba\n"
+            "from ggviz.ggml.cpu.fast import kernels as fk\n"
+            "r = fk.mmq_layout(576, 3)\n"
+            "hits = sum(fk.mmq_layout._cache_hits.values())\n"
+            "print('hits', hits, 'arraymath', 'numba.np.arraymath' in sys.modules)\n"
+            "f = numba.njit(lambda a: np.cumsum(a).sum())\n"         # lowered by numba.np.arraymath
+            "assert f(np.arange(5.0)) == 20.0\n"
+            "assert 'numba.np.arraymath' in sys.modules\n"
+            "print('layout', *r)")
+    env = dict(os.environ, PYTHONPATH=_ROOT)
+    for _ in range(2):          # the first process writes the kernel to Numba's cache if it was not there
+        r = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    if lines["hits"].startswith("0 "):
+        pytest.skip("Numba's cache is not writable here: every process compiles the kernel")
+    assert lines["hits"].endswith("arraymath False"), lines
+    assert lines["layout"] == " ".join(str(x) for x in fk.mmq_layout(576, 3))
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the model

@@ -28,12 +28,20 @@ if os.environ.get("GGVIZ_NO_NUMBA", "") not in ("", "0"):
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
+from ..ggml.cpu.fast import cached_without_registries  # noqa: E402
+
 _JIT = dict(cache=True, nogil=True, boundscheck=False)
+
+
+def _compiled(fn):
+    """``@njit`` with these options, its cached machine code loaded without Numba's compiler registries (as the
+    fast path's kernels: ``ggviz.ggml.cpu.fast.cached_without_registries``)."""
+    return cached_without_registries(njit(**_JIT)(fn))
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
-@njit(**_JIT)
+@_compiled
 def _fnv1a(buf, s, n):
     h = _FNV_OFFSET
     for i in range(s, s + n):
@@ -41,7 +49,7 @@ def _fnv1a(buf, s, n):
     return h
 
 
-@njit(**_JIT)
+@_compiled
 def build_table(tok_bytes, tok_off):
     """The hash table (int32 token ids, -1 empty; a power of two at least twice the token count)."""
     n = tok_off.shape[0] - 1
@@ -58,7 +66,7 @@ def build_table(tok_bytes, tok_off):
     return table
 
 
-@njit(**_JIT)
+@_compiled
 def _lookup(text, s, n, tok_bytes, tok_off, table):
     """``token_to_id.find(text[s:s+n])``: the id, or -1."""
     mask = np.uint64(table.shape[0] - 1)
@@ -77,13 +85,13 @@ def _lookup(text, s, n, tok_bytes, tok_off, table):
         i = (i + np.uint64(1)) & mask
 
 
-@njit(**_JIT)
+@_compiled
 def _better(hs, hl, a, b):
     """llm_bigram_spm::comparator, reversed: does entry ``a`` come out of the queue before ``b``?"""
     return hs[a] > hs[b] or (hs[a] == hs[b] and hl[a] < hl[b])
 
 
-@njit(**_JIT)
+@_compiled
 def _swap(hs, hl, hr, hn, a, b):
     hs[a], hs[b] = hs[b], hs[a]
     hl[a], hl[b] = hl[b], hl[a]
@@ -91,7 +99,7 @@ def _swap(hs, hl, hr, hn, a, b):
     hn[a], hn[b] = hn[b], hn[a]
 
 
-@njit(**_JIT)
+@_compiled
 def _push(hs, hl, hr, hn, m, score, left, right, n):
     hs[m], hl[m], hr[m], hn[m] = score, left, right, n
     i = m
@@ -104,7 +112,7 @@ def _push(hs, hl, hr, hn, m, score, left, right, n):
     return m + 1
 
 
-@njit(**_JIT)
+@_compiled
 def _pop(hs, hl, hr, hn, m):
     """Move the top entry to slot m - 1 (read it there) and restore the heap over the first m - 1."""
     m -= 1
@@ -123,7 +131,7 @@ def _pop(hs, hl, hr, hn, m):
     return m
 
 
-@njit(**_JIT)
+@_compiled
 def spm_sessions(text, seg_off, tok_bytes, tok_off, table, scores, byte_tok, utf8_len, max_len, out, out_off):
     """Tokenize the fragments ``text[seg_off[k]:seg_off[k+1]]`` (escaped UTF-8); fragment k's ids go to
     ``out[out_off[k]:out_off[k+1]]``. Returns 0, or 1 + the byte whose fallback token is missing (the caller then
@@ -206,7 +214,7 @@ def spm_sessions(text, seg_off, tok_bytes, tok_off, table, scores, byte_tok, utf
     return 0
 
 
-@njit(**_JIT)
+@_compiled
 def build_trie(needles, needle_off):
     """A byte trie of the needles: per node its byte, first child, next sibling and the needle ending there."""
     cap = needle_off[-1] + 1
@@ -234,7 +242,7 @@ def build_trie(needles, needle_off):
     return byte[:nodes].copy(), child[:nodes].copy(), sibling[:nodes].copy(), term[:nodes].copy()
 
 
-@njit(**_JIT)
+@_compiled
 def special_found(text, byte, child, sibling, term, n_needles):
     """Which needles occur in ``text`` (a bool per needle; equal needles: the first one's index)."""
     found = np.zeros(n_needles, np.bool_)

@@ -55,6 +55,7 @@ import dataclasses
 import functools
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -101,6 +102,39 @@ def repack_disabled() -> bool:
 # =====================================================================================================================
 # tensor_traits
 # =====================================================================================================================
+
+class RepackArena:
+    """Where one CPU_REPACK buffer's repacked arrays live: chunks of at least CHUNK bytes, each array carved from one
+    at a 64-byte boundary (``empty``), instead of an allocation per array. ggml writes the repacked blocks into the
+    buffer's one allocation; ggviz keeps them beside it (see the module docstring), and one NumPy allocation per
+    array made every page of a model's repacked weights a fault of its own: SmolLM2's 210 Q4_1 weights (66 MB,
+    arrays of 0.1-0.5 MB) took 16,200 page faults and 43-46 ms to repack, from chunks 315 faults and 22-24 ms
+    (NumPy asks the kernel for huge pages on allocations of 4 MiB and more). A chunk lives as long as an array
+    carved from it."""
+    CHUNK = 32 << 20
+    ALIGN = 64
+
+    def __init__(self):
+        self._chunk = None
+        self._off = 0
+        self._lock = threading.Lock()         # (set_tensor of one buffer's tensors from several threads)
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        """``np.empty(shape, dtype)`` (C order), carved from the current chunk (a new one when it is full)."""
+        dtype = np.dtype(dtype)
+        n = dtype.itemsize
+        for x in shape:
+            n *= int(x)
+        if n == 0 or n > self.CHUNK // 4:
+            return np.empty(shape, dtype)        # big enough for the kernel's huge pages on its own
+        with self._lock:
+            if self._chunk is None or self._off + n > len(self._chunk):
+                self._chunk = np.empty(self.CHUNK, np.uint8)
+                self._off = (-self._chunk.ctypes.data) % self.ALIGN
+            a = self._chunk[self._off:self._off + n]
+            self._off += n + (-n) % self.ALIGN
+        return a.view(dtype).reshape(shape)
+
 
 class RepackedWeight:
     """The repacked data of one weight (what ggml writes into tensor->data): per group of 8 rows and block, the
@@ -226,7 +260,9 @@ class TensorTraits:
             current = tp.chunk_add(1) if tp is not None else current + nth
 
     # ---- repack (tensor_traits_base::repack)
-    def repack(self, t: Tensor, data: np.ndarray) -> RepackedWeight:
+    def repack(self, t: Tensor, data: np.ndarray, empty=np.empty) -> RepackedWeight:
+        """The repacked copy of ``t``'s ggml blocks ``data``; ``empty`` allocates the arrays of the compiled
+        repack (``RepackArena.empty`` for a buffer's weights)."""
         rows, ne00 = int(t.ne[1]), int(t.ne[0])
         if self.type in K_TYPES:
             raw = np.ascontiguousarray(np.asarray(data).view(np.uint8)[:rows * Q.row_size(self.type, ne00)])
@@ -238,7 +274,7 @@ class TensorTraits:
         blocks = np.ascontiguousarray(data).view(Q.BLOCK_DTYPES[self.type]).reshape(rows, ne00 // 32)
         if self.type == GGML_TYPE_Q5_0:
             blocks = q5_0_as_q8_0(blocks)
-        return repack_blocks(self, blocks, rows, ne00)
+        return repack_blocks(self, blocks, rows, ne00, empty)
 
 
 def _qs_words(blocks: np.ndarray):
@@ -256,28 +292,29 @@ def _qs_words(blocks: np.ndarray):
     return words.reshape(blocks.shape[0], blocks.shape[1], size // 4)[:, :, off // 4:off // 4 + 4]
 
 
-def repack_blocks(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int) -> RepackedWeight:
-    """ggml blocks (rows, nb) -> the 8-row interleaved layout the compiled kernels read: NumPy's transposes
-    (``repack_blocks_numpy``) where the quants can be moved as 4-byte words (Q4_1's 20-byte blocks: as fast as a
-    compiled loop), else the compiled ``fast.kernels.repack_blocks_8x4`` (Q8_0's 34-byte and Q4_0's 18-byte blocks,
-    whose NumPy transposes move single bytes: ~3x slower; e.g. SmolLM2's 49152-row output matrix). Same bytes
-    (tests/test_fast_path.py)."""
-    if (not blocks.flags.c_contiguous or blocks.shape != (rows, ne00 // 32) or rows % NB_COLS
-            or (traits.kernel_type != GGML_TYPE_Q8_0 and _qs_words(blocks) is not None)):
+def repack_blocks(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int, empty=np.empty) -> RepackedWeight:
+    """ggml blocks (rows, nb) -> the 8-row interleaved layout the compiled kernels read: the compiled
+    ``fast.kernels.repack_blocks_8x4`` for C-contiguous blocks of rows in groups of 8 (every weight of a model
+    file), else NumPy's transposes (``repack_blocks_numpy``). The compiled loop reads a word at a time: SmolLM2's
+    210 Q4_1 weights (66 MB) in 13 ms against NumPy's 24-26 ms with the quants moved as 4-byte words (its Q8_0 /
+    Q4_0 transposes move single bytes: ~3x slower still). Same bytes (tests/test_fast_path.py)."""
+    if not blocks.flags.c_contiguous or blocks.shape != (rows, ne00 // 32) or rows % NB_COLS:
         return repack_blocks_numpy(traits, blocks, rows, ne00)
-    return repack_blocks_compiled(traits, blocks, rows, ne00)
+    return repack_blocks_compiled(traits, blocks, rows, ne00, empty)
 
 
-def repack_blocks_compiled(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int) -> RepackedWeight:
-    """``repack_blocks`` by ``fast.kernels.repack_blocks_8x4`` (C-contiguous blocks, rows a multiple of 8)."""
+def repack_blocks_compiled(traits: TensorTraits, blocks: np.ndarray, rows: int, ne00: int,
+                           empty=np.empty) -> RepackedWeight:
+    """``repack_blocks`` by ``fast.kernels.repack_blocks_8x4`` (C-contiguous blocks, rows a multiple of 8), into
+    arrays from ``empty``."""
     g, nb = rows // NB_COLS, ne00 // 32
     dt = blocks.dtype
     qs_off, qs_len = dt.fields["qs"][1], dt.fields["qs"][0].itemsize
     is_q4_1 = traits.type == GGML_TYPE_Q4_1
     n_words = qs_len // INTER_SIZE
-    qs = np.empty((g, nb, n_words, NB_COLS), np.uint32)
-    d = np.empty((g, nb, NB_COLS), np.uint16)
-    m = np.empty((g, nb, NB_COLS), np.uint16) if is_q4_1 else d
+    qs = empty((g, nb, n_words, NB_COLS), np.uint32)
+    d = empty((g, nb, NB_COLS), np.uint16)
+    m = empty((g, nb, NB_COLS), np.uint16) if is_q4_1 else d
     # C-contiguous (checked by repack_blocks), read in place: `blocks` outlives the call
     fk.repack_blocks_8x4(blocks.ctypes.data, rows, nb * dt.itemsize, nb, dt.itemsize, qs_off, n_words,
                          dt.fields["d"][1], dt.fields["m"][1] if is_q4_1 else -1, qs, d, m)
@@ -377,6 +414,10 @@ def _repack_buffer_init_tensor(buffer, tensor: Tensor) -> int:
     return C.GGML_STATUS_SUCCESS
 
 
+# a CPU_REPACK buffer -> the arena its weights' repacked arrays are carved from
+_ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _repack_buffer_set_tensor(buffer, tensor: Tensor, data, offset: int, size: int) -> None:
     if offset != 0 or size != nbytes(tensor):
         raise GGMLError("CPU_REPACK set_tensor: GGML_ASSERT(offset == 0 && size == ggml_nbytes(tensor))")
@@ -386,8 +427,11 @@ def _repack_buffer_set_tensor(buffer, tensor: Tensor, data, offset: int, size: i
     traits = tensor_traits_of(tensor)
     if traits is None:
         return
-    # ... and the repacked copy beside it
-    tensor.py_extra = traits.repack(tensor, src)
+    # ... and the repacked copy beside it, in the buffer's arena
+    arena = _ARENAS.get(buffer)
+    if arena is None:
+        arena = _ARENAS[buffer] = RepackArena()
+    tensor.py_extra = traits.repack(tensor, src, arena.empty)
     if trace.active:
         trace.emit("cpu.repack", tensor=tensor.name, traits=traits.name, nbytes=tensor.py_extra.nbytes)
 

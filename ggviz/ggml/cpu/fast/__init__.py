@@ -39,8 +39,9 @@ def _defer_numba_blas_probe() -> None:
     """Let Numba's BLAS probe look for SciPy's BLAS without importing all of ``scipy.linalg`` (until a jitted
     function really calls BLAS).
 
-    When Numba's CPU target first loads or compiles any kernel it imports ``numba.np.arraymath``, whose import runs
-    ``_HAVE_BLAS = _check_blas()``: ``numba.np.linalg.ensure_blas()``, i.e. ``import scipy.linalg.cython_blas``.
+    When Numba's CPU target is first refreshed (before its first compile; cached kernels load without it, see
+    ``cached_without_registries``) it imports ``numba.np.arraymath``, whose import runs ``_HAVE_BLAS =
+    _check_blas()``: ``numba.np.linalg.ensure_blas()``, i.e. ``import scipy.linalg.cython_blas``.
     That import runs the whole of ``scipy/linalg/__init__.py`` (its LAPACK wrappers, its array-API layer, which pulls
     in numpy.f2py, numpy.testing and unittest): ~270 ms of a one-shot run's ~700 ms of Numba set-up, about 60 %, for
     ``np.dot`` / ``np.vdot`` / ``@`` inside jitted code (only they read ``_HAVE_BLAS``, and their typing calls
@@ -85,6 +86,55 @@ def _defer_numba_blas_probe() -> None:
 
 
 _defer_numba_blas_probe()
+
+
+def _cache_load_without_registries():
+    """A ``numba.core.caching.FunctionCache`` whose ``load_overload`` brings machine code back from the on-disk
+    cache without first installing Numba's typing and lowering registries -- or None where Numba's internals are
+    not the ones this was written against (then every load costs what it costs).
+
+    Numba's ``Cache.load_overload`` starts with ``target_context.refresh()``: the CPU target's
+    ``load_additional_registries`` imports ~60 modules of Numba's own implementations (numpy.random's generators,
+    polynomials, typed dict/list/set, jitclass, datetime, linalg, arraymath ...) and installs their registries into
+    the typing and target contexts: ~100-150 ms of a one-shot run, once per process, for a run whose kernels are all
+    cached. Those registries serve the compiler (typing a function body, lowering each call in it); loading cached
+    code needs none of them -- it unpickles the function's signature and environment, hands the object code to
+    LLVM's JIT and wraps the entry point. What it does need is Numba's runtime (NRT): its C functions registered as
+    symbols and its atomic helpers compiled, which loaded code links against; that is ``rtsys.initialize``, the
+    first line of ``load_additional_registries``, and it is done here. Nothing is skipped for good: every
+    compile -- a kernel missing from the cache, a new signature -- goes through Numba's ``CompilerBase``, which
+    refreshes both contexts before it types anything, and a lowering lookup that finds nothing refreshes too
+    (``BaseContext.get_function``)."""
+    try:
+        from numba.core.caching import FunctionCache
+        from numba.core.runtime import rtsys
+    except ImportError:
+        return None
+    if not (hasattr(FunctionCache, "_load_overload") and hasattr(FunctionCache, "_guard_against_spurious_io_errors")
+            and hasattr(rtsys, "initialize")):
+        return None
+
+    class CacheLoadWithoutRegistries(FunctionCache):
+        def load_overload(self, sig, target_context):
+            rtsys.initialize(target_context)
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+            # (None when the guard swallowed an I/O error, as Numba's own load_overload)
+
+    return CacheLoadWithoutRegistries
+
+
+_CacheLoadWithoutRegistries = _cache_load_without_registries()
+
+
+def cached_without_registries(dispatcher):
+    """Let ``dispatcher`` (an ``@njit(cache=True)`` function) load its cached machine code without Numba's
+    registries (see ``_cache_load_without_registries``); returns it. A dispatcher with another cache, or none, is
+    left as it is."""
+    cache = getattr(dispatcher, "_cache", None)
+    if _CacheLoadWithoutRegistries is not None and type(cache) is _CacheLoadWithoutRegistries.__base__:
+        cache.__class__ = _CacheLoadWithoutRegistries
+    return dispatcher
 
 
 # Numba's on-disk cache checks only the timestamp of the file that defines a cached function, but the compiled

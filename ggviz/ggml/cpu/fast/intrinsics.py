@@ -31,6 +31,7 @@ from ..libm import (
     SC_TAB,
 )
 from ..vec import EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_P0, EXP_P1, EXP_P2, EXP_P3, EXP_P4, EXP_R
+from . import cached_without_registries
 from .program import GEMM_COLS, T_Q4_0, T_Q4_1, T_Q8_0
 
 F32 = np.float32
@@ -49,12 +50,13 @@ _JIT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy", boundsc
 
 
 def compiled(fn=None, **kw):
-    """``@njit`` with ggviz's options (cached on disk, releases the GIL, no fastmath: every float op as written)."""
+    """``@njit`` with ggviz's options (cached on disk, releases the GIL, no fastmath: every float op as written);
+    its cached machine code loads without Numba's compiler registries (``fast.cached_without_registries``)."""
     opts = dict(_JIT)
     opts.update(kw)
     if fn is None:
-        return lambda f: njit(**opts)(f)
-    return njit(**opts)(fn)
+        return lambda f: cached_without_registries(njit(**opts)(f))
+    return cached_without_registries(njit(**opts)(fn))
 
 
 # =================================================================================================================
