@@ -49,6 +49,7 @@ from .program import (
     ERR_BARRIER_TIMEOUT,
     ERR_GET_ROWS_INDEX,
     ERR_SET_ROWS_INDEX,
+    FA_MASK,
     GET_ROWS_ITYPE,
     GET_ROWS_TYPE,
     MMF_LANES,
@@ -173,7 +174,8 @@ class FastGraph:
         self.sparse_work = []                 # (bytes, bytes per thread) of PowerInfer's AXPY rows
         self.row_ws = []                      # each row's work size (work_size is their max)
         self.plan_nodes = {}                  # n_threads -> ggml_graph_plan's per-node (n_tasks, work sizes)
-        self.plan_from = None                 # a derived program: (the plan_nodes it came from, nodes changed)
+        self.plan_from = None                 # a derived program: (the plan_nodes it came from, nodes changed,
+        #                                       the first changed node of each one's words: _plan_groups)
         # rows of FLASH_ATTN_EXT: ggml's n_threads is written before each compute (the split-KV chunks)
         self.fa_rows = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
         # rows of PowerInfer's MUL_MAT_SPARSE / AXPY: their threshold and n_threads are written before each compute
@@ -563,10 +565,11 @@ def _build_swiglu(P, k, node):
 # from its own structs and every row that reads a tensor whose other words changed rebuilt by the row builder
 # (``_build_row``). What a row holds is a function of those words (its node's and its sources' types, shapes,
 # op params, flags, whether data is set, buffer types) and of the repacked weights: equal words, equal row
-# (tests/test_graph_cache.py compares derived and fresh programs, plans and logits). Rows whose builder reads a
-# data pointer other than the descriptors' (FLASH_ATTN_EXT's mask) are always rebuilt; graphs with PowerInfer's
-# rows (operand contents checked at build) are never derived. ``ggml_graph_plan``'s per-node loop is derived the
-# same way (``FastGraph.plan_from``: the nodes whose words changed are planned again).
+# (tests/test_graph_cache.py compares derived and fresh programs, plans and logits). The one data pointer a row
+# holds beyond the descriptors' (FLASH_ATTN_EXT's mask) is read from the words of every such row's mask; graphs
+# with PowerInfer's rows (operand contents checked at build) are never derived. ``ggml_graph_plan``'s per-node loop
+# is derived the same way (``FastGraph.plan_from``: the nodes whose words changed are planned again, one of each
+# group of equal ones).
 
 DERIVE = True                 # tests turn it off to compare derived programs with fresh builds
 MEMO_SIZE = 8                 # topologies remembered (a context's decode, prompt shapes; other contexts')
@@ -576,13 +579,14 @@ _memo_lock = threading.Lock()
 _NW = C.GGML_TENSOR_SIZE // 8                       # 42 words a struct
 _W_BUF, _W_SRC, _W_VIEW_SRC, _W_DATA, _W_NAME = 1, 19, 29, 31, 32
 _NREF = C.GGML_MAX_SRC + 1                          # src[] and view_src
-_ALWAYS_REBUILT = (OP_FLASH_ATTN,)                  # rows that read a data pointer beyond the descriptors
-# rows never copied from an equal one (see _derive). A repacked MUL_MAT's row holds its weight's repacked blocks,
-# which no word tells apart (a repacked weight's ``extra`` is its type's traits, shared): it is copied from an equal
-# row all but those (MMQ_QS .. MMQ_M), which stay the remembered row's -- the same weight, as the topology key holds
-# each table position's repacked blocks
-_BUILT_ALONE = (OP_FLASH_ATTN, OP_RMS_NORM)
+# A repacked MUL_MAT's row holds its weight's repacked blocks, which no word tells apart (a repacked weight's
+# ``extra`` is its type's traits, shared): it is copied from an equal row all but those (MMQ_QS .. MMQ_M), which stay
+# the remembered row's -- the same weight, as the topology key holds each table position's repacked blocks. A
+# FLASH_ATTN_EXT row holds its mask's data pointer (FA_MASK, beyond the descriptors): every such row, built, copied
+# or taken over, gets its own mask's from the struct words
 _MMQ_PTRS = slice(MMQ_QS, MMQ_M + 1)
+_W32_OP, _W32_FLAGS = 20, 37                        # op and flags as int32 words of the struct
+_EMPTY_OPS = np.array(sorted(EMPTY_OPS), np.int64)
 _DESC_END = S2 + NB3 + 1                            # the descriptor columns: DST .. S2's nb[3]
 
 
@@ -632,6 +636,14 @@ class _Topo:
         rw = tuple((j, t.py_extra.ptrs) for j, t in enumerate(T) if type(t.py_extra) is RW)
         self.key = (self.n_nodes, n_in, len(T), refs.tobytes(), rw, repack.in_use(), cpu_feats.variant_lanes(),
                     mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
+        # each tensor's class of equal masked words (equal ids: equal Wm rows), -1 appended for NULL, and whether
+        # it is a repacked weight (which no word tells: its ``extra`` is its type's shared traits): the keys of the
+        # groups of equal rows and plans (_derive), 12 small ints a node instead of its and its sources' 504 words
+        wid = (np.unique(np.ascontiguousarray(Wm).view(np.dtype((np.void, _NW * 8))).ravel(), return_inverse=True)[1]
+               if len(T) else np.zeros(0, np.int64))
+        self.wid = np.append(wid.astype(np.int64).ravel(), -1)
+        self.is_rw = np.zeros(len(T) + 1, np.int64)
+        self.is_rw[[j for j, _ in rw]] = 1
 
 
 class _Memo:
@@ -696,28 +708,46 @@ def _derive(cgraph, topo):
     k_n = len(idx)
     rebuild = node_changed[idx]
     rebuild[m.fused] |= node_changed[idx[m.fused] + 1]
-    rebuild |= np.isin(prev.P[:, OP], _ALWAYS_REBUILT)
-    # the rows are the remembered ones: every changed node that was no row is still empty or swallowed by a fusion,
-    # and every RMS_NORM row still fuses (or not) as it did
+    W = np.concatenate([topo.W, np.zeros((1, _NW), np.uint64)]).view(np.int64)
+    # the rows are the remembered ones: every changed node that was no row is still empty or swallowed by a fusion
+    # (is_empty: a view op, not computed, or no elements -- from the struct words of all of them at once) ...
     is_row = np.zeros(n, bool)
     is_row[idx] = True
     is_row[idx[m.fused] + 1] = True
-    for i in np.flatnonzero(node_changed & ~is_row).tolist():
-        node = nodes[i]
-        if not (node.op in EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE)
-                or 0 in node._q[2:6].tolist()):
+    other = np.flatnonzero(node_changed & ~is_row)
+    if other.size:
+        w32 = W[other].view(np.int32)
+        empty = (np.isin(w32[:, _W32_OP], _EMPTY_OPS) | ((w32[:, _W32_FLAGS] & C.GGML_TENSOR_FLAG_COMPUTE) == 0)
+                 | (W[other, 2:6] == 0).any(axis=1))
+        if not empty.all():
             return None
-    for k in np.flatnonzero(prev.P[:, OP] == OP_RMS_NORM).tolist():
-        if (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) != bool(m.fused[k]):
-            return None
+    wid, T = topo.wid, topo.T
+    # ... and every RMS_NORM row still fuses (or not) with the MUL after it as it did. ggml's test reads the two
+    # nodes' and their operands' words (ops, flags, types, shapes), the MUL's operand positions and the norm's use
+    # count: rows equal in all of them fuse alike, and one of each is asked
+    rms = np.flatnonzero(prev.P[:, OP] == OP_RMS_NORM)
+    rms_key = {}
+    if rms.size:
+        ri = idx[rms]
+        nxt = np.minimum(ri + 1, n - 1)
+        has_next = ri + 1 < n
+        mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
+        uses = [cgraph.use_count(nodes[i]) == 1 for i in ri.tolist()]
+        kr = np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
+                       mrefs[:, 0] == ri, mrefs[:, 1] == ri, uses, m.fused[rms]], axis=1).astype(np.int64)
+        asked = {}
+        for k, key in zip(rms.tolist(), map(bytes, kr)):
+            rms_key[k] = key
+            if key not in asked:
+                asked[key] = (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) == bool(m.fused[k])
+            if not asked[key]:
+                return None
     P, F = prev.P.copy(), prev.F.copy()
     # the descriptors from this graph's structs (a NULL slot reads the zero row)
-    W = np.concatenate([topo.W, np.zeros((1, _NW), np.uint64)]).view(np.int64)
     for c, col in enumerate((DST, S0, S1, S2)):
         rows = W[m.slots[:, c]]
         P[:, col + DATA] = rows[:, _W_DATA]
         P[:, col + NE0:col + NB3 + 1] = rows[:, 2:10]
-    T = topo.T
     row_ws = list(prev.row_ws)
     slots = {}
     meta = list(prev.meta)
@@ -725,17 +755,15 @@ def _derive(cgraph, topo):
     # rows whose node's and sources' words (pointers masked: topo.Wm) are equal are equal but for their descriptors:
     # one row of each such group is built, the others take its columns (a new batch shape changes every row, and a
     # decode graph's 30 layers repeat the same ones: a 1-token step after a prompt built 305 rows, 210 of them the
-    # repacked MUL_MATs). Not RMS_NORM (its fusion reads the next node), nor the rows that read a data pointer
-    # beyond the descriptors (_ALWAYS_REBUILT); a repacked MUL_MAT keeps its own weight's blocks (below). The key
-    # holds the remembered row's op, so that a repacked MUL_MAT is only ever copied from another one
+    # repacked MUL_MATs). An RMS_NORM row's key holds its fusion's (above); a repacked MUL_MAT keeps its own
+    # weight's blocks, a FLASH_ATTN_EXT row its own mask (below). The key holds the remembered row's op, so that a
+    # repacked MUL_MAT is only ever copied from another one
     rep = np.arange(k_n)
-    grp = rb[~np.isin(prev.P[rb, OP], _BUILT_ALONE)]
-    if grp.size > 1:
-        Wx = np.concatenate([topo.Wm, np.zeros((1, _NW), np.uint64)])
-        keys = Wx[np.concatenate([m.slots[grp], topo.refs[idx[grp]]], axis=1)].reshape(grp.size, -1)
-        keys = np.concatenate([keys, prev.P[grp, OP, None].astype(np.uint64)], axis=1)
-        first = {}                          # (bytes as keys: np.unique(axis=0) sorts ~600 fields a row, slowly)
-        rep[grp] = [first.setdefault(key, k) for key, k in zip(map(bytes, keys), grp.tolist())]
+    if rb.size > 1:
+        keys = wid[np.concatenate([m.slots[rb], topo.refs[idx[rb]]], axis=1)]
+        keys = np.concatenate([keys, prev.P[rb, OP, None]], axis=1)
+        first = {}                          # (bytes as keys: np.unique(axis=0) sorts the fields of each row, slowly)
+        rep[rb] = [first.setdefault(key + rms_key.get(k, b""), k) for key, k in zip(map(bytes, keys), rb.tolist())]
     copies = np.flatnonzero(rep != np.arange(k_n))
     try:
         for k in rb[rep[rb] == rb].tolist():
@@ -771,15 +799,40 @@ def _derive(cgraph, topo):
         has = (Wc[:, :, 2:6] != 0).all(axis=2) & (chk >= 0)
         if (has & (Wc[:, :, _W_DATA] == 0)).any():
             return None
+    fa = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
+    if fa.size:
+        # each FLASH_ATTN_EXT row's mask (src[3]) where this graph has it (fattn.build_node: a mask without data
+        # takes no compiled row)
+        masked = fa[P[fa, FA_MASK] != 0]
+        mdata = W[refs[idx[masked], 3], _W_DATA]
+        if (mdata == 0).any():
+            return None
+        P[masked, FA_MASK] = mdata
     sel = W[idx, _W_NAME:_W_NAME + 8].tobytes()
     names = [sel[j * 64:(j + 1) * 64].partition(b"\0")[0].decode("utf-8", "replace") for j in range(k_n)]
     for k in keep.tolist():
         meta[k] = (T[int(idx[k])].addr, meta[k][1])
     fg = FastGraph(P, F, list(prev.node_index), names, max(row_ws, default=0), meta, n)
     fg.row_ws = row_ws
-    fg.plan_from = (prev.plan_nodes, np.flatnonzero(node_changed).tolist())
+    fg.plan_from = (prev.plan_nodes,) + _plan_groups(topo, node_changed)
     _memo_put(topo.key, _Memo(topo.Wm, fg, m.slots, m.fused))
     return fg
+
+
+def _plan_groups(topo, node_changed):
+    """The nodes ggml_graph_plan's loop plans again for a derived program (those whose struct words or whose
+    sources' changed) and, for each, the first of them with equal words of its own, of its sources and view source
+    and the same repacked-ness of its weight: ggml_get_n_tasks, ggml_cpu_extra_work_size and the op's work size
+    read those alone, so the loop computes that one and the others take its answers (a decode graph's 30 layers
+    repeat the same nodes)."""
+    todo = np.flatnonzero(node_changed)
+    if not todo.size:
+        return [], []
+    r = topo.refs[todo]
+    keys = np.concatenate([topo.wid[todo, None], topo.wid[r], topo.is_rw[r[:, :1]]], axis=1)
+    first = {}
+    reps = [first.setdefault(key, i) for key, i in zip(map(bytes, keys), todo.tolist())]
+    return todo.tolist(), reps
 
 
 def _build_row(P, F, k, cgraph, nodes, i, slots):
