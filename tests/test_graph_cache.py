@@ -220,24 +220,30 @@ def _placement(gf):
 
 def test_derived_graph_split_equals_the_passes(model, monkeypatch):
     """The derived graph's split takes passes 1-4 from the reserve's split of the same graph (the scheduler's split
-    memo: only ne/nb changed, the backends answer the same): the scheduler's tables, plan and splits are, node by
+    memo: only ne/nb changed, the backends answer the same), and pass 5's splits (it made no copies there): the
+    scheduler's tables, plan (leafs and their buffer types included) and splits are, node by
     node, those of the passes run on it (the memo turned off). The same run places the scheduler's graph with the
     allocator's fast placing loop, the other with ggml's call-by-call loop (what a trace listener gets): every
     tensor's buffer and place, views included, and the buffer sizes are the same."""
     from ggviz.ggml import alloc as ga
     from ggviz.ggml import sched as gs
 
+    pass5 = []
+    real_pass5 = gs._pass5
+    monkeypatch.setattr(gs, "_pass5", lambda *a: pass5.append(1) or real_pass5(*a))
+
     def first_step():
         ctx = _ctx(model)
         _decode(ctx, TOKS[:6], 0, 0)
         n0 = ctx.sched.n_split_memo
+        pass5.clear()
         _decode(ctx, [TOKS[6]], 0, 6)
         s, gf = ctx.sched, ctx.last_graph.gf
         # each tensor's backend id and cause, in graph order (the hash slots themselves follow the addresses,
         # which differ between two contexts)
         per_tensor = [(t.name, s.hv_tensor_backend_ids[s._slot[t.addr]], s.causes.get(s._slot[t.addr], ""))
                       for t in list(gf.leafs) + list(gf.nodes)]
-        return (ctx.n_graph_derived, s.n_split_memo - n0, s.last_plan, s.node_backend_ids[:s.graph.n_nodes],
+        return (ctx.n_graph_derived, s.n_split_memo - n0, len(pass5), s.last_plan, s.node_backend_ids[:s.graph.n_nodes],
                 per_tensor, len(s._slot), int(gs._used_slots(s.hash_set, s.hash_set.used).sum()), s.n_splits,
                 [(sp.backend_id, sp.i_start, sp.i_end, len(sp.inputs)) for sp in s.splits[:s.n_splits]],
                 _offsets(ctx.last_graph), _placement(s.graph), ga.gallocr_get_buffer_size(s.galloc, 0),
@@ -248,9 +254,10 @@ def test_derived_graph_split_equals_the_passes(model, monkeypatch):
         m.setattr(gs, "_split_memo_match", lambda sched, graph: None)
         m.setattr(ga, "_alloc_graph_tensors_fast", ga._alloc_graph_tensors)
         passes = first_step()
-    assert memo[:2] == (1, 1) and passes[:2] == (1, 0)
-    for i, (x, y) in enumerate(zip(memo[2:], passes[2:])):
-        assert x == y, f"item {i + 2} differs"
+    # (pass 5 too: the memo's split made no copies, so its splits are put back)
+    assert memo[:3] == (1, 1, 0) and passes[:3] == (1, 0, 1)
+    for i, (x, y) in enumerate(zip(memo[3:], passes[3:])):
+        assert x == y, f"item {i + 3} differs"
 
 
 def _programs_as_built(ctx):
