@@ -165,6 +165,8 @@ class FastGraph:
         self.timings = np.zeros(0, np.int64)  # per-row cycle counts when profiling (set_profiling)
         self.plan_cache = {}                  # n_threads -> what ggml_graph_plan's node loop found (same graph)
         self.n_next = 1 << 30                 # threads for the next compute (see compute_thread)
+        if _contended_recently():
+            self.n_next = 1                   # (a new program on a machine whose cores are taken: see _CONTENDED)
         self.n_use_now = None                 # threads of the compute in flight, fixed before its kickoff
         self.wall = {}                        # n_use -> recent wall ns of a compute (exponential average)
         self.n_computes = 0                   # computes so far (the first decides nothing: _choose_threads)
@@ -326,10 +328,12 @@ class FastGraph:
                                 f"{nbytes} (ggml_graph_plan's work_size includes it)")
         w = work_data.ctypes.data if nbytes else 0
         if ith == 0:
-            t0, c0 = time.perf_counter_ns(), kernels.time_ns()
+            t0, c0, u0 = time.perf_counter_ns(), kernels.time_ns(), time.thread_time_ns()
         kernels.graph_compute_thread(self.P, self.F, w, self.sync.ctypes.data, ith, n_use, 0, len(self), self.timings)
         if ith == 0:
-            self._choose_threads(n_max, n_use, time.perf_counter_ns() - t0, kernels.time_ns() - c0)
+            wall_ns = time.perf_counter_ns() - t0
+            _note_contention(n_use, wall_ns, time.thread_time_ns() - u0)
+            self._choose_threads(n_max, n_use, wall_ns, kernels.time_ns() - c0)
             err = int(self.sync[SYNC_ERROR])
             if err:
                 k = int(self.sync[SYNC_ERROR + 1])
@@ -340,6 +344,32 @@ class FastGraph:
                 where = (f"node {self.node_index[k]} {self.names[k]!r}" if 0 <= k < len(self.node_index)
                          else "the compiled graph")
                 raise GGMLError(f"computing {where}: {what}")
+
+
+# ggviz: what the thread policy knows of the machine before a program's first compute. The policy itself is per
+# program and skips a program's first compute (one-time costs make it no sample), so on a machine whose cores other
+# processes hold, each new program -- the first decode step after a prompt is one -- ran its first two computes on
+# all threads: 75-120 ms where one thread took 6.6 (SmolLM2 decode, 2 threads, load average 4 on 2 cores). Thread
+# 0's CPU time against the compute's wall time tells it apart from one-time costs, which thread 0 pays running
+# (Numba's code loaded, buffers first touched): under half of the wall time, thread 0 was off its core. When a
+# compute saw that within the last PROBE_NS, a new program starts on one thread (and tries all threads again as
+# the policy does: after PROBE_EVERY computes or PROBE_NS); a compute on several threads with thread 0 running over
+# 90 % of it clears the record. Results do not depend on it (ggml's partitions give the same values).
+_contended_at = [0]           # perf_counter_ns of the last compute that showed the cores taken (0: none since)
+
+
+def _note_contention(n_use: int, wall_ns: int, cpu_ns: int) -> None:
+    if wall_ns <= 0:
+        return
+    if cpu_ns * 2 < wall_ns:
+        _contended_at[0] = time.perf_counter_ns()
+    elif n_use > 1 and cpu_ns * 10 > wall_ns * 9:
+        _contended_at[0] = 0
+
+
+def _contended_recently() -> bool:
+    t = _contended_at[0]
+    return t != 0 and time.perf_counter_ns() - t < FastGraph.PROBE_NS
 
 
 class _FastTraceExpander:
