@@ -550,15 +550,15 @@ def test_teacher_forced_fast_path(ref_npz, nth, monkeypatch):
 
 def test_a_new_program_starts_on_one_thread_after_a_compute_showed_the_cores_taken(monkeypatch):
     """The thread policy's record of the machine (compiler._note_contention, from thread 0's CPU time against a
-    compute's wall time): thread 0 off its core for over half a compute makes the next new program start on one
-    thread, until a compute on several threads with thread 0 running over 90 % of it, or PROBE_NS later. Values
+    compute's wall time): thread 0 off its core for over CONTENDED (a quarter) of a compute makes the next new
+    program start on one thread, until a compute on several threads with thread 0 running over 90 % of it, or PROBE_NS later. Values
     are not in question (ggml's partitions give the same bits on any thread count)."""
     monkeypatch.setattr(compiler, "_contended_at", [0])
     P, F = np.zeros((0, 56), np.int64), np.zeros((0, 8), np.float64)
     assert compiler.FastGraph(P, F, [], [], 0).n_next > 1
     compiler._note_contention(2, 10_000_000, 9_500_000)         # one-time costs run in thread 0: not contention
     assert compiler.FastGraph(P, F, [], [], 0).n_next > 1
-    compiler._note_contention(2, 10_000_000, 4_000_000)         # thread 0 ran 40 % of the compute
+    compiler._note_contention(2, 10_000_000, 7_000_000)         # thread 0 ran 70 % of the compute
     assert compiler.FastGraph(P, F, [], [], 0).n_next == 1
     compiler._note_contention(1, 10_000_000, 9_800_000)         # one thread alone tells nothing of a second core
     assert compiler.FastGraph(P, F, [], [], 0).n_next == 1

@@ -351,17 +351,18 @@ class FastGraph:
 # processes hold, each new program -- the first decode step after a prompt is one -- ran its first two computes on
 # all threads: 75-120 ms where one thread took 6.6 (SmolLM2 decode, 2 threads, load average 4 on 2 cores). Thread
 # 0's CPU time against the compute's wall time tells it apart from one-time costs, which thread 0 pays running
-# (Numba's code loaded, buffers first touched): under half of the wall time, thread 0 was off its core. When a
-# compute saw that within the last PROBE_NS, a new program starts on one thread (and tries all threads again as
-# the policy does: after PROBE_EVERY computes or PROBE_NS); a compute on several threads with thread 0 running over
-# 90 % of it clears the record. Results do not depend on it (ggml's partitions give the same values).
+# (Numba's code loaded, buffers first touched): running under 1 - CONTENDED of the wall time, thread 0 was off its
+# core (a 128-token prompt's compute there: 31-57 %; ~95 % on a quiet machine). When a compute saw that within the
+# last PROBE_NS, a new program starts on one thread (and tries all threads again as the policy does: after
+# PROBE_EVERY computes or PROBE_NS); a compute on several threads with thread 0 running over 90 % of it clears the
+# record. Results do not depend on it (ggml's partitions give the same values).
 _contended_at = [0]           # perf_counter_ns of the last compute that showed the cores taken (0: none since)
 
 
 def _note_contention(n_use: int, wall_ns: int, cpu_ns: int) -> None:
     if wall_ns <= 0:
         return
-    if cpu_ns * 2 < wall_ns:
+    if cpu_ns < (1 - FastGraph.CONTENDED) * wall_ns:
         _contended_at[0] = time.perf_counter_ns()
     elif n_use > 1 and cpu_ns * 10 > wall_ns * 9:
         _contended_at[0] = 0
