@@ -631,7 +631,7 @@ class _Topo:
         nodes, leafs = cgraph.nodes, cgraph.leafs
         T = list(nodes) + list(leafs)
         n_in = len(T)
-        W = np.stack([t._q for t in T]) if T else np.zeros((0, _NW), np.uint64)
+        W = _words(T)
         addrs = np.fromiter((t.addr for t in T), np.uint64, n_in)
         ref = W[:, _W_SRC:_W_SRC + _NREF]
         order = np.argsort(addrs, kind="stable")
@@ -645,7 +645,7 @@ class _Topo:
             _, first = np.unique(flat, return_index=True)
             ext_addrs = flat[np.sort(first)]                    # in order of first reference
             T += [tensor_at(a) for a in ext_addrs.tolist()]
-            W = np.concatenate([W, np.stack([t._q for t in T[n_in:]])])
+            W = np.concatenate([W, _words(T[n_in:])])
             sorter = np.argsort(ext_addrs)
             at = sorter[np.minimum(np.searchsorted(ext_addrs, ref, sorter=sorter), len(ext_addrs) - 1)]
             refs = np.where(outside, n_in + at, refs)
@@ -670,11 +670,34 @@ class _Topo:
         # each tensor's class of equal masked words (equal ids: equal Wm rows), -1 appended for NULL, and whether
         # it is a repacked weight (which no word tells: its ``extra`` is its type's shared traits): the keys of the
         # groups of equal rows and plans (_derive), 12 small ints a node instead of its and its sources' 504 words
-        wid = (np.unique(np.ascontiguousarray(Wm).view(np.dtype((np.void, _NW * 8))).ravel(), return_inverse=True)[1]
-               if len(T) else np.zeros(0, np.int64))
-        self.wid = np.append(wid.astype(np.int64).ravel(), -1)
+        self.wid = np.append(_row_classes(Wm), -1)
         self.is_rw = np.zeros(len(T) + 1, np.int64)
         self.is_rw[[j for j, _ in rw]] = 1
+
+
+def _words(T) -> np.ndarray:
+    """The struct words of tensors ``T`` (len(T) x 42), one concatenation of their struct bytes."""
+    if not T:
+        return np.zeros((0, _NW), np.uint64)
+    return np.concatenate([t.raw for t in T]).view(np.uint64).reshape(len(T), _NW)
+
+
+_ROW_HASH = np.random.default_rng(0x6767).integers(1, 2 ** 63, size=_NW, dtype=np.uint64) | np.uint64(1)
+
+
+def _row_classes(Wm) -> np.ndarray:
+    """An id per row of ``Wm``, equal for equal rows and only for them: rows grouped by a 64-bit hash of their
+    words, every row then compared with its group's first (a collision, never seen, falls back to sorting the rows
+    themselves)."""
+    if not len(Wm):
+        return np.zeros(0, np.int64)
+    h = (Wm * _ROW_HASH).sum(axis=1, dtype=np.uint64)             # (wraps modulo 2**64)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    if (Wm == Wm[first[inv]]).all():
+        return inv.astype(np.int64)
+    return np.unique(np.ascontiguousarray(Wm).view(np.dtype((np.void, _NW * 8))).ravel(),
+                     return_inverse=True)[1].ravel().astype(np.int64)
 
 
 class _Memo:
