@@ -682,22 +682,35 @@ def _words(T) -> np.ndarray:
     return np.concatenate([t.raw for t in T]).view(np.uint64).reshape(len(T), _NW)
 
 
-_ROW_HASH = np.random.default_rng(0x6767).integers(1, 2 ** 63, size=_NW, dtype=np.uint64) | np.uint64(1)
+_ROW_HASH = np.random.default_rng(0x6767).integers(1, 2 ** 63, size=64, dtype=np.uint64) | np.uint64(1)
+
+
+def _classes(A) -> tuple:
+    """(id, first) for the rows of the 2-D integer array ``A`` (at most 64 columns): ``id`` equal for equal rows
+    and only for them, ``first[id]`` the first row of each. Rows grouped by a 64-bit hash of their words, every row
+    then compared with its group's first (a collision, never seen, falls back to sorting the rows themselves)."""
+    if not len(A):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    A = np.ascontiguousarray(A).view(np.uint64)
+    h = (A * _ROW_HASH[:A.shape[1]]).sum(axis=1, dtype=np.uint64)     # (wraps modulo 2**64)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    if not (A == A[first[inv]]).all():
+        _, first, inv = np.unique(A.view(np.dtype((np.void, A.shape[1] * 8))).ravel(), return_index=True,
+                                  return_inverse=True)
+        inv = inv.ravel()
+    return inv.astype(np.int64), first.astype(np.int64)
 
 
 def _row_classes(Wm) -> np.ndarray:
-    """An id per row of ``Wm``, equal for equal rows and only for them: rows grouped by a 64-bit hash of their
-    words, every row then compared with its group's first (a collision, never seen, falls back to sorting the rows
-    themselves)."""
-    if not len(Wm):
-        return np.zeros(0, np.int64)
-    h = (Wm * _ROW_HASH).sum(axis=1, dtype=np.uint64)             # (wraps modulo 2**64)
-    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
-    inv = inv.ravel()
-    if (Wm == Wm[first[inv]]).all():
-        return inv.astype(np.int64)
-    return np.unique(np.ascontiguousarray(Wm).view(np.dtype((np.void, _NW * 8))).ravel(),
-                     return_inverse=True)[1].ravel().astype(np.int64)
+    """An id per row of ``Wm``, equal for equal rows and only for them."""
+    return _classes(Wm)[0]
+
+
+def _first_of_class(A) -> np.ndarray:
+    """For each row of ``A``, the index of the first row equal to it."""
+    inv, first = _classes(A)
+    return first[inv]
 
 
 class _Memo:
@@ -780,7 +793,7 @@ def _derive(cgraph, topo):
     # nodes' and their operands' words (ops, flags, types, shapes), the MUL's operand positions and the norm's use
     # count: rows equal in all of them fuse alike, and one of each is asked
     rms = np.flatnonzero(prev.P[:, OP] == OP_RMS_NORM)
-    rms_key = {}
+    rms_key = np.zeros((k_n, 7), np.int64)           # (zeros for the other rows: their op tells them apart)
     if rms.size:
         ri = idx[rms]
         nxt = np.minimum(ri + 1, n - 1)
@@ -789,12 +802,9 @@ def _derive(cgraph, topo):
         uses = [cgraph.use_count(nodes[i]) == 1 for i in ri.tolist()]
         kr = np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
                        mrefs[:, 0] == ri, mrefs[:, 1] == ri, uses, m.fused[rms]], axis=1).astype(np.int64)
-        asked = {}
-        for k, key in zip(rms.tolist(), map(bytes, kr)):
-            rms_key[k] = key
-            if key not in asked:
-                asked[key] = (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) == bool(m.fused[k])
-            if not asked[key]:
+        rms_key[rms] = kr
+        for k in rms[np.unique(_first_of_class(kr))].tolist():
+            if (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) != bool(m.fused[k]):
                 return None
     P, F = prev.P.copy(), prev.F.copy()
     # the descriptors from this graph's structs (a NULL slot reads the zero row)
@@ -815,9 +825,8 @@ def _derive(cgraph, topo):
     rep = np.arange(k_n)
     if rb.size > 1:
         keys = wid[np.concatenate([m.slots[rb], topo.refs[idx[rb]]], axis=1)]
-        keys = np.concatenate([keys, prev.P[rb, OP, None]], axis=1)
-        first = {}                          # (bytes as keys: np.unique(axis=0) sorts the fields of each row, slowly)
-        rep[rb] = [first.setdefault(key + rms_key.get(k, b""), k) for key, k in zip(map(bytes, keys), rb.tolist())]
+        keys = np.concatenate([keys, prev.P[rb, OP, None], rms_key[rb]], axis=1)
+        rep[rb] = rb[_first_of_class(keys)]
     copies = np.flatnonzero(rep != np.arange(k_n))
     try:
         for k in rb[rep[rb] == rb].tolist():
@@ -884,9 +893,7 @@ def _plan_groups(topo, node_changed):
         return [], []
     r = topo.refs[todo]
     keys = np.concatenate([topo.wid[todo, None], topo.wid[r], topo.is_rw[r[:, :1]]], axis=1)
-    first = {}
-    reps = [first.setdefault(key, i) for key, i in zip(map(bytes, keys), todo.tolist())]
-    return todo.tolist(), reps
+    return todo.tolist(), todo[_first_of_class(keys)].tolist()
 
 
 def _build_row(P, F, k, cgraph, nodes, i, slots):
