@@ -456,3 +456,62 @@ def test_restored_graph_with_splits_and_input_copies():
     assert gs.backend_sched_alloc_graph(fresh.sched, fresh.build_graph(len(prompt), 1, 256).gf)
     assert fresh.sched.n_splits == splits_a and fresh.sched.last_plan == plan_a
     assert plan_a["n_inputs"] >= 4 * 4              # the inputs copied between the devices: one per split at least
+
+
+def test_the_allocator_plan_check_over_arrays_equals_ggmls_loop(model):
+    """gallocr_needs_realloc's check of a graph against the current plan, over all slots at once
+    (alloc._plan_fits_arrays: each tensor's size from its struct words, the plan's slots read into arrays once per
+    plan) says what the per-tensor loop says (alloc._plan_fits: gallocr_node_needs_realloc's test): for the
+    prompt's and the decode step's graphs on the reserve's plan, and with tensors unplaced again (data unset, as
+    before an allocation): a node's slot exactly its size, one byte short, a source's slot too small, the slot of
+    a tensor that had data when planned. A reserve drops the arrays before it plans."""
+    from ggviz.ggml import alloc as ga
+    ctx = _ctx(model)
+    _decode(ctx, TOKS[:6], 0, 0)
+    s = ctx.sched
+    galloc = s.galloc
+
+    def both():
+        galloc._slots_cache = None
+        return ga._plan_fits(galloc, s.graph), ga._plan_fits_arrays(galloc, s.graph)
+
+    assert both() == (True, True)
+    _decode(ctx, [TOKS[6]], 0, 6)
+    g = s.graph
+    assert both() == (True, True)
+    na = galloc.node_allocs
+    i = next(k for k, t in enumerate(g.nodes) if t.view_src is None and na[k].dst.buffer_id >= 0
+             and ggml.nbytes(t) > 0)
+    k, j = next((k, j) for k, t in enumerate(g.nodes) for j, u in enumerate(t.src)
+                if u is not None and u.view_src is None and na[k].src[j].buffer_id >= 0 and ggml.nbytes(u) > 0)
+    node, src = g.nodes[i], g.nodes[k].src[j]
+    saved = [(t, t.data) for t in (node, src)] + [(ta, (ta.buffer_id, ta.size_max)) for ta in (na[i].dst,
+                                                                                             na[k].src[j])]
+    try:
+        node.data = 0
+        src.data = 0
+        if src.addr != node.addr:
+            for m, t in enumerate(g.nodes):                    # (its own dst slot too: it is unplaced now)
+                if t.addr == src.addr:
+                    saved.append((na[m].dst, (na[m].dst.buffer_id, na[m].dst.size_max)))
+                    na[m].dst.size_max = max(na[m].dst.size_max, ggml.nbytes(src))
+        na[i].dst.size_max = ggml.nbytes(node)                 # exactly its size
+        na[k].src[j].size_max = ggml.nbytes(src)
+        assert both() == (True, True)
+        na[i].dst.size_max = ggml.nbytes(node) - 1             # one byte short
+        assert both() == (False, False)
+        na[i].dst.size_max = ggml.nbytes(node)
+        na[k].src[j].size_max = ggml.nbytes(src) - 1           # a source's slot too small
+        assert both() == (False, False)
+        na[k].src[j].buffer_id, na[k].src[j].size_max = -1, 1 << 40   # planned as a tensor with data
+        assert both() == (False, False)
+    finally:
+        for obj, v in saved:
+            if isinstance(v, tuple):
+                obj.buffer_id, obj.size_max = v
+            else:
+                obj.data = v
+    assert both() == (True, True)
+    ga._plan_slots(galloc)
+    assert ga.gallocr_reserve_n(galloc, g, s.node_backend_ids, s.leaf_backend_ids)
+    assert galloc._slots_cache is None

@@ -905,6 +905,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
 
 def gallocr_reserve_n_size(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, sizes=None) -> list:
     """The buffer sizes ``gallocr_reserve_n`` would allocate, written into ``sizes`` (also returned)."""
+    galloc._slots_cache = None           # (the plan lists may be rewritten in place: _plan_slots)
     GGML_ASSERT(gallocr_reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc=True))
     if sizes is None:
         sizes = [0] * galloc.n_buffers
@@ -916,6 +917,7 @@ def gallocr_reserve_n_size(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
 
 
 def gallocr_reserve_n(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids) -> bool:
+    galloc._slots_cache = None           # (the plan lists may be rewritten in place: _plan_slots)
     return gallocr_reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc=False)
 
 
@@ -1002,12 +1004,80 @@ def _plan_fits(galloc: ggml_gallocr, graph) -> bool:
     return True
 
 
+# ggviz: the plan's slots as arrays, for _plan_fits_arrays. A plan is checked against every graph allocated with it
+# (a prompt's, then the decode step's ...): its ~10,000 tensor_alloc fields are read into two arrays once per plan
+# (the plan lists and the plan's record, by identity: a reserve or a restored plan gives new ones; a reserve
+# drops the arrays before it starts, as it may rewrite the lists in place)
+_SLOTS = 1 + C.GGML_MAX_SRC
+
+
+def _plan_slots(galloc: ggml_gallocr):
+    """(buffer ids, size_max) of every node's dst and src slots in the current plan, n_nodes x (1 + GGML_MAX_SRC)."""
+    na, rec, n = galloc.node_allocs, galloc.last_alloc, galloc.n_nodes
+    c = getattr(galloc, "_slots_cache", None)
+    if c is not None and c[0] is na and c[1] is rec and c[2] == n:
+        return c[3], c[4]
+    flat = [ta for a in na[:n] for ta in (a.dst, *a.src)]
+    bid = np.fromiter((ta.buffer_id for ta in flat), np.int64, len(flat)).reshape(n, _SLOTS)
+    smax = np.fromiter((ta.size_max for ta in flat), np.int64, len(flat)).reshape(n, _SLOTS)
+    galloc._slots_cache = (na, rec, n, bid, smax)
+    return bid, smax
+
+
+_TRAITS_BS = np.zeros(max(C.TYPE_TRAITS) + 1, np.int64)        # block size per type (0: no such type)
+_TRAITS_TS = np.zeros(max(C.TYPE_TRAITS) + 1, np.int64)        # type size
+for _t, _tr in C.TYPE_TRAITS.items():
+    if _tr is not None:
+        _TRAITS_BS[_t], _TRAITS_TS[_t] = _tr[1], _tr[2]
+
+
+def _plan_fits_arrays(galloc: ggml_gallocr, graph):
+    """``_plan_fits`` over all slots at once: each tensor's size (0 with data or a view source, else ggml_nbytes)
+    from the struct words of the graph's nodes and leafs, against the plan's slots (``_plan_slots``). None when it
+    cannot tell: a buffer type with a get_alloc_size of its own, a source that is no node or leaf of the graph, a
+    type without traits."""
+    if any(bt.iface.get_alloc_size is not None for bt in galloc.bufts):
+        return None
+    n = graph.n_nodes
+    T = list(graph.nodes[:n]) + list(graph.leafs)
+    if not T:
+        return True
+    W = np.concatenate([t.raw for t in T]).view(np.int64).reshape(len(T), C.GGML_TENSOR_SIZE // 8)
+    addrs = np.fromiter((t.addr for t in T), np.int64, len(T))
+    order = np.argsort(addrs)
+    sa = addrs[order]
+    srcs = W[:n, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
+    pos = np.minimum(np.searchsorted(sa, srcs), len(sa) - 1)
+    present = srcs != 0
+    found = sa[pos] == srcs
+    if (present & ~found).any():
+        return None
+    types = W[:, 0] & 0xFFFFFFFF
+    if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
+        return None
+    bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
+    ne, nb = W[:, 2:6], W[:, 6:10]
+    first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs)
+    nbytes = first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
+    placed = (W[:, _Q_DATA] != 0) | (W[:, _Q_VIEW_SRC] != 0)
+    size = np.where(placed | (ne <= 0).any(axis=1), 0, nbytes)
+    bid, smax = _plan_slots(galloc)
+    # each node as itself, then as the source of each of its consumers (gallocr_node_needs_realloc)
+    rows = np.concatenate([np.arange(n)[:, None], np.where(present, order[pos], 0)], axis=1)
+    checked = np.concatenate([np.ones((n, 1), bool), present], axis=1)
+    bad = checked & ((~placed[rows] & (bid < 0)) | (smax < size[rows]))
+    return not bad.any()
+
+
 def _realloc_reason(galloc: ggml_gallocr, graph) -> str | None:
     if galloc.n_nodes != graph.n_nodes:
         return "graph has different number of nodes"
     if galloc.n_leafs != graph.n_leafs:
         return "graph has different number of leafs"
-    if _plan_fits(galloc, graph):
+    fits = _plan_fits_arrays(galloc, graph)
+    if fits is None:
+        fits = _plan_fits(galloc, graph)
+    if fits:
         return None
     # (the plan does not fit: which tensor, by ggml's own checks)
     for i in range(graph.n_nodes):
