@@ -223,8 +223,9 @@ def test_derived_graph_split_equals_the_passes(model, monkeypatch):
     memo: only ne/nb changed, the backends answer the same), and pass 5's splits (it made no copies there): the
     scheduler's tables, plan (leafs and their buffer types included) and splits are, node by
     node, those of the passes run on it (the memo turned off). The same run places the scheduler's graph with the
-    allocator's fast placing loop, the other with ggml's call-by-call loop (what a trace listener gets): every
-    tensor's buffer and place, views included, and the buffer sizes are the same."""
+    allocator's placing over arrays (alloc._alloc_graph_tensors_arrays), the other with ggml's call-by-call loop
+    (what a trace listener gets): every tensor's buffer and place, views included, and the buffer sizes are the
+    same."""
     from ggviz.ggml import alloc as ga
     from ggviz.ggml import sched as gs
 
@@ -253,6 +254,7 @@ def test_derived_graph_split_equals_the_passes(model, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(gs, "_split_memo_match", lambda sched, graph: None)
         m.setattr(ga, "_alloc_graph_tensors_fast", ga._alloc_graph_tensors)
+        m.setattr(ga, "_alloc_graph_tensors_arrays", lambda galloc, graph: False)
         passes = first_step()
     # (pass 5 too: the memo's split made no copies, so its splits are put back)
     assert memo[:3] == (1, 1, 0) and passes[:3] == (1, 0, 1)
@@ -515,3 +517,29 @@ def test_the_allocator_plan_check_over_arrays_equals_ggmls_loop(model):
     ga._plan_slots(galloc)
     assert ga.gallocr_reserve_n(galloc, g, s.node_backend_ids, s.leaf_backend_ids)
     assert galloc._slots_cache is None
+
+
+def test_placing_over_arrays_equals_the_loops(model, monkeypatch):
+    """gallocr_alloc_graph's placing of a prompt's graph and of the decode step's after it: over arrays
+    (alloc._alloc_graph_tensors_arrays, taken for both), the per-tensor fast loop and ggml's call-by-call loop give
+    every tensor the same buffer and place (views included) and the same logits."""
+    from ggviz.ggml import alloc as ga
+    real_arrays, real_fast = ga._alloc_graph_tensors_arrays, ga._alloc_graph_tensors_fast
+    taken = []
+
+    def run(mode):
+        monkeypatch.setattr(ga, "_alloc_graph_tensors_arrays",
+                            (lambda g, gr: taken.append(real_arrays(g, gr)) or taken[-1]) if mode == "arrays"
+                            else (lambda g, gr: False))
+        monkeypatch.setattr(ga, "_alloc_graph_tensors_fast", real_fast if mode != "calls" else
+                            ga._alloc_graph_tensors)
+        ctx = _ctx(model)
+        out = []
+        for ids, pos in ((TOKS[:6], 0), ([TOKS[6]], 6)):
+            logits = _decode(ctx, ids, 0, pos)
+            out.append((_placement(ctx.sched.graph), logits.tobytes()))
+        return out
+
+    arrays = run("arrays")
+    assert taken == [True, True]
+    assert arrays == run("fast") == run("calls")
