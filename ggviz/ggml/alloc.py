@@ -1175,99 +1175,115 @@ def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
     if (plain & (buf != 0)).any():
         return False                                  # (backend_tensor_alloc refuses a tensor with a buffer)
     new_buf, new_data = buf.copy(), data.copy()
-    # the planned tensors: chunk base + offset (slots: the leafs' then the nodes' dst, in table order)
-    bid, chunk, offs, smax = _plan_places(galloc)
-    bid = np.concatenate([bid[n:], bid[:n]])
-    chunk = np.concatenate([chunk[n:], chunk[:n]])
-    offs = np.concatenate([offs[n:], offs[:n]])
-    smax = np.concatenate([smax[n:], smax[:n]])
-    todo = np.flatnonzero(plain)
-    if todo.size:
-        if (bid[todo] < 0).any() or (bid[todo] >= galloc.n_buffers).any() or (offs[todo] == SIZE_MAX).any():
-            return False
-        pairs = {}
-        for b, ch in set(zip(bid[todo].tolist(), chunk[todo].tolist())):
-            vb = galloc.buffers[b]
-            if vb is None or not 0 <= ch < len(vb.chunks) or vb.chunks[ch] is None:
-                return False
-            cb = vb.chunks[ch]
-            if cb.iface.init_tensor is not None:
-                return False
-            pairs[(b, ch)] = (cb.addr, B.backend_buffer_get_base(cb), B.backend_buffer_get_size(cb))
-        key = bid[todo] * (1 << 20) + chunk[todo]
-        uk, inv = np.unique(key, return_inverse=True)
-        info = np.array([pairs[(int(k) >> 20, int(k) & ((1 << 20) - 1))] for k in uk.tolist()], np.int64)
-        inv = inv.ravel()
-        new_buf[todo] = info[inv, 0]
-        new_data[todo] = info[inv, 1] + offs[todo].astype(np.int64)
-        # the leafs go through gallocr_init_tensor: their alloc size fits the slot (C's assert) and the chunk
-        lv = todo[todo < nl]
-        if lv.size:
-            types = W[lv, 0] & 0xFFFFFFFF
-            if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
-                return False
-            bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
-            ne, nb = W[lv, 2:6], W[lv, 6:10]
-            nbytes = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs) + \
-                ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
-            nbytes = np.where((ne <= 0).any(axis=1), 0, nbytes)
-            li = np.searchsorted(todo, lv)
-            if ((nbytes > smax[lv]) | (new_data[lv] + nbytes > info[inv[li], 1] + info[inv[li], 2])).any():
-                return False
-    # the views without a buffer: the source's buffer and data + view_offs, the source placed before the view
-    views = np.flatnonzero((vs != 0) & (buf == 0))
-    if views.size:
-        vpos = np.minimum(np.searchsorted(sa, vs[views]), m - 1)
-        inside = sa[vpos] == vs[views]
-        vrow = np.where(inside, order[vpos], -1)
-        if (inside & (vrow >= views)).any():
-            return False
-        outside = np.flatnonzero(~inside)
-        for k in outside.tolist():
-            q = tensor_at(int(vs[views[k]]))._q
-            ext_b, ext_d = q.item(_Q_BUFFER), q.item(_Q_DATA)
-            if not ext_b or not ext_d:
-                return False
-            new_buf[views[k]] = ext_b
-            new_data[views[k]] = ext_d + W[views[k], _Q_VIEW_OFFS]
-        # in rounds: the views whose source is placed (a view of a view waits for its source's round)
-        v, r = views[inside], vrow[inside]
-        waiting = np.zeros(m, bool)
-        while v.size:
-            waiting[:] = False
-            waiting[v] = True
-            ready = ~waiting[r]
-            if not ready.any():
-                return False
-            vr, rr = v[ready], r[ready]
-            if ((new_buf[rr] == 0) | (new_data[rr] == 0)).any():
-                return False
-            new_buf[vr] = new_buf[rr]
-            new_data[vr] = new_data[rr] + W[vr, _Q_VIEW_OFFS]
-            v, r = v[~ready], r[~ready]
-    # write the changed words: at once where the structs lie in one buffer (a graph's context), else one by one
-    rows = np.flatnonzero((new_buf != buf) | (new_data != data))
-    if rows.size:
-        at = addrs[rows]
-        lo, hi = int(at.min()), int(at.max()) + C.GGML_TENSOR_SIZE
-        try:
-            arr, off, _ = memory.resolve(lo, hi - lo)
-        except ValueError:
-            arr = None
-        if arr is not None and arr.ctypes.data % 8 == 0 and ((at - (lo - off)) % 8 == 0).all():
-            words = arr.view(np.uint64) if arr.dtype == np.uint8 and arr.ndim == 1 else None
-        else:
-            words = None
-        if words is not None:
-            wi = (at - (lo - off)) // 8
-            words[wi + _Q_BUFFER] = new_buf[rows].astype(np.uint64)
-            words[wi + _Q_DATA] = new_data[rows].astype(np.uint64)
-        else:
-            for k in rows.tolist():
-                w = T[k]._q
-                w[_Q_BUFFER] = int(new_buf[k])
-                w[_Q_DATA] = int(new_data[k])
+    if not _place_planned(galloc, W, np.flatnonzero(plain), nl, n, new_buf, new_data):
+        return False
+    if not _place_views(W, sa, order, np.flatnonzero((vs != 0) & (buf == 0)), new_buf, new_data):
+        return False
+    _write_places(T, addrs, np.flatnonzero((new_buf != buf) | (new_data != data)), new_buf, new_data)
     return True
+
+
+def _place_planned(galloc, W, todo, nl, n, new_buf, new_data) -> bool:
+    """_alloc_graph_tensors_arrays' planned tensors (rows ``todo`` of the table: leafs, then nodes): chunk base +
+    offset of their own slot into ``new_buf`` / ``new_data``; False when one is not the plain case."""
+    if not todo.size:
+        return True
+    bid, chunk, offs, smax = (np.concatenate([x[n:], x[:n]]) for x in _plan_places(galloc))    # (table order)
+    if (bid[todo] < 0).any() or (bid[todo] >= galloc.n_buffers).any() or (offs[todo] == SIZE_MAX).any():
+        return False
+    pairs = {}
+    for b, ch in set(zip(bid[todo].tolist(), chunk[todo].tolist())):
+        vb = galloc.buffers[b]
+        if vb is None or not 0 <= ch < len(vb.chunks) or vb.chunks[ch] is None:
+            return False
+        cb = vb.chunks[ch]
+        if cb.iface.init_tensor is not None:
+            return False
+        pairs[(b, ch)] = (cb.addr, B.backend_buffer_get_base(cb), B.backend_buffer_get_size(cb))
+    key = bid[todo] * (1 << 20) + chunk[todo]
+    uk, inv = np.unique(key, return_inverse=True)
+    info = np.array([pairs[(int(k) >> 20, int(k) & ((1 << 20) - 1))] for k in uk.tolist()], np.int64)
+    inv = inv.ravel()
+    new_buf[todo] = info[inv, 0]
+    new_data[todo] = info[inv, 1] + offs[todo].astype(np.int64)
+    # the leafs go through gallocr_init_tensor: their alloc size fits the slot (C's assert) and the chunk
+    lv = todo[todo < nl]
+    if lv.size:
+        types = W[lv, 0] & 0xFFFFFFFF
+        if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
+            return False
+        bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
+        ne, nb = W[lv, 2:6], W[lv, 6:10]
+        nbytes = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs) + \
+            ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
+        nbytes = np.where((ne <= 0).any(axis=1), 0, nbytes)
+        li = np.searchsorted(todo, lv)
+        if ((nbytes > smax[lv]) | (new_data[lv] + nbytes > info[inv[li], 1] + info[inv[li], 2])).any():
+            return False
+    return True
+
+
+def _place_views(W, sa, order, views, new_buf, new_data) -> bool:
+    """_alloc_graph_tensors_arrays' views without a buffer (rows ``views``): their source's buffer and data +
+    view_offs, the source placed before the view (in the table, or outside it with its data); False otherwise."""
+    if not views.size:
+        return True
+    m = len(W)
+    vs = W[views, _Q_VIEW_SRC]
+    vpos = np.minimum(np.searchsorted(sa, vs), m - 1)
+    inside = sa[vpos] == vs
+    vrow = np.where(inside, order[vpos], -1)
+    if (inside & (vrow >= views)).any():
+        return False
+    for k in np.flatnonzero(~inside).tolist():
+        q = tensor_at(int(vs[k]))._q
+        ext_b, ext_d = q.item(_Q_BUFFER), q.item(_Q_DATA)
+        if not ext_b or not ext_d:
+            return False
+        new_buf[views[k]] = ext_b
+        new_data[views[k]] = ext_d + W[views[k], _Q_VIEW_OFFS]
+    # in rounds: the views whose source is placed (a view of a view waits for its source's round)
+    v, r = views[inside], vrow[inside]
+    waiting = np.zeros(m, bool)
+    while v.size:
+        waiting[:] = False
+        waiting[v] = True
+        ready = ~waiting[r]
+        if not ready.any():
+            return False
+        vr, rr = v[ready], r[ready]
+        if ((new_buf[rr] == 0) | (new_data[rr] == 0)).any():
+            return False
+        new_buf[vr] = new_buf[rr]
+        new_data[vr] = new_data[rr] + W[vr, _Q_VIEW_OFFS]
+        v, r = v[~ready], r[~ready]
+    return True
+
+
+def _write_places(T, addrs, rows, new_buf, new_data) -> None:
+    """Write the buffer and data words of tensors ``rows``: at once where their structs lie in one buffer (a
+    graph's context), else one by one."""
+    if not rows.size:
+        return
+    at = addrs[rows]
+    lo, hi = int(at.min()), int(at.max()) + C.GGML_TENSOR_SIZE
+    try:
+        arr, off, _ = memory.resolve(lo, hi - lo)
+    except ValueError:
+        arr = None
+    words = None
+    if (arr is not None and arr.dtype == np.uint8 and arr.ndim == 1 and arr.ctypes.data % 8 == 0
+            and ((at - (lo - off)) % 8 == 0).all()):
+        words = arr.view(np.uint64)
+    if words is not None:
+        wi = (at - (lo - off)) // 8
+        words[wi + _Q_BUFFER] = new_buf[rows].astype(np.uint64)
+        words[wi + _Q_DATA] = new_data[rows].astype(np.uint64)
+    else:
+        for k in rows.tolist():
+            w = T[k]._q
+            w[_Q_BUFFER] = int(new_buf[k])
+            w[_Q_DATA] = int(new_data[k])
 
 
 def _alloc_graph_tensors(galloc: ggml_gallocr, graph) -> None:

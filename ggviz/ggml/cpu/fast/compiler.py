@@ -789,23 +789,9 @@ def _derive(cgraph, topo):
         if not empty.all():
             return None
     wid, T = topo.wid, topo.T
-    # ... and every RMS_NORM row still fuses (or not) with the MUL after it as it did. ggml's test reads the two
-    # nodes' and their operands' words (ops, flags, types, shapes), the MUL's operand positions and the norm's use
-    # count: rows equal in all of them fuse alike, and one of each is asked
-    rms = np.flatnonzero(prev.P[:, OP] == OP_RMS_NORM)
-    rms_key = np.zeros((k_n, 7), np.int64)           # (zeros for the other rows: their op tells them apart)
-    if rms.size:
-        ri = idx[rms]
-        nxt = np.minimum(ri + 1, n - 1)
-        has_next = ri + 1 < n
-        mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
-        uses = [cgraph.use_count(nodes[i]) == 1 for i in ri.tolist()]
-        kr = np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
-                       mrefs[:, 0] == ri, mrefs[:, 1] == ri, uses, m.fused[rms]], axis=1).astype(np.int64)
-        rms_key[rms] = kr
-        for k in rms[np.unique(_first_of_class(kr))].tolist():
-            if (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) != bool(m.fused[k]):
-                return None
+    rms_key = _fusions_hold(cgraph, topo, m, idx)
+    if rms_key is None:
+        return None
     P, F = prev.P.copy(), prev.F.copy()
     # the descriptors from this graph's structs (a NULL slot reads the zero row)
     for c, col in enumerate((DST, S0, S1, S2)):
@@ -880,6 +866,30 @@ def _derive(cgraph, topo):
     fg.plan_from = (prev.plan_nodes,) + _plan_groups(topo, node_changed)
     _memo_put(topo.key, _Memo(topo.Wm, fg, m.slots, m.fused))
     return fg
+
+
+def _fusions_hold(cgraph, topo, m, idx):
+    """_derive's test that every RMS_NORM row of the remembered program ``m`` still fuses (or not) with the MUL
+    after it as it did. ggml's test reads the two nodes' and their operands' words (ops, flags, types, shapes), the
+    MUL's operand positions and the norm's use count: rows equal in all of them fuse alike, and one of each is
+    asked. Returns those keys per row (k_n x 7, zeros for the other rows: their op tells them apart), or None when
+    a fusion changed."""
+    n, nodes, wid, refs = topo.n_nodes, cgraph.nodes, topo.wid, topo.refs
+    rms = np.flatnonzero(m.P[:, OP] == OP_RMS_NORM)
+    rms_key = np.zeros((len(idx), 7), np.int64)
+    if rms.size:
+        ri = idx[rms]
+        nxt = np.minimum(ri + 1, n - 1)
+        has_next = ri + 1 < n
+        mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
+        uses = [cgraph.use_count(nodes[i]) == 1 for i in ri.tolist()]
+        kr = np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
+                       mrefs[:, 0] == ri, mrefs[:, 1] == ri, uses, m.fused[rms]], axis=1).astype(np.int64)
+        rms_key[rms] = kr
+        for k in rms[np.unique(_first_of_class(kr))].tolist():
+            if (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) != bool(m.fused[k]):
+                return None
+    return rms_key
 
 
 def _plan_groups(topo, node_changed):
