@@ -165,8 +165,10 @@ class FastGraph:
         self.timings = np.zeros(0, np.int64)  # per-row cycle counts when profiling (set_profiling)
         self.plan_cache = {}                  # n_threads -> what ggml_graph_plan's node loop found (same graph)
         self.n_next = 1 << 30                 # threads for the next compute (see compute_thread)
-        if _contended_recently():
-            self.n_next = 1                   # (a new program on a machine whose cores are taken: see _CONTENDED)
+        if _contended_recently() and not trace.active:
+            # (a new program on a machine whose cores are taken: see _contended_at. Not one a listener records:
+            # the views show ggml's walk on every thread it is given)
+            self.n_next = 1
         self.n_use_now = None                 # threads of the compute in flight, fixed before its kickoff
         self.wall = {}                        # n_use -> recent wall ns of a compute (exponential average)
         self.n_computes = 0                   # computes so far (the first decides nothing: _choose_threads)
