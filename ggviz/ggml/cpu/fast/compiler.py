@@ -166,7 +166,7 @@ class FastGraph:
         self.plan_cache = {}                  # n_threads -> what ggml_graph_plan's node loop found (same graph)
         self.n_next = 1 << 30                 # threads for the next compute (see compute_thread)
         if _contended_recently() and not trace.active:
-            # (a new program on a machine whose cores are taken: see _contended_at. Not one a listener records:
+            # (a new program on a machine whose cores are taken: see _last_compute. Not one a listener records:
             # the views show ggml's walk on every thread it is given)
             self.n_next = 1
         self.n_use_now = None                 # threads of the compute in flight, fixed before its kickoff
@@ -305,6 +305,7 @@ class FastGraph:
     def begin_compute(self, nth: int) -> None:
         """Fix the number of threads of the next compute (called by graph_compute before the kickoff)."""
         self.n_use_now = max(1, min(min(nth, N_CPUS), self.n_next))
+        self._cpu_now = [None] * max(nth, 1)        # each thread's CPU time in this compute (_last_compute)
         sparse.set_compute_params(self.P, self.F, self.sparse_rows, nth)
         if self.fa_rows.size:
             self.P[self.fa_rows, FA_NTH] = int(nth)      # the split-KV kernel's chunks follow ggml's nth
@@ -329,12 +330,16 @@ class FastGraph:
                 raise GGMLError(f"the compiled graph needs a work buffer of {need} bytes for {nth} threads, got "
                                 f"{nbytes} (ggml_graph_plan's work_size includes it)")
         w = work_data.ctypes.data if nbytes else 0
+        u0 = time.thread_time_ns()
         if ith == 0:
-            t0, c0, u0 = time.perf_counter_ns(), kernels.time_ns(), time.thread_time_ns()
+            t0, c0 = time.perf_counter_ns(), kernels.time_ns()
         kernels.graph_compute_thread(self.P, self.F, w, self.sync.ctypes.data, ith, n_use, 0, len(self), self.timings)
+        cpu = getattr(self, "_cpu_now", None)
+        if cpu is not None and ith < len(cpu):
+            cpu[ith] = time.thread_time_ns() - u0
         if ith == 0:
             wall_ns = time.perf_counter_ns() - t0
-            _note_contention(n_use, wall_ns, time.thread_time_ns() - u0)
+            _last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or []]
             self._choose_threads(n_max, n_use, wall_ns, kernels.time_ns() - c0)
             err = int(self.sync[SYNC_ERROR])
             if err:
@@ -351,28 +356,22 @@ class FastGraph:
 # ggviz: what the thread policy knows of the machine before a program's first compute. The policy itself is per
 # program and skips a program's first compute (one-time costs make it no sample), so on a machine whose cores other
 # processes hold, each new program -- the first decode step after a prompt is one -- ran its first two computes on
-# all threads: 75-120 ms where one thread took 6.6 (SmolLM2 decode, 2 threads, load average 4 on 2 cores). Thread
-# 0's CPU time against the compute's wall time tells it apart from one-time costs, which thread 0 pays running
-# (Numba's code loaded, buffers first touched): running under 1 - CONTENDED of the wall time, thread 0 was off its
-# core (a 128-token prompt's compute there: 31-57 %; ~95 % on a quiet machine). When a compute saw that within the
-# last PROBE_NS, a new program starts on one thread (and tries all threads again as the policy does: after
-# PROBE_EVERY computes or PROBE_NS); a compute on several threads with thread 0 running over 90 % of it clears the
-# record. Results do not depend on it (ggml's partitions give the same values).
-_contended_at = [0]           # perf_counter_ns of the last compute that showed the cores taken (0: none since)
-
-
-def _note_contention(n_use: int, wall_ns: int, cpu_ns: int) -> None:
-    if wall_ns <= 0:
-        return
-    if cpu_ns < (1 - FastGraph.CONTENDED) * wall_ns:
-        _contended_at[0] = time.perf_counter_ns()
-    elif n_use > 1 and cpu_ns * 10 > wall_ns * 9:
-        _contended_at[0] = 0
+# all threads: 75-120 ms where one thread took 6.6 (SmolLM2 decode, 2 threads, load average 4 on 2 cores). The
+# threads' CPU times against the compute's wall time tell it apart from one-time costs and from uneven work: then
+# one thread at least runs nearly all the time (a 128-token prompt's, quiet machine: thread 1 98 %, thread 0 73 %,
+# asleep in barriers); when even the busiest ran under 1 - CONTENDED of it, every thread was off its core part of
+# the time (the same prompt under load 3: 56 % and 45 %). When the last compute, within PROBE_NS, was so, a new
+# program starts on one thread (and tries all threads again as the policy does: after PROBE_EVERY computes or
+# PROBE_NS). Results do not depend on it (ggml's partitions give the same values).
+_last_compute = [0, 0, []]    # the last compute: perf_counter_ns at its end, its wall ns, each thread's CPU ns
 
 
 def _contended_recently() -> bool:
-    t = _contended_at[0]
-    return t != 0 and time.perf_counter_ns() - t < FastGraph.PROBE_NS
+    t, wall, cpu = _last_compute
+    if not t or wall <= 0 or time.perf_counter_ns() - t >= FastGraph.PROBE_NS:
+        return False
+    got = [c for c in cpu if c is not None]
+    return bool(got) and max(got) < (1 - FastGraph.CONTENDED) * wall
 
 
 class _FastTraceExpander:
