@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from ggviz import ggml
+from ggviz import ggml, trace
 from ggviz.ggml import consts as C
 from ggviz.ggml import quants as Q
 
@@ -571,3 +571,29 @@ def test_teacher_forced_fast_path(ref_npz, nth, monkeypatch):
     assert kl <= 0.01, kl
     # the graph went through the compiled walk
     assert compiled and all(compiled)
+
+
+def test_a_new_program_starts_on_one_thread_after_a_compute_showed_the_cores_taken(monkeypatch):
+    """The thread policy's view of the machine (compiler._last_compute: the last compute's wall time and each
+    thread's CPU time): when even its busiest thread ran under 1 - CONTENDED (75 %) of it, the next new program
+    starts on one thread (not one a trace listener records: the views show ggml's walk on all threads); one thread
+    running nearly all the time (one-time costs, uneven work) is no sign, nor a compute older than PROBE_NS.
+    Values are not in question (ggml's partitions give the same bits on any thread count)."""
+    import time
+    P, F = np.zeros((0, 56), np.int64), np.zeros((0, 8), np.float64)
+
+    def starts(wall, cpu, age=0):
+        monkeypatch.setattr(compiler, "_last_compute", [time.perf_counter_ns() - age, wall, cpu])
+        return compiler.FastGraph(P, F, [], [], 0).n_next
+
+    monkeypatch.setattr(compiler, "_last_compute", [0, 0, []])
+    assert compiler.FastGraph(P, F, [], [], 0).n_next > 1           # nothing computed yet
+    assert starts(10_000_000, [7_300_000, 9_800_000]) > 1           # uneven work: thread 1 ran 98 %
+    assert starts(10_000_000, [9_900_000, 1_000_000]) > 1           # one-time costs in thread 0
+    assert starts(10_000_000, [5_600_000, 4_500_000]) == 1          # every thread off its core a quarter+
+    assert starts(10_000_000, [5_600_000, None]) == 1               # (a thread that sat this one out)
+    assert starts(10_000_000, [6_000_000]) == 1                     # one thread alone, off its core
+    assert starts(10_000_000, [5_600_000, 4_500_000], age=compiler.FastGraph.PROBE_NS) > 1   # too old
+    monkeypatch.setattr(compiler, "_last_compute", [time.perf_counter_ns(), 10_000_000, [5_600_000, 4_500_000]])
+    with trace.recording(("cpu.plan",)):                            # not a program a listener records
+        assert compiler.FastGraph(P, F, [], [], 0).n_next > 1

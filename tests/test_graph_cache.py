@@ -220,24 +220,31 @@ def _placement(gf):
 
 def test_derived_graph_split_equals_the_passes(model, monkeypatch):
     """The derived graph's split takes passes 1-4 from the reserve's split of the same graph (the scheduler's split
-    memo: only ne/nb changed, the backends answer the same): the scheduler's tables, plan and splits are, node by
+    memo: only ne/nb changed, the backends answer the same), and pass 5's splits (it made no copies there): the
+    scheduler's tables, plan (leafs and their buffer types included) and splits are, node by
     node, those of the passes run on it (the memo turned off). The same run places the scheduler's graph with the
-    allocator's fast placing loop, the other with ggml's call-by-call loop (what a trace listener gets): every
-    tensor's buffer and place, views included, and the buffer sizes are the same."""
+    allocator's placing over arrays (alloc._alloc_graph_tensors_arrays), the other with ggml's call-by-call loop
+    (what a trace listener gets): every tensor's buffer and place, views included, and the buffer sizes are the
+    same."""
     from ggviz.ggml import alloc as ga
     from ggviz.ggml import sched as gs
+
+    pass5 = []
+    real_pass5 = gs._pass5
+    monkeypatch.setattr(gs, "_pass5", lambda *a: pass5.append(1) or real_pass5(*a))
 
     def first_step():
         ctx = _ctx(model)
         _decode(ctx, TOKS[:6], 0, 0)
         n0 = ctx.sched.n_split_memo
+        pass5.clear()
         _decode(ctx, [TOKS[6]], 0, 6)
         s, gf = ctx.sched, ctx.last_graph.gf
         # each tensor's backend id and cause, in graph order (the hash slots themselves follow the addresses,
         # which differ between two contexts)
         per_tensor = [(t.name, s.hv_tensor_backend_ids[s._slot[t.addr]], s.causes.get(s._slot[t.addr], ""))
                       for t in list(gf.leafs) + list(gf.nodes)]
-        return (ctx.n_graph_derived, s.n_split_memo - n0, s.last_plan, s.node_backend_ids[:s.graph.n_nodes],
+        return (ctx.n_graph_derived, s.n_split_memo - n0, len(pass5), s.last_plan, s.node_backend_ids[:s.graph.n_nodes],
                 per_tensor, len(s._slot), int(gs._used_slots(s.hash_set, s.hash_set.used).sum()), s.n_splits,
                 [(sp.backend_id, sp.i_start, sp.i_end, len(sp.inputs)) for sp in s.splits[:s.n_splits]],
                 _offsets(ctx.last_graph), _placement(s.graph), ga.gallocr_get_buffer_size(s.galloc, 0),
@@ -247,10 +254,12 @@ def test_derived_graph_split_equals_the_passes(model, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(gs, "_split_memo_match", lambda sched, graph: None)
         m.setattr(ga, "_alloc_graph_tensors_fast", ga._alloc_graph_tensors)
+        m.setattr(ga, "_alloc_graph_tensors_arrays", lambda galloc, graph: False)
         passes = first_step()
-    assert memo[:2] == (1, 1) and passes[:2] == (1, 0)
-    for i, (x, y) in enumerate(zip(memo[2:], passes[2:])):
-        assert x == y, f"item {i + 2} differs"
+    # (pass 5 too: the memo's split made no copies, so its splits are put back)
+    assert memo[:3] == (1, 1, 0) and passes[:3] == (1, 0, 1)
+    for i, (x, y) in enumerate(zip(memo[3:], passes[3:])):
+        assert x == y, f"item {i + 3} differs"
 
 
 def _programs_as_built(ctx):
@@ -449,3 +458,88 @@ def test_restored_graph_with_splits_and_input_copies():
     assert gs.backend_sched_alloc_graph(fresh.sched, fresh.build_graph(len(prompt), 1, 256).gf)
     assert fresh.sched.n_splits == splits_a and fresh.sched.last_plan == plan_a
     assert plan_a["n_inputs"] >= 4 * 4              # the inputs copied between the devices: one per split at least
+
+
+def test_the_allocator_plan_check_over_arrays_equals_ggmls_loop(model):
+    """gallocr_needs_realloc's check of a graph against the current plan, over all slots at once
+    (alloc._plan_fits_arrays: each tensor's size from its struct words, the plan's slots read into arrays once per
+    plan) says what the per-tensor loop says (alloc._plan_fits: gallocr_node_needs_realloc's test): for the
+    prompt's and the decode step's graphs on the reserve's plan, and with tensors unplaced again (data unset, as
+    before an allocation): a node's slot exactly its size, one byte short, a source's slot too small, the slot of
+    a tensor that had data when planned. A reserve drops the arrays before it plans."""
+    from ggviz.ggml import alloc as ga
+    ctx = _ctx(model)
+    _decode(ctx, TOKS[:6], 0, 0)
+    s = ctx.sched
+    galloc = s.galloc
+
+    def both():
+        galloc._slots_cache = None
+        return ga._plan_fits(galloc, s.graph), ga._plan_fits_arrays(galloc, s.graph)
+
+    assert both() == (True, True)
+    _decode(ctx, [TOKS[6]], 0, 6)
+    g = s.graph
+    assert both() == (True, True)
+    na = galloc.node_allocs
+    i = next(k for k, t in enumerate(g.nodes) if t.view_src is None and na[k].dst.buffer_id >= 0
+             and ggml.nbytes(t) > 0)
+    k, j = next((k, j) for k, t in enumerate(g.nodes) for j, u in enumerate(t.src)
+                if u is not None and u.view_src is None and na[k].src[j].buffer_id >= 0 and ggml.nbytes(u) > 0)
+    node, src = g.nodes[i], g.nodes[k].src[j]
+    saved = [(t, t.data) for t in (node, src)] + [(ta, (ta.buffer_id, ta.size_max)) for ta in (na[i].dst,
+                                                                                             na[k].src[j])]
+    try:
+        node.data = 0
+        src.data = 0
+        if src.addr != node.addr:
+            for m, t in enumerate(g.nodes):                    # (its own dst slot too: it is unplaced now)
+                if t.addr == src.addr:
+                    saved.append((na[m].dst, (na[m].dst.buffer_id, na[m].dst.size_max)))
+                    na[m].dst.size_max = max(na[m].dst.size_max, ggml.nbytes(src))
+        na[i].dst.size_max = ggml.nbytes(node)                 # exactly its size
+        na[k].src[j].size_max = ggml.nbytes(src)
+        assert both() == (True, True)
+        na[i].dst.size_max = ggml.nbytes(node) - 1             # one byte short
+        assert both() == (False, False)
+        na[i].dst.size_max = ggml.nbytes(node)
+        na[k].src[j].size_max = ggml.nbytes(src) - 1           # a source's slot too small
+        assert both() == (False, False)
+        na[k].src[j].buffer_id, na[k].src[j].size_max = -1, 1 << 40   # planned as a tensor with data
+        assert both() == (False, False)
+    finally:
+        for obj, v in saved:
+            if isinstance(v, tuple):
+                obj.buffer_id, obj.size_max = v
+            else:
+                obj.data = v
+    assert both() == (True, True)
+    ga._plan_slots(galloc)
+    assert ga.gallocr_reserve_n(galloc, g, s.node_backend_ids, s.leaf_backend_ids)
+    assert galloc._slots_cache is None
+
+
+def test_placing_over_arrays_equals_the_loops(model, monkeypatch):
+    """gallocr_alloc_graph's placing of a prompt's graph and of the decode step's after it: over arrays
+    (alloc._alloc_graph_tensors_arrays, taken for both), the per-tensor fast loop and ggml's call-by-call loop give
+    every tensor the same buffer and place (views included) and the same logits."""
+    from ggviz.ggml import alloc as ga
+    real_arrays, real_fast = ga._alloc_graph_tensors_arrays, ga._alloc_graph_tensors_fast
+    taken = []
+
+    def run(mode):
+        monkeypatch.setattr(ga, "_alloc_graph_tensors_arrays",
+                            (lambda g, gr: taken.append(real_arrays(g, gr)) or taken[-1]) if mode == "arrays"
+                            else (lambda g, gr: False))
+        monkeypatch.setattr(ga, "_alloc_graph_tensors_fast", real_fast if mode != "calls" else
+                            ga._alloc_graph_tensors)
+        ctx = _ctx(model)
+        out = []
+        for ids, pos in ((TOKS[:6], 0), ([TOKS[6]], 6)):
+            logits = _decode(ctx, ids, 0, pos)
+            out.append((_placement(ctx.sched.graph), logits.tobytes()))
+        return out
+
+    arrays = run("arrays")
+    assert taken == [True, True]
+    assert arrays == run("fast") == run("calls")

@@ -30,6 +30,7 @@ import numpy as np
 from .. import trace
 from . import backend as B
 from . import consts as C
+from . import memory
 from .graph import HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
 from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_OP, Tensor, tensor_at
@@ -962,6 +963,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
 
 def gallocr_reserve_n_size(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, sizes=None) -> list:
     """The buffer sizes ``gallocr_reserve_n`` would allocate, written into ``sizes`` (also returned)."""
+    galloc._slots_cache = galloc._places_cache = None      # (the plan lists may be rewritten in place: _plan_slots)
     GGML_ASSERT(gallocr_reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc=True))
     if sizes is None:
         sizes = [0] * galloc.n_buffers
@@ -973,6 +975,7 @@ def gallocr_reserve_n_size(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
 
 
 def gallocr_reserve_n(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids) -> bool:
+    galloc._slots_cache = galloc._places_cache = None      # (the plan lists may be rewritten in place: _plan_slots)
     return gallocr_reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc=False)
 
 
@@ -1059,12 +1062,80 @@ def _plan_fits(galloc: ggml_gallocr, graph) -> bool:
     return True
 
 
+# ggviz: the plan's slots as arrays, for _plan_fits_arrays. A plan is checked against every graph allocated with it
+# (a prompt's, then the decode step's ...): its ~10,000 tensor_alloc fields are read into two arrays once per plan
+# (the plan lists and the plan's record, by identity: a reserve or a restored plan gives new ones; a reserve
+# drops the arrays before it starts, as it may rewrite the lists in place)
+_SLOTS = 1 + C.GGML_MAX_SRC
+
+
+def _plan_slots(galloc: ggml_gallocr):
+    """(buffer ids, size_max) of every node's dst and src slots in the current plan, n_nodes x (1 + GGML_MAX_SRC)."""
+    na, rec, n = galloc.node_allocs, galloc.last_alloc, galloc.n_nodes
+    c = getattr(galloc, "_slots_cache", None)
+    if c is not None and c[0] is na and c[1] is rec and c[2] == n:
+        return c[3], c[4]
+    flat = [ta for a in na[:n] for ta in (a.dst, *a.src)]
+    bid = np.fromiter((ta.buffer_id for ta in flat), np.int64, len(flat)).reshape(n, _SLOTS)
+    smax = np.fromiter((ta.size_max for ta in flat), np.int64, len(flat)).reshape(n, _SLOTS)
+    galloc._slots_cache = (na, rec, n, bid, smax)
+    return bid, smax
+
+
+_TRAITS_BS = np.zeros(max(C.TYPE_TRAITS) + 1, np.int64)        # block size per type (0: no such type)
+_TRAITS_TS = np.zeros(max(C.TYPE_TRAITS) + 1, np.int64)        # type size
+for _t, _tr in C.TYPE_TRAITS.items():
+    if _tr is not None:
+        _TRAITS_BS[_t], _TRAITS_TS[_t] = _tr[1], _tr[2]
+
+
+def _plan_fits_arrays(galloc: ggml_gallocr, graph):
+    """``_plan_fits`` over all slots at once: each tensor's size (0 with data or a view source, else ggml_nbytes)
+    from the struct words of the graph's nodes and leafs, against the plan's slots (``_plan_slots``). None when it
+    cannot tell: a buffer type with a get_alloc_size of its own, a source that is no node or leaf of the graph, a
+    type without traits."""
+    if any(bt.iface.get_alloc_size is not None for bt in galloc.bufts):
+        return None
+    n = graph.n_nodes
+    T = list(graph.nodes[:n]) + list(graph.leafs)
+    if not T:
+        return True
+    W = np.concatenate([t.raw for t in T]).view(np.int64).reshape(len(T), C.GGML_TENSOR_SIZE // 8)
+    addrs = np.fromiter((t.addr for t in T), np.int64, len(T))
+    order = np.argsort(addrs)
+    sa = addrs[order]
+    srcs = W[:n, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
+    pos = np.minimum(np.searchsorted(sa, srcs), len(sa) - 1)
+    present = srcs != 0
+    found = sa[pos] == srcs
+    if (present & ~found).any():
+        return None
+    types = W[:, 0] & 0xFFFFFFFF
+    if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
+        return None
+    bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
+    ne, nb = W[:, 2:6], W[:, 6:10]
+    first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs)
+    nbytes = first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
+    placed = (W[:, _Q_DATA] != 0) | (W[:, _Q_VIEW_SRC] != 0)
+    size = np.where(placed | (ne <= 0).any(axis=1), 0, nbytes)
+    bid, smax = _plan_slots(galloc)
+    # each node as itself, then as the source of each of its consumers (gallocr_node_needs_realloc)
+    rows = np.concatenate([np.arange(n)[:, None], np.where(present, order[pos], 0)], axis=1)
+    checked = np.concatenate([np.ones((n, 1), bool), present], axis=1)
+    bad = checked & ((~placed[rows] & (bid < 0)) | (smax < size[rows]))
+    return not bad.any()
+
+
 def _realloc_reason(galloc: ggml_gallocr, graph) -> str | None:
     if galloc.n_nodes != graph.n_nodes:
         return "graph has different number of nodes"
     if galloc.n_leafs != graph.n_leafs:
         return "graph has different number of leafs"
-    if _plan_fits(galloc, graph):
+    fits = _plan_fits_arrays(galloc, graph)
+    if fits is None:
+        fits = _plan_fits(galloc, graph)
+    if fits:
         return None
     # (the plan does not fit: which tensor, by ggml's own checks)
     for i in range(graph.n_nodes):
@@ -1106,9 +1177,170 @@ def gallocr_alloc_graph(galloc: ggml_gallocr, graph) -> bool:
     if trace.active:
         # (a trace listener sees every placement made by ggml's own calls)
         _alloc_graph_tensors(galloc, graph)
-    else:
+    elif not _alloc_graph_tensors_arrays(galloc, graph):
         _alloc_graph_tensors_fast(galloc, graph)
     return True
+
+
+def _plan_places(galloc: ggml_gallocr):
+    """(buffer id, chunk, offset, size_max) of every node's dst slot and of every leaf's slot in the current plan,
+    as arrays (offsets as uint64: SIZE_MAX marks no place), kept with the plan as ``_plan_slots`` keeps its."""
+    na, la, rec, n, nl = galloc.node_allocs, galloc.leaf_allocs, galloc.last_alloc, galloc.n_nodes, galloc.n_leafs
+    c = getattr(galloc, "_places_cache", None)
+    if c is not None and c[0] is na and c[1] is la and c[2] is rec and c[3] == (n, nl):
+        return c[4]
+    tas = [a.dst for a in na[:n]] + [a.leaf for a in la[:nl]]
+    m = len(tas)
+    out = (np.fromiter((t.buffer_id for t in tas), np.int64, m), np.fromiter((t.addr.chunk for t in tas), np.int64, m),
+           np.fromiter((t.addr.offset for t in tas), np.uint64, m), np.fromiter((t.size_max for t in tas), np.int64, m))
+    galloc._places_cache = (na, la, rec, (n, nl), out)
+    return out
+
+
+def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
+    """ggviz: ``_alloc_graph_tensors``' results (each tensor's ``buffer`` and ``data``) for a graph in the plain
+    case, worked out over all tensors at once and written straight into the structs; False, with nothing written,
+    when the graph is not that case (then the per-tensor loop runs). The plain case: every node's source is a leaf
+    or an earlier node -- so the loop reaches every tensor first as itself (the leafs, then each node after its
+    sources) and places it with its own slot --; a tensor to place is either not a view, without buffer, and its
+    slot is a place in a chunk whose buffer has no init_tensor hook (the leafs, placed by ``gallocr_init_tensor``,
+    also pass its checks: their size fits the slot and the chunk), or a view without buffer whose source is placed
+    before it (it gets the source's buffer and data + view_offs); the buffer types have no alloc size of their own.
+    The other tensors keep their buffer and data (weights, the KV cache, views already placed)."""
+    if any(bt.iface.get_alloc_size is not None for bt in galloc.bufts):
+        return False
+    n, nl = graph.n_nodes, graph.n_leafs
+    T = list(graph.leafs[:nl]) + list(graph.nodes[:n])
+    if not T or galloc.n_nodes != n or galloc.n_leafs != nl:
+        return False
+    m = len(T)
+    W = np.concatenate([t.raw for t in T]).view(np.int64).reshape(m, C.GGML_TENSOR_SIZE // 8)
+    addrs = np.fromiter((t.addr for t in T), np.int64, m)
+    order = np.argsort(addrs)
+    sa = addrs[order]
+    if m > 1 and (sa[1:] == sa[:-1]).any():
+        return False                                  # (a tensor twice in the graph)
+    # every source a leaf or an earlier node
+    srcs = W[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
+    present = srcs != 0
+    pos = np.minimum(np.searchsorted(sa, srcs), m - 1)
+    row = order[pos]
+    if (present & ((sa[pos] != srcs) | (row >= nl + np.arange(n)[:, None]))).any():
+        return False
+    vs, data, buf = W[:, _Q_VIEW_SRC], W[:, _Q_DATA], W[:, _Q_BUFFER]
+    plain = (vs == 0) & (data == 0)
+    if (plain & (buf != 0)).any():
+        return False                                  # (backend_tensor_alloc refuses a tensor with a buffer)
+    new_buf, new_data = buf.copy(), data.copy()
+    if not _place_planned(galloc, W, np.flatnonzero(plain), nl, n, new_buf, new_data):
+        return False
+    if not _place_views(W, sa, order, np.flatnonzero((vs != 0) & (buf == 0)), new_buf, new_data):
+        return False
+    _write_places(T, addrs, np.flatnonzero((new_buf != buf) | (new_data != data)), new_buf, new_data)
+    return True
+
+
+def _place_planned(galloc, W, todo, nl, n, new_buf, new_data) -> bool:
+    """_alloc_graph_tensors_arrays' planned tensors (rows ``todo`` of the table: leafs, then nodes): chunk base +
+    offset of their own slot into ``new_buf`` / ``new_data``; False when one is not the plain case."""
+    if not todo.size:
+        return True
+    bid, chunk, offs, smax = (np.concatenate([x[n:], x[:n]]) for x in _plan_places(galloc))    # (table order)
+    if (bid[todo] < 0).any() or (bid[todo] >= galloc.n_buffers).any() or (offs[todo] == SIZE_MAX).any():
+        return False
+    pairs = {}
+    for b, ch in set(zip(bid[todo].tolist(), chunk[todo].tolist())):
+        vb = galloc.buffers[b]
+        if vb is None or not 0 <= ch < len(vb.chunks) or vb.chunks[ch] is None:
+            return False
+        cb = vb.chunks[ch]
+        if cb.iface.init_tensor is not None:
+            return False
+        pairs[(b, ch)] = (cb.addr, B.backend_buffer_get_base(cb), B.backend_buffer_get_size(cb))
+    key = bid[todo] * (1 << 20) + chunk[todo]
+    uk, inv = np.unique(key, return_inverse=True)
+    info = np.array([pairs[(int(k) >> 20, int(k) & ((1 << 20) - 1))] for k in uk.tolist()], np.int64)
+    inv = inv.ravel()
+    new_buf[todo] = info[inv, 0]
+    new_data[todo] = info[inv, 1] + offs[todo].astype(np.int64)
+    # the leafs go through gallocr_init_tensor: their alloc size fits the slot (C's assert) and the chunk
+    lv = todo[todo < nl]
+    if lv.size:
+        types = W[lv, 0] & 0xFFFFFFFF
+        if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
+            return False
+        bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
+        ne, nb = W[lv, 2:6], W[lv, 6:10]
+        nbytes = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs) + \
+            ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
+        nbytes = np.where((ne <= 0).any(axis=1), 0, nbytes)
+        li = np.searchsorted(todo, lv)
+        if ((nbytes > smax[lv]) | (new_data[lv] + nbytes > info[inv[li], 1] + info[inv[li], 2])).any():
+            return False
+    return True
+
+
+def _place_views(W, sa, order, views, new_buf, new_data) -> bool:
+    """_alloc_graph_tensors_arrays' views without a buffer (rows ``views``): their source's buffer and data +
+    view_offs, the source placed before the view (in the table, or outside it with its data); False otherwise."""
+    if not views.size:
+        return True
+    m = len(W)
+    vs = W[views, _Q_VIEW_SRC]
+    vpos = np.minimum(np.searchsorted(sa, vs), m - 1)
+    inside = sa[vpos] == vs
+    vrow = np.where(inside, order[vpos], -1)
+    if (inside & (vrow >= views)).any():
+        return False
+    for k in np.flatnonzero(~inside).tolist():
+        q = tensor_at(int(vs[k]))._q
+        ext_b, ext_d = q.item(_Q_BUFFER), q.item(_Q_DATA)
+        if not ext_b or not ext_d:
+            return False
+        new_buf[views[k]] = ext_b
+        new_data[views[k]] = ext_d + W[views[k], _Q_VIEW_OFFS]
+    # in rounds: the views whose source is placed (a view of a view waits for its source's round)
+    v, r = views[inside], vrow[inside]
+    waiting = np.zeros(m, bool)
+    while v.size:
+        waiting[:] = False
+        waiting[v] = True
+        ready = ~waiting[r]
+        if not ready.any():
+            return False
+        vr, rr = v[ready], r[ready]
+        if ((new_buf[rr] == 0) | (new_data[rr] == 0)).any():
+            return False
+        new_buf[vr] = new_buf[rr]
+        new_data[vr] = new_data[rr] + W[vr, _Q_VIEW_OFFS]
+        v, r = v[~ready], r[~ready]
+    return True
+
+
+def _write_places(T, addrs, rows, new_buf, new_data) -> None:
+    """Write the buffer and data words of tensors ``rows``: at once where their structs lie in one buffer (a
+    graph's context), else one by one."""
+    if not rows.size:
+        return
+    at = addrs[rows]
+    lo, hi = int(at.min()), int(at.max()) + C.GGML_TENSOR_SIZE
+    try:
+        arr, off, _ = memory.resolve(lo, hi - lo)
+    except ValueError:
+        arr = None
+    words = None
+    if (arr is not None and arr.dtype == np.uint8 and arr.ndim == 1 and arr.ctypes.data % 8 == 0
+            and ((at - (lo - off)) % 8 == 0).all()):
+        words = arr.view(np.uint64)
+    if words is not None:
+        wi = (at - (lo - off)) // 8
+        words[wi + _Q_BUFFER] = new_buf[rows].astype(np.uint64)
+        words[wi + _Q_DATA] = new_data[rows].astype(np.uint64)
+    else:
+        for k in rows.tolist():
+            w = T[k]._q
+            w[_Q_BUFFER] = int(new_buf[k])
+            w[_Q_DATA] = int(new_data[k])
 
 
 def _alloc_graph_tensors(galloc: ggml_gallocr, graph) -> None:

@@ -41,6 +41,7 @@ scheduler and put it back later (llama's graph cache keeps several allocated gra
 """
 from __future__ import annotations
 
+import array
 import os
 import sys
 import time
@@ -133,10 +134,10 @@ class ggml_backend_sched:
         self.hash_set: HashSet | None = None
         self.hv_tensor_backend_ids: list[int] = []     # [hash_set.size]
         self.hv_tensor_copies: list = []               # [hash_set.size][n_backends][n_copies]
-        self.node_backend_ids: list[int] = []          # [graph_size]
-        self.leaf_backend_ids: list[int] = []
-        self.prev_node_backend_ids: list[int] = []
-        self.prev_leaf_backend_ids: list[int] = []
+        self.node_backend_ids = _id_array(0)          # [graph_size] (int arrays: _id_array)
+        self.leaf_backend_ids = _id_array(0)
+        self.prev_node_backend_ids = _id_array(0)
+        self.prev_leaf_backend_ids = _id_array(0)
         # copy of the graph with modified inputs
         self.graph = CGraph(None, 0, _view=True)
         # graph splits
@@ -455,7 +456,8 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
     cpu_id = sched.n_backends - 1
 
     memo = None if trace.active else _split_memo_match(sched, graph)
-    if memo is not None:
+    matched = memo is not None
+    if matched:
         # ggviz: passes 1-4 of this graph as its last split left them (see _SplitMemo: the same graph, only shapes
         # changed, which the backends' answers do not depend on)
         hid, isview = _split_memo_apply(sched, memo)
@@ -465,10 +467,40 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
             hid, isview = _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id)
         finally:
             queries, sched._queries = sched._queries, None
-        _split_memo_end(sched, graph, pre, queries, hid, isview)
+        memo = _split_memo_end(sched, graph, pre, queries, hid, isview)
 
     # pass 5: split graph, find tensors that need to be copied
     _pass(sched, "5", "split the graph, find the tensors that need to be copied")
+    if matched and memo.pass5 is not None:
+        # ggviz: what pass 5 made of this graph last time, when it made no copy (one backend): it reads the backends
+        # passes 1-4 left (the memo's), the nodes' sources (the same pointers) and the weights' buffers (the same
+        # bytes), so it finds the same split boundaries, and again no input to copy
+        i_split = _split_memo_pass5(sched, memo)
+    else:
+        i_split = _pass5(sched, nodes, n_nodes, hid, isview, tbid)
+        if memo is not None:
+            memo.pass5 = ([(s.backend_id, s.i_start, s.i_end) for s in sched.splits[:i_split + 1]]
+                          if sched.n_graph_inputs == 0 and not any(s.inputs for s in sched.splits[:i_split + 1])
+                          else None)
+    sched.n_splits = i_split + 1
+
+    if sched.debug:
+        sys.stderr.write(backend_sched_print_assignments(sched, graph))
+    _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid)
+
+
+def _split_memo_pass5(sched, memo) -> int:
+    """Pass 5's splits put back from the memo (none of them has inputs); returns the last split's index."""
+    for k, (backend_id, i_start, i_end) in enumerate(memo.pass5):
+        split = _get_split(sched, k)
+        split.backend_id, split.i_start, split.i_end = backend_id, i_start, i_end
+        split.inputs = []
+    return len(memo.pass5) - 1
+
+
+def _pass5(sched, nodes, n_nodes, hid, isview, tbid) -> int:
+    """Pass 5 of backend_sched_split_graph: cut the graph into splits of one backend each and find the tensors to
+    copy into a split's backend. Returns the last split's index."""
     i_split = 0
     split = _get_split(sched, 0)
     # find the backend of the first split, skipping view ops
@@ -575,11 +607,12 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         i += 1
     split.i_end = n_nodes
     _emit_split(sched, i_split, split)
-    sched.n_splits = i_split + 1
+    return i_split
 
-    if sched.debug:
-        sys.stderr.write(backend_sched_print_assignments(sched, graph))
 
+def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> None:
+    """The end of backend_sched_split_graph: the graph copy the allocator gets (each split's input copies, then its
+    nodes; the input copies and the leafs) with the backend of each, and the splits' graph views."""
     # swap node_backend_ids and leaf _backend_ids with prevs
     sched.node_backend_ids, sched.prev_node_backend_ids = sched.prev_node_backend_ids, sched.node_backend_ids
     sched.leaf_backend_ids, sched.prev_leaf_backend_ids = sched.prev_leaf_backend_ids, sched.leaf_backend_ids
@@ -685,7 +718,7 @@ _SHAPE_WORDS[2:10] = True                    # ne[4], nb[4]: words 2..9 of struc
 
 class _SplitMemo:
     __slots__ = ("key", "addrs", "arena", "rows", "words", "ext", "ext_bytes", "pre", "post", "queries", "hid",
-                 "isview")
+                 "isview", "pass5")
 
 
 def _tables(sched) -> tuple:
@@ -732,13 +765,14 @@ def _split_memo_begin(sched):
     return _tables(sched)
 
 
-def _split_memo_end(sched, graph, pre, queries, hid, isview) -> None:
-    """After passes 1-4: remember, on the graph, what they started from, read and left."""
+def _split_memo_end(sched, graph, pre, queries, hid, isview):
+    """After passes 1-4: remember, on the graph, what they started from, read and left. Returns the memo (pass 5
+    adds its splits when it made no copies), or None."""
     if pre is None or queries is None:
-        return
+        return None
     arena = _arena_of(graph)
     if arena is None:
-        return
+        return None
     base = graph.ctx.mem_buffer.ctypes.data
     tensors = list(graph.leafs) + list(graph.nodes)
     rows, ext = [], []
@@ -757,6 +791,7 @@ def _split_memo_end(sched, graph, pre, queries, hid, isview) -> None:
     m.ext_bytes = b"".join(t.raw.tobytes() for t in ext)
     m.pre, m.post = pre, _tables(sched)
     m.queries, m.hid, m.isview = queries, list(hid), list(isview)
+    m.pass5 = None
     # (two per graph: llama's reserve splits the tg graph with the build's pins and again without, and its
     # first decode splits it with them)
     try:
@@ -764,6 +799,7 @@ def _split_memo_end(sched, graph, pre, queries, hid, isview) -> None:
                                          if o.key != m.key or not _same_tables(o.pre, m.pre)]
     except AttributeError:
         pass
+    return m
 
 
 def _same_tables(a: tuple, b: tuple) -> bool:
@@ -802,10 +838,13 @@ def _memo_holds(sched, graph, m) -> bool:
     reshaped = diff.any(axis=1)
     if reshaped.any():
         base = graph.ctx.mem_buffer.ctypes.data
-        changed = m.rows[reshaped, 0] * 8 + base
-        # the reshaped tensors and those that read one (a backend's answer may look at its sources' shapes)
-        refs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC + 1]          # src[] and view_src
-        hit = reshaped | np.isin(refs, changed.astype(np.uint64)).any(axis=1)
+        # the reshaped tensors and those that read one (a backend's answer may look at its sources' shapes): a
+        # reference is an arena word offset, looked up in a table of the reshaped structs' first words
+        at = np.zeros(arena.size, bool)
+        at[m.rows[reshaped, 0]] = True
+        refs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC + 1].view(np.int64) - base      # src[] and view_src
+        inside = (refs >= 0) & (refs < arena.size * 8) & (refs % 8 == 0)
+        hit = reshaped | (inside & at[np.where(inside, refs // 8, 0)]).any(axis=1)
         affected = set((m.rows[hit, 0] * 8 + base).tolist())
         for addr, b, offload, answer in m.queries:
             if addr in affected:
@@ -987,7 +1026,13 @@ def _check_not_split_before(sched, graph) -> None:
                                 f"build the graph again before allocating it again")
 
 
-def _ensure_len(ids: list, n: int) -> None:
+def _id_array(n: int) -> array.array:
+    """``calloc(n, sizeof(int))`` for the scheduler's backend id arrays: a Python int array (not a list of n
+    references: copied as bytes, never traversed by the cyclic collector)."""
+    return array.array("i", bytes(4 * n))
+
+
+def _ensure_len(ids, n: int) -> None:
     if len(ids) < n:
         ids.extend([0] * (n - len(ids)))
 
@@ -1017,12 +1062,15 @@ class _PlanLater:
     """ggviz: what ``_make_plan`` reads of a split, kept when the split ends (copies of the per-graph tables, which
     the next reset clears in place; each node's source pointers; the leafs and splits part made at once), so that
     the plan's per-node dicts -- a third of a split's Python work -- are made only when a view reads them."""
-    __slots__ = ("plan", "nodes", "srcs", "slot", "tbid", "causes", "node_split")
+    __slots__ = ("plan", "nodes", "srcs", "slot", "tbid", "causes", "node_split", "leafs", "leaf_bufts")
 
     def __init__(self, sched, graph):
-        self.plan = _make_plan(sched, graph, with_nodes=False)
+        self.plan = _make_plan(sched, graph, with_nodes=False, with_leafs=False)
         self.nodes = list(graph.nodes)
-        self.srcs = [t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for t in self.nodes]
+        # the nodes' sources as the split left them: pass 5 rewrites a source that is copied into another backend
+        # (and a graph split with copies is never split again); without copies, they are the build's, read later
+        self.srcs = ([t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for t in self.nodes]
+                     if self.plan["n_inputs"] or self.plan["graph_inputs"] else None)
         self.slot = dict(sched._slot)
         self.tbid = list(sched.hv_tensor_backend_ids)
         self.causes = dict(sched.causes)
@@ -1030,19 +1078,40 @@ class _PlanLater:
         for k in range(sched.n_splits):
             s = sched.splits[k]
             self.node_split.extend([k] * (s.i_end - s.i_start))
+        # each leaf's buffer type now (the allocation that follows gives the graph's inputs a buffer)
+        self.leafs = list(graph.leafs)
+        bufts = {}
+        self.leaf_bufts = []
+        for t in self.leafs:
+            q = t._q
+            vs = q.item(_Q_VIEW_SRC)
+            a = tensor_at(vs)._q.item(_Q_BUFFER) if vs else q.item(_Q_BUFFER)
+            n = bufts.get(a, bufts)
+            if n is bufts:
+                buf = B.buffer_at(a)
+                n = bufts[a] = B.backend_buft_name(buf.buft) if buf is not None else None
+            self.leaf_bufts.append(n)
 
     def make(self) -> dict:
         names, tbid, causes, node_split = self.plan["backends"], self.tbid, self.causes, self.node_split
         nodes = []
-        for i, (t, srcs) in enumerate(zip(self.nodes, self.srcs)):
+        srcs_at = self.srcs or [t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for t in self.nodes]
+        for i, (t, srcs) in enumerate(zip(self.nodes, srcs_at)):
             h = self.slot[t.addr]
             b = tbid[h]
             nodes.append(dict(index=i, name=t.name, op=op_desc(t), backend=names[b] if b >= 0 else None,
                               backend_id=b, cause=causes.get(h, ""),
                               split=node_split[i] if i < len(node_split) else None, view_op=is_view_op(t.op),
                               srcs=[tensor_at(a).name for a in srcs if a]))
+        leafs = []
+        for t, buft in zip(self.leafs, self.leaf_bufts):
+            h = self.slot[t.addr]
+            b = tbid[h]
+            leafs.append(dict(name=t.name, backend=names[b] if b >= 0 else None, backend_id=b,
+                              cause=causes.get(h, ""), buft=buft))
         plan = dict(self.plan)
         plan["nodes"] = nodes
+        plan["leafs"] = leafs
         return {k: plan[k] for k in _PLAN_KEYS}
 
 
@@ -1050,7 +1119,7 @@ _PLAN_KEYS = ("backends", "bufts", "n_copies", "cur_copy", "n_splits", "nodes", 
               "copies_per_backend", "graph_inputs")
 
 
-def _make_plan(sched, graph, with_nodes: bool = True) -> dict:
+def _make_plan(sched, graph, with_nodes: bool = True, with_leafs: bool = True) -> dict:
     """The split as plain data (for the visual layer): per node its backend and cause, per split its node range and
     inputs (with the copy each input got), per backend the number of copies made into it."""
     names = [B.backend_name(b) for b in sched.backends]
@@ -1068,7 +1137,7 @@ def _make_plan(sched, graph, with_nodes: bool = True) -> dict:
                           cause=causes.get(h, ""), split=node_split[i] if i < len(node_split) else None,
                           view_op=is_view_op(t.op), srcs=[s.name for _, s in A.srcs_of(t)]))
     leafs = []
-    for t in graph.leafs:
+    for t in graph.leafs if with_leafs else ():
         h = _hash_id(sched, t)
         b = tbid[h]
         buf = _buffer_of(t)
@@ -1393,10 +1462,13 @@ def backend_sched_new(backends, bufts=None, n_backends: int | None = None, graph
 
     ggml_sched_max_splits = graph_size      # at most there is one split for each node in the graph
     nodes_size = graph_size + ggml_sched_max_splits * GGML_SCHED_MAX_SPLIT_INPUTS * 2
-    sched.node_backend_ids = [0] * nodes_size
-    sched.leaf_backend_ids = [0] * nodes_size
-    sched.prev_node_backend_ids = [0] * nodes_size
-    sched.prev_leaf_backend_ids = [0] * nodes_size
+    # (int arrays, as C's: ~130,000 ids each for a 272-tensor model. As Python lists, every copy a saved graph takes
+    # -- the graph cache's, per new shape -- was four lists of that many references, which the cyclic collector
+    # then traversed: ~2 ms of the first decode step after a prompt)
+    sched.node_backend_ids = _id_array(nodes_size)
+    sched.leaf_backend_ids = _id_array(nodes_size)
+    sched.prev_node_backend_ids = _id_array(nodes_size)
+    sched.prev_leaf_backend_ids = _id_array(nodes_size)
 
     sched.debug_graph_size = 0
     sched.debug_prev_graph_size = 0
@@ -1504,7 +1576,7 @@ def backend_sched_save_graph(sched) -> backend_sched_graph_state:
     st.uid = sched.graph.uid
     # the backend id lists stay with the scheduler (the next split compares against them): the state takes copies
     for f in ("node_backend_ids", "leaf_backend_ids", "prev_node_backend_ids", "prev_leaf_backend_ids"):
-        setattr(st, f, list(getattr(sched, f)))
+        setattr(st, f, getattr(sched, f)[:])
     st.plan = A.gallocr_save_plan(sched.galloc)
     # the scheduler gets fresh per-graph containers (what reset would have cleared in place)
     hs = st.hash_set
@@ -1612,8 +1684,8 @@ def backend_sched_save_reserve(sched) -> backend_sched_reserve_state:
     """Right after ``backend_sched_reserve``: keep its plan (see ``backend_sched_reserve_state``)."""
     st = backend_sched_reserve_state()
     g = sched.graph
-    st.node_backend_ids = list(sched.node_backend_ids[:g.n_nodes])
-    st.leaf_backend_ids = list(sched.leaf_backend_ids[:g.n_leafs])
+    st.node_backend_ids = sched.node_backend_ids[:g.n_nodes]
+    st.leaf_backend_ids = sched.leaf_backend_ids[:g.n_leafs]
     st.plan = A.gallocr_save_plan(sched.galloc)
     return st
 

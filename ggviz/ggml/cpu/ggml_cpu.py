@@ -170,13 +170,18 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
         seed = prog.plan_from[0].get(n_threads) if prog is not None and prog.plan_from is not None else None
         if seed is not None and len(seed[0]) == len(nodes):
             # ggviz: a program derived from one of the same topology (fast/compiler.py): the nodes whose structs
-            # (or their sources') changed are planned here, the others planned as they were there
+            # (or their sources') changed are planned here, the others planned as they were there; of the changed
+            # ones, a node whose own and whose sources' words equal an earlier one's (``reps``: that one) takes its
+            # answers, which are functions of those words
             per_node, node_ws = list(seed[0]), list(seed[1])
-            todo = prog.plan_from[1]
+            todo, reps = prog.plan_from[1], prog.plan_from[2]
         else:
             per_node, node_ws = [0] * len(nodes), [0] * len(nodes)
-            todo = range(len(nodes))
-        for i in todo:
+            todo = reps = range(len(nodes))
+        for i, r in zip(todo, reps):
+            if r != i:
+                per_node[i], node_ws[i] = per_node[r], node_ws[r]
+                continue
             node = nodes[i]
             n_tasks = get_n_tasks(node, n_threads)
             per_node[i] = n_tasks

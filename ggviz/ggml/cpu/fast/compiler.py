@@ -49,6 +49,7 @@ from .program import (
     ERR_BARRIER_TIMEOUT,
     ERR_GET_ROWS_INDEX,
     ERR_SET_ROWS_INDEX,
+    FA_MASK,
     GET_ROWS_ITYPE,
     GET_ROWS_TYPE,
     MMF_LANES,
@@ -164,6 +165,10 @@ class FastGraph:
         self.timings = np.zeros(0, np.int64)  # per-row cycle counts when profiling (set_profiling)
         self.plan_cache = {}                  # n_threads -> what ggml_graph_plan's node loop found (same graph)
         self.n_next = 1 << 30                 # threads for the next compute (see compute_thread)
+        if _contended_recently() and not trace.active:
+            # (a new program on a machine whose cores are taken: see _last_compute. Not one a listener records:
+            # the views show ggml's walk on every thread it is given)
+            self.n_next = 1
         self.n_use_now = None                 # threads of the compute in flight, fixed before its kickoff
         self.wall = {}                        # n_use -> recent wall ns of a compute (exponential average)
         self.n_computes = 0                   # computes so far (the first decides nothing: _choose_threads)
@@ -173,7 +178,8 @@ class FastGraph:
         self.sparse_work = []                 # (bytes, bytes per thread) of PowerInfer's AXPY rows
         self.row_ws = []                      # each row's work size (work_size is their max)
         self.plan_nodes = {}                  # n_threads -> ggml_graph_plan's per-node (n_tasks, work sizes)
-        self.plan_from = None                 # a derived program: (the plan_nodes it came from, nodes changed)
+        self.plan_from = None                 # a derived program: (the plan_nodes it came from, nodes changed,
+        #                                       the first changed node of each one's words: _plan_groups)
         # rows of FLASH_ATTN_EXT: ggml's n_threads is written before each compute (the split-KV chunks)
         self.fa_rows = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
         # rows of PowerInfer's MUL_MAT_SPARSE / AXPY: their threshold and n_threads are written before each compute
@@ -299,6 +305,7 @@ class FastGraph:
     def begin_compute(self, nth: int) -> None:
         """Fix the number of threads of the next compute (called by graph_compute before the kickoff)."""
         self.n_use_now = max(1, min(min(nth, N_CPUS), self.n_next))
+        self._cpu_now = [None] * max(nth, 1)        # each thread's CPU time in this compute (_last_compute)
         sparse.set_compute_params(self.P, self.F, self.sparse_rows, nth)
         if self.fa_rows.size:
             self.P[self.fa_rows, FA_NTH] = int(nth)      # the split-KV kernel's chunks follow ggml's nth
@@ -323,11 +330,17 @@ class FastGraph:
                 raise GGMLError(f"the compiled graph needs a work buffer of {need} bytes for {nth} threads, got "
                                 f"{nbytes} (ggml_graph_plan's work_size includes it)")
         w = work_data.ctypes.data if nbytes else 0
+        u0 = time.thread_time_ns()
         if ith == 0:
             t0, c0 = time.perf_counter_ns(), kernels.time_ns()
         kernels.graph_compute_thread(self.P, self.F, w, self.sync.ctypes.data, ith, n_use, 0, len(self), self.timings)
+        cpu = getattr(self, "_cpu_now", None)
+        if cpu is not None and ith < len(cpu):
+            cpu[ith] = time.thread_time_ns() - u0
         if ith == 0:
-            self._choose_threads(n_max, n_use, time.perf_counter_ns() - t0, kernels.time_ns() - c0)
+            wall_ns = time.perf_counter_ns() - t0
+            _last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or []]
+            self._choose_threads(n_max, n_use, wall_ns, kernels.time_ns() - c0)
             err = int(self.sync[SYNC_ERROR])
             if err:
                 k = int(self.sync[SYNC_ERROR + 1])
@@ -338,6 +351,27 @@ class FastGraph:
                 where = (f"node {self.node_index[k]} {self.names[k]!r}" if 0 <= k < len(self.node_index)
                          else "the compiled graph")
                 raise GGMLError(f"computing {where}: {what}")
+
+
+# ggviz: what the thread policy knows of the machine before a program's first compute. The policy itself is per
+# program and skips a program's first compute (one-time costs make it no sample), so on a machine whose cores other
+# processes hold, each new program -- the first decode step after a prompt is one -- ran its first two computes on
+# all threads: 75-120 ms where one thread took 6.6 (SmolLM2 decode, 2 threads, load average 4 on 2 cores). The
+# threads' CPU times against the compute's wall time tell it apart from one-time costs and from uneven work: then
+# one thread at least runs nearly all the time (a 128-token prompt's, quiet machine: thread 1 98 %, thread 0 73 %,
+# asleep in barriers); when even the busiest ran under 1 - CONTENDED of it, every thread was off its core part of
+# the time (the same prompt under load 3: 56 % and 45 %). When the last compute, within PROBE_NS, was so, a new
+# program starts on one thread (and tries all threads again as the policy does: after PROBE_EVERY computes or
+# PROBE_NS). Results do not depend on it (ggml's partitions give the same values).
+_last_compute = [0, 0, []]    # the last compute: perf_counter_ns at its end, its wall ns, each thread's CPU ns
+
+
+def _contended_recently() -> bool:
+    t, wall, cpu = _last_compute
+    if not t or wall <= 0 or time.perf_counter_ns() - t >= FastGraph.PROBE_NS:
+        return False
+    got = [c for c in cpu if c is not None]
+    return bool(got) and max(got) < (1 - FastGraph.CONTENDED) * wall
 
 
 class _FastTraceExpander:
@@ -563,10 +597,11 @@ def _build_swiglu(P, k, node):
 # from its own structs and every row that reads a tensor whose other words changed rebuilt by the row builder
 # (``_build_row``). What a row holds is a function of those words (its node's and its sources' types, shapes,
 # op params, flags, whether data is set, buffer types) and of the repacked weights: equal words, equal row
-# (tests/test_graph_cache.py compares derived and fresh programs, plans and logits). Rows whose builder reads a
-# data pointer other than the descriptors' (FLASH_ATTN_EXT's mask) are always rebuilt; graphs with PowerInfer's
-# rows (operand contents checked at build) are never derived. ``ggml_graph_plan``'s per-node loop is derived the
-# same way (``FastGraph.plan_from``: the nodes whose words changed are planned again).
+# (tests/test_graph_cache.py compares derived and fresh programs, plans and logits). The one data pointer a row
+# holds beyond the descriptors' (FLASH_ATTN_EXT's mask) is read from the words of every such row's mask; graphs
+# with PowerInfer's rows (operand contents checked at build) are never derived. ``ggml_graph_plan``'s per-node loop
+# is derived the same way (``FastGraph.plan_from``: the nodes whose words changed are planned again, one of each
+# group of equal ones).
 
 DERIVE = True                 # tests turn it off to compare derived programs with fresh builds
 MEMO_SIZE = 8                 # topologies remembered (a context's decode, prompt shapes; other contexts')
@@ -576,13 +611,14 @@ _memo_lock = threading.Lock()
 _NW = C.GGML_TENSOR_SIZE // 8                       # 42 words a struct
 _W_BUF, _W_SRC, _W_VIEW_SRC, _W_DATA, _W_NAME = 1, 19, 29, 31, 32
 _NREF = C.GGML_MAX_SRC + 1                          # src[] and view_src
-_ALWAYS_REBUILT = (OP_FLASH_ATTN,)                  # rows that read a data pointer beyond the descriptors
-# rows never copied from an equal one (see _derive). A repacked MUL_MAT's row holds its weight's repacked blocks,
-# which no word tells apart (a repacked weight's ``extra`` is its type's traits, shared): it is copied from an equal
-# row all but those (MMQ_QS .. MMQ_M), which stay the remembered row's -- the same weight, as the topology key holds
-# each table position's repacked blocks
-_BUILT_ALONE = (OP_FLASH_ATTN, OP_RMS_NORM)
+# A repacked MUL_MAT's row holds its weight's repacked blocks, which no word tells apart (a repacked weight's
+# ``extra`` is its type's traits, shared): it is copied from an equal row all but those (MMQ_QS .. MMQ_M), which stay
+# the remembered row's -- the same weight, as the topology key holds each table position's repacked blocks. A
+# FLASH_ATTN_EXT row holds its mask's data pointer (FA_MASK, beyond the descriptors): every such row, built, copied
+# or taken over, gets its own mask's from the struct words
 _MMQ_PTRS = slice(MMQ_QS, MMQ_M + 1)
+_W32_OP, _W32_FLAGS = 20, 37                        # op and flags as int32 words of the struct
+_EMPTY_OPS = np.array(sorted(EMPTY_OPS), np.int64)
 _DESC_END = S2 + NB3 + 1                            # the descriptor columns: DST .. S2's nb[3]
 
 
@@ -596,7 +632,7 @@ class _Topo:
         nodes, leafs = cgraph.nodes, cgraph.leafs
         T = list(nodes) + list(leafs)
         n_in = len(T)
-        W = np.stack([t._q for t in T]) if T else np.zeros((0, _NW), np.uint64)
+        W = _words(T)
         addrs = np.fromiter((t.addr for t in T), np.uint64, n_in)
         ref = W[:, _W_SRC:_W_SRC + _NREF]
         order = np.argsort(addrs, kind="stable")
@@ -610,7 +646,7 @@ class _Topo:
             _, first = np.unique(flat, return_index=True)
             ext_addrs = flat[np.sort(first)]                    # in order of first reference
             T += [tensor_at(a) for a in ext_addrs.tolist()]
-            W = np.concatenate([W, np.stack([t._q for t in T[n_in:]])])
+            W = np.concatenate([W, _words(T[n_in:])])
             sorter = np.argsort(ext_addrs)
             at = sorter[np.minimum(np.searchsorted(ext_addrs, ref, sorter=sorter), len(ext_addrs) - 1)]
             refs = np.where(outside, n_in + at, refs)
@@ -632,6 +668,50 @@ class _Topo:
         rw = tuple((j, t.py_extra.ptrs) for j, t in enumerate(T) if type(t.py_extra) is RW)
         self.key = (self.n_nodes, n_in, len(T), refs.tobytes(), rw, repack.in_use(), cpu_feats.variant_lanes(),
                     mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
+        # each tensor's class of equal masked words (equal ids: equal Wm rows), -1 appended for NULL, and whether
+        # it is a repacked weight (which no word tells: its ``extra`` is its type's shared traits): the keys of the
+        # groups of equal rows and plans (_derive), 12 small ints a node instead of its and its sources' 504 words
+        self.wid = np.append(_row_classes(Wm), -1)
+        self.is_rw = np.zeros(len(T) + 1, np.int64)
+        self.is_rw[[j for j, _ in rw]] = 1
+
+
+def _words(T) -> np.ndarray:
+    """The struct words of tensors ``T`` (len(T) x 42), one concatenation of their struct bytes."""
+    if not T:
+        return np.zeros((0, _NW), np.uint64)
+    return np.concatenate([t.raw for t in T]).view(np.uint64).reshape(len(T), _NW)
+
+
+_ROW_HASH = np.random.default_rng(0x6767).integers(1, 2 ** 63, size=64, dtype=np.uint64) | np.uint64(1)
+
+
+def _classes(A) -> tuple:
+    """(id, first) for the rows of the 2-D integer array ``A`` (at most 64 columns): ``id`` equal for equal rows
+    and only for them, ``first[id]`` the first row of each. Rows grouped by a 64-bit hash of their words, every row
+    then compared with its group's first (a collision, never seen, falls back to sorting the rows themselves)."""
+    if not len(A):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    A = np.ascontiguousarray(A).view(np.uint64)
+    h = (A * _ROW_HASH[:A.shape[1]]).sum(axis=1, dtype=np.uint64)     # (wraps modulo 2**64)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    if not (A == A[first[inv]]).all():
+        _, first, inv = np.unique(A.view(np.dtype((np.void, A.shape[1] * 8))).ravel(), return_index=True,
+                                  return_inverse=True)
+        inv = inv.ravel()
+    return inv.astype(np.int64), first.astype(np.int64)
+
+
+def _row_classes(Wm) -> np.ndarray:
+    """An id per row of ``Wm``, equal for equal rows and only for them."""
+    return _classes(Wm)[0]
+
+
+def _first_of_class(A) -> np.ndarray:
+    """For each row of ``A``, the index of the first row equal to it."""
+    inv, first = _classes(A)
+    return first[inv]
 
 
 class _Memo:
@@ -696,28 +776,29 @@ def _derive(cgraph, topo):
     k_n = len(idx)
     rebuild = node_changed[idx]
     rebuild[m.fused] |= node_changed[idx[m.fused] + 1]
-    rebuild |= np.isin(prev.P[:, OP], _ALWAYS_REBUILT)
-    # the rows are the remembered ones: every changed node that was no row is still empty or swallowed by a fusion,
-    # and every RMS_NORM row still fuses (or not) as it did
+    W = np.concatenate([topo.W, np.zeros((1, _NW), np.uint64)]).view(np.int64)
+    # the rows are the remembered ones: every changed node that was no row is still empty or swallowed by a fusion
+    # (is_empty: a view op, not computed, or no elements -- from the struct words of all of them at once) ...
     is_row = np.zeros(n, bool)
     is_row[idx] = True
     is_row[idx[m.fused] + 1] = True
-    for i in np.flatnonzero(node_changed & ~is_row).tolist():
-        node = nodes[i]
-        if not (node.op in EMPTY_OPS or not (node.flags & C.GGML_TENSOR_FLAG_COMPUTE)
-                or 0 in node._q[2:6].tolist()):
+    other = np.flatnonzero(node_changed & ~is_row)
+    if other.size:
+        w32 = W[other].view(np.int32)
+        empty = (np.isin(w32[:, _W32_OP], _EMPTY_OPS) | ((w32[:, _W32_FLAGS] & C.GGML_TENSOR_FLAG_COMPUTE) == 0)
+                 | (W[other, 2:6] == 0).any(axis=1))
+        if not empty.all():
             return None
-    for k in np.flatnonzero(prev.P[:, OP] == OP_RMS_NORM).tolist():
-        if (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) != bool(m.fused[k]):
-            return None
+    wid, T = topo.wid, topo.T
+    rms_key = _fusions_hold(cgraph, topo, m, idx)
+    if rms_key is None:
+        return None
     P, F = prev.P.copy(), prev.F.copy()
     # the descriptors from this graph's structs (a NULL slot reads the zero row)
-    W = np.concatenate([topo.W, np.zeros((1, _NW), np.uint64)]).view(np.int64)
     for c, col in enumerate((DST, S0, S1, S2)):
         rows = W[m.slots[:, c]]
         P[:, col + DATA] = rows[:, _W_DATA]
         P[:, col + NE0:col + NB3 + 1] = rows[:, 2:10]
-    T = topo.T
     row_ws = list(prev.row_ws)
     slots = {}
     meta = list(prev.meta)
@@ -725,17 +806,14 @@ def _derive(cgraph, topo):
     # rows whose node's and sources' words (pointers masked: topo.Wm) are equal are equal but for their descriptors:
     # one row of each such group is built, the others take its columns (a new batch shape changes every row, and a
     # decode graph's 30 layers repeat the same ones: a 1-token step after a prompt built 305 rows, 210 of them the
-    # repacked MUL_MATs). Not RMS_NORM (its fusion reads the next node), nor the rows that read a data pointer
-    # beyond the descriptors (_ALWAYS_REBUILT); a repacked MUL_MAT keeps its own weight's blocks (below). The key
-    # holds the remembered row's op, so that a repacked MUL_MAT is only ever copied from another one
+    # repacked MUL_MATs). An RMS_NORM row's key holds its fusion's (above); a repacked MUL_MAT keeps its own
+    # weight's blocks, a FLASH_ATTN_EXT row its own mask (below). The key holds the remembered row's op, so that a
+    # repacked MUL_MAT is only ever copied from another one
     rep = np.arange(k_n)
-    grp = rb[~np.isin(prev.P[rb, OP], _BUILT_ALONE)]
-    if grp.size > 1:
-        Wx = np.concatenate([topo.Wm, np.zeros((1, _NW), np.uint64)])
-        keys = Wx[np.concatenate([m.slots[grp], topo.refs[idx[grp]]], axis=1)].reshape(grp.size, -1)
-        keys = np.concatenate([keys, prev.P[grp, OP, None].astype(np.uint64)], axis=1)
-        first = {}                          # (bytes as keys: np.unique(axis=0) sorts ~600 fields a row, slowly)
-        rep[grp] = [first.setdefault(key, k) for key, k in zip(map(bytes, keys), grp.tolist())]
+    if rb.size > 1:
+        keys = wid[np.concatenate([m.slots[rb], topo.refs[idx[rb]]], axis=1)]
+        keys = np.concatenate([keys, prev.P[rb, OP, None], rms_key[rb]], axis=1)
+        rep[rb] = rb[_first_of_class(keys)]
     copies = np.flatnonzero(rep != np.arange(k_n))
     try:
         for k in rb[rep[rb] == rb].tolist():
@@ -771,15 +849,62 @@ def _derive(cgraph, topo):
         has = (Wc[:, :, 2:6] != 0).all(axis=2) & (chk >= 0)
         if (has & (Wc[:, :, _W_DATA] == 0)).any():
             return None
+    fa = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
+    if fa.size:
+        # each FLASH_ATTN_EXT row's mask (src[3]) where this graph has it (fattn.build_node: a mask without data
+        # takes no compiled row)
+        masked = fa[P[fa, FA_MASK] != 0]
+        mdata = W[refs[idx[masked], 3], _W_DATA]
+        if (mdata == 0).any():
+            return None
+        P[masked, FA_MASK] = mdata
     sel = W[idx, _W_NAME:_W_NAME + 8].tobytes()
     names = [sel[j * 64:(j + 1) * 64].partition(b"\0")[0].decode("utf-8", "replace") for j in range(k_n)]
     for k in keep.tolist():
         meta[k] = (T[int(idx[k])].addr, meta[k][1])
     fg = FastGraph(P, F, list(prev.node_index), names, max(row_ws, default=0), meta, n)
     fg.row_ws = row_ws
-    fg.plan_from = (prev.plan_nodes, np.flatnonzero(node_changed).tolist())
+    fg.plan_from = (prev.plan_nodes,) + _plan_groups(topo, node_changed)
     _memo_put(topo.key, _Memo(topo.Wm, fg, m.slots, m.fused))
     return fg
+
+
+def _fusions_hold(cgraph, topo, m, idx):
+    """_derive's test that every RMS_NORM row of the remembered program ``m`` still fuses (or not) with the MUL
+    after it as it did. ggml's test reads the two nodes' and their operands' words (ops, flags, types, shapes), the
+    MUL's operand positions and the norm's use count: rows equal in all of them fuse alike, and one of each is
+    asked. Returns those keys per row (k_n x 7, zeros for the other rows: their op tells them apart), or None when
+    a fusion changed."""
+    n, nodes, wid, refs = topo.n_nodes, cgraph.nodes, topo.wid, topo.refs
+    rms = np.flatnonzero(m.P[:, OP] == OP_RMS_NORM)
+    rms_key = np.zeros((len(idx), 7), np.int64)
+    if rms.size:
+        ri = idx[rms]
+        nxt = np.minimum(ri + 1, n - 1)
+        has_next = ri + 1 < n
+        mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
+        uses = [cgraph.use_count(nodes[i]) == 1 for i in ri.tolist()]
+        kr = np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
+                       mrefs[:, 0] == ri, mrefs[:, 1] == ri, uses, m.fused[rms]], axis=1).astype(np.int64)
+        rms_key[rms] = kr
+        for k in rms[np.unique(_first_of_class(kr))].tolist():
+            if (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) != bool(m.fused[k]):
+                return None
+    return rms_key
+
+
+def _plan_groups(topo, node_changed):
+    """The nodes ggml_graph_plan's loop plans again for a derived program (those whose struct words or whose
+    sources' changed) and, for each, the first of them with equal words of its own, of its sources and view source
+    and the same repacked-ness of its weight: ggml_get_n_tasks, ggml_cpu_extra_work_size and the op's work size
+    read those alone, so the loop computes that one and the others take its answers (a decode graph's 30 layers
+    repeat the same nodes)."""
+    todo = np.flatnonzero(node_changed)
+    if not todo.size:
+        return [], []
+    r = topo.refs[todo]
+    keys = np.concatenate([topo.wid[todo, None], topo.wid[r], topo.is_rw[r[:, :1]]], axis=1)
+    return todo.tolist(), todo[_first_of_class(keys)].tolist()
 
 
 def _build_row(P, F, k, cgraph, nodes, i, slots):
