@@ -38,12 +38,9 @@ def _half(row, off):
 
 
 @compiled
-def vec_dot_q4_1_q8_1(x, y, out):
-    """out[j, i] = x[i] . y[j] for Q4_1 rows x (M, nb*20) uint8 and Q8_1 rows y (N, nb*36) uint8, float32 (N, M),
-    in the block order of ``cpu/quants._scaled_block_dot`` (see the module docstring)."""
-    M, N = x.shape[0], y.shape[0]
-    nb = x.shape[1] // Q4_1_BYTES
-    # src1's blocks once: int8 levels and the float32 d, s of every block
+def _q8_1_blocks(y, nb):
+    """Q8_1 rows y (N, nb*36) uint8 -> their int8 levels as int32 (N, nb*32) and the float32 d, s of every block."""
+    N = y.shape[0]
     yq = np.empty((N, nb * QK), np.int32)
     yd = np.empty((N, nb), np.float32)
     ys = np.empty((N, nb), np.float32)
@@ -55,31 +52,40 @@ def vec_dot_q4_1_q8_1(x, y, out):
             for k in range(QK):
                 v = np.int32(y[j, o + 4 + k])
                 yq[j, b * QK + k] = v - 256 if v >= 128 else v
-    xq = np.empty(nb * QK, np.int32)
-    xd = np.empty(nb, np.float32)
-    xm = np.empty(nb, np.float32)
-    for i in range(M):
-        row = x[i]
-        for b in range(nb):
-            o = b * Q4_1_BYTES
-            xd[b] = _half(row, o)
-            xm[b] = _half(row, o + 2)
-            for k in range(16):             # element k: low nibble of qs[k]; element k + 16: its high nibble
-                v = np.int32(row[o + 4 + k])
-                xq[b * QK + k] = v & 15
-                xq[b * QK + 16 + k] = v >> 4
-        for j in range(N):
-            acc = F32(0.0)
-            for b in range(nb):
-                s = np.int32(0)
-                for k in range(b * QK, (b + 1) * QK):
-                    s += xq[k] * yq[j, k]
-                coef = F32(yd[j, b] * xd[b])            # one float32 rounding (exact for two fp16 values)
-                acc = F32(acc + F32(coef * F32(s)))     # |S_b| <= 15*128*32 < 2^24: exact in float32
-            summs = F32(0.0)
-            for b in range(nb):
-                summs = F32(summs + F32(ys[j, b] * xm[b]))
-            out[j, i] = F32(acc + summs)
+    return yq, yd, ys
+
+
+@compiled
+def _q4_1_blocks(row, nb, xq, xd, xm):
+    """One Q4_1 row (nb*20 bytes) -> its levels 0..15 in element order into xq (nb*32), d and m into xd, xm:
+    element k of a block is the low nibble of qs[k], element k + 16 its high nibble."""
+    for b in range(nb):
+        o = b * Q4_1_BYTES
+        xd[b] = _half(row, o)
+        xm[b] = _half(row, o + 2)
+        for k in range(16):
+            v = np.int32(row[o + 4 + k])
+            xq[b * QK + k] = v & 15
+            xq[b * QK + 16 + k] = v >> 4
+
+
+@compiled
+def _block_lanes(acc, d, xq, yq, j, b):
+    """One block of the AVX2 kernels: ``acc_l = fma(d, (float) S_l, acc_l)`` for the 8 int32 lanes (maddubs + madd
+    put the products of elements 4l..4l+3 of the block in lane l; S_l is exact)."""
+    for lane in range(8):
+        k0 = b * QK + 4 * lane
+        s = (xq[k0] * yq[j, k0] + xq[k0 + 1] * yq[j, k0 + 1] + xq[k0 + 2] * yq[j, k0 + 2]
+             + xq[k0 + 3] * yq[j, k0 + 3])
+        acc[lane] = fmaf(d, F32(s), acc[lane])
+
+
+@compiled
+def _hsum_float_8(acc):
+    """hsum_float_8: ``(acc_4 + acc_0) + (acc_6 + acc_2)``, ``(acc_5 + acc_1) + (acc_7 + acc_3)``, their sum."""
+    lo = F32(F32(acc[4] + acc[0]) + F32(acc[6] + acc[2]))
+    hi = F32(F32(acc[5] + acc[1]) + F32(acc[7] + acc[3]))
+    return F32(lo + hi)
 
 
 @compiled
@@ -114,14 +120,49 @@ def vec_dot_q8_0_q8_0(x, y, out):
             acc[:] = F32(0.0)
             for b in range(nb):
                 d = F32(yd[j, b] * xd[b])
-                for lane in range(8):
-                    k0 = b * QK + 4 * lane
-                    s = (xq[k0] * yq[j, k0] + xq[k0 + 1] * yq[j, k0 + 1] + xq[k0 + 2] * yq[j, k0 + 2]
-                         + xq[k0 + 3] * yq[j, k0 + 3])
-                    acc[lane] = fmaf(d, F32(s), acc[lane])
-            lo = F32(F32(acc[4] + acc[0]) + F32(acc[6] + acc[2]))
-            hi = F32(F32(acc[5] + acc[1]) + F32(acc[7] + acc[3]))
-            out[j, i] = F32(lo + hi)
+                _block_lanes(acc, d, xq, yq, j, b)
+            out[j, i] = _hsum_float_8(acc)
+
+
+@compiled
+def _vec_dot_q4_1(x, y, out, avx2_lanes):
+    """The two Q4_1 . Q8_1 orders (below) over the same unpacked blocks."""
+    M, N = x.shape[0], y.shape[0]
+    nb = x.shape[1] // Q4_1_BYTES
+    # src1's blocks once: int8 levels and the float32 d, s of every block
+    yq, yd, ys = _q8_1_blocks(y, nb)
+    xq = np.empty(nb * QK, np.int32)
+    xd = np.empty(nb, np.float32)
+    xm = np.empty(nb, np.float32)
+    lanes = np.empty(8, np.float32)
+    for i in range(M):
+        _q4_1_blocks(x[i], nb, xq, xd, xm)
+        for j in range(N):
+            summs = F32(0.0)
+            if avx2_lanes:
+                lanes[:] = F32(0.0)
+                for b in range(nb):
+                    summs = F32(summs + F32(xm[b] * ys[j, b]))
+                    _block_lanes(lanes, F32(yd[j, b] * xd[b]), xq, yq, j, b)
+                out[j, i] = F32(_hsum_float_8(lanes) + summs)
+                continue
+            acc = F32(0.0)
+            for b in range(nb):
+                s = np.int32(0)
+                for k in range(b * QK, (b + 1) * QK):
+                    s += xq[k] * yq[j, k]
+                coef = F32(yd[j, b] * xd[b])            # one float32 rounding (exact for two fp16 values)
+                acc = F32(acc + F32(coef * F32(s)))     # |S_b| <= 15*128*32 < 2^24: exact in float32
+            for b in range(nb):
+                summs = F32(summs + F32(ys[j, b] * xm[b]))
+            out[j, i] = F32(acc + summs)
+
+
+@compiled
+def vec_dot_q4_1_q8_1(x, y, out):
+    """out[j, i] = x[i] . y[j] for Q4_1 rows x (M, nb*20) uint8 and Q8_1 rows y (N, nb*36) uint8, float32 (N, M),
+    in the block order of ``cpu/quants._scaled_block_dot`` (see the module docstring)."""
+    _vec_dot_q4_1(x, y, out, False)
 
 
 @compiled
@@ -132,47 +173,7 @@ def vec_dot_q4_1_q8_1_avx2(x, y, out):
     0..15 and the high ones in bytes 16..31 (elements 0..31 in order), so lane l sums elements 4l..4l+3 as for Q8_0;
     per block ``acc_l = fma(d_x*d_y, (float) S_l, acc_l)`` and ``summs += m_x * s_y`` (a product of two fp16 values,
     exact in float32), then ``hsum_float_8(acc) + summs``."""
-    M, N = x.shape[0], y.shape[0]
-    nb = x.shape[1] // Q4_1_BYTES
-    yq = np.empty((N, nb * QK), np.int32)
-    yd = np.empty((N, nb), np.float32)
-    ys = np.empty((N, nb), np.float32)
-    for j in range(N):
-        for b in range(nb):
-            o = b * Q8_1_BYTES
-            yd[j, b] = _half(y[j], o)
-            ys[j, b] = _half(y[j], o + 2)
-            for k in range(QK):
-                v = np.int32(y[j, o + 4 + k])
-                yq[j, b * QK + k] = v - 256 if v >= 128 else v
-    xq = np.empty(nb * QK, np.int32)
-    xd = np.empty(nb, np.float32)
-    xm = np.empty(nb, np.float32)
-    acc = np.empty(8, np.float32)
-    for i in range(M):
-        row = x[i]
-        for b in range(nb):
-            o = b * Q4_1_BYTES
-            xd[b] = _half(row, o)
-            xm[b] = _half(row, o + 2)
-            for k in range(16):
-                v = np.int32(row[o + 4 + k])
-                xq[b * QK + k] = v & 15
-                xq[b * QK + 16 + k] = v >> 4
-        for j in range(N):
-            acc[:] = F32(0.0)
-            summs = F32(0.0)
-            for b in range(nb):
-                summs = F32(summs + F32(xm[b] * ys[j, b]))
-                d = F32(yd[j, b] * xd[b])
-                for lane in range(8):
-                    k0 = b * QK + 4 * lane
-                    s = (xq[k0] * yq[j, k0] + xq[k0 + 1] * yq[j, k0 + 1] + xq[k0 + 2] * yq[j, k0 + 2]
-                         + xq[k0 + 3] * yq[j, k0 + 3])
-                    acc[lane] = fmaf(d, F32(s), acc[lane])
-            lo = F32(F32(acc[4] + acc[0]) + F32(acc[6] + acc[2]))
-            hi = F32(F32(acc[5] + acc[1]) + F32(acc[7] + acc[3]))
-            out[j, i] = F32(F32(lo + hi) + summs)
+    _vec_dot_q4_1(x, y, out, True)
 
 
 @compiled
