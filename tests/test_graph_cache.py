@@ -463,7 +463,7 @@ def test_restored_graph_with_splits_and_input_copies():
 def test_the_allocator_plan_check_over_arrays_equals_ggmls_loop(model):
     """gallocr_needs_realloc's check of a graph against the current plan, over all slots at once
     (alloc._plan_fits_arrays: each tensor's size from its struct words, the plan's slots read into arrays once per
-    plan) says what the per-tensor loop says (alloc._plan_fits: gallocr_node_needs_realloc's test): for the
+    plan) says what the per-tensor loop says (alloc._plan_fits: gallocr_node_needs_realloc, tensor by tensor): for the
     prompt's and the decode step's graphs on the reserve's plan, and with tensors unplaced again (data unset, as
     before an allocation): a node's slot exactly its size, one byte short, a source's slot too small, the slot of
     a tensor that had data when planned. A reserve drops the arrays before it plans."""

@@ -1024,42 +1024,24 @@ def gallocr_node_needs_realloc(galloc: ggml_gallocr, node: Tensor, talloc: tenso
     return talloc.size_max >= node_size
 
 
-def _plan_fits(galloc: ggml_gallocr, graph) -> bool:
-    """ggviz: whether ``_realloc_reason`` finds nothing, with each tensor's alloc size worked out once (a node is
-    checked as itself and again as the source of each of its consumers) and its struct words read once. Same
-    node count assumed."""
-    bufts = galloc.bufts
-    sizes = {}        # (address, buffer id) -> the size gallocr_node_needs_realloc compares with the slot
-
-    def fits(a, t, ta) -> bool:
-        bid = ta.buffer_id
-        key = (a, bid)
-        n = sizes.get(key)
-        if n is None:
-            w = (t if t is not None else tensor_at(a))._q
-            if w.item(_Q_DATA) or w.item(_Q_VIEW_SRC):
-                n = 0
-            elif bid < 0:
-                return False             # (it had data when planned but has none now)
-            else:
-                n = B.backend_buft_get_alloc_size(bufts[bid], t if t is not None else tensor_at(a))
-            sizes[key] = n
-        return ta.size_max >= n
-
-    node_allocs = galloc.node_allocs
-    nodes = graph.nodes
+def _misfit(galloc: ggml_gallocr, graph) -> str | None:
+    """ggml's own check, tensor by tensor (gallocr_node_needs_realloc of every node and of each of its sources, in
+    graph order): the message naming the first tensor whose slot does not fit, None when all fit. Same node count
+    assumed."""
     for i in range(graph.n_nodes):
-        node = nodes[i]
-        na = node_allocs[i]
-        if not fits(node.addr, node, na.dst):
-            return False
-        q = node._q.tolist()
-        src = na.src
-        for j in range(C.GGML_MAX_SRC):
-            a = q[_Q_SRC + j]
-            if a and not fits(a, None, src[j]):
-                return False
-    return True
+        node = graph.nodes[i]
+        na = galloc.node_allocs[i]
+        if not gallocr_node_needs_realloc(galloc, node, na.dst):
+            return f"node {node.name} is not valid"
+        for j, src in srcs_of(node):
+            if not gallocr_node_needs_realloc(galloc, src, na.src[j]):
+                return f"src {j} ({src.name}) of node {node.name} is not valid"
+    return None
+
+
+def _plan_fits(galloc: ggml_gallocr, graph) -> bool:
+    """Whether ggml's per-tensor check (``_misfit``) finds every tensor fitting its slot."""
+    return _misfit(galloc, graph) is None
 
 
 # ggviz: the plan's slots as arrays, for _plan_fits_arrays. A plan is checked against every graph allocated with it
@@ -1132,21 +1114,10 @@ def _realloc_reason(galloc: ggml_gallocr, graph) -> str | None:
         return "graph has different number of nodes"
     if galloc.n_leafs != graph.n_leafs:
         return "graph has different number of leafs"
-    fits = _plan_fits_arrays(galloc, graph)
-    if fits is None:
-        fits = _plan_fits(galloc, graph)
-    if fits:
+    if _plan_fits_arrays(galloc, graph):
         return None
-    # (the plan does not fit: which tensor, by ggml's own checks)
-    for i in range(graph.n_nodes):
-        node = graph.nodes[i]
-        na = galloc.node_allocs[i]
-        if not gallocr_node_needs_realloc(galloc, node, na.dst):
-            return f"node {node.name} is not valid"
-        for j, src in srcs_of(node):
-            if not gallocr_node_needs_realloc(galloc, src, na.src[j]):
-                return f"src {j} ({src.name}) of node {node.name} is not valid"
-    return None
+    # (it does not fit, or the arrays cannot tell: ggml's own checks decide, and name the tensor)
+    return _misfit(galloc, graph)
 
 
 def gallocr_needs_realloc(galloc: ggml_gallocr, graph) -> bool:
