@@ -474,14 +474,25 @@ def test_numba_blas_probe_deferred():
 
 def test_cached_kernel_loads_without_numba_registries():
     """A fresh process loads a cached ggviz kernel without Numba's compiler registries (fast.cached_without_registries:
-    Numba's implementation modules, e.g. numba.np.arraymath, stay unimported), the kernel gives what it gives in this
-    process, and a function compiled afterwards in that process still finds those implementations (Numba's compiler
-    refreshes its contexts before it types anything)."""
+    Numba's implementation modules, e.g. numba.np.arraymath, stay unimported) and, where fast._cache_format_with_symbols
+    applies, without parsing its LLVM bitcode (the library's defined names come from the entry; the bitcode stays
+    bytes); the kernel gives what it gives in this process; a function compiled afterwards in that process that calls
+    the loaded kernel links its bitcode (parsed then) and gives the same; and a function compiled afterwards still
+    finds Numba's implementations (Numba's compiler refreshes its contexts before it types anything)."""
+    from ggviz.ggml.cpu import fast
+    from ggviz.ggml.cpu.fast import kernels as fk
     code = ("import sys, numpy as np, numba\n"
             "from ggviz.ggml.cpu.fast import kernels as fk\n"
             "r = fk.mmq_layout(576, 3)\n"
             "hits = sum(fk.mmq_layout._cache_hits.values())\n"
             "print('hits', hits, 'arraymath', 'numba.np.arraymath' in sys.modules)\n"
+            "lib = fk.mmq_layout.overloads[fk.mmq_layout.signatures[0]].library\n"
+            "print('lib', type(lib).__name__, getattr(lib, '_shared_bitcode', None) is not None,"
+            " lib._shared_module is None, lib.get_pointer_to_function("
+            "fk.mmq_layout.overloads[fk.mmq_layout.signatures[0]].fndesc.llvm_cpython_wrapper_name) != 0)\n"
+            "g = numba.njit(lambda n, m: fk.mmq_layout(n, m))\n"      # links mmq_layout's library into g's
+            "assert g(576, 3) == r, (g(576, 3), r)\n"
+            "print('linked', getattr(lib, '_shared_bitcode', None) is None, lib._shared_module is not None)\n"
             "f = numba.njit(lambda a: np.cumsum(a).sum())\n"         # lowered by numba.np.arraymath
             "assert f(np.arange(5.0)) == 20.0\n"
             "assert 'numba.np.arraymath' in sys.modules\n"
@@ -495,6 +506,110 @@ def test_cached_kernel_loads_without_numba_registries():
         pytest.skip("Numba's cache is not writable here: every process compiles the kernel")
     assert lines["hits"].endswith("arraymath False"), lines
     assert lines["layout"] == " ".join(str(x) for x in fk.mmq_layout(576, 3))
+    assert lines["linked"] == "True True", lines
+    if fast._CacheFormatWithSymbols is not None:
+        # loaded in ggviz's format: the bitcode kept as bytes, not parsed; the entry point found by its name
+        assert lines["lib"] == "_LinkOnDemandLibrary True True True", lines
+    else:
+        assert lines["lib"].startswith("JITCodeLibrary "), lines
+
+
+_CACHE_FORMAT_MODULE = """
+import os
+import numpy as np
+from numba import njit
+from ggviz.ggml.cpu.fast import cached_without_registries
+
+
+def _loader(dispatcher):
+    return cached_without_registries(dispatcher) if os.environ["NBFMT"] == "ours" else dispatcher
+
+
+@_loader
+@njit(cache=True)
+def helper(x, k):
+    return np.float32(x) * np.float32(k) + np.float32(0.1)
+
+
+@_loader
+@njit(cache=True)
+def kernel(a, k):
+    s = np.float32(0.0)
+    for x in a:
+        s = np.float32(s + helper(x, k))
+    return s
+"""
+
+
+def test_cache_format_with_symbols_round_trip(tmp_path):
+    """ggviz's cache entries (fast._cache_format_with_symbols) next to Numba's own, fresh processes sharing one cache
+    directory: an entry in Numba's format is not read by ggviz's loader (its index key differs: the function is
+    compiled again) nor ggviz's by Numba's; each then loads its own; a loaded kernel's bits are the compiled kernel's,
+    its entry point is found, and a function compiled later that calls the loaded helper links it and gives the same
+    bits. A source edit still recompiles (Numba's stamp)."""
+    from ggviz.ggml.cpu import fast
+    if fast._CacheFormatWithSymbols is None:
+        pytest.skip("this Numba's internals differ: ggviz's cache format is not used")
+    mod = tmp_path / "nbfmt.py"
+    mod.write_text(_CACHE_FORMAT_MODULE)
+    code = ("import sys, numpy as np, numba\n"
+            "import nbfmt\n"
+            "h, k = nbfmt.helper, nbfmt.kernel\n"
+            "a = np.linspace(-3, 5, 1001).astype(np.float32)\n"
+            "s = k(a, 0.37)\n"
+            "lib = k.overloads[k.signatures[0]].library\n"
+            "print('k', sum(k._cache_hits.values()), sum(k._cache_misses.values()), type(lib).__name__,"
+            " float(s).hex())\n"
+            "hv = h(2.5, 0.37)\n"
+            "g = numba.njit(lambda x, kk: h(x, kk))\n"               # links the (maybe loaded) helper's library
+            "print('h', sum(h._cache_hits.values()), type(h.overloads[h.signatures[0]].library).__name__,"
+            " float(hv).hex(), float(g(2.5, 0.37)).hex())\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), _ROOT]),
+               NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run(which):
+        r = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True,
+                           env=dict(env, NBFMT=which))
+        assert r.returncode == 0, r.stderr
+        return {ln.split(" ", 1)[0]: ln.split(" ")[1:] for ln in r.stdout.splitlines()}
+
+    numba1 = run("numba")              # compiles, writes Numba's entries
+    ours1 = run("ours")                # must not load Numba's entries: compiles, writes ggviz's
+    ours2 = run("ours")                # loads ggviz's
+    numba2 = run("numba")              # loads Numba's own, untouched by ggviz's
+    assert numba1["k"][:3] == ["0", "1", "JITCodeLibrary"], numba1
+    assert ours1["k"][:3] == ["0", "1", "JITCodeLibrary"], ours1
+    assert ours2["k"][:3] == ["1", "0", "_LinkOnDemandLibrary"], ours2
+    assert numba2["k"][:3] == ["1", "0", "JITCodeLibrary"], numba2
+    assert ours2["h"][:2] == ["1", "_LinkOnDemandLibrary"], ours2
+    # the same bits everywhere: the kernel's sum, the helper called from Python and from a function compiled later
+    assert len({r["k"][3] for r in (numba1, ours1, ours2, numba2)}) == 1
+    assert len({x for r in (numba1, ours1, ours2, numba2) for x in r["h"][2:]}) == 1
+    # an edited source is compiled again (Numba's source stamp), in ggviz's format as in Numba's
+    mod.write_text(_CACHE_FORMAT_MODULE.replace("np.float32(0.1)", "np.float32(0.2)"))
+    st = mod.stat()
+    os.utime(mod, (st.st_atime, st.st_mtime + 2))
+    ours3 = run("ours")
+    assert ours3["k"][:3] == ["0", "1", "JITCodeLibrary"], ours3
+    assert ours3["k"][3] != ours2["k"][3]
+
+
+def test_cache_format_guard_takes_numbas_path(monkeypatch):
+    """Where Numba's loader does anything else than the one ggviz's cache format mirrors (its code refers to other
+    names), the format is not used: entries and loads are Numba's own."""
+    from numba.core import codegen
+    from ggviz.ggml.cpu import fast
+    if fast._CacheFormatWithSymbols is None:
+        pytest.skip("this Numba's internals differ already")
+    real = codegen.CPUCodeLibrary._unserialize.__func__
+
+    def changed(cls, cg, state):
+        print("something new")
+        return real(cls, cg, state)
+    monkeypatch.setattr(codegen.CPUCodeLibrary, "_unserialize", classmethod(changed))
+    assert fast._cache_format_with_symbols() == (None, None)
+    monkeypatch.setattr(codegen.CPUCodeLibrary, "_unserialize", classmethod(real))
+    assert fast._cache_format_with_symbols()[0] is not None
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the model

@@ -88,6 +88,126 @@ def _defer_numba_blas_probe() -> None:
 _defer_numba_blas_probe()
 
 
+def _code_names(fn) -> frozenset:
+    """The global and attribute names ``fn``'s code (and the comprehensions inside it) refers to: the guards below
+    compare them with the names of the Numba functions this module was written against, so that a Numba whose
+    function does anything more takes its own path."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        return frozenset()
+    names, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo.extend(k for k in c.co_consts if hasattr(k, "co_names"))
+    return frozenset(names)
+
+
+# What Numba 0.68's functions mirrored or wrapped below refer to (see _cache_format_with_symbols).
+_UNSERIALIZE_NAMES = frozenset({
+    "ValueError", "_codegen", "_engine", "_final_module", "_finalize_final_module", "_load_defined_symbols",
+    "_set_compiled_object", "_shared_module", "create_library", "enable_object_caching", "isinstance", "ll",
+    "parse_bitcode"})
+_DEFINED_SYMBOLS_NAMES = frozenset({"_defined_symbols", "functions", "global_variables", "name", "is_declaration"})
+_REBUILD_NAMES = frozenset({"codegen", "env_name", "get_executable", "set_env", "typing_context",
+                            "unserialize_library"})
+
+# The serialization kind of a library in ggviz's cache entries (Numba's own are 'object' and 'bitcode'); it is also
+# part of their index key, so a Numba-format reader never finds one of them, nor ggviz's reader one of Numba's.
+_KIND = "ggviz:object+symbols"
+
+
+def _cache_format_with_symbols():
+    """A ``CompileResultCacheImpl`` that stores a compiled function's library with the names of the symbols it
+    defines and loads it without parsing its LLVM bitcode -- or None where Numba's internals are not the ones this
+    was written against (then entries are Numba's own and every load parses).
+
+    Numba caches a function's library as its object code plus its *shared bitcode*: the whole optimized LLVM module
+    (linkonce_odr), kept so that a function compiled later that calls this one can link it in and inline it. Its
+    loader (``CPUCodeLibrary._unserialize``, kind 'object') parses that bitcode at once, for one thing only: the names
+    of the symbols it defines, which the JIT engine's bookkeeping needs (``JitEngine._load_defined_symbols``; a
+    library's ``get_pointer_to_function`` answers only for those names). The machine code itself comes from the
+    object code. For ``graph_compute_thread`` (a 1 MB entry, every kernel inlined) that parse is ~38 ms of a fresh
+    process's first prompt, for a module no one links against: our kernels are entry points called from Python.
+
+    So an entry here holds the same object code and the same bitcode, plus the names Numba would extract from that
+    bitcode, extracted once when the entry is written (from the very module serialized). Loading does what Numba's
+    loader does -- a library with that object code as its compiled object, finalized, its names registered with the
+    engine -- and keeps the bitcode as bytes: ``_LinkOnDemandLibrary`` parses it the first time a later compile
+    links against the library (a new function calling a kernel loaded from the cache), so that path still inlines
+    the same module."""
+    try:
+        from llvmlite import binding as ll
+        from numba.core import compiler
+        from numba.core.caching import CompileResultCacheImpl
+        from numba.core.codegen import CPUCodeLibrary, JITCodeLibrary, JitEngine
+        from numba.core.compiler_lock import global_compiler_lock
+    except ImportError:
+        return None, None
+    if not (_code_names(CPUCodeLibrary._unserialize) == _UNSERIALIZE_NAMES
+            and _code_names(JitEngine._load_defined_symbols) == _DEFINED_SYMBOLS_NAMES
+            and _code_names(getattr(compiler.CompileResult, "_rebuild", None)) == _REBUILD_NAMES
+            and all(hasattr(JITCodeLibrary, a) for a in ("_get_module_for_linking", "serialize_using_object_code"))):
+        return None, None
+
+    class _LinkOnDemandLibrary(JITCodeLibrary):
+        """A ``JITCodeLibrary`` loaded from ggviz's cache: its shared bitcode stays bytes until a compile links
+        against it (``_get_module_for_linking``, under Numba's compiler lock like every link)."""
+        _shared_bitcode = None
+
+        def _get_module_for_linking(self):
+            if self._shared_module is None and self._shared_bitcode is not None:
+                self._shared_module = ll.parse_bitcode(self._shared_bitcode)
+                self._shared_bitcode = None
+            return super()._get_module_for_linking()
+
+    def unserialize(codegen, libdata):
+        """Numba's ``CPUCodeLibrary._unserialize`` for kind 'object', with the defined names read from the entry
+        instead of from the parsed bitcode."""
+        name, _, (object_code, shared_bitcode, defined) = libdata
+        lib = _LinkOnDemandLibrary(codegen, name)
+        lib.enable_object_caching()
+        lib._set_compiled_object(object_code)        # the JIT's object cache hook hands it to LLVM at finalize
+        lib._shared_bitcode = shared_bitcode
+        lib._finalize_final_module()
+        codegen._engine._defined_symbols.update(defined)     # what _load_defined_symbols(shared module) adds
+        return lib
+
+    class CacheFormatWithSymbols(CompileResultCacheImpl):
+        def reduce(self, cres):
+            payload = super().reduce(cres)
+            libdata = payload[0]
+            if not (isinstance(libdata, tuple) and len(libdata) == 3 and libdata[1] == "object"):
+                return payload
+            name, _, (object_code, shared_bitcode) = libdata
+            mod = cres.library._get_module_for_linking()          # the module serialized as shared_bitcode
+            defined = tuple(sorted(gv.name for gsets in (mod.functions, mod.global_variables) for gv in gsets
+                                   if not gv.is_declaration))
+            return ((name, _KIND, (object_code, shared_bitcode, defined)),) + tuple(payload[1:])
+
+        def rebuild(self, target_context, payload):
+            libdata = payload[0]
+            if libdata[1] != _KIND:
+                return super().rebuild(target_context, payload)
+            codegen = target_context.codegen()
+            if type(codegen)._library_class is not JITCodeLibrary:
+                return None                      # not Numba's CPU JIT: compile rather than load
+            # Numba's CompileResult._rebuild does the rest (reload_init, the entry point, environments); for this
+            # one call its codegen's unserialize_library is ours -- under the compiler lock, where every load and
+            # compile runs, so no other thread unserializes meanwhile.
+            with global_compiler_lock:
+                codegen.unserialize_library = lambda data: unserialize(codegen, data)
+                try:
+                    return super().rebuild(target_context, payload)
+                finally:
+                    del codegen.unserialize_library
+
+    return CacheFormatWithSymbols, CompileResultCacheImpl
+
+
+_CacheFormatWithSymbols, _NumbaCacheImpl = _cache_format_with_symbols()
+
+
 def _cache_load_without_registries():
     """A ``numba.core.caching.FunctionCache`` whose ``load_overload`` brings machine code back from the on-disk
     cache without first installing Numba's typing and lowering registries -- or None where Numba's internals are
@@ -104,14 +224,17 @@ def _cache_load_without_registries():
     first line of ``load_additional_registries``, and it is done here. Nothing is skipped for good: every
     compile -- a kernel missing from the cache, a new signature -- goes through Numba's ``CompilerBase``, which
     refreshes both contexts before it types anything, and a lowering lookup that finds nothing refreshes too
-    (``BaseContext.get_function``)."""
+    (``BaseContext.get_function``).
+
+    Where ``_cache_format_with_symbols`` applies, entries are written and read in its format (the library's defined
+    names stored, its bitcode parsed only for linking) and their index key says so."""
     try:
         from numba.core.caching import FunctionCache
         from numba.core.runtime import rtsys
     except ImportError:
         return None
     if not (hasattr(FunctionCache, "_load_overload") and hasattr(FunctionCache, "_guard_against_spurious_io_errors")
-            and hasattr(rtsys, "initialize")):
+            and hasattr(FunctionCache, "_index_key") and hasattr(rtsys, "initialize")):
         return None
 
     class CacheLoadWithoutRegistries(FunctionCache):
@@ -121,6 +244,12 @@ def _cache_load_without_registries():
                 return self._load_overload(sig, target_context)
             # (None when the guard swallowed an I/O error, as Numba's own load_overload)
 
+        def _index_key(self, sig, codegen):
+            key = super()._index_key(sig, codegen)
+            if _CacheFormatWithSymbols is not None and type(self._impl) is _CacheFormatWithSymbols:
+                key = key + (_KIND,)
+            return key
+
     return CacheLoadWithoutRegistries
 
 
@@ -129,11 +258,13 @@ _CacheLoadWithoutRegistries = _cache_load_without_registries()
 
 def cached_without_registries(dispatcher):
     """Let ``dispatcher`` (an ``@njit(cache=True)`` function) load its cached machine code without Numba's
-    registries (see ``_cache_load_without_registries``); returns it. A dispatcher with another cache, or none, is
-    left as it is."""
+    registries (see ``_cache_load_without_registries``) and, where Numba allows, without parsing its bitcode
+    (``_cache_format_with_symbols``); returns it. A dispatcher with another cache, or none, is left as it is."""
     cache = getattr(dispatcher, "_cache", None)
     if _CacheLoadWithoutRegistries is not None and type(cache) is _CacheLoadWithoutRegistries.__base__:
         cache.__class__ = _CacheLoadWithoutRegistries
+        if _CacheFormatWithSymbols is not None and type(cache._impl) is _NumbaCacheImpl:
+            cache._impl.__class__ = _CacheFormatWithSymbols
     return dispatcher
 
 
