@@ -476,9 +476,10 @@ def test_cached_kernel_loads_without_numba_registries():
     """A fresh process loads a cached ggviz kernel without Numba's compiler registries (fast.cached_without_registries:
     Numba's implementation modules, e.g. numba.np.arraymath, stay unimported) and, where fast._cache_format_with_symbols
     applies, without parsing its LLVM bitcode (the library's defined names come from the entry; the bitcode stays
-    bytes); the kernel gives what it gives in this process; a function compiled afterwards in that process that calls
-    the loaded kernel links its bitcode (parsed then) and gives the same; and a function compiled afterwards still
-    finds Numba's implementations (Numba's compiler refreshes its contexts before it types anything)."""
+    bytes) and without compiling NRT's LLVM helpers (fast._nrt_c_symbols); the kernel gives what it gives in this
+    process; a function compiled afterwards in that process that calls the loaded kernel links its bitcode (parsed
+    then) and gives the same; and a function compiled afterwards still finds Numba's implementations (Numba's compiler
+    refreshes its contexts before it types anything)."""
     from ggviz.ggml.cpu import fast
     from ggviz.ggml.cpu.fast import kernels as fk
     code = ("import sys, numpy as np, numba\n"
@@ -486,6 +487,7 @@ def test_cached_kernel_loads_without_numba_registries():
             "r = fk.mmq_layout(576, 3)\n"
             "hits = sum(fk.mmq_layout._cache_hits.values())\n"
             "print('hits', hits, 'arraymath', 'numba.np.arraymath' in sys.modules)\n"
+            "print('nrt', numba.core.runtime.rtsys._init)\n"
             "lib = fk.mmq_layout.overloads[fk.mmq_layout.signatures[0]].library\n"
             "print('lib', type(lib).__name__, getattr(lib, '_shared_bitcode', None) is not None,"
             " lib._shared_module is None, lib.get_pointer_to_function("
@@ -507,6 +509,8 @@ def test_cached_kernel_loads_without_numba_registries():
     assert lines["hits"].endswith("arraymath False"), lines
     assert lines["layout"] == " ".join(str(x) for x in fk.mmq_layout(576, 3))
     assert lines["linked"] == "True True", lines
+    # NRT's LLVM helpers not compiled by a load (fast._nrt_c_symbols), where that applies
+    assert lines["nrt"] == str(fast._nrt_c_symbols is None), lines
     if fast._CacheFormatWithSymbols is not None:
         # loaded in ggviz's format: the bitcode kept as bytes, not parsed; the entry point found by its name
         assert lines["lib"] == "_LinkOnDemandLibrary True True True", lines
@@ -538,6 +542,15 @@ def kernel(a, k):
     for x in a:
         s = np.float32(s + helper(x, k))
     return s
+
+
+@_loader
+@njit(cache=True)
+def table(n, k):
+    out = np.empty(n, np.float32)       # NRT_MemInfo_alloc_aligned; returned through NRT_adapt_ndarray_to_python
+    for i in range(n):
+        out[i] = helper(i, k)
+    return out
 """
 
 
@@ -545,8 +558,9 @@ def test_cache_format_with_symbols_round_trip(tmp_path):
     """ggviz's cache entries (fast._cache_format_with_symbols) next to Numba's own, fresh processes sharing one cache
     directory: an entry in Numba's format is not read by ggviz's loader (its index key differs: the function is
     compiled again) nor ggviz's by Numba's; each then loads its own; a loaded kernel's bits are the compiled kernel's,
-    its entry point is found, and a function compiled later that calls the loaded helper links it and gives the same
-    bits. A source edit still recompiles (Numba's stamp)."""
+    its entry point is found, a loaded kernel allocates and returns an array before Numba's runtime has compiled its
+    LLVM helpers (fast._nrt_c_symbols), and a function compiled later that calls the loaded helper links it and gives
+    the same bits. A source edit still recompiles (Numba's stamp)."""
     from ggviz.ggml.cpu import fast
     if fast._CacheFormatWithSymbols is None:
         pytest.skip("this Numba's internals differ: ggviz's cache format is not used")
@@ -560,6 +574,9 @@ def test_cache_format_with_symbols_round_trip(tmp_path):
             "lib = k.overloads[k.signatures[0]].library\n"
             "print('k', sum(k._cache_hits.values()), sum(k._cache_misses.values()), type(lib).__name__,"
             " float(s).hex())\n"
+            "t = nbfmt.table(1000, 0.37)\n"                          # NRT's C functions from loaded code
+            "print('t', sum(nbfmt.table._cache_hits.values()), np.float32(t.sum()).tobytes().hex(),"
+            " numba.core.runtime.rtsys._init)\n"
             "hv = h(2.5, 0.37)\n"
             "g = numba.njit(lambda x, kk: h(x, kk))\n"               # links the (maybe loaded) helper's library
             "print('h', sum(h._cache_hits.values()), type(h.overloads[h.signatures[0]].library).__name__,"
@@ -582,6 +599,9 @@ def test_cache_format_with_symbols_round_trip(tmp_path):
     assert ours2["k"][:3] == ["1", "0", "_LinkOnDemandLibrary"], ours2
     assert numba2["k"][:3] == ["1", "0", "JITCodeLibrary"], numba2
     assert ours2["h"][:2] == ["1", "_LinkOnDemandLibrary"], ours2
+    # loading needs NRT's C functions only: its LLVM helpers are compiled when something is compiled
+    assert ours2["t"][0] == "1" and ours2["t"][2] == str(fast._nrt_c_symbols is None), ours2
+    assert len({r["t"][1] for r in (numba1, ours1, ours2, numba2)}) == 1
     # the same bits everywhere: the kernel's sum, the helper called from Python and from a function compiled later
     assert len({r["k"][3] for r in (numba1, ours1, ours2, numba2)}) == 1
     assert len({x for r in (numba1, ours1, ours2, numba2) for x in r["h"][2:]}) == 1

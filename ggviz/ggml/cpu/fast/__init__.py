@@ -219,12 +219,18 @@ def _cache_load_without_registries():
     the typing and target contexts: ~100-150 ms of a one-shot run, once per process, for a run whose kernels are all
     cached. Those registries serve the compiler (typing a function body, lowering each call in it); loading cached
     code needs none of them -- it unpickles the function's signature and environment, hands the object code to
-    LLVM's JIT and wraps the entry point. What it does need is Numba's runtime (NRT): its C functions registered as
-    symbols and its atomic helpers compiled, which loaded code links against; that is ``rtsys.initialize``, the
-    first line of ``load_additional_registries``, and it is done here. Nothing is skipped for good: every
-    compile -- a kernel missing from the cache, a new signature -- goes through Numba's ``CompilerBase``, which
-    refreshes both contexts before it types anything, and a lowering lookup that finds nothing refreshes too
-    (``BaseContext.get_function``).
+    LLVM's JIT and wraps the entry point. What it does need is the C functions of Numba's runtime (NRT:
+    NRT_MemInfo_alloc_aligned, NRT_Free, NRT_adapt_ndarray_from_python ...) registered as symbols, which loaded code
+    calls: the first half of ``rtsys.initialize`` (the first line of ``load_additional_registries``), done here
+    (``_nrt_c_symbols``). Its second half compiles NRT's LLVM helpers (NRT_incref / NRT_decref, the atomic
+    add/sub/cas, nrt_unresolved_abort) into a library that a *compile* links into each new function (``post_lowering``
+    links ``rtsys.library``), where they are inlined or kept as weak copies: the object code of every cached ggviz
+    kernel defines the ones it uses itself (``nm``: NRT_incref / NRT_decref weak in each entry, no undefined symbol
+    but NRT's C functions, Python's C API and Numba's helperlib). Loading leaves that compile (~20 ms, NRT's module
+    through LLVM's passes and code generation) to ``rtsys.initialize`` when the first compile refreshes the target.
+    Nothing is skipped for good: every compile -- a kernel missing from the cache, a new signature -- goes through
+    Numba's ``CompilerBase``, which refreshes both contexts before it types anything (initializing the runtime
+    first), and a lowering lookup that finds nothing refreshes too (``BaseContext.get_function``).
 
     Where ``_cache_format_with_symbols`` applies, entries are written and read in its format (the library's defined
     names stored, its bitcode parsed only for linking) and their index key says so."""
@@ -239,7 +245,10 @@ def _cache_load_without_registries():
 
     class CacheLoadWithoutRegistries(FunctionCache):
         def load_overload(self, sig, target_context):
-            rtsys.initialize(target_context)
+            if _nrt_c_symbols is None:
+                rtsys.initialize(target_context)
+            else:
+                _nrt_c_symbols()
             with self._guard_against_spurious_io_errors():
                 return self._load_overload(sig, target_context)
             # (None when the guard swallowed an I/O error, as Numba's own load_overload)
@@ -253,6 +262,41 @@ def _cache_load_without_registries():
     return CacheLoadWithoutRegistries
 
 
+# What Numba 0.68's rtsys.initialize refers to: its C symbols, its stats switch and compile_nrt_functions, nothing else.
+_NRT_INITIALIZE_NAMES = frozenset({
+    "NRT_STATS", "_init", "_library", "_nrt", "add_symbol", "c_helpers", "compile_nrt_functions", "config", "ll",
+    "memsys_enable_stats", "nrtdynmod", "startswith"})
+
+
+def _nrt_c_symbols_registrar():
+    """The first half of Numba's ``rtsys.initialize`` -- NRT's C functions registered with LLVM under the names
+    compiled code calls them by -- as a function that does it once; or None where ``rtsys.initialize`` does more than
+    the Numba this was written against, or NRT statistics are on (switched on by ``rtsys.initialize``): then the
+    loader calls ``rtsys.initialize`` itself (see ``_cache_load_without_registries``)."""
+    try:
+        from llvmlite import binding as ll
+        from numba.core import config
+        from numba.core.runtime import _nrt_python as _nrt
+        from numba.core.runtime import rtsys
+    except ImportError:
+        return None
+    init = getattr(type(rtsys).initialize, "__wrapped__", None)          # under @global_compiler_lock
+    if init is None or _code_names(init) != _NRT_INITIALIZE_NAMES or config.NRT_STATS \
+            or not isinstance(getattr(_nrt, "c_helpers", None), dict):
+        return None
+    done = []
+
+    def register() -> None:
+        if done or rtsys._init:
+            return
+        for py_name, address in _nrt.c_helpers.items():
+            ll.add_symbol(py_name if py_name.startswith("_") else "NRT_" + py_name, address)
+        done.append(True)
+
+    return register
+
+
+_nrt_c_symbols = _nrt_c_symbols_registrar()
 _CacheLoadWithoutRegistries = _cache_load_without_registries()
 
 
