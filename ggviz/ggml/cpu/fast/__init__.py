@@ -111,6 +111,11 @@ _UNSERIALIZE_NAMES = frozenset({
 _DEFINED_SYMBOLS_NAMES = frozenset({"_defined_symbols", "functions", "global_variables", "name", "is_declaration"})
 _REBUILD_NAMES = frozenset({"codegen", "env_name", "get_executable", "set_env", "typing_context",
                             "unserialize_library"})
+_LINKING_MODULE_NAMES = frozenset({          # _get_module_for_linking: the cached _shared_module, else built
+    "Linkage", "RuntimeError", "_ensure_finalized", "_final_module", "_shared_module", "append", "clone", "external",
+    "functions", "get_function", "is_declaration", "linkage", "ll", "name"})
+_SERIALIZE_NAMES = frozenset({"_ensure_finalized", "_get_compiled_object", "_get_module_for_linking", "as_bitcode",
+                              "name"})
 
 # The serialization kind of a library in ggviz's cache entries (Numba's own are 'object' and 'bitcode'); it is also
 # part of their index key, so a Numba-format reader never finds one of them, nor ggviz's reader one of Numba's.
@@ -119,8 +124,9 @@ _KIND = "ggviz:object+symbols"
 
 def _cache_format_with_symbols():
     """A ``CompileResultCacheImpl`` that stores a compiled function's library with the names of the symbols it
-    defines and loads it without parsing its LLVM bitcode -- or None where Numba's internals are not the ones this
-    was written against (then entries are Numba's own and every load parses).
+    defines and loads it without parsing its LLVM bitcode, and Numba's ``CompileResultCacheImpl`` it stands in for --
+    or (None, None) where Numba's internals are not the ones this was written against (then entries are Numba's own
+    and every load parses).
 
     Numba caches a function's library as its object code plus its *shared bitcode*: the whole optimized LLVM module
     (linkonce_odr), kept so that a function compiled later that calls this one can link it in and inline it. Its
@@ -147,7 +153,8 @@ def _cache_format_with_symbols():
     if not (_code_names(CPUCodeLibrary._unserialize) == _UNSERIALIZE_NAMES
             and _code_names(JitEngine._load_defined_symbols) == _DEFINED_SYMBOLS_NAMES
             and _code_names(getattr(compiler.CompileResult, "_rebuild", None)) == _REBUILD_NAMES
-            and all(hasattr(JITCodeLibrary, a) for a in ("_get_module_for_linking", "serialize_using_object_code"))):
+            and _code_names(JITCodeLibrary._get_module_for_linking) == _LINKING_MODULE_NAMES
+            and _code_names(JITCodeLibrary.serialize_using_object_code) == _SERIALIZE_NAMES):
         return None, None
 
     class _LinkOnDemandLibrary(JITCodeLibrary):
