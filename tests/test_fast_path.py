@@ -614,9 +614,11 @@ def test_cache_format_with_symbols_round_trip(tmp_path):
     assert ours3["k"][3] != ours2["k"][3]
 
 
-def test_cache_format_guard_takes_numbas_path(monkeypatch):
-    """Where Numba's loader does anything else than the one ggviz's cache format mirrors (its code refers to other
-    names), the format is not used: entries and loads are Numba's own."""
+def test_cache_format_guard_takes_numbas_path(monkeypatch, tmp_path):
+    """Where Numba's loader or its runtime's initialize does anything else than the ones ggviz mirrors (its code
+    refers to other names), ggviz's cache format and NRT shortcut are not used: entries and loads are Numba's own
+    (kind 'object', the bitcode parsed, rtsys.initialize) -- in this process, and in a fresh one whose Numba differs,
+    where a kernel still compiles, is cached, loads from the cache and gives the same."""
     from numba.core import codegen
     from ggviz.ggml.cpu import fast
     if fast._CacheFormatWithSymbols is None:
@@ -630,6 +632,36 @@ def test_cache_format_guard_takes_numbas_path(monkeypatch):
     assert fast._cache_format_with_symbols() == (None, None)
     monkeypatch.setattr(codegen.CPUCodeLibrary, "_unserialize", classmethod(real))
     assert fast._cache_format_with_symbols()[0] is not None
+    assert fast._nrt_c_symbols_registrar() is not None
+
+    code = ("import sys\n"
+            "from numba.core import codegen\n"
+            "from numba.core.runtime import rtsys\n"
+            "real = codegen.CPUCodeLibrary._unserialize.__func__\n"
+            "def changed(cls, cg, state):\n"
+            "    return real(cls, cg, state)\n"
+            "codegen.CPUCodeLibrary._unserialize = classmethod(changed)\n"
+            "real_init = type(rtsys).initialize\n"
+            "def initialize(self, ctx):\n"
+            "    return real_init(self, ctx)\n"
+            "type(rtsys).initialize = initialize\n"
+            "from ggviz.ggml.cpu import fast\n"
+            "from ggviz.ggml.cpu.fast import rowdot\n"
+            "assert fast._CacheFormatWithSymbols is None and fast._nrt_c_symbols is None\n"
+            "r = rowdot.mmq_layout(576, 3)\n"
+            "d = rowdot.mmq_layout\n"
+            "print(sum(d._cache_hits.values()), type(d.overloads[d.signatures[0]].library).__name__,"
+            " type(d._cache._impl).__name__, rtsys._init, 'numba.np.arraymath' in sys.modules, *r)\n")
+    env = dict(os.environ, PYTHONPATH=_ROOT, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    outs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.split())
+    from ggviz.ggml.cpu.fast import rowdot
+    assert outs[0][:4] == ["0", "JITCodeLibrary", "CompileResultCacheImpl", "True"], outs
+    assert outs[1][:5] == ["1", "JITCodeLibrary", "CompileResultCacheImpl", "True", "False"], outs
+    assert outs[0][5:] == outs[1][5:] == [str(x) for x in rowdot.mmq_layout(576, 3)]
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the model
