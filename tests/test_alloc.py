@@ -494,6 +494,45 @@ def test_different_topology_replans(pairs):
     assert got == want, _diff(want, got, "other topology")
 
 
+def _node_allocs(galloc) -> list:
+    """The plan's node_allocs as values: (dst, [src[j] for every j]), each (buffer_id, chunk, offset, size_max)."""
+    def v(ta):
+        return ta.buffer_id, ta.addr.chunk, ta.addr.offset, ta.size_max
+    return [(v(na.dst), [v(ta) for ta in na.src]) for na in galloc.node_allocs[:galloc.n_nodes]]
+
+
+@pytest.mark.parametrize("first,second", [("random_dag_1", "random_dag_2"), ("llama_sized_32", "llama_block")])
+def test_replanned_node_allocs_equal_a_fresh_plan(pairs, first, second):
+    """A plan written over an earlier plan's node_allocs (a smaller graph of another topology: gallocr_reserve_n
+    rewrites the lists in place) equals the plan a fresh allocator makes of that graph, and ggml's placements. Every
+    source slot ggml writes as invalid (NULL, a view, a tensor with data) holds the invalid values -- ggviz shares
+    one object among them, which no plan may write -- and every other slot an object of its own."""
+    g = real_ggml()
+    a, b = pairs(GRAPHS[first]), pairs(GRAPHS.get(second) or _dag(2))
+    rg, vg = g.gallocr_new(real_buft()), A.gallocr_new(viz_buft())
+    assert g.gallocr_reserve(rg, a.r["gf"]) and A.gallocr_reserve(vg, a.v["gf"])
+    assert a.v["gf"].n_nodes >= b.v["gf"].n_nodes          # (so the second plan is written over the first)
+    assert g.gallocr_reserve(rg, b.r["gf"]) and A.gallocr_reserve(vg, b.v["gf"])
+    fresh = A.gallocr_new(viz_buft())
+    assert A.gallocr_reserve(fresh, b.v["gf"])
+    assert _node_allocs(vg) == _node_allocs(fresh)
+    shared = A._INVALID_SRC_ALLOC
+    assert (shared.buffer_id, shared.addr, shared.size_max) == (-1, A.GGML_BUFFER_ADDRESS_INVALID, 0)
+    own = set()
+    for node, na in zip(b.v["gf"].nodes, vg.node_allocs):
+        for j in range(gg.GGML_MAX_SRC):
+            src = node.src[j]
+            invalid = src is None or src.view_src is not None or src.data != 0
+            assert (na.src[j] is shared) == invalid, (node.name, j)
+            if not invalid:
+                assert id(na.src[j]) not in own
+                own.add(id(na.src[j]))
+    assert g.gallocr_alloc_graph(rg, b.r["gf"]) and A.gallocr_alloc_graph(vg, b.v["gf"])
+    want = _placement(g, b.r["gf"], real_gallocr_chunks(rg, 1))
+    got = _placement(gg, b.v["gf"], viz_gallocr_chunks(vg))
+    assert got == want, _diff(want, got, "replanned")
+
+
 # ====================================================================================================
 # 3. chunks, padded alloc sizes, several buffer ids
 # ====================================================================================================
