@@ -68,11 +68,17 @@ _Q_BUFT_DEVICE, _Q_BUFT_CONTEXT = 6, 7
 _buffers: "weakref.WeakValueDictionary[int, ggml_backend_buffer]" = weakref.WeakValueDictionary()
 
 
+# the registry's own dict (address -> weak reference), read directly as tensor.tensor_at reads the tensors': one
+# probe and a call instead of WeakValueDictionary.get's Python frame (a graph's split asks ~1,600 times)
+_buffers_refs = _buffers.data
+
+
 def buffer_at(addr: int):
     """The ``ggml_backend_buffer`` whose struct starts at ``addr`` (None for NULL), e.g. ``buffer_at(t.buffer)``."""
     if not addr:
         return None
-    b = _buffers.get(int(addr))
+    r = _buffers_refs.get(addr if type(addr) is int else int(addr))
+    b = r() if r is not None else None
     if b is None:
         raise ValueError(f"no ggml_backend_buffer at address 0x{int(addr):x} (freed?)")
     return b

@@ -66,7 +66,7 @@ from .graph import (
 )
 from .impl import GGML_ASSERT, GGML_LOG, last_log_error
 from .ops import dup_tensor, view_tensor
-from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, _W_OP, Tensor, nbytes, op_desc, tensor_at
+from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, nbytes, op_desc, tensor_at
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
@@ -203,8 +203,10 @@ def _hash_id(sched: ggml_backend_sched, t: Tensor) -> int:
         i = hs.find(addr)
         if i == GGML_HASHSET_FULL:
             raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
-        if not hs.get_used(i):
-            hs.set_used(i)
+        used = hs.used                      # (the slot's bitset word read once: HashSet.get_used / set_used)
+        w = used.item(i >> 5)
+        if not (w >> (i & 31)) & 1:
+            used[i >> 5] = w | (1 << (i & 31))
             hs.keys[i] = addr
         sched._slot[addr] = i
     return i
@@ -373,7 +375,7 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
                             f"that cannot run the operation ({op_desc(tensor)})")
 
     # graph input
-    if tensor.flags & C.GGML_TENSOR_FLAG_INPUT:
+    if tensor._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_INPUT:
         cur_backend_id = sched.n_backends - 1      # last backend (assumed CPU)
         SET_CAUSE(sched, tensor, "1.inp", cur_backend_id)
         return cur_backend_id
