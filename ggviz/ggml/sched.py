@@ -515,6 +515,7 @@ def _pass5(sched, nodes, n_nodes, hid, isview, tbid) -> int:
     split.i_start = 0
     split.inputs = []
     cur_backend_id = split.backend_id
+    slot = sched._slot
     while i < n_nodes:
         if isview[i]:
             i += 1
@@ -559,11 +560,20 @@ def _pass5(sched, nodes, n_nodes, hid, isview, tbid) -> int:
             cur_backend_id = node_backend_id
 
         # find inputs that are not on the same backend
-        for j, src in A.srcs_of(node):
-            src_id = _hash_id(sched, src)
+        # (node->src[j] from the struct's words, its hash slot the one pass 1-4 found; the Tensor only where the
+        # body needs more than its backend id -- with one backend, nowhere)
+        for j, a in enumerate(node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
+            if not a:
+                continue
+            src_id = slot.get(a)
+            if src_id is None:
+                src_id = _hash_id(sched, tensor_at(a))
             src_backend_id = tbid[src_id]
             if not (src_backend_id != -1):      # (the message is only formatted when it fails)
-                GGML_ASSERT(False, f"source {src.name!r} of {node.name!r} has no backend")
+                GGML_ASSERT(False, f"source {tensor_at(a).name!r} of {node.name!r} has no backend")
+            if src_backend_id == cur_backend_id and sched.n_copies == 1:
+                continue                        # (neither test below can hold)
+            src = tensor_at(a)
 
             if (src.flags & C.GGML_TENSOR_FLAG_INPUT) and sched.n_copies > 1:
                 if _tensor_id_copy(sched, src_id, src_backend_id, 0) is None:
