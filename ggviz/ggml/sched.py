@@ -756,6 +756,16 @@ def _tables_equal(sched, t: tuple) -> bool:
     return np.array_equal(hs.keys[u], t[1][u])
 
 
+def _struct_words(arena: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The struct words of the tensors whose structs start at word ``rows`` of ``arena`` (one row of
+    GGML_TENSOR_SIZE / 8 words each, copied): rows of a strided view of the arena, gathered at once."""
+    if arena.size < _TENSOR_WORDS:
+        return np.zeros((0, _TENSOR_WORDS), arena.dtype)
+    structs = np.lib.stride_tricks.as_strided(arena, (arena.size - _TENSOR_WORDS + 1, _TENSOR_WORDS),
+                                              (arena.strides[0], arena.strides[0]), writeable=False)
+    return structs[rows]
+
+
 def _sched_key(sched) -> tuple:
     return (id(sched), tuple(id(b) for b in sched.backends), tuple(id(b) for b in sched.bufts), sched.op_offload,
             sched.n_copies, sched.hash_set.size)
@@ -787,18 +797,17 @@ def _split_memo_end(sched, graph, pre, queries, hid, isview):
         return None
     base = graph.ctx.mem_buffer.ctypes.data
     tensors = list(graph.leafs) + list(graph.nodes)
-    rows, ext = [], []
-    for t in tensors:
-        off = t.addr - base
-        if 0 <= off and off % 8 == 0 and off + C.GGML_TENSOR_SIZE <= arena.nbytes:
-            rows.append(off // 8)
-        else:
-            ext.append(t)                    # weights, the KV cache: structs in other contexts
+    addrs = [t.addr for t in tensors]
+    # each struct's word row in the arena, or the tensor is kept whole (weights, the KV cache: structs in other
+    # contexts) -- the offsets tested all at once
+    off = np.array(addrs, np.int64) - base
+    inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
+    ext = [tensors[k] for k in np.flatnonzero(~inside).tolist()]
     m = _SplitMemo()
     m.key = _sched_key(sched)
-    m.addrs = [t.addr for t in tensors]
-    m.rows = np.asarray(rows, np.int64)[:, None] + np.arange(_TENSOR_WORDS)
-    m.words = arena[m.rows]
+    m.addrs = addrs
+    m.rows = off[inside] // 8                # (each struct's first word)
+    m.words = _struct_words(arena, m.rows)
     m.ext = ext
     m.ext_bytes = b"".join(t.raw.tobytes() for t in ext)
     m.pre, m.post = pre, _tables(sched)
@@ -839,9 +848,9 @@ def _split_memo_match(sched, graph):
 def _memo_holds(sched, graph, m) -> bool:
     """Are the graph's structs those of the memo's split but for ne/nb, with the same backends' answers?"""
     arena = _arena_of(graph)
-    if arena is None or m.rows.size and m.rows.max() >= arena.size:
+    if arena is None or m.rows.size and m.rows.max() + _TENSOR_WORDS > arena.size:
         return False
-    words = arena[m.rows]
+    words = _struct_words(arena, m.rows)
     diff = words != m.words
     if (diff & ~_SHAPE_WORDS).any():
         return False                          # a field other than ne/nb changed
@@ -853,11 +862,11 @@ def _memo_holds(sched, graph, m) -> bool:
         # the reshaped tensors and those that read one (a backend's answer may look at its sources' shapes): a
         # reference is an arena word offset, looked up in a table of the reshaped structs' first words
         at = np.zeros(arena.size, bool)
-        at[m.rows[reshaped, 0]] = True
+        at[m.rows[reshaped]] = True
         refs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC + 1].view(np.int64) - base      # src[] and view_src
         inside = (refs >= 0) & (refs < arena.size * 8) & (refs % 8 == 0)
         hit = reshaped | (inside & at[np.where(inside, refs // 8, 0)]).any(axis=1)
-        affected = set((m.rows[hit, 0] * 8 + base).tolist())
+        affected = set((m.rows[hit] * 8 + base).tolist())
         for addr, b, offload, answer in m.queries:
             if addr in affected:
                 t = tensor_at(addr)
