@@ -417,6 +417,37 @@ def test_tensor_set_get_memset_and_views():
     B.backend_buffer_free(buf)
 
 
+@pytest.mark.parametrize("size", [100, (3 << 20) + 4097])
+@pytest.mark.parametrize("value", [0, 7])
+def test_buffer_clear_of_a_written_buffer(size, value):
+    """ggml_backend_buffer_clear on a CPU buffer that was written: every byte is ``value`` afterwards, the partial
+    pages at both ends included (a large buffer cleared to 0 hands its whole pages back to the kernel instead of
+    writing them), the buffer still works (written and read again) and its neighbours in memory are untouched. A
+    buffer over memory it was given (from_ptr) is cleared by writing."""
+    ctx = gg.init(1 << 16, None, True)
+    t = gg.new_tensor_1d(ctx, gg.GGML_TYPE_I8, size)
+    buf = A.backend_alloc_ctx_tensors_from_buft(ctx, B.backend_cpu_buffer_type())
+    rng = np.random.default_rng(size)
+    data = rng.integers(1, 255, B.backend_buffer_get_size(buf), dtype=np.uint8)
+    buf.context[:buf.size] = data
+    raw = buf.context.base                  # the whole allocation: the buffer and its alignment slack
+    lo = buf.context.ctypes.data - raw.ctypes.data
+    raw[:lo] = 0xA5
+    raw[lo + buf.size:] = 0x5A
+    B.backend_buffer_clear(buf, value)
+    assert (buf.context[:buf.size] == value).all()
+    assert (raw[:lo] == 0xA5).all() and (raw[lo + buf.size:] == 0x5A).all()
+    gg.get_data(t).reshape(-1)[:] = 3
+    assert (gg.get_data(t) == 3).all()
+    B.backend_buffer_free(buf)
+    # a buffer over given memory
+    whole = np.full(size + 64, 9, np.uint8)
+    host = whole[-whole.ctypes.data % 64:][:size]
+    pbuf = B.backend_cpu_buffer_from_ptr(host, size)
+    B.backend_buffer_clear(pbuf, 0)
+    assert not host.any() and pbuf.iface.clear is B._cpu_buffer_clear
+
+
 # ====================================================================================================
 # 2. re-planning
 # ====================================================================================================

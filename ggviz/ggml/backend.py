@@ -560,6 +560,17 @@ def _cpu_buffer_clear(buffer, value):
     buffer.context[:buffer.size] = value
 
 
+def _cpu_owned_buffer_clear(buffer, value):
+    """ggml_backend_cpu_buffer_clear (memset) of a buffer whose memory aligned_malloc made: zeros by whole pages
+    handed back to the kernel (memory.zero_owned: the same bytes, no write to each page -- llama.cpp clears its
+    fresh KV cache this way at every context creation). (A buffer over memory it was given -- a mapped model file
+    -- is cleared by _cpu_buffer_clear.)"""
+    if value == 0:
+        memory.zero_owned(buffer.context[:buffer.size])
+    else:
+        buffer.context[:buffer.size] = value
+
+
 _cpu_buffer_i = ggml_backend_buffer_i(
     free_buffer=_cpu_buffer_free_buffer,
     get_base=_cpu_buffer_get_base,
@@ -568,7 +579,7 @@ _cpu_buffer_i = ggml_backend_buffer_i(
     set_tensor=_cpu_buffer_set_tensor,
     get_tensor=_cpu_buffer_get_tensor,
     cpy_tensor=_cpu_buffer_cpy_tensor,
-    clear=_cpu_buffer_clear,
+    clear=_cpu_owned_buffer_clear,
     reset=None,
 )
 
