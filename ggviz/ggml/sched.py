@@ -212,6 +212,34 @@ def _hash_id(sched: ggml_backend_sched, t: Tensor) -> int:
     return i
 
 
+def _hash_ids(sched: ggml_backend_sched, tensors) -> list:
+    """``hash_id(t)`` of each tensor in order (inserting the new ones as ``_hash_id`` does, in this order: the same
+    slots), the probe inlined -- pass 1 inserts a graph's ~1,300 leafs and nodes one after the other."""
+    slot = sched._slot
+    hs = sched.hash_set
+    size, used, keys = hs.size, hs.used, hs.keys
+    out = []
+    for t in tensors:
+        addr = t.addr
+        i = slot.get(addr)
+        if i is None:
+            h = i = (addr >> 4) % size            # ggml_hash_find: the slot of addr or the first free one after h
+            while True:
+                w = used.item(i >> 5)
+                if not (w >> (i & 31)) & 1:
+                    used[i >> 5] = w | (1 << (i & 31))
+                    keys[i] = addr
+                    break
+                if keys.item(i) == addr:
+                    break
+                i = (i + 1) % size
+                if i == h:
+                    raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
+            slot[addr] = i
+        out.append(i)
+    return out
+
+
 def _tbid(sched, t) -> int:
     """tensor_backend_id(tensor) (read); -1 for NULL."""
     if t is None:
@@ -898,21 +926,16 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
     node's hash slot and whether it is a view op (pass 5 reads them)."""
     # pass 1: assign backends to ops with pre-allocated inputs
     _pass(sched, "1", "assign backends to ops with pre-allocated inputs (weights, KV cache), graph inputs")
-    for leaf in leafs:
-        h = _hash_id(sched, leaf)
+    # ggviz: the leafs' hash slots, then the nodes', found (and inserted) in the order the loops below ask for them
+    # -- backend_id_from_cur inserts nothing but its own tensor -- so they are the slots C's loops give; the nodes'
+    # are kept for the passes below (C's hash_id(node) is a probe of the hash set; the Python one ~10 operations)
+    for leaf, h in zip(leafs, _hash_ids(sched, leafs)):
         # do not overwrite user assignments
         if tbid[h] == -1:
             tbid[h] = backend_sched_backend_id_from_cur(sched, leaf)
-    # ggviz: each node's hash slot and whether it is a view op, found once here for the passes below (C's
-    # hash_id(node) is a probe of the hash set; the Python one a dict lookup and a call, ~10 per node)
-    hid = []
+    hid = _hash_ids(sched, nodes)
     isview = []
-    slot = sched._slot
-    for node in nodes:
-        h = slot.get(node.addr)
-        if h is None:
-            h = _hash_id(sched, node)
-        hid.append(h)
+    for node, h in zip(nodes, hid):
         isview.append(node._w.item(_W_OP) in _VIEW_OPS)        # ggml_is_view_op
         # do not overwrite user assignments
         if tbid[h] == -1:
