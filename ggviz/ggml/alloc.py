@@ -33,7 +33,7 @@ from . import consts as C
 from . import memory
 from .graph import HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_OP, Tensor, tensor_at
+from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, tensor_at
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -580,17 +580,21 @@ _REC_TEMPLATE = dict(name=None, addr=None, op=None, phase=None, buffer_id=None, 
                      view_offs=0, extra_freed=0, output=False, input=False)
 
 
-def _record(galloc, t: Tensor, **fields) -> dict:
+def _new_record(galloc, t: Tensor) -> dict:
+    """A tensor's first record: a copy of the template (keys in its order), then the tensor's own values."""
+    rec = _REC_TEMPLATE.copy()
+    w = t._w
+    flags = w.item(_W_FLAGS)
     addr = t.addr
-    rec = galloc._rec.get(addr)
-    if rec is None:
-        # (a copy of the template, keys in its order, then the tensor's own values: no 18-keyword dict call)
-        rec = _REC_TEMPLATE.copy()
-        flags = t.flags
-        rec["name"], rec["addr"], rec["op"], rec["phase"] = t.name, addr, t.op, galloc._phase
-        rec["output"] = bool(flags & C.GGML_TENSOR_FLAG_OUTPUT)
-        rec["input"] = bool(flags & C.GGML_TENSOR_FLAG_INPUT)
-        galloc._rec[addr] = rec
+    rec["name"], rec["addr"], rec["op"], rec["phase"] = t.name, addr, w.item(_W_OP), galloc._phase
+    rec["output"] = bool(flags & C.GGML_TENSOR_FLAG_OUTPUT)
+    rec["input"] = bool(flags & C.GGML_TENSOR_FLAG_INPUT)
+    galloc._rec[addr] = rec
+    return rec
+
+
+def _record(galloc, t: Tensor, **fields) -> dict:
+    rec = galloc._rec.get(t.addr) or _new_record(galloc, t)
     rec.update(fields)
     return rec
 
@@ -600,9 +604,14 @@ def _node_index(galloc) -> int:
     return galloc._index if galloc._phase == "nodes" else -1
 
 
+# (the notes below write their fields into the record one by one -- the keys exist, in the template's order --
+# rather than through _record's keywords: a plan writes ~1,500 of them)
+
 def _note_alloc(galloc, node, hn, size, padded):
-    _record(galloc, node, buffer_id=hn.buffer_id, chunk=hn.addr.chunk, offset=hn.addr.offset, size=size,
-            alloc_size=padded, alloc_node=_node_index(galloc))
+    rec = galloc._rec.get(node.addr) or _new_record(galloc, node)
+    a = hn.addr
+    rec["buffer_id"], rec["chunk"], rec["offset"] = hn.buffer_id, a.chunk, a.offset
+    rec["size"], rec["alloc_size"], rec["alloc_node"] = size, padded, _node_index(galloc)
     if trace.active:
         trace.emit("alloc.alloc", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
                    node=_node_index(galloc), name=node.name, addr=node.addr, buffer_id=hn.buffer_id,
@@ -611,10 +620,15 @@ def _note_alloc(galloc, node, hn, size, padded):
 
 def _note_reuse(galloc, node, parent, hn, size, via=None):
     """``node`` takes over ``parent``'s memory (``via``: the view of ``parent`` it actually reads, if any)."""
-    _record(galloc, parent, reused_by=node.name, free_node=_node_index(galloc))
+    recs = galloc._rec
+    p_rec = recs.get(parent.addr) or _new_record(galloc, parent)        # (the parent's record first, as before)
+    rec = recs.get(node.addr) or _new_record(galloc, node)
+    p_rec["reused_by"], p_rec["free_node"] = rec["name"], _node_index(galloc)
     padded = aligned_offset(0, size, galloc.buf_tallocs[hn.buffer_id].alignment)
-    _record(galloc, node, buffer_id=hn.buffer_id, chunk=hn.addr.chunk, offset=hn.addr.offset, size=size,
-            alloc_size=padded, alloc_node=_node_index(galloc), reused_from=parent.name)
+    a = hn.addr
+    rec["buffer_id"], rec["chunk"], rec["offset"] = hn.buffer_id, a.chunk, a.offset
+    rec["size"], rec["alloc_size"], rec["alloc_node"] = size, padded, _node_index(galloc)
+    rec["reused_from"] = p_rec["name"]
     if trace.active:
         trace.emit("alloc.reuse", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
                    node=_node_index(galloc), name=node.name, addr=node.addr, parent=parent.name,
@@ -623,10 +637,11 @@ def _note_reuse(galloc, node, parent, hn, size, via=None):
 
 
 def _note_free(galloc, node, addr, size, extra=False):
+    rec = galloc._rec.get(node.addr) or _new_record(galloc, node)
     if extra:
-        _record(galloc, node)["extra_freed"] += size
+        rec["extra_freed"] += size
     else:
-        _record(galloc, node, free_node=_node_index(galloc))
+        rec["free_node"] = _node_index(galloc)
     if trace.active:
         trace.emit("alloc.free", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
                    node=_node_index(galloc), name=node.name, addr=node.addr, chunk=addr.chunk, offset=addr.offset,
@@ -634,20 +649,27 @@ def _note_free(galloc, node, addr, size, extra=False):
 
 
 def _note_view(galloc, node):
-    if node.addr in galloc._rec:
+    recs = galloc._rec
+    if node.addr in recs:
         return
-    src = node.view_src
+    q = node._q
+    src = tensor_at(q.item(_Q_VIEW_SRC))
+    view_offs = q.item(_Q_VIEW_OFFS)
     # where the source was planned (None when it is external: already has data, or not planned yet)
-    src_rec = galloc._rec.get(src.addr)
-    chunk = src_rec["chunk"] if src_rec is not None else None
-    offset = src_rec["offset"] + node.view_offs if src_rec is not None and src_rec["offset"] is not None else None
-    _record(galloc, node, view_src=src.name, view_offs=node.view_offs,
-            buffer_id=src_rec["buffer_id"] if src_rec is not None else None, chunk=chunk, offset=offset,
-            alloc_node=_node_index(galloc))
+    src_rec = recs.get(src.addr)
+    rec = _new_record(galloc, node)
+    if src_rec is not None:
+        rec["view_src"] = src_rec["name"]
+        rec["buffer_id"], rec["chunk"] = src_rec["buffer_id"], src_rec["chunk"]
+        rec["offset"] = src_rec["offset"] + view_offs if src_rec["offset"] is not None else None
+    else:
+        rec["view_src"] = src.name
+    rec["view_offs"] = view_offs
+    rec["alloc_node"] = _node_index(galloc)
     if trace.active:
         trace.emit("alloc.view", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
                    node=_node_index(galloc), name=node.name, addr=node.addr, view_src=src.name,
-                   view_src_addr=src.addr, view_offs=node.view_offs, chunk=chunk, offset=offset)
+                   view_src_addr=src.addr, view_offs=view_offs, chunk=rec["chunk"], offset=rec["offset"])
 
 
 # ---------------------------------------------------------------------------------------------------
