@@ -702,7 +702,7 @@ def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int, sr
     ``view_src``, ``data`` and ``buffer`` are tested for NULL, the same tests as C's)"""
     if buffer_id < 0:
         GGML_ASSERT(False, "buffer_id >= 0")
-    hn = gallocr_hash_get(galloc, node)
+    hn = galloc._slot.get(node.addr) or gallocr_hash_get(galloc, node)
     q = node._q
     is_view = q.item(_Q_VIEW_SRC) != 0
 
@@ -767,7 +767,7 @@ def gallocr_free_node(galloc: ggml_gallocr, node: Tensor) -> None:
     if node.flags & C.GGML_TENSOR_FLAG_OUTPUT:
         return
 
-    hn = gallocr_hash_get(galloc, node)
+    hn = galloc._slot.get(node.addr) or gallocr_hash_get(galloc, node)
     buffer_id = hn.buffer_id
     alloc = galloc.buf_tallocs[buffer_id]
     size = _alloc_size(galloc, buffer_id, node)
@@ -821,16 +821,16 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         # itself is never used and should not be considered a dependency
         vs = node._q.item(_Q_VIEW_SRC)
         if vs and node._w.item(_W_OP) != C.GGML_OP_NONE:
-            hash_get(galloc, tensor_at(vs)).n_views += 1
+            (slot.get(vs) or hash_get(galloc, tensor_at(vs))).n_views += 1
 
-        if node.flags & INPUT:
+        if node._w.item(_W_FLAGS) & INPUT:
             gallocr_allocate_node(galloc, nodes[i], get_node_buffer_id(node_buffer_ids, i))
 
         for j, src in node_srcs[i]:
             (slot.get(src.addr) or hash_get(galloc, src)).n_children += 1
 
             # allocate explicit inputs
-            if src.flags & INPUT:
+            if src._w.item(_W_FLAGS) & INPUT:
                 gallocr_allocate_node(galloc, src, get_node_buffer_id(node_buffer_ids, i))
 
     # allocate tensors
@@ -869,7 +869,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
                 vs = parent._q.item(_Q_VIEW_SRC)
                 if vs:
                     view_src = tensor_at(vs)
-                    view_src_hn = hash_get(galloc, view_src)
+                    view_src_hn = slot.get(vs) or hash_get(galloc, view_src)
                     view_src_hn.n_views -= 1
                     if view_src_hn.n_views == 0 and view_src_hn.n_children == 0 and view_src_hn.allocated:
                         gallocr_free_node(galloc, view_src)
