@@ -417,6 +417,37 @@ def test_tensor_set_get_memset_and_views():
     B.backend_buffer_free(buf)
 
 
+@pytest.mark.parametrize("size", [100, (3 << 20) + 4097])
+@pytest.mark.parametrize("value", [0, 7])
+def test_buffer_clear_of_a_written_buffer(size, value):
+    """ggml_backend_buffer_clear on a CPU buffer that was written: every byte is ``value`` afterwards, the partial
+    pages at both ends included (a large buffer cleared to 0 hands its whole pages back to the kernel instead of
+    writing them), the buffer still works (written and read again) and its neighbours in memory are untouched. A
+    buffer over memory it was given (from_ptr) is cleared by writing."""
+    ctx = gg.init(1 << 16, None, True)
+    t = gg.new_tensor_1d(ctx, gg.GGML_TYPE_I8, size)
+    buf = A.backend_alloc_ctx_tensors_from_buft(ctx, B.backend_cpu_buffer_type())
+    rng = np.random.default_rng(size)
+    data = rng.integers(1, 255, B.backend_buffer_get_size(buf), dtype=np.uint8)
+    buf.context[:buf.size] = data
+    raw = buf.context.base                  # the whole allocation: the buffer and its alignment slack
+    lo = buf.context.ctypes.data - raw.ctypes.data
+    raw[:lo] = 0xA5
+    raw[lo + buf.size:] = 0x5A
+    B.backend_buffer_clear(buf, value)
+    assert (buf.context[:buf.size] == value).all()
+    assert (raw[:lo] == 0xA5).all() and (raw[lo + buf.size:] == 0x5A).all()
+    gg.get_data(t).reshape(-1)[:] = 3
+    assert (gg.get_data(t) == 3).all()
+    B.backend_buffer_free(buf)
+    # a buffer over given memory
+    whole = np.full(size + 64, 9, np.uint8)
+    host = whole[-whole.ctypes.data % 64:][:size]
+    pbuf = B.backend_cpu_buffer_from_ptr(host, size)
+    B.backend_buffer_clear(pbuf, 0)
+    assert not host.any() and pbuf.iface.clear is B._cpu_buffer_clear
+
+
 # ====================================================================================================
 # 2. re-planning
 # ====================================================================================================
@@ -492,6 +523,45 @@ def test_different_topology_replans(pairs):
     want = _placement(g, b.r["gf"], real_gallocr_chunks(rg, 1))
     got = _placement(gg, b.v["gf"], viz_gallocr_chunks(vg))
     assert got == want, _diff(want, got, "other topology")
+
+
+def _node_allocs(galloc) -> list:
+    """The plan's node_allocs as values: (dst, [src[j] for every j]), each (buffer_id, chunk, offset, size_max)."""
+    def v(ta):
+        return ta.buffer_id, ta.addr.chunk, ta.addr.offset, ta.size_max
+    return [(v(na.dst), [v(ta) for ta in na.src]) for na in galloc.node_allocs[:galloc.n_nodes]]
+
+
+@pytest.mark.parametrize("first,second", [("random_dag_1", "random_dag_2"), ("llama_sized_32", "llama_block")])
+def test_replanned_node_allocs_equal_a_fresh_plan(pairs, first, second):
+    """A plan written over an earlier plan's node_allocs (a smaller graph of another topology: gallocr_reserve_n
+    rewrites the lists in place) equals the plan a fresh allocator makes of that graph, and ggml's placements. Every
+    source slot ggml writes as invalid (NULL, a view, a tensor with data) holds the invalid values -- ggviz shares
+    one object among them, which no plan may write -- and every other slot an object of its own."""
+    g = real_ggml()
+    a, b = pairs(GRAPHS[first]), pairs(GRAPHS.get(second) or _dag(2))
+    rg, vg = g.gallocr_new(real_buft()), A.gallocr_new(viz_buft())
+    assert g.gallocr_reserve(rg, a.r["gf"]) and A.gallocr_reserve(vg, a.v["gf"])
+    assert a.v["gf"].n_nodes >= b.v["gf"].n_nodes          # (so the second plan is written over the first)
+    assert g.gallocr_reserve(rg, b.r["gf"]) and A.gallocr_reserve(vg, b.v["gf"])
+    fresh = A.gallocr_new(viz_buft())
+    assert A.gallocr_reserve(fresh, b.v["gf"])
+    assert _node_allocs(vg) == _node_allocs(fresh)
+    shared = A._INVALID_SRC_ALLOC
+    assert (shared.buffer_id, shared.addr, shared.size_max) == (-1, A.GGML_BUFFER_ADDRESS_INVALID, 0)
+    own = set()
+    for node, na in zip(b.v["gf"].nodes, vg.node_allocs):
+        for j in range(gg.GGML_MAX_SRC):
+            src = node.src[j]
+            invalid = src is None or src.view_src is not None or src.data != 0
+            assert (na.src[j] is shared) == invalid, (node.name, j)
+            if not invalid:
+                assert id(na.src[j]) not in own
+                own.add(id(na.src[j]))
+    assert g.gallocr_alloc_graph(rg, b.r["gf"]) and A.gallocr_alloc_graph(vg, b.v["gf"])
+    want = _placement(g, b.r["gf"], real_gallocr_chunks(rg, 1))
+    got = _placement(gg, b.v["gf"], viz_gallocr_chunks(vg))
+    assert got == want, _diff(want, got, "replanned")
 
 
 # ====================================================================================================

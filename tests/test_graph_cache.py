@@ -262,6 +262,43 @@ def test_derived_graph_split_equals_the_passes(model, monkeypatch):
         assert x == y, f"item {i + 3} differs"
 
 
+def test_split_hash_slots_follow_ggmls_insertion_order(model):
+    """Pass 1 finds (and inserts) the hash slots of a graph's leafs and then its nodes in one go (sched._hash_ids):
+    every slot is the one ggml's loops give -- the scheduler's pins first, then each leaf, then each node, inserted
+    one by one into an empty hash set of the same size (ggml_hash_find, linear probing) -- for the reserve's graphs
+    and a prompt's."""
+    from ggviz.ggml import sched as gs
+    from ggviz.ggml.graph import HashSet
+
+    ctx = _ctx(model)
+    checked = []
+    real = gs._assign_backends
+
+    def check(sched, nodes, leafs, *a):
+        pre = dict(sched._slot)                       # the pins (set_tensor_backend before the split)
+        out = real(sched, nodes, leafs, *a)
+        hs = sched.hash_set
+        ref = HashSet(hs.size, np.zeros_like(hs.used), np.zeros_like(hs.keys))
+        want = {}
+        for t in [ggml.tensor_at(a) for a in pre] + list(leafs) + list(nodes):
+            if t.addr in want:
+                continue
+            i = ref.find(t.addr)
+            ref.set_used(i)
+            ref.keys[i] = t.addr
+            want[t.addr] = i
+        got = {a: sched._slot[a] for a in want}
+        checked.append((len(want), got == want, out[0] == [want[t.addr] for t in nodes]))
+        return out
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(gs, "_assign_backends", check)
+        ctx.sched_need_reserve = True
+        ctx.sched_reserve()
+        _decode(ctx, TOKS[:6], 0, 0)
+    assert len(checked) >= 3 and all(ok and hid_ok for _, ok, hid_ok in checked), checked
+
+
 def _programs_as_built(ctx):
     """Each split's compiled program against a fresh build of the same split graph (fast/compiler.py's row
     builder over every node) and its plans against ggml_graph_plan's per-node loop run on the graph: equal, field by

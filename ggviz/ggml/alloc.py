@@ -33,7 +33,7 @@ from . import consts as C
 from . import memory
 from .graph import HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_OP, Tensor, tensor_at
+from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, tensor_at
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -393,6 +393,9 @@ def vbuffer_reset(buf: vbuffer) -> None:
 # graph allocator
 # ==================================================================================================
 
+_ADDR_ZERO = buffer_address(0, 0)         # (immutable: one object for every zeroed address)
+
+
 class hash_node:
     """Per-tensor planning state (``struct hash_node``): how many graph nodes still read it (``n_children``), how
     many views of it are still alive (``n_views``), and where it lives once allocated."""
@@ -402,7 +405,7 @@ class hash_node:
         self.n_children = 0
         self.n_views = 0
         self.buffer_id = 0
-        self.addr = buffer_address(0, 0)
+        self.addr = _ADDR_ZERO
         self.allocated = False
 
     def __repr__(self):
@@ -465,6 +468,9 @@ class ggml_gallocr:
         # ggviz: the plan lists (node_allocs / leaf_allocs) are also held by a saved plan (gallocr_save_plan): the
         # next reserve makes new lists instead of overwriting these in place
         self._plan_shared = False
+        # ggviz: while a plan is made, each tensor's alloc size (_alloc_size) and each node's sources (srcs_of)
+        self._sizes: dict | None = None
+        self._node_srcs: list | None = None
 
     def __repr__(self):
         return (f"<ggml_gallocr n_buffers={self.n_buffers} sizes="
@@ -521,21 +527,23 @@ def gallocr_hash_get(galloc: ggml_gallocr, t: Tensor) -> hash_node:
     if hn is not None:            # ggviz: found before since the last reset (the probe below would find it again)
         return hn
     hs = galloc.hash_set
-    h = (addr >> 4) % hs.size     # ggml_hash: the last 4 bits are always zero due to alignment
+    size, used, keys = hs.size, hs.used, hs.keys
+    h = (addr >> 4) % size        # ggml_hash: the last 4 bits are always zero due to alignment
     i = h
-    while True:                   # linear probing
-        if not hs.get_used(i):
-            hs.set_used(i)
-            hs.keys[i] = addr
+    while True:                   # linear probing (the bitset word read once per slot: HashSet.get_used/set_used)
+        w = used.item(i >> 5)
+        if not (w >> (i & 31)) & 1:
+            used[i >> 5] = w | (1 << (i & 31))
+            keys[i] = addr
             hn = galloc._slot[addr] = galloc.hash_values[i] = hash_node()
             return hn
-        if hs.keys.item(i) == addr:
+        if keys.item(i) == addr:
             hn = galloc.hash_values.get(i)
             if hn is None:
                 hn = galloc.hash_values[i] = hash_node()
             galloc._slot[addr] = hn
             return hn
-        i = (i + 1) % hs.size
+        i = (i + 1) % size
         if i == h:
             raise GGMLError("ggml_hash_find_or_insert: hash set is full")
 
@@ -550,6 +558,21 @@ def gallocr_is_allocated(galloc: ggml_gallocr, t: Tensor) -> bool:
             or gallocr_is_own(galloc, t))      # tensor will be allocated by galloc
 
 
+def _alloc_size(galloc: ggml_gallocr, buffer_id: int, t: Tensor) -> int:
+    """ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t), asked once per tensor and buffer id while a
+    plan is made (``galloc._sizes``, dropped when it ends): a planned tensor's size is asked when it is allocated,
+    freed, reused, and again for every node_alloc slot that holds it, and nothing changes its shape meanwhile."""
+    sizes = galloc._sizes
+    if sizes is None:
+        return B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], t)
+    e = sizes.get(t.addr)
+    if e is not None and e[0] == buffer_id:
+        return e[1]
+    size = B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], t)
+    sizes[t.addr] = (buffer_id, size)
+    return size
+
+
 # ---- ggviz: the plan record and trace events ---------------------------------------------------------
 
 _REC_TEMPLATE = dict(name=None, addr=None, op=None, phase=None, buffer_id=None, chunk=None, offset=None, size=0,
@@ -557,17 +580,21 @@ _REC_TEMPLATE = dict(name=None, addr=None, op=None, phase=None, buffer_id=None, 
                      view_offs=0, extra_freed=0, output=False, input=False)
 
 
-def _record(galloc, t: Tensor, **fields) -> dict:
+def _new_record(galloc, t: Tensor) -> dict:
+    """A tensor's first record: a copy of the template (keys in its order), then the tensor's own values."""
+    rec = _REC_TEMPLATE.copy()
+    w = t._w
+    flags = w.item(_W_FLAGS)
     addr = t.addr
-    rec = galloc._rec.get(addr)
-    if rec is None:
-        # (a copy of the template, keys in its order, then the tensor's own values: no 18-keyword dict call)
-        rec = _REC_TEMPLATE.copy()
-        flags = t.flags
-        rec["name"], rec["addr"], rec["op"], rec["phase"] = t.name, addr, t.op, galloc._phase
-        rec["output"] = bool(flags & C.GGML_TENSOR_FLAG_OUTPUT)
-        rec["input"] = bool(flags & C.GGML_TENSOR_FLAG_INPUT)
-        galloc._rec[addr] = rec
+    rec["name"], rec["addr"], rec["op"], rec["phase"] = t.name, addr, w.item(_W_OP), galloc._phase
+    rec["output"] = bool(flags & C.GGML_TENSOR_FLAG_OUTPUT)
+    rec["input"] = bool(flags & C.GGML_TENSOR_FLAG_INPUT)
+    galloc._rec[addr] = rec
+    return rec
+
+
+def _record(galloc, t: Tensor, **fields) -> dict:
+    rec = galloc._rec.get(t.addr) or _new_record(galloc, t)
     rec.update(fields)
     return rec
 
@@ -577,9 +604,14 @@ def _node_index(galloc) -> int:
     return galloc._index if galloc._phase == "nodes" else -1
 
 
+# (the notes below write their fields into the record one by one -- the keys exist, in the template's order --
+# rather than through _record's keywords: a plan writes ~1,500 of them)
+
 def _note_alloc(galloc, node, hn, size, padded):
-    _record(galloc, node, buffer_id=hn.buffer_id, chunk=hn.addr.chunk, offset=hn.addr.offset, size=size,
-            alloc_size=padded, alloc_node=_node_index(galloc))
+    rec = galloc._rec.get(node.addr) or _new_record(galloc, node)
+    a = hn.addr
+    rec["buffer_id"], rec["chunk"], rec["offset"] = hn.buffer_id, a.chunk, a.offset
+    rec["size"], rec["alloc_size"], rec["alloc_node"] = size, padded, _node_index(galloc)
     if trace.active:
         trace.emit("alloc.alloc", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
                    node=_node_index(galloc), name=node.name, addr=node.addr, buffer_id=hn.buffer_id,
@@ -588,10 +620,15 @@ def _note_alloc(galloc, node, hn, size, padded):
 
 def _note_reuse(galloc, node, parent, hn, size, via=None):
     """``node`` takes over ``parent``'s memory (``via``: the view of ``parent`` it actually reads, if any)."""
-    _record(galloc, parent, reused_by=node.name, free_node=_node_index(galloc))
+    recs = galloc._rec
+    p_rec = recs.get(parent.addr) or _new_record(galloc, parent)        # (the parent's record first, as before)
+    rec = recs.get(node.addr) or _new_record(galloc, node)
+    p_rec["reused_by"], p_rec["free_node"] = rec["name"], _node_index(galloc)
     padded = aligned_offset(0, size, galloc.buf_tallocs[hn.buffer_id].alignment)
-    _record(galloc, node, buffer_id=hn.buffer_id, chunk=hn.addr.chunk, offset=hn.addr.offset, size=size,
-            alloc_size=padded, alloc_node=_node_index(galloc), reused_from=parent.name)
+    a = hn.addr
+    rec["buffer_id"], rec["chunk"], rec["offset"] = hn.buffer_id, a.chunk, a.offset
+    rec["size"], rec["alloc_size"], rec["alloc_node"] = size, padded, _node_index(galloc)
+    rec["reused_from"] = p_rec["name"]
     if trace.active:
         trace.emit("alloc.reuse", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
                    node=_node_index(galloc), name=node.name, addr=node.addr, parent=parent.name,
@@ -600,10 +637,11 @@ def _note_reuse(galloc, node, parent, hn, size, via=None):
 
 
 def _note_free(galloc, node, addr, size, extra=False):
+    rec = galloc._rec.get(node.addr) or _new_record(galloc, node)
     if extra:
-        _record(galloc, node)["extra_freed"] += size
+        rec["extra_freed"] += size
     else:
-        _record(galloc, node, free_node=_node_index(galloc))
+        rec["free_node"] = _node_index(galloc)
     if trace.active:
         trace.emit("alloc.free", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
                    node=_node_index(galloc), name=node.name, addr=node.addr, chunk=addr.chunk, offset=addr.offset,
@@ -611,20 +649,27 @@ def _note_free(galloc, node, addr, size, extra=False):
 
 
 def _note_view(galloc, node):
-    if node.addr in galloc._rec:
+    recs = galloc._rec
+    if node.addr in recs:
         return
-    src = node.view_src
+    q = node._q
+    src = tensor_at(q.item(_Q_VIEW_SRC))
+    view_offs = q.item(_Q_VIEW_OFFS)
     # where the source was planned (None when it is external: already has data, or not planned yet)
-    src_rec = galloc._rec.get(src.addr)
-    chunk = src_rec["chunk"] if src_rec is not None else None
-    offset = src_rec["offset"] + node.view_offs if src_rec is not None and src_rec["offset"] is not None else None
-    _record(galloc, node, view_src=src.name, view_offs=node.view_offs,
-            buffer_id=src_rec["buffer_id"] if src_rec is not None else None, chunk=chunk, offset=offset,
-            alloc_node=_node_index(galloc))
+    src_rec = recs.get(src.addr)
+    rec = _new_record(galloc, node)
+    if src_rec is not None:
+        rec["view_src"] = src_rec["name"]
+        rec["buffer_id"], rec["chunk"] = src_rec["buffer_id"], src_rec["chunk"]
+        rec["offset"] = src_rec["offset"] + view_offs if src_rec["offset"] is not None else None
+    else:
+        rec["view_src"] = src.name
+    rec["view_offs"] = view_offs
+    rec["alloc_node"] = _node_index(galloc)
     if trace.active:
         trace.emit("alloc.view", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
                    node=_node_index(galloc), name=node.name, addr=node.addr, view_src=src.name,
-                   view_src_addr=src.addr, view_offs=node.view_offs, chunk=chunk, offset=offset)
+                   view_src_addr=src.addr, view_offs=view_offs, chunk=rec["chunk"], offset=rec["offset"])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -634,8 +679,8 @@ def gallocr_free_extra_space(galloc: ggml_gallocr, node: Tensor, parent: Tensor)
     hn = gallocr_hash_get(galloc, node)
     p_hn = gallocr_hash_get(galloc, parent)
 
-    parent_size = B.backend_buft_get_alloc_size(galloc.bufts[p_hn.buffer_id], parent)
-    node_size = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node)
+    parent_size = _alloc_size(galloc, p_hn.buffer_id, parent)
+    node_size = _alloc_size(galloc, hn.buffer_id, node)
 
     if not (parent_size >= node_size):      # (the message is only formatted when it fails)
         GGML_ASSERT(False, f"{parent.name!r} is smaller than {node.name!r} reusing it")
@@ -657,7 +702,7 @@ def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int, sr
     ``view_src``, ``data`` and ``buffer`` are tested for NULL, the same tests as C's)"""
     if buffer_id < 0:
         GGML_ASSERT(False, "buffer_id >= 0")
-    hn = gallocr_hash_get(galloc, node)
+    hn = galloc._slot.get(node.addr) or gallocr_hash_get(galloc, node)
     q = node._q
     is_view = q.item(_Q_VIEW_SRC) != 0
 
@@ -695,7 +740,7 @@ def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int, sr
                             p_hn.allocated = False   # avoid freeing the parent
                             view_src_hn.allocated = False
                             _note_reuse(galloc, node, view_src, hn,
-                                        B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node), via=parent)
+                                        _alloc_size(galloc, hn.buffer_id, node), via=parent)
                             gallocr_free_extra_space(galloc, node, view_src)
                             return
                     else:
@@ -704,13 +749,12 @@ def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int, sr
                         hn.addr = p_hn.addr
                         p_hn.allocated = False   # avoid freeing the parent
                         _note_reuse(galloc, node, parent, hn,
-                                    B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], node))
+                                    _alloc_size(galloc, hn.buffer_id, node))
                         gallocr_free_extra_space(galloc, node, parent)
                         return
         # allocate tensor from the buffer
         alloc = galloc.buf_tallocs[buffer_id]
-        buft = galloc.bufts[buffer_id]
-        size = B.backend_buft_get_alloc_size(buft, node)
+        size = _alloc_size(galloc, buffer_id, node)
         hn.buffer_id = buffer_id
         hn.addr = dyn_tallocr_alloc(alloc, size, node)
         _note_alloc(galloc, node, hn, size, aligned_offset(0, size, alloc.alignment))
@@ -723,11 +767,10 @@ def gallocr_free_node(galloc: ggml_gallocr, node: Tensor) -> None:
     if node.flags & C.GGML_TENSOR_FLAG_OUTPUT:
         return
 
-    hn = gallocr_hash_get(galloc, node)
+    hn = galloc._slot.get(node.addr) or gallocr_hash_get(galloc, node)
     buffer_id = hn.buffer_id
     alloc = galloc.buf_tallocs[buffer_id]
-    buft = galloc.bufts[buffer_id]
-    size = B.backend_buft_get_alloc_size(buft, node)
+    size = _alloc_size(galloc, buffer_id, node)
 
     dyn_tallocr_free_bytes(alloc, hn.addr, size)
     hn.allocated = False
@@ -747,6 +790,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
     galloc.hash_values = {}
     galloc._slot = {}
     galloc._rec = {}
+    galloc._sizes = {}
 
     # allocate leafs
     # these may be tensors that the application is not using in the graph, but may still want to allocate for other purposes
@@ -758,9 +802,10 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
 
     # ggviz: each node's sources (srcs_of) and view source, read from the struct once for the three loops below
     nodes = graph.nodes
-    node_srcs = [srcs_of(node) for node in nodes]
+    node_srcs = galloc._node_srcs = [srcs_of(node) for node in nodes]
     hash_get = gallocr_hash_get
     slot = galloc._slot          # (gallocr_hash_get's first lookup: a tensor found before since the reset)
+    rec = galloc._rec
     INPUT = C.GGML_TENSOR_FLAG_INPUT
 
     # count number of children and views
@@ -776,16 +821,16 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         # itself is never used and should not be considered a dependency
         vs = node._q.item(_Q_VIEW_SRC)
         if vs and node._w.item(_W_OP) != C.GGML_OP_NONE:
-            hash_get(galloc, tensor_at(vs)).n_views += 1
+            (slot.get(vs) or hash_get(galloc, tensor_at(vs))).n_views += 1
 
-        if node.flags & INPUT:
+        if node._w.item(_W_FLAGS) & INPUT:
             gallocr_allocate_node(galloc, nodes[i], get_node_buffer_id(node_buffer_ids, i))
 
         for j, src in node_srcs[i]:
             (slot.get(src.addr) or hash_get(galloc, src)).n_children += 1
 
             # allocate explicit inputs
-            if src.flags & INPUT:
+            if src._w.item(_W_FLAGS) & INPUT:
                 gallocr_allocate_node(galloc, src, get_node_buffer_id(node_buffer_ids, i))
 
     # allocate tensors
@@ -798,6 +843,18 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
 
         # allocate parents (only leafs need to be allocated at this point)
         for _, parent in srcs_j:
+            # (the calls gallocr_allocate_node would return from without a change are not made: a parent galloc
+            # has allocated -- an earlier node, nearly always --, a view it has noted, a tensor with data or a
+            # buffer of its own -- the weights; the counting above made every parent's hash_node)
+            hn = slot.get(parent.addr)
+            if hn is not None and hn.allocated:
+                continue
+            q = parent._q
+            if q.item(_Q_VIEW_SRC):
+                if parent.addr in rec:
+                    continue
+            elif q.item(_Q_DATA) or q.item(_Q_BUFFER):
+                continue
             gallocr_allocate_node(galloc, parent, buffer_id)
 
         # allocate node
@@ -812,7 +869,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
                 vs = parent._q.item(_Q_VIEW_SRC)
                 if vs:
                     view_src = tensor_at(vs)
-                    view_src_hn = hash_get(galloc, view_src)
+                    view_src_hn = slot.get(vs) or hash_get(galloc, view_src)
                     view_src_hn.n_views -= 1
                     if view_src_hn.n_views == 0 and view_src_hn.n_children == 0 and view_src_hn.allocated:
                         gallocr_free_node(galloc, view_src)
@@ -826,60 +883,68 @@ def _invalid_alloc(ta: tensor_alloc) -> None:
     ta.size_max = 0
 
 
+# ggviz: the tensor_alloc of every source slot ggml writes as invalid (NULL, a view, a tensor with data) -- ~7 of a
+# node's GGML_MAX_SRC slots: one object shared by all of them, never written (_set_node_allocs gives a slot that
+# becomes valid an object of its own)
+_INVALID_SRC_ALLOC = tensor_alloc(-1, GGML_BUFFER_ADDRESS_INVALID, 0)
+
+
 def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
     """gallocr_reserve_n_impl's "set the node_allocs from the hash table": each node's and each of its sources'
     tensor_alloc (buffer id, address, size), or an invalid one for a view, a tensor with data or a NULL source."""
     # ggviz: every field of every tensor_alloc is written below, so a fresh plan's structs are made with their values
-    # (object.__new__ and the slots set: no __init__ frame for the ~11,000 of a 1,000-node graph)
+    # (object.__new__ and the slots set: no __init__ frame for the ~4,000 of a 1,000-node graph); the invalid
+    # source slots are all _INVALID_SRC_ALLOC (the values C writes there)
     fresh = galloc.n_nodes < graph.n_nodes or galloc._plan_shared
     n_nodes = graph.n_nodes
     node_allocs = [None] * n_nodes if fresh else galloc.node_allocs
     if fresh:
         galloc.node_allocs = node_allocs
     galloc.n_nodes = n_nodes
-    bufts = galloc.bufts
     INVALID = GGML_BUFFER_ADDRESS_INVALID
+    INVALID_SRC = _INVALID_SRC_ALLOC
+    null_srcs = [INVALID_SRC] * C.GGML_MAX_SRC
     new = object.__new__
-    # each tensor's alloc size, asked of its buffer type once (a node's is asked again for each node that reads it;
-    # a tensor's buffer type is its hash_node's, the same for every reader)
-    size_of: dict = {}
+    slot = galloc._slot               # (gallocr_hash_get's first lookup: every planned tensor is there)
     nodes = graph.nodes
+    # each node's (j, src[j]) for its non-NULL sources: those the planning read (gallocr_alloc_graph_impl), the
+    # NULL slots being invalid ones
+    node_srcs = galloc._node_srcs
+    if node_srcs is None or len(node_srcs) != n_nodes:
+        node_srcs = [srcs_of(node) for node in nodes[:n_nodes]]
     for i in range(n_nodes):
         node = nodes[i]
         if fresh:
             na = new(node_alloc)
             na.dst = ta = new(tensor_alloc)
-            na.src = src_tas = []
+            old = None
             node_allocs[i] = na
         else:
             na = node_allocs[i]
             ta = na.dst
+            old = na.src
+        na.src = src_tas = null_srcs.copy()
         q = node._q
         if q.item(_Q_VIEW_SRC) or q.item(_Q_DATA):
             ta.buffer_id, ta.addr, ta.size_max = -1, INVALID, 0          # (_invalid_alloc)
         else:
-            hn = gallocr_hash_get(galloc, node)
+            hn = slot.get(node.addr) or gallocr_hash_get(galloc, node)
             ta.buffer_id = hn.buffer_id
             ta.addr = hn.addr
-            ta.size_max = size_of[node.addr] = B.backend_buft_get_alloc_size(bufts[hn.buffer_id], node)
+            ta.size_max = _alloc_size(galloc, hn.buffer_id, node)
         # node->src[j] for every j: NULL, a view or a tensor with data gets an invalid tensor_alloc
-        for j, a in enumerate(q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
-            if fresh:
+        for j, src in node_srcs[i]:
+            sq = src._q
+            if sq.item(_Q_VIEW_SRC) or sq.item(_Q_DATA):
+                continue
+            ta = old[j] if old is not None else INVALID_SRC
+            if ta is INVALID_SRC:
                 ta = new(tensor_alloc)
-                src_tas.append(ta)
-            else:
-                ta = na.src[j]
-            src = tensor_at(a) if a else None
-            if src is None or src._q.item(_Q_VIEW_SRC) or src._q.item(_Q_DATA):
-                ta.buffer_id, ta.addr, ta.size_max = -1, INVALID, 0
-            else:
-                hn = gallocr_hash_get(galloc, src)
-                ta.buffer_id = hn.buffer_id
-                ta.addr = hn.addr
-                size = size_of.get(a)
-                if size is None:
-                    size = size_of[a] = B.backend_buft_get_alloc_size(bufts[hn.buffer_id], src)
-                ta.size_max = size
+            src_tas[j] = ta
+            hn = slot.get(src.addr) or gallocr_hash_get(galloc, src)
+            ta.buffer_id = hn.buffer_id
+            ta.addr = hn.addr
+            ta.size_max = _alloc_size(galloc, hn.buffer_id, src)
 
 
 def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, no_alloc: bool) -> bool:
@@ -897,25 +962,28 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
     for i in range(galloc.n_buffers):
         dyn_tallocr_reset(galloc.buf_tallocs[i])
 
-    # allocate in hash table
-    gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
+    try:
+        # allocate in hash table
+        gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
-    # set the node_allocs from the hash table
-    _set_node_allocs(galloc, graph)
-    if galloc.n_leafs < graph.n_leafs or galloc._plan_shared:
-        galloc.leaf_allocs = [leaf_alloc() for _ in range(graph.n_leafs)]
-    galloc.n_leafs = graph.n_leafs
-    galloc._plan_shared = False
-    for i in range(graph.n_leafs):
-        leaf = graph.leafs[i]
-        hn = gallocr_hash_get(galloc, leaf)
-        la = galloc.leaf_allocs[i].leaf
-        if leaf.view_src is not None or leaf.data:
-            _invalid_alloc(la)
-        else:
-            la.buffer_id = hn.buffer_id
-            la.addr = hn.addr
-            la.size_max = B.backend_buft_get_alloc_size(galloc.bufts[hn.buffer_id], leaf)
+        # set the node_allocs from the hash table
+        _set_node_allocs(galloc, graph)
+        if galloc.n_leafs < graph.n_leafs or galloc._plan_shared:
+            galloc.leaf_allocs = [leaf_alloc() for _ in range(graph.n_leafs)]
+        galloc.n_leafs = graph.n_leafs
+        galloc._plan_shared = False
+        for i in range(graph.n_leafs):
+            leaf = graph.leafs[i]
+            hn = gallocr_hash_get(galloc, leaf)
+            la = galloc.leaf_allocs[i].leaf
+            if leaf.view_src is not None or leaf.data:
+                _invalid_alloc(la)
+            else:
+                la.buffer_id = hn.buffer_id
+                la.addr = hn.addr
+                la.size_max = _alloc_size(galloc, hn.buffer_id, leaf)
+    finally:
+        galloc._sizes = galloc._node_srcs = None      # (the plan is made, or failed)
 
     # reallocate buffers if needed
     reallocated = []

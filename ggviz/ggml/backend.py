@@ -68,11 +68,17 @@ _Q_BUFT_DEVICE, _Q_BUFT_CONTEXT = 6, 7
 _buffers: "weakref.WeakValueDictionary[int, ggml_backend_buffer]" = weakref.WeakValueDictionary()
 
 
+# the registry's own dict (address -> weak reference), read directly as tensor.tensor_at reads the tensors': one
+# probe and a call instead of WeakValueDictionary.get's Python frame (a graph's split asks ~1,600 times)
+_buffers_refs = _buffers.data
+
+
 def buffer_at(addr: int):
     """The ``ggml_backend_buffer`` whose struct starts at ``addr`` (None for NULL), e.g. ``buffer_at(t.buffer)``."""
     if not addr:
         return None
-    b = _buffers.get(int(addr))
+    r = _buffers_refs.get(addr if type(addr) is int else int(addr))
+    b = r() if r is not None else None
     if b is None:
         raise ValueError(f"no ggml_backend_buffer at address 0x{int(addr):x} (freed?)")
     return b
@@ -554,6 +560,17 @@ def _cpu_buffer_clear(buffer, value):
     buffer.context[:buffer.size] = value
 
 
+def _cpu_owned_buffer_clear(buffer, value):
+    """ggml_backend_cpu_buffer_clear (memset) of a buffer whose memory aligned_malloc made: zeros by whole pages
+    handed back to the kernel (memory.zero_owned: the same bytes, no write to each page -- llama.cpp clears its
+    fresh KV cache this way at every context creation). (A buffer over memory it was given -- a mapped model file
+    -- is cleared by _cpu_buffer_clear.)"""
+    if value == 0:
+        memory.zero_owned(buffer.context[:buffer.size])
+    else:
+        buffer.context[:buffer.size] = value
+
+
 _cpu_buffer_i = ggml_backend_buffer_i(
     free_buffer=_cpu_buffer_free_buffer,
     get_base=_cpu_buffer_get_base,
@@ -562,7 +579,7 @@ _cpu_buffer_i = ggml_backend_buffer_i(
     set_tensor=_cpu_buffer_set_tensor,
     get_tensor=_cpu_buffer_get_tensor,
     cpy_tensor=_cpu_buffer_cpy_tensor,
-    clear=_cpu_buffer_clear,
+    clear=_cpu_owned_buffer_clear,
     reset=None,
 )
 

@@ -273,8 +273,9 @@ def _enter(cg: CGraph, node: Tensor, compute: bool, pos: int | None = None):
     slot when the call ends there (already visited, no source to visit again), else the frame of the loop
     (``visit_parents`` runs it): ``[new, node, src addresses, next index, slot, compute]``. ``pos``: the node's
     slot when the caller has probed for it already."""
-    if compute and node._w.item(_W_OP) != C.GGML_OP_NONE:
-        node.flags = node.flags | C.GGML_TENSOR_FLAG_COMPUTE
+    w = node._w
+    if compute and w.item(_W_OP) != C.GGML_OP_NONE:
+        w[_W_FLAGS] = w.item(_W_FLAGS) | C.GGML_TENSOR_FLAG_COMPUTE        # (node->flags |= COMPUTE)
     hs = cg.visited_hash_set
     addr = node.addr
     if pos is None:
@@ -339,8 +340,9 @@ def _settled(src: Tensor, compute: bool) -> bool:
                     # (a source without the flag is visited again, which changes nothing for a leaf -- op NONE,
                     # no sources: it never gets the flag and has nothing to visit -- and may for anything else)
                     return False
-        if src._w.item(_W_OP) != C.GGML_OP_NONE:
-            src.flags = src.flags | C.GGML_TENSOR_FLAG_COMPUTE
+        w = src._w
+        if w.item(_W_OP) != C.GGML_OP_NONE:
+            w[_W_FLAGS] = w.item(_W_FLAGS) | C.GGML_TENSOR_FLAG_COMPUTE
     return True
 
 

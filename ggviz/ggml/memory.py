@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import ctypes
 import gc
+import mmap
+import sys
 import threading
 
 import numpy as np
@@ -31,6 +34,52 @@ def aligned_malloc(size: int, label: str = "buffer", alignment: int = TENSOR_ALI
     arr = raw[shift:shift + size]
     register(arr, label)
     return arr
+
+
+# ---- zeroing owned memory
+
+_ZERO_BY_PAGES_MIN = 1 << 20          # below this, writing the zeros costs less than the system call
+_MADV_DONTNEED = 4                    # <sys/mman.h> (Linux)
+_madvise = None                       # libc's madvise once looked up; False where there is none
+
+
+def _libc_madvise():
+    global _madvise
+    if _madvise is None:
+        _madvise = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                f = libc.madvise
+                f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                f.restype = ctypes.c_int
+                _madvise = f
+            except (OSError, AttributeError):
+                pass
+    return _madvise
+
+
+def zero_owned(arr: np.ndarray) -> None:
+    """``arr[:] = 0`` for bytes of an ``aligned_malloc`` array (private anonymous memory this process owns): the
+    whole pages inside ``arr`` are handed back to the kernel (``madvise(MADV_DONTNEED)``: they read as zero again
+    and take no memory until written), only the partial pages at its ends are written. The same bytes as a
+    memset, without a write -- and a page fault -- for every page: a fresh 12 MB KV cache cleared by llama.cpp's
+    ``ggml_backend_buffer_clear`` took ~2,900 faults, 3-25 ms (and huge-page faults when NumPy had asked for huge
+    pages). Not for memory mapped from a file (the pages would read the file again): only what aligned_malloc
+    made. Where madvise is missing or refuses, the zeros are written."""
+    arr = arr.reshape(-1).view(np.uint8)
+    n = arr.nbytes
+    if n >= _ZERO_BY_PAGES_MIN:
+        madvise = _libc_madvise()
+        if madvise:
+            a = arr.ctypes.data
+            lo = -(-a // mmap.PAGESIZE) * mmap.PAGESIZE
+            hi = (a + n) // mmap.PAGESIZE * mmap.PAGESIZE
+            if hi > lo and madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
+                arr[:lo - a] = 0
+                arr[hi - a:] = 0
+                return
+    arr[...] = 0
 
 
 def register(arr: np.ndarray, label: str = "buffer") -> int:

@@ -66,7 +66,7 @@ from .graph import (
 )
 from .impl import GGML_ASSERT, GGML_LOG, last_log_error
 from .ops import dup_tensor, view_tensor
-from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, _W_OP, Tensor, nbytes, op_desc, tensor_at
+from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, nbytes, op_desc, tensor_at
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
@@ -203,11 +203,41 @@ def _hash_id(sched: ggml_backend_sched, t: Tensor) -> int:
         i = hs.find(addr)
         if i == GGML_HASHSET_FULL:
             raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
-        if not hs.get_used(i):
-            hs.set_used(i)
+        used = hs.used                      # (the slot's bitset word read once: HashSet.get_used / set_used)
+        w = used.item(i >> 5)
+        if not (w >> (i & 31)) & 1:
+            used[i >> 5] = w | (1 << (i & 31))
             hs.keys[i] = addr
         sched._slot[addr] = i
     return i
+
+
+def _hash_ids(sched: ggml_backend_sched, tensors) -> list:
+    """``hash_id(t)`` of each tensor in order (inserting the new ones as ``_hash_id`` does, in this order: the same
+    slots), the probe inlined -- pass 1 inserts a graph's ~1,300 leafs and nodes one after the other."""
+    slot = sched._slot
+    hs = sched.hash_set
+    size, used, keys = hs.size, hs.used, hs.keys
+    out = []
+    for t in tensors:
+        addr = t.addr
+        i = slot.get(addr)
+        if i is None:
+            h = i = (addr >> 4) % size            # ggml_hash_find: the slot of addr or the first free one after h
+            while True:
+                w = used.item(i >> 5)
+                if not (w >> (i & 31)) & 1:
+                    used[i >> 5] = w | (1 << (i & 31))
+                    keys[i] = addr
+                    break
+                if keys.item(i) == addr:
+                    break
+                i = (i + 1) % size
+                if i == h:
+                    raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
+            slot[addr] = i
+        out.append(i)
+    return out
 
 
 def _tbid(sched, t) -> int:
@@ -373,7 +403,7 @@ def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
                             f"that cannot run the operation ({op_desc(tensor)})")
 
     # graph input
-    if tensor.flags & C.GGML_TENSOR_FLAG_INPUT:
+    if tensor._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_INPUT:
         cur_backend_id = sched.n_backends - 1      # last backend (assumed CPU)
         SET_CAUSE(sched, tensor, "1.inp", cur_backend_id)
         return cur_backend_id
@@ -513,6 +543,7 @@ def _pass5(sched, nodes, n_nodes, hid, isview, tbid) -> int:
     split.i_start = 0
     split.inputs = []
     cur_backend_id = split.backend_id
+    slot = sched._slot
     while i < n_nodes:
         if isview[i]:
             i += 1
@@ -557,11 +588,20 @@ def _pass5(sched, nodes, n_nodes, hid, isview, tbid) -> int:
             cur_backend_id = node_backend_id
 
         # find inputs that are not on the same backend
-        for j, src in A.srcs_of(node):
-            src_id = _hash_id(sched, src)
+        # (node->src[j] from the struct's words, its hash slot the one pass 1-4 found; the Tensor only where the
+        # body needs more than its backend id -- with one backend, nowhere)
+        for j, a in enumerate(node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
+            if not a:
+                continue
+            src_id = slot.get(a)
+            if src_id is None:
+                src_id = _hash_id(sched, tensor_at(a))
             src_backend_id = tbid[src_id]
             if not (src_backend_id != -1):      # (the message is only formatted when it fails)
-                GGML_ASSERT(False, f"source {src.name!r} of {node.name!r} has no backend")
+                GGML_ASSERT(False, f"source {tensor_at(a).name!r} of {node.name!r} has no backend")
+            if src_backend_id == cur_backend_id and sched.n_copies == 1:
+                continue                        # (neither test below can hold)
+            src = tensor_at(a)
 
             if (src.flags & C.GGML_TENSOR_FLAG_INPUT) and sched.n_copies > 1:
                 if _tensor_id_copy(sched, src_id, src_backend_id, 0) is None:
@@ -744,6 +784,16 @@ def _tables_equal(sched, t: tuple) -> bool:
     return np.array_equal(hs.keys[u], t[1][u])
 
 
+def _struct_words(arena: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The struct words of the tensors whose structs start at word ``rows`` of ``arena`` (one row of
+    GGML_TENSOR_SIZE / 8 words each, copied): rows of a strided view of the arena, gathered at once."""
+    if arena.size < _TENSOR_WORDS:
+        return np.zeros((0, _TENSOR_WORDS), arena.dtype)
+    structs = np.lib.stride_tricks.as_strided(arena, (arena.size - _TENSOR_WORDS + 1, _TENSOR_WORDS),
+                                              (arena.strides[0], arena.strides[0]), writeable=False)
+    return structs[rows]
+
+
 def _sched_key(sched) -> tuple:
     return (id(sched), tuple(id(b) for b in sched.backends), tuple(id(b) for b in sched.bufts), sched.op_offload,
             sched.n_copies, sched.hash_set.size)
@@ -775,18 +825,17 @@ def _split_memo_end(sched, graph, pre, queries, hid, isview):
         return None
     base = graph.ctx.mem_buffer.ctypes.data
     tensors = list(graph.leafs) + list(graph.nodes)
-    rows, ext = [], []
-    for t in tensors:
-        off = t.addr - base
-        if 0 <= off and off % 8 == 0 and off + C.GGML_TENSOR_SIZE <= arena.nbytes:
-            rows.append(off // 8)
-        else:
-            ext.append(t)                    # weights, the KV cache: structs in other contexts
+    addrs = [t.addr for t in tensors]
+    # each struct's word row in the arena, or the tensor is kept whole (weights, the KV cache: structs in other
+    # contexts) -- the offsets tested all at once
+    off = np.array(addrs, np.int64) - base
+    inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
+    ext = [tensors[k] for k in np.flatnonzero(~inside).tolist()]
     m = _SplitMemo()
     m.key = _sched_key(sched)
-    m.addrs = [t.addr for t in tensors]
-    m.rows = np.asarray(rows, np.int64)[:, None] + np.arange(_TENSOR_WORDS)
-    m.words = arena[m.rows]
+    m.addrs = addrs
+    m.rows = off[inside] // 8                # (each struct's first word)
+    m.words = _struct_words(arena, m.rows)
     m.ext = ext
     m.ext_bytes = b"".join(t.raw.tobytes() for t in ext)
     m.pre, m.post = pre, _tables(sched)
@@ -827,9 +876,9 @@ def _split_memo_match(sched, graph):
 def _memo_holds(sched, graph, m) -> bool:
     """Are the graph's structs those of the memo's split but for ne/nb, with the same backends' answers?"""
     arena = _arena_of(graph)
-    if arena is None or m.rows.size and m.rows.max() >= arena.size:
+    if arena is None or m.rows.size and m.rows.max() + _TENSOR_WORDS > arena.size:
         return False
-    words = arena[m.rows]
+    words = _struct_words(arena, m.rows)
     diff = words != m.words
     if (diff & ~_SHAPE_WORDS).any():
         return False                          # a field other than ne/nb changed
@@ -841,11 +890,11 @@ def _memo_holds(sched, graph, m) -> bool:
         # the reshaped tensors and those that read one (a backend's answer may look at its sources' shapes): a
         # reference is an arena word offset, looked up in a table of the reshaped structs' first words
         at = np.zeros(arena.size, bool)
-        at[m.rows[reshaped, 0]] = True
+        at[m.rows[reshaped]] = True
         refs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC + 1].view(np.int64) - base      # src[] and view_src
         inside = (refs >= 0) & (refs < arena.size * 8) & (refs % 8 == 0)
         hit = reshaped | (inside & at[np.where(inside, refs // 8, 0)]).any(axis=1)
-        affected = set((m.rows[hit, 0] * 8 + base).tolist())
+        affected = set((m.rows[hit] * 8 + base).tolist())
         for addr, b, offload, answer in m.queries:
             if addr in affected:
                 t = tensor_at(addr)
@@ -877,21 +926,16 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
     node's hash slot and whether it is a view op (pass 5 reads them)."""
     # pass 1: assign backends to ops with pre-allocated inputs
     _pass(sched, "1", "assign backends to ops with pre-allocated inputs (weights, KV cache), graph inputs")
-    for leaf in leafs:
-        h = _hash_id(sched, leaf)
+    # ggviz: the leafs' hash slots, then the nodes', found (and inserted) in the order the loops below ask for them
+    # -- backend_id_from_cur inserts nothing but its own tensor -- so they are the slots C's loops give; the nodes'
+    # are kept for the passes below (C's hash_id(node) is a probe of the hash set; the Python one ~10 operations)
+    for leaf, h in zip(leafs, _hash_ids(sched, leafs)):
         # do not overwrite user assignments
         if tbid[h] == -1:
             tbid[h] = backend_sched_backend_id_from_cur(sched, leaf)
-    # ggviz: each node's hash slot and whether it is a view op, found once here for the passes below (C's
-    # hash_id(node) is a probe of the hash set; the Python one a dict lookup and a call, ~10 per node)
-    hid = []
+    hid = _hash_ids(sched, nodes)
     isview = []
-    slot = sched._slot
-    for node in nodes:
-        h = slot.get(node.addr)
-        if h is None:
-            h = _hash_id(sched, node)
-        hid.append(h)
+    for node, h in zip(nodes, hid):
         isview.append(node._w.item(_W_OP) in _VIEW_OPS)        # ggml_is_view_op
         # do not overwrite user assignments
         if tbid[h] == -1:

@@ -64,7 +64,7 @@ from .. import backend, memory
 from .. import consts as C
 from .. import quants as Q
 from ..context import GGMLError
-from ..tensor import Tensor, n_dims, nbytes
+from ..tensor import _Q_BUFFER, _Q_SRC, _W_OP, _W_TYPE, Tensor, n_dims, nbytes, tensor_at
 from .libm import fma32
 
 try:    # the compiled kernels this buffer type's layout is made for (optional: without Numba, no CPU_REPACK)
@@ -381,11 +381,12 @@ def get_optimal_repack_type(cur: Tensor):
     """ggml_repack_get_optimal_repack_type: the traits for this weight, or None (then it is not repacked)."""
     if fk is None:
         return None
-    type_ = cur.type
+    type_ = cur._w.item(_W_TYPE)
     if type_ not in _REPACK_TYPES:
         return None
-    ne0, ne1, _, _ = cur.ne.tolist()
-    if ne1 % NB_COLS != 0 or ne0 % Q.blck_size(type_) != 0 or n_dims(cur) > 2:
+    ne0, ne1, ne2, ne3 = cur.ne.tolist()
+    # (ggml_n_dims(cur) > 2: ne[2] or ne[3] above 1, from the ne already read)
+    if ne1 % NB_COLS != 0 or ne0 % Q.blck_size(type_) != 0 or ne2 > 1 or ne3 > 1:
         return None
     return _traits_for_type(type_)
 
@@ -451,14 +452,18 @@ class ExtraBufferType:
     """``ggml::cpu::repack::extra_buffer_type`` (the buffer type's context)."""
 
     def supports_op(self, dev, op: Tensor) -> bool:
-        if op.op == C.GGML_OP_MUL_MAT:
-            src = op.src
-            s0, s1 = src[0], src[1]
-            if (s0.buffer and n_dims(s0) == 2 and backend.buffer_at(s0.buffer).buft is repack_buffer_type()
+        # (op->src[0], op->src[1] and their buffers read from the structs' words: the split asks this of every
+        # MUL_MAT node it places by its weight)
+        if op._w.item(_W_OP) == C.GGML_OP_MUL_MAT:
+            q = op._q
+            s0, s1 = tensor_at(q.item(_Q_SRC)), tensor_at(q.item(_Q_SRC + 1))
+            b0 = s0._q.item(_Q_BUFFER)
+            if (b0 and n_dims(s0) == 2 and backend.buffer_at(b0).buft is repack_buffer_type()
                     and get_optimal_repack_type(s0) is not None):
-                if s1.buffer and not backend.backend_buft_is_host(backend.buffer_at(s1.buffer).buft):
+                b1 = s1._q.item(_Q_BUFFER)
+                if b1 and not backend.backend_buft_is_host(backend.buffer_at(b1).buft):
                     return False
-                return s1.type == GGML_TYPE_F32
+                return s1._w.item(_W_TYPE) == GGML_TYPE_F32
         return False
 
     def get_tensor_traits(self, op: Tensor):
