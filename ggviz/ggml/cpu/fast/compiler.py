@@ -180,6 +180,8 @@ class FastGraph:
         self.plan_nodes = {}                  # n_threads -> ggml_graph_plan's per-node (n_tasks, work sizes)
         self.plan_from = None                 # a derived program: (the plan_nodes it came from, nodes changed,
         #                                       the first changed node of each one's words: _plan_groups)
+        self.plan_groups = None               # a program built by classes (_build_by_class): every node, and the
+        #                                       first node of equal words for each (_plan_groups)
         # rows of FLASH_ATTN_EXT: ggml's n_threads is written before each compute (the split-KV chunks)
         self.fa_rows = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
         # rows of PowerInfer's MUL_MAT_SPARSE / AXPY: their threshold and n_threads are written before each compute
@@ -452,6 +454,8 @@ def plan_graph(cgraph, n_threads: int):
         topo = _topo_of(cgraph)
         if topo is not None and not trace.active:
             fg = _derive(cgraph, topo)
+    if fg is None and topo and not trace.active:
+        fg = _build_by_class(cgraph, topo)
     if fg is None:
         fg = _build(cgraph, require_repack=False, memo=topo)   # (the test above stood for require_repack)
     if fg is not None and getattr(cgraph, "ctx", None) is not None:
@@ -1031,6 +1035,132 @@ def _build(cgraph, require_repack: bool = True, memo=None):
     fg.row_ws = row_ws
     if memo and not sparse_work:
         _memo_store(memo, fg, slots)
+    return fg
+
+
+
+# ---- ggviz: a new graph's program built one row per class of equal rows
+#
+# The first graph of a topology has no program to derive from (_derive): a context's first prompt, a one-shot run's.
+# Built row by row (_build) its ~500 rows cost ~10 ms of Python (SmolLM2), though its 30 layers repeat the same
+# rows: what a row holds but for its descriptors is a function of its node's and its sources' struct words with
+# pointers masked (_Topo.Wm; the premise _derive stands on, checked by tests/test_graph_cache.py against _build), of
+# its repacked weight's blocks and of its mask's data pointer. So the rows are grouped by those words, the first row
+# of each group is built by the row builder (_build_row, with every check it makes), and the others take its
+# columns with their own descriptors, weight blocks and mask read from their structs -- as _derive copies equal rows.
+# Which nodes are rows (is_empty) and which RMS_NORMs swallow their MUL (ggml's fusion test, asked once per group
+# of equal words) are read from the words too. Never while a trace listener records (a recorded step shows the
+# compiler's real work), and not with DERIVE off (the tests' row-by-row builds).
+
+def _build_by_class(cgraph, topo):
+    """The program of ``cgraph`` (its tensor table ``topo``) with one row of each class of equal rows built, or None
+    (then _build builds it row by row: a PowerInfer graph, a row the classes cannot tell, an unsupported node)."""
+    if not DERIVE:
+        return None
+    n = topo.n_nodes
+    nodes = cgraph.nodes
+    if n == 0 or len(nodes) != n:
+        return None
+    W = np.concatenate([topo.W, np.zeros((1, _NW), np.uint64)]).view(np.int64)
+    wid, refs_all = topo.wid, topo.refs
+    refs = refs_all[:n]
+    w32 = W[:n].view(np.int32)
+    ops = w32[:, _W32_OP]
+    empty = (np.isin(ops, _EMPTY_OPS) | ((w32[:, _W32_FLAGS] & C.GGML_TENSOR_FLAG_COMPUTE) == 0)
+             | (W[:n, 2:6] == 0).any(axis=1))
+    # ggml-cpu's RMS_NORM + MUL fusion, one test per class of the words it reads (as _fusions_hold)
+    fused = np.zeros(n, bool)
+    rms = np.flatnonzero(~empty & (ops == C.GGML_OP_RMS_NORM))
+    if rms.size:
+        nxt = np.minimum(rms + 1, n - 1)
+        has_next = rms + 1 < n
+        mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
+        uses = [cgraph.use_count(nodes[i]) == 1 if cgraph.use_counts is not None else -1 for i in rms.tolist()]
+        kr = np.concatenate([wid[rms, None], wid[refs[rms]],
+                             np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
+                                       mrefs[:, 0] == rms, mrefs[:, 1] == rms, uses], axis=1)], axis=1)
+        inv, first = _classes(kr.astype(np.int64))
+        ans = np.array([can_fuse_rms_norm_mul(cgraph, int(rms[j])) is not None for j in first.tolist()], bool)
+        fused[rms] = ans[inv]
+    swallowed = np.zeros(n, bool)
+    swallowed[np.flatnonzero(fused) + 1] = True
+    idx = np.flatnonzero(~empty & ~swallowed)
+    k_n = len(idx)
+    if k_n == 0:
+        return None
+    f_row = fused[idx]
+    # each row's descriptor tensors (_build_row's slots): node, src[0..2]; a fused RMS_NORM's DST is its MUL and its
+    # S1 the MUL's other operand
+    slots = np.stack([idx, refs[idx, 0], refs[idx, 1], refs[idx, 2]], axis=1)
+    fr = np.flatnonzero(f_row)
+    if fr.size:
+        ri = idx[fr]
+        m0, m1 = refs[ri + 1, 0], refs[ri + 1, 1]
+        slots[fr, 0] = ri + 1
+        slots[fr, 2] = np.where(m0 == ri, m1, m0)
+    keys = np.concatenate([wid[slots], wid[refs[idx]], f_row[:, None]], axis=1)
+    if fr.size:
+        keys = np.concatenate([keys, wid[refs[idx + np.where(f_row, 1, 0)]]], axis=1)   # the MUL's sources
+    inv, first = _classes(keys.astype(np.int64))
+    rep = first[inv]
+    P = np.zeros((k_n, NCOL), np.int64)
+    F = np.zeros((k_n, NFCOL), np.float64)
+    row_ws = [0] * k_n
+    meta = [None] * k_n
+    built = {}
+    T = topo.T
+    try:
+        for k in first.tolist():
+            i = int(idx[k])
+            skip, ws, _, sparse_ws = _build_row(P, F, k, cgraph, nodes, i, built)
+            if skip != int(f_row[k]) or sparse_ws is not None:
+                return None
+            row_ws[k] = ws
+            meta[k] = (T[i].addr, op_desc(nodes[i]))
+    except _Unsupported:
+        return None
+    copies = np.flatnonzero(rep != np.arange(k_n))
+    if copies.size:
+        src = rep[copies]
+        P[copies, :DST] = P[src, :DST]
+        P[copies, _DESC_END:] = P[src, _DESC_END:]
+        F[copies] = F[src]
+        for c, col in enumerate((DST, S0, S1, S2)):
+            rows = W[slots[copies, c]]
+            P[copies, col + DATA] = rows[:, _W_DATA]
+            P[copies, col + NE0:col + NB3 + 1] = rows[:, 2:10]
+        # a repacked MUL_MAT's blocks: its own weight's (src[0], a position of the table's repacked weights)
+        mmq = copies[P[copies, OP] == OP_MUL_MAT_Q]
+        if mmq.size:
+            rw = {j: t.py_extra.ptrs for j, t in enumerate(T) if type(t.py_extra) is repack.RepackedWeight}
+            try:
+                P[mmq, _MMQ_PTRS] = [rw[j] for j in refs[idx[mmq], 0].tolist()]
+            except KeyError:
+                return None
+        # _build_row's check for the copied rows: every tensor they describe that has elements has data
+        chk = np.concatenate([idx[copies, None], refs[idx[copies], :3]], axis=1)
+        Wc = W[chk]
+        has = (Wc[:, :, 2:6] != 0).all(axis=2) & (chk >= 0)
+        if (has & (Wc[:, :, _W_DATA] == 0)).any():
+            return None
+        addrs = [T[i].addr for i in idx[copies].tolist()]
+        for k, r, a in zip(copies.tolist(), src.tolist(), addrs):
+            row_ws[k] = row_ws[r]
+            meta[k] = (a, meta[r][1])
+    fa = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
+    if fa.size:
+        # each FLASH_ATTN_EXT row's own mask (src[3]; fattn.build_node: a mask without data takes no row)
+        masked = fa[P[fa, FA_MASK] != 0]
+        mdata = W[refs[idx[masked], 3], _W_DATA]
+        if (mdata == 0).any():
+            return None
+        P[masked, FA_MASK] = mdata
+    sel = W[idx, _W_NAME:_W_NAME + 8].tobytes()
+    names = [sel[j * 64:(j + 1) * 64].partition(b"\0")[0].decode("utf-8", "replace") for j in range(k_n)]
+    fg = FastGraph(P, F, idx.tolist(), names, max(row_ws, default=0), meta, n)
+    fg.row_ws = row_ws
+    fg.plan_groups = _plan_groups(topo, np.ones(n, bool))
+    _memo_put(topo.key, _Memo(topo.Wm, fg, slots, f_row.copy()))
     return fg
 
 
