@@ -102,6 +102,7 @@ from .program import (
     SWIGLU_SWAPPED,
     SYNC_ERROR,
     SYNC_SLEEP_TICKS,
+    SYNC_TICKS,
     SYNC_TRACE,
     TR_BARRIER,
     TR_CHUNK,
@@ -334,7 +335,7 @@ class FastGraph:
         w = work_data.ctypes.data if nbytes else 0
         u0 = time.thread_time_ns()
         if ith == 0:
-            t0, c0 = time.perf_counter_ns(), kernels.time_ns()
+            t0 = time.perf_counter_ns()
         kernels.graph_compute_thread(self.P, self.F, w, self.sync.ctypes.data, ith, n_use, 0, len(self), self.timings)
         cpu = getattr(self, "_cpu_now", None)
         if cpu is not None and ith < len(cpu):
@@ -342,7 +343,9 @@ class FastGraph:
         if ith == 0:
             wall_ns = time.perf_counter_ns() - t0
             _last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or []]
-            self._choose_threads(n_max, n_use, wall_ns, kernels.time_ns() - c0)
+            # (the walk's own timestamp ticks, written by thread 0: calling the compiled time_ns from here cost a
+            # process's first compute the load of its machine code, ~1.5 ms)
+            self._choose_threads(n_max, n_use, wall_ns, int(self.sync[SYNC_TICKS + 1] - self.sync[SYNC_TICKS]))
             err = int(self.sync[SYNC_ERROR])
             if err:
                 k = int(self.sync[SYNC_ERROR + 1])
