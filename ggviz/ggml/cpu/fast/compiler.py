@@ -673,6 +673,7 @@ class _Topo:
         # they are part of the key (not the tensor's address: a freed weight's struct address comes back)
         RW = repack.RepackedWeight
         rw = tuple((j, t.py_extra.ptrs) for j, t in enumerate(T) if type(t.py_extra) is RW)
+        self.rw = rw                  # (table position, repacked blocks) of each repacked weight
         self.key = (self.n_nodes, n_in, len(T), refs.tobytes(), rw, repack.in_use(), cpu_feats.variant_lanes(),
                     mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
         # each tensor's class of equal masked words (equal ids: equal Wm rows), -1 appended for NULL, and whether
@@ -1135,7 +1136,7 @@ def _build_by_class(cgraph, topo):
         # a repacked MUL_MAT's blocks: its own weight's (src[0], a position of the table's repacked weights)
         mmq = copies[P[copies, OP] == OP_MUL_MAT_Q]
         if mmq.size:
-            rw = {j: t.py_extra.ptrs for j, t in enumerate(T) if type(t.py_extra) is repack.RepackedWeight}
+            rw = dict(topo.rw)
             try:
                 P[mmq, _MMQ_PTRS] = [rw[j] for j in refs[idx[mmq], 0].tolist()]
             except KeyError:
