@@ -4,7 +4,9 @@ Not a ggml source file (see the package docstring). ``plan_graph`` is what ``ggm
 program of a graph whose MUL_MATs read weights in CPU_REPACK and whose every other op has a compiled kernel, or None
 (then the node-by-node walk runs). The program is cached on the graph while its nodes are unchanged (llama.cpp
 reuses graphs between decodes); a new graph of a topology compiled before gets a program derived from that one
-(``_derive``: same rows, the changed ones rebuilt), unless a trace listener records. ``FastGraph.compute_thread`` is thread ith's part of ``ggml_graph_compute``;
+(``_derive``: same rows, the changed ones rebuilt), and the first graph of a topology is built one row per class of
+equal rows (``_build_by_class``), unless a trace listener records (then every row is built: ``_build``).
+``FastGraph.compute_thread`` is thread ith's part of ``ggml_graph_compute``;
 ``trace_begin`` / ``trace_end`` turn on the compiled walk's own log and hand it over as one ``trace.Batch``, expanded
 into the node-by-node walk's ``cpu.node`` / ``cpu.barrier`` / ``cpu.chunk`` events only when somebody reads them.
 Each row's columns are named in ``program.py``.
