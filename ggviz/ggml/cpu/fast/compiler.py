@@ -655,10 +655,15 @@ class _Topo:
             _, first = np.unique(flat, return_index=True)
             ext_addrs = flat[np.sort(first)]                    # in order of first reference
             T += [tensor_at(a) for a in ext_addrs.tolist()]
-            W = np.concatenate([W, _words(T[n_in:])])
+            W = np.concatenate([W, _words(T[n_in:]), np.zeros((1, _NW), np.uint64)])
             sorter = np.argsort(ext_addrs)
             at = sorter[np.minimum(np.searchsorted(ext_addrs, ref, sorter=sorter), len(ext_addrs) - 1)]
             refs = np.where(outside, n_in + at, refs)
+        if len(W) == len(T):
+            W = np.concatenate([W, np.zeros((1, _NW), np.uint64)])
+        # the words with a zero row after the last tensor's (index -1: a NULL reference reads zeros), as int64
+        self.Wz = W.view(np.int64)
+        W = W[:len(T)]
         self.T, self.W, self.refs = T, W, refs.astype(np.int64)
         self.n_nodes, self.n_in = len(nodes), n_in
         Wm = W.copy()
@@ -786,7 +791,7 @@ def _derive(cgraph, topo):
     k_n = len(idx)
     rebuild = node_changed[idx]
     rebuild[m.fused] |= node_changed[idx[m.fused] + 1]
-    W = np.concatenate([topo.W, np.zeros((1, _NW), np.uint64)]).view(np.int64)
+    W = topo.Wz
     # the rows are the remembered ones: every changed node that was no row is still empty or swallowed by a fusion
     # (is_empty: a view op, not computed, or no elements -- from the struct words of all of them at once) ...
     is_row = np.zeros(n, bool)
@@ -1067,7 +1072,7 @@ def _build_by_class(cgraph, topo):
     nodes = cgraph.nodes
     if n == 0 or len(nodes) != n:
         return None
-    W = np.concatenate([topo.W, np.zeros((1, _NW), np.uint64)]).view(np.int64)
+    W = topo.Wz
     wid, refs_all = topo.wid, topo.refs
     refs = refs_all[:n]
     w32 = W[:n].view(np.int32)
@@ -1107,7 +1112,7 @@ def _build_by_class(cgraph, topo):
     keys = np.concatenate([wid[slots], wid[refs[idx]], f_row[:, None]], axis=1)
     if fr.size:
         keys = np.concatenate([keys, wid[refs[idx + np.where(f_row, 1, 0)]]], axis=1)   # the MUL's sources
-    inv, first = _classes(keys.astype(np.int64))
+    inv, first = _classes(keys)
     rep = first[inv]
     P = np.zeros((k_n, NCOL), np.int64)
     F = np.zeros((k_n, NFCOL), np.float64)
