@@ -708,7 +708,7 @@ def _classes(A) -> tuple:
     if not len(A):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     A = np.ascontiguousarray(A).view(np.uint64)
-    h = (A * _ROW_HASH[:A.shape[1]]).sum(axis=1, dtype=np.uint64)     # (wraps modulo 2**64)
+    h = A.dot(_ROW_HASH[:A.shape[1]])         # (integer dot, no BLAS: wraps modulo 2**64; no rows x words temporary)
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.ravel()
     if not (A == A[first[inv]]).all():
@@ -811,9 +811,9 @@ def _derive(cgraph, topo):
     P, F = prev.P.copy(), prev.F.copy()
     # the descriptors from this graph's structs (a NULL slot reads the zero row)
     for c, col in enumerate((DST, S0, S1, S2)):
-        rows = W[m.slots[:, c]]
-        P[:, col + DATA] = rows[:, _W_DATA]
-        P[:, col + NE0:col + NB3 + 1] = rows[:, 2:10]
+        rows = m.slots[:, c]
+        P[:, col + DATA] = W[rows, _W_DATA]
+        P[:, col + NE0:col + NB3 + 1] = W[rows, 2:10]       # (the words read, not whole structs: no 42-word copies)
     row_ws = list(prev.row_ws)
     slots = {}
     meta = list(prev.meta)
@@ -860,9 +860,8 @@ def _derive(cgraph, topo):
     if keep.size:
         # _build_row's check for the rows taken over: every tensor they describe that has elements has data
         chk = np.concatenate([idx[keep, None], refs[idx[keep], :3]], axis=1)
-        Wc = W[chk]                                                 # (rows, 4, words)
-        has = (Wc[:, :, 2:6] != 0).all(axis=2) & (chk >= 0)
-        if (has & (Wc[:, :, _W_DATA] == 0)).any():
+        has = (W[chk, 2:6] != 0).all(axis=2) & (chk >= 0)                # (rows, 4): ne words all set
+        if (has & (W[chk, _W_DATA] == 0)).any():
             return None
     fa = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
     if fa.size:
@@ -1137,9 +1136,9 @@ def _build_by_class(cgraph, topo):
         P[copies, _DESC_END:] = P[src, _DESC_END:]
         F[copies] = F[src]
         for c, col in enumerate((DST, S0, S1, S2)):
-            rows = W[slots[copies, c]]
-            P[copies, col + DATA] = rows[:, _W_DATA]
-            P[copies, col + NE0:col + NB3 + 1] = rows[:, 2:10]
+            rows = slots[copies, c]
+            P[copies, col + DATA] = W[rows, _W_DATA]
+            P[copies, col + NE0:col + NB3 + 1] = W[rows, 2:10]
         # a repacked MUL_MAT's blocks: its own weight's (src[0], a position of the table's repacked weights)
         mmq = copies[P[copies, OP] == OP_MUL_MAT_Q]
         if mmq.size:
@@ -1150,9 +1149,8 @@ def _build_by_class(cgraph, topo):
                 return None
         # _build_row's check for the copied rows: every tensor they describe that has elements has data
         chk = np.concatenate([idx[copies, None], refs[idx[copies], :3]], axis=1)
-        Wc = W[chk]
-        has = (Wc[:, :, 2:6] != 0).all(axis=2) & (chk >= 0)
-        if (has & (Wc[:, :, _W_DATA] == 0)).any():
+        has = (W[chk, 2:6] != 0).all(axis=2) & (chk >= 0)
+        if (has & (W[chk, _W_DATA] == 0)).any():
             return None
         addrs = [T[i].addr for i in idx[copies].tolist()]
         for k, r, a in zip(copies.tolist(), src.tolist(), addrs):
