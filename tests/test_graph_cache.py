@@ -367,6 +367,39 @@ def test_derived_program_equals_a_fresh_build(model, monkeypatch):
     assert on == off
 
 
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("fa", [-1, 0])
+def test_first_program_built_by_classes_equals_a_row_by_row_build(model, which, fa):
+    """A graph whose topology nothing was compiled for (a context's first prompt) is built one row per class of
+    equal rows, its plan's node loop once per class of equal nodes (fast/compiler.py: _build_by_class): the program
+    equals the row builder's over every node, field by field, and the plans ggml_graph_plan's loop (SmolLM2 and
+    Gemma-3's K-quants, flash attention on and off, 1 and 3 threads); a step recorded by a trace listener is built
+    row by row."""
+    from ggviz.ggml.cpu.fast import compiler
+    if which == "gemma3":
+        path = MODEL.parent / "gemma-3-270m-q4_k_m.gguf"
+        if not path.exists():
+            pytest.skip("no Gemma-3 model")
+        model = llama.model_load_from_file(str(path), llama.model_default_params())
+    for threads in (1, 3):
+        compiler._memo.clear()
+        cp = llama.context_default_params()
+        cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = 512, threads, threads, fa
+        ctx = llama.init_from_model(model, cp)
+        _decode(ctx, TOKS[:4], 0, 0)
+        _programs_as_built(ctx)
+        assert all(sp.graph._ggviz_fast[1].plan_groups is not None for sp in ctx.sched.splits[:ctx.sched.n_splits])
+        llama.free(ctx)
+    compiler._memo.clear()
+    cp.n_ctx = 256                      # (not the freed context's shape: that one would be taken over, graphs and all)
+    with trace.recording(("cpu.plan",)):
+        ctx = llama.init_from_model(model, cp)
+        _decode(ctx, TOKS[:4], 0, 0)
+    assert all(sp.graph._ggviz_fast[1].plan_groups is None for sp in ctx.sched.splits[:ctx.sched.n_splits])
+    llama.free(ctx)
+
+
 def test_cache_is_bounded_and_cleared_by_a_new_reserve(model):
     ctx = _ctx(model)
     ctx.graph_cache_size = 2

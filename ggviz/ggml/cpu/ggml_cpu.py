@@ -175,6 +175,11 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
             # answers, which are functions of those words
             per_node, node_ws = list(seed[0]), list(seed[1])
             todo, reps = prog.plan_from[1], prog.plan_from[2]
+        elif prog is not None and prog.plan_groups is not None and len(prog.plan_groups[0]) == len(nodes):
+            # ggviz: a program built by classes of equal rows (fast/compiler.py: _build_by_class): every node is
+            # planned, but a node whose own and whose sources' words equal an earlier one's takes its answers
+            per_node, node_ws = [0] * len(nodes), [0] * len(nodes)
+            todo, reps = prog.plan_groups
         else:
             per_node, node_ws = [0] * len(nodes), [0] * len(nodes)
             todo = reps = range(len(nodes))

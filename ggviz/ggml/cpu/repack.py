@@ -397,7 +397,13 @@ def _work_size(type_: int, ne10: int, nrows1: int) -> int:
     type and src1's row length and row count only; the planner and the compiler ask it for every MUL_MAT node)."""
     if type_ in K_TYPES:
         return int(kq.kq_work_size(type_, ne10, nrows1))
-    return int(fk.mmq_layout(ne10, nrows1)[4])
+    # the compiled layout's own Python (five integer expressions): called from here, the compiled one would first
+    # load its machine code from Numba's cache -- ~1.5 ms of a process's first prompt, in ggml_graph_plan
+    return int(_MMQ_LAYOUT(ne10, nrows1)[4])
+
+
+# (the jitted function's ``py_func``; the function itself where Numba's JIT is disabled)
+_MMQ_LAYOUT = getattr(fk.mmq_layout, "py_func", fk.mmq_layout) if fk is not None else None
 
 
 def tensor_traits_of(t: Tensor):

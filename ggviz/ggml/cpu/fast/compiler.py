@@ -4,7 +4,9 @@ Not a ggml source file (see the package docstring). ``plan_graph`` is what ``ggm
 program of a graph whose MUL_MATs read weights in CPU_REPACK and whose every other op has a compiled kernel, or None
 (then the node-by-node walk runs). The program is cached on the graph while its nodes are unchanged (llama.cpp
 reuses graphs between decodes); a new graph of a topology compiled before gets a program derived from that one
-(``_derive``: same rows, the changed ones rebuilt), unless a trace listener records. ``FastGraph.compute_thread`` is thread ith's part of ``ggml_graph_compute``;
+(``_derive``: same rows, the changed ones rebuilt), and the first graph of a topology is built one row per class of
+equal rows (``_build_by_class``), unless a trace listener records (then every row is built: ``_build``).
+``FastGraph.compute_thread`` is thread ith's part of ``ggml_graph_compute``;
 ``trace_begin`` / ``trace_end`` turn on the compiled walk's own log and hand it over as one ``trace.Batch``, expanded
 into the node-by-node walk's ``cpu.node`` / ``cpu.barrier`` / ``cpu.chunk`` events only when somebody reads them.
 Each row's columns are named in ``program.py``.
@@ -102,6 +104,7 @@ from .program import (
     SWIGLU_SWAPPED,
     SYNC_ERROR,
     SYNC_SLEEP_TICKS,
+    SYNC_TICKS,
     SYNC_TRACE,
     TR_BARRIER,
     TR_CHUNK,
@@ -180,6 +183,8 @@ class FastGraph:
         self.plan_nodes = {}                  # n_threads -> ggml_graph_plan's per-node (n_tasks, work sizes)
         self.plan_from = None                 # a derived program: (the plan_nodes it came from, nodes changed,
         #                                       the first changed node of each one's words: _plan_groups)
+        self.plan_groups = None               # a program built by classes (_build_by_class): every node, and the
+        #                                       first node of equal words for each (_plan_groups)
         # rows of FLASH_ATTN_EXT: ggml's n_threads is written before each compute (the split-KV chunks)
         self.fa_rows = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
         # rows of PowerInfer's MUL_MAT_SPARSE / AXPY: their threshold and n_threads are written before each compute
@@ -332,7 +337,7 @@ class FastGraph:
         w = work_data.ctypes.data if nbytes else 0
         u0 = time.thread_time_ns()
         if ith == 0:
-            t0, c0 = time.perf_counter_ns(), kernels.time_ns()
+            t0 = time.perf_counter_ns()
         kernels.graph_compute_thread(self.P, self.F, w, self.sync.ctypes.data, ith, n_use, 0, len(self), self.timings)
         cpu = getattr(self, "_cpu_now", None)
         if cpu is not None and ith < len(cpu):
@@ -340,7 +345,9 @@ class FastGraph:
         if ith == 0:
             wall_ns = time.perf_counter_ns() - t0
             _last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or []]
-            self._choose_threads(n_max, n_use, wall_ns, kernels.time_ns() - c0)
+            # (the walk's own timestamp ticks, written by thread 0: calling the compiled time_ns from here cost a
+            # process's first compute the load of its machine code, ~1.5 ms)
+            self._choose_threads(n_max, n_use, wall_ns, int(self.sync[SYNC_TICKS + 1] - self.sync[SYNC_TICKS]))
             err = int(self.sync[SYNC_ERROR])
             if err:
                 k = int(self.sync[SYNC_ERROR + 1])
@@ -452,6 +459,8 @@ def plan_graph(cgraph, n_threads: int):
         topo = _topo_of(cgraph)
         if topo is not None and not trace.active:
             fg = _derive(cgraph, topo)
+    if fg is None and topo and not trace.active:
+        fg = _build_by_class(cgraph, topo)
     if fg is None:
         fg = _build(cgraph, require_repack=False, memo=topo)   # (the test above stood for require_repack)
     if fg is not None and getattr(cgraph, "ctx", None) is not None:
@@ -646,10 +655,15 @@ class _Topo:
             _, first = np.unique(flat, return_index=True)
             ext_addrs = flat[np.sort(first)]                    # in order of first reference
             T += [tensor_at(a) for a in ext_addrs.tolist()]
-            W = np.concatenate([W, _words(T[n_in:])])
+            W = np.concatenate([W, _words(T[n_in:]), np.zeros((1, _NW), np.uint64)])
             sorter = np.argsort(ext_addrs)
             at = sorter[np.minimum(np.searchsorted(ext_addrs, ref, sorter=sorter), len(ext_addrs) - 1)]
             refs = np.where(outside, n_in + at, refs)
+        if len(W) == len(T):
+            W = np.concatenate([W, np.zeros((1, _NW), np.uint64)])
+        # the words with a zero row after the last tensor's (index -1: a NULL reference reads zeros), as int64
+        self.Wz = W.view(np.int64)
+        W = W[:len(T)]
         self.T, self.W, self.refs = T, W, refs.astype(np.int64)
         self.n_nodes, self.n_in = len(nodes), n_in
         Wm = W.copy()
@@ -666,6 +680,7 @@ class _Topo:
         # they are part of the key (not the tensor's address: a freed weight's struct address comes back)
         RW = repack.RepackedWeight
         rw = tuple((j, t.py_extra.ptrs) for j, t in enumerate(T) if type(t.py_extra) is RW)
+        self.rw = rw                  # (table position, repacked blocks) of each repacked weight
         self.key = (self.n_nodes, n_in, len(T), refs.tobytes(), rw, repack.in_use(), cpu_feats.variant_lanes(),
                     mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
         # each tensor's class of equal masked words (equal ids: equal Wm rows), -1 appended for NULL, and whether
@@ -693,7 +708,7 @@ def _classes(A) -> tuple:
     if not len(A):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     A = np.ascontiguousarray(A).view(np.uint64)
-    h = (A * _ROW_HASH[:A.shape[1]]).sum(axis=1, dtype=np.uint64)     # (wraps modulo 2**64)
+    h = A.dot(_ROW_HASH[:A.shape[1]])         # (integer dot, no BLAS: wraps modulo 2**64; no rows x words temporary)
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.ravel()
     if not (A == A[first[inv]]).all():
@@ -776,7 +791,7 @@ def _derive(cgraph, topo):
     k_n = len(idx)
     rebuild = node_changed[idx]
     rebuild[m.fused] |= node_changed[idx[m.fused] + 1]
-    W = np.concatenate([topo.W, np.zeros((1, _NW), np.uint64)]).view(np.int64)
+    W = topo.Wz
     # the rows are the remembered ones: every changed node that was no row is still empty or swallowed by a fusion
     # (is_empty: a view op, not computed, or no elements -- from the struct words of all of them at once) ...
     is_row = np.zeros(n, bool)
@@ -796,9 +811,9 @@ def _derive(cgraph, topo):
     P, F = prev.P.copy(), prev.F.copy()
     # the descriptors from this graph's structs (a NULL slot reads the zero row)
     for c, col in enumerate((DST, S0, S1, S2)):
-        rows = W[m.slots[:, c]]
-        P[:, col + DATA] = rows[:, _W_DATA]
-        P[:, col + NE0:col + NB3 + 1] = rows[:, 2:10]
+        rows = m.slots[:, c]
+        P[:, col + DATA] = W[rows, _W_DATA]
+        P[:, col + NE0:col + NB3 + 1] = W[rows, 2:10]       # (the words read, not whole structs: no 42-word copies)
     row_ws = list(prev.row_ws)
     slots = {}
     meta = list(prev.meta)
@@ -845,9 +860,8 @@ def _derive(cgraph, topo):
     if keep.size:
         # _build_row's check for the rows taken over: every tensor they describe that has elements has data
         chk = np.concatenate([idx[keep, None], refs[idx[keep], :3]], axis=1)
-        Wc = W[chk]                                                 # (rows, 4, words)
-        has = (Wc[:, :, 2:6] != 0).all(axis=2) & (chk >= 0)
-        if (has & (Wc[:, :, _W_DATA] == 0)).any():
+        has = (W[chk, 2:6] != 0).all(axis=2) & (chk >= 0)                # (rows, 4): ne words all set
+        if (has & (W[chk, _W_DATA] == 0)).any():
             return None
     fa = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
     if fa.size:
@@ -1031,6 +1045,131 @@ def _build(cgraph, require_repack: bool = True, memo=None):
     fg.row_ws = row_ws
     if memo and not sparse_work:
         _memo_store(memo, fg, slots)
+    return fg
+
+
+
+# ---- ggviz: a new graph's program built one row per class of equal rows
+#
+# The first graph of a topology has no program to derive from (_derive): a context's first prompt, a one-shot run's.
+# Built row by row (_build) its ~500 rows cost ~10 ms of Python (SmolLM2), though its 30 layers repeat the same
+# rows: what a row holds but for its descriptors is a function of its node's and its sources' struct words with
+# pointers masked (_Topo.Wm; the premise _derive stands on, checked by tests/test_graph_cache.py against _build), of
+# its repacked weight's blocks and of its mask's data pointer. So the rows are grouped by those words, the first row
+# of each group is built by the row builder (_build_row, with every check it makes), and the others take its
+# columns with their own descriptors, weight blocks and mask read from their structs -- as _derive copies equal rows.
+# Which nodes are rows (is_empty) and which RMS_NORMs swallow their MUL (ggml's fusion test, asked once per group
+# of equal words) are read from the words too. Never while a trace listener records (a recorded step shows the
+# compiler's real work), and not with DERIVE off (the tests' row-by-row builds).
+
+def _build_by_class(cgraph, topo):
+    """The program of ``cgraph`` (its tensor table ``topo``) with one row of each class of equal rows built, or None
+    (then _build builds it row by row: a PowerInfer graph, a row the classes cannot tell, an unsupported node)."""
+    if not DERIVE:
+        return None
+    n = topo.n_nodes
+    nodes = cgraph.nodes
+    if n == 0 or len(nodes) != n:
+        return None
+    W = topo.Wz
+    wid, refs_all = topo.wid, topo.refs
+    refs = refs_all[:n]
+    w32 = W[:n].view(np.int32)
+    ops = w32[:, _W32_OP]
+    empty = (np.isin(ops, _EMPTY_OPS) | ((w32[:, _W32_FLAGS] & C.GGML_TENSOR_FLAG_COMPUTE) == 0)
+             | (W[:n, 2:6] == 0).any(axis=1))
+    # ggml-cpu's RMS_NORM + MUL fusion, one test per class of the words it reads (as _fusions_hold)
+    fused = np.zeros(n, bool)
+    rms = np.flatnonzero(~empty & (ops == C.GGML_OP_RMS_NORM))
+    if rms.size:
+        nxt = np.minimum(rms + 1, n - 1)
+        has_next = rms + 1 < n
+        mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
+        uses = [cgraph.use_count(nodes[i]) == 1 if cgraph.use_counts is not None else -1 for i in rms.tolist()]
+        kr = np.concatenate([wid[rms, None], wid[refs[rms]],
+                             np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
+                                       mrefs[:, 0] == rms, mrefs[:, 1] == rms, uses], axis=1)], axis=1)
+        inv, first = _classes(kr.astype(np.int64))
+        ans = np.array([can_fuse_rms_norm_mul(cgraph, int(rms[j])) is not None for j in first.tolist()], bool)
+        fused[rms] = ans[inv]
+    swallowed = np.zeros(n, bool)
+    swallowed[np.flatnonzero(fused) + 1] = True
+    idx = np.flatnonzero(~empty & ~swallowed)
+    k_n = len(idx)
+    if k_n == 0:
+        return None
+    f_row = fused[idx]
+    # each row's descriptor tensors (_build_row's slots): node, src[0..2]; a fused RMS_NORM's DST is its MUL and its
+    # S1 the MUL's other operand
+    slots = np.stack([idx, refs[idx, 0], refs[idx, 1], refs[idx, 2]], axis=1)
+    fr = np.flatnonzero(f_row)
+    if fr.size:
+        ri = idx[fr]
+        m0, m1 = refs[ri + 1, 0], refs[ri + 1, 1]
+        slots[fr, 0] = ri + 1
+        slots[fr, 2] = np.where(m0 == ri, m1, m0)
+    keys = np.concatenate([wid[slots], wid[refs[idx]], f_row[:, None]], axis=1)
+    if fr.size:
+        keys = np.concatenate([keys, wid[refs[idx + np.where(f_row, 1, 0)]]], axis=1)   # the MUL's sources
+    inv, first = _classes(keys)
+    rep = first[inv]
+    P = np.zeros((k_n, NCOL), np.int64)
+    F = np.zeros((k_n, NFCOL), np.float64)
+    row_ws = [0] * k_n
+    meta = [None] * k_n
+    built = {}
+    T = topo.T
+    try:
+        for k in first.tolist():
+            i = int(idx[k])
+            skip, ws, _, sparse_ws = _build_row(P, F, k, cgraph, nodes, i, built)
+            if skip != int(f_row[k]) or sparse_ws is not None:
+                return None
+            row_ws[k] = ws
+            meta[k] = (T[i].addr, op_desc(nodes[i]))
+    except _Unsupported:
+        return None
+    copies = np.flatnonzero(rep != np.arange(k_n))
+    if copies.size:
+        src = rep[copies]
+        P[copies, :DST] = P[src, :DST]
+        P[copies, _DESC_END:] = P[src, _DESC_END:]
+        F[copies] = F[src]
+        for c, col in enumerate((DST, S0, S1, S2)):
+            rows = slots[copies, c]
+            P[copies, col + DATA] = W[rows, _W_DATA]
+            P[copies, col + NE0:col + NB3 + 1] = W[rows, 2:10]
+        # a repacked MUL_MAT's blocks: its own weight's (src[0], a position of the table's repacked weights)
+        mmq = copies[P[copies, OP] == OP_MUL_MAT_Q]
+        if mmq.size:
+            rw = dict(topo.rw)
+            try:
+                P[mmq, _MMQ_PTRS] = [rw[j] for j in refs[idx[mmq], 0].tolist()]
+            except KeyError:
+                return None
+        # _build_row's check for the copied rows: every tensor they describe that has elements has data
+        chk = np.concatenate([idx[copies, None], refs[idx[copies], :3]], axis=1)
+        has = (W[chk, 2:6] != 0).all(axis=2) & (chk >= 0)
+        if (has & (W[chk, _W_DATA] == 0)).any():
+            return None
+        addrs = [T[i].addr for i in idx[copies].tolist()]
+        for k, r, a in zip(copies.tolist(), src.tolist(), addrs):
+            row_ws[k] = row_ws[r]
+            meta[k] = (a, meta[r][1])
+    fa = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
+    if fa.size:
+        # each FLASH_ATTN_EXT row's own mask (src[3]; fattn.build_node: a mask without data takes no row)
+        masked = fa[P[fa, FA_MASK] != 0]
+        mdata = W[refs[idx[masked], 3], _W_DATA]
+        if (mdata == 0).any():
+            return None
+        P[masked, FA_MASK] = mdata
+    sel = W[idx, _W_NAME:_W_NAME + 8].tobytes()
+    names = [sel[j * 64:(j + 1) * 64].partition(b"\0")[0].decode("utf-8", "replace") for j in range(k_n)]
+    fg = FastGraph(P, F, idx.tolist(), names, max(row_ws, default=0), meta, n)
+    fg.row_ws = row_ws
+    fg.plan_groups = _plan_groups(topo, np.ones(n, bool))
+    _memo_put(topo.key, _Memo(topo.Wm, fg, slots, f_row.copy()))
     return fg
 
 

@@ -149,6 +149,7 @@ from .program import (
     SWIGLU_NROWS,
     SWIGLU_SWAPPED,
     SYNC_CHUNK,
+    SYNC_TICKS,
     T_F16,
     T_F32,
     T_I32,
@@ -815,6 +816,8 @@ def graph_compute_thread(P, F, wdata, sync, ith, nth, k0, k1, timings):
     The work-buffer address is patched into the rows that use it (column X+4 / X+1) by the caller."""
     t = np.int64(0)
     tr = traced(sync)
+    if ith == 0:
+        atomic_store(sync + 8 * SYNC_TICKS, rdtsc())
     for k in range(k0, k1):
         if (timings.shape[0] > 0 and ith == 0) or tr:
             t = time_ns()
@@ -827,6 +830,8 @@ def graph_compute_thread(P, F, wdata, sync, ith, nth, k0, k1, timings):
         if timings.shape[0] > 0 and ith == 0:
             timings[k] += time_ns() - t
     traced_barrier(sync, nth, ith, k1, TRW_FINAL, tr)
+    if ith == 0:
+        atomic_store(sync + 8 * (SYNC_TICKS + 1), rdtsc())
 
 @compiled
 def time_ns():

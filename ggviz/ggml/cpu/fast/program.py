@@ -104,6 +104,8 @@ SYNC_TIMESPEC = 36       # struct timespec {0, 100 ms}: the longest single futex
 SYNC_SLEEP_TICKS = 38    # timestamp ticks the threads of this compute spent asleep in barriers (after the spin)
 SYNC_TRACE = 40          # address of the trace log (0: nobody listens, nothing is recorded), SYNC_TRACE+1: its
                          # capacity in records per thread
+SYNC_TICKS = 44          # timestamp ticks when thread 0 entered the compiled walk, SYNC_TICKS+1: when it left it (the
+                         # thread policy's clock, read after the compute: compiler.FastGraph.compute_thread)
 SYNC_LEN = 48
 BARRIER_MAX_SLEEPS = 3000                # 100 ms sleeps: a barrier gives up after about 5 minutes
 
