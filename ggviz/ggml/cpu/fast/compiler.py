@@ -771,6 +771,35 @@ def _memo_put(key, m) -> None:
             _memo.popitem(last=False)
 
 
+def _rows_have_data(W, refs, nodes) -> bool:
+    """_build_row's check for rows not built by it (taken over or copied): every tensor they describe (the node
+    ``nodes[j]`` and its src[0..2]) that has elements has data."""
+    if not nodes.size:
+        return True
+    chk = np.concatenate([nodes[:, None], refs[nodes, :3]], axis=1)
+    has = (W[chk, 2:6] != 0).all(axis=2) & (chk >= 0)                # (rows, 4): ne words all set
+    return not (has & (W[chk, _W_DATA] == 0)).any()
+
+
+def _set_fa_masks(P, W, refs, idx) -> bool:
+    """Each FLASH_ATTN_EXT row's own mask (src[3]) where this graph has one; False when a mask has no data
+    (fattn.build_node: such a mask takes no compiled row, so the program must be built)."""
+    fa = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
+    if fa.size:
+        masked = fa[P[fa, FA_MASK] != 0]
+        mdata = W[refs[idx[masked], 3], _W_DATA]
+        if (mdata == 0).any():
+            return False
+        P[masked, FA_MASK] = mdata
+    return True
+
+
+def _row_names(W, idx) -> list:
+    """The names of the rows' nodes, from the tensor table's name words."""
+    sel = W[idx, _W_NAME:_W_NAME + 8].tobytes()
+    return [sel[j * 64:(j + 1) * 64].partition(b"\0")[0].decode("utf-8", "replace") for j in range(len(idx))]
+
+
 def _derive(cgraph, topo):
     """The program of ``cgraph`` (its tensor table ``topo``) from the remembered program of its topology, or None
     (none remembered, or the graph's rows would not be the remembered ones': then it is built)."""
@@ -857,23 +886,10 @@ def _derive(cgraph, topo):
             row_ws[k] = row_ws[r]
             meta[k] = (nodes[int(idx[k])].addr, meta[r][1])
     keep = np.flatnonzero(~rebuild)
-    if keep.size:
-        # _build_row's check for the rows taken over: every tensor they describe that has elements has data
-        chk = np.concatenate([idx[keep, None], refs[idx[keep], :3]], axis=1)
-        has = (W[chk, 2:6] != 0).all(axis=2) & (chk >= 0)                # (rows, 4): ne words all set
-        if (has & (W[chk, _W_DATA] == 0)).any():
-            return None
-    fa = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
-    if fa.size:
-        # each FLASH_ATTN_EXT row's mask (src[3]) where this graph has it (fattn.build_node: a mask without data
-        # takes no compiled row)
-        masked = fa[P[fa, FA_MASK] != 0]
-        mdata = W[refs[idx[masked], 3], _W_DATA]
-        if (mdata == 0).any():
-            return None
-        P[masked, FA_MASK] = mdata
-    sel = W[idx, _W_NAME:_W_NAME + 8].tobytes()
-    names = [sel[j * 64:(j + 1) * 64].partition(b"\0")[0].decode("utf-8", "replace") for j in range(k_n)]
+    # (the rows taken over)
+    if not _rows_have_data(W, refs, idx[keep]) or not _set_fa_masks(P, W, refs, idx):
+        return None
+    names = _row_names(W, idx)
     for k in keep.tolist():
         meta[k] = (T[int(idx[k])].addr, meta[k][1])
     fg = FastGraph(P, F, list(prev.node_index), names, max(row_ws, default=0), meta, n)
@@ -1147,25 +1163,15 @@ def _build_by_class(cgraph, topo):
                 P[mmq, _MMQ_PTRS] = [rw[j] for j in refs[idx[mmq], 0].tolist()]
             except KeyError:
                 return None
-        # _build_row's check for the copied rows: every tensor they describe that has elements has data
-        chk = np.concatenate([idx[copies, None], refs[idx[copies], :3]], axis=1)
-        has = (W[chk, 2:6] != 0).all(axis=2) & (chk >= 0)
-        if (has & (W[chk, _W_DATA] == 0)).any():
+        if not _rows_have_data(W, refs, idx[copies]):        # (the copied rows)
             return None
         addrs = [T[i].addr for i in idx[copies].tolist()]
         for k, r, a in zip(copies.tolist(), src.tolist(), addrs):
             row_ws[k] = row_ws[r]
             meta[k] = (a, meta[r][1])
-    fa = np.flatnonzero(P[:, OP] == OP_FLASH_ATTN)
-    if fa.size:
-        # each FLASH_ATTN_EXT row's own mask (src[3]; fattn.build_node: a mask without data takes no row)
-        masked = fa[P[fa, FA_MASK] != 0]
-        mdata = W[refs[idx[masked], 3], _W_DATA]
-        if (mdata == 0).any():
-            return None
-        P[masked, FA_MASK] = mdata
-    sel = W[idx, _W_NAME:_W_NAME + 8].tobytes()
-    names = [sel[j * 64:(j + 1) * 64].partition(b"\0")[0].decode("utf-8", "replace") for j in range(k_n)]
+    if not _set_fa_masks(P, W, refs, idx):
+        return None
+    names = _row_names(W, idx)
     fg = FastGraph(P, F, idx.tolist(), names, max(row_ws, default=0), meta, n)
     fg.row_ws = row_ws
     fg.plan_groups = _plan_groups(topo, np.ones(n, bool))
