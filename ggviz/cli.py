@@ -28,10 +28,8 @@ import logging
 import math
 import os
 import pathlib
-import platform
 import sys
 import tempfile
-from importlib import metadata
 
 from ggviz import __version__
 from ggviz.fetch import DEFAULT_MODEL, MODELS, FetchError, fetch_model, registry, resolve_model
@@ -245,6 +243,10 @@ def _cmd_module(name: str, argv: list[str], program: bool = False) -> int:
 
 
 def _cmd_version() -> int:
+    # only this command reads versions: importlib.metadata (email, zipfile, csv ...: ~20-45 ms) and platform are not
+    # imported by every command's first line (`ggviz run` gets them from Numba, under _cmd_module's paused collector)
+    import platform
+    from importlib import metadata
     print(f"ggviz {__version__}")
     print(f"python {platform.python_version()}")
     for dist in ("numpy", "gguf", "libggml-python"):

@@ -43,6 +43,8 @@ LAZY_IMPORTS_ALLOWED = {
     "ggviz.tools.oneshot_child": "a fresh process that times its own imports, and imports llama_cpp or ggviz",
     "ggviz.ggml.gguf": "gguf-py (~30-70 ms) only for GGUFFile.gguf_reader's cross-check, not for loading a model",
     "ggviz.llama.vocab": "gguf-py (~30-70 ms) only for read_tokenizer_kv on a path, not for loading a model",
+    "ggviz.cli": "importlib.metadata and platform only for `ggviz version` (~20-45 ms of every other command's "
+                 "first import: `ggviz fetch`, `ggviz --help`)",
     "ggviz.progress": "tqdm.auto (asyncio, importlib.metadata, ipywidgets in Jupyter) loads at the first bar: a "
                       "one-shot `ggviz run` of a model already here never draws one",
 }

@@ -14,7 +14,6 @@ compiled ones (``fast/``), which read the tables below. So they live here, once:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import math
 
 import numpy as np
@@ -31,7 +30,7 @@ F64 = np.float64
 
 def _load_libm():
     try:
-        lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        lib = _open_libm()
         for name, nargs in (("powf", 2), ("logf", 1)):
             fn = getattr(lib, name)
             fn.restype = ctypes.c_float
@@ -39,6 +38,16 @@ def _load_libm():
         return lib
     except (OSError, AttributeError, TypeError):   # pragma: no cover - non-glibc platforms
         return None
+
+
+def _open_libm() -> ctypes.CDLL:
+    # glibc's soname first: ``ctypes.util.find_library`` runs ``ldconfig -p`` in a child process (~5 ms of every
+    # run's imports, more in a process as big as Numba's) to find the very name it is asked for on glibc.
+    try:
+        return ctypes.CDLL("libm.so.6")
+    except OSError:                                 # pragma: no cover - not glibc: ask the system where libm is
+        from ctypes.util import find_library
+        return ctypes.CDLL(find_library("m") or "libm.so.6")
 
 
 _libm = _load_libm()

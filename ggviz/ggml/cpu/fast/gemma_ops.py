@@ -15,6 +15,8 @@ do not take (then the graph runs node by node). ``compiler.py`` / ``kernels.py``
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ... import consts as C
@@ -43,8 +45,13 @@ from .program import (
 F32 = np.float32
 GGML_TYPE_F32 = C.GGML_TYPE_F32
 
-# the GELU table lives as long as the module (program rows hold its address)
-_GELU_TABLE = np.ascontiguousarray(gelu_table_f16().view(np.uint16))
+
+@functools.lru_cache(maxsize=None)
+def _gelu_table() -> np.ndarray:
+    """ggml_table_gelu_f16 as uint16 words, built by the first GEGLU a program holds (~3 ms, which a model
+    without GEGLU -- SmolLM2 -- never paid at import); cached, so it lives as long as the process does (program rows
+    hold its address)."""
+    return np.ascontiguousarray(gelu_table_f16().view(np.uint16))
 
 
 @compiled
@@ -130,7 +137,7 @@ def build_geglu(P, F, k, node) -> bool:
     P[k, GEGLU_NC] = int(s0.ne[0]) if s1 is not None else int(s0.ne[0]) // 2
     P[k, GEGLU_SWAPPED] = get_op_params_i32(node, 1)
     P[k, GEGLU_NROWS] = nrows(s0)
-    P[k, GEGLU_TABLE] = _GELU_TABLE.ctypes.data
+    P[k, GEGLU_TABLE] = _gelu_table().ctypes.data
     if s1 is None:
         P[k, S1 + DATA] = 0
     return True
