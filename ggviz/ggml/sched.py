@@ -138,6 +138,9 @@ class ggml_backend_sched:
         self.leaf_backend_ids = _id_array(0)
         self.prev_node_backend_ids = _id_array(0)
         self.prev_leaf_backend_ids = _id_array(0)
+        # ggviz: how many leading entries of those four arrays a split ever wrote (the rest still hold calloc's
+        # zeros): what a saved graph copies of them (backend_sched_save_graph)
+        self._ids_written = 0
         # copy of the graph with modified inputs
         self.graph = CGraph(None, 0, _view=True)
         # graph splits
@@ -674,6 +677,8 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
     leaf_ids = sched.leaf_backend_ids
     _ensure_len(node_ids, graph_size)
     _ensure_len(leaf_ids, graph_size)
+    # (the ids written below: at most graph_size of each -- the graph copy's nodes and leafs)
+    sched._ids_written = max(sched._ids_written, graph_size)
 
     for k in range(sched.n_splits):
         split = sched.splits[k]
@@ -1513,6 +1518,7 @@ def backend_sched_new(backends, bufts=None, n_backends: int | None = None, graph
     sched.leaf_backend_ids = _id_array(nodes_size)
     sched.prev_node_backend_ids = _id_array(nodes_size)
     sched.prev_leaf_backend_ids = _id_array(nodes_size)
+    sched._ids_written = 0
 
     sched.debug_graph_size = 0
     sched.debug_prev_graph_size = 0
@@ -1604,7 +1610,7 @@ class backend_sched_graph_state:
     last one (``llm_graph_result::can_reuse``); ggviz keeps a few, so that going back to a graph shape seen before
     costs no build, split or allocation, and the scheduler and allocator then describe the graph that really runs."""
     __slots__ = _GRAPH_STATE_FIELDS + ("sched", "node_backend_ids", "leaf_backend_ids", "prev_node_backend_ids",
-                                       "prev_leaf_backend_ids", "plan", "uid")
+                                       "prev_leaf_backend_ids", "ids_lens", "plan", "uid")
 
 
 def backend_sched_save_graph(sched) -> backend_sched_graph_state:
@@ -1618,9 +1624,15 @@ def backend_sched_save_graph(sched) -> backend_sched_graph_state:
     for f in _GRAPH_STATE_FIELDS:
         setattr(st, f, getattr(sched, f))
     st.uid = sched.graph.uid
-    # the backend id lists stay with the scheduler (the next split compares against them): the state takes copies
-    for f in ("node_backend_ids", "leaf_backend_ids", "prev_node_backend_ids", "prev_leaf_backend_ids"):
-        setattr(st, f, getattr(sched, f)[:])
+    # the backend id arrays stay with the scheduler (the next split compares against them): the state takes copies
+    # of the entries any split wrote (the rest are zeros, and their lengths: restore puts the same arrays back).
+    # Whole copies were four new ~530 KB arrays per saved graph, ~130 page faults each: ~1.6 of the ~1.8 ms that
+    # keeping the prompt's graph took the first decode step after a 128-token prompt (SmolLM2, n_ctx 512)
+    fields = ("node_backend_ids", "leaf_backend_ids", "prev_node_backend_ids", "prev_leaf_backend_ids")
+    n = sched._ids_written
+    for f in fields:
+        setattr(st, f, getattr(sched, f)[:n])
+    st.ids_lens = tuple(len(getattr(sched, f)) for f in fields)
     st.plan = A.gallocr_save_plan(sched.galloc)
     # the scheduler gets fresh per-graph containers (what reset would have cleared in place)
     hs = st.hash_set
@@ -1662,8 +1674,20 @@ def backend_sched_restore_graph(sched, st: backend_sched_graph_state) -> bool:
     _spare(sched, sched.context_buffer)
     for f in _GRAPH_STATE_FIELDS:
         setattr(sched, f, getattr(st, f))
-    for f in ("node_backend_ids", "leaf_backend_ids", "prev_node_backend_ids", "prev_leaf_backend_ids"):
-        setattr(sched, f, getattr(st, f))
+    # the saved entries, zeros after them, the saved lengths: the arrays as they were at the save (written in place)
+    written = sched._ids_written
+    for f, n_all in zip(("node_backend_ids", "leaf_backend_ids", "prev_node_backend_ids", "prev_leaf_backend_ids"),
+                        st.ids_lens):
+        ids, saved = getattr(sched, f), getattr(st, f)
+        n = len(saved)
+        ids[:n] = saved
+        if len(ids) > n_all:
+            del ids[n_all:]
+        elif len(ids) < n_all:
+            ids.extend(array.array("i", bytes(4 * (n_all - len(ids)))))
+        end = min(written, n_all)
+        if end > n:
+            ids[n:end] = array.array("i", bytes(4 * (end - n)))
     A.gallocr_restore_plan(sched.galloc, st.plan)
     sched.is_reset = False
     sched.is_alloc = True
