@@ -641,7 +641,7 @@ class _Topo:
         nodes, leafs = cgraph.nodes, cgraph.leafs
         T = list(nodes) + list(leafs)
         n_in = len(T)
-        W = _words(T)
+        W = _words_into(_table_scratch(n_in + 1), 0, T)
         addrs = np.fromiter((t.addr for t in T), np.uint64, n_in)
         ref = W[:, _W_SRC:_W_SRC + _NREF]
         order = np.argsort(addrs, kind="stable")
@@ -655,13 +655,14 @@ class _Topo:
             _, first = np.unique(flat, return_index=True)
             ext_addrs = flat[np.sort(first)]                    # in order of first reference
             T += [tensor_at(a) for a in ext_addrs.tolist()]
-            W = np.concatenate([W, _words(T[n_in:]), np.zeros((1, _NW), np.uint64)])
+            W = _words_into(_table_scratch(len(T) + 1, keep=n_in), n_in, T[n_in:])
             sorter = np.argsort(ext_addrs)
             at = sorter[np.minimum(np.searchsorted(ext_addrs, ref, sorter=sorter), len(ext_addrs) - 1)]
             refs = np.where(outside, n_in + at, refs)
-        if len(W) == len(T):
-            W = np.concatenate([W, np.zeros((1, _NW), np.uint64)])
-        # the words with a zero row after the last tensor's (index -1: a NULL reference reads zeros), as int64
+        W = _table_scratch(len(T) + 1, keep=len(T))[:len(T) + 1]
+        W[len(T)] = 0
+        # the words with a zero row after the last tensor's (index -1: a NULL reference reads zeros), as int64 (the
+        # thread's scratch: a table lives while its graph is planned; what is kept -- Wm, the memo's -- is copied)
         self.Wz = W.view(np.int64)
         W = W[:len(T)]
         self.T, self.W, self.refs = T, W, refs.astype(np.int64)
@@ -689,6 +690,30 @@ class _Topo:
         self.wid = np.append(_row_classes(Wm), -1)
         self.is_rw = np.zeros(len(T) + 1, np.int64)
         self.is_rw[[j for j, _ in rw]] = 1
+
+
+_scratch = threading.local()
+
+
+def _table_scratch(rows: int, keep: int = 0) -> np.ndarray:
+    """This thread's buffer for a tensor table's words, at least ``rows`` x 42 (its first ``keep`` rows kept when it
+    grows). The table of a decode graph is ~1,550 tensors, 520 KB: a new array for it at every plan (and a second one
+    when the weights' words were appended) took fresh pages from the kernel each time, ~240 page faults of the
+    ~310 a new decode shape's _Topo took (~7 us each on this VM)."""
+    buf = getattr(_scratch, "words", None)
+    if buf is None or len(buf) < rows:
+        new = np.empty((max(rows, 2 * len(buf) if buf is not None else rows), _NW), np.uint64)
+        if keep:
+            new[:keep] = buf[:keep]
+        _scratch.words = buf = new
+    return buf
+
+
+def _words_into(buf, at: int, T) -> np.ndarray:
+    """The struct words of tensors ``T`` written to rows ``at`` .. of ``buf``; returns ``buf[:at + len(T)]``."""
+    if T:
+        np.concatenate([t.raw for t in T], out=buf[at:at + len(T)].reshape(-1).view(np.uint8))
+    return buf[:at + len(T)]
 
 
 def _words(T) -> np.ndarray:
