@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -446,6 +447,38 @@ def test_buffer_clear_of_a_written_buffer(size, value):
     pbuf = B.backend_cpu_buffer_from_ptr(host, size)
     B.backend_buffer_clear(pbuf, 0)
     assert not host.any() and pbuf.iface.clear is B._cpu_buffer_clear
+
+
+def _vm_flags(addr: int):
+    """The VmFlags of the mapping of this process that holds ``addr`` (/proc/self/smaps), or None."""
+    hit = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                hit = lo <= addr < hi
+            elif hit and head == "VmFlags:":
+                return line.split()[1:]
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_cpu_buffer_asks_for_ordinary_pages():
+    """A large CPU buffer's memory is marked no-huge-page (madvise MADV_NOHUGEPAGE: VmFlags "nh"), as
+    ggml_aligned_malloc's memory is not huge-page-advised, where NumPy's own allocation of 4 MiB or more is (VmFlags
+    "hg"); the buffer still reads zero and works."""
+    plain = np.zeros(16 << 20, np.uint8)
+    flags = _vm_flags(plain.ctypes.data + (8 << 20))
+    if flags is None or "hg" not in flags:
+        pytest.skip("NumPy did not ask for huge pages here (no madvise, or NUMPY_MADVISE_HUGEPAGE=0)")
+    buf = B.backend_buft_alloc_buffer(B.backend_cpu_buffer_type(), 16 << 20)
+    flags = _vm_flags(buf.context.ctypes.data + (8 << 20))
+    assert flags is not None and "nh" in flags and "hg" not in flags, flags
+    assert not buf.context.any()
+    buf.context[::4096] = 1
+    assert int(buf.context.sum()) == (16 << 20) // 4096
+    B.backend_buffer_free(buf)
 
 
 # ====================================================================================================

@@ -600,6 +600,9 @@ _cpu_buffer_from_ptr_i = ggml_backend_buffer_i(
 
 def _cpu_buffer_type_alloc_buffer(buft, size: int):
     data = memory.aligned_malloc(size, "CPU buffer")     # ggml_aligned_malloc: 64-byte aligned
+    # ordinary pages, as ggml_aligned_malloc's memory has: NumPy asks for huge pages, which made a fresh context's
+    # first prompt fault 2 MiB at a time into its sparsely touched compute buffer (memory.small_pages)
+    memory.small_pages(data)
     buffer = backend_buffer_init(buft, _cpu_buffer_i, data, size)
     # dropped without ggml_backend_buffer_free: release the memory's address range anyway (C would leak it)
     weakref.finalize(buffer, memory.unregister, data.ctypes.data)

@@ -59,6 +59,32 @@ def _libc_madvise():
     return _madvise
 
 
+_MADV_NOHUGEPAGE = 15                 # <sys/mman.h> (Linux)
+_HUGE_PAGE = 2 << 20
+
+
+def _whole_pages(arr: np.ndarray) -> tuple:
+    """The address range [lo, hi) of the whole pages inside ``arr``'s bytes (lo >= hi: none)."""
+    a = arr.ctypes.data
+    return -(-a // mmap.PAGESIZE) * mmap.PAGESIZE, (a + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+
+
+def small_pages(arr: np.ndarray) -> None:
+    """Ask the kernel for ordinary (4 KiB) pages behind the whole pages of ``arr`` (an ``aligned_malloc`` array not
+    yet written): ``madvise(MADV_NOHUGEPAGE)``, undoing the ``MADV_HUGEPAGE`` NumPy gives every allocation of 4 MiB
+    or more. ggml_aligned_malloc asks for nothing, so with transparent huge pages in their usual "madvise" mode
+    llama.cpp's CPU buffers fault in 4 KiB at a time -- and a compute buffer is touched sparsely: a 4-token prompt
+    in a context reserved for 512 tokens writes a few hundred KiB spread over tens of MiB, where each huge-page
+    fault zeroes (and may first compact) 2 MiB. Nothing changes where madvise is missing or refuses."""
+    if arr.nbytes < 2 * _HUGE_PAGE:
+        return
+    madvise = _libc_madvise()
+    if madvise:
+        lo, hi = _whole_pages(arr)
+        if hi > lo:
+            madvise(lo, hi - lo, _MADV_NOHUGEPAGE)
+
+
 def zero_owned(arr: np.ndarray) -> None:
     """``arr[:] = 0`` for bytes of an ``aligned_malloc`` array (private anonymous memory this process owns): the
     whole pages inside ``arr`` are handed back to the kernel (``madvise(MADV_DONTNEED)``: they read as zero again
@@ -73,8 +99,7 @@ def zero_owned(arr: np.ndarray) -> None:
         madvise = _libc_madvise()
         if madvise:
             a = arr.ctypes.data
-            lo = -(-a // mmap.PAGESIZE) * mmap.PAGESIZE
-            hi = (a + n) // mmap.PAGESIZE * mmap.PAGESIZE
+            lo, hi = _whole_pages(arr)
             if hi > lo and madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
                 arr[:lo - a] = 0
                 arr[hi - a:] = 0
