@@ -31,7 +31,7 @@ from .. import trace
 from . import backend as B
 from . import consts as C
 from . import memory
-from .graph import HashSet, hash_set_new
+from .graph import GGML_HASHSET_FULL, HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
 from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, tensor_at
 
@@ -526,26 +526,15 @@ def gallocr_hash_get(galloc: ggml_gallocr, t: Tensor) -> hash_node:
     hn = galloc._slot.get(addr)
     if hn is not None:            # ggviz: found before since the last reset (the probe below would find it again)
         return hn
-    hs = galloc.hash_set
-    size, used, keys = hs.size, hs.used, hs.keys
-    h = (addr >> 4) % size        # ggml_hash: the last 4 bits are always zero due to alignment
-    i = h
-    while True:                   # linear probing (the bitset word read once per slot: HashSet.get_used/set_used)
-        w = used.item(i >> 5)
-        if not (w >> (i & 31)) & 1:
-            used[i >> 5] = w | (1 << (i & 31))
-            keys[i] = addr
-            hn = galloc._slot[addr] = galloc.hash_values[i] = hash_node()
-            return hn
-        if keys.item(i) == addr:
-            hn = galloc.hash_values.get(i)
-            if hn is None:
-                hn = galloc.hash_values[i] = hash_node()
-            galloc._slot[addr] = hn
-            return hn
-        i = (i + 1) % size
-        if i == h:
-            raise GGMLError("ggml_hash_find_or_insert: hash set is full")
+    i = galloc.hash_set.find_or_insert(addr)
+    if i == GGML_HASHSET_FULL:
+        raise GGMLError("ggml_hash_find_or_insert: hash set is full")
+    # (a slot inserted just now has no node yet: hash_values is emptied whenever the hash set is reset)
+    hn = galloc.hash_values.get(i)
+    if hn is None:
+        hn = galloc.hash_values[i] = hash_node()
+    galloc._slot[addr] = hn
+    return hn
 
 
 def gallocr_is_own(galloc: ggml_gallocr, t: Tensor) -> bool:
@@ -790,7 +779,6 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
     galloc.hash_values = {}
     galloc._slot = {}
     galloc._rec = {}
-    galloc._sizes = {}
 
     # allocate leafs
     # these may be tensors that the application is not using in the graph, but may still want to allocate for other purposes
@@ -962,6 +950,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
     for i in range(galloc.n_buffers):
         dyn_tallocr_reset(galloc.buf_tallocs[i])
 
+    galloc._sizes = {}               # (ggviz: the plan's alloc sizes, _alloc_size; dropped below)
     try:
         # allocate in hash table
         gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)

@@ -562,9 +562,9 @@ def _cpu_buffer_clear(buffer, value):
 
 def _cpu_owned_buffer_clear(buffer, value):
     """ggml_backend_cpu_buffer_clear (memset) of a buffer whose memory aligned_malloc made: zeros by whole pages
-    handed back to the kernel (memory.zero_owned: the same bytes, no write to each page -- llama.cpp clears its
-    fresh KV cache this way at every context creation). (A buffer over memory it was given -- a mapped model file
-    -- is cleared by _cpu_buffer_clear.)"""
+    handed back to the kernel (memory.zero_owned: the same bytes as C's memset, without a write to each page --
+    the fresh KV cache llama.cpp clears at every context creation). (A buffer over memory it was given -- a mapped
+    model file -- is cleared by _cpu_buffer_clear.)"""
     if value == 0:
         memory.zero_owned(buffer.context[:buffer.size])
     else:

@@ -114,6 +114,23 @@ class HashSet:
                 return GGML_HASHSET_FULL
         return i
 
+    def find_or_insert(self, addr: int) -> int:
+        """ggml_hash_find_or_insert: the slot of ``addr``, inserted there when it was not in the set; FULL if the
+        set holds neither it nor a free slot (the caller raises). Each slot's bitset word is read once."""
+        size, used, keys = self.size, self.used, self.keys
+        h = i = (addr >> 4) % size
+        while True:
+            w = used.item(i >> 5)
+            if not (w >> (i & 31)) & 1:
+                used[i >> 5] = w | (1 << (i & 31))
+                keys[i] = addr
+                return i
+            if keys.item(i) == addr:
+                return i
+            i = (i + 1) % size
+            if i == h:
+                return GGML_HASHSET_FULL
+
     def contains(self, addr: int) -> bool:
         i = self.find(addr)
         return i != GGML_HASHSET_FULL and self.get_used(i)

@@ -202,43 +202,28 @@ def _hash_id(sched: ggml_backend_sched, t: Tensor) -> int:
     addr = t.addr
     i = sched._slot.get(addr)
     if i is None:
-        hs = sched.hash_set
-        i = hs.find(addr)
-        if i == GGML_HASHSET_FULL:
-            raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
-        used = hs.used                      # (the slot's bitset word read once: HashSet.get_used / set_used)
-        w = used.item(i >> 5)
-        if not (w >> (i & 31)) & 1:
-            used[i >> 5] = w | (1 << (i & 31))
-            hs.keys[i] = addr
-        sched._slot[addr] = i
+        i = sched._slot[addr] = _find_or_insert(sched.hash_set, addr)
+    return i
+
+
+def _find_or_insert(hs, addr: int) -> int:
+    i = hs.find_or_insert(addr)
+    if i == GGML_HASHSET_FULL:
+        raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
     return i
 
 
 def _hash_ids(sched: ggml_backend_sched, tensors) -> list:
-    """``hash_id(t)`` of each tensor in order (inserting the new ones as ``_hash_id`` does, in this order: the same
-    slots), the probe inlined -- pass 1 inserts a graph's ~1,300 leafs and nodes one after the other."""
+    """``hash_id(t)`` of each tensor, in order (so new ones are inserted in the slots C's loop gives them) -- pass
+    1 asks for a graph's ~1,300 leafs and nodes one after the other."""
     slot = sched._slot
     hs = sched.hash_set
-    size, used, keys = hs.size, hs.used, hs.keys
     out = []
     for t in tensors:
         addr = t.addr
         i = slot.get(addr)
         if i is None:
-            h = i = (addr >> 4) % size            # ggml_hash_find: the slot of addr or the first free one after h
-            while True:
-                w = used.item(i >> 5)
-                if not (w >> (i & 31)) & 1:
-                    used[i >> 5] = w | (1 << (i & 31))
-                    keys[i] = addr
-                    break
-                if keys.item(i) == addr:
-                    break
-                i = (i + 1) % size
-                if i == h:
-                    raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
-            slot[addr] = i
+            i = slot[addr] = _find_or_insert(hs, addr)
         out.append(i)
     return out
 

@@ -716,13 +716,6 @@ def _words_into(buf, at: int, T) -> np.ndarray:
     return buf[:at + len(T)]
 
 
-def _words(T) -> np.ndarray:
-    """The struct words of tensors ``T`` (len(T) x 42), one concatenation of their struct bytes."""
-    if not T:
-        return np.zeros((0, _NW), np.uint64)
-    return np.concatenate([t.raw for t in T]).view(np.uint64).reshape(len(T), _NW)
-
-
 _ROW_HASH = np.random.default_rng(0x6767).integers(1, 2 ** 63, size=64, dtype=np.uint64) | np.uint64(1)
 
 
@@ -796,6 +789,16 @@ def _memo_put(key, m) -> None:
             _memo.popitem(last=False)
 
 
+def _set_descriptors(P, rows, W, slots) -> None:
+    """Rows ``rows`` of ``P``: the DST / S0 / S1 / S2 descriptors (data, ne, nb) from the struct words of the
+    tensors in ``slots`` (one row of 4 table positions each; a NULL slot reads the zero row) -- the words read, not
+    whole structs."""
+    for c, col in enumerate((DST, S0, S1, S2)):
+        at = slots[:, c]
+        P[rows, col + DATA] = W[at, _W_DATA]
+        P[rows, col + NE0:col + NB3 + 1] = W[at, 2:10]
+
+
 def _rows_have_data(W, refs, nodes) -> bool:
     """_build_row's check for rows not built by it (taken over or copied): every tensor they describe (the node
     ``nodes[j]`` and its src[0..2]) that has elements has data."""
@@ -864,10 +867,7 @@ def _derive(cgraph, topo):
         return None
     P, F = prev.P.copy(), prev.F.copy()
     # the descriptors from this graph's structs (a NULL slot reads the zero row)
-    for c, col in enumerate((DST, S0, S1, S2)):
-        rows = m.slots[:, c]
-        P[:, col + DATA] = W[rows, _W_DATA]
-        P[:, col + NE0:col + NB3 + 1] = W[rows, 2:10]       # (the words read, not whole structs: no 42-word copies)
+    _set_descriptors(P, slice(None), W, m.slots)
     row_ws = list(prev.row_ws)
     slots = {}
     meta = list(prev.meta)
@@ -1089,7 +1089,6 @@ def _build(cgraph, require_repack: bool = True, memo=None):
     return fg
 
 
-
 # ---- ggviz: a new graph's program built one row per class of equal rows
 #
 # The first graph of a topology has no program to derive from (_derive): a context's first prompt, a one-shot run's.
@@ -1176,10 +1175,7 @@ def _build_by_class(cgraph, topo):
         P[copies, :DST] = P[src, :DST]
         P[copies, _DESC_END:] = P[src, _DESC_END:]
         F[copies] = F[src]
-        for c, col in enumerate((DST, S0, S1, S2)):
-            rows = slots[copies, c]
-            P[copies, col + DATA] = W[rows, _W_DATA]
-            P[copies, col + NE0:col + NB3 + 1] = W[rows, 2:10]
+        _set_descriptors(P, copies, W, slots[copies])
         # a repacked MUL_MAT's blocks: its own weight's (src[0], a position of the table's repacked weights)
         mmq = copies[P[copies, OP] == OP_MUL_MAT_Q]
         if mmq.size:
