@@ -194,17 +194,21 @@ def _graph_structs(res):
 @pytest.mark.parametrize("fa", [-1, 0], ids=["flash_attn", "no_flash_attn"])
 def test_derived_graph_equals_a_fresh_build(model, fa):
     """The first decode step after a prompt takes the reserve's tg graph (n_kv = the cache size, 1024 here) with its
-    n_kv rewritten to 256 (graph.derive_n_kv) instead of building it: every leaf and node equals a fresh build's
-    (names, ops, shapes, strides, parameters, sources), with and without flash attention (KQ, its soft_max and
-    the transposed V view are the shapes n_kv reaches there)."""
+    n_kv rewritten to 256 (graph.derive_graph) instead of building it, and the prompt before it the reserve's pp
+    graph (512 tokens and outputs, n_kv 1024) rewritten to 6 tokens, 1 output, n_kv 256: every leaf and node of
+    both equals a fresh build's (names, ops, shapes, strides, parameters, sources), with and without flash
+    attention (KQ, its soft_max and the transposed V view are the shapes n_kv reaches there)."""
     cp = llama.context_default_params()
     cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = 1024, 1, 1, fa
     ctx = llama.init_from_model(model, cp)
     _decode(ctx, TOKS[:6], 0, 0)
+    prompt = _graph_structs(ctx.last_graph)
+    assert ctx.n_graph_derived == 1 and ctx.last_graph.n_tokens == 6
     _decode(ctx, [TOKS[6]], 0, 6)
     res = ctx.last_graph
     assert ctx.n_graph_derived == 2 and res.n_kv == 256 and ctx.kv.size == 1024
     assert _graph_structs(res) == _graph_structs(ctx.build_graph(1, 1, 256))
+    assert prompt == _graph_structs(ctx.build_graph(6, 1, 256))
     assert len(res.gf.nodes) == (936 if fa else 1086)
 
 
@@ -719,3 +723,32 @@ def test_graph_derivation_needs_every_record(model):
         res.tok_dims = []
         assert not G.derive_graph(res, 4, 1, 256) and _graph_structs(res) == before
         assert G.derive_graph(res, 512, 512, 256)          # (n_kv alone needs no n_tokens records)
+
+
+def test_derivation_guards_build_and_logits_equal(model, monkeypatch):
+    """Where the graph must be a real build it is: with a trace listener recording (the views record the build's
+    events: graph.visit) and with LLAMA_GRAPH_REUSE_DISABLE (every ubatch built). The counters say which: a derived
+    prompt counts in n_graph_builds and n_graph_derived; its logits are those of the built graph, bit for bit."""
+    ctx = _ctx(model)
+    a = _decode(ctx, TOKS[:5], 0, 0)
+    assert (ctx.n_graph_builds, ctx.n_graph_derived) == (1, 1)
+    llama.free(ctx)
+    context_pool.context_pool_clear(model)
+    ctx = _ctx(model)
+    with trace.recording(("graph.visit",)) as rec:
+        b = _decode(ctx, TOKS[:5], 0, 0)
+    assert (ctx.n_graph_builds, ctx.n_graph_derived) == (1, 0) and len(rec.events) > 500
+    llama.free(ctx)
+    context_pool.context_pool_clear(model)
+    monkeypatch.setenv("LLAMA_GRAPH_REUSE_DISABLE", "1")
+    cp = llama.context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, 512, 512
+    cp.n_threads = cp.n_threads_batch = 2
+    ctx = llama.init_from_model(model, cp)
+    assert not ctx.graph_reuse
+    c = _decode(ctx, TOKS[:5], 0, 0)
+    _decode(ctx, [TOKS[5]], 0, 5)
+    assert (ctx.n_graph_builds, ctx.n_graph_derived) == (2, 0)
+    llama.free(ctx)
+    context_pool.context_pool_clear(model)
+    assert np.array_equal(a, b) and np.array_equal(a, c)

@@ -762,21 +762,23 @@ class LlamaContext(context_pool.GraphCache):
         and names as a build): the tg graph (``_graph_template``) for its own n_tokens / n_outputs (only n_kv is
         rewritten), the pp graph (``_graph_template_pp``) for any other; the scheduler pins the build's callback
         would make for this n_tokens are made (``_norm_pins``). The template is spent (it is the scheduler's graph
-        now). None: no template (the caller builds), or a trace listener is recording: a recorded step shows the
+        now). None: no template or derive_graph refused (the caller builds), or a trace listener is recording: a recorded step shows the
         build llama.cpp makes there (the graph.visit / graph.add events the explorer's build phase, the report's
         visit counts and VisitAnimation read)."""
         if trace.active:
             return None
         res = self._graph_template
-        if res is not None and res.n_tokens == n_tokens and res.n_outputs == n_outputs:
-            self._graph_template = None
-        else:
+        tg = res is not None and res.n_tokens == n_tokens and res.n_outputs == n_outputs
+        if not tg:
             res = self._graph_template_pp
             if res is None:
                 return None
-            self._graph_template_pp = None
         if not derive_graph(res, n_tokens, n_outputs, n_kv):
-            return None
+            return None                  # (refused: the template is as it was, and stays)
+        if tg:
+            self._graph_template = None
+        else:
+            self._graph_template_pp = None
         res.sched_pins = self._norm_pins(res.norm_nodes, n_tokens)
         for t, backend in res.sched_pins:
             gs.backend_sched_set_tensor_backend(self.sched, t, backend)

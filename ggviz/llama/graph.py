@@ -54,7 +54,7 @@ class GraphResult:
     fused_nodes: list = field(default_factory=list)
     # ggviz: the tensors whose shape is the number of attended KV cells, as (tensor, cache, dim) -- cache 0 the base
     # cache, 1 the sliding-window one; ``ne[dim]`` is that cache's n_kv: the K and V views of every layer and the KQ
-    # masks (derive_n_kv); ``sched_pins``: the (tensor, backend) the build's callback pinned in the scheduler
+    # masks (derive_graph); ``sched_pins``: the (tensor, backend) the build's callback pinned in the scheduler
     kv_dims: list = field(default_factory=list)
     sched_pins: list = field(default_factory=list)
     # ggviz: the tensors whose shape the build took from the ubatch, as (tensor, ne roles, nb roles): a role per dim,
