@@ -451,15 +451,12 @@ def _derived_shape(t, q, shape):
         # view is not this)
         if op == ggml.GGML_OP_CPY and src[1] != t.addr:
             return None
-        if q[2:6] != _OLD[src[0]][0]:
+        if q[2:6] != tensor_at(src[0]).ne.tolist():          # (the source's shape as built: nothing written yet)
             return None
         ne = list(shape(src[0])[0])
     else:
         return None
     return ne, _contiguous_nb(q[0] & _LO, ne)
-
-
-_OLD: dict = {}        # derive_graph's table of the tensors' shapes before it (addr -> (ne, nb)), while it runs
 
 
 def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
@@ -470,13 +467,6 @@ def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
     shape reaches an op without a rule or an unrecorded view, a check fails (a view outside its source, a reshape
     of another element count), or the graph lacks a record it needs. ``res`` must not be allocated (its tensors
     are placed by the next allocation, as a fresh build's). The scheduler pins are the caller's (``norm_nodes``)."""
-    try:
-        return _derive_graph(res, n_tokens, n_outputs, n_kv)
-    finally:
-        _OLD.clear()
-
-
-def _derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
     new_kv = n_kv if isinstance(n_kv, tuple) else (n_kv, n_kv)
     old = (1, res.n_tokens, res.n_outputs)
     new = (1, n_tokens, n_outputs)
@@ -528,7 +518,7 @@ def _derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool
     if not changed:
         _set_shape(res, n_tokens, n_outputs, n_kv)
         return True
-    known = _OLD                         # the shapes before, of every leaf and node (and what else is read)
+    known: dict = {}                     # the shapes before, of every leaf and node (and what else is read)
     for t in res.gf.leafs:
         q = t._q[2:10].tolist()
         known[t.addr] = (q[:4], q[4:])
