@@ -201,6 +201,11 @@ def test_derived_graph_equals_a_fresh_build(model, fa):
     cp = llama.context_default_params()
     cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = 1024, 1, 1, fa
     ctx = llama.init_from_model(model, cp)
+    pp = ctx._graph_template_pp
+    assert pp is not None and llama_graph.derive_graph(pp, 6, 1, 256)     # (what the prompt will do)
+    words = _words(pp)
+    assert words == _words(ctx.build_graph(6, 1, 256))
+    assert llama_graph.derive_graph(pp, 512, 512, 1024)                     # (back: the reserve's shape)
     _decode(ctx, TOKS[:6], 0, 0)
     prompt = _graph_structs(ctx.last_graph)
     assert ctx.n_graph_derived == 1 and ctx.last_graph.n_tokens == 6
@@ -649,6 +654,16 @@ def _n_kv(ctx, n):
     return (min(n, kv.kv_base.size), min(n, kv.kv_swa.size)) if hasattr(kv, "kv_swa") else n
 
 
+_NOT_POINTERS = np.ones(42, bool)
+_NOT_POINTERS[19:30] = False             # src[10], view_src: compared by position (_graph_structs)
+
+
+def _words(res):
+    """Every leaf's and node's struct ggml_tensor words but the pointers to other tensors (type, buffer, ne, nb, op,
+    op_params, flags, view_offs, data, name, extra), as bytes: an unallocated graph's are a fresh build's."""
+    return [t._q[:42][_NOT_POINTERS].tobytes() for t in list(res.gf.leafs) + list(res.gf.nodes)]
+
+
 def _pins(res):
     """The build's scheduler pins as (position in the graph, backend name)."""
     pos = {t.addr: i for i, t in enumerate(res.gf.nodes)}
@@ -686,6 +701,7 @@ def test_graph_derived_to_other_shapes_equals_a_fresh_build(model, which, fa):
         what = (which, fa, n_tokens, n_outputs, n_kv)
         assert (res.n_tokens, res.n_outputs) == (n_tokens, n_outputs)
         assert _graph_structs(res) == _graph_structs(ref), what
+        assert _words(res) == _words(ref), what
         assert _pins(res) == _pins(ref) and (len(ref.sched_pins) > 0) == (n_tokens < 32), what
         assert _split(ctx, res) == _split(ctx, ref), what
 
