@@ -10,7 +10,9 @@ callback, so node names, order, ops and shapes equal llama.cpp's decode graphs (
 step, 817 for Gemma-3 270M without flash attention; 936 and 727 with it, llama.cpp's default on the CPU).
 
 The builder only creates tensors in a ``no_alloc`` context and records the graph inputs; the llama context fills
-the inputs, allocates and computes.
+the inputs, allocates and computes. ggviz: it also records which dims it took from n_tokens, n_outputs and n_kv
+(``GraphResult.tok_dims`` / ``kv_dims``), so that ``derive_graph`` can turn a built graph that is not in use into
+the graph of another ubatch shape, byte for byte what a build would make, instead of building it again.
 """
 from __future__ import annotations
 
