@@ -25,6 +25,7 @@ from ggviz import ggml, llama, trace
 from ggviz.ggml import accel
 from ggviz.ggml import backend as B
 from ggviz.llama import context_pool
+from ggviz.llama import graph as llama_graph
 from ggviz.llama.models import llama as arch_llama
 
 MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -159,17 +160,17 @@ def test_reused_step_rebuilds_nothing(model, monkeypatch):
         builds.append((self.n_tokens, self.n_outputs, self.n_kv))
         return orig(self)
     monkeypatch.setattr(arch_llama.LlamaGraph, "build", counting_build)
-    _decode(ctx, TOKS[:6], 0, 0)
+    _decode(ctx, TOKS[:6], 0, 0)                 # the reserve's pp graph, derived to 6/1/256 (not built)
     _decode(ctx, [TOKS[6]], 0, 6)                # the reserve's tg graph, derived to n_kv 256 (not built)
     _decode(ctx, list(range(300, 310)), 0, 7)
-    assert builds == [(6, 1, 256), (10, 1, 256)] and ctx.n_graph_derived == 1
+    assert builds == [(10, 1, 256)] and ctx.n_graph_derived == 2 and ctx.n_graph_builds == 3
     heavy = ("sched.pass", "sched.split", "sched.assign", "sched.alloc", "alloc.reserve", "alloc.alloc",
              "llama.graph_reuse", "sched.restore_graph", "sched.save_graph")
     with trace.recording(heavy) as rec:
         _decode(ctx, [TOKS[7]], 0, 17)           # the decode graph, from the cache
         _decode(ctx, [TOKS[8]], 0, 18)           # the same graph again, still in the scheduler
     kinds = [e["kind"] for e in rec.events]
-    assert builds == [(6, 1, 256), (10, 1, 256)], "a reused step built a graph"
+    assert builds == [(10, 1, 256)], "a reused step built a graph"
     assert kinds == ["sched.save_graph", "sched.restore_graph", "llama.graph_reuse", "llama.graph_reuse"], kinds
     reuse = [e for e in rec.events if e["kind"] == "llama.graph_reuse"]
     assert [e["cached"] for e in reuse] == [True, False]
@@ -193,17 +194,26 @@ def _graph_structs(res):
 @pytest.mark.parametrize("fa", [-1, 0], ids=["flash_attn", "no_flash_attn"])
 def test_derived_graph_equals_a_fresh_build(model, fa):
     """The first decode step after a prompt takes the reserve's tg graph (n_kv = the cache size, 1024 here) with its
-    n_kv rewritten to 256 (graph.derive_n_kv) instead of building it: every leaf and node equals a fresh build's
-    (names, ops, shapes, strides, parameters, sources), with and without flash attention (KQ, its soft_max and
-    the transposed V view are the shapes n_kv reaches there)."""
+    n_kv rewritten to 256 (graph.derive_graph) instead of building it, and the prompt before it the reserve's pp
+    graph (512 tokens and outputs, n_kv 1024) rewritten to 6 tokens, 1 output, n_kv 256: every leaf and node of
+    both equals a fresh build's (names, ops, shapes, strides, parameters, sources), with and without flash
+    attention (KQ, its soft_max and the transposed V view are the shapes n_kv reaches there)."""
     cp = llama.context_default_params()
     cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.flash_attn_type = 1024, 1, 1, fa
     ctx = llama.init_from_model(model, cp)
+    pp = ctx._graph_template_pp
+    assert pp is not None and llama_graph.derive_graph(pp, 6, 1, 256)     # (what the prompt will do)
+    words = _words(pp)
+    assert words == _words(ctx.build_graph(6, 1, 256))
+    assert llama_graph.derive_graph(pp, 512, 512, 1024)                     # (back: the reserve's shape)
     _decode(ctx, TOKS[:6], 0, 0)
+    prompt = _graph_structs(ctx.last_graph)
+    assert ctx.n_graph_derived == 1 and ctx.last_graph.n_tokens == 6
     _decode(ctx, [TOKS[6]], 0, 6)
     res = ctx.last_graph
-    assert ctx.n_graph_derived == 1 and res.n_kv == 256 and ctx.kv.size == 1024
+    assert ctx.n_graph_derived == 2 and res.n_kv == 256 and ctx.kv.size == 1024
     assert _graph_structs(res) == _graph_structs(ctx.build_graph(1, 1, 256))
+    assert prompt == _graph_structs(ctx.build_graph(6, 1, 256))
     assert len(res.gf.nodes) == (936 if fa else 1086)
 
 
@@ -257,7 +267,7 @@ def test_derived_graph_split_equals_the_passes(model, monkeypatch):
         m.setattr(ga, "_alloc_graph_tensors_arrays", lambda galloc, graph: False)
         passes = first_step()
     # (pass 5 too: the memo's split made no copies, so its splits are put back)
-    assert memo[:3] == (1, 1, 0) and passes[:3] == (1, 0, 1)
+    assert memo[:3] == (2, 1, 0) and passes[:3] == (2, 0, 1)
     for i, (x, y) in enumerate(zip(memo[3:], passes[3:])):
         assert x == y, f"item {i + 3} differs"
 
@@ -613,3 +623,148 @@ def test_placing_over_arrays_equals_the_loops(model, monkeypatch):
     arrays = run("arrays")
     assert taken == [True, True]
     assert arrays == run("fast") == run("calls")
+
+
+# ---- graphs of other ubatch shapes derived from a built one (graph.derive_graph, issue 23)
+
+_SHAPES = [(1, 1, 256), (4, 1, 256), (7, 7, 256), (32, 1, 512), (128, 1, 256), (31, 3, 512), (512, 512, 512),
+           (6, 1, 256)]
+_derive_ctxs: dict = {}
+
+
+def _derive_ctx(model, which, fa):
+    """One context per (model, flash attention) for the derivation tests (n_ctx 512, one thread; built once)."""
+    key = (which, fa)
+    if key not in _derive_ctxs:
+        if which == "gemma3":
+            path = MODEL.parent / "gemma-3-270m-q4_k_m.gguf"
+            if not path.exists():
+                pytest.skip("no Gemma-3 model")
+            model = llama.model_load_from_file(str(path), llama.model_default_params())
+        cp = llama.context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, 512, 512
+        cp.n_threads = cp.n_threads_batch = 1
+        cp.flash_attn_type = fa
+        _derive_ctxs[key] = llama.init_from_model(model, cp)
+    return _derive_ctxs[key]
+
+
+def _n_kv(ctx, n):
+    kv = ctx.kv
+    return (min(n, kv.kv_base.size), min(n, kv.kv_swa.size)) if hasattr(kv, "kv_swa") else n
+
+
+_NOT_POINTERS = np.ones(42, bool)
+_NOT_POINTERS[19:30] = False             # src[10], view_src: compared by position (_graph_structs)
+
+
+def _words(res):
+    """Every leaf's and node's struct ggml_tensor words but the pointers to other tensors (type, buffer, ne, nb, op,
+    op_params, flags, view_offs, data, name, extra), as bytes: an unallocated graph's are a fresh build's."""
+    return [t._q[:42][_NOT_POINTERS].tobytes() for t in list(res.gf.leafs) + list(res.gf.nodes)]
+
+
+def _pins(res):
+    """The build's scheduler pins as (position in the graph, backend name)."""
+    pos = {t.addr: i for i, t in enumerate(res.gf.nodes)}
+    return [(pos[t.addr], B.backend_name(b)) for t, b in res.sched_pins]
+
+
+def _split(ctx, res):
+    """The graph split by the context's scheduler with its pins: the split count and every node's backend."""
+    from ggviz.ggml import sched as gs
+    s = ctx.sched
+    gs.backend_sched_reset(s)
+    for t, b in res.sched_pins:
+        gs.backend_sched_set_tensor_backend(s, t, b)
+    gs.backend_sched_split_graph(s, res.gf)
+    out = (s.n_splits, list(s.node_backend_ids[:s.graph.n_nodes]))
+    gs.backend_sched_reset(s)
+    return out
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("fa", [-1, 0], ids=["flash_attn", "no_flash_attn"])
+def test_graph_derived_to_other_shapes_equals_a_fresh_build(model, which, fa):
+    """A graph built for one ubatch shape (the pp reserve's: 512 tokens, 512 outputs, n_kv 512) turned into the
+    graphs of other shapes one after the other (graph.derive_graph: n_tokens, n_outputs and n_kv; 1/1, 4/1, 7/7,
+    32/1, 128/1, 31/3 ...): each equals a fresh build of that shape -- every leaf and node (names, ops, types,
+    shapes, strides, op_params, flags, sources, node order), the scheduler pins the build's callback makes (the
+    layers' norms, below 32 tokens), and the scheduler's split of it (split count, every node's backend). SmolLM2
+    and Gemma-3 (iSWA: two caches, two masks), flash attention on and off."""
+    ctx = _derive_ctx(model, which, fa)
+    res = ctx.build_graph(512, 512, _n_kv(ctx, 512))
+    for n_tokens, n_outputs, n_kv in _SHAPES:
+        assert llama_graph.derive_graph(res, n_tokens, n_outputs, _n_kv(ctx, n_kv)), (n_tokens, n_outputs, n_kv)
+        res.sched_pins = ctx._norm_pins(res.norm_nodes, n_tokens)
+        ref = ctx.build_graph(n_tokens, n_outputs, _n_kv(ctx, n_kv))
+        what = (which, fa, n_tokens, n_outputs, n_kv)
+        assert (res.n_tokens, res.n_outputs) == (n_tokens, n_outputs)
+        assert _graph_structs(res) == _graph_structs(ref), what
+        assert _words(res) == _words(ref), what
+        assert _pins(res) == _pins(ref) and (len(ref.sched_pins) > 0) == (n_tokens < 32), what
+        assert _split(ctx, res) == _split(ctx, ref), what
+
+
+def test_graph_derivation_needs_every_record(model):
+    """Each kind of recorded dim is needed: with the records of one site dropped (the inputs, the Q/K/V reshapes,
+    the K/V cache writes' views, the attention's views and reshapes, the masks' n_kv ...) the graph derived to 4
+    tokens, 1 output either is refused or differs from a fresh build -- so the equality above is no accident of
+    values (n_tokens = n_kv = n_outputs = 512 in the graph it starts from). A graph without the records (an
+    architecture that does not record them all) is refused any other n_tokens; the graph is left as it was."""
+    import re
+    G = llama_graph
+    for fa in (-1, 0):
+        ctx = _derive_ctx(model, "smollm2", fa)
+        res = ctx.build_graph(512, 512, 512)
+        ref = _graph_structs(ctx.build_graph(4, 1, 256))
+        arena = res.ctx.mem_buffer.copy()
+        before = _graph_structs(res)
+        sites: dict = {}
+        for k, (t, ne_r, nb_r) in enumerate(res.tok_dims):
+            sites.setdefault(("tok", re.sub(r"-\d+", "", t.name), ne_r, nb_r), []).append(k)
+        for k, (t, cache, dim) in enumerate(res.kv_dims):
+            sites.setdefault(("kv", re.sub(r"_l\d+|-\d+", "", t.name), dim), []).append(k)
+        assert len(sites) >= (14 if fa else 13), sorted(sites)
+        tok_dims, kv_dims = res.tok_dims, res.kv_dims
+        for site, ks in sites.items():
+            res.tok_dims = [r for k, r in enumerate(tok_dims) if not (site[0] == "tok" and k in ks)]
+            res.kv_dims = [r for k, r in enumerate(kv_dims) if not (site[0] == "kv" and k in ks)]
+            ok = G.derive_graph(res, 4, 1, 256)
+            assert not ok or _graph_structs(res) != ref, f"dropping {site} went unnoticed"
+            res.ctx.mem_buffer[:] = arena
+            res.n_tokens, res.n_outputs, res.n_kv = 512, 512, 512
+        res.tok_dims, res.kv_dims = tok_dims, kv_dims
+        assert _graph_structs(res) == before
+        res.tok_dims = []
+        assert not G.derive_graph(res, 4, 1, 256) and _graph_structs(res) == before
+        assert G.derive_graph(res, 512, 512, 256)          # (n_kv alone needs no n_tokens records)
+
+
+def test_derivation_guards_build_and_logits_equal(model, monkeypatch):
+    """Where the graph must be a real build it is: with a trace listener recording (the views record the build's
+    events: graph.visit) and with LLAMA_GRAPH_REUSE_DISABLE (every ubatch built). The counters say which: a derived
+    prompt counts in n_graph_builds and n_graph_derived; its logits are those of the built graph, bit for bit."""
+    ctx = _ctx(model)
+    a = _decode(ctx, TOKS[:5], 0, 0)
+    assert (ctx.n_graph_builds, ctx.n_graph_derived) == (1, 1)
+    llama.free(ctx)
+    context_pool.context_pool_clear(model)
+    ctx = _ctx(model)
+    with trace.recording(("graph.visit",)) as rec:
+        b = _decode(ctx, TOKS[:5], 0, 0)
+    assert (ctx.n_graph_builds, ctx.n_graph_derived) == (1, 0) and len(rec.events) > 500
+    llama.free(ctx)
+    context_pool.context_pool_clear(model)
+    monkeypatch.setenv("LLAMA_GRAPH_REUSE_DISABLE", "1")
+    cp = llama.context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, 512, 512
+    cp.n_threads = cp.n_threads_batch = 2
+    ctx = llama.init_from_model(model, cp)
+    assert not ctx.graph_reuse
+    c = _decode(ctx, TOKS[:5], 0, 0)
+    _decode(ctx, [TOKS[5]], 0, 5)
+    assert (ctx.n_graph_builds, ctx.n_graph_derived) == (2, 0)
+    llama.free(ctx)
+    context_pool.context_pool_clear(model)
+    assert np.array_equal(a, b) and np.array_equal(a, c)

@@ -731,7 +731,7 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
 # ---- ggviz: the split memo (passes 1-4 of a graph split again with other shapes)
 #
 # llama.cpp splits every graph it builds (microseconds in C); ggviz turns the graph of one n_kv into the graph of
-# another in place (llama.graph.derive_n_kv) and splits it again, ~1,000 nodes through passes 1-4 in Python. What
+# another in place (llama.graph.derive_graph) and splits it again, ~1,000 nodes through passes 1-4 in Python. What
 # passes 1-4 read is: the scheduler's per-graph tables as they start (the user's pins), the backends and their buffer
 # types, each tensor's op, flags, sources, view source, buffer -- and the backends' supports_op / offload_op
 # answers, the only place a tensor's shape enters. So a graph whose node and leaf structs are byte for byte those

@@ -35,7 +35,7 @@ from ..ggml.cpu import cpu_backend, hybrid
 from . import context_pool
 from .batch import LLAMA_MAX_SEQ, DecodeError, batch_allocr_init
 from . import models as arch_models
-from .graph import LLM_FUSED_OP_FLASH_ATTN, derive_n_kv, graph_max_nodes
+from .graph import LLM_FUSED_OP_FLASH_ATTN, derive_graph, graph_max_nodes
 from .kv_cache import KVCache
 from .kv_cache_iswa import KVCacheISWA
 
@@ -288,12 +288,15 @@ class LlamaContext(context_pool.GraphCache):
         self._graph_cache: OrderedDict = OrderedDict()      # key -> (GraphResult, sched graph state), LRU last
         self.n_graph_builds = 0           # graphs built for decode (not counting the reserve's), derived ones included
         self.n_graph_restored = 0         # of the reuses, those that put a cached graph back into the scheduler
-        self.n_graph_derived = 0          # of the builds, those derived from the reserve's tg graph (derive_n_kv)
-        # ggviz: the reserve's token-generation graph (built, split and planned, never allocated), kept so that the
-        # first decode step of that ubatch shape takes it instead of building the same nodes again: only its n_kv
-        # differs (graph.derive_n_kv). One backend only (with several the split rewrites node sources to copies).
+        self.n_graph_derived = 0          # of the builds, those derived from a reserve's graph (graph.derive_graph)
+        # ggviz: the reserve's token-generation graph and its prompt-processing graph (built, split and planned,
+        # never allocated), kept so that the first ubatch of the tg shape and the first of any other shape take one
+        # instead of building the same nodes again: only their shapes differ (graph.derive_graph). One backend only
+        # (with several the split rewrites node sources to copies).
         self._graph_template = None
+        self._graph_template_pp = None
         self._build_pins = None           # while building: the scheduler pins of the build's callback
+        self._build_norms = None          # while building: the tensors the callback saw named "norm" in a layer
         # the worst-case reserve (llama_context::sched_reserve): the scheduler is created there, and the compute
         # buffers are allocated once, before the first decode
         self.sched = None
@@ -455,7 +458,7 @@ class LlamaContext(context_pool.GraphCache):
         # allocator plan back instead of planning the same graph again (sched.backend_sched_reserve_again; the real
         # passes when a trace listener is active).
         reuse = {} if len(self.backends) == 1 else None
-        self._graph_template = None
+        self._graph_template = self._graph_template_pp = None
         tg_probe = self.resolve_fused_ops(n_seqs)
         if reuse is not None and tg_probe is not None and self.flash_attn:
             reuse["tg"] = tg_probe        # (a probe that turned flash attention off built the other graph)
@@ -474,7 +477,7 @@ class LlamaContext(context_pool.GraphCache):
         self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, reuse=(reuse or {}).get("pp"),
                            plan=(reuse or {}).get("pp_plan"))
         if reuse is not None:
-            self._graph_template = tg
+            self._graph_template, self._graph_template_pp = tg, pp
         self.backend_buf_exp_size = [gs.backend_sched_get_buffer_size(self.sched, b) for b in self.backends]
         self.reserve_stats = dict(n_tokens_pp=n_tokens, n_outputs_pp=n_outputs_pp, n_tokens_tg=n_seqs,
                                   n_kv=self.kv.size, n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg,
@@ -745,30 +748,56 @@ class LlamaContext(context_pool.GraphCache):
         b = arch_models.graph_builder(self.model.arch)(self.model, self.kv, self, n_tokens, n_outputs, n_kv,
                               cb_name=lambda t, name, il: self._graph_cb(t, name, il, n_tokens))
         self._build_pins = pins = []
+        self._build_norms = norms = []
         try:
             res = b.build()
         finally:
-            self._build_pins = None
+            self._build_pins = self._build_norms = None
         res.sched_pins = pins
+        res.norm_nodes = norms
         return res
 
     def _derive_graph(self, n_tokens: int, n_outputs: int, n_kv):
-        """ggviz: the graph of this ubatch shape from the reserve's tg graph (``_graph_template``) when it has the
-        same n_tokens and n_outputs: only its n_kv is rewritten (``derive_n_kv``: the same nodes, shapes and names
-        as a build) and the build's scheduler pins are made again, as the build's callback would; the template is
-        spent (it is the scheduler's graph now). None: no template of that shape (the caller builds), or a trace
-        listener is recording: a recorded step shows the build llama.cpp makes there (the graph.visit / graph.add
-        events the explorer's build phase, the report's visit counts and VisitAnimation read)."""
+        """ggviz: the graph of this ubatch shape from a reserve's graph (graph.derive_graph: the same nodes, shapes
+        and names as a build): the tg graph (``_graph_template``) for its own n_tokens / n_outputs (only n_kv is
+        rewritten), the pp graph (``_graph_template_pp``) for any other; the scheduler pins the build's callback
+        would make for this n_tokens are made (``_norm_pins``). The template is spent (it is the scheduler's graph
+        now). None: no template or derive_graph refused (the caller builds), or a trace listener is recording: a recorded step shows the
+        build llama.cpp makes there (the graph.visit / graph.add events the explorer's build phase, the report's
+        visit counts and VisitAnimation read)."""
+        if trace.active:
+            return None
         res = self._graph_template
-        if res is None or res.n_tokens != n_tokens or res.n_outputs != n_outputs or trace.active:
-            return None
-        self._graph_template = None
-        if not derive_n_kv(res, n_kv):
-            return None
+        tg = res is not None and res.n_tokens == n_tokens and res.n_outputs == n_outputs
+        if not tg:
+            res = self._graph_template_pp
+            if res is None:
+                return None
+        if not derive_graph(res, n_tokens, n_outputs, n_kv):
+            return None                  # (refused: the template is as it was, and stays)
+        if tg:
+            self._graph_template = None
+        else:
+            self._graph_template_pp = None
+        res.sched_pins = self._norm_pins(res.norm_nodes, n_tokens)
         for t, backend in res.sched_pins:
             gs.backend_sched_set_tensor_backend(self.sched, t, backend)
         self.n_graph_derived += 1
         return res
+
+    def _norm_pins(self, norms, n_tokens: int) -> list:
+        """The (tensor, backend) pins graph_get_cb makes for ``norms`` ((tensor, il) of the tensors named "norm")
+        in a graph of ``n_tokens`` tokens (see _graph_cb), in the callback's order."""
+        full_offload = self.model.params.n_gpu_layers > self.model.hparams.n_layer
+        if not ((n_tokens < 32 or full_offload) and self.model.dev_layer):
+            return []
+        pins = []
+        for cur, il in norms:
+            dev_layer = self.model.dev_layer[il]
+            for backend in self.backends:
+                if gb.backend_get_device(backend) is dev_layer and gb.backend_supports_op(backend, cur):
+                    pins.append((cur, backend))
+        return pins
 
     def _graph_cb(self, cur, name: str, il: int, n_tokens: int) -> None:
         """llama_context::graph_get_cb (after naming): "norm may be automatically assigned to the backend of the
@@ -776,6 +805,8 @@ class LlamaContext(context_pool.GraphCache):
         layer's norm is pinned to its layer's device (``ggml_backend_sched_set_tensor_backend``: cause "usr")."""
         if name != "norm" or il == -1:       # (the cheap tests first: this runs for every named tensor)
             return
+        if self._build_norms is not None:
+            self._build_norms.append((cur, il))
         full_offload = self.model.params.n_gpu_layers > self.model.hparams.n_layer
         if (n_tokens < 32 or full_offload) and self.model.dev_layer:
             dev_layer = self.model.dev_layer[il]

@@ -108,6 +108,7 @@ class GraphCache:
         self._prev_key, self.last_graph = parked.prev_key, parked.last_graph
         self._installed_uid = parked.installed_uid
         self._graph_template = parked.graph_template
+        self._graph_template_pp = parked.graph_template_pp
         if trace.active:
             trace.emit("llama.sched_reserve", ctx=id(self), sched=id(self.sched), recycled=True,
                        sizes={gb.backend_name(b): s for b, s in zip(self.backends, self.backend_buf_exp_size)},
@@ -122,9 +123,9 @@ class GraphCache:
                 kv=self.kv, sched=self.sched, backend_buf_exp_size=self.backend_buf_exp_size,
                 reserve_log=self.reserve_log, reserve_stats=self.reserve_stats, graph_cache=self._graph_cache,
                 prev_key=self._prev_key, last_graph=self.last_graph, installed_uid=self._installed_uid,
-                graph_template=self._graph_template))
+                graph_template=self._graph_template, graph_template_pp=self._graph_template_pp))
         self._graph_cache = OrderedDict()
-        self._graph_template = None
+        self._graph_template = self._graph_template_pp = None
 
 
 @dataclass
@@ -144,6 +145,7 @@ class Parked:
     last_graph: object
     installed_uid: object
     graph_template: object = None      # the reserve's tg graph if no decode step took it (LlamaContext._derive_graph)
+    graph_template_pp: object = None   # the reserve's pp graph, the same
 
 
 _pool: dict = {}          # id(model) -> (weakref to the model, key, Parked); dropped when the model goes

@@ -10,14 +10,16 @@ callback, so node names, order, ops and shapes equal llama.cpp's decode graphs (
 step, 817 for Gemma-3 270M without flash attention; 936 and 727 with it, llama.cpp's default on the CPU).
 
 The builder only creates tensors in a ``no_alloc`` context and records the graph inputs; the llama context fills
-the inputs, allocates and computes.
+the inputs, allocates and computes. ggviz: it also records which dims it took from n_tokens, n_outputs and n_kv
+(``GraphResult.tok_dims`` / ``kv_dims``), so that ``derive_graph`` can turn a built graph that is not in use into
+the graph of another ubatch shape, byte for byte what a build would make, instead of building it again.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .. import ggml
-from ..ggml.tensor import _Q_SRC
+from ..ggml.tensor import _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, tensor_at
 
 
 @dataclass
@@ -54,12 +56,24 @@ class GraphResult:
     fused_nodes: list = field(default_factory=list)
     # ggviz: the tensors whose shape is the number of attended KV cells, as (tensor, cache, dim) -- cache 0 the base
     # cache, 1 the sliding-window one; ``ne[dim]`` is that cache's n_kv: the K and V views of every layer and the KQ
-    # masks (derive_n_kv); ``sched_pins``: the (tensor, backend) the build's callback pinned in the scheduler
+    # masks (derive_graph); ``sched_pins``: the (tensor, backend) the build's callback pinned in the scheduler
     kv_dims: list = field(default_factory=list)
     sched_pins: list = field(default_factory=list)
+    # ggviz: the tensors whose shape the build took from the ubatch, as (tensor, ne roles, nb roles): a role per dim,
+    # TOK (the dim is a multiple of n_tokens), OUT (of n_outputs) or 0 (fixed); nb roles None: the tensor is
+    # contiguous (an input, a reshape, a cont), its nb follows its ne. Only a builder that records all of them
+    # (``tok_complete``) fills it: derive_graph refuses a graph without it. ``norm_nodes``: (tensor, il) of every
+    # tensor the callback saw named "norm" in a layer, the ones graph_get_cb pins for small ubatches
+    tok_dims: list = field(default_factory=list)
+    norm_nodes: list = field(default_factory=list)
 
 
 LLM_FUSED_OP_FLASH_ATTN = 0
+
+# ggviz: the roles of a tensor's dims in GraphResult.tok_dims
+TOK = 1           # a multiple of n_tokens
+OUT = 2           # a multiple of n_outputs
+_T000, _0T00, _00T0, _000T = (TOK, 0, 0, 0), (0, TOK, 0, 0), (0, 0, TOK, 0), (0, 0, 0, TOK)
 
 
 def graph_max_nodes(model) -> int:
@@ -91,6 +105,17 @@ class LlmGraphContext:
         self.user_cb = cb_name
         self.fused_nodes: list = []
         self.kv_dims: list = []
+        self.tok_dims: list = []
+
+    # ggviz: does this builder record every tensor shape it takes from n_tokens / n_outputs (``rec``)? An
+    # architecture whose graph has an unrecorded one must say False: its graphs are then always built
+    tok_complete = False
+
+    def rec(self, t, ne_roles, nb_roles=None):
+        """ggviz: ``t``'s dims ``ne_roles`` (and, for a view, strides ``nb_roles``) are multiples of n_tokens (TOK)
+        or n_outputs (OUT) -- what derive_graph rewrites for another ubatch shape."""
+        self.tok_dims.append((t, ne_roles, nb_roles))
+        return t
 
     # llm_graph_context::cb -> llama_context's graph callback: name the tensor "<name>-<il>"
     def cb(self, t, name: str, il: int):
@@ -111,10 +136,12 @@ class LlmGraphContext:
         ctx0 = self.ctx0
         tokens = ggml.new_tensor_1d(ctx0, ggml.GGML_TYPE_I32, self.n_tokens)
         self.cb(tokens, "inp_tokens", -1)
+        self.rec(tokens, _T000)
         ggml.set_input(tokens)
         self.inputs.tokens = tokens
         embd = ggml.new_tensor_2d(ctx0, ggml.GGML_TYPE_F32, self.hp.n_embd, self.n_tokens)
         self.cb(embd, "inp_embd", -1)
+        self.rec(embd, _0T00)
         ggml.set_input(embd)
         self.inputs.embd = embd
         # token embeddings path (ubatch.token != nullptr) and vector embeddings path (ubatch.embd != nullptr)
@@ -128,6 +155,7 @@ class LlmGraphContext:
     def build_inp_pos(self):
         pos = ggml.new_tensor_1d(self.ctx0, ggml.GGML_TYPE_I32, self.n_tokens)
         self.cb(pos, "inp_pos", -1)
+        self.rec(pos, _T000)
         ggml.set_input(pos)
         self.inputs.pos = pos
         return pos
@@ -138,15 +166,18 @@ class LlmGraphContext:
         k_idxs = ggml.new_tensor_1d(ctx0, ggml.GGML_TYPE_I64, self.n_tokens)
         ggml.set_input(k_idxs)
         ggml.set_name(k_idxs, "attn_inp_k_idxs")
+        self.rec(k_idxs, _T000)
         n_v = self.n_tokens * hp.n_embd_v_gqa if kv.v_trans else self.n_tokens
         v_idxs = ggml.new_tensor_1d(ctx0, ggml.GGML_TYPE_I64, n_v)
         ggml.set_input(v_idxs)
         ggml.set_name(v_idxs, "attn_inp_v_idxs")
+        self.rec(v_idxs, _T000)            # (n_tokens * n_embd_v_gqa with a transposed V)
         # flash attention requires an f16 mask
         type_mask = ggml.GGML_TYPE_F16 if self.cparams.flash_attn else ggml.GGML_TYPE_F32
         mask = ggml.new_tensor_4d(ctx0, type_mask, n_kv, self.n_tokens, 1, 1)
         ggml.set_input(mask)
         ggml.set_name(mask, "attn_inp_kq_mask")
+        self.rec(mask, _0T00)
         self.kv_dims.append((mask, 1 if (self.iswa and kv is self.kv.kv_swa) else 0, 0))
         return k_idxs, v_idxs, mask
 
@@ -164,6 +195,7 @@ class LlmGraphContext:
         out_ids = ggml.new_tensor_1d(self.ctx0, ggml.GGML_TYPE_I32, self.n_outputs)
         ggml.set_input(out_ids)
         ggml.set_name(out_ids, "out_ids")
+        self.rec(out_ids, (OUT, 0, 0, 0))
         self.inputs.out_ids = out_ids
         return out_ids
 
@@ -185,9 +217,9 @@ class LlmGraphContext:
         self.cb(Kcur, "Kcur", il)
         Vcur = ggml.mul_mat(ctx0, layer.wv, cur)
         self.cb(Vcur, "Vcur", il)
-        Qcur = ggml.reshape_3d(ctx0, Qcur, n_embd_head, n_head, self.n_tokens)
-        Kcur = ggml.reshape_3d(ctx0, Kcur, n_embd_head, n_head_kv, self.n_tokens)
-        Vcur = ggml.reshape_3d(ctx0, Vcur, n_embd_head, n_head_kv, self.n_tokens)
+        Qcur = self.rec(ggml.reshape_3d(ctx0, Qcur, n_embd_head, n_head, self.n_tokens), _00T0)
+        Kcur = self.rec(ggml.reshape_3d(ctx0, Kcur, n_embd_head, n_head_kv, self.n_tokens), _00T0)
+        Vcur = self.rec(ggml.reshape_3d(ctx0, Vcur, n_embd_head, n_head_kv, self.n_tokens), _00T0)
         self.cb(Qcur, "Qcur", il)
         self.cb(Kcur, "Kcur", il)
         self.cb(Vcur, "Vcur", il)
@@ -218,6 +250,10 @@ class LlmGraphContext:
         n_stream = int(k.ne[3])
         q = ggml.view_4d(ctx0, q, int(q.ne[0]), int(q.ne[1]), int(q.ne[2]) // n_stream, n_stream,
                          int(q.nb[1]), int(q.nb[2]), int(q.nb[3]) // n_stream, 0)
+        if n_stream == 1:
+            # q [head_dim, n_head, n_tokens] (contiguous): its nb[3] is nb[2] * n_tokens (more streams: unrecorded,
+            # never derived)
+            self.rec(q, _00T0, _000T)
         q = ggml.permute(ctx0, q, 0, 2, 1, 3)
         k = ggml.permute(ctx0, k, 0, 2, 1, 3)
         v = ggml.permute(ctx0, v, 0, 2, 1, 3)
@@ -235,7 +271,9 @@ class LlmGraphContext:
             ggml.flash_attn_ext_add_sinks(cur, None)
             ggml.flash_attn_ext_set_n_kv_max(cur, 0)
             ggml.prec_set_acc(cur, ggml.GGML_PREC_F32)
+            # (the FA result [DV, n_head, n_tokens, n_stream]: n_tokens rows per stream)
             cur = ggml.reshape_2d(ctx0, cur, int(cur.ne[0]) * int(cur.ne[1]), int(cur.ne[2]) * int(cur.ne[3]))
+            self.rec(cur, _0T00)
             ggml.build_forward_expand(self.gf, cur)
             return cur
         kq = ggml.mul_mat(ctx0, k, q)
@@ -251,6 +289,7 @@ class LlmGraphContext:
         self.cb(kqv, "kqv", il)
         cur = ggml.permute(ctx0, kqv, 0, 2, 1, 3)
         cur = ggml.cont_2d(ctx0, cur, int(cur.ne[0]) * int(cur.ne[1]), int(cur.ne[2]) * int(cur.ne[3]))
+        self.rec(cur, _0T00)
         ggml.build_forward_expand(self.gf, cur)
         return cur
 
@@ -275,8 +314,8 @@ class LlmGraphContext:
             ggml.build_forward_expand(gf, k_cur)
             kv, n_kv, k_idxs, v_idxs, kq_mask = self.kv, self.n_kv, inp.k_idxs, inp.v_idxs, inp.kq_mask
         # store to KV cache
-        ggml.build_forward_expand(gf, kv.cpy_k(ctx0, k_cur, k_idxs, il))
-        ggml.build_forward_expand(gf, kv.cpy_v(ctx0, v_cur, v_idxs, il))
+        ggml.build_forward_expand(gf, kv.cpy_k(ctx0, k_cur, k_idxs, il, self.rec))
+        ggml.build_forward_expand(gf, kv.cpy_v(ctx0, v_cur, v_idxs, il, self.rec))
         k = kv.get_k(ctx0, il, n_kv)
         v = kv.get_v(ctx0, il, n_kv)
         cache = 1 if (self.iswa and kv is self.kv.kv_swa) else 0
@@ -292,113 +331,250 @@ class LlmGraphContext:
         n_kv, n_kv_swa = (self.n_kv if self.iswa else (self.n_kv, 0))
         return GraphResult(ctx=self.ctx0, gf=self.gf, inputs=self.inputs, t_logits=t_logits, t_embd=t_embd,
                            n_kv=n_kv, n_kv_swa=n_kv_swa, n_tokens=self.n_tokens, n_outputs=self.n_outputs,
-                           fused_nodes=self.fused_nodes, kv_dims=self.kv_dims)
+                           fused_nodes=self.fused_nodes, kv_dims=self.kv_dims,
+                           tok_dims=self.tok_dims if self.tok_complete else [])
 
     def build(self) -> GraphResult:
         raise NotImplementedError("the architecture's graph (models/<arch>.py) builds it")
 
 
-# ---- ggviz: a graph of another n_kv from one already built
+# ---- ggviz: a graph of another ubatch shape from one already built
 #
-# llama.cpp builds a graph per ubatch (microseconds in C); a new n_kv (the decode after a prompt, every 256 cells)
-# is a new graph there. Its node list is the one of any graph of the same n_tokens and n_outputs: n_kv only sets
-# ne[dim] of the K/V views and the KQ masks (GraphResult.kv_dims) and, through them, the shapes of the ops that read
-# them. So a built graph that is not in use can be turned into the graph of another n_kv by writing those shapes --
-# the same structs, bytes equal to a fresh build's (tests/test_graph_cache.py compares them) -- instead of building
-# ~1,000 tensors again. The ops the n_kv reaches have their shape rule here (ggml's: permute, transpose, the FA
-# result, mul_mat, soft_max, cont, cast); any other op makes derive_n_kv refuse (the caller builds).
+# llama.cpp builds a graph per ubatch (microseconds in C); a new shape (a prompt, the decode after it, a new n_kv every
+# 256 cells) is a new graph there. Its node list is the one of any graph of the same architecture and cparams:
+# n_tokens, n_outputs and n_kv only set the shapes. n_kv sets ne[dim] of the K/V views and the KQ masks
+# (GraphResult.kv_dims); n_tokens and n_outputs the dims the build recorded (GraphResult.tok_dims: the inputs, the
+# reshapes and views that take n_tokens); every other shape follows from its sources' by its op's rule. So a built
+# graph that is not in use can be turned into the graph of another shape by writing those shapes -- the same
+# structs, bytes equal to a fresh build's (tests/test_graph_cache.py compares them) -- instead of building ~1,000
+# tensors again. The roles are recorded, never guessed from values (in the pp reserve n_tokens = n_kv = 512; in the
+# probe n_tokens = n_outputs = 1). The rules below are ggml's (ggml.c: the result shape of each op and the checks it
+# asserts); a shape that reaches an op without a rule, an unrecorded view or reshape, or a check that fails makes
+# derive_graph refuse (the caller builds).
+
+_TYPE_SIZES: dict = {}
+
 
 def _contiguous_nb(type_: int, ne) -> list:
-    rs = ggml.row_size(type_, ne[0])
-    return [ggml.type_size(type_), rs, rs * ne[1], rs * ne[1] * ne[2]]
+    ts = _TYPE_SIZES.get(type_)
+    if ts is None:
+        ts = _TYPE_SIZES[type_] = (ggml.type_size(type_), ggml.blck_size(type_))
+    rs = ts[0] * ne[0] // ts[1]          # ggml_row_size
+    return [ts[0], rs, rs * ne[1], rs * ne[1] * ne[2]]
 
 
-def _derived_shape(t, shape):
-    """(ne, nb) of ``t`` from its sources' shapes (``shape(src)``), by its op's rule; None: no rule for that op."""
-    op = t.op
-    if op in (ggml.GGML_OP_PERMUTE, ggml.GGML_OP_TRANSPOSE):
-        ne_a, nb_a = shape(t.src[0])
+def _nbytes(type_: int, ne, nb) -> int:
+    """ggml_nbytes of a tensor of shape (ne, nb)."""
+    if any(x <= 0 for x in ne):
+        return 0
+    blck = ggml.blck_size(type_)
+    n = ggml.type_size(type_) if blck == 1 else ne[0] * nb[0] // blck
+    for i in range(1 if blck != 1 else 0, 4):
+        n += (ne[i] - 1) * nb[i]
+    return n
+
+
+# The struct ggml_tensor words (64-bit) derive_graph reads from one ``_q.tolist()`` per tensor: type (low half of
+# word 0), ne (2..5), nb (6..9), op (low half of word 10), src (19..28), view_src (29), view_offs (30)
+_NQ = _Q_VIEW_OFFS + 1
+_LO = 0xFFFFFFFF
+_SAME_SHAPE = frozenset((ggml.GGML_OP_SCALE, ggml.GGML_OP_RMS_NORM, ggml.GGML_OP_NORM, ggml.GGML_OP_UNARY))
+_BINARY = frozenset((ggml.GGML_OP_ADD, ggml.GGML_OP_SUB, ggml.GGML_OP_MUL, ggml.GGML_OP_DIV))
+
+
+def _derived_shape(t, q, shape):
+    """(ne, nb) of ``t`` (its struct words ``q``) from its sources' shapes (``shape(addr)``: (ne, nb) lists), by its
+    op's rule; None: no rule for that op, or the new shapes fail the op's checks (ggml's asserts)."""
+    op = q[10] & _LO
+    src = q[_Q_SRC:_Q_SRC + 4]
+    if op == ggml.GGML_OP_PERMUTE or op == ggml.GGML_OP_TRANSPOSE:
+        ne_a, nb_a = shape(src[0])
         if op == ggml.GGML_OP_TRANSPOSE:
             return [ne_a[1], ne_a[0], ne_a[2], ne_a[3]], [nb_a[1], nb_a[0], nb_a[2], nb_a[3]]
         ne, nb = [0] * 4, [0] * 4
         for i, ax in enumerate(t.op_params[:4].tolist()):
             ne[ax], nb[ax] = ne_a[i], nb_a[i]
         return ne, nb
-    if op == ggml.GGML_OP_FLASH_ATTN_EXT:            # [DV, n_head, n_tokens, ne3] F32
-        ne_q, ne_v = shape(t.src[0])[0], shape(t.src[2])[0]
-        ne = [ne_v[0], ne_q[2], ne_q[1], ne_q[3]]
-    elif op == ggml.GGML_OP_MUL_MAT:
-        ne_a, ne_b = shape(t.src[0])[0], shape(t.src[1])[0]
+    if op == ggml.GGML_OP_SET_ROWS:
+        # ggml_set_rows(a, b, c): a view of the destination a (src[2]: the cache, or a reshape of it) with b's rows
+        # (src[0]) written at c's indices (src[1])
+        ne_a, nb_a = shape(src[2])
+        ne_b, ne_c = shape(src[0])[0], shape(src[1])[0]
+        if not (ne_b[0] == ne_a[0] and ne_b[2] == ne_a[2] and ne_b[3] == ne_a[3] and ne_b[1] == ne_c[0] and ne_c[1]
+                and ne_b[2] % ne_c[1] == 0 and ne_c[2] and ne_b[3] % ne_c[2] == 0 and ne_c[3] == 1):
+            return None
+        return list(ne_a), list(nb_a)
+    if q[_Q_VIEW_SRC]:
+        return None                      # an in-place op or a view the build did not record
+    if op == ggml.GGML_OP_MUL_MAT:
+        ne_a, ne_b = shape(src[0])[0], shape(src[1])[0]
+        if ne_a[0] != ne_b[0] or ne_b[2] % ne_a[2] or ne_b[3] % ne_a[3]:
+            return None
         ne = [ne_a[1], ne_b[1], ne_b[2], ne_b[3]]
-    elif op in (ggml.GGML_OP_SOFT_MAX, ggml.GGML_OP_CONT, ggml.GGML_OP_CPY):
-        # soft_max / cont / cast: a new tensor of the source's shape (only when it had it: cont_2d, cpy into a view
-        # are not these)
-        if op == ggml.GGML_OP_CPY and t.src[1] is not t:
+    elif op in _SAME_SHAPE:
+        ne = list(shape(src[0])[0])
+    elif op in _BINARY:
+        ne = list(shape(src[0])[0])
+        ne_b = shape(src[1])[0]
+        if any(m <= 0 or n % m for n, m in zip(ne, ne_b)):     # ggml_can_repeat(b, a)
             return None
-        a = t.src[0]
-        if t.shape != a.shape:
+    elif op == ggml.GGML_OP_ROPE:
+        ne = list(shape(src[0])[0])
+        if shape(src[1])[0][0] != ne[2]:             # a position per row
             return None
-        ne = list(shape(a)[0])
+    elif op == ggml.GGML_OP_GLU:
+        ne = list(shape(src[0])[0])
+        if not src[1]:
+            ne[0] //= 2
+        elif list(shape(src[1])[0]) != ne:           # the split form: gate and up of one shape
+            return None
+    elif op == ggml.GGML_OP_GET_ROWS:
+        ne_a, ne_b = shape(src[0])[0], shape(src[1])[0]
+        if ne_a[2] != ne_b[1] or ne_b[3] != 1:
+            return None
+        ne = [ne_a[0], ne_b[0], ne_b[1], ne_b[2]]
+    elif op == ggml.GGML_OP_FLASH_ATTN_EXT:            # [DV, n_head, n_tokens, ne3] F32
+        ne_q, ne_k, ne_v = shape(src[0])[0], shape(src[1])[0], shape(src[2])[0]
+        if src[3]:
+            ne_m = shape(src[3])[0]
+            if ne_m[0] != ne_k[1] or ne_m[1] < ne_q[1]:
+                return None
+        if ne_k[1] != ne_v[1] or ne_q[0] != ne_k[0]:
+            return None
+        ne = [ne_v[0], ne_q[2], ne_q[1], ne_q[3]]
+    elif op == ggml.GGML_OP_SOFT_MAX:
+        ne = list(shape(src[0])[0])
+        if src[1]:
+            ne_m = shape(src[1])[0]
+            if ne_m[0] != ne[0] or ne_m[1] < ne[1]:
+                return None
+    elif op == ggml.GGML_OP_CONT or op == ggml.GGML_OP_CPY:
+        # cont / cast: a new tensor of the source's shape (only when it had it: a cont_2d is recorded, a cpy into a
+        # view is not this)
+        if op == ggml.GGML_OP_CPY and src[1] != t.addr:
+            return None
+        if q[2:6] != tensor_at(src[0]).ne.tolist():          # (the source's shape as built: nothing written yet)
+            return None
+        ne = list(shape(src[0])[0])
     else:
         return None
-    return ne, _contiguous_nb(t.type, ne)
+    return ne, _contiguous_nb(q[0] & _LO, ne)
 
 
-def derive_n_kv(res: GraphResult, n_kv) -> bool:
-    """Turn ``res`` (built for ``res.n_kv``) into the graph of ``n_kv`` (an int, or (base, swa) for an iSWA cache)
-    in place: the KV views' and masks' ne[dim], then every node whose sources' shapes changed, by its op's rule. All
-    new shapes are worked out before anything is written: False (``res`` untouched) when a changed shape reaches an
-    op without a rule, a view outside its cache, or a graph without the record (``kv_dims``). ``res`` must not be
-    allocated (its tensors are placed by the next allocation, as a fresh build's)."""
-    new = n_kv if isinstance(n_kv, tuple) else (n_kv, n_kv)
-    if not res.kv_dims:
+def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
+    """Turn ``res`` (built for ``res.n_tokens`` / ``res.n_outputs`` / ``res.n_kv``) into the graph of ``n_tokens``
+    tokens, ``n_outputs`` outputs and ``n_kv`` attended cells (an int, or (base, swa) for an iSWA cache) in place:
+    the recorded dims (``kv_dims``, ``tok_dims``), then every node whose sources' shapes changed, by its op's rule.
+    All new shapes are worked out and checked before anything is written: False (``res`` untouched) when a changed
+    shape reaches an op without a rule or an unrecorded view, a check fails (a view outside its source, a reshape
+    of another element count), or the graph lacks a record it needs. ``res`` must not be allocated (its tensors
+    are placed by the next allocation, as a fresh build's). The scheduler pins are the caller's (``norm_nodes``)."""
+    new_kv = n_kv if isinstance(n_kv, tuple) else (n_kv, n_kv)
+    old = (1, res.n_tokens, res.n_outputs)
+    new = (1, n_tokens, n_outputs)
+    tok_changed = old != new
+    if (tok_changed and not res.tok_dims) or min(old + new + new_kv) < 1:
         return False
-    changed: dict = {}                   # addr -> (ne, nb)
+    if not res.kv_dims and (new_kv[0] != res.n_kv or (res.n_kv_swa and new_kv[1] != res.n_kv_swa)):
+        return False
+    # the recorded tensors: addr -> [tensor, ne roles, nb roles, (cache, dim) of n_kv]
+    rec: dict = {}
+    if tok_changed:
+        for t, ne_r, nb_r in res.tok_dims:
+            rec[t.addr] = [t, ne_r, nb_r, None]
     for t, cache, dim in res.kv_dims:
-        ne, nb = t.shape, t.strides
-        if ne[dim] == new[cache]:
-            continue
-        ne = list(ne)
-        ne[dim] = new[cache]
-        if t.view_src is not None:
-            # a K/V view: its strides are the cache's; it must stay inside the cache tensor
-            src = t.view_src
-            last = t.view_offs + sum((ne[i] - 1) * nb[i] for i in range(4)) + ggml.type_size(t.type)
-            if new[cache] < 1 or last > ggml.nbytes(src):
-                return False
-            nb = list(nb)
+        r = rec.get(t.addr)
+        if r is None:
+            rec[t.addr] = [t, None, None, (cache, dim)]
         else:
-            nb = _contiguous_nb(t.type, ne)
-        changed[t.addr] = (ne, nb)
+            r[3] = (cache, dim)
+    changed: dict = {}                   # addr -> (ne, nb)
+    tensors: dict = {}                   # addr -> tensor, of the changed ones
+    views: list = []                     # the recorded views whose shape changed (checked against their source)
+    for addr, (t, ne_r, nb_r, kvd) in rec.items():
+        q = t._q[:_NQ].tolist()
+        ne, nb = q[2:6], q[6:10]
+        if ne_r is not None:
+            for i, r in enumerate(ne_r):
+                if r:
+                    if ne[i] % old[r]:
+                        return False
+                    ne[i] = ne[i] // old[r] * new[r]
+        if kvd is not None:
+            ne[kvd[1]] = new_kv[kvd[0]]
+        if ne == q[2:6]:
+            continue
+        if q[_Q_VIEW_SRC] and (q[10] & _LO) != ggml.GGML_OP_RESHAPE:
+            # a view keeps its strides but those recorded (a multiple of n_tokens); it must stay inside its source
+            if nb_r is not None:
+                for i, r in enumerate(nb_r):
+                    if r:
+                        if nb[i] % old[r]:
+                            return False
+                        nb[i] = nb[i] // old[r] * new[r]
+            views.append((t, q))
+        else:
+            nb = _contiguous_nb(q[0] & _LO, ne)
+        changed[addr] = (ne, nb)
+        tensors[addr] = t
     if not changed:
+        _set_shape(res, n_tokens, n_outputs, n_kv)
         return True
+    known: dict = {}                     # the shapes before, of every leaf and node (and what else is read)
+    for t in res.gf.leafs:
+        q = t._q[2:10].tolist()
+        known[t.addr] = (q[:4], q[4:])
 
-    def shape(s):
-        c = changed.get(s.addr)
-        return c if c is not None else (s.shape, s.strides)
+    def shape(addr):
+        c = changed.get(addr)
+        if c is None:
+            c = known.get(addr)
+            if c is None:                # a tensor outside the graph (a view source: the KV cache)
+                t = tensor_at(addr)
+                c = known[addr] = (list(t.shape), list(t.strides))
+        return c
 
-    n_src = ggml.GGML_MAX_SRC
+    isdisjoint = changed.keys().isdisjoint
     for node in res.gf.nodes:
-        if node.addr in changed:
+        q = node._q[:_NQ].tolist()
+        addr = node.addr
+        known[addr] = (q[2:6], q[6:10])
+        if addr in rec:
+            op = q[10] & _LO
+            if addr in changed and (op == ggml.GGML_OP_RESHAPE or op == ggml.GGML_OP_CONT):
+                # a recorded reshape / cont keeps its source's element count
+                a, b = changed[addr][0], shape(q[_Q_SRC])[0]
+                if a[0] * a[1] * a[2] * a[3] != b[0] * b[1] * b[2] * b[3]:
+                    return False
             continue
-        # (the src pointers straight from the struct's words: most nodes read no reshaped tensor)
-        if changed.keys().isdisjoint(node._q[_Q_SRC:_Q_SRC + n_src].tolist()):
+        # (most nodes read no reshaped tensor)
+        if isdisjoint(q[_Q_SRC:_Q_VIEW_SRC]):
             continue
-        d = _derived_shape(node, shape)
+        d = _derived_shape(node, q, shape)
         if d is None:
             return False
-        if list(d[0]) != list(node.shape) or list(d[1]) != list(node.strides):
-            changed[node.addr] = d
-    by_addr = {t.addr: t for t in res.gf.nodes}
-    by_addr.update({t.addr: t for t in res.gf.leafs})
-    for t, _, _ in res.kv_dims:
-        by_addr[t.addr] = t
+        if d[0] != q[2:6] or d[1] != q[6:10]:
+            changed[addr] = d
+            tensors[addr] = node
+    for t, q in views:
+        ne, nb = changed[t.addr]
+        ne_s, nb_s = shape(q[_Q_VIEW_SRC])
+        if q[_Q_VIEW_OFFS] + _nbytes(q[0] & _LO, ne, nb) > _nbytes(t.view_src.type, ne_s, nb_s):
+            return False
     for addr, (ne, nb) in changed.items():
-        t = by_addr[addr]
-        t.ne[:] = ne
-        t.nb[:] = nb
+        tensors[addr]._q[2:10] = ne + nb
+    _set_shape(res, n_tokens, n_outputs, n_kv)
+    return True
+
+
+def _set_shape(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> None:
+    res.n_tokens, res.n_outputs = n_tokens, n_outputs
     if isinstance(n_kv, tuple):
         res.n_kv, res.n_kv_swa = n_kv
     else:
         res.n_kv = n_kv
-    return True
+
+
+def derive_n_kv(res: GraphResult, n_kv) -> bool:
+    """derive_graph for another n_kv only (the same n_tokens and n_outputs)."""
+    return derive_graph(res, res.n_tokens, res.n_outputs, n_kv)

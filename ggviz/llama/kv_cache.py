@@ -28,6 +28,14 @@ from .. import ggml
 from ..ggml import alloc as galloc
 from ..ggml import backend as gb
 from ..ggml import impl
+from .graph import TOK
+
+_0T00, _00TT = (0, TOK, 0, 0), (0, 0, TOK, TOK)
+
+
+def _no_rec(t, ne_roles, nb_roles=None):
+    return t
+
 
 N_PAD = 256   # llama_kv_cache's padding of n_kv (max(n_pad, 256), with or without flash attention)
 
@@ -363,23 +371,29 @@ class KVCache:
                             ggml.row_size(v.type, self.size),
                             ggml.row_size(v.type, self.size * hp.n_embd_v_gqa), 0)
 
-    def cpy_k(self, ctx, k_cur, k_idxs, il: int):
+    # ``rec``: ggviz, the graph builder's record of the shapes taken from n_tokens (LlmGraphContext.rec): k_cur and
+    # v_cur are [head_dim, n_head_kv, n_tokens]
+    def cpy_k(self, ctx, k_cur, k_idxs, il: int, rec=_no_rec):
         k = self.k_l[self.map_layer_ids[il]]
         n_tokens = int(k_cur.ne[2])
         k_cur = ggml.view_2d(ctx, k_cur, int(k.ne[0]), n_tokens, int(k_cur.nb[2]), 0)
+        rec(k_cur, _0T00, _00TT)          # (view_2d: nb[2] = nb[3] = nb[1] * ne[1])
         return ggml.set_rows(ctx, k, k_cur, k_idxs)
 
-    def cpy_v(self, ctx, v_cur, v_idxs, il: int):
+    def cpy_v(self, ctx, v_cur, v_idxs, il: int, rec=_no_rec):
         v = self.v_l[self.map_layer_ids[il]]
         n_tokens = int(v_cur.ne[2])
         if not self.v_trans:
             # flash attention: V stored like K, one row per cell (a view of the token rows, as cpy_k)
             v_cur = ggml.view_2d(ctx, v_cur, int(v.ne[0]), n_tokens, int(v_cur.nb[2]), 0)
+            rec(v_cur, _0T00, _00TT)
             return ggml.set_rows(ctx, v, v_cur, v_idxs)
         v_cur = ggml.reshape_2d(ctx, v_cur, int(v.ne[0]), n_tokens)
+        rec(v_cur, _0T00)
         # the transposed cache is addressed element by element: rows of one value
         v_view = ggml.reshape_2d(ctx, v, 1, int(v.ne[0]) * int(v.ne[1]))
         v_cur = ggml.reshape_2d(ctx, v_cur, 1, int(v_cur.ne[0]) * int(v_cur.ne[1]))
+        rec(v_cur, _0T00)
         return ggml.set_rows(ctx, v_view, v_cur, v_idxs)
 
     # ---- input data (llm_graph_input_attn_kv::set_input)

@@ -78,6 +78,8 @@ def load_arch_tensors(need, opt, hp):
 class Gemma3Graph(LlmGraphContext):
     """llama_model_gemma3::graph<iswa> for one ubatch (iswa: the KV cache is an iSWA one)."""
 
+    tok_complete = True
+
     def build(self) -> GraphResult:
         ctx0, hp, model, cp = self.ctx0, self.hp, self.model, self.cparams
         n_embd_head = hp.n_embd_head_k

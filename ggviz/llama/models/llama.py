@@ -56,9 +56,13 @@ def load_arch_tensors(need, opt, hp):
 class LlamaGraph(LlmGraphContext):
     """llama_model_llama::graph for one ubatch."""
 
+    tok_complete = True      # (but PowerInfer's sparse FFN records nothing: build says so)
+
     def build(self) -> GraphResult:
         ctx0, hp, model, cp = self.ctx0, self.hp, self.model, self.cparams
         n_embd_head = hp.n_embd_head_v
+        if getattr(self.model, "sparse", None) is not None:
+            self.tok_complete = False
         inpL = self.build_inp_embd(model.tok_embd)
         inp_pos = self.build_inp_pos()
         self.build_attn_inp_kv()
