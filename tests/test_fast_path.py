@@ -783,7 +783,7 @@ def _policy_compute(fg, n_max, wall_ns, slept_frac=0.0, cpu=None):
     n_use = fg.n_use_now
     fg.sync[SYNC_SLEEP_TICKS] = int(slept_frac * 1000 * (n_use - 1))
     fg._choose_threads(n_max, n_use, wall_ns, 1000)
-    compiler._last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or [wall_ns] * n_use, fg,
+    compiler._last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or [wall_ns] * n_use, fg.serial,
                                  (fg.n_single, fg.single_ns, fg.probe_every, fg.probe_ns)
                                  if n_use < n_max and fg.n_next == 1 else None]
     return n_use
@@ -819,11 +819,11 @@ def test_a_program_continues_the_one_thread_mode_of_the_program_before_it(monkey
     assert step.n_next == 1 and step.probe_every == 2 * compiler.FastGraph.PROBE_EVERY
     # after another program's uncontended compute on all threads it runs on all threads again
     free = _policy_graph()
-    compiler._last_compute[:] = [compiler.time.perf_counter_ns(), 5_000_000, [4_900_000, 4_000_000], free, None]
+    compiler._last_compute[:] = [compiler.time.perf_counter_ns(), 5_000_000, [4_900_000, 4_000_000], free.serial, None]
     assert _policy_compute(step, 2, 6_000_000) == 2
     # under a trace listener, the views show ggml's walk on all threads: nothing adopted
     step.n_next = 1 << 30
-    compiler._last_compute[:] = [compiler.time.perf_counter_ns(), 9_000_000, [5_000_000, 5_000_000], free, None]
+    compiler._last_compute[:] = [compiler.time.perf_counter_ns(), 9_000_000, [5_000_000, 5_000_000], free.serial, None]
     with trace.recording(("cpu.plan",)):
         step.begin_compute(2)
     assert step.n_use_now == 2

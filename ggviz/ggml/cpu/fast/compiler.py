@@ -14,6 +14,7 @@ Each row's columns are named in ``program.py``.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 import time
@@ -168,6 +169,7 @@ class FastGraph:
         self.timings = np.zeros(0, np.int64)  # per-row cycle counts when profiling (set_profiling)
         self.plan_cache = {}                  # n_threads -> what ggml_graph_plan's node loop found (same graph)
         self.n_next = 1 << 30                 # threads for the next compute (see compute_thread)
+        self.serial = next(_serials)          # tells programs apart in _last_compute (which holds no program)
         self.n_use_now = None                 # threads of the compute in flight, fixed before its kickoff
         self.wall = {}                        # n_use -> recent wall ns of a compute (exponential average)
         self.n_computes = 0                   # computes so far (the first decides nothing: _choose_threads)
@@ -340,7 +342,7 @@ class FastGraph:
 
     def begin_compute(self, nth: int) -> None:
         """Fix the number of threads of the next compute (called by graph_compute before the kickoff)."""
-        if _last_compute[3] is not self and not trace.active:
+        if _last_compute[3] != self.serial and not trace.active:
             self._adopt_machine_mode()     # another program computed since this one did: the machine as it left it
         self.n_use_now = max(1, min(min(nth, N_CPUS), self.n_next))
         self._cpu_now = [None] * max(nth, 1)        # each thread's CPU time in this compute (_last_compute)
@@ -380,7 +382,7 @@ class FastGraph:
             # (the walk's own timestamp ticks, written by thread 0: calling the compiled time_ns from here cost a
             # process's first compute the load of its machine code, ~1.5 ms)
             self._choose_threads(n_max, n_use, wall_ns, int(self.sync[SYNC_TICKS + 1] - self.sync[SYNC_TICKS]))
-            _last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or [], self,
+            _last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or [], self.serial,
                                 (self.n_single, self.single_ns, self.probe_every, self.probe_ns)
                                 if n_use < n_max and self.n_next == 1 else None]
             err = int(self.sync[SYNC_ERROR])
@@ -418,9 +420,10 @@ class FastGraph:
 # waiting for the schedule; under load they are not, and nothing changes. A compute older than PROBE_NS tells
 # nothing. Results do not depend on any of it (ggml's partitions give the same values).
 _last_compute = [0, 0, [], None, None]   # the last compute: perf_counter_ns at its end, its wall ns, each thread's
-#   CPU ns, its program, and that program's probe schedule (n_single, single_ns, probe_every, probe_ns) when it ran
+#   CPU ns, its program's serial, and that program's probe schedule (n_single, single_ns, probe_every, probe_ns) when it ran
 #   it on one thread of more and stays there
 _ALL = "all"
+_serials = itertools.count(1)
 MIN_SAMPLE_NS = 1_000_000      # a shorter compute (a small split of a graph) tells nothing: wake-ups dominate it
 IDLE_WINDOW_NS = 50_000_000    # the kernel counts idle time in USER_HZ ticks (10 ms): judge 5 or more
 _idle_mark = [0, 0]            # perf_counter_ns and the CPUs' idle ticks where the current idle window began
