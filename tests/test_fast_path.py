@@ -750,6 +750,7 @@ def test_a_new_program_starts_on_one_thread_after_a_compute_showed_the_cores_tak
     import time
     P, F = np.zeros((0, 56), np.int64), np.zeros((0, 8), np.float64)
     monkeypatch.setattr(compiler, "_idle_mark", [0, 0])
+    monkeypatch.setattr(compiler, "_start_mark", [0, -1])           # (the CPUs' idle time: not known)
 
     def starts(wall, cpu, age=0):
         monkeypatch.setattr(compiler, "_last_compute", [time.perf_counter_ns() - age, wall, cpu, None, None])
@@ -799,6 +800,7 @@ def test_a_program_continues_the_one_thread_mode_of_the_program_before_it(monkey
     monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
     monkeypatch.setattr(compiler, "_idle_mark", [0, 0])
     monkeypatch.setattr(compiler, "_read_idle", lambda: [1, -1])     # the other cores: not known
+    monkeypatch.setattr(compiler, "_start_mark", [0, -1])
     decode = _policy_graph()
     assert [_policy_compute(decode, 2, 5_000_000) for _ in range(3)] == [2, 2, 2]    # quiet: all threads
     prompt = _policy_graph()
@@ -839,6 +841,7 @@ def test_one_thread_mode_tries_all_threads_when_the_other_cores_go_idle(monkeypa
     tick_ns = 1_000_000_000 // compiler._CLK_TCK
     monkeypatch.setattr(compiler, "_read_idle", lambda: [clock["t"], clock["idle"]])
     monkeypatch.setattr(compiler, "_idle_mark", [0, 0])
+    monkeypatch.setattr(compiler, "_start_mark", [0, -1])
     monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
     fg = _policy_graph()
     _policy_compute(fg, 2, 5_000_000)
@@ -865,3 +868,26 @@ def test_one_thread_mode_tries_all_threads_when_the_other_cores_go_idle(monkeypa
     for _ in range(5):
         clock["t"] += 20_000_000
         assert _policy_compute(fg2, 2, 7_000_000) == 1
+
+
+def test_the_first_compute_of_a_process_reads_the_other_cores(monkeypatch):
+    """Before any compute, the policy knows the other cores' idle time since the engine was imported (the process
+    ran on one thread): under 75 % of a core idle -> the first program starts on one thread; idle, not known, or a
+    span under IDLE_WINDOW_NS -> all threads, as ggml."""
+    tick_ns = 1_000_000_000 // compiler._CLK_TCK
+    t0 = 10**12
+    monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
+    monkeypatch.setattr(compiler, "_idle_mark", [0, 0])
+
+    def starts(span_ns, idle_ns, start_idle=1000):
+        monkeypatch.setattr(compiler, "_start_mark", [t0, start_idle])
+        monkeypatch.setattr(compiler, "_read_idle", lambda: [t0 + span_ns, start_idle + idle_ns // tick_ns])
+        return _policy_graph().n_next
+
+    assert starts(1_000_000_000, 950_000_000) > 1                  # quiet: the other core idle 95 %
+    assert starts(1_000_000_000, 100_000_000) == 1                 # another process held it 90 %
+    assert compiler._idle_mark == [t0 + 1_000_000_000, 1000 + 100_000_000 // tick_ns]   # (watched from now on)
+    assert starts(compiler.IDLE_WINDOW_NS // 2, 0) > 1             # too short a span to tell
+    assert starts(1_000_000_000, 0, start_idle=-1) > 1             # /proc/stat unreadable
+    with trace.recording(("cpu.plan",)):                            # not a program a listener records
+        assert starts(1_000_000_000, 100_000_000) > 1

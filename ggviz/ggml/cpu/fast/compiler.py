@@ -433,7 +433,9 @@ def _machine_mode():
     """None: no recent compute, nothing to change; _ALL: all threads; else one thread, with the probe schedule
     (n_single, single_ns, probe_every, probe_ns) to continue."""
     t, wall, cpu, prog, single = _last_compute
-    if not t or wall < MIN_SAMPLE_NS or time.perf_counter_ns() - t >= FastGraph.PROBE_NS:
+    if not t:
+        return _first_mode()
+    if wall < MIN_SAMPLE_NS or time.perf_counter_ns() - t >= FastGraph.PROBE_NS:
         return None
     if single is not None:
         return single
@@ -455,6 +457,26 @@ def _read_idle():
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_start_mark = _read_idle()     # the CPUs' idle ticks when the engine was imported (_first_mode)
+
+
+def _first_mode():
+    """The process's first compute: nothing computed yet to tell contention, but since the engine was imported the
+    process ran on one thread (imports, model load, graph builds), so the other cores' idle time over that span is
+    the other processes' share of them: busy (under 1 - CONTENDED of one core idle) -> one thread, a fresh probe
+    schedule; else (or not known, or too short a span) nothing to change: all threads. Under load 2 on 2 cores the
+    first 4-token prompt of a fresh process took 50-60 ms on two threads, 13-15 on one (SmolLM2)."""
+    t0, i0 = _start_mark
+    if i0 < 0:
+        return None
+    now = _read_idle()
+    span = now[0] - t0
+    if span < IDLE_WINDOW_NS or now[1] < 0:
+        return None
+    if (now[1] - i0) * 1_000_000_000 // _CLK_TCK >= (1 - FastGraph.CONTENDED) * span:
+        return None
+    _idle_mark[:] = now
+    return (0, 0, FastGraph.PROBE_EVERY, FastGraph.PROBE_NS)
 
 
 def _machine_idle(n_max: int) -> bool:
