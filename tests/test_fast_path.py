@@ -749,8 +749,8 @@ def test_a_new_program_starts_on_one_thread_after_a_compute_showed_the_cores_tak
     count)."""
     import time
     P, F = np.zeros((0, 56), np.int64), np.zeros((0, 8), np.float64)
-    monkeypatch.setattr(compiler, "_idle_mark", [0, 0])
-    monkeypatch.setattr(compiler, "_start_mark", [0, -1])           # (the CPUs' idle time: not known)
+    monkeypatch.setattr(compiler, "_idle_mark", [0, 0, 0])
+    monkeypatch.setattr(compiler, "_start_mark", [0, -1, 0])           # (the CPUs' idle time: not known)
 
     def starts(wall, cpu, age=0):
         monkeypatch.setattr(compiler, "_last_compute", [time.perf_counter_ns() - age, wall, cpu, None, None])
@@ -798,9 +798,9 @@ def test_a_program_continues_the_one_thread_mode_of_the_program_before_it(monkey
     if compiler.N_CPUS < 2:
         pytest.skip("one CPU: the policy has nothing to choose")
     monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
-    monkeypatch.setattr(compiler, "_idle_mark", [0, 0])
-    monkeypatch.setattr(compiler, "_read_idle", lambda: [1, -1])     # the other cores: not known
-    monkeypatch.setattr(compiler, "_start_mark", [0, -1])
+    monkeypatch.setattr(compiler, "_idle_mark", [0, 0, 0])
+    monkeypatch.setattr(compiler, "_read_idle", lambda: [1, -1, 0])     # the other cores: not known
+    monkeypatch.setattr(compiler, "_start_mark", [0, -1, 0])
     decode = _policy_graph()
     assert [_policy_compute(decode, 2, 5_000_000) for _ in range(3)] == [2, 2, 2]    # quiet: all threads
     prompt = _policy_graph()
@@ -832,33 +832,37 @@ def test_a_program_continues_the_one_thread_mode_of_the_program_before_it(monkey
 
 
 def test_one_thread_mode_tries_all_threads_when_the_other_cores_go_idle(monkeypatch):
-    """While on one thread, the policy reads the CPUs' idle time (/proc/stat) over windows of IDLE_WINDOW_NS or
-    more: other cores idle 75 % of a window or more (enough for the other threads) -> a probe on all threads now,
-    not at the schedule's; busy cores, an unreadable /proc/stat or a window not yet full -> no change."""
+    """While on one thread, the policy reads the CPUs' idle time (/proc/stat) and its own CPU time over windows of
+    IDLE_WINDOW_NS or more: room for the other threads 75 % of a window or more (idle + own CPU - the window) -> a
+    probe on all threads now, not at the schedule's; the other cores busy, an unreadable /proc/stat or a window not
+    yet full -> no change."""
     if compiler.N_CPUS < 2:
         pytest.skip("one CPU: the policy has nothing to choose")
-    clock = {"t": 10**12, "idle": 5000}
+    clock = {"t": 10**12, "idle": 5000, "cpu": 0}
     tick_ns = 1_000_000_000 // compiler._CLK_TCK
-    monkeypatch.setattr(compiler, "_read_idle", lambda: [clock["t"], clock["idle"]])
-    monkeypatch.setattr(compiler, "_idle_mark", [0, 0])
-    monkeypatch.setattr(compiler, "_start_mark", [0, -1])
+    monkeypatch.setattr(compiler, "_read_idle", lambda: [clock["t"], clock["idle"], clock["cpu"]])
+    monkeypatch.setattr(compiler, "_idle_mark", [0, 0, 0])
+    monkeypatch.setattr(compiler, "_start_mark", [0, -1, 0])
     monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
     fg = _policy_graph()
     _policy_compute(fg, 2, 5_000_000)
     _policy_compute(fg, 2, 40_000_000, slept_frac=0.9)              # contended: one thread from now on
-    assert fg.n_next == 1 and compiler._idle_mark == [clock["t"], 5000]
+    assert fg.n_next == 1 and compiler._idle_mark == [clock["t"], 5000, 0]
 
-    def single_step(idle_ns, dt=10_000_000):
+    def single_step(idle_ns, dt=10_000_000, own=10_000_000):
         clock["t"] += dt
         clock["idle"] += idle_ns // tick_ns
+        clock["cpu"] += own
         return _policy_compute(fg, 2, 7_000_000)
 
-    # the other core busy (another process): 10 % idle, a window (50 ms) judged: no probe
-    assert [single_step(1_000_000) for _ in range(6)] == [1] * 6
+    # the other core busy (another process): 10 % idle, windows (40 ms) judged: no probe
+    assert [single_step(1_000_000) for _ in range(4)] == [1] * 4
+    # this process idle too (a pause between steps), the other core still busy: the idle time is its own, no probe
+    assert [single_step(10_000_000, own=0) for _ in range(4)] == [1] * 4
     assert fg.n_next == 1
-    # it goes idle: a probe on all threads when the next window is judged, before the schedule's (16 computes)
+    # the other core goes idle: a probe on all threads when the next window is judged, before the schedule's (16)
     n = [single_step(10_000_000) for _ in range(6)]
-    assert n[:3] == [1, 1, 1] and 2 in n and n.count(1) + 6 < compiler.FastGraph.PROBE_EVERY
+    assert n == [1, 1, 1, 1, 2, 2] and fg.n_single < compiler.FastGraph.PROBE_EVERY
     # the idle time unreadable: the schedule alone decides
     fg2 = _policy_graph()
     _policy_compute(fg2, 2, 5_000_000)
@@ -871,22 +875,24 @@ def test_one_thread_mode_tries_all_threads_when_the_other_cores_go_idle(monkeypa
 
 
 def test_the_first_compute_of_a_process_reads_the_other_cores(monkeypatch):
-    """Before any compute, the policy knows the other cores' idle time since the engine was imported (the process
-    ran on one thread): under 75 % of a core idle -> the first program starts on one thread; idle, not known, or a
-    span under IDLE_WINDOW_NS -> all threads, as ggml."""
+    """Before any compute, the policy knows the CPUs' idle time and its own CPU time since the engine was imported
+    (the process ran on one thread): no room for another thread (under 75 % of a core) -> the first program starts
+    on one thread; room, not known, or a span under IDLE_WINDOW_NS -> all threads, as ggml."""
     tick_ns = 1_000_000_000 // compiler._CLK_TCK
     t0 = 10**12
     monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
-    monkeypatch.setattr(compiler, "_idle_mark", [0, 0])
+    monkeypatch.setattr(compiler, "_idle_mark", [0, 0, 0])
 
-    def starts(span_ns, idle_ns, start_idle=1000):
-        monkeypatch.setattr(compiler, "_start_mark", [t0, start_idle])
-        monkeypatch.setattr(compiler, "_read_idle", lambda: [t0 + span_ns, start_idle + idle_ns // tick_ns])
+    def starts(span_ns, idle_ns, own_ns=None, start_idle=1000):
+        own_ns = span_ns if own_ns is None else own_ns
+        monkeypatch.setattr(compiler, "_start_mark", [t0, start_idle, 0])
+        monkeypatch.setattr(compiler, "_read_idle", lambda: [t0 + span_ns, start_idle + idle_ns // tick_ns, own_ns])
         return _policy_graph().n_next
 
     assert starts(1_000_000_000, 950_000_000) > 1                  # quiet: the other core idle 95 %
     assert starts(1_000_000_000, 100_000_000) == 1                 # another process held it 90 %
-    assert compiler._idle_mark == [t0 + 1_000_000_000, 1000 + 100_000_000 // tick_ns]   # (watched from now on)
+    assert compiler._idle_mark == [t0 + 1_000_000_000, 1000 + 100_000_000 // tick_ns, 1_000_000_000]
+    assert starts(1_000_000_000, 1_000_000_000, own_ns=0) == 1     # idle: this process's core, waiting on input
     assert starts(compiler.IDLE_WINDOW_NS // 2, 0) > 1             # too short a span to tell
     assert starts(1_000_000_000, 0, start_idle=-1) > 1             # /proc/stat unreadable
     with trace.recording(("cpu.plan",)):                            # not a program a listener records

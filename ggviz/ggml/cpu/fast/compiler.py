@@ -415,9 +415,9 @@ class FastGraph:
 #
 # Continuing one-thread mode costs a quiet machine a step on one thread where all threads would be faster (7-8 ms
 # against 5.4), up to PROBE_EVERY of them when the load went away. So while on one thread the policy also watches
-# the other cores (_machine_idle: the kernel's idle time of all CPUs, /proc/stat): when, over the last
-# IDLE_WINDOW_NS or more, they were idle enough to take the other threads, it tries all threads at once instead of
-# waiting for the schedule; under load they are not, and nothing changes. A compute older than PROBE_NS tells
+# the other cores (_machine_idle, _cores_free: the kernel's idle time of all CPUs, /proc/stat, and this process's
+# CPU time): when, over the last IDLE_WINDOW_NS or more, they had room for the other threads, it tries all threads
+# at once instead of waiting for the schedule; under load they had not, and nothing changes. A compute older than PROBE_NS tells
 # nothing. Results do not depend on any of it (ggml's partitions give the same values).
 _last_compute = [0, 0, [], None, None]   # the last compute: perf_counter_ns at its end, its wall ns, each thread's
 #   CPU ns, its program's serial, and that program's probe schedule (n_single, single_ns, probe_every, probe_ns) when it ran
@@ -425,8 +425,8 @@ _last_compute = [0, 0, [], None, None]   # the last compute: perf_counter_ns at 
 _ALL = "all"
 _serials = itertools.count(1)
 MIN_SAMPLE_NS = 1_000_000      # a shorter compute (a small split of a graph) tells nothing: wake-ups dominate it
-IDLE_WINDOW_NS = 50_000_000    # the kernel counts idle time in USER_HZ ticks (10 ms): judge 5 or more
-_idle_mark = [0, 0]            # perf_counter_ns and the CPUs' idle ticks where the current idle window began
+IDLE_WINDOW_NS = 40_000_000    # /proc/stat counts idle time in USER_HZ ticks (10 ms): a window holds 4 or more
+_idle_mark = [0, 0, 0]         # _read_idle where the current window of one-thread mode began (0: none)
 
 
 def _machine_mode():
@@ -447,54 +447,55 @@ def _machine_mode():
 
 
 def _read_idle():
-    """[perf_counter_ns, idle + iowait ticks of all CPUs] (ticks -1: not known)."""
+    """[perf_counter_ns, idle + iowait ticks of all CPUs (-1: not known), this process's CPU ns]."""
     try:
         with open("/proc/stat", "rb") as f:
             w = f.readline().split()
-        return [time.perf_counter_ns(), int(w[4]) + int(w[5])]      # "cpu user nice system idle iowait ..."
+        idle = int(w[4]) + int(w[5])          # "cpu  user nice system idle iowait ..."
     except (OSError, ValueError, IndexError):
-        return [time.perf_counter_ns(), -1]
+        idle = -1
+    return [time.perf_counter_ns(), idle, time.process_time_ns()]
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_start_mark = _read_idle()     # the CPUs' idle ticks when the engine was imported (_first_mode)
+_start_mark = _read_idle()     # when the engine was imported (_first_mode)
+
+
+def _cores_free(mark, now, n_max: int):
+    """Over the span from ``mark`` to ``now`` (_read_idle), while this process ran on one thread: was there room
+    for its n_max - 1 other threads? The room beside its own thread is the CPUs' idle time plus what this process
+    used, less one thread's span (idle + own CPU - span; the other processes' load is what it leaves out), and it
+    must reach 1 - CONTENDED of those threads' span. None: not known, or a span under IDLE_WINDOW_NS."""
+    span = now[0] - mark[0]
+    if not mark[0] or mark[1] < 0 or now[1] < 0 or span < IDLE_WINDOW_NS:
+        return None
+    room = (now[1] - mark[1]) * 1_000_000_000 // _CLK_TCK + (now[2] - mark[2]) - span
+    return room >= (1 - FastGraph.CONTENDED) * (min(n_max, N_CPUS) - 1) * span
 
 
 def _first_mode():
     """The process's first compute: nothing computed yet to tell contention, but since the engine was imported the
-    process ran on one thread (imports, model load, graph builds), so the other cores' idle time over that span is
-    the other processes' share of them: busy (under 1 - CONTENDED of one core idle) -> one thread, a fresh probe
-    schedule; else (or not known, or too short a span) nothing to change: all threads. Under load 2 on 2 cores the
-    first 4-token prompt of a fresh process took 50-60 ms on two threads, 13-15 on one (SmolLM2)."""
-    t0, i0 = _start_mark
-    if i0 < 0:
-        return None
+    process ran on one thread (imports, model load, graph builds): room for one more thread over that span (see
+    _cores_free), or not known -> all threads, as ggml; none -> one thread, a fresh probe schedule. Under load 2
+    on 2 cores the first 4-token prompt of a fresh process took 50-60 ms on two threads, 13-15 on one (SmolLM2)."""
     now = _read_idle()
-    span = now[0] - t0
-    if span < IDLE_WINDOW_NS or now[1] < 0:
-        return None
-    if (now[1] - i0) * 1_000_000_000 // _CLK_TCK >= (1 - FastGraph.CONTENDED) * span:
+    if _cores_free(_start_mark, now, 2) is not False:
         return None
     _idle_mark[:] = now
     return (0, 0, FastGraph.PROBE_EVERY, FastGraph.PROBE_NS)
 
 
 def _machine_idle(n_max: int) -> bool:
-    """While on one thread of n_max: were the other cores idle enough to run n_max - 1 more threads (their idle
-    time at least 1 - CONTENDED of it) over the window since _idle_mark (IDLE_WINDOW_NS or more)? A window that
-    is judged starts the next one."""
-    t0, i0 = _idle_mark
-    if not t0 or i0 < 0:
+    """While on one thread of n_max: was there room for the other threads over the window since _idle_mark
+    (_cores_free)? A window that is judged starts the next one."""
+    if not _idle_mark[0]:
         return False
     now = _read_idle()
-    span = now[0] - t0
-    if span < IDLE_WINDOW_NS:
+    free = _cores_free(_idle_mark, now, n_max)
+    if free is None and now[0] - _idle_mark[0] < IDLE_WINDOW_NS:
         return False
     _idle_mark[:] = now
-    if now[1] < 0:
-        return False
-    idle_ns = (now[1] - i0) * 1_000_000_000 // _CLK_TCK
-    return idle_ns >= (1 - FastGraph.CONTENDED) * (min(n_max, N_CPUS) - 1) * span
+    return bool(free)
 
 
 class _FastTraceExpander:
