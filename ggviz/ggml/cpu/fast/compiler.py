@@ -417,11 +417,11 @@ class FastGraph:
 # against 5.4), up to PROBE_EVERY of them when the load went away. So while on one thread the policy also watches
 # the other cores (_machine_idle, _cores_free: the kernel's idle time of all CPUs, /proc/stat, and this process's
 # CPU time): when, over the last IDLE_WINDOW_NS or more, they had room for the other threads, it tries all threads
-# at once instead of waiting for the schedule; under load they had not, and nothing changes. A compute older than PROBE_NS tells
-# nothing. Results do not depend on any of it (ggml's partitions give the same values).
+# at once instead of waiting for the schedule; under load they had not, and nothing changes. A compute older than
+# PROBE_NS tells nothing. Results do not depend on any of it (ggml's partitions give the same values).
 _last_compute = [0, 0, [], None, None]   # the last compute: perf_counter_ns at its end, its wall ns, each thread's
-#   CPU ns, its program's serial, and that program's probe schedule (n_single, single_ns, probe_every, probe_ns) when it ran
-#   it on one thread of more and stays there
+#   CPU ns, its program's serial, and that program's probe schedule (n_single, single_ns, probe_every, probe_ns)
+#   when it ran it on one thread of more and stays there
 _ALL = "all"
 _serials = itertools.count(1)
 MIN_SAMPLE_NS = 1_000_000      # a shorter compute (a small split of a graph) tells nothing: wake-ups dominate it
