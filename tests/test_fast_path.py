@@ -744,16 +744,19 @@ def test_a_new_program_starts_on_one_thread_after_a_compute_showed_the_cores_tak
     """The thread policy's view of the machine (compiler._last_compute: the last compute's wall time and each
     thread's CPU time): when even its busiest thread ran under 1 - CONTENDED (75 %) of it, the next new program
     starts on one thread (not one a trace listener records: the views show ggml's walk on all threads); one thread
-    running nearly all the time (one-time costs, uneven work) is no sign, nor a compute older than PROBE_NS.
-    Values are not in question (ggml's partitions give the same bits on any thread count)."""
+    running nearly all the time (one-time costs, uneven work) is no sign, nor a compute older than PROBE_NS, nor one
+    shorter than MIN_SAMPLE_NS. Values are not in question (ggml's partitions give the same bits on any thread
+    count)."""
     import time
     P, F = np.zeros((0, 56), np.int64), np.zeros((0, 8), np.float64)
+    monkeypatch.setattr(compiler, "_idle_mark", [0, 0, 0])
+    monkeypatch.setattr(compiler, "_start_mark", [0, -1, 0])           # (the CPUs' idle time: not known)
 
     def starts(wall, cpu, age=0):
-        monkeypatch.setattr(compiler, "_last_compute", [time.perf_counter_ns() - age, wall, cpu])
+        monkeypatch.setattr(compiler, "_last_compute", [time.perf_counter_ns() - age, wall, cpu, None, None])
         return compiler.FastGraph(P, F, [], [], 0).n_next
 
-    monkeypatch.setattr(compiler, "_last_compute", [0, 0, []])
+    monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
     assert compiler.FastGraph(P, F, [], [], 0).n_next > 1           # nothing computed yet
     assert starts(10_000_000, [7_300_000, 9_800_000]) > 1           # uneven work: thread 1 ran 98 %
     assert starts(10_000_000, [9_900_000, 1_000_000]) > 1           # one-time costs in thread 0
@@ -761,6 +764,136 @@ def test_a_new_program_starts_on_one_thread_after_a_compute_showed_the_cores_tak
     assert starts(10_000_000, [5_600_000, None]) == 1               # (a thread that sat this one out)
     assert starts(10_000_000, [6_000_000]) == 1                     # one thread alone, off its core
     assert starts(10_000_000, [5_600_000, 4_500_000], age=compiler.FastGraph.PROBE_NS) > 1   # too old
-    monkeypatch.setattr(compiler, "_last_compute", [time.perf_counter_ns(), 10_000_000, [5_600_000, 4_500_000]])
+    assert starts(compiler.MIN_SAMPLE_NS // 2, [5_000, 4_000]) > 1  # too short to tell
+    monkeypatch.setattr(compiler, "_last_compute",
+                        [time.perf_counter_ns(), 10_000_000, [5_600_000, 4_500_000], None, None])
     with trace.recording(("cpu.plan",)):                            # not a program a listener records
         assert compiler.FastGraph(P, F, [], [], 0).n_next > 1
+
+
+def _policy_graph():
+    P, F = np.zeros((0, 56), np.int64), np.zeros((0, 8), np.float64)
+    return compiler.FastGraph(P, F, [], [], 0)
+
+
+def _policy_compute(fg, n_max, wall_ns, slept_frac=0.0, cpu=None):
+    """One compute as compiler.FastGraph.compute_thread's thread 0 ends it (no walk: the policy's inputs only)."""
+    import time
+    from ggviz.ggml.cpu.fast.program import SYNC_SLEEP_TICKS
+    fg.begin_compute(n_max)
+    n_use = fg.n_use_now
+    fg.sync[SYNC_SLEEP_TICKS] = int(slept_frac * 1000 * (n_use - 1))
+    fg._choose_threads(n_max, n_use, wall_ns, 1000)
+    compiler._last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or [wall_ns] * n_use, fg.serial,
+                                 (fg.n_single, fg.single_ns, fg.probe_every, fg.probe_ns)
+                                 if n_use < n_max and fg.n_next == 1 else None]
+    return n_use
+
+
+def test_a_program_continues_the_one_thread_mode_of_the_program_before_it(monkeypatch):
+    """A compute the policy ran on one thread of two says nothing of contention by its CPU time (one thread alone
+    looks uncontended); its program's mode does. The next program -- a new one, or one that comes back, as the
+    decode program after a prompt -- continues that mode and its probe schedule, and forgets its own wall times on
+    all threads (from before the load came). Decisions only: the inputs are the ones compute_thread gives."""
+    if compiler.N_CPUS < 2:
+        pytest.skip("one CPU: the policy has nothing to choose")
+    monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
+    monkeypatch.setattr(compiler, "_idle_mark", [0, 0, 0])
+    monkeypatch.setattr(compiler, "_read_idle", lambda: [1, -1, 0])     # the other cores: not known
+    monkeypatch.setattr(compiler, "_start_mark", [0, -1, 0])
+    decode = _policy_graph()
+    assert [_policy_compute(decode, 2, 5_000_000) for _ in range(3)] == [2, 2, 2]    # quiet: all threads
+    prompt = _policy_graph()
+    assert prompt.n_next > 1
+    assert _policy_compute(prompt, 2, 60_000_000, cpu=[40_000_000, 38_000_000]) == 2  # the cores were taken meanwhile
+    # the decode program comes back: one thread, though its own wall on two threads (5 ms) was the faster
+    assert _policy_compute(decode, 2, 7_000_000) == 1
+    assert _policy_compute(decode, 2, 7_000_000) == 1
+    # ... on one thread now: a new program continues that, and its probe schedule
+    step = _policy_graph()
+    assert step.n_next == 1 and step.n_single == decode.n_single == 2
+    assert step.single_ns == decode.single_ns and step.probe_every == decode.probe_every
+    n = [_policy_compute(step, 2, 7_000_000) for _ in range(compiler.FastGraph.PROBE_EVERY - 2)]
+    assert n == [1] * (compiler.FastGraph.PROBE_EVERY - 2)
+    assert step.n_next == 2 and step.probing       # the schedule's probe, after the 16th single compute of the two
+    # the probe loses (contended, slower than one thread): one thread again, the next probe twice as far
+    assert _policy_compute(step, 2, 40_000_000, slept_frac=0.9) == 2
+    assert step.n_next == 1 and step.probe_every == 2 * compiler.FastGraph.PROBE_EVERY
+    # after another program's uncontended compute on all threads it runs on all threads again
+    free = _policy_graph()
+    compiler._last_compute[:] = [compiler.time.perf_counter_ns(), 5_000_000, [4_900_000, 4_000_000], free.serial, None]
+    assert _policy_compute(step, 2, 6_000_000) == 2
+    # under a trace listener, the views show ggml's walk on all threads: nothing adopted
+    step.n_next = 1 << 30
+    compiler._last_compute[:] = [compiler.time.perf_counter_ns(), 9_000_000, [5_000_000, 5_000_000], free.serial, None]
+    with trace.recording(("cpu.plan",)):
+        step.begin_compute(2)
+    assert step.n_use_now == 2
+
+
+def test_one_thread_mode_tries_all_threads_when_the_other_cores_go_idle(monkeypatch):
+    """While on one thread, the policy reads the CPUs' idle time (/proc/stat) and its own CPU time over windows of
+    IDLE_WINDOW_NS or more: room for the other threads 75 % of a window or more (idle + own CPU - the window) -> a
+    probe on all threads now, not at the schedule's; the other cores busy, an unreadable /proc/stat or a window not
+    yet full -> no change."""
+    if compiler.N_CPUS < 2:
+        pytest.skip("one CPU: the policy has nothing to choose")
+    clock = {"t": 10**12, "idle": 5000, "cpu": 0}
+    tick_ns = 1_000_000_000 // compiler._CLK_TCK
+    monkeypatch.setattr(compiler, "_read_idle", lambda: [clock["t"], clock["idle"], clock["cpu"]])
+    monkeypatch.setattr(compiler, "_idle_mark", [0, 0, 0])
+    monkeypatch.setattr(compiler, "_start_mark", [0, -1, 0])
+    monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
+    fg = _policy_graph()
+    _policy_compute(fg, 2, 5_000_000)
+    _policy_compute(fg, 2, 40_000_000, slept_frac=0.9)              # contended: one thread from now on
+    assert fg.n_next == 1 and compiler._idle_mark == [clock["t"], 5000, 0]
+
+    def single_step(idle_ns, dt=10_000_000, own=10_000_000):
+        clock["t"] += dt
+        clock["idle"] += idle_ns // tick_ns
+        clock["cpu"] += own
+        return _policy_compute(fg, 2, 7_000_000)
+
+    # the other core busy (another process): 10 % idle, windows (40 ms) judged: no probe
+    assert [single_step(1_000_000) for _ in range(4)] == [1] * 4
+    # this process idle too (a pause between steps), the other core still busy: the idle time is its own, no probe
+    assert [single_step(10_000_000, own=0) for _ in range(4)] == [1] * 4
+    assert fg.n_next == 1
+    # the other core goes idle: a probe on all threads when the next window is judged, before the schedule's (16)
+    n = [single_step(10_000_000) for _ in range(6)]
+    assert n == [1, 1, 1, 1, 2, 2] and fg.n_single < compiler.FastGraph.PROBE_EVERY
+    # the idle time unreadable: the schedule alone decides
+    fg2 = _policy_graph()
+    _policy_compute(fg2, 2, 5_000_000)
+    _policy_compute(fg2, 2, 40_000_000, slept_frac=0.9)
+    assert fg2.n_next == 1
+    clock["idle"] = -1
+    for _ in range(5):
+        clock["t"] += 20_000_000
+        assert _policy_compute(fg2, 2, 7_000_000) == 1
+
+
+def test_the_first_compute_of_a_process_reads_the_other_cores(monkeypatch):
+    """Before any compute, the policy knows the CPUs' idle time and its own CPU time since the engine was imported
+    (the process ran on one thread): no room for another thread (under 75 % of a core) -> the first program starts
+    on one thread; room, not known, or a span under IDLE_WINDOW_NS -> all threads, as ggml."""
+    tick_ns = 1_000_000_000 // compiler._CLK_TCK
+    t0 = 10**12
+    monkeypatch.setattr(compiler, "_last_compute", [0, 0, [], None, None])
+    monkeypatch.setattr(compiler, "_idle_mark", [0, 0, 0])
+
+    def starts(span_ns, idle_ns, own_ns=None, start_idle=1000):
+        own_ns = span_ns if own_ns is None else own_ns
+        monkeypatch.setattr(compiler, "_start_mark", [t0, start_idle, 0])
+        monkeypatch.setattr(compiler, "_read_idle", lambda: [t0 + span_ns, start_idle + idle_ns // tick_ns, own_ns])
+        return _policy_graph().n_next
+
+    assert starts(1_000_000_000, 950_000_000) > 1                  # quiet: the other core idle 95 %
+    assert starts(1_000_000_000, 100_000_000) == 1                 # another process held it 90 %
+    assert compiler._idle_mark == [t0 + 1_000_000_000, 1000 + 100_000_000 // tick_ns, 1_000_000_000]
+    assert starts(1_000_000_000, 1_000_000_000, own_ns=0) == 1     # idle: this process's core, waiting on input
+    assert starts(compiler.IDLE_WINDOW_NS // 2, 0) > 1             # too short a span to tell
+    assert starts(1_000_000_000, 0, start_idle=-1) > 1             # /proc/stat unreadable
+    with trace.recording(("cpu.plan",)):                            # not a program a listener records
+        assert starts(1_000_000_000, 100_000_000) > 1

@@ -394,6 +394,7 @@ def _walk(gf, nth, compiled, n_next=None):
         assert plan.extra is not None, "the compiled walk does not cover the sparse FFN graph"
         plan.work_size = max(plan.work_size, plan.extra.work_size)
         if n_next is not None:
+            compiler._last_compute[:] = [0, 0, [], None, None]   # (no compute before it to take a mode from)
             plan.extra.n_next = n_next
     plan.work_data = np.zeros(plan.work_size, np.uint8) if plan.work_size else None
     assert ggml_cpu.graph_compute(gf, plan) == C.GGML_STATUS_SUCCESS
@@ -439,6 +440,7 @@ def test_compiled_walk_reads_the_threshold_at_compute_time_and_keeps_ggml_nth():
     plan.work_data = np.zeros(plan.work_size, np.uint8)
     for thr in (0.0, -1.0, 0.0):
         powerinfer.set_sparse_pred_threshold(thr)
+        compiler._last_compute[:] = [0, 0, [], None, None]   # (no compute before it to take a mode from)
         plan.extra.n_next = 1                   # the thread policy's "one thread": still 2 partials, same sums
         assert ggml_cpu.graph_compute(gf, plan) == C.GGML_STATUS_SUCCESS
         assert plan.extra.n_use_now == 1

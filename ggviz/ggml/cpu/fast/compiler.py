@@ -14,6 +14,7 @@ Each row's columns are named in ``program.py``.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 import time
@@ -168,16 +169,17 @@ class FastGraph:
         self.timings = np.zeros(0, np.int64)  # per-row cycle counts when profiling (set_profiling)
         self.plan_cache = {}                  # n_threads -> what ggml_graph_plan's node loop found (same graph)
         self.n_next = 1 << 30                 # threads for the next compute (see compute_thread)
-        if _contended_recently() and not trace.active:
-            # (a new program on a machine whose cores are taken: see _last_compute. Not one a listener records:
-            # the views show ggml's walk on every thread it is given)
-            self.n_next = 1
+        self.serial = next(_serials)          # tells programs apart in _last_compute (which holds no program)
         self.n_use_now = None                 # threads of the compute in flight, fixed before its kickoff
         self.wall = {}                        # n_use -> recent wall ns of a compute (exponential average)
         self.n_computes = 0                   # computes so far (the first decides nothing: _choose_threads)
         self.n_single = 0                     # computes run on one thread since the last probe ...
         self.single_ns = 0                    # ... and their time
         self.probe_every, self.probe_ns, self.probing = self.PROBE_EVERY, self.PROBE_NS, False
+        if not trace.active:
+            # (a new program on a machine whose cores are taken: see _machine_mode. Not one a listener records:
+            # the views show ggml's walk on every thread it is given)
+            self._adopt_machine_mode()
         self.sparse_work = []                 # (bytes, bytes per thread) of PowerInfer's AXPY rows
         self.row_ws = []                      # each row's work size (work_size is their max)
         self.plan_nodes = {}                  # n_threads -> ggml_graph_plan's per-node (n_tasks, work sizes)
@@ -215,7 +217,11 @@ class FastGraph:
             # a program's first compute is no sample of contention: it pays one-time costs in one thread while the
             # others sleep in a barrier (a process's first compute loads Numba's machine code in thread 0; the first
             # touches of a new graph's buffers). Counted, it sent a one-shot `ggviz run` to one thread for its
-            # first 16 decode steps: ~17 ms a step where two threads take ~11.6 (SmolLM2, quiet 2-core machine)
+            # first 16 decode steps: ~17 ms a step where two threads take ~11.6 (SmolLM2, quiet 2-core machine).
+            # One on one thread of more still counts towards the next probe (it may continue the probe schedule of
+            # the program before it: _adopt_machine_mode)
+            if n_use == 1 and n_max > 1:
+                self._count_single(n_max, wall_ns)
             return
         prev = self.wall.get(n_use)
         self.wall[n_use] = wall_ns if prev is None else (prev * 3 + wall_ns) // 4
@@ -230,6 +236,7 @@ class FastGraph:
                     self.probe_every = min(self.probe_every * 2, 1024)
                     self.probe_ns = min(self.probe_ns * 2, 60_000_000_000)
                 self.n_next, self.single_ns, self.n_single = 1, 0, 0
+                _idle_mark[:] = _read_idle()              # watch the other cores from now on (_machine_idle)
             else:
                 self.n_next = n_max
                 self.probe_every, self.probe_ns = self.PROBE_EVERY, self.PROBE_NS
@@ -242,6 +249,32 @@ class FastGraph:
                 self.n_next, self.probing = n_max, True       # try all threads again
             elif multi is not None and multi < self.wall[1]:
                 self.n_next = n_max                           # one thread got slower than all of them were
+            elif _machine_idle(n_max):
+                self.n_next, self.probing = n_max, True       # the other cores went idle: try them now
+
+    def _count_single(self, n_max: int, wall_ns: int) -> None:
+        """A program's first compute, run on one thread of n_max: towards the probe schedule, and a probe now if
+        the other cores went idle (no wall sample: one-time costs)."""
+        self.n_single += 1
+        self.single_ns += wall_ns
+        if self.n_single >= self.probe_every or self.single_ns >= self.probe_ns or _machine_idle(n_max):
+            self.n_next, self.probing = n_max, True
+
+    def _adopt_machine_mode(self) -> None:
+        """Before a program's compute that follows another program's (a new program, or one that comes back): the
+        thread mode the machine is in by the last compute (_machine_mode), with its probe schedule."""
+        mode = _machine_mode()
+        if mode is None:
+            return
+        self.probing = False
+        if mode is _ALL:
+            self.n_next = 1 << 30
+        else:
+            self.n_next = 1
+            self.n_single, self.single_ns, self.probe_every, self.probe_ns = mode
+            # its wall times on more threads are from before (another machine, as far as they go): "one thread got
+            # slower than all of them were" must not send it back at once
+            self.wall = {n: w for n, w in self.wall.items() if n == 1}
 
     # ---- tracing the compiled walk ------------------------------------------------------------------------------
     # The compiled walk cannot call Python per node, so when somebody listens each thread appends fixed-size records
@@ -309,6 +342,8 @@ class FastGraph:
 
     def begin_compute(self, nth: int) -> None:
         """Fix the number of threads of the next compute (called by graph_compute before the kickoff)."""
+        if _last_compute[3] != self.serial and not trace.active:
+            self._adopt_machine_mode()     # another program computed since this one did: the machine as it left it
         self.n_use_now = max(1, min(min(nth, N_CPUS), self.n_next))
         self._cpu_now = [None] * max(nth, 1)        # each thread's CPU time in this compute (_last_compute)
         sparse.set_compute_params(self.P, self.F, self.sparse_rows, nth)
@@ -344,10 +379,12 @@ class FastGraph:
             cpu[ith] = time.thread_time_ns() - u0
         if ith == 0:
             wall_ns = time.perf_counter_ns() - t0
-            _last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or []]
             # (the walk's own timestamp ticks, written by thread 0: calling the compiled time_ns from here cost a
             # process's first compute the load of its machine code, ~1.5 ms)
             self._choose_threads(n_max, n_use, wall_ns, int(self.sync[SYNC_TICKS + 1] - self.sync[SYNC_TICKS]))
+            _last_compute[:] = [time.perf_counter_ns(), wall_ns, cpu or [], self.serial,
+                                (self.n_single, self.single_ns, self.probe_every, self.probe_ns)
+                                if n_use < n_max and self.n_next == 1 else None]
             err = int(self.sync[SYNC_ERROR])
             if err:
                 k = int(self.sync[SYNC_ERROR + 1])
@@ -360,25 +397,105 @@ class FastGraph:
                 raise GGMLError(f"computing {where}: {what}")
 
 
-# ggviz: what the thread policy knows of the machine before a program's first compute. The policy itself is per
-# program and skips a program's first compute (one-time costs make it no sample), so on a machine whose cores other
-# processes hold, each new program -- the first decode step after a prompt is one -- ran its first two computes on
-# all threads: 75-120 ms where one thread took 6.6 (SmolLM2 decode, 2 threads, load average 4 on 2 cores). The
-# threads' CPU times against the compute's wall time tell it apart from one-time costs and from uneven work: then
-# one thread at least runs nearly all the time (a 128-token prompt's, quiet machine: thread 1 98 %, thread 0 73 %,
-# asleep in barriers); when even the busiest ran under 1 - CONTENDED of it, every thread was off its core part of
-# the time (the same prompt under load 3: 56 % and 45 %). When the last compute, within PROBE_NS, was so, a new
-# program starts on one thread (and tries all threads again as the policy does: after PROBE_EVERY computes or
-# PROBE_NS). Results do not depend on it (ggml's partitions give the same values).
-_last_compute = [0, 0, []]    # the last compute: perf_counter_ns at its end, its wall ns, each thread's CPU ns
+# ggviz: what the thread policy knows of the machine when a program computes after another one (a new program, or
+# one that comes back: the decode step after a prompt). The policy itself is per program and skips a program's first
+# compute (one-time costs make it no sample), so on a machine whose cores other processes hold, each new program ran
+# its first two computes on all threads: 75-120 ms where one thread took 6.6 (SmolLM2 decode, 2 threads, load
+# average 4 on 2 cores). The last compute of the process tells it (_machine_mode):
+#
+# * one on all threads: the threads' CPU times against its wall time tell contention apart from one-time costs and
+#   from uneven work: then one thread at least runs nearly all the time (a 128-token prompt's, quiet machine: thread 1
+#   98 %, thread 0 73 %, asleep in barriers); when even the busiest ran under 1 - CONTENDED of it, every thread was
+#   off its core part of the time (the same prompt under load 3: 56 % and 45 %): one thread; else all threads.
+# * one the policy ran on one thread of more: its CPU time says nothing (one thread alone, nearly always on its core,
+#   looks like a quiet machine); its program's mode does, and the next program continues it with its probe schedule
+#   (n_single, single_ns, and the intervals), as if one program had run throughout. Without it, after a contended
+#   128-token prompt on one thread, the decode program after it started on both: 40-44 ms for its first two steps
+#   where one thread took 7 (SmolLM2, 2 threads, load 1.5 on 2 cores).
+#
+# Continuing one-thread mode costs a quiet machine a step on one thread where all threads would be faster (7-8 ms
+# against 5.4), up to PROBE_EVERY of them when the load went away. So while on one thread the policy also watches
+# the other cores (_machine_idle, _cores_free: the kernel's idle time of all CPUs, /proc/stat, and this process's
+# CPU time): when, over the last IDLE_WINDOW_NS or more, they had room for the other threads, it tries all threads
+# at once instead of waiting for the schedule; under load they had not, and nothing changes. A compute older than
+# PROBE_NS tells nothing. Results do not depend on any of it (ggml's partitions give the same values).
+_last_compute = [0, 0, [], None, None]   # the last compute: perf_counter_ns at its end, its wall ns, each thread's
+#   CPU ns, its program's serial, and that program's probe schedule (n_single, single_ns, probe_every, probe_ns)
+#   when it ran it on one thread of more and stays there
+_ALL = "all"
+_serials = itertools.count(1)
+MIN_SAMPLE_NS = 1_000_000      # a shorter compute (a small split of a graph) tells nothing: wake-ups dominate it
+IDLE_WINDOW_NS = 40_000_000    # /proc/stat counts idle time in USER_HZ ticks (10 ms): a window holds 4 or more
+_idle_mark = [0, 0, 0]         # _read_idle where the current window of one-thread mode began (0: none)
 
 
-def _contended_recently() -> bool:
-    t, wall, cpu = _last_compute
-    if not t or wall <= 0 or time.perf_counter_ns() - t >= FastGraph.PROBE_NS:
-        return False
+def _machine_mode():
+    """None: no recent compute, nothing to change; _ALL: all threads; else one thread, with the probe schedule
+    (n_single, single_ns, probe_every, probe_ns) to continue."""
+    t, wall, cpu, prog, single = _last_compute
+    if not t:
+        return _first_mode()
+    if wall < MIN_SAMPLE_NS or time.perf_counter_ns() - t >= FastGraph.PROBE_NS:
+        return None
+    if single is not None:
+        return single
     got = [c for c in cpu if c is not None]
-    return bool(got) and max(got) < (1 - FastGraph.CONTENDED) * wall
+    if got and max(got) < (1 - FastGraph.CONTENDED) * wall:
+        _idle_mark[:] = _read_idle()
+        return (0, 0, FastGraph.PROBE_EVERY, FastGraph.PROBE_NS)
+    return _ALL
+
+
+def _read_idle():
+    """[perf_counter_ns, idle + iowait ticks of all CPUs (-1: not known), this process's CPU ns]."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            w = f.readline().split()
+        idle = int(w[4]) + int(w[5])          # "cpu  user nice system idle iowait ..."
+    except (OSError, ValueError, IndexError):
+        idle = -1
+    return [time.perf_counter_ns(), idle, time.process_time_ns()]
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_start_mark = _read_idle()     # when the engine was imported (_first_mode)
+
+
+def _cores_free(mark, now, n_max: int):
+    """Over the span from ``mark`` to ``now`` (_read_idle), while this process ran on one thread: was there room
+    for its n_max - 1 other threads? The room beside its own thread is the CPUs' idle time plus what this process
+    used, less one thread's span (idle + own CPU - span; the other processes' load is what it leaves out), and it
+    must reach 1 - CONTENDED of those threads' span. None: not known, or a span under IDLE_WINDOW_NS."""
+    span = now[0] - mark[0]
+    if not mark[0] or mark[1] < 0 or now[1] < 0 or span < IDLE_WINDOW_NS:
+        return None
+    room = (now[1] - mark[1]) * 1_000_000_000 // _CLK_TCK + (now[2] - mark[2]) - span
+    return room >= (1 - FastGraph.CONTENDED) * (min(n_max, N_CPUS) - 1) * span
+
+
+def _first_mode():
+    """The process's first compute: nothing computed yet to tell contention, but since the engine was imported the
+    process ran on one thread (imports, model load, graph builds): room for one more thread over that span (see
+    _cores_free), or not known -> all threads, as ggml; none -> one thread, a fresh probe schedule. Under load 2
+    on 2 cores the first 4-token prompt of a fresh process took 50-60 ms on two threads, 13-15 on one (SmolLM2)."""
+    now = _read_idle()
+    if _cores_free(_start_mark, now, 2) is not False:
+        return None
+    _idle_mark[:] = now
+    return (0, 0, FastGraph.PROBE_EVERY, FastGraph.PROBE_NS)
+
+
+def _machine_idle(n_max: int) -> bool:
+    """While on one thread of n_max: was there room for the other threads over the window since _idle_mark
+    (_cores_free)? A window that is judged starts the next one."""
+    if not _idle_mark[0]:
+        return False
+    now = _read_idle()
+    free = _cores_free(_idle_mark, now, n_max)
+    if free is None and now[0] - _idle_mark[0] < IDLE_WINDOW_NS:
+        return False
+    _idle_mark[:] = now
+    return bool(free)
 
 
 class _FastTraceExpander:
