@@ -809,7 +809,7 @@ def test_node_words_decide_only_nodes_backend_id_from_cur_leaves_unassigned(ngl)
                          for s in sched.splits[:sched.n_splits]])
 
     gf, ours = split()
-    ops, decided = S._node_words(gf.nodes)
+    ops, vss, srcs, decided = S._node_words(gf.nodes)
     assert ops == [n.op for n in gf.nodes]
     assert 0.4 < sum(decided) / len(decided) < 0.8
     weights = {id(t) for t in gf.leafs if t.buffer}
@@ -825,7 +825,7 @@ def test_node_words_decide_only_nodes_backend_id_from_cur_leaves_unassigned(ngl)
     sched._queries = None
     orig = S._node_words
     try:
-        S._node_words = lambda nodes: (orig(nodes)[0], [False] * len(nodes))
+        S._node_words = lambda nodes: orig(nodes)[:3] + ([False] * len(nodes),)
         gf2, theirs = split()
     finally:
         S._node_words = orig
