@@ -471,7 +471,6 @@ class ggml_gallocr:
         # ggviz: while a plan is made, each tensor's alloc size (_alloc_size) and each node's sources (srcs_of)
         self._sizes: dict | None = None
         self._node_srcs: list | None = None
-        self._node_hns: list | None = None
 
     def __repr__(self):
         return (f"<ggml_gallocr n_buffers={self.n_buffers} sizes="
@@ -800,9 +799,6 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
     # count number of children and views
     # allocate other graph inputs and leafs first to avoid overwriting them
     galloc._phase = "inputs"
-    # ggviz: each source's hash_node, kept beside node_srcs for the loops below and _set_node_allocs (the same
-    # object ggml_gallocr_hash_get returns for it until the next reset: a lookup each time, in C a probe)
-    node_hns = galloc._node_hns = []
     for i in range(graph.n_nodes):
         galloc._index = i
         node = nodes[i]
@@ -818,16 +814,12 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         if node._w.item(_W_FLAGS) & INPUT:
             gallocr_allocate_node(galloc, nodes[i], get_node_buffer_id(node_buffer_ids, i))
 
-        hns = []
         for j, src in node_srcs[i]:
-            hn = slot.get(src.addr) or hash_get(galloc, src)
-            hn.n_children += 1
-            hns.append(hn)
+            (slot.get(src.addr) or hash_get(galloc, src)).n_children += 1
 
             # allocate explicit inputs
             if src._w.item(_W_FLAGS) & INPUT:
                 gallocr_allocate_node(galloc, src, get_node_buffer_id(node_buffer_ids, i))
-        node_hns.append(hns)
 
     # allocate tensors
     galloc._phase = "nodes"
@@ -836,14 +828,14 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         node = nodes[i]
         buffer_id = get_node_buffer_id(node_buffer_ids, i)
         srcs_j = node_srcs[i]
-        hns_j = node_hns[i]
 
         # allocate parents (only leafs need to be allocated at this point)
-        for (_, parent), hn in zip(srcs_j, hns_j):
+        for _, parent in srcs_j:
             # (the calls gallocr_allocate_node would return from without a change are not made: a parent galloc
             # has allocated -- an earlier node, nearly always --, a view it has noted, a tensor with data or a
             # buffer of its own -- the weights; the counting above made every parent's hash_node)
-            if hn.allocated:
+            hn = slot.get(parent.addr)
+            if hn is not None and hn.allocated:
                 continue
             q = parent._q
             if q.item(_Q_VIEW_SRC):
@@ -857,7 +849,8 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         gallocr_allocate_node(galloc, node, buffer_id, srcs_j)
 
         # update parents
-        for (_, parent), p_hn in zip(srcs_j, hns_j):
+        for _, parent in srcs_j:
+            p_hn = slot.get(parent.addr) or hash_get(galloc, parent)
             p_hn.n_children -= 1
 
             if p_hn.n_children == 0 and p_hn.n_views == 0:
@@ -904,10 +897,9 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
     nodes = graph.nodes
     # each node's (j, src[j]) for its non-NULL sources: those the planning read (gallocr_alloc_graph_impl), the
     # NULL slots being invalid ones
-    node_srcs, node_hns = galloc._node_srcs, galloc._node_hns
-    if node_srcs is None or len(node_srcs) != n_nodes or node_hns is None or len(node_hns) != n_nodes:
+    node_srcs = galloc._node_srcs
+    if node_srcs is None or len(node_srcs) != n_nodes:
         node_srcs = [srcs_of(node) for node in nodes[:n_nodes]]
-        node_hns = [[slot.get(src.addr) or gallocr_hash_get(galloc, src) for _, src in srcs] for srcs in node_srcs]
     # (_alloc_size's cache read here, where ~2,000 sizes are asked: the call only for a size not asked yet)
     sizes = galloc._sizes if galloc._sizes is not None else {}
     for i in range(n_nodes):
@@ -932,7 +924,7 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
             e = sizes.get(node.addr)
             ta.size_max = e[1] if e is not None and e[0] == bid else _alloc_size(galloc, bid, node)
         # node->src[j] for every j: NULL, a view or a tensor with data gets an invalid tensor_alloc
-        for (j, src), hn in zip(node_srcs[i], node_hns[i]):
+        for j, src in node_srcs[i]:
             sq = src._q
             if sq.item(_Q_VIEW_SRC) or sq.item(_Q_DATA):
                 continue
@@ -940,9 +932,11 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
             if ta is INVALID_SRC:
                 ta = new(tensor_alloc)
             src_tas[j] = ta
+            addr = src.addr
+            hn = slot.get(addr) or gallocr_hash_get(galloc, src)
             ta.buffer_id = bid = hn.buffer_id
             ta.addr = hn.addr
-            e = sizes.get(src.addr)
+            e = sizes.get(addr)
             ta.size_max = e[1] if e is not None and e[0] == bid else _alloc_size(galloc, bid, src)
 
 
@@ -985,7 +979,7 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
                 la.addr = hn.addr
                 la.size_max = _alloc_size(galloc, hn.buffer_id, leaf)
     finally:
-        galloc._sizes = galloc._node_srcs = galloc._node_hns = None      # (the plan is made, or failed)
+        galloc._sizes = galloc._node_srcs = None      # (the plan is made, or failed)
 
     # reallocate buffers if needed
     reallocated = []
