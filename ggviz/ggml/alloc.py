@@ -215,13 +215,16 @@ class ggml_dyn_tallocr:
 
 
 def dyn_tallocr_insert_block(chunk: tallocr_chunk, offset: int, size: int) -> None:
-    GGML_ASSERT(chunk.n_free_blocks < MAX_FREE_BLOCKS, "out of free blocks")
+    blocks = chunk.free_blocks           # (n_free_blocks: len(blocks))
+    n = len(blocks)
+    if not (n < MAX_FREE_BLOCKS):
+        GGML_ASSERT(False, "out of free blocks")
     # insert the new block in the correct position to keep the array sorted by address (to make merging blocks faster)
     insert_pos = 0
-    while insert_pos < chunk.n_free_blocks and chunk.free_blocks[insert_pos].offset < offset:
+    while insert_pos < n and blocks[insert_pos].offset < offset:
         insert_pos += 1
     # shift all blocks from insert_pos onward to make room for the new block, and insert it
-    chunk.free_blocks.insert(insert_pos, free_block(offset, size))
+    blocks.insert(insert_pos, free_block(offset, size))
 
 
 def dyn_tallocr_remove_block(chunk: tallocr_chunk, idx: int) -> None:
@@ -253,25 +256,29 @@ def dyn_tallocr_alloc(alloc: ggml_dyn_tallocr, size: int, tensor: Tensor | None 
     max_avail = 0
 
     # find the best fitting free block besides the last block, within any chunk
-    for c in range(alloc.n_chunks):
-        chunk = alloc.chunks[c]
+    # (n_chunks / n_free_blocks read as len() of the lists: a plan makes ~400 of these calls)
+    chunks = alloc.chunks
+    for c in range(len(chunks)):
+        blocks = chunks[c].free_blocks
         best_fit_size = SIZE_MAX
-        for i in range(chunk.n_free_blocks - 1):
-            block = chunk.free_blocks[i]
-            max_avail = max(max_avail, block.size)
+        for i in range(len(blocks) - 1):
+            block = blocks[i]
+            bsize = block.size
+            if bsize > max_avail:
+                max_avail = bsize
             # "<=": among equal sizes the later block wins
-            if block.size >= size and block.size <= best_fit_size:
+            if bsize >= size and bsize <= best_fit_size:
                 best_fit_chunk = c
                 best_fit_block = i
-                best_fit_size = block.size
+                best_fit_size = bsize
 
     if best_fit_block == -1:
         # no suitable block found, try the last block (this may grow a chunks size)
         best_reuse = INT64_MIN
-        for c in range(alloc.n_chunks):
-            chunk = alloc.chunks[c]
-            if chunk.n_free_blocks > 0:
-                block = chunk.free_blocks[chunk.n_free_blocks - 1]
+        for c in range(len(chunks)):
+            chunk = chunks[c]
+            if chunk.free_blocks:
+                block = chunk.free_blocks[-1]
                 max_avail = max(max_avail, block.size)
                 reuse_factor = chunk.max_size - block.offset - size
                 # reuse_factor < 0 : amount of extra memory that needs to be allocated
@@ -281,7 +288,7 @@ def dyn_tallocr_alloc(alloc: ggml_dyn_tallocr, size: int, tensor: Tensor | None 
                 better_fit = reuse_factor >= 0 and reuse_factor < best_reuse
                 if block.size >= size and (better_reuse or better_fit):
                     best_fit_chunk = c
-                    best_fit_block = chunk.n_free_blocks - 1
+                    best_fit_block = len(chunk.free_blocks) - 1
                     best_reuse = reuse_factor
 
     if best_fit_block == -1:
@@ -311,16 +318,17 @@ def dyn_tallocr_free_bytes(alloc: ggml_dyn_tallocr, addr: buffer_address, size: 
     free blocks should be very small."""
     size = aligned_offset(0, size, alloc.alignment)
     chunk = alloc.chunks[addr.chunk]
+    blocks = chunk.free_blocks
 
     # see if we can merge with an existing block
-    for i in range(chunk.n_free_blocks):
-        block = chunk.free_blocks[i]
+    for i in range(len(blocks)):
+        block = blocks[i]
         # check if ptr is at the end of the block
         if block.offset + block.size == addr.offset:
             block.size += size
             # check if we can merge with the next block
-            if i < chunk.n_free_blocks - 1:
-                nxt = chunk.free_blocks[i + 1]
+            if i < len(blocks) - 1:
+                nxt = blocks[i + 1]
                 if block.offset + block.size == nxt.offset:
                     block.size += nxt.size
                     dyn_tallocr_remove_block(chunk, i + 1)
@@ -331,7 +339,7 @@ def dyn_tallocr_free_bytes(alloc: ggml_dyn_tallocr, addr: buffer_address, size: 
             block.size += size
             # check if we can merge with the previous block
             if i > 0:
-                prev = chunk.free_blocks[i - 1]
+                prev = blocks[i - 1]
                 if prev.offset + prev.size == block.offset:
                     prev.size += block.size
                     dyn_tallocr_remove_block(chunk, i)
