@@ -546,7 +546,7 @@ def _pass5(sched, nodes, n_nodes, hid, isview, tbid, srcs=None) -> int:
 
         # check if we should start a new split based on the sources of the current node
         need_new_split = False
-        if node_backend_id == cur_backend_id and split.n_inputs > 0:
+        if node_backend_id == cur_backend_id and split.inputs:       # (split->n_inputs > 0)
             for j, src in A.srcs_of(node):
                 # check if a weight is on a different and incompatible backend
                 # by starting a new split, the memory of the previously offloaded weights can be reused
