@@ -217,13 +217,16 @@ def _hash_ids(sched: ggml_backend_sched, tensors) -> list:
     """``hash_id(t)`` of each tensor, in order (so new ones are inserted in the slots C's loop gives them) -- pass
     1 asks for a graph's ~1,300 leafs and nodes one after the other."""
     slot = sched._slot
-    hs = sched.hash_set
+    find_or_insert = sched.hash_set.find_or_insert
     out = []
     for t in tensors:
         addr = t.addr
         i = slot.get(addr)
         if i is None:
-            i = slot[addr] = _find_or_insert(hs, addr)
+            i = find_or_insert(addr)              # (_find_or_insert, its check inline)
+            if i == GGML_HASHSET_FULL:
+                raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
+            slot[addr] = i
         out.append(i)
     return out
 
@@ -353,8 +356,12 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
     if buffer is None:
         return -1
     # find highest prio backend that supports the buffer type and the op
+    # (_supports_buft's cache read inline: pass 1 asks this for every weight and every op on one, ~800 a graph)
+    buft = buffer.buft
+    cache = sched._buft_ok
     for i in range(sched.n_backends):
-        if _supports_buft(sched, i, buffer.buft) and _supports(sched, i, op):
+        e = cache.get((i, id(buft)))
+        if (e[1] if e is not None and e[0] is buft else _supports_buft(sched, i, buft)) and _supports(sched, i, op):
             return i
     if sched.debug:
         GGML_LOG("debug", f"ggml_backend_sched_backend_from_buffer: warning: no backend supports op {op_desc(tensor)} "
