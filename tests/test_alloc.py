@@ -859,3 +859,27 @@ def test_inplace_reuse_is_bitwise_transparent(name):
     finally:
         gg.free(plain_ctx)
         gg.free(shared_ctx)
+
+
+def test_nodes_words_reads_what_each_struct_holds():
+    """gallocr_alloc_graph_impl reads its nodes' view_src, op, flags and src[] from one gather of their structs
+    (A.nodes_words): the same values the structs hold, field by field, for nodes in the first node's arena and for
+    one in another context (read from its own words), a view, an input, a node with three sources."""
+    ctx = gg.init(1 << 20, no_alloc=True)
+    other = gg.init(1 << 16, no_alloc=True)
+    a = gg.new_tensor_2d(ctx, gg.GGML_TYPE_F32, 8, 4)
+    b = gg.new_tensor_2d(ctx, gg.GGML_TYPE_F32, 8, 4)
+    gg.set_input(a)
+    s = gg.add(ctx, a, b)
+    v = gg.view_2d(ctx, s, 4, 4, s.nb[1], 16)
+    c = gg.cpy(other, v, gg.new_tensor_2d(other, gg.GGML_TYPE_F32, 4, 4))     # a node outside ctx's arena
+    r = gg.rope_ext(ctx, gg.reshape_3d(ctx, s, 8, 1, 4), gg.new_tensor_1d(ctx, gg.GGML_TYPE_I32, 4), b, 8, 0, 512,
+                    10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
+    nodes = [a, s, v, c, r]
+    vss, ops, flags, srcs = A.nodes_words(nodes)
+    assert vss == [t._q.item(29) for t in nodes] and vss[2] == s.addr and vss[1] == 0
+    assert ops == [t.op for t in nodes] and ops[3] == gg.GGML_OP_CPY
+    assert flags == [t.flags for t in nodes] and flags[0] & gg.GGML_TENSOR_FLAG_INPUT
+    assert srcs == [[x.addr if x is not None else 0 for x in t.src] for t in nodes]
+    assert srcs[4][:3] == [r.src[0].addr, r.src[1].addr, b.addr]
+    assert A.nodes_words([]) == ([], [], [], [])

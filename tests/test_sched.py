@@ -782,3 +782,55 @@ def test_split_memo_only_where_the_passes_would_agree(monkeypatch):
         split()
     assert sched.n_split_memo == 3
     assert {e["pass"] for e in rec.events if e["kind"] == "sched.pass"} >= {"1", "2.1", "3", "4", "5"}
+
+
+@pytest.mark.parametrize("ngl", [0, 10])
+def test_node_words_decide_only_nodes_backend_id_from_cur_leaves_unassigned(ngl):
+    """Pass 1 skips backend_sched_backend_id_from_cur for the nodes whose struct words (in the graph's arena) show
+    it would return -1 without asking a backend or setting a cause (no buffer, no input flag, no source with a
+    buffer, or ROPE / FLASH_ATTN_EXT). For each such node of SmolLM2's prompt graph -- the CPU alone, and weights
+    split over ACCEL0 and the CPU -- the call itself returns -1, asks nothing, sets no cause; the whole split equals
+    the one that calls it for every node; and the other nodes (a weight's consumer, a view of the KV cache, an
+    input) are left to the call."""
+    llama = _llama()
+    model, ctx, _ = _decode_plan(llama, ngl, n_tokens=8)
+    sched = ctx.sched
+
+    def split():
+        S.backend_sched_reset(sched)
+        res = ctx.build_graph(8, 1, 256)
+        for t, b in res.sched_pins:
+            S.backend_sched_set_tensor_backend(sched, t, b)
+        S.backend_sched_split_graph(sched, res.gf)
+        tensors = list(res.gf.leafs) + list(res.gf.nodes)
+        return res.gf, (sched.last_plan, [S._tbid(sched, t) for t in tensors],
+                        [S.backend_sched_get_tensor_cause(sched, t) for t in tensors], sched.n_splits,
+                        [(s.backend_id, s.i_start, s.i_end, [i.name for i in s.inputs])
+                         for s in sched.splits[:sched.n_splits]])
+
+    gf, ours = split()
+    ops, vss, srcs, decided = S._node_words(gf.nodes)
+    assert ops == [n.op for n in gf.nodes]
+    assert 0.4 < sum(decided) / len(decided) < 0.8
+    weights = {id(t) for t in gf.leafs if t.buffer}
+    by_weight = [d for n, d in zip(gf.nodes, decided) if any(id(s) in weights for s in n.src if s is not None)]
+    assert len(by_weight) > 60 and not any(by_weight)      # the MUL_MATs by a weight, the MULs by a norm weight
+    assert [d for n, d in zip(gf.nodes, decided) if n.flags & gg.GGML_TENSOR_FLAG_INPUT] == []
+    sched._queries = []
+    causes = dict(sched.causes)
+    for node, d in zip(gf.nodes, decided):
+        if d:
+            assert S.backend_sched_backend_id_from_cur(sched, node) == -1, node.name
+    assert sched._queries == [] and sched.causes == causes
+    sched._queries = None
+    orig = S._node_words
+    try:
+        S._node_words = lambda nodes: orig(nodes)[:3] + ([False] * len(nodes),)
+        gf2, theirs = split()
+    finally:
+        S._node_words = orig
+    assert [n.name for n in gf2.nodes] == [n.name for n in gf.nodes]
+    assert theirs[1:] == ours[1:]
+    assert len(ours[4]) == (1 if ngl == 0 else 3)
+    assert [{k: v for k, v in n.items() if k != "addr"} for n in theirs[0]["nodes"]] == \
+           [{k: v for k, v in n.items() if k != "addr"} for n in ours[0]["nodes"]]

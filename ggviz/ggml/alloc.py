@@ -70,6 +70,36 @@ def srcs_of(node: Tensor) -> list:
     return [(j, tensor_at(a)) for j, a in enumerate(node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()) if a]
 
 
+_TENSOR_WORDS = C.GGML_TENSOR_SIZE // 8
+
+
+def nodes_words(nodes) -> tuple:
+    """ggviz: each node's view_src, op, flags and src[] pointers (a list of GGML_MAX_SRC ints), read from the
+    structs at once where they lie in the first node's context arena (a graph's nodes do), a node elsewhere from
+    its own words: one gather instead of four reads per node."""
+    n = len(nodes)
+    ctx = nodes[0].ctx if n else None
+    buf = getattr(ctx, "mem_buffer", None) if ctx is not None else None
+    if buf is None or ctx.used_mem() < C.GGML_TENSOR_SIZE:
+        return ([t._q.item(_Q_VIEW_SRC) for t in nodes], [t._w.item(_W_OP) for t in nodes],
+                [t._w.item(_W_FLAGS) for t in nodes], [t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for t in nodes])
+    arena = buf[:ctx.used_mem() // 8 * 8].view(np.uint64)
+    off = np.fromiter((t.addr for t in nodes), np.int64, n) - buf.ctypes.data
+    inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
+    # (the structs as rows of a strided view of the arena, gathered at once: a copy)
+    structs = np.lib.stride_tricks.as_strided(arena, (arena.size - _TENSOR_WORDS + 1, _TENSOR_WORDS),
+                                              (arena.strides[0], arena.strides[0]), writeable=False)
+    words = structs[np.where(inside, off // 8, 0)]
+    w32 = words.view(np.int32)
+    vss, ops, flags = words[:, _Q_VIEW_SRC].tolist(), w32[:, _W_OP].tolist(), w32[:, _W_FLAGS].tolist()
+    srcs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+    for k in np.flatnonzero(~inside).tolist():
+        t = nodes[k]
+        vss[k], ops[k], flags[k] = t._q.item(_Q_VIEW_SRC), t._w.item(_W_OP), t._w.item(_W_FLAGS)
+        srcs[k] = t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+    return vss, ops, flags, srcs
+
+
 def _is_view(t: Tensor) -> bool:
     # ggml_impl_is_view
     return t.view_src is not None
@@ -185,13 +215,16 @@ class ggml_dyn_tallocr:
 
 
 def dyn_tallocr_insert_block(chunk: tallocr_chunk, offset: int, size: int) -> None:
-    GGML_ASSERT(chunk.n_free_blocks < MAX_FREE_BLOCKS, "out of free blocks")
+    blocks = chunk.free_blocks           # (n_free_blocks: len(blocks))
+    n = len(blocks)
+    if not (n < MAX_FREE_BLOCKS):
+        GGML_ASSERT(False, "out of free blocks")
     # insert the new block in the correct position to keep the array sorted by address (to make merging blocks faster)
     insert_pos = 0
-    while insert_pos < chunk.n_free_blocks and chunk.free_blocks[insert_pos].offset < offset:
+    while insert_pos < n and blocks[insert_pos].offset < offset:
         insert_pos += 1
     # shift all blocks from insert_pos onward to make room for the new block, and insert it
-    chunk.free_blocks.insert(insert_pos, free_block(offset, size))
+    blocks.insert(insert_pos, free_block(offset, size))
 
 
 def dyn_tallocr_remove_block(chunk: tallocr_chunk, idx: int) -> None:
@@ -223,25 +256,29 @@ def dyn_tallocr_alloc(alloc: ggml_dyn_tallocr, size: int, tensor: Tensor | None 
     max_avail = 0
 
     # find the best fitting free block besides the last block, within any chunk
-    for c in range(alloc.n_chunks):
-        chunk = alloc.chunks[c]
+    # (n_chunks / n_free_blocks read as len() of the lists: a plan makes ~400 of these calls)
+    chunks = alloc.chunks
+    for c in range(len(chunks)):
+        blocks = chunks[c].free_blocks
         best_fit_size = SIZE_MAX
-        for i in range(chunk.n_free_blocks - 1):
-            block = chunk.free_blocks[i]
-            max_avail = max(max_avail, block.size)
+        for i in range(len(blocks) - 1):
+            block = blocks[i]
+            bsize = block.size
+            if bsize > max_avail:
+                max_avail = bsize
             # "<=": among equal sizes the later block wins
-            if block.size >= size and block.size <= best_fit_size:
+            if bsize >= size and bsize <= best_fit_size:
                 best_fit_chunk = c
                 best_fit_block = i
-                best_fit_size = block.size
+                best_fit_size = bsize
 
     if best_fit_block == -1:
         # no suitable block found, try the last block (this may grow a chunks size)
         best_reuse = INT64_MIN
-        for c in range(alloc.n_chunks):
-            chunk = alloc.chunks[c]
-            if chunk.n_free_blocks > 0:
-                block = chunk.free_blocks[chunk.n_free_blocks - 1]
+        for c in range(len(chunks)):
+            chunk = chunks[c]
+            if chunk.free_blocks:
+                block = chunk.free_blocks[-1]
                 max_avail = max(max_avail, block.size)
                 reuse_factor = chunk.max_size - block.offset - size
                 # reuse_factor < 0 : amount of extra memory that needs to be allocated
@@ -251,7 +288,7 @@ def dyn_tallocr_alloc(alloc: ggml_dyn_tallocr, size: int, tensor: Tensor | None 
                 better_fit = reuse_factor >= 0 and reuse_factor < best_reuse
                 if block.size >= size and (better_reuse or better_fit):
                     best_fit_chunk = c
-                    best_fit_block = chunk.n_free_blocks - 1
+                    best_fit_block = len(chunk.free_blocks) - 1
                     best_reuse = reuse_factor
 
     if best_fit_block == -1:
@@ -281,16 +318,17 @@ def dyn_tallocr_free_bytes(alloc: ggml_dyn_tallocr, addr: buffer_address, size: 
     free blocks should be very small."""
     size = aligned_offset(0, size, alloc.alignment)
     chunk = alloc.chunks[addr.chunk]
+    blocks = chunk.free_blocks
 
     # see if we can merge with an existing block
-    for i in range(chunk.n_free_blocks):
-        block = chunk.free_blocks[i]
+    for i in range(len(blocks)):
+        block = blocks[i]
         # check if ptr is at the end of the block
         if block.offset + block.size == addr.offset:
             block.size += size
             # check if we can merge with the next block
-            if i < chunk.n_free_blocks - 1:
-                nxt = chunk.free_blocks[i + 1]
+            if i < len(blocks) - 1:
+                nxt = blocks[i + 1]
                 if block.offset + block.size == nxt.offset:
                     block.size += nxt.size
                     dyn_tallocr_remove_block(chunk, i + 1)
@@ -301,7 +339,7 @@ def dyn_tallocr_free_bytes(alloc: ggml_dyn_tallocr, addr: buffer_address, size: 
             block.size += size
             # check if we can merge with the previous block
             if i > 0:
-                prev = chunk.free_blocks[i - 1]
+                prev = blocks[i - 1]
                 if prev.offset + prev.size == block.offset:
                     prev.size += block.size
                     dyn_tallocr_remove_block(chunk, i)
@@ -701,11 +739,14 @@ def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int, sr
         assert hn.addr.offset == 0
 
         # try to reuse a parent's buffer (inplace)
-        if op_can_inplace(node._w.item(_W_OP)):
+        if node._w.item(_W_OP) in _INPLACE_OPS:         # (ggml_op_can_inplace)
+            slot = galloc._slot
             for i, parent in (srcs_of(node) if srcs is None else srcs):
 
                 # if the node's data is external, then we cannot re-use it
-                if not gallocr_is_own(galloc, parent):
+                # (gallocr_is_own; the hash_node is gallocr_hash_get's for p_hn below)
+                p_hn = slot.get(parent.addr) or gallocr_hash_get(galloc, parent)
+                if not p_hn.allocated:
                     continue
 
                 # outputs cannot be reused
@@ -716,7 +757,6 @@ def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int, sr
                 if not _are_same_layout(node, parent):
                     continue
 
-                p_hn = gallocr_hash_get(galloc, parent)
                 if p_hn.n_children == 1 and p_hn.n_views == 0:
                     if _is_view(parent):
                         view_src = parent.view_src
@@ -783,14 +823,23 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
     # allocate leafs
     # these may be tensors that the application is not using in the graph, but may still want to allocate for other purposes
     galloc._phase = "leafs"
-    for i in range(graph.n_leafs):
+    for i, leaf in enumerate(graph.leafs):
+        q = leaf._q
+        if not q.item(_Q_VIEW_SRC) and (q.item(_Q_DATA) or q.item(_Q_BUFFER)):
+            # (a leaf with data or a buffer of its own -- the weights: gallocr_allocate_node would only find or
+            # insert its hash slot; the buffer id check first, as there)
+            if get_node_buffer_id(leaf_buffer_ids, i) < 0:
+                GGML_ASSERT(False, "buffer_id >= 0")
+            gallocr_hash_get(galloc, leaf)
+            continue
         galloc._index = i
-        leaf = graph.leafs[i]
         gallocr_allocate_node(galloc, leaf, get_node_buffer_id(leaf_buffer_ids, i))
 
-    # ggviz: each node's sources (srcs_of) and view source, read from the struct once for the three loops below
+    # ggviz: each node's sources (srcs_of), view source, op and flags, read from the structs at once for the three
+    # loops below (nothing in them writes a struct)
     nodes = graph.nodes
-    node_srcs = galloc._node_srcs = [srcs_of(node) for node in nodes]
+    vss, ops, flagss, src_ptrs = nodes_words(nodes)
+    node_srcs = galloc._node_srcs = [[(j, tensor_at(a)) for j, a in enumerate(row) if a] for row in src_ptrs]
     hash_get = gallocr_hash_get
     slot = galloc._slot          # (gallocr_hash_get's first lookup: a tensor found before since the reset)
     rec = galloc._rec
@@ -807,11 +856,11 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
         # GGML_OP_NONE does not appear normally in the graph nodes, but is used by ggml-backend to add dependencies to
         # control when some tensors are allocated and freed. in this case, the dependencies are in `src`, but the node
         # itself is never used and should not be considered a dependency
-        vs = node._q.item(_Q_VIEW_SRC)
-        if vs and node._w.item(_W_OP) != C.GGML_OP_NONE:
+        vs = vss[i]
+        if vs and ops[i] != C.GGML_OP_NONE:
             (slot.get(vs) or hash_get(galloc, tensor_at(vs))).n_views += 1
 
-        if node._w.item(_W_FLAGS) & INPUT:
+        if flagss[i] & INPUT:
             gallocr_allocate_node(galloc, nodes[i], get_node_buffer_id(node_buffer_ids, i))
 
         for j, src in node_srcs[i]:
@@ -826,7 +875,7 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
     for i in range(graph.n_nodes):
         galloc._index = i
         node = nodes[i]
-        buffer_id = get_node_buffer_id(node_buffer_ids, i)
+        buffer_id = node_buffer_ids[i] if node_buffer_ids is not None else 0     # (get_node_buffer_id)
         srcs_j = node_srcs[i]
 
         # allocate parents (only leafs need to be allocated at this point)
@@ -900,6 +949,8 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
     node_srcs = galloc._node_srcs
     if node_srcs is None or len(node_srcs) != n_nodes:
         node_srcs = [srcs_of(node) for node in nodes[:n_nodes]]
+    # (_alloc_size's cache read here, where ~2,000 sizes are asked: the call only for a size not asked yet)
+    sizes = galloc._sizes if galloc._sizes is not None else {}
     for i in range(n_nodes):
         node = nodes[i]
         if fresh:
@@ -917,9 +968,10 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
             ta.buffer_id, ta.addr, ta.size_max = -1, INVALID, 0          # (_invalid_alloc)
         else:
             hn = slot.get(node.addr) or gallocr_hash_get(galloc, node)
-            ta.buffer_id = hn.buffer_id
+            ta.buffer_id = bid = hn.buffer_id
             ta.addr = hn.addr
-            ta.size_max = _alloc_size(galloc, hn.buffer_id, node)
+            e = sizes.get(node.addr)
+            ta.size_max = e[1] if e is not None and e[0] == bid else _alloc_size(galloc, bid, node)
         # node->src[j] for every j: NULL, a view or a tensor with data gets an invalid tensor_alloc
         for j, src in node_srcs[i]:
             sq = src._q
@@ -929,10 +981,12 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
             if ta is INVALID_SRC:
                 ta = new(tensor_alloc)
             src_tas[j] = ta
-            hn = slot.get(src.addr) or gallocr_hash_get(galloc, src)
-            ta.buffer_id = hn.buffer_id
+            addr = src.addr
+            hn = slot.get(addr) or gallocr_hash_get(galloc, src)
+            ta.buffer_id = bid = hn.buffer_id
             ta.addr = hn.addr
-            ta.size_max = _alloc_size(galloc, hn.buffer_id, src)
+            e = sizes.get(addr)
+            ta.size_max = e[1] if e is not None and e[0] == bid else _alloc_size(galloc, bid, src)
 
 
 def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, no_alloc: bool) -> bool:
@@ -961,11 +1015,13 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
             galloc.leaf_allocs = [leaf_alloc() for _ in range(graph.n_leafs)]
         galloc.n_leafs = graph.n_leafs
         galloc._plan_shared = False
-        for i in range(graph.n_leafs):
-            leaf = graph.leafs[i]
-            hn = gallocr_hash_get(galloc, leaf)
-            la = galloc.leaf_allocs[i].leaf
-            if leaf.view_src is not None or leaf.data:
+        slot = galloc._slot
+        leaf_allocs = galloc.leaf_allocs
+        for i, leaf in enumerate(graph.leafs):
+            hn = slot.get(leaf.addr) or gallocr_hash_get(galloc, leaf)
+            la = leaf_allocs[i].leaf
+            q = leaf._q
+            if q.item(_Q_VIEW_SRC) or q.item(_Q_DATA):       # (leaf->view_src != NULL || leaf->data != NULL)
                 _invalid_alloc(la)
             else:
                 la.buffer_id = hn.buffer_id

@@ -208,8 +208,9 @@ class ggml_backend_buffer:
         # a buffer dropped without ggml_backend_buffer_free still gives its struct's address range back
         weakref.finalize(self, memory.unregister, self.addr)
 
-    size = property(lambda s: int(s._q[_Q_BUF_SIZE]), lambda s, v: s._q.__setitem__(_Q_BUF_SIZE, v))
-    usage = property(lambda s: int(s._w[_W_BUF_USAGE]), lambda s, v: s._w.__setitem__(_W_BUF_USAGE, v))
+    # (item(): a Python int without a NumPy scalar in between -- the split reads a source's usage per weight)
+    size = property(lambda s: s._q.item(_Q_BUF_SIZE), lambda s, v: s._q.__setitem__(_Q_BUF_SIZE, v))
+    usage = property(lambda s: s._w.item(_W_BUF_USAGE), lambda s, v: s._w.__setitem__(_W_BUF_USAGE, v))
 
     def __repr__(self):
         name = backend_buft_name(self.buft) if self.buft is not None else "?"

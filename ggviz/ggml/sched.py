@@ -217,13 +217,16 @@ def _hash_ids(sched: ggml_backend_sched, tensors) -> list:
     """``hash_id(t)`` of each tensor, in order (so new ones are inserted in the slots C's loop gives them) -- pass
     1 asks for a graph's ~1,300 leafs and nodes one after the other."""
     slot = sched._slot
-    hs = sched.hash_set
+    find_or_insert = sched.hash_set.find_or_insert
     out = []
     for t in tensors:
         addr = t.addr
         i = slot.get(addr)
         if i is None:
-            i = slot[addr] = _find_or_insert(hs, addr)
+            i = find_or_insert(addr)              # (_find_or_insert, its check inline)
+            if i == GGML_HASHSET_FULL:
+                raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
+            slot[addr] = i
         out.append(i)
     return out
 
@@ -353,8 +356,12 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
     if buffer is None:
         return -1
     # find highest prio backend that supports the buffer type and the op
+    # (_supports_buft's cache read inline: pass 1 asks this for every weight and every op on one, ~800 a graph)
+    buft = buffer.buft
+    cache = sched._buft_ok
     for i in range(sched.n_backends):
-        if _supports_buft(sched, i, buffer.buft) and _supports(sched, i, op):
+        e = cache.get((i, id(buft)))
+        if (e[1] if e is not None and e[0] is buft else _supports_buft(sched, i, buft)) and _supports(sched, i, op):
             return i
     if sched.debug:
         GGML_LOG("debug", f"ggml_backend_sched_backend_from_buffer: warning: no backend supports op {op_desc(tensor)} "
@@ -479,10 +486,11 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         # ggviz: passes 1-4 of this graph as its last split left them (see _SplitMemo: the same graph, only shapes
         # changed, which the backends' answers do not depend on)
         hid, isview = _split_memo_apply(sched, memo)
+        srcs = None
     else:
         pre = _split_memo_begin(sched)
         try:
-            hid, isview = _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id)
+            hid, isview, srcs = _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id)
         finally:
             queries, sched._queries = sched._queries, None
         memo = _split_memo_end(sched, graph, pre, queries, hid, isview)
@@ -495,7 +503,7 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
         # bytes), so it finds the same split boundaries, and again no input to copy
         i_split = _split_memo_pass5(sched, memo)
     else:
-        i_split = _pass5(sched, nodes, n_nodes, hid, isview, tbid)
+        i_split = _pass5(sched, nodes, n_nodes, hid, isview, tbid, srcs)
         if memo is not None:
             memo.pass5 = ([(s.backend_id, s.i_start, s.i_end) for s in sched.splits[:i_split + 1]]
                           if sched.n_graph_inputs == 0 and not any(s.inputs for s in sched.splits[:i_split + 1])
@@ -516,9 +524,9 @@ def _split_memo_pass5(sched, memo) -> int:
     return len(memo.pass5) - 1
 
 
-def _pass5(sched, nodes, n_nodes, hid, isview, tbid) -> int:
+def _pass5(sched, nodes, n_nodes, hid, isview, tbid, srcs=None) -> int:
     """Pass 5 of backend_sched_split_graph: cut the graph into splits of one backend each and find the tensors to
-    copy into a split's backend. Returns the last split's index."""
+    copy into a split's backend. Returns the last split's index. (``srcs``: see _node_words; None: read here.)"""
     i_split = 0
     split = _get_split(sched, 0)
     # find the backend of the first split, skipping view ops
@@ -544,7 +552,7 @@ def _pass5(sched, nodes, n_nodes, hid, isview, tbid) -> int:
 
         # check if we should start a new split based on the sources of the current node
         need_new_split = False
-        if node_backend_id == cur_backend_id and split.n_inputs > 0:
+        if node_backend_id == cur_backend_id and split.inputs:       # (split->n_inputs > 0)
             for j, src in A.srcs_of(node):
                 # check if a weight is on a different and incompatible backend
                 # by starting a new split, the memory of the previously offloaded weights can be reused
@@ -578,7 +586,7 @@ def _pass5(sched, nodes, n_nodes, hid, isview, tbid) -> int:
         # find inputs that are not on the same backend
         # (node->src[j] from the struct's words, its hash slot the one pass 1-4 found; the Tensor only where the
         # body needs more than its backend id -- with one backend, nowhere)
-        for j, a in enumerate(node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
+        for j, a in enumerate(srcs[i] if srcs is not None else node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
             if not a:
                 continue
             src_id = slot.get(a)
@@ -924,11 +932,11 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
         if tbid[h] == -1:
             tbid[h] = backend_sched_backend_id_from_cur(sched, leaf)
     hid = _hash_ids(sched, nodes)
-    isview = []
-    for node, h in zip(nodes, hid):
-        isview.append(node._w.item(_W_OP) in _VIEW_OPS)        # ggml_is_view_op
+    ops, vss, srcs, unplaced = _node_words(nodes)
+    isview = [o in _VIEW_OPS for o in ops]                      # ggml_is_view_op
+    for node, h, skip in zip(nodes, hid, unplaced):
         # do not overwrite user assignments
-        if tbid[h] == -1:
+        if tbid[h] == -1 and not skip:
             tbid[h] = backend_sched_backend_id_from_cur(sched, node)
 
     # pass 2: expand current backend assignments
@@ -1004,24 +1012,74 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
                         break
 
     # pass 4: assign backends to remaining src from dst and view_src
-    _assign_pass4(sched, nodes, hid, tbid)
-    return hid, isview
+    _assign_pass4(sched, nodes, hid, tbid, vss, srcs)
+    return hid, isview, srcs
 
 
-def _assign_pass4(sched, nodes, hid, tbid) -> None:
+def _node_words(nodes) -> tuple:
+    """ggviz: each node's op, view_src and src[] pointers (passes 1, 4 and 5 read them: passes 1-4 write no struct,
+    pass 5 rewrites a node's src[j] only after reading that node's), and whether
+    backend_sched_backend_id_from_cur would return -1 for it without asking a backend or setting a cause -- read
+    from the nodes' struct words at once, where the graph's context arena holds the node and every tensor the test
+    reads.
+
+    That is a node with no buffer, no view source with a buffer, no INPUT flag, and either a ROPE / FLASH_ATTN_EXT
+    op (those skip the weights test) or no source with a buffer (the weights test looks for a WEIGHTS buffer among
+    the sources). Its slot keeps -1, as the call would leave it; a node or source outside the arena (weights, the
+    KV cache, a scheduler's copy) is not decided here, and the call is made as before. About half of a llama
+    graph's nodes (483 of SmolLM2's 936: the activations between the weights' ops) are decided here."""
+    n_nodes = len(nodes)
+    unplaced = [False] * n_nodes
+    arena = None
+    ctx = nodes[0].ctx if n_nodes else None
+    if ctx is not None and getattr(ctx, "mem_buffer", None) is not None:
+        arena = ctx.mem_buffer[:ctx.used_mem() // 8 * 8].view(np.uint64)
+    if arena is None or arena.size < _TENSOR_WORDS:
+        ops = [node._w.item(_W_OP) for node in nodes]
+        vss = [node._q.item(_Q_VIEW_SRC) for node in nodes]
+        srcs = [node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for node in nodes]
+        return ops, vss, srcs, unplaced
+    base = ctx.mem_buffer.ctypes.data
+    off = np.fromiter((node.addr for node in nodes), np.int64, n_nodes) - base
+    inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
+    rows = np.where(inside, off // 8, 0)
+    words = _struct_words(arena, rows)
+    w32 = words.view(np.int32)
+
+    def no_buffer(ptrs):
+        # NULL, or a struct inside the arena whose buffer word is 0 (one outside it counts as "has one": not decided)
+        rel = ptrs.view(np.int64) - base
+        ins = (rel >= 0) & (rel % 8 == 0) & (rel + C.GGML_TENSOR_SIZE <= arena.nbytes)
+        buf = arena[np.where(ins, rel // 8 + _Q_BUFFER, 0)]
+        return (ptrs == 0) | (ins & (buf == 0))
+
+    op = w32[:, _W_OP]
+    ops, vss = op.tolist(), words[:, _Q_VIEW_SRC].tolist()
+    srcs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+    for k in np.flatnonzero(~inside).tolist():        # (a node whose struct is elsewhere: its own words)
+        q = nodes[k]._q
+        ops[k], vss[k] = nodes[k]._w.item(_W_OP), q.item(_Q_VIEW_SRC)
+        srcs[k] = q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+    plain = (inside & (words[:, _Q_BUFFER] == 0) & no_buffer(words[:, _Q_VIEW_SRC])
+             & ((w32[:, _W_FLAGS] & C.GGML_TENSOR_FLAG_INPUT) == 0))
+    skips_weights = (op == C.GGML_OP_ROPE) | (op == C.GGML_OP_FLASH_ATTN_EXT)
+    plain &= skips_weights | no_buffer(words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]).all(axis=1)
+    return ops, vss, srcs, plain.tolist()
+
+
+def _assign_pass4(sched, nodes, hid, tbid, vss, srcs) -> None:
     """Pass 4 of backend_sched_split_graph: views take their source's backend, sources their consumer's, and a
     node still unassigned the first backend that supports it."""
     _pass(sched, "4", "views take their source's backend, sources their consumer's")
     slot = sched._slot
     for i, node in enumerate(nodes):
         h = hid[i]
-        q = node._q
-        vs = q.item(_Q_VIEW_SRC)
+        vs = vss[i]
         if vs and tbid[h] == -1:
             tbid[h] = _tbid(sched, tensor_at(vs))
             SET_CAUSE(sched, node, "4.vsrc", tbid[h])
         # (node->src[j] from the struct's words; hash_id(src) is the slot found before, for nearly every source)
-        for a in q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
+        for a in srcs[i]:
             if not a:
                 continue
             hs = slot.get(a)

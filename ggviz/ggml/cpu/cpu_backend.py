@@ -251,7 +251,7 @@ def _cpu_dev_supports_op(dev, op: Tensor) -> bool:
     # check extra buffer types
     # note: only the first sources are checked for extra buffer types to reduce overhead, increase if necessary
     srcs = op._q[_Q_SRC:_Q_SRC + 4].tolist()          # op->src[0..3], the pointers read in one go
-    extra = traits.get_extra_buffer_types() if any(srcs) else ()
+    extra = traits.extra_buffer_types() if any(srcs) else ()
     if extra:
         for a in srcs:
             if not a:

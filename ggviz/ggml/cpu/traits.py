@@ -15,9 +15,22 @@ from ..tensor import Tensor
 from . import repack
 
 
+_extra_bufts: tuple | None = None
+
+
+def extra_buffer_types() -> tuple:
+    """The extra buffer types, made on the first call and kept: ggml-cpu.cpp's static vector (what it holds is fixed
+    once the module is imported: the compiled kernels loaded or not, GGVIZ_NO_REPACK read at import). The CPU
+    device's supports_op asks for them for every op with a source (~600 times a graph split)."""
+    global _extra_bufts
+    if _extra_bufts is None:
+        _extra_bufts = (repack.repack_buffer_type(),) if repack.available() else ()
+    return _extra_bufts
+
+
 def get_extra_buffer_types() -> list:
     """ggml_backend_cpu_get_extra_buffer_types."""
-    return [repack.repack_buffer_type()] if repack.available() else []
+    return list(extra_buffer_types())
 
 
 def is_extra_buffer_type(buft) -> bool:
