@@ -7,8 +7,8 @@
   flash attention on and off, the probe's graph to the pp graph and back, the keys placed at once and one by one.
 * Oracle: the same context made with the copy turned off (every reserve graph built): the reserve log (nodes,
   leafs, split counts, buffer sizes per reserve), the split of the pp graph, the logits of a prompt and a step.
-* Guards: a trace listener or LLAMA_GRAPH_REUSE_DISABLE build every graph; a graph without its insert record is
-  not copied.
+* Guards: a trace listener or LLAMA_GRAPH_REUSE_DISABLE build every graph; a graph without its insert record, or
+  an allocated one, is not copied.
 """
 from __future__ import annotations
 
@@ -146,6 +146,19 @@ def test_a_graph_without_its_insert_record_is_not_copied():
     src.gf.inserts = src.gf.inserts[:-1]
     assert graph_copy.copy_graph(src) is None
     src.gf.inserts = []
+    assert graph_copy.copy_graph(src) is None
+
+
+def test_an_allocated_graph_is_not_copied():
+    """A graph whose tensors were placed (data set, or a buffer) is not what a build makes: not copied."""
+    ctx = _ctx("smollm2", -1)
+    src = ctx.build_graph(1, 1, ctx.kv.size)
+    assert graph_copy.copy_graph(src) is not None
+    node = next(t for t in src.gf.nodes if not t.view_src)
+    node.data = 0x1000
+    assert graph_copy.copy_graph(src) is None
+    node.data = 0
+    node.buffer = 0x2000
     assert graph_copy.copy_graph(src) is None
 
 

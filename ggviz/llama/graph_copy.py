@@ -41,6 +41,7 @@ from .graph import GraphInputs, GraphResult
 # the struct ggml_tensor words that may hold a pointer into the graph's arena: buffer (1), src[10] and view_src
 # (19..29), data (31), extra (40); view_offs (30) is an offset
 _PTR_WORDS = np.array([1] + list(range(_Q_SRC, _Q_VIEW_SRC + 1)) + [31, 40], np.int64)
+_ALLOC_WORDS = np.array([1, _Q_VIEW_SRC, 31], np.int64)        # buffer, view_src, data
 # the keys placed at their home slots at once when no two share one (False: always inserted one by one, in order;
 # the tests compare the two)
 PLACE_AT_ONCE = True
@@ -56,7 +57,8 @@ def _relocate(words: np.ndarray, lo: int, hi: int, delta: int) -> np.ndarray:
 
 
 def copy_graph(res: GraphResult, mem_buffer=None) -> GraphResult | None:
-    """A copy of the built, unallocated graph ``res`` in a new context (see the module docstring), or None.
+    """A copy of the built, unallocated graph ``res`` in a new context (see the module docstring), or None (an
+    allocated graph among the refusals: a build's tensors have no buffer, and no data but a view's).
     ``mem_buffer``: the new context's arena (ggml_init's), a new one by default."""
     old = res.ctx
     gf = res.gf
@@ -65,7 +67,13 @@ def copy_graph(res: GraphResult, mem_buffer=None) -> GraphResult | None:
             or gf.order != GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT or not old.no_alloc):
         return None
     tobjs = objs[1:]
-    if any(o.type != C.GGML_OBJECT_TYPE_TENSOR for o in tobjs):
+    hdr = np.fromiter((o.hdr_offs for o in objs), np.int64, len(objs))
+    if (old._i32[(hdr[1:] >> 2) + 6] != C.GGML_OBJECT_TYPE_TENSOR).any():       # (ggml_object.type)
+        return None
+    toffs = hdr[1:] + C.GGML_OBJECT_SIZE
+    # unallocated: no tensor in a buffer, and no data but a view's (a view of the KV cache points into it)
+    w = old._u64[(toffs >> 3)[:, None] + _ALLOC_WORDS[None, :]]
+    if w[:, 0].any() or ((w[:, 1] == 0) & (w[:, 2] != 0)).any():
         return None
     lay, nbytes, hs_size = _layout(gf.size, False)
     used = old._end
@@ -80,11 +88,9 @@ def copy_graph(res: GraphResult, mem_buffer=None) -> GraphResult | None:
     dst[h1:used] = src_buf[h1:used]
     u64 = new._u64
     # the objects' next pointers (the last one's is NULL)
-    hdr = np.fromiter((o.hdr_offs for o in objs), np.int64, len(objs))
     nxt = (hdr >> 3) + 2
     u64[nxt] = _relocate(u64[nxt], lo, hi, delta)
     # the tensors' pointer words
-    toffs = hdr[1:] + C.GGML_OBJECT_SIZE
     idx = ((toffs >> 3)[:, None] + _PTR_WORDS[None, :]).ravel()
     u64[idx] = _relocate(u64[idx], lo, hi, delta)
     # the nodes and leafs arrays (the cgraph struct's own pointers are written by _init_object below)
