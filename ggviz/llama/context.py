@@ -458,7 +458,9 @@ class LlamaContext(context_pool.GraphCache):
         # of rebuilt: the same nodes, the same sizes, half the Python work of a first context. With several
         # backends each reserve builds its own, as in llama.cpp. The third reserve also puts the first one's
         # allocator plan back instead of planning the same graph again (sched.backend_sched_reserve_again; the real
-        # passes when a trace listener is active).
+        # passes when a trace listener is active). And of the two graphs left (1 token, n_ubatch tokens) only the
+        # first is built: the second is a copy of it in a new context, laid out as a build there would be, its
+        # shapes turned into its own (graph_copy, derive_graph; ~8 ms instead of a ~19 ms build on SmolLM2).
         reuse = {} if len(self.backends) == 1 else None
         self._graph_template = self._graph_template_pp = None
         tg_probe = self.resolve_fused_ops(n_seqs)
