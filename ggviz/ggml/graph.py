@@ -171,6 +171,10 @@ class CGraph:
         self.order = GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT
         self.uid = 0
         self.obj = None
+        # ggviz: the visited hash set's slots in the order the build took them (one per tensor, at its first visit):
+        # a copy of the graph in another arena inserts its keys in this order, so that its table is laid out as a
+        # build there would lay it out (llama.graph_copy)
+        self.inserts: list[int] = []
         if _view:
             return
         lay, nbytes, hs = _layout(self.size, grads)
@@ -315,6 +319,7 @@ def _enter(cg: CGraph, node: Tensor, compute: bool, pos: int | None = None):
     hs.keys[pos] = addr
     used[pos >> 5] = used.item(pos >> 5) | (1 << (pos & 31))
     cg.use_counts[pos] = 0
+    cg.inserts.append(pos)
     if trace.active:
         trace.emit("graph.visit", graph=graph_key(cg), addr=addr, name=node.name, hash_pos=pos, hit=False)
     # node->src[k] for k in the graph's order, the pointer array read from the struct in one go
@@ -488,6 +493,7 @@ def graph_add_node(cg: CGraph, t: Tensor) -> None:
 def graph_clear(cg: CGraph) -> None:
     cg.nodes.clear()
     cg.leafs.clear()
+    cg.inserts.clear()
     cg._sync_counts()
     cg.visited_hash_set.reset()
 

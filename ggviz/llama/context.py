@@ -35,6 +35,7 @@ from ..ggml.cpu import cpu_backend, hybrid
 from . import context_pool
 from .batch import LLAMA_MAX_SEQ, DecodeError, batch_allocr_init
 from . import models as arch_models
+from . import graph_copy
 from .graph import LLM_FUSED_OP_FLASH_ATTN, derive_graph, graph_max_nodes
 from .kv_cache import KVCache
 from .kv_cache_iswa import KVCacheISWA
@@ -289,6 +290,7 @@ class LlamaContext(context_pool.GraphCache):
         self.n_graph_builds = 0           # graphs built for decode (not counting the reserve's), derived ones included
         self.n_graph_restored = 0         # of the reuses, those that put a cached graph back into the scheduler
         self.n_graph_derived = 0          # of the builds, those derived from a reserve's graph (graph.derive_graph)
+        self.n_graph_copied = 0           # reserve graphs copied from another reserve's (graph_copy), not built
         # ggviz: the reserve's token-generation graph and its prompt-processing graph (built, split and planned,
         # never allocated), kept so that the first ubatch of the tg shape and the first of any other shape take one
         # instead of building the same nodes again: only their shapes differ (graph.derive_graph). One backend only
@@ -456,7 +458,9 @@ class LlamaContext(context_pool.GraphCache):
         # of rebuilt: the same nodes, the same sizes, half the Python work of a first context. With several
         # backends each reserve builds its own, as in llama.cpp. The third reserve also puts the first one's
         # allocator plan back instead of planning the same graph again (sched.backend_sched_reserve_again; the real
-        # passes when a trace listener is active).
+        # passes when a trace listener is active). And of the two graphs left (1 token, n_ubatch tokens) only the
+        # first is built: the second is a copy of it in a new context, laid out as a build there would be, its
+        # shapes turned into its own (graph_copy, derive_graph; ~8 ms instead of a ~19 ms build on SmolLM2).
         reuse = {} if len(self.backends) == 1 else None
         self._graph_template = self._graph_template_pp = None
         tg_probe = self.resolve_fused_ops(n_seqs)
@@ -464,14 +468,17 @@ class LlamaContext(context_pool.GraphCache):
             reuse["tg"] = tg_probe        # (a probe that turned flash attention off built the other graph)
         n_outputs_pp = min(n_tokens, self.n_outputs_max)
         # reserve pp (prompt processing) graph first so that buffers are only allocated once
-        pp = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
+        # (ggviz: with one backend, a copy of the probe's graph turned into the pp graph when it fits: graph_copy)
+        pp = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, copy_of=(reuse or {}).get("tg"))
         if reuse is not None:
             reuse["pp"] = pp
             # ... and its allocator plan, put back by the third reserve if nothing changed (reserve_again)
             reuse["pp_plan"] = gs.backend_sched_save_reserve(self.sched)
         n_splits_pp, n_nodes_pp = gs.backend_sched_get_n_splits(self.sched), pp.gf.n_nodes
         # reserve with tg (token generation) graph to get the number of splits and nodes
-        tg = self.graph_reserve(n_seqs, n_seqs, n_seqs, reuse=(reuse or {}).get("tg"))
+        # (ggviz: without the probe's graph, one backend: a copy of the pp graph turned into the tg graph)
+        tg = self.graph_reserve(n_seqs, n_seqs, n_seqs, reuse=(reuse or {}).get("tg"),
+                                copy_of=pp if reuse is not None and "tg" not in reuse else None)
         n_splits_tg, n_nodes_tg = gs.backend_sched_get_n_splits(self.sched), tg.gf.n_nodes
         # reserve again with pp graph to avoid ggml-alloc reallocations during inference
         self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, reuse=(reuse or {}).get("pp"),
@@ -522,7 +529,7 @@ class LlamaContext(context_pool.GraphCache):
         return res
 
     def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False, reuse=None,
-                      plan=None):
+                      plan=None, copy_of=None):
         """llama_context::graph_reserve: build the graph of a dummy ubatch (``n_tokens`` tokens, the first
         ``n_outputs`` of them output) over the full KV cache and reserve the scheduler's buffers for it
         (``ggml_backend_sched_reserve``), or only split it (``split_only``). The scheduler is reset first, so the
@@ -530,14 +537,21 @@ class LlamaContext(context_pool.GraphCache):
         ggviz: the GraphResult of an earlier reserve of the same dummy ubatch, reserved again instead of rebuilt
         (sched_reserve); ``plan``: what the scheduler kept of that reserve (``backend_sched_save_reserve``): the graph
         is split again and the allocator's plan put back, not made again (``backend_sched_reserve_again``: the same
-        plan, no reallocation; the real reserve with a trace listener or when anything differs)."""
+        plan, no reallocation; the real reserve with a trace listener or when anything differs); ``copy_of``: ggviz:
+        the built graph of another reserve, copied and turned into this one's shape instead of a build where it
+        can be (``_copy_graph``)."""
         if n_tokens % n_seqs != 0:
             n_tokens = ((n_tokens + (n_seqs - 1)) // n_seqs) * n_seqs   # round to next multiple of n_seqs
         gs.backend_sched_reset(self.sched)
         # when the scheduler is reset, we cannot reuse old graphs
         self._prev_key = None
         # memory->init_full(): the graph attends the whole cache
-        res = reuse if reuse is not None else self.build_graph(n_tokens, n_outputs, self.kv.size)
+        res = reuse
+        if res is None and copy_of is not None:
+            res = self._copy_graph(copy_of, n_tokens, n_outputs)
+        copied = reuse is None and res is not None
+        if res is None:
+            res = self.build_graph(n_tokens, n_outputs, self.kv.size)
         if reuse is not None:
             # the build's scheduler pins (graph_get_cb's norms, cause "usr"), made again as llama.cpp's rebuild makes
             # them: the reset above dropped them. So the split sees what the probe's split saw (and takes passes 1-4
@@ -551,7 +565,7 @@ class LlamaContext(context_pool.GraphCache):
             raise DecodeError(f"llama_context::graph_reserve: failed to allocate compute buffers "
                               f"({impl.last_log_error() or 'allocation failed'})")
         entry = dict(n_tokens=n_tokens, n_seqs=n_seqs, n_outputs=n_outputs, n_kv=self.kv.size,
-                     split_only=split_only, rebuilt=reuse is None, n_nodes=res.gf.n_nodes, n_leafs=res.gf.n_leafs,
+                     split_only=split_only, rebuilt=reuse is None, copied=copied, n_nodes=res.gf.n_nodes, n_leafs=res.gf.n_leafs,
                      n_splits=gs.backend_sched_get_n_splits(self.sched),
                      sizes={gb.backend_name(b): gs.backend_sched_get_buffer_size(self.sched, b)
                             for b in self.backends})
@@ -755,6 +769,29 @@ class LlamaContext(context_pool.GraphCache):
             self._build_pins = self._build_norms = None
         res.sched_pins = pins
         res.norm_nodes = norms
+        return res
+
+    def _copy_graph(self, src, n_tokens: int, n_outputs: int):
+        """ggviz: the reserve graph of ``n_tokens`` / ``n_outputs`` over the full cache as a copy of another reserve's
+        built graph ``src`` in a new context (graph_copy.copy_graph: the arena, hash set and addresses a build there
+        would make), turned into this shape (graph.derive_graph), with the scheduler pins the build's callback would
+        make (``_norm_pins``). None (the caller builds): a trace listener is recording (the views record the
+        build), LLAMA_GRAPH_REUSE_DISABLE, an architecture that does not record every shape it takes from the
+        ubatch, or a graph the copy or the derivation refuses."""
+        if trace.active or not self.graph_reuse or not src.tok_dims:
+            return None
+        res = graph_copy.copy_graph(src)
+        if res is None:
+            return None
+        kv = self.kv
+        n_kv = (kv.kv_base.size, min(kv.size, kv.kv_swa.size)) if hasattr(kv, "kv_swa") else kv.size
+        if not derive_graph(res, n_tokens, n_outputs, n_kv):
+            ggml.free(res.ctx)
+            return None
+        res.sched_pins = self._norm_pins(res.norm_nodes, n_tokens)
+        for t, backend in res.sched_pins:
+            gs.backend_sched_set_tensor_backend(self.sched, t, backend)
+        self.n_graph_copied += 1
         return res
 
     def _derive_graph(self, n_tokens: int, n_outputs: int, n_kv):
