@@ -19,7 +19,7 @@ import numpy as np
 from .. import trace
 from . import consts as C
 from .context import Context, GGMLError
-from .tensor import _Q_SRC, _W_FLAGS, _W_OP, Tensor, tensor_at
+from .tensor import _Q_SRC, _W_FLAGS, _W_OP, Tensor, _registry_refs, tensor_at
 
 _NAME0 = 256                     # the first byte of struct ggml_tensor's name (NUL: no name)
 
@@ -330,22 +330,27 @@ def _enter(cg: CGraph, node: Tensor, compute: bool, pos: int | None = None):
 
 
 def _leave(cg: CGraph, node: Tensor, pos: int) -> None:
-    """The end of ggml_visit_parents_graph for a node seen for the first time: it joins the leafs or the nodes."""
-    if node._w.item(_W_OP) == C.GGML_OP_NONE and not (node._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_PARAM):
+    """The end of ggml_visit_parents_graph for a node seen for the first time: it joins the leafs or the nodes.
+    (CGraph._append_leaf / _append_node written out here: this runs for every tensor of a graph build.)"""
+    w = node._w
+    if w.item(_W_OP) == C.GGML_OP_NONE and not (w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_PARAM):
         # a leaf: constant data, not computed by the graph
-        if not node.raw.item(_NAME0):
-            node.name = f"leaf_{cg.n_leafs}"
-        cg._append_leaf(node)
-        where = ("leaf", cg.n_leafs - 1)
+        lst, kind = cg.leafs, "leaf"
     else:
-        if not node.raw.item(_NAME0):
-            node.name = f"node_{cg.n_nodes}"
-        cg._append_node(node)
-        where = ("node", cg.n_nodes - 1)
+        lst, kind = cg.nodes, "node"
+    n = len(lst)
+    if not node.raw.item(_NAME0):
+        node.name = f"{kind}_{n}"
+    if n >= cg.size:
+        raise GGMLError(f"graph is full: it holds {cg.size} {kind}s (ggml_new_graph_custom size); "
+                        f"cannot add {node.name!r}")
+    if cg.obj is not None:
+        (cg._leafs_ptr if kind == "leaf" else cg._nodes_ptr)[n] = node.addr
+    lst.append(node)
     if trace.active:
         cg._sync_counts()          # (without a listener, visit_parents writes the counts once, when it returns)
-        trace.emit("graph.add", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=where[0],
-                   index=where[1])
+        trace.emit("graph.add", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=kind,
+                   index=n)
 
 
 def _settled(src: Tensor, compute: bool) -> bool:
@@ -388,9 +393,10 @@ def _visit_frames(cg: CGraph, r: list) -> int:
     """visit_parents' loop over the stack of frames, from the root's frame ``r``."""
     stack = [r]
     hs = cg.visited_hash_set
-    find, used = hs.find, hs.used
+    size, used, keys = hs.size, hs.used, hs.keys
     use_counts = cg.use_counts
     tr = trace.active
+    refs_get = _registry_refs.get
     COMPUTE = C.GGML_TENSOR_FLAG_COMPUTE
     pos = -1
     while stack:
@@ -404,11 +410,25 @@ def _visit_frames(cg: CGraph, r: list) -> int:
             i += 1
             if not a:
                 continue
-            src = tensor_at(a)
+            # tensor_at(a), its registry lookup written out (tensor_at raises for an address without a tensor)
+            ref = refs_get(a)
+            src = ref() if ref is not None else None
+            if src is None:
+                src = tensor_at(a)
             if new:
-                sp = find(a)
-                if (not tr and sp >= 0 and (used.item(sp >> 5) >> (sp & 31)) & 1
-                        and _settled(src, f[5])):
+                # HashSet.find(a) written out (ggml_hash_find: linear probing from ggml_hash(a)); ``found``: the
+                # slot holds a (the source was visited)
+                sp = h = (a >> 4) % size
+                found = False
+                while (used.item(sp >> 5) >> (sp & 31)) & 1:
+                    if keys.item(sp) == a:
+                        found = True
+                        break
+                    sp = (sp + 1) % size
+                    if sp == h:
+                        sp = GGML_HASHSET_FULL
+                        break
+                if found and not tr and _settled(src, f[5]):
                     use_counts[sp] = use_counts.item(sp) + 1
                     continue
                 child = src
