@@ -22,6 +22,8 @@ from .context import Context, GGMLError
 from .tensor import _Q_SRC, _W_FLAGS, _W_OP, Tensor, _registry_refs, tensor_at
 
 _NAME0 = 256                     # the first byte of struct ggml_tensor's name (NUL: no name)
+_Q_SRC_END = _Q_SRC + C.GGML_MAX_SRC
+_OP_NONE = C.GGML_OP_NONE
 
 GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = 0
 GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT = 1
@@ -398,11 +400,13 @@ def _visit_frames(cg: CGraph, r: list) -> int:
     tr = trace.active
     refs_get = _registry_refs.get
     COMPUTE = C.GGML_TENSOR_FLAG_COMPUTE
+    rtl = cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT
+    inserts = cg.inserts
     pos = -1
     while stack:
         f = stack[-1]
         new, addrs, i = f[0], f[2], f[3]
-        child = None
+        child = push = None
         sp = None
         n = len(addrs)
         while i < n:
@@ -428,15 +432,35 @@ def _visit_frames(cg: CGraph, r: list) -> int:
                     if sp == h:
                         sp = GGML_HASHSET_FULL
                         break
-                if found and not tr and _settled(src, f[5]):
-                    use_counts[sp] = use_counts.item(sp) + 1
-                    continue
+                if found:
+                    if not tr and _settled(src, f[5]):
+                        use_counts[sp] = use_counts.item(sp) + 1
+                        continue
+                elif sp >= 0 and not tr:
+                    # the call on a source seen for the first time: _enter's first visit written out (the flag,
+                    # the slot taken, its use count zeroed and recorded in cg.inserts, the frame of its own loop)
+                    compute = f[5]
+                    w = src._w
+                    if compute and w.item(_W_OP) != _OP_NONE:
+                        w[_W_FLAGS] = w.item(_W_FLAGS) | COMPUTE
+                    keys[sp] = a
+                    used[sp >> 5] = used.item(sp >> 5) | (1 << (sp & 31))
+                    use_counts[sp] = 0
+                    inserts.append(sp)
+                    src_addrs = src._q[_Q_SRC:_Q_SRC_END].tolist()
+                    if rtl:
+                        src_addrs.reverse()
+                    push = [True, src, src_addrs, 0, sp, compute]
+                    break
                 child = src
                 break
             elif not (src._w.item(_W_FLAGS) & COMPUTE):
                 child = src
                 break
         f[3] = i
+        if push is not None:
+            stack.append(push)
+            continue
         if child is not None:
             r = _enter(cg, child, f[5], sp)
             if type(r) is int:
