@@ -34,6 +34,7 @@ _TENSOR_OBJECT = struct.Struct("<3QiI42Q")
 _ZEROS_10_28 = (0,) * 19
 _ZEROS_32_41 = (0,) * 10
 _ALIGN_M1 = C.GGML_MEM_ALIGN - 1
+_TSZ, _OSZ, _OBJ_TENSOR = C.GGML_TENSOR_SIZE, C.GGML_OBJECT_SIZE, C.GGML_OBJECT_TYPE_TENSOR   # (one global each)
 _TRAITS_GET = C.TYPE_TRAITS.get
 _index_all = operator.index         # (mapped over ne / nb: a C loop instead of a comprehension's frame)
 assert _TENSOR_OBJECT.size == C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE
@@ -226,25 +227,25 @@ class Context:
             return self._new_tensor_traced(type_, ne, nb, view_src, view_offs, data, obj_alloc_size)
         # ggml_new_object (inlined for a tensor): its header, then the struct, written in one go below
         cur_end = self._end
-        size_needed = (C.GGML_TENSOR_SIZE + obj_alloc_size + _ALIGN_M1) & ~_ALIGN_M1      # GGML_PAD(.., 16)
-        need = cur_end + size_needed + C.GGML_OBJECT_SIZE
+        size_needed = (_TSZ + obj_alloc_size + _ALIGN_M1) & ~_ALIGN_M1      # GGML_PAD(.., 16)
+        need = cur_end + size_needed + _OSZ
         if need > self.mem_size:
             raise ContextOutOfMemory(
                 f"ggml_new_object: not enough space in the context's memory pool (needed {need}, available "
-                f"{self.mem_size}) while adding a tensor object of {C.GGML_TENSOR_SIZE + obj_alloc_size} bytes")
+                f"{self.mem_size}) while adding a tensor object of {_TSZ + obj_alloc_size} bytes")
         objects = self.objects
         mark = (len(objects), self.n_objects, cur_end,
-                self.mem_buffer[cur_end:cur_end + C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE].tobytes())
+                self.mem_buffer[cur_end:cur_end + _OSZ + _TSZ].tobytes())
         try:
-            offs = cur_end + C.GGML_OBJECT_SIZE          # obj->offs
+            offs = cur_end + _OSZ          # obj->offs
             addr = self._base + offs
             # the header {offs, size, next = NULL, type} (its 4 padding bytes keep what they held: not written, as
             # in C), then the struct: zero but for type, ne, nb, view_src, view_offs and data
             _TENSOR_OBJECT.pack_into(
-                self._mv, cur_end, offs, size_needed, 0, C.GGML_OBJECT_TYPE_TENSOR,
+                self._mv, cur_end, offs, size_needed, 0, _OBJ_TENSOR,
                 self._u32.item((cur_end >> 2) + 7), type_, 0, ne0, ne1, ne2, ne3, *nb, *_ZEROS_10_28,
                 0 if view_src is None else view_src.addr, view_offs,
-                (addr + C.GGML_TENSOR_SIZE) if obj_alloc_size > 0 else data, *_ZEROS_32_41)
+                (addr + _TSZ) if obj_alloc_size > 0 else data, *_ZEROS_32_41)
             obj = Object(cur_end, self)
             if objects:
                 # obj_cur->next = obj_new (a real pointer)

@@ -401,7 +401,8 @@ def _visit_frames(cg: CGraph, r: list) -> int:
     refs_get = _registry_refs.get
     COMPUTE = C.GGML_TENSOR_FLAG_COMPUTE
     rtl = cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT
-    inserts = cg.inserts
+    leafs, nodes, gsize, inserts = cg.leafs, cg.nodes, cg.size, cg.inserts
+    leafs_ptr, nodes_ptr = (cg._leafs_ptr, cg._nodes_ptr) if cg.obj is not None else (None, None)
     pos = -1
     while stack:
         f = stack[-1]
@@ -473,7 +474,20 @@ def _visit_frames(cg: CGraph, r: list) -> int:
         stack.pop()
         pos = f[4]
         if new:
-            _leave(cg, f[1], pos)
+            node = f[1]
+            w = node._w
+            if w.item(_W_OP) == _OP_NONE and not (w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_PARAM):
+                lst, ptrs = leafs, leafs_ptr
+            else:
+                lst, ptrs = nodes, nodes_ptr
+            n = len(lst)
+            if tr or n >= gsize or not node.raw.item(_NAME0):
+                _leave(cg, node, pos)       # (a trace event, a name to give, a full graph: _leave does it all)
+            else:
+                # _leave for a named node of a graph with room (most of them), written out
+                if ptrs is not None:
+                    ptrs[n] = node.addr
+                lst.append(node)
         if stack and stack[-1][0]:
             use_counts[pos] = use_counts.item(pos) + 1
     return pos
