@@ -27,17 +27,17 @@ from .tensor import _Q_DATA, _Q_VIEW_OFFS, _Q_VIEW_SRC, OBJECT_DTYPE, Tensor, fo
 
 INT64_MAX = (1 << 63) - 1
 
-# ggviz: a tensor object as new_tensor_impl writes it, header and struct (368 bytes): struct ggml_object {offs, size,
-# next, type, padding}, then struct ggml_tensor as 42 words (type and its padding; buffer; ne[4]; nb[4]; op,
-# op_params, flags, src[10] (words 10..28); view_src; view_offs; data; name (words 32..39); extra; padding)
-_TENSOR_OBJECT = struct.Struct("<3QiI42Q")
-_ZEROS_10_28 = (0,) * 19
-_ZEROS_32_41 = (0,) * 10
+# ggviz: a tensor object as new_tensor_impl writes it (368 bytes), in two packs: the header struct ggml_object
+# {offs, size, next, type} (its 4 padding bytes are not written, as in C), then struct ggml_tensor: type (its 4
+# padding bytes and buffer: zero), ne[4], nb[4], op/op_params/flags/src[10] (zero), view_src, view_offs, data,
+# name/extra/padding (zero) -- the zero words as pad bytes, which struct writes as zeros: 13 values to pack
+_OBJECT_HEADER = struct.Struct("<3Qi")
+_TENSOR_STRUCT = struct.Struct("<i12x8q152x3Q80x")
+assert _OBJECT_HEADER.size + 4 == C.GGML_OBJECT_SIZE and _TENSOR_STRUCT.size == C.GGML_TENSOR_SIZE
 _ALIGN_M1 = C.GGML_MEM_ALIGN - 1
 _TSZ, _OSZ, _OBJ_TENSOR = C.GGML_TENSOR_SIZE, C.GGML_OBJECT_SIZE, C.GGML_OBJECT_TYPE_TENSOR   # (one global each)
 _TRAITS_GET = C.TYPE_TRAITS.get
 _index_all = operator.index         # (mapped over ne / nb: a C loop instead of a comprehension's frame)
-assert _TENSOR_OBJECT.size == C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE
 
 
 class ContextOutOfMemory(GGMLError, MemoryError):
@@ -241,11 +241,11 @@ class Context:
             addr = self._base + offs
             # the header {offs, size, next = NULL, type} (its 4 padding bytes keep what they held: not written, as
             # in C), then the struct: zero but for type, ne, nb, view_src, view_offs and data
-            _TENSOR_OBJECT.pack_into(
-                self._mv, cur_end, offs, size_needed, 0, _OBJ_TENSOR,
-                self._u32.item((cur_end >> 2) + 7), type_, 0, ne0, ne1, ne2, ne3, *nb, *_ZEROS_10_28,
-                0 if view_src is None else view_src.addr, view_offs,
-                (addr + _TSZ) if obj_alloc_size > 0 else data, *_ZEROS_32_41)
+            mv = self._mv
+            _OBJECT_HEADER.pack_into(mv, cur_end, offs, size_needed, 0, _OBJ_TENSOR)
+            _TENSOR_STRUCT.pack_into(mv, offs, type_, ne0, ne1, ne2, ne3, *nb,
+                                     0 if view_src is None else view_src.addr, view_offs,
+                                     (addr + _TSZ) if obj_alloc_size > 0 else data)
             obj = Object(cur_end, self)
             if objects:
                 # obj_cur->next = obj_new (a real pointer)
