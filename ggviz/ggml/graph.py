@@ -13,6 +13,7 @@ the same arrays there (as NumPy views), so the graph's bytes are inspectable lik
 from __future__ import annotations
 
 import operator
+import struct
 
 import numpy as np
 
@@ -22,7 +23,10 @@ from .context import Context, GGMLError
 from .tensor import _Q_SRC, _W_FLAGS, _W_OP, Tensor, _registry_refs, tensor_at
 
 _NAME0 = 256                     # the first byte of struct ggml_tensor's name (NUL: no name)
-_Q_SRC_END = _Q_SRC + C.GGML_MAX_SRC
+# node->src[0..9] (words 19..28 of the struct) as a tuple of addresses, unpacked from the struct's words (half the
+# cost of slicing them out and tolist)
+_unpack_srcs = struct.Struct(f"<{C.GGML_MAX_SRC}Q").unpack_from
+_SRC_OFFS = _Q_SRC * 8
 _OP_NONE = C.GGML_OP_NONE
 
 GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = 0
@@ -311,7 +315,7 @@ def _enter(cg: CGraph, node: Tensor, compute: bool, pos: int | None = None):
         if trace.active:
             trace.emit("graph.visit", graph=graph_key(cg), addr=addr, name=node.name, hash_pos=pos, hit=True)
         if compute:
-            addrs = node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+            addrs = _unpack_srcs(node._q, _SRC_OFFS)
             for a in addrs:
                 if a and not (tensor_at(a).flags & C.GGML_TENSOR_FLAG_COMPUTE):
                     # (the flags are read again as the loop reaches each source: a visit may set a later one's)
@@ -325,9 +329,9 @@ def _enter(cg: CGraph, node: Tensor, compute: bool, pos: int | None = None):
     if trace.active:
         trace.emit("graph.visit", graph=graph_key(cg), addr=addr, name=node.name, hash_pos=pos, hit=False)
     # node->src[k] for k in the graph's order, the pointer array read from the struct in one go
-    addrs = node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+    addrs = _unpack_srcs(node._q, _SRC_OFFS)
     if cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT:
-        addrs.reverse()
+        addrs = addrs[::-1]
     return [True, node, addrs, 0, pos, compute]
 
 
@@ -361,11 +365,11 @@ def _settled(src: Tensor, compute: bool) -> bool:
     it: a weight, a norm or a residual read again). False: a source of it other than a leaf still lacks the compute
     flag (the call recurses: the caller makes it)."""
     if compute:
-        for a in src._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
+        for a in _unpack_srcs(src._q, _SRC_OFFS):
             if a:
                 s = tensor_at(a)
                 if not (s._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_COMPUTE) and (
-                        s._w.item(_W_OP) != C.GGML_OP_NONE or any(s._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist())):
+                        s._w.item(_W_OP) != C.GGML_OP_NONE or any(_unpack_srcs(s._q, _SRC_OFFS))):
                     # (a source without the flag is visited again, which changes nothing for a leaf -- op NONE,
                     # no sources: it never gets the flag and has nothing to visit -- and may for anything else)
                     return False
@@ -448,9 +452,9 @@ def _visit_frames(cg: CGraph, r: list) -> int:
                     used[sp >> 5] = used.item(sp >> 5) | (1 << (sp & 31))
                     use_counts[sp] = 0
                     inserts.append(sp)
-                    src_addrs = src._q[_Q_SRC:_Q_SRC_END].tolist()
+                    src_addrs = _unpack_srcs(src._q, _SRC_OFFS)
                     if rtl:
-                        src_addrs.reverse()
+                        src_addrs = src_addrs[::-1]
                     push = [True, src, src_addrs, 0, sp, compute]
                     break
                 child = src
