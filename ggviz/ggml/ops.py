@@ -14,6 +14,8 @@ from .context import Context, GGMLError
 from .tensor import GGML_OP_AXPY, GGML_OP_MUL_MAT_SPARSE  # PowerInfer's ops, see the end of this file
 from .tensor import (
     _Q_SRC,
+    _name_pack,
+    _name_unpack,
     _W_OP,
     Tensor,
     are_same_shape,
@@ -62,11 +64,22 @@ _AXES = [0, 1, 2, 3]
 
 def _set_op(r: Tensor, op: int, *srcs) -> None:
     """``r->op = op; r->src[0] = srcs[0]; ...``: the words written straight into the struct (``r.op`` and
-    ``r.src[i]`` go through a property and a new accessor object each, for every tensor a graph build makes)."""
+    ``r.src[i]`` go through a property and a new accessor object each, for every tensor a graph build makes), the
+    source pointers with one pack of the words they fill."""
     r._w[_W_OP] = op
-    q = r._q
-    for i, t in enumerate(srcs):
-        q[_Q_SRC + i] = 0 if t is None else t.addr
+    n = len(srcs)
+    if n == 1:
+        a, = srcs
+        _pack_srcs[1](r._q, _SRC_OFFS, 0 if a is None else a.addr)
+    elif n == 2:
+        a, b = srcs
+        _pack_srcs[2](r._q, _SRC_OFFS, 0 if a is None else a.addr, 0 if b is None else b.addr)
+    else:
+        _pack_srcs[n](r._q, _SRC_OFFS, *[0 if t is None else t.addr for t in srcs])
+
+
+_pack_srcs = [struct.Struct(f"<{n}Q").pack_into for n in range(C.GGML_MAX_SRC + 1)]
+_SRC_OFFS = _Q_SRC * 8                 # (src[0]'s byte in the struct)
 
 
 # ---------------------------------------------------------------- tensor creation
@@ -111,10 +124,10 @@ def _name_after(r: Tensor, a: Tensor, suffix: bytes) -> None:
     name bytes: a's name copied with the suffix, truncated to GGML_MAX_NAME - 1 bytes plus the NUL like
     vsnprintf -- without decoding a's name and encoding the result again (a build names ~1,000 tensors so). A
     name that is not ASCII goes through format_name (its bytes as the str round trip leaves them)."""
-    nm = a.raw[256:320].tobytes().partition(b"\0")[0]
+    nm = _name_unpack(a.raw, 256)[0].partition(b"\0")[0]
     if nm.isascii():
         b = (nm + suffix)[:C.GGML_MAX_NAME - 1] + b"\0"
-        r.raw.data[256:256 + len(b)] = b
+        _name_pack[len(b)](r.raw, 256, b)
     else:
         format_name(r, "%s" + suffix.decode(), a.name)
 
