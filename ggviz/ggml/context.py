@@ -35,6 +35,9 @@ _OBJECT_HEADER = struct.Struct("<3Qi")
 _TENSOR_STRUCT = struct.Struct("<i12x8q152x3Q80x")
 assert _OBJECT_HEADER.size + 4 == C.GGML_OBJECT_SIZE and _TENSOR_STRUCT.size == C.GGML_TENSOR_SIZE
 _ALIGN_M1 = C.GGML_MEM_ALIGN - 1
+_unpack_object = struct.Struct(f"{C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE}s").unpack_from   # (the bytes a tensor
+#                                                                     object will cover, saved without a slice)
+_unpack_ne_nb = struct.Struct("<8q").unpack_from
 _TSZ, _OSZ, _OBJ_TENSOR = C.GGML_TENSOR_SIZE, C.GGML_OBJECT_SIZE, C.GGML_OBJECT_TYPE_TENSOR   # (one global each)
 _TRAITS_GET = C.TYPE_TRAITS.get
 _index_all = operator.index         # (mapped over ne / nb: a C loop instead of a comprehension's frame)
@@ -235,7 +238,7 @@ class Context:
                 f"{self.mem_size}) while adding a tensor object of {_TSZ + obj_alloc_size} bytes")
         objects = self.objects
         mark = (len(objects), self.n_objects, cur_end,
-                self.mem_buffer[cur_end:cur_end + _OSZ + _TSZ].tobytes())
+                _unpack_object(self._mv, cur_end)[0])
         try:
             offs = cur_end + _OSZ          # obj->offs
             addr = self._base + offs
@@ -458,8 +461,8 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
         view_offs += q.item(_Q_VIEW_OFFS)
         view_src = view_src.view_src
         q = view_src._q
-    # ggml_nbytes(view_src), its ne and nb (words 2..9) read in one go
-    sn0, sn1, sn2, sn3, sb0, sb1, sb2, sb3 = q[2:10].tolist()
+    # ggml_nbytes(view_src), its ne and nb (words 2..9, int64_t as Tensor.ne / .nb read them) unpacked in one go
+    sn0, sn1, sn2, sn3, sb0, sb1, sb2, sb3 = _unpack_ne_nb(q, 16)
     if sn0 <= 0 or sn1 <= 0 or sn2 <= 0 or sn3 <= 0:
         src_size = 0
     else:
