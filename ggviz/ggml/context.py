@@ -22,18 +22,25 @@ from .. import trace
 from . import consts as C
 from . import memory
 from .impl import GGML_PAD, GGMLError, type_name
-from .tensor import _Q_VIEW_SRC, OBJECT_DTYPE, Tensor, forget, nbytes, tensor_in_arena
+from .tensor import _Q_DATA, _Q_VIEW_OFFS, _Q_VIEW_SRC, OBJECT_DTYPE, Tensor, forget, nbytes, tensor_in_arena
 
 
 INT64_MAX = (1 << 63) - 1
 
-# ggviz: a tensor object as new_tensor_impl writes it, header and struct (368 bytes): struct ggml_object {offs, size,
-# next, type, padding}, then struct ggml_tensor as 42 words (type and its padding; buffer; ne[4]; nb[4]; op,
-# op_params, flags, src[10] (words 10..28); view_src; view_offs; data; name (words 32..39); extra; padding)
-_TENSOR_OBJECT = struct.Struct("<3QiI42Q")
-_ZEROS_10_28 = (0,) * 19
-_ZEROS_32_41 = (0,) * 10
-assert _TENSOR_OBJECT.size == C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE
+# ggviz: a tensor object as new_tensor_impl writes it (368 bytes), in two packs: the header struct ggml_object
+# {offs, size, next, type} (its 4 padding bytes are not written, as in C), then struct ggml_tensor: type (its 4
+# padding bytes and buffer: zero), ne[4], nb[4], op/op_params/flags/src[10] (zero), view_src, view_offs, data,
+# name/extra/padding (zero) -- the zero words as pad bytes, which struct writes as zeros: 13 values to pack
+_OBJECT_HEADER = struct.Struct("<3Qi")
+_TENSOR_STRUCT = struct.Struct("<i12x8q152x3Q80x")
+assert _OBJECT_HEADER.size + 4 == C.GGML_OBJECT_SIZE and _TENSOR_STRUCT.size == C.GGML_TENSOR_SIZE
+_ALIGN_M1 = C.GGML_MEM_ALIGN - 1
+_unpack_object = struct.Struct(f"{C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE}s").unpack_from   # (the bytes a tensor
+#                                                                     object will cover, saved without a slice)
+_unpack_ne_nb = struct.Struct("<8q").unpack_from
+_TSZ, _OSZ, _OBJ_TENSOR = C.GGML_TENSOR_SIZE, C.GGML_OBJECT_SIZE, C.GGML_OBJECT_TYPE_TENSOR   # (one global each)
+_TRAITS_GET = C.TYPE_TRAITS.get
+_index_all = operator.index         # (mapped over ne / nb: a C loop instead of a comprehension's frame)
 
 
 class ContextOutOfMemory(GGMLError, MemoryError):
@@ -208,41 +215,40 @@ class Context:
         """
         if self.freed:
             raise GGMLError("ggml context used after ggml_free")
-        ne, view_offs, nb, rs, data_size = _check_new_tensor(fn, type_, n_dims, ne, view_src, view_offs, nb)
-        # find the base tensor and absolute offset
-        if view_src is not None and view_src._q.item(_Q_VIEW_SRC):
-            view_offs += view_src.view_offs
-            view_src = view_src.view_src
+        # (the checks also find the base tensor and the absolute offset, as ggml does next: view_src is the base)
+        ne, view_src, view_offs, nb, data_size = _check_new_tensor(fn, type_, n_dims, ne, view_src, view_offs, nb)
         ne0, ne1, ne2, ne3 = ne
-        data = view_src.data if view_src is not None else 0
-        if data:
-            data += view_offs
-        obj_alloc_size = data_size if (view_src is None and not self.no_alloc) else 0
-        if nb is None:
-            nb = (C.TYPE_TRAITS[type_][2], rs, rs * ne1, rs * ne1 * ne2)
+        if view_src is not None:
+            data = view_src._q.item(_Q_DATA)
+            if data:
+                data += view_offs
+            obj_alloc_size = 0
+        else:
+            data = 0
+            obj_alloc_size = 0 if self.no_alloc else data_size
         if trace.active:
             return self._new_tensor_traced(type_, ne, nb, view_src, view_offs, data, obj_alloc_size)
         # ggml_new_object (inlined for a tensor): its header, then the struct, written in one go below
         cur_end = self._end
-        size_needed = GGML_PAD(C.GGML_TENSOR_SIZE + obj_alloc_size, C.GGML_MEM_ALIGN)
-        need = cur_end + size_needed + C.GGML_OBJECT_SIZE
+        size_needed = (_TSZ + obj_alloc_size + _ALIGN_M1) & ~_ALIGN_M1      # GGML_PAD(.., 16)
+        need = cur_end + size_needed + _OSZ
         if need > self.mem_size:
             raise ContextOutOfMemory(
                 f"ggml_new_object: not enough space in the context's memory pool (needed {need}, available "
-                f"{self.mem_size}) while adding a tensor object of {C.GGML_TENSOR_SIZE + obj_alloc_size} bytes")
+                f"{self.mem_size}) while adding a tensor object of {_TSZ + obj_alloc_size} bytes")
         objects = self.objects
         mark = (len(objects), self.n_objects, cur_end,
-                self.mem_buffer[cur_end:cur_end + C.GGML_OBJECT_SIZE + C.GGML_TENSOR_SIZE].tobytes())
+                _unpack_object(self._mv, cur_end)[0])
         try:
-            offs = cur_end + C.GGML_OBJECT_SIZE          # obj->offs
+            offs = cur_end + _OSZ          # obj->offs
             addr = self._base + offs
             # the header {offs, size, next = NULL, type} (its 4 padding bytes keep what they held: not written, as
             # in C), then the struct: zero but for type, ne, nb, view_src, view_offs and data
-            _TENSOR_OBJECT.pack_into(
-                self._mv, cur_end, offs, size_needed, 0, C.GGML_OBJECT_TYPE_TENSOR,
-                self._u32.item((cur_end >> 2) + 7), type_, 0, ne0, ne1, ne2, ne3, *nb, *_ZEROS_10_28,
-                0 if view_src is None else view_src.addr, view_offs,
-                (addr + C.GGML_TENSOR_SIZE) if obj_alloc_size > 0 else data, *_ZEROS_32_41)
+            mv = self._mv
+            _OBJECT_HEADER.pack_into(mv, cur_end, offs, size_needed, 0, _OBJ_TENSOR)
+            _TENSOR_STRUCT.pack_into(mv, offs, type_, ne0, ne1, ne2, ne3, *nb,
+                                     0 if view_src is None else view_src.addr, view_offs,
+                                     (addr + _TSZ) if obj_alloc_size > 0 else data)
             obj = Object(cur_end, self)
             if objects:
                 # obj_cur->next = obj_new (a real pointer)
@@ -390,8 +396,9 @@ def get_tensor(ctx: Context, name: str):
 
 
 def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs, nb) -> tuple:
-    """ggviz: the arguments of ``new_tensor_impl``, checked; returns ``ne`` (GGML_MAX_DIMS integers), ``view_offs``
-    and ``nb`` as integers, and the row size and data size they give.
+    """ggviz: the arguments of ``new_tensor_impl``, checked; returns ``ne`` (GGML_MAX_DIMS integers), the base
+    tensor of a view and the absolute offset into it (ggml_new_tensor_impl's first step: a view of a view is a view
+    of its base, at the sum of the offsets), ``nb`` as integers (or None), and the data size.
 
     ggml checks only ``data_size + view_offs <= ggml_nbytes(view_src)``, in size_t arithmetic that wraps, so real
     ggml accepts a negative ne, a size that wraps, a negative offset and strides that leave the source
@@ -404,8 +411,10 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
       at most its source's size;
     * ``nb``: every byte the view can reach, ``offset + sum((ne[i]-1)*nb[i]) +`` the element (block) size, must lie
       inside its source, so nothing written through it reaches a neighbour tensor or a header in the arena.
+
+    Without strides ``nb`` is ggml's for a fresh tensor: (type size, row size, row size * ne1, .. * ne2).
     """
-    tr = C.TYPE_TRAITS.get(type_)
+    tr = _TRAITS_GET(type_)
     if tr is None or tr[2] == 0:
         raise GGMLError(f"{fn}: invalid ggml_type {type_}")
     if type(n_dims) is not int:
@@ -415,7 +424,7 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
     if len(ne) < n_dims:
         raise GGMLError(f"{fn}: n_dims is {n_dims} but ne has {len(ne)} values")
     try:
-        ne = [operator.index(x) for x in ne[:n_dims]]
+        ne = list(map(_index_all, ne[:n_dims]))
     except TypeError:
         raise GGMLError(f"{fn}: ne must hold integers, got {list(ne[:n_dims])}") from None
     if min(ne) < 0 or max(ne) > INT64_MAX:
@@ -423,32 +432,44 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
             if not 0 <= x <= INT64_MAX:
                 raise GGMLError(f"{fn}: ne={ne}: each dimension must be in 0..INT64_MAX"
                                 + (" (negative dimension)" if x < 0 else " (does not fit int64_t)"))
-    ne += [1] * (C.GGML_MAX_DIMS - n_dims)
+    if n_dims < C.GGML_MAX_DIMS:
+        ne += _ONES[n_dims]
     ne0, ne1, ne2, ne3 = ne
     _, bs, ts, _ = tr
     if ne0 % bs:
         raise GGMLError(f"{fn}: ne[0] = {ne0} is not a multiple of {type_name(type_)}'s block size {bs}")
     rs = ts * (ne0 // bs)                         # ggml_row_size
-    data_size = rs * ne1 * ne2 * ne3
-    if max(rs * ne1 * ne2, data_size, ne0 * ne1 * ne2 * ne3) > INT64_MAX:
+    rs2 = rs * ne1 * ne2
+    data_size = rs2 * ne3
+    if data_size > INT64_MAX or rs2 > INT64_MAX or ne0 * ne1 * ne2 * ne3 > INT64_MAX:
         raise GGMLError(f"{fn}: a {type_name(type_)} tensor of ne={ne} overflows: its size "
                         f"({ne0 * ne1 * ne2 * ne3} elements, {data_size} bytes) does not fit int64_t")
     if view_src is None:
         if nb is not None:
             raise GGMLError(f"{fn}: strides can be given only to a view")
-        return ne, view_offs, None, rs, data_size
-    try:
-        view_offs = operator.index(view_offs)
-    except TypeError:
-        raise GGMLError(f"{fn}: the offset must be an integer, got {view_offs!r}") from None
+        return ne, None, view_offs, (ts, rs, rs * ne1, rs2), data_size
+    if type(view_offs) is not int:
+        try:
+            view_offs = operator.index(view_offs)
+        except TypeError:
+            raise GGMLError(f"{fn}: the offset must be an integer, got {view_offs!r}") from None
     if view_offs < 0:
         raise GGMLError(f"{fn}: negative offset {view_offs} into {view_src.name!r} (a size_t in ggml: it "
                         f"would wrap and point before the source)")
-    offs = view_offs
-    if view_src._q.item(_Q_VIEW_SRC):              # measured against the base tensor, as ggml does
-        offs += view_src.view_offs
+    q = view_src._q
+    if q.item(_Q_VIEW_SRC):              # measured against the base tensor, as ggml does
+        view_offs += q.item(_Q_VIEW_OFFS)
         view_src = view_src.view_src
-    src_size = nbytes(view_src)
+        q = view_src._q
+    # ggml_nbytes(view_src), its ne and nb (words 2..9, int64_t as Tensor.ne / .nb read them) unpacked in one go
+    sn0, sn1, sn2, sn3, sb0, sb1, sb2, sb3 = _unpack_ne_nb(q, 16)
+    if sn0 <= 0 or sn1 <= 0 or sn2 <= 0 or sn3 <= 0:
+        src_size = 0
+    else:
+        _, sbs, sts, _ = C.TYPE_TRAITS[q.item(0) & 0xFFFFFFFF]
+        src_size = ((sts + (sn0 - 1) * sb0) if sbs == 1 else sn0 * sb0 // sbs) \
+            + (sn1 - 1) * sb1 + (sn2 - 1) * sb2 + (sn3 - 1) * sb3
+    offs = view_offs
     if data_size != 0 and data_size + offs > src_size:
         raise GGMLError(f"{fn}: view of {data_size} bytes at offset {offs} exceeds its source {view_src.name!r} "
                         f"({src_size} bytes)")
@@ -456,7 +477,7 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
         raise GGMLError(f"{fn}: offset {offs} is past the end of {view_src.name!r} ({src_size} bytes)")
     if nb is not None:
         try:
-            nb = [operator.index(x) for x in nb]
+            nb = list(map(_index_all, nb))
         except TypeError:
             raise GGMLError(f"{fn}: the strides nb must be integers, got {list(nb)}") from None
         if nb and (min(nb) < 0 or max(nb) > INT64_MAX):
@@ -470,4 +491,9 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
                     f"{fn}: a view of {view_src.name!r} with ne={ne}, nb={nb} at offset {offs} reaches "
                     f"{extent} bytes, up to byte {offs + extent}, beyond its source {view_src.name!r} "
                     f"({src_size} bytes)")
-    return ne, view_offs, nb, rs, data_size
+    else:
+        nb = (ts, rs, rs * ne1, rs2)
+    return ne, view_src, view_offs, nb, data_size
+
+
+_ONES = {n: [1] * (C.GGML_MAX_DIMS - n) for n in range(1, C.GGML_MAX_DIMS)}

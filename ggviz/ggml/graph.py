@@ -13,15 +13,21 @@ the same arrays there (as NumPy views), so the graph's bytes are inspectable lik
 from __future__ import annotations
 
 import operator
+import struct
 
 import numpy as np
 
 from .. import trace
 from . import consts as C
 from .context import Context, GGMLError
-from .tensor import _Q_SRC, _W_FLAGS, _W_OP, Tensor, tensor_at
+from .tensor import _Q_SRC, _W_FLAGS, _W_OP, Tensor, _registry_refs, tensor_at
 
 _NAME0 = 256                     # the first byte of struct ggml_tensor's name (NUL: no name)
+# node->src[0..9] (words 19..28 of the struct) as a tuple of addresses, unpacked from the struct's words (half the
+# cost of slicing them out and tolist)
+_unpack_srcs = struct.Struct(f"<{C.GGML_MAX_SRC}Q").unpack_from
+_SRC_OFFS = _Q_SRC * 8
+_OP_NONE = C.GGML_OP_NONE
 
 GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = 0
 GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT = 1
@@ -309,7 +315,7 @@ def _enter(cg: CGraph, node: Tensor, compute: bool, pos: int | None = None):
         if trace.active:
             trace.emit("graph.visit", graph=graph_key(cg), addr=addr, name=node.name, hash_pos=pos, hit=True)
         if compute:
-            addrs = node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+            addrs = _unpack_srcs(node._q, _SRC_OFFS)
             for a in addrs:
                 if a and not (tensor_at(a).flags & C.GGML_TENSOR_FLAG_COMPUTE):
                     # (the flags are read again as the loop reaches each source: a visit may set a later one's)
@@ -323,29 +329,34 @@ def _enter(cg: CGraph, node: Tensor, compute: bool, pos: int | None = None):
     if trace.active:
         trace.emit("graph.visit", graph=graph_key(cg), addr=addr, name=node.name, hash_pos=pos, hit=False)
     # node->src[k] for k in the graph's order, the pointer array read from the struct in one go
-    addrs = node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
+    addrs = _unpack_srcs(node._q, _SRC_OFFS)
     if cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT:
-        addrs.reverse()
+        addrs = addrs[::-1]
     return [True, node, addrs, 0, pos, compute]
 
 
 def _leave(cg: CGraph, node: Tensor, pos: int) -> None:
-    """The end of ggml_visit_parents_graph for a node seen for the first time: it joins the leafs or the nodes."""
-    if node._w.item(_W_OP) == C.GGML_OP_NONE and not (node._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_PARAM):
+    """The end of ggml_visit_parents_graph for a node seen for the first time: it joins the leafs or the nodes.
+    (CGraph._append_leaf / _append_node written out here: this runs for every tensor of a graph build.)"""
+    w = node._w
+    if w.item(_W_OP) == C.GGML_OP_NONE and not (w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_PARAM):
         # a leaf: constant data, not computed by the graph
-        if not node.raw.item(_NAME0):
-            node.name = f"leaf_{cg.n_leafs}"
-        cg._append_leaf(node)
-        where = ("leaf", cg.n_leafs - 1)
+        lst, kind = cg.leafs, "leaf"
     else:
-        if not node.raw.item(_NAME0):
-            node.name = f"node_{cg.n_nodes}"
-        cg._append_node(node)
-        where = ("node", cg.n_nodes - 1)
+        lst, kind = cg.nodes, "node"
+    n = len(lst)
+    if not node.raw.item(_NAME0):
+        node.name = f"{kind}_{n}"
+    if n >= cg.size:
+        raise GGMLError(f"graph is full: it holds {cg.size} {kind}s (ggml_new_graph_custom size); "
+                        f"cannot add {node.name!r}")
+    if cg.obj is not None:
+        (cg._leafs_ptr if kind == "leaf" else cg._nodes_ptr)[n] = node.addr
+    lst.append(node)
     if trace.active:
         cg._sync_counts()          # (without a listener, visit_parents writes the counts once, when it returns)
-        trace.emit("graph.add", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=where[0],
-                   index=where[1])
+        trace.emit("graph.add", graph=graph_key(cg), addr=node.addr, name=node.name, hash_pos=pos, kind_=kind,
+                   index=n)
 
 
 def _settled(src: Tensor, compute: bool) -> bool:
@@ -354,11 +365,11 @@ def _settled(src: Tensor, compute: bool) -> bool:
     it: a weight, a norm or a residual read again). False: a source of it other than a leaf still lacks the compute
     flag (the call recurses: the caller makes it)."""
     if compute:
-        for a in src._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist():
+        for a in _unpack_srcs(src._q, _SRC_OFFS):
             if a:
                 s = tensor_at(a)
                 if not (s._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_COMPUTE) and (
-                        s._w.item(_W_OP) != C.GGML_OP_NONE or any(s._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist())):
+                        s._w.item(_W_OP) != C.GGML_OP_NONE or any(_unpack_srcs(s._q, _SRC_OFFS))):
                     # (a source without the flag is visited again, which changes nothing for a leaf -- op NONE,
                     # no sources: it never gets the flag and has nothing to visit -- and may for anything else)
                     return False
@@ -388,15 +399,19 @@ def _visit_frames(cg: CGraph, r: list) -> int:
     """visit_parents' loop over the stack of frames, from the root's frame ``r``."""
     stack = [r]
     hs = cg.visited_hash_set
-    find, used = hs.find, hs.used
+    size, used, keys = hs.size, hs.used, hs.keys
     use_counts = cg.use_counts
     tr = trace.active
+    refs_get = _registry_refs.get
     COMPUTE = C.GGML_TENSOR_FLAG_COMPUTE
+    rtl = cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT
+    leafs, nodes, gsize, inserts = cg.leafs, cg.nodes, cg.size, cg.inserts
+    leafs_ptr, nodes_ptr = (cg._leafs_ptr, cg._nodes_ptr) if cg.obj is not None else (None, None)
     pos = -1
     while stack:
         f = stack[-1]
         new, addrs, i = f[0], f[2], f[3]
-        child = None
+        child = push = None
         sp = None
         n = len(addrs)
         while i < n:
@@ -404,19 +419,53 @@ def _visit_frames(cg: CGraph, r: list) -> int:
             i += 1
             if not a:
                 continue
-            src = tensor_at(a)
+            # tensor_at(a), its registry lookup written out (tensor_at raises for an address without a tensor)
+            ref = refs_get(a)
+            src = ref() if ref is not None else None
+            if src is None:
+                src = tensor_at(a)
             if new:
-                sp = find(a)
-                if (not tr and sp >= 0 and (used.item(sp >> 5) >> (sp & 31)) & 1
-                        and _settled(src, f[5])):
-                    use_counts[sp] = use_counts.item(sp) + 1
-                    continue
+                # HashSet.find(a) written out (ggml_hash_find: linear probing from ggml_hash(a)); ``found``: the
+                # slot holds a (the source was visited)
+                sp = h = (a >> 4) % size
+                found = False
+                while (used.item(sp >> 5) >> (sp & 31)) & 1:
+                    if keys.item(sp) == a:
+                        found = True
+                        break
+                    sp = (sp + 1) % size
+                    if sp == h:
+                        sp = GGML_HASHSET_FULL
+                        break
+                if found:
+                    if not tr and _settled(src, f[5]):
+                        use_counts[sp] = use_counts.item(sp) + 1
+                        continue
+                elif sp >= 0 and not tr:
+                    # the call on a source seen for the first time: _enter's first visit written out (the flag,
+                    # the slot taken, its use count zeroed and recorded in cg.inserts, the frame of its own loop)
+                    compute = f[5]
+                    w = src._w
+                    if compute and w.item(_W_OP) != _OP_NONE:
+                        w[_W_FLAGS] = w.item(_W_FLAGS) | COMPUTE
+                    keys[sp] = a
+                    used[sp >> 5] = used.item(sp >> 5) | (1 << (sp & 31))
+                    use_counts[sp] = 0
+                    inserts.append(sp)
+                    src_addrs = _unpack_srcs(src._q, _SRC_OFFS)
+                    if rtl:
+                        src_addrs = src_addrs[::-1]
+                    push = [True, src, src_addrs, 0, sp, compute]
+                    break
                 child = src
                 break
             elif not (src._w.item(_W_FLAGS) & COMPUTE):
                 child = src
                 break
         f[3] = i
+        if push is not None:
+            stack.append(push)
+            continue
         if child is not None:
             r = _enter(cg, child, f[5], sp)
             if type(r) is int:
@@ -429,7 +478,20 @@ def _visit_frames(cg: CGraph, r: list) -> int:
         stack.pop()
         pos = f[4]
         if new:
-            _leave(cg, f[1], pos)
+            node = f[1]
+            w = node._w
+            if w.item(_W_OP) == _OP_NONE and not (w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_PARAM):
+                lst, ptrs = leafs, leafs_ptr
+            else:
+                lst, ptrs = nodes, nodes_ptr
+            n = len(lst)
+            if tr or n >= gsize or not node.raw.item(_NAME0):
+                _leave(cg, node, pos)       # (a trace event, a name to give, a full graph: _leave does it all)
+            else:
+                # _leave for a named node of a graph with room (most of them), written out
+                if ptrs is not None:
+                    ptrs[n] = node.addr
+                lst.append(node)
         if stack and stack[-1][0]:
             use_counts[pos] = use_counts.item(pos) + 1
     return pos

@@ -14,6 +14,8 @@ from .context import Context, GGMLError
 from .tensor import GGML_OP_AXPY, GGML_OP_MUL_MAT_SPARSE  # PowerInfer's ops, see the end of this file
 from .tensor import (
     _Q_SRC,
+    _name_pack,
+    _name_unpack,
     _W_OP,
     Tensor,
     are_same_shape,
@@ -57,15 +59,27 @@ def _require(cond, op: str, msg: str, *tensors):
 
 
 _Q_NE = 2                 # ne[0] as a word of struct ggml_tensor (nb follows at word 6)
+_AXES = [0, 1, 2, 3]
 
 
 def _set_op(r: Tensor, op: int, *srcs) -> None:
     """``r->op = op; r->src[0] = srcs[0]; ...``: the words written straight into the struct (``r.op`` and
-    ``r.src[i]`` go through a property and a new accessor object each, for every tensor a graph build makes)."""
+    ``r.src[i]`` go through a property and a new accessor object each, for every tensor a graph build makes), the
+    source pointers with one pack of the words they fill."""
     r._w[_W_OP] = op
-    q = r._q
-    for i, t in enumerate(srcs):
-        q[_Q_SRC + i] = 0 if t is None else t.addr
+    n = len(srcs)
+    if n == 1:
+        a, = srcs
+        _pack_srcs[1](r._q, _SRC_OFFS, 0 if a is None else a.addr)
+    elif n == 2:
+        a, b = srcs
+        _pack_srcs[2](r._q, _SRC_OFFS, 0 if a is None else a.addr, 0 if b is None else b.addr)
+    else:
+        _pack_srcs[n](r._q, _SRC_OFFS, *[0 if t is None else t.addr for t in srcs])
+
+
+_pack_srcs = [struct.Struct(f"<{n}Q").pack_into for n in range(C.GGML_MAX_SRC + 1)]
+_SRC_OFFS = _Q_SRC * 8                 # (src[0]'s byte in the struct)
 
 
 # ---------------------------------------------------------------- tensor creation
@@ -105,6 +119,19 @@ def format_name(t: Tensor, fmt: str, *args) -> Tensor:
     return t
 
 
+def _name_after(r: Tensor, a: Tensor, suffix: bytes) -> None:
+    """``ggml_format_name(r, "%s<suffix>", a->name)`` (the names ggml gives views, reshapes, copies ...) on the
+    name bytes: a's name copied with the suffix, truncated to GGML_MAX_NAME - 1 bytes plus the NUL like
+    vsnprintf -- without decoding a's name and encoding the result again (a build names ~1,000 tensors so). A
+    name that is not ASCII goes through format_name (its bytes as the str round trip leaves them)."""
+    nm = _name_unpack(a.raw, 256)[0].partition(b"\0")[0]
+    if nm.isascii():
+        b = (nm + suffix)[:C.GGML_MAX_NAME - 1] + b"\0"
+        _name_pack[len(b)](r.raw, 256, b)
+    else:
+        format_name(r, "%s" + suffix.decode(), a.name)
+
+
 def get_name(t: Tensor) -> str:
     return t.name
 
@@ -131,7 +158,7 @@ def view_tensor(ctx, src: Tensor, fn: str = "ggml_view_tensor") -> Tensor:
     # the strides are src's (ggml copies them after ggml_new_tensor_impl): passed in, so the view's real extent is
     # checked against its source before anything is written (see Context.new_tensor_impl)
     result = ctx.new_tensor_impl(src.type, C.GGML_MAX_DIMS, src.ne.tolist(), src, 0, src.nb.tolist(), fn)
-    format_name(result, "%s (view)", src.name)
+    _name_after(result, src, b" (view)")
     return result
 
 
@@ -169,7 +196,14 @@ def dup_inplace(ctx, a):
 
 
 def _binary(ctx, a, b, op, opname, inplace):
-    _require(can_repeat(b, a), opname, "b cannot be broadcast (repeated) to a's shape", a, b)
+    # ggml_can_repeat(b, a), on ne read once
+    b0, b1, b2, b3 = bn = b.ne.tolist()
+    a0, a1, a2, a3 = an = a.ne.tolist()
+    if 0 in bn:
+        ok = 0 in an
+    else:
+        ok = a0 % b0 == 0 and a1 % b1 == 0 and a2 % b2 == 0 and a3 % b3 == 0
+    _require(ok, opname, "b cannot be broadcast (repeated) to a's shape", a, b)
     r = _unary_like(ctx, a, inplace)
     _set_op(r, op, a, b)
     return r
@@ -357,11 +391,13 @@ def rms_norm_inplace(ctx, a, eps):
 # ---------------------------------------------------------------- matrix products
 
 def mul_mat(ctx, a, b):
-    _require(can_mul_mat(a, b), "mul_mat",
+    # ggml_can_mul_mat and !ggml_is_transposed(a), on ne read once (a graph build makes ~200)
+    a0, a1, a2, a3 = a.ne.tolist()
+    b0, b1, b2, b3 = b.ne.tolist()
+    _require(a0 == b0 and (a2 == 0 or b2 % a2 == 0) and (a3 == 0 or b3 % a3 == 0), "mul_mat",
              "shapes do not match: need a.ne[0] == b.ne[0] and b.ne[2], b.ne[3] multiples of a's", a, b)
     _require(not is_transposed(a), "mul_mat", "a must not be transposed (nb[0] > nb[1])", a)
-    ne = [int(a.ne[1]), int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
-    r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
+    r = ctx.new_tensor_impl(C.GGML_TYPE_F32, 4, [a1, b1, b2, b3], None, 0)
     _set_op(r, C.GGML_OP_MUL_MAT, a, b)
     return r
 
@@ -510,21 +546,21 @@ def cpy(ctx, a, b):
     if b.name:
         format_name(r, "%s (copy of %s)", b.name, a.name)
     else:
-        format_name(r, "%s (copy)", a.name)
+        _name_after(r, a, b" (copy)")
     _set_op(r, C.GGML_OP_CPY, a, b)
     return r
 
 
 def cast(ctx, a, type):
     r = new_tensor(ctx, type, C.GGML_MAX_DIMS, a.shape)
-    format_name(r, "%s (copy)", a.name)
+    _name_after(r, a, b" (copy)")
     _set_op(r, C.GGML_OP_CPY, a, r)
     return r
 
 
 def cont(ctx, a):
     r = dup_tensor(ctx, a)
-    format_name(r, "%s (cont)", a.name)
+    _name_after(r, a, b" (cont)")
     _set_op(r, C.GGML_OP_CONT, a)
     return r
 
@@ -532,7 +568,7 @@ def cont(ctx, a):
 def cont_4d(ctx, a, ne0, ne1, ne2, ne3):
     _require(nelements(a) == ne0 * ne1 * ne2 * ne3, "cont_4d", "element count mismatch", a)
     r = new_tensor_4d(ctx, a.type, ne0, ne1, ne2, ne3)
-    format_name(r, "%s (cont)", a.name)
+    _name_after(r, a, b" (cont)")
     _set_op(r, C.GGML_OP_CONT, a)
     return r
 
@@ -554,9 +590,10 @@ def _reshape_nd(ctx, a, ne, fn):
     prod = 1
     for x in ne:
         prod *= x
-    _require(nelements(a) == prod, fn, f"cannot reshape {nelements(a)} elements to {list(ne)}", a)
+    if nelements(a) != prod:                # (the message only when it fails)
+        _require(False, fn, f"cannot reshape {nelements(a)} elements to {list(ne)}", a)
     r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, 0, None, f"ggml_{fn}")
-    format_name(r, "%s (reshaped)", a.name)
+    _name_after(r, a, b" (reshaped)")
     _set_op(r, C.GGML_OP_RESHAPE, a)
     return r
 
@@ -565,7 +602,7 @@ def reshape(ctx, a, b):
     _require(is_contiguous(a), "reshape", "a must be contiguous", a)
     _require(nelements(a) == nelements(b), "reshape", "a and b must have the same number of elements", a, b)
     r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, b.shape, a, 0, None, "ggml_reshape")
-    format_name(r, "%s (reshaped)", a.name)
+    _name_after(r, a, b" (reshaped)")
     _set_op(r, C.GGML_OP_RESHAPE, a)
     return r
 
@@ -597,7 +634,7 @@ def _view_impl(ctx, a, ne, offset, nb, fn):
             raise GGMLError(f"ggml_{fn}: the strides must be integers, got {list(nb)}") from None
         nb = [type_size(a.type)] + nb
     r = ctx.new_tensor_impl(a.type, len(ne), list(ne), a, offset, nb, f"ggml_{fn}")
-    format_name(r, "%s (view)", a.name)
+    _name_after(r, a, b" (view)")
     set_op_params(r, struct.pack("<Q", offset))     # offset is a checked integer in 0..nbytes(a) by now
     _set_op(r, C.GGML_OP_VIEW, a)
     return r
@@ -621,21 +658,23 @@ def view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
     return _view_impl(ctx, a, (ne0, ne1, ne2, ne3), offset, (nb1, nb2, nb3), "view_4d")
 
 
-def _view_renamed(ctx, a: Tensor, fn: str, fmt: str):
+def _view_renamed(ctx, a: Tensor, fn: str, suffix: bytes):
     """``ggml_view_tensor(ctx, a)`` then ``ggml_format_name(result, fmt, a->name)``, as permute and transpose start.
-    view_tensor names the view "<a> (view)" first; the second name is longer, so it covers every byte of the first
-    (and its NUL): it is the only one written. Returns the view and a's ne and nb (Python ints)."""
+    view_tensor names the view "<a> (view)" first; the second name (``suffix`` after a's) is longer, so it covers
+    every byte of the first (and its NUL): it is the only one written. Returns the view and a's ne and nb (Python ints)."""
     ne_a, nb_a = a.ne.tolist(), a.nb.tolist()
     r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, ne_a, a, 0, nb_a, fn)
-    format_name(r, fmt, a.name)
+    _name_after(r, a, suffix)
     return r, ne_a, nb_a
 
 
 def permute(ctx, a, axis0, axis1, axis2, axis3):
-    axes = tuple(_index(x, "permute", "an axis") for x in (axis0, axis1, axis2, axis3))
-    _require(all(0 <= x < C.GGML_MAX_DIMS for x in axes) and len(set(axes)) == 4, "permute",
-             f"axes {list(axes)} must be a permutation of 0..3", a)
-    r, ne_a, nb_a = _view_renamed(ctx, a, "ggml_permute", "%s (permuted)")  # a permutation of a's ne/nb: a's bytes
+    axes = (axis0, axis1, axis2, axis3)
+    if not (type(axis0) is int and type(axis1) is int and type(axis2) is int and type(axis3) is int):
+        axes = tuple(_index(x, "permute", "an axis") for x in axes)
+    if sorted(axes) != _AXES:               # (0..3 each once)
+        _require(False, "permute", f"axes {list(axes)} must be a permutation of 0..3", a)
+    r, ne_a, nb_a = _view_renamed(ctx, a, "ggml_permute", b" (permuted)")  # a permutation of a's ne/nb: a's bytes
     ne, nb = [0] * 4, [0] * 4
     for i, ax in enumerate(axes):
         ne[ax] = ne_a[i]
@@ -647,7 +686,7 @@ def permute(ctx, a, axis0, axis1, axis2, axis3):
 
 
 def transpose(ctx, a):
-    r, (ne0, ne1, ne2, ne3), (nb0, nb1, nb2, nb3) = _view_renamed(ctx, a, "ggml_transpose", "%s (transposed)")
+    r, (ne0, ne1, ne2, ne3), (nb0, nb1, nb2, nb3) = _view_renamed(ctx, a, "ggml_transpose", b" (transposed)")
     r._q[_Q_NE:_Q_NE + 8] = (ne1, ne0, ne2, ne3, nb1, nb0, nb2, nb3)
     _set_op(r, C.GGML_OP_TRANSPOSE, a)
     return r
@@ -668,18 +707,21 @@ def get_rows(ctx, a, b):
 
 def set_rows(ctx, a, b, c):
     """ggml_set_rows: write rows of b into a at the row indices c; returns a view of a."""
-    _require(a.ne[0] == b.ne[0], "set_rows", "a.ne[0] must equal b.ne[0]", a, b)
-    _require(a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3], "set_rows", "a and b must agree in ne[2], ne[3]", a, b)
-    _require(b.ne[1] == c.ne[0], "set_rows", "b.ne[1] must equal the number of indices c.ne[0]", b, c)
-    _require(b.ne[2] % c.ne[1] == 0 and b.ne[3] % c.ne[2] == 0, "set_rows", "c must broadcast over b", b, c)
-    _require(c.ne[3] == 1, "set_rows", "c.ne[3] must be 1", c)
+    a0, _, a2, a3 = a.ne.tolist()
+    b0, b1, b2, b3 = b.ne.tolist()
+    c0, c1, c2, c3 = c.ne.tolist()
+    _require(a0 == b0, "set_rows", "a.ne[0] must equal b.ne[0]", a, b)
+    _require(a2 == b2 and a3 == b3, "set_rows", "a and b must agree in ne[2], ne[3]", a, b)
+    _require(b1 == c0, "set_rows", "b.ne[1] must equal the number of indices c.ne[0]", b, c)
+    # (x % 0 is 0 for NumPy's int64, which these were compared as)
+    _require((c1 == 0 or b2 % c1 == 0) and (c2 == 0 or b3 % c2 == 0), "set_rows", "c must broadcast over b", b, c)
+    _require(c3 == 1, "set_rows", "c.ne[3] must be 1", c)
     _require(b.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16), "set_rows", "b must be F32 or F16", b)
     _require(c.type in (C.GGML_TYPE_I64, C.GGML_TYPE_I32), "set_rows", "indices c must be I64 or I32", c)
     _require(is_contiguous_rows(a) and is_contiguous_rows(b), "set_rows", "rows must be contiguous", a, b)
     r = view_tensor(ctx, a)
-    r.op = C.GGML_OP_SET_ROWS
     # order is ggml's (legacy): src0 = the rows, src1 = the indices, src2 = the destination
-    r.src[0], r.src[1], r.src[2] = b, c, a
+    _set_op(r, C.GGML_OP_SET_ROWS, b, c, a)
     return r
 
 

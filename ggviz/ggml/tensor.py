@@ -12,6 +12,7 @@ below turn them back into objects.
 """
 from __future__ import annotations
 
+import struct
 import weakref
 
 import numpy as np
@@ -35,6 +36,11 @@ TENSOR_DTYPE = np.dtype({
     "itemsize": C.GGML_TENSOR_SIZE,
 })
 assert TENSOR_DTYPE.itemsize == 336
+
+# char name[GGML_MAX_NAME] (bytes 256..319) read as bytes, and written as the first n bytes (the ``n``th packer):
+# struct reads and writes the array's bytes in place, without the slice or memoryview object each would cost
+_name_unpack = struct.Struct(f"{C.GGML_MAX_NAME}s").unpack_from
+_name_pack = [struct.Struct(f"{n}s").pack_into for n in range(C.GGML_MAX_NAME + 1)]
 
 # word indices into the struct viewed as int32 (w) / uint64 (q)
 _W_TYPE, _Q_BUFFER, _W_OP, _W_FLAGS = 0, 1, 20, 37
@@ -133,7 +139,7 @@ class Tensor:
 
     @property
     def name(self) -> str:
-        return self.raw[256:320].tobytes().partition(b"\0")[0].decode("utf-8", "replace")
+        return _name_unpack(self.raw, 256)[0].partition(b"\0")[0].decode("utf-8", "replace")
 
     @name.setter
     def name(self, value: str):
@@ -141,7 +147,7 @@ class Tensor:
         # vsnprintf in ggml_format_name). The bytes after the NUL are left alone, as in C: renaming to a shorter
         # name keeps the tail of the old one in the struct.
         b = value.encode("utf-8")[:C.GGML_MAX_NAME - 1] + b"\0"
-        self.raw.data[256:256 + len(b)] = b          # (through the bytes' memoryview: no array made for them)
+        _name_pack[len(b)](self.raw, 256, b)         # (packed into the struct's bytes: no array made for them)
 
     # -- conveniences (not C fields)
     @property
