@@ -461,6 +461,17 @@ def _derived_shape(t, q, shape):
     return ne, _contiguous_nb(q[0] & _LO, ne)
 
 
+def _rescale(vals: list, roles, old: tuple, new: tuple) -> bool:
+    """``vals[i]`` (a dim or a stride) with role ``roles[i]`` (TOK, OUT; 0: fixed) rewritten in place from a multiple
+    of ``old[role]`` to the same multiple of ``new[role]``; False (nothing to trust) when one is not a multiple."""
+    for i, r in enumerate(roles):
+        if r:
+            if vals[i] % old[r]:
+                return False
+            vals[i] = vals[i] // old[r] * new[r]
+    return True
+
+
 def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
     """Turn ``res`` (built for ``res.n_tokens`` / ``res.n_outputs`` / ``res.n_kv``) into the graph of ``n_tokens``
     tokens, ``n_outputs`` outputs and ``n_kv`` attended cells (an int, or (base, swa) for an iSWA cache) in place:
@@ -494,24 +505,16 @@ def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
     for addr, (t, ne_r, nb_r, kvd) in rec.items():
         q = t._q[:_NQ].tolist()
         ne, nb = q[2:6], q[6:10]
-        if ne_r is not None:
-            for i, r in enumerate(ne_r):
-                if r:
-                    if ne[i] % old[r]:
-                        return False
-                    ne[i] = ne[i] // old[r] * new[r]
+        if ne_r is not None and not _rescale(ne, ne_r, old, new):
+            return False
         if kvd is not None:
             ne[kvd[1]] = new_kv[kvd[0]]
         if ne == q[2:6]:
             continue
         if q[_Q_VIEW_SRC] and (q[10] & _LO) != ggml.GGML_OP_RESHAPE:
             # a view keeps its strides but those recorded (a multiple of n_tokens); it must stay inside its source
-            if nb_r is not None:
-                for i, r in enumerate(nb_r):
-                    if r:
-                        if nb[i] % old[r]:
-                            return False
-                        nb[i] = nb[i] // old[r] * new[r]
+            if nb_r is not None and not _rescale(nb, nb_r, old, new):
+                return False
             views.append((t, q))
         else:
             nb = _contiguous_nb(q[0] & _LO, ne)
