@@ -523,36 +523,48 @@ def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
     if not changed:
         _set_shape(res, n_tokens, n_outputs, n_kv)
         return True
-    known: dict = {}                     # the shapes before, of every leaf and node (and what else is read)
-    for t in res.gf.leafs:
-        q = t._q[2:10].tolist()
-        known[t.addr] = (q[:4], q[4:])
+    # the shapes before, of the tensors read (nothing is written until the end): every leaf's and node's read at
+    # once when the ubatch's shape changed (most nodes then read a changed tensor), else only those asked for (a new
+    # n_kv reaches a few nodes per layer)
+    known: dict = {}
+    eager = tok_changed
+    if eager:
+        for t in res.gf.leafs:
+            q = t._q[2:10].tolist()
+            known[t.addr] = (q[:4], q[4:])
 
     def shape(addr):
         c = changed.get(addr)
         if c is None:
             c = known.get(addr)
-            if c is None:                # a tensor outside the graph (a view source: the KV cache)
-                t = tensor_at(addr)
-                c = known[addr] = (list(t.shape), list(t.strides))
+            if c is None:
+                q = tensor_at(addr)._q[2:10].tolist()
+                c = known[addr] = (q[:4], q[4:])
         return c
 
     isdisjoint = changed.keys().isdisjoint
     for node in res.gf.nodes:
-        q = node._q[:_NQ].tolist()
         addr = node.addr
-        known[addr] = (q[2:6], q[6:10])
+        q = None
+        if eager:
+            q = node._q[:_NQ].tolist()
+            known[addr] = (q[2:6], q[6:10])
         if addr in rec:
-            op = q[10] & _LO
-            if addr in changed and (op == ggml.GGML_OP_RESHAPE or op == ggml.GGML_OP_CONT):
-                # a recorded reshape / cont keeps its source's element count
-                a, b = changed[addr][0], shape(q[_Q_SRC])[0]
-                if a[0] * a[1] * a[2] * a[3] != b[0] * b[1] * b[2] * b[3]:
-                    return False
+            if addr in changed:
+                if q is None:
+                    q = node._q[:_NQ].tolist()
+                op = q[10] & _LO
+                if op == ggml.GGML_OP_RESHAPE or op == ggml.GGML_OP_CONT:
+                    # a recorded reshape / cont keeps its source's element count
+                    a, b = changed[addr][0], shape(q[_Q_SRC])[0]
+                    if a[0] * a[1] * a[2] * a[3] != b[0] * b[1] * b[2] * b[3]:
+                        return False
             continue
         # (most nodes read no reshaped tensor)
-        if isdisjoint(q[_Q_SRC:_Q_VIEW_SRC]):
+        if isdisjoint(q[_Q_SRC:_Q_VIEW_SRC] if q is not None else node._q[_Q_SRC:_Q_VIEW_SRC].tolist()):
             continue
+        if q is None:
+            q = node._q[:_NQ].tolist()
         d = _derived_shape(node, q, shape)
         if d is None:
             return False
