@@ -33,7 +33,8 @@ from . import consts as C
 from . import memory
 from .graph import GGML_HASHSET_FULL, HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import _Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, tensor_at
+from .tensor import (_Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor,
+                     structs_in_arena, tensor_at)
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -70,26 +71,17 @@ def srcs_of(node: Tensor) -> list:
     return [(j, tensor_at(a)) for j, a in enumerate(node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()) if a]
 
 
-_TENSOR_WORDS = C.GGML_TENSOR_SIZE // 8
 
 
 def nodes_words(nodes) -> tuple:
     """ggviz: each node's view_src, op, flags and src[] pointers (a list of GGML_MAX_SRC ints), read from the
     structs at once where they lie in the first node's context arena (a graph's nodes do), a node elsewhere from
     its own words: one gather instead of four reads per node."""
-    n = len(nodes)
-    ctx = nodes[0].ctx if n else None
-    buf = getattr(ctx, "mem_buffer", None) if ctx is not None else None
-    if buf is None or ctx.used_mem() < C.GGML_TENSOR_SIZE:
+    got = structs_in_arena(nodes)
+    if got is None:
         return ([t._q.item(_Q_VIEW_SRC) for t in nodes], [t._w.item(_W_OP) for t in nodes],
                 [t._w.item(_W_FLAGS) for t in nodes], [t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for t in nodes])
-    arena = buf[:ctx.used_mem() // 8 * 8].view(np.uint64)
-    off = np.fromiter((t.addr for t in nodes), np.int64, n) - buf.ctypes.data
-    inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
-    # (the structs as rows of a strided view of the arena, gathered at once: a copy)
-    structs = np.lib.stride_tricks.as_strided(arena, (arena.size - _TENSOR_WORDS + 1, _TENSOR_WORDS),
-                                              (arena.strides[0], arena.strides[0]), writeable=False)
-    words = structs[np.where(inside, off // 8, 0)]
+    words, inside, _, _ = got
     w32 = words.view(np.int32)
     vss, ops, flags = words[:, _Q_VIEW_SRC].tolist(), w32[:, _W_OP].tolist(), w32[:, _W_FLAGS].tolist()
     srcs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()

@@ -66,7 +66,8 @@ from .graph import (
 )
 from .impl import GGML_ASSERT, GGML_LOG, last_log_error
 from .ops import dup_tensor, view_tensor
-from .tensor import _Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, nbytes, op_desc, tensor_at
+from .tensor import (_Q_BUFFER, _Q_SRC, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, arena_structs, nbytes, op_desc,
+                     structs_in_arena, tensor_at)
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
@@ -782,16 +783,6 @@ def _tables_equal(sched, t: tuple) -> bool:
     return np.array_equal(hs.keys[u], t[1][u])
 
 
-def _struct_words(arena: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The struct words of the tensors whose structs start at word ``rows`` of ``arena`` (one row of
-    GGML_TENSOR_SIZE / 8 words each, copied): rows of a strided view of the arena, gathered at once."""
-    if arena.size < _TENSOR_WORDS:
-        return np.zeros((0, _TENSOR_WORDS), arena.dtype)
-    structs = np.lib.stride_tricks.as_strided(arena, (arena.size - _TENSOR_WORDS + 1, _TENSOR_WORDS),
-                                              (arena.strides[0], arena.strides[0]), writeable=False)
-    return structs[rows]
-
-
 def _sched_key(sched) -> tuple:
     return (id(sched), tuple(id(b) for b in sched.backends), tuple(id(b) for b in sched.bufts), sched.op_offload,
             sched.n_copies, sched.hash_set.size)
@@ -833,7 +824,7 @@ def _split_memo_end(sched, graph, pre, queries, hid, isview):
     m.key = _sched_key(sched)
     m.addrs = addrs
     m.rows = off[inside] // 8                # (each struct's first word)
-    m.words = _struct_words(arena, m.rows)
+    m.words = arena_structs(arena, m.rows)
     m.ext = ext
     m.ext_bytes = b"".join(t.raw.tobytes() for t in ext)
     m.pre, m.post = pre, _tables(sched)
@@ -876,7 +867,7 @@ def _memo_holds(sched, graph, m) -> bool:
     arena = _arena_of(graph)
     if arena is None or m.rows.size and m.rows.max() + _TENSOR_WORDS > arena.size:
         return False
-    words = _struct_words(arena, m.rows)
+    words = arena_structs(arena, m.rows)
     diff = words != m.words
     if (diff & ~_SHAPE_WORDS).any():
         return False                          # a field other than ne/nb changed
@@ -1028,22 +1019,13 @@ def _node_words(nodes) -> tuple:
     the sources). Its slot keeps -1, as the call would leave it; a node or source outside the arena (weights, the
     KV cache, a scheduler's copy) is not decided here, and the call is made as before. About half of a llama
     graph's nodes (483 of SmolLM2's 936: the activations between the weights' ops) are decided here."""
-    n_nodes = len(nodes)
-    unplaced = [False] * n_nodes
-    arena = None
-    ctx = nodes[0].ctx if n_nodes else None
-    if ctx is not None and getattr(ctx, "mem_buffer", None) is not None:
-        arena = ctx.mem_buffer[:ctx.used_mem() // 8 * 8].view(np.uint64)
-    if arena is None or arena.size < _TENSOR_WORDS:
+    got = structs_in_arena(nodes)
+    if got is None:
         ops = [node._w.item(_W_OP) for node in nodes]
         vss = [node._q.item(_Q_VIEW_SRC) for node in nodes]
         srcs = [node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for node in nodes]
-        return ops, vss, srcs, unplaced
-    base = ctx.mem_buffer.ctypes.data
-    off = np.fromiter((node.addr for node in nodes), np.int64, n_nodes) - base
-    inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
-    rows = np.where(inside, off // 8, 0)
-    words = _struct_words(arena, rows)
+        return ops, vss, srcs, [False] * len(nodes)
+    words, inside, arena, base = got
     w32 = words.view(np.int32)
 
     def no_buffer(ptrs):

@@ -192,6 +192,35 @@ class _AddrRef(weakref.ref):
     __slots__ = ("key",)
 
 
+def arena_structs(arena: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """ggviz: the struct ggml_tensor words of the tensors whose structs start at word ``rows`` of ``arena`` (a
+    context's memory as uint64 words): rows of a strided view of the arena, gathered at once (a copy), one row of
+    GGML_TENSOR_SIZE / 8 words each -- instead of a read per tensor."""
+    nw = C.GGML_TENSOR_SIZE // 8
+    if arena.size < nw:
+        return np.zeros((0, nw), arena.dtype)
+    structs = np.lib.stride_tricks.as_strided(arena, (arena.size - nw + 1, nw), (arena.strides[0], arena.strides[0]),
+                                              writeable=False)
+    return structs[rows]
+
+
+def structs_in_arena(tensors):
+    """ggviz: the struct words of ``tensors`` read at once where they lie in the first one's context arena (a
+    graph's nodes do): (words, inside, arena, base) -- ``inside`` marks the tensors found there (the others' rows
+    are the arena's first struct: read those from the tensor), ``arena`` the context's memory as uint64 words,
+    ``base`` its address. None: no arena to read (the caller reads each tensor)."""
+    n = len(tensors)
+    ctx = tensors[0].ctx if n else None
+    buf = getattr(ctx, "mem_buffer", None) if ctx is not None else None
+    if buf is None or ctx.used_mem() < C.GGML_TENSOR_SIZE:
+        return None
+    arena = buf[:ctx.used_mem() // 8 * 8].view(np.uint64)
+    base = buf.ctypes.data
+    off = np.fromiter((t.addr for t in tensors), np.int64, n) - base
+    inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
+    return arena_structs(arena, np.where(inside, off // 8, 0)), inside, arena, base
+
+
 def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
     """ggviz: ``Tensor(ctx.mem_buffer[offs:offs + 336], ctx, addr)`` for a struct at an 8-byte aligned ``offs`` of
     a context's arena, its fields sliced out of the arena's typed views (``ctx._i32`` / ``ctx._u64`` /
