@@ -129,6 +129,38 @@ def _first_context(model, fa, n_prompt):
     return logits
 
 
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("fa", [-1, 0], ids=["flash_attn", "no_flash_attn"])
+@pytest.mark.parametrize("at_once", [True, False], ids=["placed", "inserted"])
+def test_first_context_splits_equal_the_passes(which, fa, at_once, checked, monkeypatch):
+    """Each split of a first context and of its first prompt and step, through the memo paths, equals the passes'
+    split of the same graph from the same tables. The probe (1 token, pinned norms) runs the passes; the pp reserve
+    (its graph a copy of the probe's, no pins) and the pp reserve again take the probe's memo moved to the copy and
+    unpinned; the tg reserve (the probe's graph and pins again) the probe's memo as it is; the first prompt (the pp
+    graph derived, pinned below 32 tokens, not at 32) the moved memo too."""
+    monkeypatch.setattr(S, "PLACE_AT_ONCE", at_once)
+    model = _model(which)
+    for n_prompt in (4, 31, 32):
+        checked.clear()
+        _first_context(model, fa, n_prompt)
+        assert [r["diff"] for r in checked] == [[]] * len(checked), checked
+        took = [r["took"] for r in checked]
+        pinned = [r["n_pins"] > 0 for r in checked]
+        # probe, pp reserve, tg reserve, pp reserve, the prompt, the step
+        assert len(took) >= 5, took
+        if fa == -1:
+            assert pinned[:4] == [True, False, True, False], pinned
+            assert took[:4] == [(0, 0), (1, 1), (1, 0), (1, 1)], took
+        else:
+            # (no probe: the pp graph is built and split, the tg graph is its copy, pinned)
+            assert pinned[:3] == [False, True, False], pinned
+            assert took[:3] == [(0, 0), (1, 1), (1, 0)], took
+        prompt = 4 if fa == -1 else 3
+        assert pinned[prompt] == (n_prompt < 32)
+        # (at 32 tokens without the probe the pp graph's own memo, unpinned, serves as it is)
+        assert took[prompt] == ((1, 0) if n_prompt == 32 and fa == 0 else (1, 1)), took
+
+
 def _cpu():
     b = cpu_backend.backend_cpu_init()
     cpu_backend.backend_cpu_set_n_threads(b, 1)

@@ -784,6 +784,9 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
 # into the slots a split gives now (_split_memo_move, inserting in that order). Anything the conditions cannot
 # check (several backends, a pin on a leaf or a view, tables with more than pins, copies, a memo of another
 # scheduler) runs the passes.
+#
+# A graph copied into a new arena (llama.graph_copy) inherits its source's memos, every pointer into the old arena
+# moved as the copy moves them (split_memo_copy): the same structs, words and answers at the new addresses.
 
 _TENSOR_WORDS = C.GGML_TENSOR_SIZE // 8
 _SHAPE_WORDS = np.zeros(_TENSOR_WORDS, bool)
@@ -1126,6 +1129,50 @@ def _insert_in_order(sched, addrs) -> None:
         if i == GGML_HASHSET_FULL:
             raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
         slot[addr] = i
+
+
+def split_memo_copy(src, dst, lo: int, hi: int, delta: int, ptr_words) -> None:
+    """ggviz: ``dst``, a copy of the graph ``src`` whose structs were moved from the arena [lo, hi) by ``delta``
+    (llama.graph_copy: each pointer into that arena in the struct words ``ptr_words`` moved, the rest byte for
+    byte), inherits ``src``'s split memos that can serve other pins (_memo_form), moved the same way: addresses,
+    the struct words compared, the recorded answers' tensors. Their tables are by address only (the hash slots
+    of the copy's tensors are others), so they serve through _split_memo_move."""
+    out = []
+
+    def mv(addrs):
+        a = np.fromiter(addrs, np.int64)
+        a[(a >= lo) & (a < hi)] += delta
+        return a.tolist()
+
+    for m in getattr(src, "_ggviz_split_memo", None) or ():
+        f = _memo_form(m)
+        if f is None:
+            continue
+        r = _SplitMemo()
+        r.key, r.rows, r.ext, r.ext_bytes = m.key, m.rows, m.ext, m.ext_bytes
+        r.isview, r.pass5, r.n_leafs, r.plain = m.isview, m.pass5, m.n_leafs, m.plain
+        w = m.words.copy()
+        cols = w[:, ptr_words]
+        cols[(cols >= np.uint64(lo)) & (cols < np.uint64(hi))] += np.uint64(delta % (1 << 64))
+        w[:, ptr_words] = cols
+        r.words = w
+        r.pre = r.post = r.hid = None
+        q = list(zip(*m.queries)) if m.queries else [(), (), (), ()]
+        r.queries = list(zip(mv(q[0]), q[1], q[2], q[3]))
+        g = r.form = _MemoForm()
+        order = mv(f.order)
+        g.order, g.tb, g.cause = order, f.tb, f.cause
+        r.addrs = order[:len(m.addrs)]           # (the order starts with the leafs and nodes)
+        g.nodes = r.addrs[m.n_leafs:]
+        g.pins = tuple(mv(f.pins))
+        g.pinnable, g.unpinnable = set(mv(f.pinnable)), set(mv(f.unpinnable))
+        g.anchors = mv(f.anchors)
+        out.append(r)
+    if out:
+        try:
+            dst._ggviz_split_memo = out
+        except AttributeError:
+            pass
 
 
 def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
