@@ -248,10 +248,10 @@ def test_colliding_home_slots_are_inserted_in_the_passes_order(monkeypatch):
     seen = []
     real = S._insert_in_order
 
-    def spy(sched, addrs):
+    def spy(sched, addrs, home=None):
         hs = sched.hash_set
         seen.append(len({(a >> 4) % hs.size for a in addrs}) < len(addrs))
-        return real(sched, addrs)
+        return real(sched, addrs, home)
 
     monkeypatch.setattr(S, "_insert_in_order", spy)
     got, want, took = _split_twice(sched, g["gf"], [], [g["norm"]], cpu, monkeypatch)

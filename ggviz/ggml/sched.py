@@ -45,6 +45,7 @@ import array
 import os
 import sys
 import time
+from itertools import compress
 
 import numpy as np
 
@@ -804,7 +805,7 @@ class _MemoForm:
     ``pins`` the memo's run started with (addresses, in order), ``order`` every tensor the passes inserted (leafs,
     nodes, then the others, in their order), ``tb`` / ``cause`` what each got, ``nodes`` the node addresses, and the
     nodes a pin may be put on (``pinnable``), taken off (``unpinnable``), the ``anchors``."""
-    __slots__ = ("pins", "order", "tb", "cause", "nodes", "pinnable", "unpinnable", "anchors")
+    __slots__ = ("pins", "order", "tb", "cause", "has_cause", "home", "nodes", "pinnable", "unpinnable", "anchors")
 
 
 def _tables(sched) -> tuple:
@@ -982,6 +983,8 @@ def _make_form(m):
     f.pins, f.order, f.nodes = tuple(pins), order, nodes
     f.tb = [tbid[i] for i in at]
     f.cause = [causes.get(i) for i in at]
+    f.has_cause = [c is not None for c in f.cause]
+    f.home = _home_slots(order, size)
     f.pinnable, f.unpinnable, f.anchors = set(), set(), []
     pinned = set(pins)
     n0 = m.n_leafs
@@ -1081,23 +1084,30 @@ def _split_memo_move(sched, m, unpin):
     backend and cause but the pins (kept: (0, "usr")) and the memo's pins not pinned now ((0, "2.sup"))."""
     f = m.form
     slot = sched._slot
-    pinned = set(slot)
-    _insert_in_order(sched, [a for a in f.order if a not in pinned])
+    pins = list(slot)
+    pinned = set(pins)
+    order = f.order
+    keep = [a not in pinned for a in order] if pins else None
+    new = list(compress(order, keep)) if pins else order
+    pos = _insert_in_order(sched, new, f.home[np.array(keep, bool)] if pins else f.home)
+    if pins:                                     # (each tensor's slot, in the form's order)
+        it = iter(pos)
+        pos = [next(it) if k else slot[a] for a, k in zip(order, keep)]
     tbid, causes = sched.hv_tensor_backend_ids, sched.causes
-    for a, b, c in zip(f.order, f.tb, f.cause):
-        if a in pinned:
-            continue
-        i = slot[a]
+    for i, b in zip(pos, f.tb):
         tbid[i] = b
-        if c is not None:
-            causes[i] = c
+    causes.update(compress(zip(pos, f.cause), f.has_cause))
+    for a in pins:
+        i = slot[a]
+        tbid[i] = 0
+        causes[i] = "usr"
     for a in unpin:
         i = slot[a]
         tbid[i] = 0
         causes[i] = "2.sup"
     sched.n_split_memo += 1
     sched.n_split_memo_moved += 1
-    return [slot[a] for a in f.nodes], list(m.isview)
+    return pos[m.n_leafs:len(m.addrs)], list(m.isview)      # (the order starts with the leafs and nodes)
 
 
 # the keys placed at their home slots at once when no two share one and none is taken (False: always inserted one
@@ -1105,30 +1115,42 @@ def _split_memo_move(sched, m, unpin):
 PLACE_AT_ONCE = True
 
 
-def _insert_in_order(sched, addrs) -> None:
-    """ggml_hash_find_or_insert of each address (none in the set yet), in order, recorded in ``sched._slot``.
-    Where every home slot ``(addr >> 4) % size`` is distinct and free, linear probing moves no key along: each
-    lands at its home whatever the order, and they are placed at once."""
+def _home_slots(addrs, size: int) -> np.ndarray:
+    """ggml_hash: ``(addr >> 4) % size`` of each address."""
+    return (np.fromiter(addrs, np.int64, len(addrs)) >> 4) % size
+
+
+def _insert_in_order(sched, addrs, home=None) -> list:
+    """ggml_hash_find_or_insert of each address (none in the set yet), in order, recorded in ``sched._slot``;
+    returns their slots. Where every home slot ``(addr >> 4) % size`` (``home``: computed already) is distinct and
+    free, linear probing moves no key along: each lands at its home whatever the order, and they are placed at
+    once."""
     if not addrs:
-        return
+        return []
     hs = sched.hash_set
     slot = sched._slot
-    a = np.array(addrs, np.uint64)
-    home = ((a >> np.uint64(4)) % np.uint64(hs.size)).astype(np.int64)
     if PLACE_AT_ONCE:
-        mask = np.unpackbits(hs.used.view(np.uint8), bitorder="little").astype(bool)
-        if not mask[home].any() and np.unique(home).size == home.size:
-            hs.keys[home] = a
+        if home is None:
+            home = _home_slots(addrs, hs.size)
+        mask = np.unpackbits(hs.used.view(np.uint8), bitorder="little").view(bool)
+        n0 = int(np.count_nonzero(mask))
+        if not mask[home].any():
             mask[home] = True
-            hs.used[:] = np.packbits(mask, bitorder="little").view(hs.used.dtype)
-            slot.update(zip(addrs, home.tolist()))
-            return
+            if int(np.count_nonzero(mask)) == n0 + len(addrs):       # (none free twice: the homes are distinct)
+                hs.keys[home] = addrs
+                hs.used[:] = np.packbits(mask, bitorder="little").view(hs.used.dtype)
+                pos = home.tolist()
+                slot.update(zip(addrs, pos))
+                return pos
     find_or_insert = hs.find_or_insert
+    pos = []
     for addr in addrs:
         i = find_or_insert(addr)
         if i == GGML_HASHSET_FULL:
             raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
         slot[addr] = i
+        pos.append(i)
+    return pos
 
 
 def split_memo_copy(src, dst, lo: int, hi: int, delta: int, ptr_words) -> None:
@@ -1161,7 +1183,8 @@ def split_memo_copy(src, dst, lo: int, hi: int, delta: int, ptr_words) -> None:
         r.queries = list(zip(mv(q[0]), q[1], q[2], q[3]))
         g = r.form = _MemoForm()
         order = mv(f.order)
-        g.order, g.tb, g.cause = order, f.tb, f.cause
+        g.order, g.tb, g.cause, g.has_cause = order, f.tb, f.cause, f.has_cause
+        g.home = _home_slots(order, m.key[-1])
         r.addrs = order[:len(m.addrs)]           # (the order starts with the leafs and nodes)
         g.nodes = r.addrs[m.n_leafs:]
         g.pins = tuple(mv(f.pins))
