@@ -974,7 +974,7 @@ def _make_form(m):
     addrs = m.addrs
     seen = set(addrs)
     nodes = addrs[m.n_leafs:]
-    if len(seen) != len(addrs) or not set(pins) <= set(nodes) or not all(a in slot for a in addrs):
+    if len(seen) != len(addrs) or not set(pins) <= set(nodes) or not seen <= slot.keys():
         return None
     # (slot keeps insertion order: the pins, the leafs, the nodes, then what pass 4 inserted)
     order = addrs + [a for a in slot if a not in seen]
