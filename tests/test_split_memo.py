@@ -7,8 +7,9 @@ graph (split_memo_copy, llama/graph_copy.py), against the real passes.
   first context (the probe, the pp reserve -- the copy of the probe's graph --, the tg reserve, the pp reserve
   again) and of its first prompt (4 tokens, 31, 32: pinned below 32 tokens, not at 32) and step: SmolLM2 and
   Gemma-3, flash attention on and off; the memo paths are taken where they should be (counters).
-* A forced hash collision (a hash size where two of the moved tensors share a home slot): inserted one by one, in
-  the passes' order, the same slots as the passes; and every case with the at-once placement turned off.
+* A forced hash collision (an arena placed so that a node's home slot is a weight's): inserted one by one, in the
+  passes' order, the same slots as the passes; and the first-context cases with the at-once placement turned off.
+* Small graphs on one backend: pins added, removed, swapped.
 * Outside the conditions the passes run: two backends, no node assigned in pass 1, a pin on a leaf.
 """
 from __future__ import annotations
