@@ -16,10 +16,14 @@ the graph of another ubatch shape, byte for byte what a build would make, instea
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .. import ggml
-from ..ggml.tensor import _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, tensor_at
+from ..ggml.consts import GGML_TENSOR_SIZE
+from ..ggml.tensor import _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, arena_structs, tensor_at
 
 
 @dataclass
@@ -355,120 +359,147 @@ class LlmGraphContext:
 _TYPE_SIZES: dict = {}
 
 
-def _contiguous_nb(type_: int, ne) -> list:
+def _contiguous_nb(type_: int, ne0: int, ne1: int, ne2: int) -> tuple:
+    """The strides ggml gives a fresh tensor of this type and shape (ggml_new_tensor_impl)."""
     ts = _TYPE_SIZES.get(type_)
     if ts is None:
         ts = _TYPE_SIZES[type_] = (ggml.type_size(type_), ggml.blck_size(type_))
-    rs = ts[0] * ne[0] // ts[1]          # ggml_row_size
-    return [ts[0], rs, rs * ne[1], rs * ne[1] * ne[2]]
+    rs = ts[0] * ne0 // ts[1]          # ggml_row_size
+    return ts[0], rs, rs * ne1, rs * ne1 * ne2
 
 
-def _nbytes(type_: int, ne, nb) -> int:
-    """ggml_nbytes of a tensor of shape (ne, nb)."""
-    if any(x <= 0 for x in ne):
+def _nbytes(type_: int, v) -> int:
+    """ggml_nbytes of a tensor of this type and shape (its 8 values: ne, nb)."""
+    ne0, ne1, ne2, ne3, nb0, nb1, nb2, nb3 = v
+    if ne0 <= 0 or ne1 <= 0 or ne2 <= 0 or ne3 <= 0:
         return 0
-    blck = ggml.blck_size(type_)
-    n = ggml.type_size(type_) if blck == 1 else ne[0] * nb[0] // blck
-    for i in range(1 if blck != 1 else 0, 4):
-        n += (ne[i] - 1) * nb[i]
-    return n
+    ts = _TYPE_SIZES.get(type_)
+    if ts is None:
+        ts = _TYPE_SIZES[type_] = (ggml.type_size(type_), ggml.blck_size(type_))
+    n = (ts[0] + (ne0 - 1) * nb0) if ts[1] == 1 else ne0 * nb0 // ts[1]
+    return n + (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
 
 
-# The struct ggml_tensor words (64-bit) derive_graph reads from one ``_q.tolist()`` per tensor: type (low half of
-# word 0), ne (2..5), nb (6..9), op (low half of word 10), src (19..28), view_src (29), view_offs (30)
+# The struct ggml_tensor words (64-bit) derive_graph reads: type (low half of word 0), ne (2..5), nb (6..9), op (low
+# half of word 10), src (19..28), view_src (29), view_offs (30). A tensor's shape is handled as one list of 8 ints,
+# [ne0, ne1, ne2, ne3, nb0, nb1, nb2, nb3] (words 2..9, in the struct's order)
 _NQ = _Q_VIEW_OFFS + 1
 _LO = 0xFFFFFFFF
 _SAME_SHAPE = frozenset((ggml.GGML_OP_SCALE, ggml.GGML_OP_RMS_NORM, ggml.GGML_OP_NORM, ggml.GGML_OP_UNARY))
 _BINARY = frozenset((ggml.GGML_OP_ADD, ggml.GGML_OP_SUB, ggml.GGML_OP_MUL, ggml.GGML_OP_DIV))
+_OP_PERMUTE, _OP_TRANSPOSE, _OP_SET_ROWS = ggml.GGML_OP_PERMUTE, ggml.GGML_OP_TRANSPOSE, ggml.GGML_OP_SET_ROWS
+_OP_MUL_MAT, _OP_RESHAPE, _OP_CONT = ggml.GGML_OP_MUL_MAT, ggml.GGML_OP_RESHAPE, ggml.GGML_OP_CONT
+_unpack_shape = struct.Struct("<8q").unpack_from     # (ne, nb: words 2..9, int64_t as Tensor.ne / .nb read them)
+_SHAPE_OFFS = 16
+_SHAPE_WORDS = np.arange(2, 10)
+_TSZ = GGML_TENSOR_SIZE
 
 
-def _derived_shape(t, q, shape):
-    """(ne, nb) of ``t`` (its struct words ``q``) from its sources' shapes (``shape(addr)``: (ne, nb) lists), by its
-    op's rule; None: no rule for that op, or the new shapes fail the op's checks (ggml's asserts)."""
-    op = q[10] & _LO
-    src = q[_Q_SRC:_Q_SRC + 4]
-    if op == ggml.GGML_OP_PERMUTE or op == ggml.GGML_OP_TRANSPOSE:
-        ne_a, nb_a = shape(src[0])
-        if op == ggml.GGML_OP_TRANSPOSE:
-            return [ne_a[1], ne_a[0], ne_a[2], ne_a[3]], [nb_a[1], nb_a[0], nb_a[2], nb_a[3]]
-        ne, nb = [0] * 4, [0] * 4
+class _Shapes(dict):
+    """addr -> the 8 shape values of a tensor (derive_graph's: the new ones of those changed, the old ones of the
+    others); a tensor not in it yet is read from its struct when first asked (a weight, a KV cache)."""
+    __slots__ = ()
+
+    def __missing__(self, addr):
+        v = self[addr] = list(_unpack_shape(tensor_at(addr)._q, _SHAPE_OFFS))
+        return v
+
+
+def _derived_shape(t, typ: int, op: int, own: list, src, view_src: int, get):
+    """The 8 shape values of the node ``t`` (its type, op, current shape ``own``, source addresses ``src``, view
+    source ``view_src``) from its sources' (``get(addr)``: their 8 values), by its op's rule; None: no rule for
+    that op, or the new shapes fail the op's checks (ggml's asserts)."""
+    if op == _OP_PERMUTE:
+        a = get(src[0])
+        r = [0] * 8
         for i, ax in enumerate(t.op_params[:4].tolist()):
-            ne[ax], nb[ax] = ne_a[i], nb_a[i]
-        return ne, nb
-    if op == ggml.GGML_OP_SET_ROWS:
+            r[ax], r[ax + 4] = a[i], a[i + 4]
+        return r
+    if op == _OP_TRANSPOSE:
+        a = get(src[0])
+        return [a[1], a[0], a[2], a[3], a[5], a[4], a[6], a[7]]
+    if op == _OP_SET_ROWS:
         # ggml_set_rows(a, b, c): a view of the destination a (src[2]: the cache, or a reshape of it) with b's rows
         # (src[0]) written at c's indices (src[1])
-        ne_a, nb_a = shape(src[2])
-        ne_b, ne_c = shape(src[0])[0], shape(src[1])[0]
-        if not (ne_b[0] == ne_a[0] and ne_b[2] == ne_a[2] and ne_b[3] == ne_a[3] and ne_b[1] == ne_c[0] and ne_c[1]
-                and ne_b[2] % ne_c[1] == 0 and ne_c[2] and ne_b[3] % ne_c[2] == 0 and ne_c[3] == 1):
+        a, b, c = get(src[2]), get(src[0]), get(src[1])
+        if not (b[0] == a[0] and b[2] == a[2] and b[3] == a[3] and b[1] == c[0] and c[1]
+                and b[2] % c[1] == 0 and c[2] and b[3] % c[2] == 0 and c[3] == 1):
             return None
-        return list(ne_a), list(nb_a)
-    if q[_Q_VIEW_SRC]:
+        return a[:]
+    if view_src:
         return None                      # an in-place op or a view the build did not record
-    if op == ggml.GGML_OP_MUL_MAT:
-        ne_a, ne_b = shape(src[0])[0], shape(src[1])[0]
-        if ne_a[0] != ne_b[0] or ne_b[2] % ne_a[2] or ne_b[3] % ne_a[3]:
+    if op == _OP_MUL_MAT:
+        a, b = get(src[0]), get(src[1])
+        if a[0] != b[0] or b[2] % a[2] or b[3] % a[3]:
             return None
-        ne = [ne_a[1], ne_b[1], ne_b[2], ne_b[3]]
+        ne0, ne1, ne2, ne3 = a[1], b[1], b[2], b[3]
     elif op in _SAME_SHAPE:
-        ne = list(shape(src[0])[0])
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
     elif op in _BINARY:
-        ne = list(shape(src[0])[0])
-        ne_b = shape(src[1])[0]
-        if any(m <= 0 or n % m for n, m in zip(ne, ne_b)):     # ggml_can_repeat(b, a)
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
+        b = get(src[1])
+        m0, m1, m2, m3 = b[:4]                       # ggml_can_repeat(b, a)
+        if m0 <= 0 or m1 <= 0 or m2 <= 0 or m3 <= 0 or ne0 % m0 or ne1 % m1 or ne2 % m2 or ne3 % m3:
             return None
     elif op == ggml.GGML_OP_ROPE:
-        ne = list(shape(src[0])[0])
-        if shape(src[1])[0][0] != ne[2]:             # a position per row
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
+        if get(src[1])[0] != ne2:                     # a position per row
             return None
     elif op == ggml.GGML_OP_GLU:
-        ne = list(shape(src[0])[0])
+        a = get(src[0])
+        ne0, ne1, ne2, ne3 = a[:4]
         if not src[1]:
-            ne[0] //= 2
-        elif list(shape(src[1])[0]) != ne:           # the split form: gate and up of one shape
+            ne0 //= 2
+        elif get(src[1])[:4] != a[:4]:               # the split form: gate and up of one shape
             return None
     elif op == ggml.GGML_OP_GET_ROWS:
-        ne_a, ne_b = shape(src[0])[0], shape(src[1])[0]
-        if ne_a[2] != ne_b[1] or ne_b[3] != 1:
+        a, b = get(src[0]), get(src[1])
+        if a[2] != b[1] or b[3] != 1:
             return None
-        ne = [ne_a[0], ne_b[0], ne_b[1], ne_b[2]]
+        ne0, ne1, ne2, ne3 = a[0], b[0], b[1], b[2]
     elif op == ggml.GGML_OP_FLASH_ATTN_EXT:            # [DV, n_head, n_tokens, ne3] F32
-        ne_q, ne_k, ne_v = shape(src[0])[0], shape(src[1])[0], shape(src[2])[0]
+        q, k, v = get(src[0]), get(src[1]), get(src[2])
         if src[3]:
-            ne_m = shape(src[3])[0]
-            if ne_m[0] != ne_k[1] or ne_m[1] < ne_q[1]:
+            m = get(src[3])
+            if m[0] != k[1] or m[1] < q[1]:
                 return None
-        if ne_k[1] != ne_v[1] or ne_q[0] != ne_k[0]:
+        if k[1] != v[1] or q[0] != k[0]:
             return None
-        ne = [ne_v[0], ne_q[2], ne_q[1], ne_q[3]]
+        ne0, ne1, ne2, ne3 = v[0], q[2], q[1], q[3]
     elif op == ggml.GGML_OP_SOFT_MAX:
-        ne = list(shape(src[0])[0])
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
         if src[1]:
-            ne_m = shape(src[1])[0]
-            if ne_m[0] != ne[0] or ne_m[1] < ne[1]:
+            m = get(src[1])
+            if m[0] != ne0 or m[1] < ne1:
                 return None
-    elif op == ggml.GGML_OP_CONT or op == ggml.GGML_OP_CPY:
+    elif op == _OP_CONT or op == ggml.GGML_OP_CPY:
         # cont / cast: a new tensor of the source's shape (only when it had it: a cont_2d is recorded, a cpy into a
         # view is not this)
         if op == ggml.GGML_OP_CPY and src[1] != t.addr:
             return None
-        if q[2:6] != tensor_at(src[0]).ne.tolist():          # (the source's shape as built: nothing written yet)
+        if own[:4] != tensor_at(src[0]).ne.tolist():          # (the source's shape as built: nothing written yet)
             return None
-        ne = list(shape(src[0])[0])
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
     else:
         return None
-    return ne, _contiguous_nb(q[0] & _LO, ne)
+    # a new tensor: contiguous strides
+    ts = _TYPE_SIZES.get(typ)
+    if ts is None:
+        ts = _TYPE_SIZES[typ] = (ggml.type_size(typ), ggml.blck_size(typ))
+    rs = ts[0] * ne0 // ts[1]          # ggml_row_size (_contiguous_nb written out: this runs for most nodes)
+    return [ne0, ne1, ne2, ne3, ts[0], rs, rs * ne1, rs * ne1 * ne2]
 
 
-def _rescale(vals: list, roles, old: tuple, new: tuple) -> bool:
-    """``vals[i]`` (a dim or a stride) with role ``roles[i]`` (TOK, OUT; 0: fixed) rewritten in place from a multiple
-    of ``old[role]`` to the same multiple of ``new[role]``; False (nothing to trust) when one is not a multiple."""
+def _rescale(vals: list, lo: int, roles, old: tuple, new: tuple) -> bool:
+    """``vals[lo + i]`` (a dim, or with ``lo`` 4 a stride) with role ``roles[i]`` (TOK, OUT; 0: fixed) rewritten in
+    place from a multiple of ``old[role]`` to the same multiple of ``new[role]``; False (nothing to trust) when one
+    is not a multiple."""
     for i, r in enumerate(roles):
         if r:
-            if vals[i] % old[r]:
+            v = vals[lo + i]
+            if v % old[r]:
                 return False
-            vals[i] = vals[i] // old[r] * new[r]
+            vals[lo + i] = v // old[r] * new[r]
     return True
 
 
@@ -479,7 +510,12 @@ def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
     All new shapes are worked out and checked before anything is written: False (``res`` untouched) when a changed
     shape reaches an op without a rule or an unrecorded view, a check fails (a view outside its source, a reshape
     of another element count), or the graph lacks a record it needs. ``res`` must not be allocated (its tensors
-    are placed by the next allocation, as a fresh build's). The scheduler pins are the caller's (``norm_nodes``)."""
+    are placed by the next allocation, as a fresh build's). The scheduler pins are the caller's (``norm_nodes``).
+
+    What is read: for a new ubatch shape (n_tokens / n_outputs) nearly every node reads a changed tensor, so the
+    nodes' struct words are gathered from the graph's arena at once (and the new shapes written back at once); for
+    a new n_kv alone (a few nodes per layer) only what is needed, tensor by tensor: a node's source pointers, then
+    its words if it reads a changed tensor, a source's shape when first asked."""
     new_kv = n_kv if isinstance(n_kv, tuple) else (n_kv, n_kv)
     old = (1, res.n_tokens, res.n_outputs)
     new = (1, n_tokens, n_outputs)
@@ -499,86 +535,165 @@ def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
             rec[t.addr] = [t, None, None, (cache, dim)]
         else:
             r[3] = (cache, dim)
-    changed: dict = {}                   # addr -> (ne, nb)
-    tensors: dict = {}                   # addr -> tensor, of the changed ones
-    views: list = []                     # the recorded views whose shape changed (checked against their source)
+    if tok_changed:
+        ok = _derive_eager(res, rec, old, new, new_kv)
+    else:
+        ok = _derive_lazy(res, rec, old, new, new_kv)
+    if ok:
+        _set_shape(res, n_tokens, n_outputs, n_kv)
+    return ok
+
+
+def _recorded(rec, words_of, old, new, new_kv):
+    """The recorded tensors' new shapes: (changed: addr -> 8 values, views: (tensor, words) of the recorded views
+    whose shape changed, checked against their source at the end); None: a record does not hold."""
+    changed: dict = {}
+    views: list = []
     for addr, (t, ne_r, nb_r, kvd) in rec.items():
-        q = t._q[:_NQ].tolist()
-        ne, nb = q[2:6], q[6:10]
-        if ne_r is not None and not _rescale(ne, ne_r, old, new):
-            return False
+        q = words_of(addr, t)
+        v = q[2:10]
+        if ne_r is not None and not _rescale(v, 0, ne_r, old, new):
+            return None
         if kvd is not None:
-            ne[kvd[1]] = new_kv[kvd[0]]
-        if ne == q[2:6]:
+            v[kvd[1]] = new_kv[kvd[0]]
+        if v[:4] == q[2:6]:
             continue
-        if q[_Q_VIEW_SRC] and (q[10] & _LO) != ggml.GGML_OP_RESHAPE:
+        if q[_Q_VIEW_SRC] and (q[10] & _LO) != _OP_RESHAPE:
             # a view keeps its strides but those recorded (a multiple of n_tokens); it must stay inside its source
-            if nb_r is not None and not _rescale(nb, nb_r, old, new):
-                return False
+            if nb_r is not None and not _rescale(v, 4, nb_r, old, new):
+                return None
             views.append((t, q))
         else:
-            nb = _contiguous_nb(q[0] & _LO, ne)
-        changed[addr] = (ne, nb)
-        tensors[addr] = t
+            v[4:] = _contiguous_nb(q[0] & _LO, v[0], v[1], v[2])
+        changed[addr] = v
+    return changed, views
+
+
+def _views_inside(views, changed, get) -> bool:
+    """Each recorded view whose shape changed stays inside its source (with the source's new shape)."""
+    for t, q in views:
+        v = changed[t.addr]
+        vs = q[_Q_VIEW_SRC]
+        if q[_Q_VIEW_OFFS] + _nbytes(q[0] & _LO, v) > _nbytes(tensor_at(vs).type, get(vs)):
+            return False
+    return True
+
+
+def _element_count_kept(v, s) -> bool:
+    """A recorded reshape / cont keeps its source's element count."""
+    return v[0] * v[1] * v[2] * v[3] == s[0] * s[1] * s[2] * s[3]
+
+
+def _derive_lazy(res, rec, old, new, new_kv) -> bool:
+    """derive_graph for a new n_kv alone: a node's struct read only when it reads a changed tensor."""
+    r = _recorded(rec, lambda addr, t: t._q[:_NQ].tolist(), old, new, new_kv)
+    if r is None:
+        return False
+    changed, views = r
     if not changed:
-        _set_shape(res, n_tokens, n_outputs, n_kv)
         return True
-    # the shapes before, of the tensors read (nothing is written until the end): every leaf's and node's read at
-    # once when the ubatch's shape changed (most nodes then read a changed tensor), else only those asked for (a new
-    # n_kv reaches a few nodes per layer)
-    known: dict = {}
-    eager = tok_changed
-    if eager:
-        for t in res.gf.leafs:
-            q = t._q[2:10].tolist()
-            known[t.addr] = (q[:4], q[4:])
-
-    def shape(addr):
-        c = changed.get(addr)
-        if c is None:
-            c = known.get(addr)
-            if c is None:
-                q = tensor_at(addr)._q[2:10].tolist()
-                c = known[addr] = (q[:4], q[4:])
-        return c
-
+    tensors = {addr: rec[addr][0] for addr in changed}
+    shapes = _Shapes(changed)
+    get = shapes.__getitem__
     isdisjoint = changed.keys().isdisjoint
     for node in res.gf.nodes:
         addr = node.addr
-        q = None
-        if eager:
-            q = node._q[:_NQ].tolist()
-            known[addr] = (q[2:6], q[6:10])
         if addr in rec:
             if addr in changed:
-                if q is None:
-                    q = node._q[:_NQ].tolist()
+                q = node._q[:_NQ].tolist()
                 op = q[10] & _LO
-                if op == ggml.GGML_OP_RESHAPE or op == ggml.GGML_OP_CONT:
-                    # a recorded reshape / cont keeps its source's element count
-                    a, b = changed[addr][0], shape(q[_Q_SRC])[0]
-                    if a[0] * a[1] * a[2] * a[3] != b[0] * b[1] * b[2] * b[3]:
-                        return False
+                if (op == _OP_RESHAPE or op == _OP_CONT) and not _element_count_kept(changed[addr], get(q[_Q_SRC])):
+                    return False
             continue
-        # (most nodes read no reshaped tensor)
-        if isdisjoint(q[_Q_SRC:_Q_VIEW_SRC] if q is not None else node._q[_Q_SRC:_Q_VIEW_SRC].tolist()):
+        # (most nodes read no changed tensor)
+        if isdisjoint(node._q[_Q_SRC:_Q_VIEW_SRC].tolist()):
             continue
-        if q is None:
-            q = node._q[:_NQ].tolist()
-        d = _derived_shape(node, q, shape)
+        q = node._q[:_NQ].tolist()
+        own = q[2:10]
+        d = _derived_shape(node, q[0] & _LO, q[10] & _LO, own, q[_Q_SRC:_Q_VIEW_SRC], q[_Q_VIEW_SRC], get)
         if d is None:
             return False
-        if d[0] != q[2:6] or d[1] != q[6:10]:
-            changed[addr] = d
+        if d != own:
+            changed[addr] = shapes[addr] = d
             tensors[addr] = node
-    for t, q in views:
-        ne, nb = changed[t.addr]
-        ne_s, nb_s = shape(q[_Q_VIEW_SRC])
-        if q[_Q_VIEW_OFFS] + _nbytes(q[0] & _LO, ne, nb) > _nbytes(t.view_src.type, ne_s, nb_s):
+    if not _views_inside(views, changed, get):
+        return False
+    for addr, v in changed.items():
+        tensors[addr]._q[2:10] = v
+    return True
+
+
+def _derive_eager(res, rec, old, new, new_kv) -> bool:
+    """derive_graph for a new ubatch shape: nearly every node reads a changed tensor, so the nodes' struct words are
+    gathered from the graph's arena in one go (``tensor.arena_structs``) and their new shapes written back in one
+    go; each node's rule then works on Python lists (no NumPy call per node)."""
+    nodes = res.gf.nodes
+    n = len(nodes)
+    addrs = [t.addr for t in nodes]
+    ctx = res.ctx
+    base, used = ctx._base, ctx.used_mem()
+    offs = np.array(addrs, np.int64) - base
+    in_arena = n > 0 and bool(((offs >= 0) & (offs % 8 == 0) & (offs + _TSZ <= used)).all())
+    if in_arena:
+        words = arena_structs(ctx._u64[:used >> 3], offs >> 3)
+    else:
+        words = np.array([t._q[:_NQ] for t in nodes], np.uint64).reshape(n, _NQ)
+    shp = words[:, 2:10].view(np.int64).tolist()
+    srcs = words[:, _Q_SRC:_Q_VIEW_SRC].tolist()
+    ops = (words[:, 10] & _LO).tolist()
+    index = dict(zip(addrs, range(n)))
+
+    def words_of(addr, t):
+        i = index.get(addr)
+        if i is None:
+            return t._q[:_NQ].tolist()
+        return words[i, :_NQ].tolist()
+
+    r = _recorded(rec, words_of, old, new, new_kv)
+    if r is None:
+        return False
+    changed, views = r
+    shapes = _Shapes(zip(addrs, shp))
+    shapes.update(changed)
+    get = shapes.__getitem__
+    isdisjoint = changed.keys().isdisjoint
+    typs = vsrc = None
+    written = []                         # the nodes (indices) whose shape changed by their op's rule
+    for i in range(n):
+        addr = addrs[i]
+        if addr in rec:
+            if addr in changed:
+                op = ops[i]
+                if (op == _OP_RESHAPE or op == _OP_CONT) and not _element_count_kept(changed[addr],
+                                                                                     get(srcs[i][0])):
+                    return False
+            continue
+        s = srcs[i]
+        if isdisjoint(s):
+            continue
+        if typs is None:
+            typs = (words[:, 0] & _LO).tolist()
+            vsrc = words[:, _Q_VIEW_SRC].tolist()
+        own = shp[i]
+        d = _derived_shape(nodes[i], typs[i], ops[i], own, s, vsrc[i], get)
+        if d is None:
             return False
-    for addr, (ne, nb) in changed.items():
-        tensors[addr]._q[2:10] = ne + nb
-    _set_shape(res, n_tokens, n_outputs, n_kv)
+        if d != own:
+            changed[addr] = shapes[addr] = d
+            written.append(i)
+    if not _views_inside(views, changed, get):
+        return False
+    # the writes: the nodes' shapes at once into the arena, the recorded leafs' (the inputs) one by one
+    rows, vals = [], []
+    for addr, v in changed.items():
+        i = index.get(addr)
+        if i is None or not in_arena:
+            (rec[addr][0] if addr in rec else nodes[i])._q[2:10] = v
+        else:
+            rows.append(i)
+            vals.append(v)
+    if rows:
+        ctx._i64[(offs[rows] >> 3)[:, None] + _SHAPE_WORDS] = vals
     return True
 
 
