@@ -625,8 +625,9 @@ def _derive_lazy(res, rec, old, new, new_kv) -> bool:
 
 def _derive_eager(res, rec, old, new, new_kv) -> bool:
     """derive_graph for a new ubatch shape: nearly every node reads a changed tensor, so the nodes' struct words are
-    gathered from the graph's arena in one go (``tensor.arena_structs``) and their new shapes written back in one
-    go; each node's rule then works on Python lists (no NumPy call per node)."""
+    gathered from the graph's arena in one go (``tensor.arena_structs``), the new shapes worked out over arrays
+    (``_derive_arrays``) and written back in one go; where that cannot vouch, node by node, each node's rule on
+    Python lists (no NumPy call per node), the shapes again written back in one go."""
     nodes = res.gf.nodes
     n = len(nodes)
     addrs = [t.addr for t in nodes]
@@ -638,6 +639,8 @@ def _derive_eager(res, rec, old, new, new_kv) -> bool:
         words = arena_structs(ctx._u64[:used >> 3], offs >> 3)
     else:
         words = np.array([t._q[:_NQ] for t in nodes], np.uint64).reshape(n, _NQ)
+    if VECTORIZED and in_arena and _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv):
+        return True
     shp = words[:, 2:10].view(np.int64).tolist()
     srcs = words[:, _Q_SRC:_Q_VIEW_SRC].tolist()
     ops = (words[:, 10] & _LO).tolist()
@@ -683,7 +686,13 @@ def _derive_eager(res, rec, old, new, new_kv) -> bool:
             written.append(i)
     if not _views_inside(views, changed, get):
         return False
-    # the writes: the nodes' shapes at once into the arena, the recorded leafs' (the inputs) one by one
+    _write_shapes(ctx, nodes, rec, changed, index, offs, in_arena)
+    return True
+
+
+def _write_shapes(ctx, nodes, rec, changed, index, offs, in_arena) -> None:
+    """The new shapes (``changed``: addr -> 8 values) written: the nodes' at once into the arena, the others' (the
+    recorded leafs: the inputs) one by one."""
     rows, vals = [], []
     for addr, v in changed.items():
         i = index.get(addr)
@@ -694,9 +703,294 @@ def _derive_eager(res, rec, old, new, new_kv) -> bool:
             vals.append(v)
     if rows:
         ctx._i64[(offs[rows] >> 3)[:, None] + _SHAPE_WORDS] = vals
+
+
+# ---- the same derivation over arrays
+#
+# Every new dim of a node is one of its sources' dims (ggml's shape rules copy them: a MUL_MAT's [a1, b1, b2, b3], a
+# permute's, a FLASH_ATTN_EXT's ...), and every stride either one of its sources' (a permute, a transpose, a
+# set_rows) or the contiguous strides of its own new dims. So each (node, field) points at a (source, field), and
+# following the pointers to their ends -- a recorded dim (rewritten), a leaf's or an unchanged node's value -- gives
+# every new shape at once: the pointers are followed by pointer doubling (p = p[p], a gather over all fields per
+# step, ~10 steps for a graph ~500 nodes deep), the contiguous strides computed from the dims over all nodes at
+# once, and ggml's checks of each op evaluated over all its nodes at once. Where that cannot vouch for the result
+# (an op without a rule here, a non-split GLU, an unrecorded view, an in-place op, a source outside the graph, a
+# failed check: whatever the node-by-node derivation refuses or might) it answers None and derive_graph works node
+# by node, which decides as it always did (tests/test_graph_cache.py compares the two and both with fresh builds).
+
+VECTORIZED = True                # False: always node by node (the tests compare the two)
+_K_UNKNOWN, _K_SAME, _K_MUL_MAT, _K_GET_ROWS, _K_FA, _K_PERMUTE, _K_TRANSPOSE, _K_SET_ROWS = range(8)
+_OP_KIND = np.zeros(ggml.GGML_OP_COUNT + 8, np.int8)
+for _op in _SAME_SHAPE | _BINARY | {ggml.GGML_OP_ROPE, ggml.GGML_OP_GLU, ggml.GGML_OP_SOFT_MAX, ggml.GGML_OP_CONT,
+                                    ggml.GGML_OP_CPY}:
+    _OP_KIND[_op] = _K_SAME
+_OP_KIND[ggml.GGML_OP_MUL_MAT] = _K_MUL_MAT
+_OP_KIND[ggml.GGML_OP_GET_ROWS] = _K_GET_ROWS
+_OP_KIND[ggml.GGML_OP_FLASH_ATTN_EXT] = _K_FA
+_OP_KIND[ggml.GGML_OP_PERMUTE] = _K_PERMUTE
+_OP_KIND[ggml.GGML_OP_TRANSPOSE] = _K_TRANSPOSE
+_OP_KIND[ggml.GGML_OP_SET_ROWS] = _K_SET_ROWS
+# (type size, block size) by type, 0 for a type ggml does not have
+_TS = np.zeros(64, np.int64)
+_BS = np.zeros(64, np.int64)
+for _t, (_n, _bs, _ts, _q) in ggml.consts.TYPE_TRAITS.items():
+    if _t < 64:
+        _TS[_t], _BS[_t] = _ts, _bs
+_F4 = np.arange(4)
+_F8 = np.arange(8)
+_TRANSPOSED = np.array([1, 0, 2, 3, 5, 4, 6, 7])
+
+
+def _leaf_words(leafs) -> np.ndarray:
+    """The struct words 0.._NQ-1 of ``leafs``, gathered from each context arena they lie in (the weights', the KV
+    cache's, the graph's) at once; one by one for any other."""
+    nl = len(leafs)
+    out = np.empty((nl, _NQ), np.uint64)
+    if not nl:
+        return out
+    A = np.array([t.addr for t in leafs], np.int64)
+    done = np.zeros(nl, bool)
+    for ctx in {id(t.ctx): t.ctx for t in leafs}.values():
+        buf = getattr(ctx, "mem_buffer", None)
+        if buf is None or getattr(ctx, "freed", True):
+            continue
+        used = ctx.used_mem()
+        off = A - ctx._base
+        inside = ~done & (off >= 0) & (off % 8 == 0) & (off + _TSZ <= used)
+        if inside.any():
+            out[inside] = arena_structs(ctx._u64[:used >> 3], off[inside] >> 3)[:, :_NQ]
+            done |= inside
+    for i in np.flatnonzero(~done).tolist():
+        out[i] = leafs[i]._q[:_NQ]
+    return out
+
+
+def _nbytes_rows(typ, V):
+    """ggml_nbytes of each row's tensor (types ``typ``, shapes ``V``: (k, 8))."""
+    ts, bs = _TS[typ], _BS[typ]
+    ne, nb = V[:, :4], V[:, 4:]
+    n = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // np.maximum(bs, 1))
+    n = n + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(1)
+    return np.where((ne <= 0).any(1), 0, n)
+
+
+def _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv) -> bool:
+    """derive_graph for a new ubatch shape over arrays (see above), the shapes written when True; None where it
+    cannot vouch (the caller derives node by node, which decides). ``words``: the nodes' struct words, gathered
+    from the graph's arena (all of them lie there)."""
+    leafs = res.gf.leafs
+    n, nl = len(nodes), len(leafs)
+    m = n + nl
+    if not n or not rec:
+        return None
+    W = np.concatenate((words[:, :_NQ], _leaf_words(leafs)))
+    A = W[:, 0].copy()
+    A[:n] = addrs
+    A[n:] = [t.addr for t in leafs]
+    O = W[:, 2:10].view(np.int64)                     # the old shapes, (m, 8)
+    typ = (W[:, 0] & _LO).astype(np.int64)
+    if typ.max() >= _TS.size:
+        return None
+    Wn = W[:n]
+    op = (Wn[:, 10] & _LO).astype(np.int64)
+    if op.max() >= _OP_KIND.size:
+        return None
+    # rows of (nodes ++ leafs) by address: the sources (-1 for NULL; one outside them: None), the recorded tensors
+    order = np.argsort(A)
+    sA = A[order]
+
+    def rows(a):
+        pos = np.minimum(np.searchsorted(sA, a), m - 1)
+        return order[pos], sA[pos] == a
+
+    S = Wn[:, _Q_SRC:_Q_VIEW_SRC]
+    nz = S != 0
+    sr, found = rows(S[nz])
+    if not found.all():
+        return None
+    sidx = np.full(S.shape, -1, np.int64)
+    sidx[nz] = sr
+    # the recorded tensors' new shapes: their dims rescaled (TOK, OUT), their n_kv dim set
+    recs = list(rec.values())
+    k = len(recs)
+    ra = np.array([e[0].addr for e in recs], np.uint64)
+    R, found = rows(ra)
+    if not found.all():
+        return None                  # (a recorded tensor outside the graph: node by node)
+    NER = np.zeros((k, 4), np.int64)
+    NBR = np.zeros((k, 4), np.int64)
+    KVD = np.full((k, 2), -1, np.int64)
+    for j, (t, ne_r, nb_r, kvd) in enumerate(recs):
+        if ne_r is not None:
+            NER[j] = ne_r
+        if nb_r is not None:
+            NBR[j] = nb_r
+        if kvd is not None:
+            KVD[j] = kvd
+    oldv = np.array(old, np.int64)
+    newv = np.array(new, np.int64)
+    V = O[R].copy()
+    for roles, lo in ((NER, 0), (NBR, 4)):
+        if lo == 4:
+            # a recorded view (not a reshape) whose dims changed keeps its strides but those recorded (rescaled); the
+            # others get the contiguous strides of their dims
+            is_view = (W[R, _Q_VIEW_SRC] != 0) & ((W[R, 10] & _LO) != _OP_RESHAPE)
+            roles = np.where(is_view[:, None], roles, 0)
+        den = oldv[roles]
+        part = V[:, lo:lo + 4]
+        if (part % den != 0).any():
+            return None
+        V[:, lo:lo + 4] = np.where(roles > 0, part // den * newv[roles], part)
+        if lo == 0:
+            kv = np.flatnonzero(KVD[:, 0] >= 0)
+            if kv.size:
+                V[kv, KVD[kv, 1]] = np.array(new_kv, np.int64)[KVD[kv, 0]]
+            rchg = (V[:, :4] != O[R, :4]).any(1)
+    V[~rchg] = O[R[~rchg]]                            # (unchanged dims: the struct as it is)
+    cont = np.flatnonzero(rchg & ~is_view)
+    if cont.size:
+        tc = typ[R[cont]]
+        ts, bs = _TS[tc], _BS[tc]
+        if (bs == 0).any():
+            return None
+        nb1 = ts * V[cont, 0] // bs
+        nb2 = nb1 * V[cont, 1]
+        V[cont, 4:] = np.stack((ts, nb1, nb2, nb2 * V[cont, 2]), 1)
+    X = O.copy()
+    X[R] = V
+    isrec = np.zeros(m, bool)
+    isrec[R] = True
+    # the nodes' kinds; an unrecorded node that is a view (but a permute, a transpose, a set_rows), a non-split GLU, a
+    # cont / cpy that is not a new tensor of its source's shape: unknown (none of its sources may change)
+    kind = _OP_KIND[op]
+    s0, s1, s2, s3 = sidx[:, 0], sidx[:, 1], sidx[:, 2], sidx[:, 3]
+    vsrc = Wn[:, _Q_VIEW_SRC] != 0
+    kind[vsrc & (kind != _K_PERMUTE) & (kind != _K_TRANSPOSE) & (kind != _K_SET_ROWS)] = _K_UNKNOWN
+    kind[(op == ggml.GGML_OP_GLU) & (s1 < 0)] = _K_UNKNOWN
+    cc = (op == ggml.GGML_OP_CONT) | (op == ggml.GGML_OP_CPY)
+    if cc.any():
+        bad = cc & ((s0 < 0) | (O[:n, :4] != O[s0, :4]).any(1))
+        bad |= (op == ggml.GGML_OP_CPY) & (S[:, 1] != A[:n])
+        kind[bad] = _K_UNKNOWN
+    kind[isrec[:n]] = _K_UNKNOWN                      # (recorded: their values are set, not derived)
+    need = kind != _K_UNKNOWN
+    if (need & (s0 < 0)).any():
+        return None
+    # the pointers: field k of the flat (m * 8) values -> the field it copies; itself for an end
+    P = np.arange(m * 8, dtype=np.int64).reshape(m, 8)
+    base0 = s0 * 8
+    r = np.flatnonzero(kind == _K_SAME)
+    P[r, :4] = base0[r, None] + _F4
+    r = np.flatnonzero(kind == _K_MUL_MAT)
+    if r.size:
+        P[r, 0] = base0[r] + 1
+        P[r, 1:4] = s1[r, None] * 8 + _F4[1:]
+    r = np.flatnonzero(kind == _K_GET_ROWS)
+    if r.size:
+        P[r, 0] = base0[r]
+        P[r, 1:4] = s1[r, None] * 8 + _F4[:3]
+    r = np.flatnonzero(kind == _K_FA)
+    if r.size:
+        P[r, 0] = s2[r] * 8
+        P[r, 1] = base0[r] + 2
+        P[r, 2] = base0[r] + 1
+        P[r, 3] = base0[r] + 3
+    r = np.flatnonzero(kind == _K_TRANSPOSE)
+    P[r] = base0[r, None] + _TRANSPOSED
+    r = np.flatnonzero(kind == _K_PERMUTE)
+    if r.size:
+        # op_params[0..3] (int32 at bytes 84..99: the high half of word 10, word 11, the low half of word 12)
+        ax = np.stack((Wn[r, 10] >> 32, Wn[r, 11] & _LO, Wn[r, 11] >> 32, Wn[r, 12] & _LO), 1).astype(np.int64)
+        if (np.sort(ax, 1) != _F4).any():
+            return None
+        rr = r[:, None]
+        P[rr, ax] = base0[rr] + _F4
+        P[rr, ax + 4] = base0[rr] + 4 + _F4
+    r = np.flatnonzero(kind == _K_SET_ROWS)
+    P[r] = s2[r, None] * 8 + _F8
+    two = (kind == _K_MUL_MAT) | (kind == _K_GET_ROWS) | (kind == _K_FA) | (kind == _K_SET_ROWS)
+    if (two & (s1 < 0)).any() or (((kind == _K_FA) | (kind == _K_SET_ROWS)) & (s2 < 0)).any():
+        return None
+    contig = np.flatnonzero((kind == _K_SAME) | (kind == _K_MUL_MAT) | (kind == _K_GET_ROWS) | (kind == _K_FA))
+    p = P.reshape(-1)
+    for _ in range(64):                               # pointer doubling to the ends
+        q = p[p]
+        if np.array_equal(q, p):
+            break
+        p = q
+    else:
+        return None
+    Y = X.reshape(-1)[p].reshape(m, 8)                # every dim (the contiguous nodes' strides: not yet)
+    if contig.size:
+        tc = typ[contig]
+        ts, bs = _TS[tc], _BS[tc]
+        if (bs == 0).any():
+            return None
+        nb1 = ts * Y[contig, 0] // bs
+        nb2 = nb1 * Y[contig, 1]
+        Y[contig, 4:] = np.stack((ts, nb1, nb2, nb2 * Y[contig, 2]), 1)
+    F = Y.reshape(-1)[p].reshape(m, 8)                # ... and every stride
+    # ggml's checks of each op, over all its nodes
+    one = np.ones(1, np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a, b = F[s0], F[s1]
+        c, d = F[s2], F[s3]
+        mm = kind == _K_MUL_MAT
+        bad = mm & ((a[:, 0] != b[:, 0]) | (a[:, 2] <= 0) | (a[:, 3] <= 0)
+                    | (b[:, 2] % np.where(mm, a[:, 2], one) != 0) | (b[:, 3] % np.where(mm, a[:, 3], one) != 0))
+        bad |= (kind == _K_GET_ROWS) & ((a[:, 2] != b[:, 1]) | (b[:, 3] != 1))
+        # flash attention: q = src[0], k = src[1], v = src[2], mask = src[3]
+        fa = kind == _K_FA
+        bad |= fa & ((b[:, 1] != c[:, 1]) | (a[:, 0] != b[:, 0])
+                     | ((s3 >= 0) & ((d[:, 0] != b[:, 1]) | (d[:, 1] < a[:, 1]))))
+        # set_rows(a = src[2], b = src[0], c = src[1])
+        sr = kind == _K_SET_ROWS
+        c1 = np.where(sr & (b[:, 1] != 0), b[:, 1], one)
+        c2 = np.where(sr & (b[:, 2] != 0), b[:, 2], one)
+        bad |= sr & ((a[:, 0] != c[:, 0]) | (a[:, 2] != c[:, 2]) | (a[:, 3] != c[:, 3]) | (a[:, 1] != b[:, 0])
+                     | (b[:, 1] == 0) | (b[:, 2] == 0) | (b[:, 3] != 1) | (a[:, 2] % c1 != 0) | (a[:, 3] % c2 != 0))
+        same = kind == _K_SAME
+        Fn = F[:n]
+        bn = same & _IS_BINARY[op]                    # ggml_can_repeat(b, a)
+        b4 = np.where(bn[:, None], b[:, :4], one)
+        bad |= bn & ((s1 < 0) | (b4 <= 0).any(1) | (Fn[:, :4] % np.where(b4 > 0, b4, one) != 0).any(1))
+        bad |= same & (op == ggml.GGML_OP_ROPE) & ((s1 < 0) | (b[:, 0] != Fn[:, 2]))
+        bad |= same & (op == ggml.GGML_OP_GLU) & (b[:, :4] != a[:, :4]).any(1)
+        bad |= same & (op == ggml.GGML_OP_SOFT_MAX) & (s1 >= 0) & ((b[:, 0] != Fn[:, 0]) | (b[:, 1] < Fn[:, 1]))
+    if bad.any():
+        return None
+    # which rows changed; an unknown node may not read one, and a derived node whose sources did not change must keep
+    # its shape (it does in a graph as built: anything else, node by node decides)
+    rowchg = (F != O).any(1)
+    srcchg = (rowchg[sidx] & (sidx >= 0)).any(1)
+    if (srcchg & (kind == _K_UNKNOWN) & ~isrec[:n]).any() or (need & ~srcchg & rowchg[:n]).any():
+        return None
+    # a recorded reshape / cont keeps its source's element count; a recorded view stays inside its source
+    rr = R[rchg]
+    rn = rr[rr < n]
+    rs = rn[(op[rn] == _OP_RESHAPE) | (op[rn] == _OP_CONT)]
+    if rs.size and (np.prod(F[rs, :4], 1) != np.prod(F[s0[rs], :4], 1)).any():
+        return None
+    rv = R[rchg & is_view]
+    if rv.size:
+        vs, ok = rows(W[rv, _Q_VIEW_SRC])
+        if not ok.all():
+            return None
+        if (W[rv, _Q_VIEW_OFFS].astype(np.int64) + _nbytes_rows(typ[rv], F[rv]) > _nbytes_rows(typ[vs], F[vs])).any():
+            return None
+    # the writes: the changed shapes into the graph's arena at once (the nodes and the inputs lie there)
+    ch = np.flatnonzero(rowchg)
+    ctx = res.ctx
+    off = A[ch].astype(np.int64) - ctx._base
+    inside = (off >= 0) & (off % 8 == 0) & (off + _TSZ <= ctx.used_mem())
+    ctx._i64[(off[inside] >> 3)[:, None] + _SHAPE_WORDS] = F[ch[inside]]
+    for i in ch[~inside].tolist():
+        (nodes[i] if i < n else leafs[i - n])._q[2:10] = F[i]
     return True
 
 
+_IS_BINARY = np.zeros(_OP_KIND.size, bool)
+_IS_BINARY[sorted(_BINARY)] = True
 def _set_shape(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> None:
     res.n_tokens, res.n_outputs = n_tokens, n_outputs
     if isinstance(n_kv, tuple):
