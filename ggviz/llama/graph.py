@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import ggml
 from ..ggml.consts import GGML_TENSOR_SIZE
-from ..ggml.tensor import _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, arena_structs, tensor_at
+from ..ggml.tensor import _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _name_pack, arena_structs, tensor_at
 
 
 @dataclass
@@ -80,6 +80,9 @@ OUT = 2           # a multiple of n_outputs
 _T000, _0T00, _00T0, _000T = (TOK, 0, 0, 0), (0, TOK, 0, 0), (0, 0, TOK, 0), (0, 0, 0, TOK)
 
 
+_MAX_NAME_1 = ggml.consts.GGML_MAX_NAME - 1
+
+
 def graph_max_nodes(model) -> int:
     """llama_context::graph_max_nodes: max(1024, 8 * n_tensors) (llama.cpp sizes the graph from the model)."""
     return max(1024, 8 * len(model.tensors))
@@ -123,10 +126,11 @@ class LlmGraphContext:
 
     # llm_graph_context::cb -> llama_context's graph callback: name the tensor "<name>-<il>"
     def cb(self, t, name: str, il: int):
-        if il >= 0:
-            ggml.format_name(t, "%s-%d", name, il)
-        else:
-            ggml.set_name(t, name)
+        # ggml_format_name(t, "%s-%d", name, il) / ggml_set_name(t, name): the name's bytes (at most
+        # GGML_MAX_NAME - 1, then the NUL) packed into the struct here, as Tensor.name's setter packs them (a build
+        # names ~700 tensors so)
+        b = (f"{name}-{il}" if il >= 0 else name).encode("utf-8")[:_MAX_NAME_1] + b"\0"
+        _name_pack[len(b)](t._q, 256, b)
         if self.user_cb is not None:
             self.user_cb(t, name, il)
 
@@ -739,6 +743,7 @@ for _t, (_n, _bs, _ts, _q) in ggml.consts.TYPE_TRAITS.items():
 _F4 = np.arange(4)
 _F8 = np.arange(8)
 _TRANSPOSED = np.array([1, 0, 2, 3, 5, 4, 6, 7])
+_FA_Q = np.array([2, 1, 3])
 
 
 def _leaf_words(leafs) -> np.ndarray:
@@ -774,49 +779,51 @@ def _nbytes_rows(typ, V):
     return np.where((ne <= 0).any(1), 0, n)
 
 
-def _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv) -> bool:
-    """derive_graph for a new ubatch shape over arrays (see above), the shapes written when True; None where it
-    cannot vouch (the caller derives node by node, which decides). ``words``: the nodes' struct words, gathered
-    from the graph's arena (all of them lie there)."""
-    leafs = res.gf.leafs
-    n, nl = len(nodes), len(leafs)
-    m = n + nl
-    if not n or not rec:
-        return None
-    W = np.concatenate((words[:, :_NQ], _leaf_words(leafs)))
-    A = W[:, 0].copy()
+class _Graph:
+    """The arrays _derive_arrays works on: the struct words of the nodes then the leafs (``W``), their addresses
+    (``A``), old shapes (``O``: (m, 8)), types, the nodes' ops, their sources as rows (``sidx``, -1 for NULL)."""
+    __slots__ = ("n", "m", "W", "A", "O", "typ", "op", "S", "sidx", "order", "sA")
+
+    def rows(self, a):
+        """The rows of the addresses ``a`` and whether each was found."""
+        pos = np.minimum(np.searchsorted(self.sA, a), self.m - 1)
+        return self.order[pos], self.sA[pos] == a
+
+
+def _graph_arrays(nodes, leafs, words, addrs):
+    g = _Graph()
+    n = len(nodes)
+    g.n, g.m = n, n + len(leafs)
+    g.W = W = np.concatenate((words[:, :_NQ], _leaf_words(leafs)))
+    g.A = A = W[:, 0].copy()
     A[:n] = addrs
     A[n:] = [t.addr for t in leafs]
-    O = W[:, 2:10].view(np.int64)                     # the old shapes, (m, 8)
-    typ = (W[:, 0] & _LO).astype(np.int64)
-    if typ.max() >= _TS.size:
+    g.O = W[:, 2:10].view(np.int64)
+    g.typ = (W[:, 0] & _LO).astype(np.int64)
+    g.op = (W[:n, 10] & _LO).astype(np.int64)
+    if g.typ.max() >= _TS.size or g.op.max() >= _OP_KIND.size:
         return None
-    Wn = W[:n]
-    op = (Wn[:, 10] & _LO).astype(np.int64)
-    if op.max() >= _OP_KIND.size:
-        return None
-    # rows of (nodes ++ leafs) by address: the sources (-1 for NULL; one outside them: None), the recorded tensors
-    order = np.argsort(A)
-    sA = A[order]
-
-    def rows(a):
-        pos = np.minimum(np.searchsorted(sA, a), m - 1)
-        return order[pos], sA[pos] == a
-
-    S = Wn[:, _Q_SRC:_Q_VIEW_SRC]
+    g.order = np.argsort(A)
+    g.sA = A[g.order]
+    g.S = S = W[:n, _Q_SRC:_Q_VIEW_SRC]
     nz = S != 0
-    sr, found = rows(S[nz])
+    sr, found = g.rows(S[nz])
     if not found.all():
-        return None
-    sidx = np.full(S.shape, -1, np.int64)
-    sidx[nz] = sr
-    # the recorded tensors' new shapes: their dims rescaled (TOK, OUT), their n_kv dim set
+        return None                  # (a source outside the graph's nodes and leafs)
+    g.sidx = np.full(S.shape, -1, np.int64)
+    g.sidx[nz] = sr
+    return g
+
+
+def _recorded_arrays(g, rec, old, new, new_kv):
+    """The recorded tensors' rows ``R`` and new shapes ``V`` (their dims rescaled, their n_kv dim set, the strides a
+    view keeps rescaled, the others' contiguous), whether their dims changed, whether each is a view; None where a
+    record does not hold."""
     recs = list(rec.values())
     k = len(recs)
-    ra = np.array([e[0].addr for e in recs], np.uint64)
-    R, found = rows(ra)
+    R, found = g.rows(np.array([e[0].addr for e in recs], np.uint64))
     if not found.all():
-        return None                  # (a recorded tensor outside the graph: node by node)
+        return None                  # (a recorded tensor outside the graph)
     NER = np.zeros((k, 4), np.int64)
     NBR = np.zeros((k, 4), np.int64)
     KVD = np.full((k, 2), -1, np.int64)
@@ -827,74 +834,79 @@ def _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv) -> bool:
             NBR[j] = nb_r
         if kvd is not None:
             KVD[j] = kvd
-    oldv = np.array(old, np.int64)
-    newv = np.array(new, np.int64)
+    oldv, newv = np.array(old, np.int64), np.array(new, np.int64)
+    O, W = g.O, g.W
     V = O[R].copy()
-    for roles, lo in ((NER, 0), (NBR, 4)):
-        if lo == 4:
-            # a recorded view (not a reshape) whose dims changed keeps its strides but those recorded (rescaled); the
-            # others get the contiguous strides of their dims
-            is_view = (W[R, _Q_VIEW_SRC] != 0) & ((W[R, 10] & _LO) != _OP_RESHAPE)
-            roles = np.where(is_view[:, None], roles, 0)
-        den = oldv[roles]
-        part = V[:, lo:lo + 4]
-        if (part % den != 0).any():
-            return None
-        V[:, lo:lo + 4] = np.where(roles > 0, part // den * newv[roles], part)
-        if lo == 0:
-            kv = np.flatnonzero(KVD[:, 0] >= 0)
-            if kv.size:
-                V[kv, KVD[kv, 1]] = np.array(new_kv, np.int64)[KVD[kv, 0]]
-            rchg = (V[:, :4] != O[R, :4]).any(1)
+    den = oldv[NER]
+    if (V[:, :4] % den != 0).any():
+        return None
+    V[:, :4] = np.where(NER > 0, V[:, :4] // den * newv[NER], V[:, :4])
+    kv = np.flatnonzero(KVD[:, 0] >= 0)
+    if kv.size:
+        V[kv, KVD[kv, 1]] = np.array(new_kv, np.int64)[KVD[kv, 0]]
+    rchg = (V[:, :4] != O[R, :4]).any(1)
+    # a recorded view (not a reshape) whose dims changed keeps its strides but those recorded (rescaled); the others
+    # get the contiguous strides of their dims
+    is_view = (W[R, _Q_VIEW_SRC] != 0) & ((W[R, 10] & _LO) != _OP_RESHAPE)
+    NBR = np.where(is_view[:, None], NBR, 0)
+    den = oldv[NBR]
+    if (V[:, 4:] % den != 0).any():
+        return None
+    V[:, 4:] = np.where(NBR > 0, V[:, 4:] // den * newv[NBR], V[:, 4:])
     V[~rchg] = O[R[~rchg]]                            # (unchanged dims: the struct as it is)
     cont = np.flatnonzero(rchg & ~is_view)
     if cont.size:
-        tc = typ[R[cont]]
+        tc = g.typ[R[cont]]
         ts, bs = _TS[tc], _BS[tc]
         if (bs == 0).any():
             return None
         nb1 = ts * V[cont, 0] // bs
         nb2 = nb1 * V[cont, 1]
         V[cont, 4:] = np.stack((ts, nb1, nb2, nb2 * V[cont, 2]), 1)
-    X = O.copy()
-    X[R] = V
-    isrec = np.zeros(m, bool)
-    isrec[R] = True
-    # the nodes' kinds; an unrecorded node that is a view (but a permute, a transpose, a set_rows), a non-split GLU, a
-    # cont / cpy that is not a new tensor of its source's shape: unknown (none of its sources may change)
+    return R, V, rchg, is_view
+
+
+def _node_kinds(g, isrec):
+    """Each node's kind (_K_*): an unrecorded node that is a view (but a permute, a transpose, a set_rows), a
+    non-split GLU, a cont / cpy that is not a new tensor of its source's shape, a recorded node (its shape is set,
+    not derived): unknown."""
+    n, op, O, S, sidx = g.n, g.op, g.O, g.S, g.sidx
     kind = _OP_KIND[op]
-    s0, s1, s2, s3 = sidx[:, 0], sidx[:, 1], sidx[:, 2], sidx[:, 3]
-    vsrc = Wn[:, _Q_VIEW_SRC] != 0
+    s0, s1 = sidx[:, 0], sidx[:, 1]
+    vsrc = g.W[:n, _Q_VIEW_SRC] != 0
     kind[vsrc & (kind != _K_PERMUTE) & (kind != _K_TRANSPOSE) & (kind != _K_SET_ROWS)] = _K_UNKNOWN
     kind[(op == ggml.GGML_OP_GLU) & (s1 < 0)] = _K_UNKNOWN
     cc = (op == ggml.GGML_OP_CONT) | (op == ggml.GGML_OP_CPY)
     if cc.any():
         bad = cc & ((s0 < 0) | (O[:n, :4] != O[s0, :4]).any(1))
-        bad |= (op == ggml.GGML_OP_CPY) & (S[:, 1] != A[:n])
+        bad |= (op == ggml.GGML_OP_CPY) & (S[:, 1] != g.A[:n])
         kind[bad] = _K_UNKNOWN
-    kind[isrec[:n]] = _K_UNKNOWN                      # (recorded: their values are set, not derived)
+    kind[isrec[:n]] = _K_UNKNOWN
+    return kind
+
+
+def _pointers(g, kind):
+    """Field k of the flat (m * 8) values -> the field it copies (itself for an end), followed to the ends; None
+    where a kind lacks a source it reads or a permute's axes are not a permutation."""
+    sidx, Wn = g.sidx, g.W[:g.n]
+    s0, s1, s2 = sidx[:, 0], sidx[:, 1], sidx[:, 2]
     need = kind != _K_UNKNOWN
-    if (need & (s0 < 0)).any():
+    two = (kind == _K_MUL_MAT) | (kind == _K_GET_ROWS) | (kind == _K_FA) | (kind == _K_SET_ROWS)
+    if (need & (s0 < 0)).any() or (two & (s1 < 0)).any() or (((kind == _K_FA) | (kind == _K_SET_ROWS)) & (s2 < 0)).any():
         return None
-    # the pointers: field k of the flat (m * 8) values -> the field it copies; itself for an end
-    P = np.arange(m * 8, dtype=np.int64).reshape(m, 8)
+    P = np.arange(g.m * 8, dtype=np.int64).reshape(g.m, 8)
     base0 = s0 * 8
     r = np.flatnonzero(kind == _K_SAME)
     P[r, :4] = base0[r, None] + _F4
-    r = np.flatnonzero(kind == _K_MUL_MAT)
-    if r.size:
-        P[r, 0] = base0[r] + 1
-        P[r, 1:4] = s1[r, None] * 8 + _F4[1:]
-    r = np.flatnonzero(kind == _K_GET_ROWS)
-    if r.size:
-        P[r, 0] = base0[r]
-        P[r, 1:4] = s1[r, None] * 8 + _F4[:3]
-    r = np.flatnonzero(kind == _K_FA)
-    if r.size:
-        P[r, 0] = s2[r] * 8
-        P[r, 1] = base0[r] + 2
-        P[r, 2] = base0[r] + 1
-        P[r, 3] = base0[r] + 3
+    r = np.flatnonzero(kind == _K_MUL_MAT)                      # [a1, b1, b2, b3]
+    P[r, 0] = base0[r] + 1
+    P[r, 1:4] = s1[r, None] * 8 + _F4[1:]
+    r = np.flatnonzero(kind == _K_GET_ROWS)                     # [a0, b0, b1, b2]
+    P[r, 0] = base0[r]
+    P[r, 1:4] = s1[r, None] * 8 + _F4[:3]
+    r = np.flatnonzero(kind == _K_FA)                           # [v0, q2, q1, q3]
+    P[r, 0] = s2[r] * 8
+    P[r, 1:4] = base0[r, None] + _FA_Q
     r = np.flatnonzero(kind == _K_TRANSPOSE)
     P[r] = base0[r, None] + _TRANSPOSED
     r = np.flatnonzero(kind == _K_PERMUTE)
@@ -908,29 +920,19 @@ def _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv) -> bool:
         P[rr, ax + 4] = base0[rr] + 4 + _F4
     r = np.flatnonzero(kind == _K_SET_ROWS)
     P[r] = s2[r, None] * 8 + _F8
-    two = (kind == _K_MUL_MAT) | (kind == _K_GET_ROWS) | (kind == _K_FA) | (kind == _K_SET_ROWS)
-    if (two & (s1 < 0)).any() or (((kind == _K_FA) | (kind == _K_SET_ROWS)) & (s2 < 0)).any():
-        return None
-    contig = np.flatnonzero((kind == _K_SAME) | (kind == _K_MUL_MAT) | (kind == _K_GET_ROWS) | (kind == _K_FA))
     p = P.reshape(-1)
     for _ in range(64):                               # pointer doubling to the ends
         q = p[p]
         if np.array_equal(q, p):
-            break
+            return p
         p = q
-    else:
-        return None
-    Y = X.reshape(-1)[p].reshape(m, 8)                # every dim (the contiguous nodes' strides: not yet)
-    if contig.size:
-        tc = typ[contig]
-        ts, bs = _TS[tc], _BS[tc]
-        if (bs == 0).any():
-            return None
-        nb1 = ts * Y[contig, 0] // bs
-        nb2 = nb1 * Y[contig, 1]
-        Y[contig, 4:] = np.stack((ts, nb1, nb2, nb2 * Y[contig, 2]), 1)
-    F = Y.reshape(-1)[p].reshape(m, 8)                # ... and every stride
-    # ggml's checks of each op, over all its nodes
+    return None
+
+
+def _checks_fail(g, kind, F) -> bool:
+    """ggml's checks of each op over all its nodes (the new shapes ``F``): does any fail?"""
+    sidx, op = g.sidx, g.op
+    s0, s1, s2, s3 = sidx[:, 0], sidx[:, 1], sidx[:, 2], sidx[:, 3]
     one = np.ones(1, np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
         a, b = F[s0], F[s1]
@@ -940,48 +942,84 @@ def _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv) -> bool:
                     | (b[:, 2] % np.where(mm, a[:, 2], one) != 0) | (b[:, 3] % np.where(mm, a[:, 3], one) != 0))
         bad |= (kind == _K_GET_ROWS) & ((a[:, 2] != b[:, 1]) | (b[:, 3] != 1))
         # flash attention: q = src[0], k = src[1], v = src[2], mask = src[3]
-        fa = kind == _K_FA
-        bad |= fa & ((b[:, 1] != c[:, 1]) | (a[:, 0] != b[:, 0])
-                     | ((s3 >= 0) & ((d[:, 0] != b[:, 1]) | (d[:, 1] < a[:, 1]))))
-        # set_rows(a = src[2], b = src[0], c = src[1])
+        bad |= (kind == _K_FA) & ((b[:, 1] != c[:, 1]) | (a[:, 0] != b[:, 0])
+                                  | ((s3 >= 0) & ((d[:, 0] != b[:, 1]) | (d[:, 1] < a[:, 1]))))
+        # set_rows(a = src[2], b = src[0], c = src[1]) here: c, a, b
         sr = kind == _K_SET_ROWS
         c1 = np.where(sr & (b[:, 1] != 0), b[:, 1], one)
         c2 = np.where(sr & (b[:, 2] != 0), b[:, 2], one)
         bad |= sr & ((a[:, 0] != c[:, 0]) | (a[:, 2] != c[:, 2]) | (a[:, 3] != c[:, 3]) | (a[:, 1] != b[:, 0])
                      | (b[:, 1] == 0) | (b[:, 2] == 0) | (b[:, 3] != 1) | (a[:, 2] % c1 != 0) | (a[:, 3] % c2 != 0))
         same = kind == _K_SAME
-        Fn = F[:n]
+        Fn = F[:g.n]
         bn = same & _IS_BINARY[op]                    # ggml_can_repeat(b, a)
         b4 = np.where(bn[:, None], b[:, :4], one)
         bad |= bn & ((s1 < 0) | (b4 <= 0).any(1) | (Fn[:, :4] % np.where(b4 > 0, b4, one) != 0).any(1))
         bad |= same & (op == ggml.GGML_OP_ROPE) & ((s1 < 0) | (b[:, 0] != Fn[:, 2]))
         bad |= same & (op == ggml.GGML_OP_GLU) & (b[:, :4] != a[:, :4]).any(1)
         bad |= same & (op == ggml.GGML_OP_SOFT_MAX) & (s1 >= 0) & ((b[:, 0] != Fn[:, 0]) | (b[:, 1] < Fn[:, 1]))
-    if bad.any():
+    return bool(bad.any())
+
+
+def _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv) -> bool:
+    """derive_graph for a new ubatch shape over arrays (see above), the shapes written when True; None where it
+    cannot vouch (the caller derives node by node, which decides). ``words``: the nodes' struct words, gathered
+    from the graph's arena (all of them lie there)."""
+    leafs = res.gf.leafs
+    if not nodes or not rec:
+        return None
+    g = _graph_arrays(nodes, leafs, words, addrs)
+    if g is None:
+        return None
+    r = _recorded_arrays(g, rec, old, new, new_kv)
+    if r is None:
+        return None
+    R, V, rchg, is_view = r
+    n, m, O, typ = g.n, g.m, g.O, g.typ
+    X = O.copy()
+    X[R] = V
+    isrec = np.zeros(m, bool)
+    isrec[R] = True
+    kind = _node_kinds(g, isrec)
+    p = _pointers(g, kind)
+    if p is None:
+        return None
+    Y = X.reshape(-1)[p].reshape(m, 8)                # every dim (the contiguous nodes' strides: not yet)
+    contig = np.flatnonzero((kind == _K_SAME) | (kind == _K_MUL_MAT) | (kind == _K_GET_ROWS) | (kind == _K_FA))
+    if contig.size:
+        tc = typ[contig]
+        ts, bs = _TS[tc], _BS[tc]
+        if (bs == 0).any():
+            return None
+        nb1 = ts * Y[contig, 0] // bs
+        nb2 = nb1 * Y[contig, 1]
+        Y[contig, 4:] = np.stack((ts, nb1, nb2, nb2 * Y[contig, 2]), 1)
+    F = Y.reshape(-1)[p].reshape(m, 8)                # ... and every stride
+    if _checks_fail(g, kind, F):
         return None
     # which rows changed; an unknown node may not read one, and a derived node whose sources did not change must keep
     # its shape (it does in a graph as built: anything else, node by node decides)
+    sidx, op = g.sidx, g.op
     rowchg = (F != O).any(1)
     srcchg = (rowchg[sidx] & (sidx >= 0)).any(1)
-    if (srcchg & (kind == _K_UNKNOWN) & ~isrec[:n]).any() or (need & ~srcchg & rowchg[:n]).any():
+    if (srcchg & (kind == _K_UNKNOWN) & ~isrec[:n]).any() or ((kind != _K_UNKNOWN) & ~srcchg & rowchg[:n]).any():
         return None
     # a recorded reshape / cont keeps its source's element count; a recorded view stays inside its source
     rr = R[rchg]
     rn = rr[rr < n]
     rs = rn[(op[rn] == _OP_RESHAPE) | (op[rn] == _OP_CONT)]
-    if rs.size and (np.prod(F[rs, :4], 1) != np.prod(F[s0[rs], :4], 1)).any():
+    if rs.size and (np.prod(F[rs, :4], 1) != np.prod(F[sidx[rs, 0], :4], 1)).any():
         return None
     rv = R[rchg & is_view]
     if rv.size:
-        vs, ok = rows(W[rv, _Q_VIEW_SRC])
-        if not ok.all():
-            return None
-        if (W[rv, _Q_VIEW_OFFS].astype(np.int64) + _nbytes_rows(typ[rv], F[rv]) > _nbytes_rows(typ[vs], F[vs])).any():
+        vs, ok = g.rows(g.W[rv, _Q_VIEW_SRC])
+        if not ok.all() or (g.W[rv, _Q_VIEW_OFFS].astype(np.int64) + _nbytes_rows(typ[rv], F[rv])
+                            > _nbytes_rows(typ[vs], F[vs])).any():
             return None
     # the writes: the changed shapes into the graph's arena at once (the nodes and the inputs lie there)
     ch = np.flatnonzero(rowchg)
     ctx = res.ctx
-    off = A[ch].astype(np.int64) - ctx._base
+    off = g.A[ch].astype(np.int64) - ctx._base
     inside = (off >= 0) & (off % 8 == 0) & (off + _TSZ <= ctx.used_mem())
     ctx._i64[(off[inside] >> 3)[:, None] + _SHAPE_WORDS] = F[ch[inside]]
     for i in ch[~inside].tolist():
