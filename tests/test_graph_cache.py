@@ -765,6 +765,24 @@ def test_derivation_over_arrays_equals_node_by_node(model, which, fa, monkeypatc
     assert len(answers) == len(_SHAPES) and all(x is True for x in answers), answers
 
 
+def test_leaf_words_are_each_leafs_struct(model):
+    """The derivation over arrays reads the leafs' struct words gathered from each context arena they lie in (the
+    weights', the KV cache's, the graph's), one by one for a tensor in no arena (here a handle on bytes of its
+    own): the rows are each tensor's own words, in the leafs' order."""
+    from ggviz.ggml.tensor import Tensor
+    ctx = _derive_ctx(model, "smollm2", -1)
+    res = ctx.build_graph(4, 1, 256)
+    own = np.zeros(336, np.uint8)
+    lone = Tensor(own, None)
+    lone._q[2:10] = [3, 1, 1, 1, 4, 12, 12, 12]
+    leafs = [lone] + list(res.gf.leafs)[::-1] + [lone]
+    assert len({id(t.ctx) for t in leafs}) >= 4
+    W = llama_graph._leaf_words(leafs)
+    assert W.shape == (len(leafs), llama_graph._NQ)
+    assert all(np.array_equal(W[i], t._q[:llama_graph._NQ]) for i, t in enumerate(leafs))
+    assert llama_graph._leaf_words([]).shape == (0, llama_graph._NQ)
+
+
 def test_derivation_over_arrays_refuses_as_node_by_node(model, monkeypatch):
     """With the records of one site dropped (graphs a derivation must refuse, or would get wrong: see
     test_graph_derivation_needs_every_record), with a weight's shape that no longer fits its MUL_MAT, and with an
