@@ -756,6 +756,93 @@ def test_graph_derivation_needs_every_record(model):
         assert G.derive_graph(res, 512, 512, 256)          # (n_kv alone needs no n_tokens records)
 
 
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("fa", [-1, 0], ids=["flash_attn", "no_flash_attn"])
+def test_derivation_over_arrays_equals_node_by_node(model, which, fa, monkeypatch):
+    """derive_graph for a new ubatch shape works over arrays (graph._derive_arrays: each dim and stride followed to
+    the one it copies, the contiguous strides and ggml's checks over all nodes of an op at once), node by node only
+    where that cannot vouch. It answers for every shape of these graphs (none falls back to node by node), and the
+    graph it leaves is word for word the one the node-by-node derivation (VECTORIZED False) leaves -- which the test
+    above compares with fresh builds."""
+    G = llama_graph
+    ctx = _derive_ctx(model, which, fa)
+    answers = []
+    arrays = G._derive_arrays
+    monkeypatch.setattr(G, "_derive_arrays", lambda *a: answers.append(arrays(*a)) or answers[-1])
+    a = ctx.build_graph(512, 512, _n_kv(ctx, 512))
+    b = ctx.build_graph(512, 512, _n_kv(ctx, 512))
+    for n_tokens, n_outputs, n_kv in _SHAPES:
+        for res, vec in ((a, True), (b, False)):
+            monkeypatch.setattr(G, "VECTORIZED", vec)
+            assert G.derive_graph(res, n_tokens, n_outputs, _n_kv(ctx, n_kv)), (vec, n_tokens, n_outputs, n_kv)
+        what = (which, fa, n_tokens, n_outputs, n_kv)
+        assert _words(a) == _words(b) and _graph_structs(a) == _graph_structs(b), what
+    assert len(answers) == len(_SHAPES) and all(x is True for x in answers), answers
+
+
+def test_leaf_words_are_each_leafs_struct(model):
+    """The derivation over arrays reads the leafs' struct words gathered from each context arena they lie in (the
+    weights', the KV cache's, the graph's), one by one for a tensor in no arena (here a handle on bytes of its
+    own): the rows are each tensor's own words, in the leafs' order."""
+    from ggviz.ggml.tensor import Tensor
+    ctx = _derive_ctx(model, "smollm2", -1)
+    res = ctx.build_graph(4, 1, 256)
+    own = np.zeros(336, np.uint8)
+    lone = Tensor(own, None)
+    lone._q[2:10] = [3, 1, 1, 1, 4, 12, 12, 12]
+    leafs = [lone] + list(res.gf.leafs)[::-1] + [lone]
+    assert len({id(t.ctx) for t in leafs}) >= 4
+    W = llama_graph._leaf_words(leafs)
+    assert W.shape == (len(leafs), llama_graph._NQ)
+    assert all(np.array_equal(W[i], t._q[:llama_graph._NQ]) for i, t in enumerate(leafs))
+    assert llama_graph._leaf_words([]).shape == (0, llama_graph._NQ)
+
+
+def test_derivation_over_arrays_refuses_as_node_by_node(model, monkeypatch):
+    """With the records of one site dropped (graphs a derivation must refuse, or would get wrong: see
+    test_graph_derivation_needs_every_record), with a weight's shape that no longer fits its MUL_MAT, and with an
+    op the derivation has no rule for put in a node's place, the derivation over arrays and the node-by-node one
+    give the same answer and leave the same arena bytes."""
+    import re
+    G = llama_graph
+    for fa in (-1, 0):
+        ctx = _derive_ctx(model, "smollm2", fa)
+        res = ctx.build_graph(512, 512, 512)
+        arena = res.ctx.mem_buffer.copy()
+        tok_dims, kv_dims = res.tok_dims, res.kv_dims
+        cases: dict = {}
+        for k, (t, ne_r, nb_r) in enumerate(tok_dims):
+            cases.setdefault(("tok", re.sub(r"-\d+", "", t.name), ne_r, nb_r), []).append(k)
+        for k, (t, cache, dim) in enumerate(kv_dims):
+            cases.setdefault(("kv", re.sub(r"_l\d+|-\d+", "", t.name), dim), []).append(k)
+        w = next(t for t in res.gf.leafs if t.name == "blk.3.ffn_down.weight")
+        node = next(t for t in res.gf.nodes if t.name == "ffn_swiglu-5")
+        cases[("weight",)] = cases[("op",)] = []
+        n_answers = {True: 0, False: 0}
+        for case, ks in cases.items():
+            out = []
+            for vec in (True, False):
+                monkeypatch.setattr(G, "VECTORIZED", vec)
+                res.tok_dims = [r for k, r in enumerate(tok_dims) if not (case[0] == "tok" and k in ks)]
+                res.kv_dims = [r for k, r in enumerate(kv_dims) if not (case[0] == "kv" and k in ks)]
+                ne = w.ne.tolist()
+                if case[0] == "weight":
+                    w.ne[0] = ne[0] * 2          # (its MUL_MAT's check fails)
+                if case[0] == "op":
+                    node.op = ggml.GGML_OP_ARGSORT
+                try:
+                    ok = G.derive_graph(res, 4, 1, 256)
+                    out.append((ok, res.ctx.mem_buffer.tobytes(), res.n_tokens))
+                finally:
+                    w.ne[:] = ne
+                    res.ctx.mem_buffer[:] = arena
+                    res.n_tokens, res.n_outputs, res.n_kv = 512, 512, 512
+            assert out[0] == out[1], (fa, case)
+            n_answers[out[0][0]] += 1
+        assert n_answers[True] and n_answers[False], n_answers
+        res.tok_dims, res.kv_dims = tok_dims, kv_dims
+
+
 def test_derivation_guards_build_and_logits_equal(model, monkeypatch):
     """Where the graph must be a real build it is: with a trace listener recording (the views record the build's
     events: graph.visit) and with LLAMA_GRAPH_REUSE_DISABLE (every ubatch built). The counters say which: a derived

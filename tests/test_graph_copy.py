@@ -221,3 +221,36 @@ def test_views_and_reuse_disabled_build_every_graph(monkeypatch):
     assert ctx.n_graph_copied == 0
     llama.free(ctx)
     context_pool.context_pool_clear(model)
+
+
+def test_handles_read_and_write_the_struct_through_views_made_when_first_read():
+    """A tensor handle's ``raw``, ``nb`` and ``op_params`` are made when first read (a build or a copy makes ~1,000
+    handles, most never read through them): for a built tensor, a copied one and one made by ``Tensor(raw)``, each
+    is a view of the struct's own bytes in the arena, and a write through it is a write of the struct (what
+    ``t->nb[1] = ..`` does in C)."""
+    from ggviz.ggml.tensor import Tensor
+    ctx = _ctx("smollm2", -1)
+    src = ctx.build_graph(1, 1, ctx.kv.size)
+    cp = graph_copy.copy_graph(src)
+    arena = ggml.init(1 << 12, no_alloc=True)
+    made = ggml.new_tensor_2d(arena, ggml.GGML_TYPE_F32, 8, 3)
+    for t in (cp.gf.nodes[5], made):
+        assert t._raw is None and t._nb is None and t._op_params is None
+    by_init = Tensor(made.raw, arena, made.addr)
+    for t in (src.gf.nodes[5], cp.gf.nodes[5], made, by_init):
+        buf, offs = t.ctx.mem_buffer, t.addr - t.ctx.base
+        assert t.raw.ctypes.data == t.addr and t.raw.nbytes == 336 and t.raw.dtype == np.uint8
+        assert t.nb.ctypes.data == t.addr + 48 and t.nb.dtype == np.int64 and t.nb.size == 4
+        assert t.op_params.ctypes.data == t.addr + 84 and t.op_params.dtype == np.int32 and t.op_params.size == 16
+        assert t.raw is t.raw and t.nb is t.nb and t.op_params is t.op_params
+        before = buf[offs:offs + 336].copy()
+        nb1, p2 = int(t.nb[1]), int(t.op_params[2])
+        t.nb[1] = 12345
+        t.op_params[2] = -7
+        assert buf[offs + 56:offs + 64].view(np.int64)[0] == 12345 and t._q[7] == 12345
+        assert buf[offs + 92:offs + 96].view(np.int32)[0] == -7 and t.raw[92:96].view(np.int32)[0] == -7
+        t.nb[1], t.op_params[2] = nb1, p2
+        assert np.array_equal(buf[offs:offs + 336], before)
+        t.name = "renamed"
+        assert t.raw[256:264].tobytes() == b"renamed\0" and t.name == "renamed"
+    ggml.free(cp.ctx)

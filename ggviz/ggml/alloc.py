@@ -1187,7 +1187,7 @@ def _plan_fits_arrays(galloc: ggml_gallocr, graph):
     T = list(graph.nodes[:n]) + list(graph.leafs)
     if not T:
         return True
-    W = np.concatenate([t.raw for t in T]).view(np.int64).reshape(len(T), C.GGML_TENSOR_SIZE // 8)
+    W = np.concatenate([t._q for t in T]).view(np.int64).reshape(len(T), C.GGML_TENSOR_SIZE // 8)
     addrs = np.fromiter((t.addr for t in T), np.int64, len(T))
     order = np.argsort(addrs)
     sa = addrs[order]
@@ -1290,7 +1290,7 @@ def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
     if not T or galloc.n_nodes != n or galloc.n_leafs != nl:
         return False
     m = len(T)
-    W = np.concatenate([t.raw for t in T]).view(np.int64).reshape(m, C.GGML_TENSOR_SIZE // 8)
+    W = np.concatenate([t._q for t in T]).view(np.int64).reshape(m, C.GGML_TENSOR_SIZE // 8)
     addrs = np.fromiter((t.addr for t in T), np.int64, m)
     order = np.argsort(addrs)
     sa = addrs[order]

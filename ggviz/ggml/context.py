@@ -83,6 +83,11 @@ class Object:
         return f"<ggml_object {OBJECT_TYPE_NAMES.get(self.type)} offs={self.offs} size={self.size}>"
 
 
+# ggviz: an Object made without its __init__ frame (its three slots set by the caller): a graph build and a graph copy
+# make one per tensor
+_new_object = Object.__new__
+
+
 class Context:
     """``struct ggml_context``. ``mem_buffer`` is the arena as a NumPy uint8 array."""
 
@@ -249,7 +254,8 @@ class Context:
             _TENSOR_STRUCT.pack_into(mv, offs, type_, ne0, ne1, ne2, ne3, *nb,
                                      0 if view_src is None else view_src.addr, view_offs,
                                      (addr + _TSZ) if obj_alloc_size > 0 else data)
-            obj = Object(cur_end, self)
+            obj = _new_object(Object)          # (Object(cur_end, self) without its __init__ frame)
+            obj.hdr_offs, obj.ctx, obj.payload = cur_end, self, None
             if objects:
                 # obj_cur->next = obj_new (a real pointer)
                 self._u64[(objects[-1].hdr_offs >> 3) + 2] = self._base + cur_end
@@ -427,14 +433,15 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
         ne = list(map(_index_all, ne[:n_dims]))
     except TypeError:
         raise GGMLError(f"{fn}: ne must hold integers, got {list(ne[:n_dims])}") from None
-    if min(ne) < 0 or max(ne) > INT64_MAX:
+    ne4 = ne + _ONES[n_dims] if n_dims < C.GGML_MAX_DIMS else ne
+    ne0, ne1, ne2, ne3 = ne4
+    x = ne0 | ne1 | ne2 | ne3             # (< 0: one is negative; > INT64_MAX: one has a bit past 62 -- min and max
+    if x < 0 or x > INT64_MAX:            # in one go)
         for x in ne:
             if not 0 <= x <= INT64_MAX:
                 raise GGMLError(f"{fn}: ne={ne}: each dimension must be in 0..INT64_MAX"
                                 + (" (negative dimension)" if x < 0 else " (does not fit int64_t)"))
-    if n_dims < C.GGML_MAX_DIMS:
-        ne += _ONES[n_dims]
-    ne0, ne1, ne2, ne3 = ne
+    ne = ne4
     _, bs, ts, _ = tr
     if ne0 % bs:
         raise GGMLError(f"{fn}: ne[0] = {ne0} is not a multiple of {type_name(type_)}'s block size {bs}")

@@ -22,7 +22,7 @@ from . import consts as C
 from .context import Context, GGMLError
 from .tensor import _Q_SRC, _W_FLAGS, _W_OP, Tensor, _registry_refs, tensor_at
 
-_NAME0 = 256                     # the first byte of struct ggml_tensor's name (NUL: no name)
+_NAME0_WORD = 32                 # the word whose low byte is the first of struct ggml_tensor's name (NUL: no name)
 # node->src[0..9] (words 19..28 of the struct) as a tuple of addresses, unpacked from the struct's words (half the
 # cost of slicing them out and tolist)
 _unpack_srcs = struct.Struct(f"<{C.GGML_MAX_SRC}Q").unpack_from
@@ -345,7 +345,7 @@ def _leave(cg: CGraph, node: Tensor, pos: int) -> None:
     else:
         lst, kind = cg.nodes, "node"
     n = len(lst)
-    if not node.raw.item(_NAME0):
+    if not node._q.item(_NAME0_WORD) & 0xFF:
         node.name = f"{kind}_{n}"
     if n >= cg.size:
         raise GGMLError(f"graph is full: it holds {cg.size} {kind}s (ggml_new_graph_custom size); "
@@ -485,7 +485,7 @@ def _visit_frames(cg: CGraph, r: list) -> int:
             else:
                 lst, ptrs = nodes, nodes_ptr
             n = len(lst)
-            if tr or n >= gsize or not node.raw.item(_NAME0):
+            if tr or n >= gsize or not node._q.item(_NAME0_WORD) & 0xFF:
                 _leave(cg, node, pos)       # (a trace event, a name to give, a full graph: _leave does it all)
             else:
                 # _leave for a named node of a graph with room (most of them), written out

@@ -124,10 +124,10 @@ def _name_after(r: Tensor, a: Tensor, suffix: bytes) -> None:
     name bytes: a's name copied with the suffix, truncated to GGML_MAX_NAME - 1 bytes plus the NUL like
     vsnprintf -- without decoding a's name and encoding the result again (a build names ~1,000 tensors so). A
     name that is not ASCII goes through format_name (its bytes as the str round trip leaves them)."""
-    nm = _name_unpack(a.raw, 256)[0].partition(b"\0")[0]
+    nm = _name_unpack(a._q, 256)[0].partition(b"\0")[0]
     if nm.isascii():
         b = (nm + suffix)[:C.GGML_MAX_NAME - 1] + b"\0"
-        _name_pack[len(b)](r.raw, 256, b)
+        _name_pack[len(b)](r._q, 256, b)
     else:
         format_name(r, "%s" + suffix.decode(), a.name)
 

@@ -98,18 +98,18 @@ class _SrcArray:
 
 class Tensor:
     """Handle on a ``struct ggml_tensor`` living in an arena. Attribute names are the C field names."""
-    __slots__ = ("addr", "raw", "_w", "_q", "ne", "nb", "op_params", "ctx", "py_extra", "__weakref__")
+    __slots__ = ("addr", "_raw", "_w", "_q", "ne", "_nb", "_op_params", "ctx", "py_extra", "__weakref__")
 
     def __init__(self, raw: np.ndarray, ctx=None, addr: int | None = None):
-        self.raw = raw                      # the 336 struct bytes (a view into the arena)
+        self._raw = raw                     # the 336 struct bytes (a view into the arena)
         self.addr = raw.ctypes.data if addr is None else addr     # (``addr``: the caller knows it, and
         #                                                             ndarray.ctypes costs an object per access)
         self._w = raw.view(np.int32)
         self._q = raw.view(np.uint64)
-        # ne/nb/op_params are live views: `t.ne[1] = 3` writes the struct, exactly like `t->ne[1] = 3`
+        # ne/nb/op_params are live views: `t.ne[1] = 3` writes the struct, exactly like `t->ne[1] = 3` (nb and
+        # op_params made when first read: see below)
         self.ne = raw[16:48].view(np.int64)
-        self.nb = raw[48:80].view(np.int64)   # size_t in C; int64 here so stride arithmetic stays signed
-        self.op_params = raw[84:148].view(np.int32)
+        self._nb = self._op_params = None
         self.ctx = ctx
         self.py_extra = None                # Python-side annotations (backend, trace ids); not part of the struct
         _registry[self.addr] = self
@@ -125,6 +125,32 @@ class Tensor:
     buffer = property(lambda s: s._q.item(_Q_BUFFER), lambda s, v: s._q.__setitem__(_Q_BUFFER, 0 if v is None else v))
     extra = property(lambda s: s._q.item(_Q_EXTRA), lambda s, v: s._q.__setitem__(_Q_EXTRA, 0 if v is None else v))
 
+    # raw, nb and op_params: views made when first read. A graph's tensors are made by the thousand (a build, a
+    # copy) and most of them never have their bytes, strides or op params read through these views (the build,
+    # the scheduler and the allocator read the struct's words, ``_q`` / ``_w``): a NumPy view each made for
+    # nothing. (ne is read for most tensors: made at once)
+    @property
+    def raw(self):
+        """The 336 struct bytes (a uint8 view of the arena)."""
+        v = self._raw
+        if v is None:
+            v = self._raw = self._q.view(np.uint8)
+        return v
+
+    @property
+    def nb(self):
+        v = self._nb
+        if v is None:
+            v = self._nb = self._q[6:10].view(np.int64)   # size_t in C; int64 here so stride arithmetic stays signed
+        return v
+
+    @property
+    def op_params(self):
+        v = self._op_params
+        if v is None:
+            v = self._op_params = self._w[21:37]
+        return v
+
     @property
     def view_src(self):
         return tensor_at(self._q.item(_Q_VIEW_SRC))
@@ -139,7 +165,7 @@ class Tensor:
 
     @property
     def name(self) -> str:
-        return _name_unpack(self.raw, 256)[0].partition(b"\0")[0].decode("utf-8", "replace")
+        return _name_unpack(self._q, 256)[0].partition(b"\0")[0].decode("utf-8", "replace")
 
     @name.setter
     def name(self, value: str):
@@ -147,7 +173,7 @@ class Tensor:
         # vsnprintf in ggml_format_name). The bytes after the NUL are left alone, as in C: renaming to a shorter
         # name keeps the tail of the old one in the struct.
         b = value.encode("utf-8")[:C.GGML_MAX_NAME - 1] + b"\0"
-        _name_pack[len(b)](self.raw, 256, b)         # (packed into the struct's bytes: no array made for them)
+        _name_pack[len(b)](self._q, 256, b)          # (packed into the struct's bytes: no array made for them)
 
     # -- conveniences (not C fields)
     @property
@@ -225,18 +251,16 @@ def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
     """ggviz: ``Tensor(ctx.mem_buffer[offs:offs + 336], ctx, addr)`` for a struct at an 8-byte aligned ``offs`` of
     a context's arena, its fields sliced out of the arena's typed views (``ctx._i32`` / ``ctx._u64`` /
     ``ctx._i64``: one slice each instead of a slice and a dtype view) and registered without
-    WeakValueDictionary.__setitem__'s frame. The same handle: ``raw``, ``_w``, ``_q``, ``ne``, ``nb``,
-    ``op_params`` are views of the same bytes."""
+    WeakValueDictionary.__setitem__'s frame. The same handle: ``_w``, ``_q``, ``ne`` are views of the same bytes
+    (``raw``, ``nb`` and ``op_params`` too, made when first read)."""
     t = Tensor.__new__(Tensor)
-    t.raw = ctx.mem_buffer[offs:offs + C.GGML_TENSOR_SIZE]
+    t._raw = None                            # (made when first read)
     t.addr = addr
     w, q = offs >> 2, offs >> 3
     t._w = ctx._i32[w:w + C.GGML_TENSOR_SIZE // 4]
     t._q = ctx._u64[q:q + C.GGML_TENSOR_SIZE // 8]
-    i64 = ctx._i64
-    t.ne = i64[q + 2:q + 6]
-    t.nb = i64[q + 6:q + 10]
-    t.op_params = ctx._i32[w + 21:w + 37]
+    t.ne = ctx._i64[q + 2:q + 6]
+    t._nb = t._op_params = None              # (made when first read)
     t.ctx = ctx
     t.py_extra = None
     if _registry._pending_removals:
@@ -298,7 +322,7 @@ def set_op_params(t: Tensor, values: bytes) -> None:
     if len(values) > C.GGML_MAX_OP_PARAMS:
         raise ValueError(f"op params of {len(values)} bytes exceed GGML_MAX_OP_PARAMS ({C.GGML_MAX_OP_PARAMS})")
     if type(values) is bytes:
-        t.raw.data[84:84 + len(values)] = values     # (through the bytes' memoryview: no array made for them)
+        _name_pack[len(values)](t._q, 84, values)    # (packed into the struct's bytes: no array made for them)
     else:
         t.raw[84:84 + len(values)] = np.frombuffer(values, dtype=np.uint8)
 

@@ -17,6 +17,7 @@ of freed contexts' machinery are in context_pool.py; PowerInfer's hybrid executo
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 import os
 import threading
@@ -760,7 +761,7 @@ class LlamaContext(context_pool.GraphCache):
 
     def build_graph(self, n_tokens: int, n_outputs: int, n_kv: int):
         b = arch_models.graph_builder(self.model.arch)(self.model, self.kv, self, n_tokens, n_outputs, n_kv,
-                              cb_name=lambda t, name, il: self._graph_cb(t, name, il, n_tokens))
+                              cb_name=functools.partial(self._graph_cb, n_tokens=n_tokens))
         self._build_pins = pins = []
         self._build_norms = norms = []
         try:

@@ -16,10 +16,14 @@ the graph of another ubatch shape, byte for byte what a build would make, instea
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .. import ggml
-from ..ggml.tensor import _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, tensor_at
+from ..ggml.consts import GGML_TENSOR_SIZE
+from ..ggml.tensor import _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _name_pack, arena_structs, tensor_at
 
 
 @dataclass
@@ -76,6 +80,9 @@ OUT = 2           # a multiple of n_outputs
 _T000, _0T00, _00T0, _000T = (TOK, 0, 0, 0), (0, TOK, 0, 0), (0, 0, TOK, 0), (0, 0, 0, TOK)
 
 
+_MAX_NAME_1 = ggml.consts.GGML_MAX_NAME - 1
+
+
 def graph_max_nodes(model) -> int:
     """llama_context::graph_max_nodes: max(1024, 8 * n_tensors) (llama.cpp sizes the graph from the model)."""
     return max(1024, 8 * len(model.tensors))
@@ -119,10 +126,11 @@ class LlmGraphContext:
 
     # llm_graph_context::cb -> llama_context's graph callback: name the tensor "<name>-<il>"
     def cb(self, t, name: str, il: int):
-        if il >= 0:
-            ggml.format_name(t, "%s-%d", name, il)
-        else:
-            ggml.set_name(t, name)
+        # ggml_format_name(t, "%s-%d", name, il) / ggml_set_name(t, name): the name's bytes (at most
+        # GGML_MAX_NAME - 1, then the NUL) packed into the struct here, as Tensor.name's setter packs them (a build
+        # names ~700 tensors so)
+        b = (f"{name}-{il}" if il >= 0 else name).encode("utf-8")[:_MAX_NAME_1] + b"\0"
+        _name_pack[len(b)](t._q, 256, b)
         if self.user_cb is not None:
             self.user_cb(t, name, il)
 
@@ -355,120 +363,147 @@ class LlmGraphContext:
 _TYPE_SIZES: dict = {}
 
 
-def _contiguous_nb(type_: int, ne) -> list:
+def _contiguous_nb(type_: int, ne0: int, ne1: int, ne2: int) -> tuple:
+    """The strides ggml gives a fresh tensor of this type and shape (ggml_new_tensor_impl)."""
     ts = _TYPE_SIZES.get(type_)
     if ts is None:
         ts = _TYPE_SIZES[type_] = (ggml.type_size(type_), ggml.blck_size(type_))
-    rs = ts[0] * ne[0] // ts[1]          # ggml_row_size
-    return [ts[0], rs, rs * ne[1], rs * ne[1] * ne[2]]
+    rs = ts[0] * ne0 // ts[1]          # ggml_row_size
+    return ts[0], rs, rs * ne1, rs * ne1 * ne2
 
 
-def _nbytes(type_: int, ne, nb) -> int:
-    """ggml_nbytes of a tensor of shape (ne, nb)."""
-    if any(x <= 0 for x in ne):
+def _nbytes(type_: int, v) -> int:
+    """ggml_nbytes of a tensor of this type and shape (its 8 values: ne, nb)."""
+    ne0, ne1, ne2, ne3, nb0, nb1, nb2, nb3 = v
+    if ne0 <= 0 or ne1 <= 0 or ne2 <= 0 or ne3 <= 0:
         return 0
-    blck = ggml.blck_size(type_)
-    n = ggml.type_size(type_) if blck == 1 else ne[0] * nb[0] // blck
-    for i in range(1 if blck != 1 else 0, 4):
-        n += (ne[i] - 1) * nb[i]
-    return n
+    ts = _TYPE_SIZES.get(type_)
+    if ts is None:
+        ts = _TYPE_SIZES[type_] = (ggml.type_size(type_), ggml.blck_size(type_))
+    n = (ts[0] + (ne0 - 1) * nb0) if ts[1] == 1 else ne0 * nb0 // ts[1]
+    return n + (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
 
 
-# The struct ggml_tensor words (64-bit) derive_graph reads from one ``_q.tolist()`` per tensor: type (low half of
-# word 0), ne (2..5), nb (6..9), op (low half of word 10), src (19..28), view_src (29), view_offs (30)
+# The struct ggml_tensor words (64-bit) derive_graph reads: type (low half of word 0), ne (2..5), nb (6..9), op (low
+# half of word 10), src (19..28), view_src (29), view_offs (30). A tensor's shape is handled as one list of 8 ints,
+# [ne0, ne1, ne2, ne3, nb0, nb1, nb2, nb3] (words 2..9, in the struct's order)
 _NQ = _Q_VIEW_OFFS + 1
 _LO = 0xFFFFFFFF
 _SAME_SHAPE = frozenset((ggml.GGML_OP_SCALE, ggml.GGML_OP_RMS_NORM, ggml.GGML_OP_NORM, ggml.GGML_OP_UNARY))
 _BINARY = frozenset((ggml.GGML_OP_ADD, ggml.GGML_OP_SUB, ggml.GGML_OP_MUL, ggml.GGML_OP_DIV))
+_OP_PERMUTE, _OP_TRANSPOSE, _OP_SET_ROWS = ggml.GGML_OP_PERMUTE, ggml.GGML_OP_TRANSPOSE, ggml.GGML_OP_SET_ROWS
+_OP_MUL_MAT, _OP_RESHAPE, _OP_CONT = ggml.GGML_OP_MUL_MAT, ggml.GGML_OP_RESHAPE, ggml.GGML_OP_CONT
+_unpack_shape = struct.Struct("<8q").unpack_from     # (ne, nb: words 2..9, int64_t as Tensor.ne / .nb read them)
+_SHAPE_OFFS = 16
+_SHAPE_WORDS = np.arange(2, 10)
+_TSZ = GGML_TENSOR_SIZE
 
 
-def _derived_shape(t, q, shape):
-    """(ne, nb) of ``t`` (its struct words ``q``) from its sources' shapes (``shape(addr)``: (ne, nb) lists), by its
-    op's rule; None: no rule for that op, or the new shapes fail the op's checks (ggml's asserts)."""
-    op = q[10] & _LO
-    src = q[_Q_SRC:_Q_SRC + 4]
-    if op == ggml.GGML_OP_PERMUTE or op == ggml.GGML_OP_TRANSPOSE:
-        ne_a, nb_a = shape(src[0])
-        if op == ggml.GGML_OP_TRANSPOSE:
-            return [ne_a[1], ne_a[0], ne_a[2], ne_a[3]], [nb_a[1], nb_a[0], nb_a[2], nb_a[3]]
-        ne, nb = [0] * 4, [0] * 4
+class _Shapes(dict):
+    """addr -> the 8 shape values of a tensor (derive_graph's: the new ones of those changed, the old ones of the
+    others); a tensor not in it yet is read from its struct when first asked (a weight, a KV cache)."""
+    __slots__ = ()
+
+    def __missing__(self, addr):
+        v = self[addr] = list(_unpack_shape(tensor_at(addr)._q, _SHAPE_OFFS))
+        return v
+
+
+def _derived_shape(t, typ: int, op: int, own: list, src, view_src: int, get):
+    """The 8 shape values of the node ``t`` (its type, op, current shape ``own``, source addresses ``src``, view
+    source ``view_src``) from its sources' (``get(addr)``: their 8 values), by its op's rule; None: no rule for
+    that op, or the new shapes fail the op's checks (ggml's asserts)."""
+    if op == _OP_PERMUTE:
+        a = get(src[0])
+        r = [0] * 8
         for i, ax in enumerate(t.op_params[:4].tolist()):
-            ne[ax], nb[ax] = ne_a[i], nb_a[i]
-        return ne, nb
-    if op == ggml.GGML_OP_SET_ROWS:
+            r[ax], r[ax + 4] = a[i], a[i + 4]
+        return r
+    if op == _OP_TRANSPOSE:
+        a = get(src[0])
+        return [a[1], a[0], a[2], a[3], a[5], a[4], a[6], a[7]]
+    if op == _OP_SET_ROWS:
         # ggml_set_rows(a, b, c): a view of the destination a (src[2]: the cache, or a reshape of it) with b's rows
         # (src[0]) written at c's indices (src[1])
-        ne_a, nb_a = shape(src[2])
-        ne_b, ne_c = shape(src[0])[0], shape(src[1])[0]
-        if not (ne_b[0] == ne_a[0] and ne_b[2] == ne_a[2] and ne_b[3] == ne_a[3] and ne_b[1] == ne_c[0] and ne_c[1]
-                and ne_b[2] % ne_c[1] == 0 and ne_c[2] and ne_b[3] % ne_c[2] == 0 and ne_c[3] == 1):
+        a, b, c = get(src[2]), get(src[0]), get(src[1])
+        if not (b[0] == a[0] and b[2] == a[2] and b[3] == a[3] and b[1] == c[0] and c[1]
+                and b[2] % c[1] == 0 and c[2] and b[3] % c[2] == 0 and c[3] == 1):
             return None
-        return list(ne_a), list(nb_a)
-    if q[_Q_VIEW_SRC]:
+        return a[:]
+    if view_src:
         return None                      # an in-place op or a view the build did not record
-    if op == ggml.GGML_OP_MUL_MAT:
-        ne_a, ne_b = shape(src[0])[0], shape(src[1])[0]
-        if ne_a[0] != ne_b[0] or ne_b[2] % ne_a[2] or ne_b[3] % ne_a[3]:
+    if op == _OP_MUL_MAT:
+        a, b = get(src[0]), get(src[1])
+        if a[0] != b[0] or b[2] % a[2] or b[3] % a[3]:
             return None
-        ne = [ne_a[1], ne_b[1], ne_b[2], ne_b[3]]
+        ne0, ne1, ne2, ne3 = a[1], b[1], b[2], b[3]
     elif op in _SAME_SHAPE:
-        ne = list(shape(src[0])[0])
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
     elif op in _BINARY:
-        ne = list(shape(src[0])[0])
-        ne_b = shape(src[1])[0]
-        if any(m <= 0 or n % m for n, m in zip(ne, ne_b)):     # ggml_can_repeat(b, a)
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
+        b = get(src[1])
+        m0, m1, m2, m3 = b[:4]                       # ggml_can_repeat(b, a)
+        if m0 <= 0 or m1 <= 0 or m2 <= 0 or m3 <= 0 or ne0 % m0 or ne1 % m1 or ne2 % m2 or ne3 % m3:
             return None
     elif op == ggml.GGML_OP_ROPE:
-        ne = list(shape(src[0])[0])
-        if shape(src[1])[0][0] != ne[2]:             # a position per row
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
+        if get(src[1])[0] != ne2:                     # a position per row
             return None
     elif op == ggml.GGML_OP_GLU:
-        ne = list(shape(src[0])[0])
+        a = get(src[0])
+        ne0, ne1, ne2, ne3 = a[:4]
         if not src[1]:
-            ne[0] //= 2
-        elif list(shape(src[1])[0]) != ne:           # the split form: gate and up of one shape
+            ne0 //= 2
+        elif get(src[1])[:4] != a[:4]:               # the split form: gate and up of one shape
             return None
     elif op == ggml.GGML_OP_GET_ROWS:
-        ne_a, ne_b = shape(src[0])[0], shape(src[1])[0]
-        if ne_a[2] != ne_b[1] or ne_b[3] != 1:
+        a, b = get(src[0]), get(src[1])
+        if a[2] != b[1] or b[3] != 1:
             return None
-        ne = [ne_a[0], ne_b[0], ne_b[1], ne_b[2]]
+        ne0, ne1, ne2, ne3 = a[0], b[0], b[1], b[2]
     elif op == ggml.GGML_OP_FLASH_ATTN_EXT:            # [DV, n_head, n_tokens, ne3] F32
-        ne_q, ne_k, ne_v = shape(src[0])[0], shape(src[1])[0], shape(src[2])[0]
+        q, k, v = get(src[0]), get(src[1]), get(src[2])
         if src[3]:
-            ne_m = shape(src[3])[0]
-            if ne_m[0] != ne_k[1] or ne_m[1] < ne_q[1]:
+            m = get(src[3])
+            if m[0] != k[1] or m[1] < q[1]:
                 return None
-        if ne_k[1] != ne_v[1] or ne_q[0] != ne_k[0]:
+        if k[1] != v[1] or q[0] != k[0]:
             return None
-        ne = [ne_v[0], ne_q[2], ne_q[1], ne_q[3]]
+        ne0, ne1, ne2, ne3 = v[0], q[2], q[1], q[3]
     elif op == ggml.GGML_OP_SOFT_MAX:
-        ne = list(shape(src[0])[0])
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
         if src[1]:
-            ne_m = shape(src[1])[0]
-            if ne_m[0] != ne[0] or ne_m[1] < ne[1]:
+            m = get(src[1])
+            if m[0] != ne0 or m[1] < ne1:
                 return None
-    elif op == ggml.GGML_OP_CONT or op == ggml.GGML_OP_CPY:
+    elif op == _OP_CONT or op == ggml.GGML_OP_CPY:
         # cont / cast: a new tensor of the source's shape (only when it had it: a cont_2d is recorded, a cpy into a
         # view is not this)
         if op == ggml.GGML_OP_CPY and src[1] != t.addr:
             return None
-        if q[2:6] != tensor_at(src[0]).ne.tolist():          # (the source's shape as built: nothing written yet)
+        if own[:4] != tensor_at(src[0]).ne.tolist():          # (the source's shape as built: nothing written yet)
             return None
-        ne = list(shape(src[0])[0])
+        ne0, ne1, ne2, ne3 = get(src[0])[:4]
     else:
         return None
-    return ne, _contiguous_nb(q[0] & _LO, ne)
+    # a new tensor: contiguous strides
+    ts = _TYPE_SIZES.get(typ)
+    if ts is None:
+        ts = _TYPE_SIZES[typ] = (ggml.type_size(typ), ggml.blck_size(typ))
+    rs = ts[0] * ne0 // ts[1]          # ggml_row_size (_contiguous_nb written out: this runs for most nodes)
+    return [ne0, ne1, ne2, ne3, ts[0], rs, rs * ne1, rs * ne1 * ne2]
 
 
-def _rescale(vals: list, roles, old: tuple, new: tuple) -> bool:
-    """``vals[i]`` (a dim or a stride) with role ``roles[i]`` (TOK, OUT; 0: fixed) rewritten in place from a multiple
-    of ``old[role]`` to the same multiple of ``new[role]``; False (nothing to trust) when one is not a multiple."""
+def _rescale(vals: list, lo: int, roles, old: tuple, new: tuple) -> bool:
+    """``vals[lo + i]`` (a dim, or with ``lo`` 4 a stride) with role ``roles[i]`` (TOK, OUT; 0: fixed) rewritten in
+    place from a multiple of ``old[role]`` to the same multiple of ``new[role]``; False (nothing to trust) when one
+    is not a multiple."""
     for i, r in enumerate(roles):
         if r:
-            if vals[i] % old[r]:
+            v = vals[lo + i]
+            if v % old[r]:
                 return False
-            vals[i] = vals[i] // old[r] * new[r]
+            vals[lo + i] = v // old[r] * new[r]
     return True
 
 
@@ -479,7 +514,12 @@ def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
     All new shapes are worked out and checked before anything is written: False (``res`` untouched) when a changed
     shape reaches an op without a rule or an unrecorded view, a check fails (a view outside its source, a reshape
     of another element count), or the graph lacks a record it needs. ``res`` must not be allocated (its tensors
-    are placed by the next allocation, as a fresh build's). The scheduler pins are the caller's (``norm_nodes``)."""
+    are placed by the next allocation, as a fresh build's). The scheduler pins are the caller's (``norm_nodes``).
+
+    What is read: for a new ubatch shape (n_tokens / n_outputs) nearly every node reads a changed tensor, so the
+    nodes' struct words are gathered from the graph's arena at once (and the new shapes written back at once); for
+    a new n_kv alone (a few nodes per layer) only what is needed, tensor by tensor: a node's source pointers, then
+    its words if it reads a changed tensor, a source's shape when first asked."""
     new_kv = n_kv if isinstance(n_kv, tuple) else (n_kv, n_kv)
     old = (1, res.n_tokens, res.n_outputs)
     new = (1, n_tokens, n_outputs)
@@ -499,89 +539,496 @@ def derive_graph(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> bool:
             rec[t.addr] = [t, None, None, (cache, dim)]
         else:
             r[3] = (cache, dim)
-    changed: dict = {}                   # addr -> (ne, nb)
-    tensors: dict = {}                   # addr -> tensor, of the changed ones
-    views: list = []                     # the recorded views whose shape changed (checked against their source)
+    if tok_changed:
+        ok = _derive_eager(res, rec, old, new, new_kv)
+    else:
+        ok = _derive_lazy(res, rec, old, new, new_kv)
+    if ok:
+        _set_shape(res, n_tokens, n_outputs, n_kv)
+    return ok
+
+
+def _recorded(rec, words_of, old, new, new_kv):
+    """The recorded tensors' new shapes: (changed: addr -> 8 values, views: (tensor, words) of the recorded views
+    whose shape changed, checked against their source at the end); None: a record does not hold."""
+    changed: dict = {}
+    views: list = []
     for addr, (t, ne_r, nb_r, kvd) in rec.items():
-        q = t._q[:_NQ].tolist()
-        ne, nb = q[2:6], q[6:10]
-        if ne_r is not None and not _rescale(ne, ne_r, old, new):
-            return False
+        q = words_of(addr, t)
+        v = q[2:10]
+        if ne_r is not None and not _rescale(v, 0, ne_r, old, new):
+            return None
         if kvd is not None:
-            ne[kvd[1]] = new_kv[kvd[0]]
-        if ne == q[2:6]:
+            v[kvd[1]] = new_kv[kvd[0]]
+        if v[:4] == q[2:6]:
             continue
-        if q[_Q_VIEW_SRC] and (q[10] & _LO) != ggml.GGML_OP_RESHAPE:
+        if q[_Q_VIEW_SRC] and (q[10] & _LO) != _OP_RESHAPE:
             # a view keeps its strides but those recorded (a multiple of n_tokens); it must stay inside its source
-            if nb_r is not None and not _rescale(nb, nb_r, old, new):
-                return False
+            if nb_r is not None and not _rescale(v, 4, nb_r, old, new):
+                return None
             views.append((t, q))
         else:
-            nb = _contiguous_nb(q[0] & _LO, ne)
-        changed[addr] = (ne, nb)
-        tensors[addr] = t
-    if not changed:
-        _set_shape(res, n_tokens, n_outputs, n_kv)
-        return True
-    # the shapes before, of the tensors read (nothing is written until the end): every leaf's and node's read at
-    # once when the ubatch's shape changed (most nodes then read a changed tensor), else only those asked for (a new
-    # n_kv reaches a few nodes per layer)
-    known: dict = {}
-    eager = tok_changed
-    if eager:
-        for t in res.gf.leafs:
-            q = t._q[2:10].tolist()
-            known[t.addr] = (q[:4], q[4:])
+            v[4:] = _contiguous_nb(q[0] & _LO, v[0], v[1], v[2])
+        changed[addr] = v
+    return changed, views
 
-    def shape(addr):
-        c = changed.get(addr)
-        if c is None:
-            c = known.get(addr)
-            if c is None:
-                q = tensor_at(addr)._q[2:10].tolist()
-                c = known[addr] = (q[:4], q[4:])
-        return c
 
-    isdisjoint = changed.keys().isdisjoint
-    for node in res.gf.nodes:
-        addr = node.addr
-        q = None
-        if eager:
-            q = node._q[:_NQ].tolist()
-            known[addr] = (q[2:6], q[6:10])
-        if addr in rec:
-            if addr in changed:
-                if q is None:
-                    q = node._q[:_NQ].tolist()
-                op = q[10] & _LO
-                if op == ggml.GGML_OP_RESHAPE or op == ggml.GGML_OP_CONT:
-                    # a recorded reshape / cont keeps its source's element count
-                    a, b = changed[addr][0], shape(q[_Q_SRC])[0]
-                    if a[0] * a[1] * a[2] * a[3] != b[0] * b[1] * b[2] * b[3]:
-                        return False
-            continue
-        # (most nodes read no reshaped tensor)
-        if isdisjoint(q[_Q_SRC:_Q_VIEW_SRC] if q is not None else node._q[_Q_SRC:_Q_VIEW_SRC].tolist()):
-            continue
-        if q is None:
-            q = node._q[:_NQ].tolist()
-        d = _derived_shape(node, q, shape)
-        if d is None:
-            return False
-        if d[0] != q[2:6] or d[1] != q[6:10]:
-            changed[addr] = d
-            tensors[addr] = node
+def _views_inside(views, changed, get) -> bool:
+    """Each recorded view whose shape changed stays inside its source (with the source's new shape)."""
     for t, q in views:
-        ne, nb = changed[t.addr]
-        ne_s, nb_s = shape(q[_Q_VIEW_SRC])
-        if q[_Q_VIEW_OFFS] + _nbytes(q[0] & _LO, ne, nb) > _nbytes(t.view_src.type, ne_s, nb_s):
+        v = changed[t.addr]
+        vs = q[_Q_VIEW_SRC]
+        if q[_Q_VIEW_OFFS] + _nbytes(q[0] & _LO, v) > _nbytes(tensor_at(vs).type, get(vs)):
             return False
-    for addr, (ne, nb) in changed.items():
-        tensors[addr]._q[2:10] = ne + nb
-    _set_shape(res, n_tokens, n_outputs, n_kv)
     return True
 
 
+def _element_count_kept(v, s) -> bool:
+    """A recorded reshape / cont keeps its source's element count."""
+    return v[0] * v[1] * v[2] * v[3] == s[0] * s[1] * s[2] * s[3]
+
+
+def _derive_lazy(res, rec, old, new, new_kv) -> bool:
+    """derive_graph for a new n_kv alone: a node's struct read only when it reads a changed tensor."""
+    r = _recorded(rec, lambda addr, t: t._q[:_NQ].tolist(), old, new, new_kv)
+    if r is None:
+        return False
+    changed, views = r
+    if not changed:
+        return True
+    tensors = {addr: rec[addr][0] for addr in changed}
+    shapes = _Shapes(changed)
+    get = shapes.__getitem__
+    isdisjoint = changed.keys().isdisjoint
+    for node in res.gf.nodes:
+        addr = node.addr
+        if addr in rec:
+            if addr in changed:
+                q = node._q[:_NQ].tolist()
+                op = q[10] & _LO
+                if (op == _OP_RESHAPE or op == _OP_CONT) and not _element_count_kept(changed[addr], get(q[_Q_SRC])):
+                    return False
+            continue
+        # (most nodes read no changed tensor)
+        if isdisjoint(node._q[_Q_SRC:_Q_VIEW_SRC].tolist()):
+            continue
+        q = node._q[:_NQ].tolist()
+        own = q[2:10]
+        d = _derived_shape(node, q[0] & _LO, q[10] & _LO, own, q[_Q_SRC:_Q_VIEW_SRC], q[_Q_VIEW_SRC], get)
+        if d is None:
+            return False
+        if d != own:
+            changed[addr] = shapes[addr] = d
+            tensors[addr] = node
+    if not _views_inside(views, changed, get):
+        return False
+    for addr, v in changed.items():
+        tensors[addr]._q[2:10] = v
+    return True
+
+
+def _derive_eager(res, rec, old, new, new_kv) -> bool:
+    """derive_graph for a new ubatch shape: nearly every node reads a changed tensor, so the nodes' struct words are
+    gathered from the graph's arena in one go (``tensor.arena_structs``), the new shapes worked out over arrays
+    (``_derive_arrays``) and written back in one go; where that cannot vouch, node by node, each node's rule on
+    Python lists (no NumPy call per node), the shapes again written back in one go."""
+    nodes = res.gf.nodes
+    n = len(nodes)
+    addrs = [t.addr for t in nodes]
+    ctx = res.ctx
+    base, used = ctx._base, ctx.used_mem()
+    offs = np.array(addrs, np.int64) - base
+    in_arena = n > 0 and bool(((offs >= 0) & (offs % 8 == 0) & (offs + _TSZ <= used)).all())
+    if in_arena:
+        words = arena_structs(ctx._u64[:used >> 3], offs >> 3)
+    else:
+        words = np.array([t._q[:_NQ] for t in nodes], np.uint64).reshape(n, _NQ)
+    if VECTORIZED and in_arena and _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv):
+        return True
+    shp = words[:, 2:10].view(np.int64).tolist()
+    srcs = words[:, _Q_SRC:_Q_VIEW_SRC].tolist()
+    ops = (words[:, 10] & _LO).tolist()
+    index = dict(zip(addrs, range(n)))
+
+    def words_of(addr, t):
+        i = index.get(addr)
+        if i is None:
+            return t._q[:_NQ].tolist()
+        return words[i, :_NQ].tolist()
+
+    r = _recorded(rec, words_of, old, new, new_kv)
+    if r is None:
+        return False
+    changed, views = r
+    shapes = _Shapes(zip(addrs, shp))
+    shapes.update(changed)
+    get = shapes.__getitem__
+    isdisjoint = changed.keys().isdisjoint
+    typs = vsrc = None
+    written = []                         # the nodes (indices) whose shape changed by their op's rule
+    for i in range(n):
+        addr = addrs[i]
+        if addr in rec:
+            if addr in changed:
+                op = ops[i]
+                if (op == _OP_RESHAPE or op == _OP_CONT) and not _element_count_kept(changed[addr],
+                                                                                     get(srcs[i][0])):
+                    return False
+            continue
+        s = srcs[i]
+        if isdisjoint(s):
+            continue
+        if typs is None:
+            typs = (words[:, 0] & _LO).tolist()
+            vsrc = words[:, _Q_VIEW_SRC].tolist()
+        own = shp[i]
+        d = _derived_shape(nodes[i], typs[i], ops[i], own, s, vsrc[i], get)
+        if d is None:
+            return False
+        if d != own:
+            changed[addr] = shapes[addr] = d
+            written.append(i)
+    if not _views_inside(views, changed, get):
+        return False
+    _write_shapes(ctx, nodes, rec, changed, index, offs, in_arena)
+    return True
+
+
+def _write_shapes(ctx, nodes, rec, changed, index, offs, in_arena) -> None:
+    """The new shapes (``changed``: addr -> 8 values) written: the nodes' at once into the arena, the others' (the
+    recorded leafs: the inputs) one by one."""
+    rows, vals = [], []
+    for addr, v in changed.items():
+        i = index.get(addr)
+        if i is None or not in_arena:
+            (rec[addr][0] if addr in rec else nodes[i])._q[2:10] = v
+        else:
+            rows.append(i)
+            vals.append(v)
+    if rows:
+        ctx._i64[(offs[rows] >> 3)[:, None] + _SHAPE_WORDS] = vals
+
+
+# ---- the same derivation over arrays
+#
+# Every new dim of a node is one of its sources' dims (ggml's shape rules copy them: a MUL_MAT's [a1, b1, b2, b3], a
+# permute's, a FLASH_ATTN_EXT's ...), and every stride either one of its sources' (a permute, a transpose, a
+# set_rows) or the contiguous strides of its own new dims. So each (node, field) points at a (source, field), and
+# following the pointers to their ends -- a recorded dim (rewritten), a leaf's or an unchanged node's value -- gives
+# every new shape at once: the pointers are followed by pointer doubling (p = p[p], a gather over all fields per
+# step, ~10 steps for a graph ~500 nodes deep), the contiguous strides computed from the dims over all nodes at
+# once, and ggml's checks of each op evaluated over all its nodes at once. Where that cannot vouch for the result
+# (an op without a rule here, a non-split GLU, an unrecorded view, an in-place op, a source outside the graph, a
+# failed check: whatever the node-by-node derivation refuses or might) it answers None and derive_graph works node
+# by node, which decides as it always did (tests/test_graph_cache.py compares the two and both with fresh builds).
+
+VECTORIZED = True                # False: always node by node (the tests compare the two)
+_K_UNKNOWN, _K_SAME, _K_MUL_MAT, _K_GET_ROWS, _K_FA, _K_PERMUTE, _K_TRANSPOSE, _K_SET_ROWS = range(8)
+_OP_KIND = np.zeros(ggml.GGML_OP_COUNT + 8, np.int8)
+for _op in _SAME_SHAPE | _BINARY | {ggml.GGML_OP_ROPE, ggml.GGML_OP_GLU, ggml.GGML_OP_SOFT_MAX, ggml.GGML_OP_CONT,
+                                    ggml.GGML_OP_CPY}:
+    _OP_KIND[_op] = _K_SAME
+_OP_KIND[ggml.GGML_OP_MUL_MAT] = _K_MUL_MAT
+_OP_KIND[ggml.GGML_OP_GET_ROWS] = _K_GET_ROWS
+_OP_KIND[ggml.GGML_OP_FLASH_ATTN_EXT] = _K_FA
+_OP_KIND[ggml.GGML_OP_PERMUTE] = _K_PERMUTE
+_OP_KIND[ggml.GGML_OP_TRANSPOSE] = _K_TRANSPOSE
+_OP_KIND[ggml.GGML_OP_SET_ROWS] = _K_SET_ROWS
+# (type size, block size) by type, 0 for a type ggml does not have
+_TS = np.zeros(64, np.int64)
+_BS = np.zeros(64, np.int64)
+for _t, (_n, _bs, _ts, _q) in ggml.consts.TYPE_TRAITS.items():
+    if _t < 64:
+        _TS[_t], _BS[_t] = _ts, _bs
+_F4 = np.arange(4)
+_F8 = np.arange(8)
+_TRANSPOSED = np.array([1, 0, 2, 3, 5, 4, 6, 7])
+_FA_Q = np.array([2, 1, 3])
+
+
+def _leaf_words(leafs) -> np.ndarray:
+    """The struct words 0.._NQ-1 of ``leafs``, gathered from each context arena they lie in (the weights', the KV
+    cache's, the graph's) at once; one by one for any other."""
+    nl = len(leafs)
+    out = np.empty((nl, _NQ), np.uint64)
+    if not nl:
+        return out
+    A = np.array([t.addr for t in leafs], np.int64)
+    done = np.zeros(nl, bool)
+    for ctx in {id(t.ctx): t.ctx for t in leafs}.values():
+        buf = getattr(ctx, "mem_buffer", None)
+        if buf is None or getattr(ctx, "freed", True):
+            continue
+        used = ctx.used_mem()
+        off = A - ctx._base
+        inside = ~done & (off >= 0) & (off % 8 == 0) & (off + _TSZ <= used)
+        if inside.any():
+            out[inside] = arena_structs(ctx._u64[:used >> 3], off[inside] >> 3)[:, :_NQ]
+            done |= inside
+    for i in np.flatnonzero(~done).tolist():
+        out[i] = leafs[i]._q[:_NQ]
+    return out
+
+
+def _nbytes_rows(typ, V):
+    """ggml_nbytes of each row's tensor (types ``typ``, shapes ``V``: (k, 8))."""
+    ts, bs = _TS[typ], _BS[typ]
+    ne, nb = V[:, :4], V[:, 4:]
+    n = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // np.maximum(bs, 1))
+    n = n + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(1)
+    return np.where((ne <= 0).any(1), 0, n)
+
+
+class _Graph:
+    """The arrays _derive_arrays works on: the struct words of the nodes then the leafs (``W``), their addresses
+    (``A``), old shapes (``O``: (m, 8)), types, the nodes' ops, their sources as rows (``sidx``, -1 for NULL)."""
+    __slots__ = ("n", "m", "W", "A", "O", "typ", "op", "S", "sidx", "order", "sA")
+
+    def rows(self, a):
+        """The rows of the addresses ``a`` and whether each was found."""
+        pos = np.minimum(np.searchsorted(self.sA, a), self.m - 1)
+        return self.order[pos], self.sA[pos] == a
+
+
+def _graph_arrays(nodes, leafs, words, addrs):
+    g = _Graph()
+    n = len(nodes)
+    g.n, g.m = n, n + len(leafs)
+    g.W = W = np.concatenate((words[:, :_NQ], _leaf_words(leafs)))
+    g.A = A = W[:, 0].copy()
+    A[:n] = addrs
+    A[n:] = [t.addr for t in leafs]
+    g.O = W[:, 2:10].view(np.int64)
+    g.typ = (W[:, 0] & _LO).astype(np.int64)
+    g.op = (W[:n, 10] & _LO).astype(np.int64)
+    if g.typ.max() >= _TS.size or g.op.max() >= _OP_KIND.size:
+        return None
+    g.order = np.argsort(A)
+    g.sA = A[g.order]
+    g.S = S = W[:n, _Q_SRC:_Q_VIEW_SRC]
+    nz = S != 0
+    sr, found = g.rows(S[nz])
+    if not found.all():
+        return None                  # (a source outside the graph's nodes and leafs)
+    g.sidx = np.full(S.shape, -1, np.int64)
+    g.sidx[nz] = sr
+    return g
+
+
+def _recorded_arrays(g, rec, old, new, new_kv):
+    """The recorded tensors' rows ``R`` and new shapes ``V`` (their dims rescaled, their n_kv dim set, the strides a
+    view keeps rescaled, the others' contiguous), whether their dims changed, whether each is a view; None where a
+    record does not hold."""
+    recs = list(rec.values())
+    k = len(recs)
+    R, found = g.rows(np.array([e[0].addr for e in recs], np.uint64))
+    if not found.all():
+        return None                  # (a recorded tensor outside the graph)
+    NER = np.zeros((k, 4), np.int64)
+    NBR = np.zeros((k, 4), np.int64)
+    KVD = np.full((k, 2), -1, np.int64)
+    for j, (t, ne_r, nb_r, kvd) in enumerate(recs):
+        if ne_r is not None:
+            NER[j] = ne_r
+        if nb_r is not None:
+            NBR[j] = nb_r
+        if kvd is not None:
+            KVD[j] = kvd
+    oldv, newv = np.array(old, np.int64), np.array(new, np.int64)
+    O, W = g.O, g.W
+    V = O[R].copy()
+    den = oldv[NER]
+    if (V[:, :4] % den != 0).any():
+        return None
+    V[:, :4] = np.where(NER > 0, V[:, :4] // den * newv[NER], V[:, :4])
+    kv = np.flatnonzero(KVD[:, 0] >= 0)
+    if kv.size:
+        V[kv, KVD[kv, 1]] = np.array(new_kv, np.int64)[KVD[kv, 0]]
+    rchg = (V[:, :4] != O[R, :4]).any(1)
+    # a recorded view (not a reshape) whose dims changed keeps its strides but those recorded (rescaled); the others
+    # get the contiguous strides of their dims
+    is_view = (W[R, _Q_VIEW_SRC] != 0) & ((W[R, 10] & _LO) != _OP_RESHAPE)
+    NBR = np.where(is_view[:, None], NBR, 0)
+    den = oldv[NBR]
+    if (V[:, 4:] % den != 0).any():
+        return None
+    V[:, 4:] = np.where(NBR > 0, V[:, 4:] // den * newv[NBR], V[:, 4:])
+    V[~rchg] = O[R[~rchg]]                            # (unchanged dims: the struct as it is)
+    cont = np.flatnonzero(rchg & ~is_view)
+    if cont.size:
+        tc = g.typ[R[cont]]
+        ts, bs = _TS[tc], _BS[tc]
+        if (bs == 0).any():
+            return None
+        nb1 = ts * V[cont, 0] // bs
+        nb2 = nb1 * V[cont, 1]
+        V[cont, 4:] = np.stack((ts, nb1, nb2, nb2 * V[cont, 2]), 1)
+    return R, V, rchg, is_view
+
+
+def _node_kinds(g, isrec):
+    """Each node's kind (_K_*): an unrecorded node that is a view (but a permute, a transpose, a set_rows), a
+    non-split GLU, a cont / cpy that is not a new tensor of its source's shape, a recorded node (its shape is set,
+    not derived): unknown."""
+    n, op, O, S, sidx = g.n, g.op, g.O, g.S, g.sidx
+    kind = _OP_KIND[op]
+    s0, s1 = sidx[:, 0], sidx[:, 1]
+    vsrc = g.W[:n, _Q_VIEW_SRC] != 0
+    kind[vsrc & (kind != _K_PERMUTE) & (kind != _K_TRANSPOSE) & (kind != _K_SET_ROWS)] = _K_UNKNOWN
+    kind[(op == ggml.GGML_OP_GLU) & (s1 < 0)] = _K_UNKNOWN
+    cc = (op == ggml.GGML_OP_CONT) | (op == ggml.GGML_OP_CPY)
+    if cc.any():
+        bad = cc & ((s0 < 0) | (O[:n, :4] != O[s0, :4]).any(1))
+        bad |= (op == ggml.GGML_OP_CPY) & (S[:, 1] != g.A[:n])
+        kind[bad] = _K_UNKNOWN
+    kind[isrec[:n]] = _K_UNKNOWN
+    return kind
+
+
+def _pointers(g, kind):
+    """Field k of the flat (m * 8) values -> the field it copies (itself for an end), followed to the ends; None
+    where a kind lacks a source it reads or a permute's axes are not a permutation."""
+    sidx, Wn = g.sidx, g.W[:g.n]
+    s0, s1, s2 = sidx[:, 0], sidx[:, 1], sidx[:, 2]
+    need = kind != _K_UNKNOWN
+    two = (kind == _K_MUL_MAT) | (kind == _K_GET_ROWS) | (kind == _K_FA) | (kind == _K_SET_ROWS)
+    if (need & (s0 < 0)).any() or (two & (s1 < 0)).any() or (((kind == _K_FA) | (kind == _K_SET_ROWS)) & (s2 < 0)).any():
+        return None
+    P = np.arange(g.m * 8, dtype=np.int64).reshape(g.m, 8)
+    base0 = s0 * 8
+    r = np.flatnonzero(kind == _K_SAME)
+    P[r, :4] = base0[r, None] + _F4
+    r = np.flatnonzero(kind == _K_MUL_MAT)                      # [a1, b1, b2, b3]
+    P[r, 0] = base0[r] + 1
+    P[r, 1:4] = s1[r, None] * 8 + _F4[1:]
+    r = np.flatnonzero(kind == _K_GET_ROWS)                     # [a0, b0, b1, b2]
+    P[r, 0] = base0[r]
+    P[r, 1:4] = s1[r, None] * 8 + _F4[:3]
+    r = np.flatnonzero(kind == _K_FA)                           # [v0, q2, q1, q3]
+    P[r, 0] = s2[r] * 8
+    P[r, 1:4] = base0[r, None] + _FA_Q
+    r = np.flatnonzero(kind == _K_TRANSPOSE)
+    P[r] = base0[r, None] + _TRANSPOSED
+    r = np.flatnonzero(kind == _K_PERMUTE)
+    if r.size:
+        # op_params[0..3] (int32 at bytes 84..99: the high half of word 10, word 11, the low half of word 12)
+        ax = np.stack((Wn[r, 10] >> 32, Wn[r, 11] & _LO, Wn[r, 11] >> 32, Wn[r, 12] & _LO), 1).astype(np.int64)
+        if (np.sort(ax, 1) != _F4).any():
+            return None
+        rr = r[:, None]
+        P[rr, ax] = base0[rr] + _F4
+        P[rr, ax + 4] = base0[rr] + 4 + _F4
+    r = np.flatnonzero(kind == _K_SET_ROWS)
+    P[r] = s2[r, None] * 8 + _F8
+    p = P.reshape(-1)
+    for _ in range(64):                               # pointer doubling to the ends
+        q = p[p]
+        if np.array_equal(q, p):
+            return p
+        p = q
+    return None
+
+
+def _checks_fail(g, kind, F) -> bool:
+    """ggml's checks of each op over all its nodes (the new shapes ``F``): does any fail?"""
+    sidx, op = g.sidx, g.op
+    s0, s1, s2, s3 = sidx[:, 0], sidx[:, 1], sidx[:, 2], sidx[:, 3]
+    one = np.ones(1, np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a, b = F[s0], F[s1]
+        c, d = F[s2], F[s3]
+        mm = kind == _K_MUL_MAT
+        bad = mm & ((a[:, 0] != b[:, 0]) | (a[:, 2] <= 0) | (a[:, 3] <= 0)
+                    | (b[:, 2] % np.where(mm, a[:, 2], one) != 0) | (b[:, 3] % np.where(mm, a[:, 3], one) != 0))
+        bad |= (kind == _K_GET_ROWS) & ((a[:, 2] != b[:, 1]) | (b[:, 3] != 1))
+        # flash attention: q = src[0], k = src[1], v = src[2], mask = src[3]
+        bad |= (kind == _K_FA) & ((b[:, 1] != c[:, 1]) | (a[:, 0] != b[:, 0])
+                                  | ((s3 >= 0) & ((d[:, 0] != b[:, 1]) | (d[:, 1] < a[:, 1]))))
+        # set_rows(a = src[2], b = src[0], c = src[1]) here: c, a, b
+        sr = kind == _K_SET_ROWS
+        c1 = np.where(sr & (b[:, 1] != 0), b[:, 1], one)
+        c2 = np.where(sr & (b[:, 2] != 0), b[:, 2], one)
+        bad |= sr & ((a[:, 0] != c[:, 0]) | (a[:, 2] != c[:, 2]) | (a[:, 3] != c[:, 3]) | (a[:, 1] != b[:, 0])
+                     | (b[:, 1] == 0) | (b[:, 2] == 0) | (b[:, 3] != 1) | (a[:, 2] % c1 != 0) | (a[:, 3] % c2 != 0))
+        same = kind == _K_SAME
+        Fn = F[:g.n]
+        bn = same & _IS_BINARY[op]                    # ggml_can_repeat(b, a)
+        b4 = np.where(bn[:, None], b[:, :4], one)
+        bad |= bn & ((s1 < 0) | (b4 <= 0).any(1) | (Fn[:, :4] % np.where(b4 > 0, b4, one) != 0).any(1))
+        bad |= same & (op == ggml.GGML_OP_ROPE) & ((s1 < 0) | (b[:, 0] != Fn[:, 2]))
+        bad |= same & (op == ggml.GGML_OP_GLU) & (b[:, :4] != a[:, :4]).any(1)
+        bad |= same & (op == ggml.GGML_OP_SOFT_MAX) & (s1 >= 0) & ((b[:, 0] != Fn[:, 0]) | (b[:, 1] < Fn[:, 1]))
+    return bool(bad.any())
+
+
+def _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv) -> bool:
+    """derive_graph for a new ubatch shape over arrays (see above), the shapes written when True; None where it
+    cannot vouch (the caller derives node by node, which decides). ``words``: the nodes' struct words, gathered
+    from the graph's arena (all of them lie there)."""
+    leafs = res.gf.leafs
+    if not nodes or not rec:
+        return None
+    g = _graph_arrays(nodes, leafs, words, addrs)
+    if g is None:
+        return None
+    r = _recorded_arrays(g, rec, old, new, new_kv)
+    if r is None:
+        return None
+    R, V, rchg, is_view = r
+    n, m, O, typ = g.n, g.m, g.O, g.typ
+    X = O.copy()
+    X[R] = V
+    isrec = np.zeros(m, bool)
+    isrec[R] = True
+    kind = _node_kinds(g, isrec)
+    p = _pointers(g, kind)
+    if p is None:
+        return None
+    Y = X.reshape(-1)[p].reshape(m, 8)                # every dim (the contiguous nodes' strides: not yet)
+    contig = np.flatnonzero((kind == _K_SAME) | (kind == _K_MUL_MAT) | (kind == _K_GET_ROWS) | (kind == _K_FA))
+    if contig.size:
+        tc = typ[contig]
+        ts, bs = _TS[tc], _BS[tc]
+        if (bs == 0).any():
+            return None
+        nb1 = ts * Y[contig, 0] // bs
+        nb2 = nb1 * Y[contig, 1]
+        Y[contig, 4:] = np.stack((ts, nb1, nb2, nb2 * Y[contig, 2]), 1)
+    F = Y.reshape(-1)[p].reshape(m, 8)                # ... and every stride
+    if _checks_fail(g, kind, F):
+        return None
+    # which rows changed; an unknown node may not read one, and a derived node whose sources did not change must keep
+    # its shape (it does in a graph as built: anything else, node by node decides)
+    sidx, op = g.sidx, g.op
+    rowchg = (F != O).any(1)
+    srcchg = (rowchg[sidx] & (sidx >= 0)).any(1)
+    if (srcchg & (kind == _K_UNKNOWN) & ~isrec[:n]).any() or ((kind != _K_UNKNOWN) & ~srcchg & rowchg[:n]).any():
+        return None
+    # a recorded reshape / cont keeps its source's element count; a recorded view stays inside its source
+    rr = R[rchg]
+    rn = rr[rr < n]
+    rs = rn[(op[rn] == _OP_RESHAPE) | (op[rn] == _OP_CONT)]
+    if rs.size and (np.prod(F[rs, :4], 1) != np.prod(F[sidx[rs, 0], :4], 1)).any():
+        return None
+    rv = R[rchg & is_view]
+    if rv.size:
+        vs, ok = g.rows(g.W[rv, _Q_VIEW_SRC])
+        if not ok.all() or (g.W[rv, _Q_VIEW_OFFS].astype(np.int64) + _nbytes_rows(typ[rv], F[rv])
+                            > _nbytes_rows(typ[vs], F[vs])).any():
+            return None
+    # the writes: the changed shapes into the graph's arena at once (the nodes and the inputs lie there)
+    ch = np.flatnonzero(rowchg)
+    ctx = res.ctx
+    off = g.A[ch].astype(np.int64) - ctx._base
+    inside = (off >= 0) & (off % 8 == 0) & (off + _TSZ <= ctx.used_mem())
+    ctx._i64[(off[inside] >> 3)[:, None] + _SHAPE_WORDS] = F[ch[inside]]
+    for i in ch[~inside].tolist():
+        (nodes[i] if i < n else leafs[i - n])._q[2:10] = F[i]
+    return True
+
+
+_IS_BINARY = np.zeros(_OP_KIND.size, bool)
+_IS_BINARY[sorted(_BINARY)] = True
 def _set_shape(res: GraphResult, n_tokens: int, n_outputs: int, n_kv) -> None:
     res.n_tokens, res.n_outputs = n_tokens, n_outputs
     if isinstance(n_kv, tuple):

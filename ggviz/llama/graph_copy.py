@@ -107,9 +107,12 @@ def copy_graph(res: GraphResult, mem_buffer=None) -> GraphResult | None:
     new_objs = [Object(0, new)]
     tmap: dict = {}
     told = [o.payload for o in tobjs]
+    new_object = Object.__new__          # (Object(hdr_offs, new, nt) without its __init__ frame)
     for o, t, offs in zip(tobjs, told, toffs.tolist()):
         nt = tensor_in_arena(new, offs, base + offs)
-        new_objs.append(Object(o.hdr_offs, new, nt))
+        no = new_object(Object)
+        no.hdr_offs, no.ctx, no.payload = o.hdr_offs, new, nt
+        new_objs.append(no)
         tmap[t.addr] = nt
     new.objects = new_objs
     new.n_objects = old.n_objects
@@ -147,22 +150,29 @@ def _replay_hash_set(gf, cg, lo: int, hi: int, delta: int) -> bool:
         # no two keys share a home slot: none is ever moved along (linear probing moves a key only past a slot
         # taken before it), so each sits at its home slot, whatever the order
         pos = home.astype(np.int64)
-        hs.keys[pos] = keys
-        mask = np.zeros(hs.used.size * 32, bool)
-        mask[pos] = True
-        hs.used[:] = np.packbits(mask, bitorder="little").view(np.uint32)
-        cg.use_counts[pos] = uc
-        cg.inserts = pos.tolist()            # (the copy's own record: a copy of the copy replays it)
-        return True
-    ins = hs.find_or_insert
-    use_counts = cg.use_counts
-    cg.inserts = rec = []
-    for k, c in zip(keys.tolist(), uc.tolist()):
-        p = ins(k)
-        if p < 0:
-            return False
-        use_counts[p] = c
-        rec.append(p)
+    else:
+        # ggml_hash_insert's linear probing, in the build's order, over a Python set of the slots taken (the copy's
+        # table starts empty: no key is found there before it is inserted); the arrays written at once below
+        taken: set = set()
+        add = taken.add
+        rec = []
+        for h in home.tolist():
+            i = h
+            while i in taken:
+                i += 1
+                if i == size:
+                    i = 0
+                if i == h:
+                    return False             # (the set is full: ggml's GGML_HASHSET_FULL)
+            add(i)
+            rec.append(i)
+        pos = np.array(rec, np.int64)
+    hs.keys[pos] = keys
+    mask = np.zeros(hs.used.size * 32, bool)
+    mask[pos] = True
+    hs.used[:] = np.packbits(mask, bitorder="little").view(np.uint32)
+    cg.use_counts[pos] = uc
+    cg.inserts = pos.tolist()                # (the copy's own record: a copy of the copy replays it)
     return True
 
 

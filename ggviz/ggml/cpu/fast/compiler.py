@@ -829,7 +829,7 @@ def _table_scratch(rows: int, keep: int = 0) -> np.ndarray:
 def _words_into(buf, at: int, T) -> np.ndarray:
     """The struct words of tensors ``T`` written to rows ``at`` .. of ``buf``; returns ``buf[:at + len(T)]``."""
     if T:
-        np.concatenate([t.raw for t in T], out=buf[at:at + len(T)].reshape(-1).view(np.uint8))
+        np.concatenate([t._q for t in T], out=buf[at:at + len(T)].reshape(-1))
     return buf[:at + len(T)]
 
 
