@@ -608,7 +608,7 @@ class _PlanTable:
     as its event, as it happens."""
     __slots__ = ("tensors", "addrs", "index", "m0", "q", "vs", "vsi", "data", "buf", "ops", "flags", "offs", "srcs",
                  "hns", "nbytes", "plain", "own_sizes", "lidx", "nidx", "names", "extra_names", "has_rec", "log",
-                 "bounds", "recs")
+                 "bounds", "recs", "taken", "hsize")
 
 
 def _plan_table(galloc: ggml_gallocr, graph) -> _PlanTable:
@@ -630,6 +630,7 @@ def _plan_table(galloc: ggml_gallocr, graph) -> _PlanTable:
     P.data, P.buf, P.offs = q[:, _Q_DATA].tolist(), q[:, _Q_BUFFER].tolist(), q[:, _Q_VIEW_OFFS].tolist()
     P.ops, P.flags = w32[:, _W_OP].tolist(), w32[:, _W_FLAGS].tolist()
     P.hns = [None] * m
+    P.taken, P.hsize = {}, galloc.hash_set.size
     P.has_rec = [False] * m
     P.extra_names = []
     P.log = []
@@ -643,12 +644,25 @@ def _plan_table(galloc: ggml_gallocr, graph) -> _PlanTable:
     for k in np.flatnonzero(q[:, _Q_VIEW_SRC]).tolist():
         v = index.get(vs[k])
         P.vsi[k] = v if v is not None else _plan_add(P, vs[k])
-    rows = q[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
-    try:
-        P.srcs[nl:m] = [[(j, index[a]) for j, a in enumerate(row) if a] for row in rows]
-    except KeyError:                        # (a source that is no leaf or node of the graph: a row of its own)
+    # each node's (j, row) of its non-NULL sources: the pointers found among the rows' sorted addresses at once,
+    # cut into one list per node (np.nonzero gives them node by node, j ascending: enumerate's order)
+    ptrs = q[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
+    ii, jj = np.nonzero(ptrs)
+    a = ptrs[ii, jj].astype(np.int64)
+    addrs_np = np.array(addrs, np.int64)
+    order = np.argsort(addrs_np)
+    sa = addrs_np[order]
+    pos = np.minimum(np.searchsorted(sa, a), max(m - 1, 0))
+    if len(index) == m and (not len(a) or (sa[pos] == a).all()):
+        pairs = list(zip(jj.tolist(), order[pos].tolist()))
+        out, p = [], 0
+        for c in np.bincount(ii, minlength=nn).tolist():
+            out.append(pairs[p:p + c])
+            p += c
+        P.srcs[nl:m] = out
+    else:                                   # (a source that is no leaf or node of the graph: a row of its own)
         P.srcs[nl:m] = [[(j, index[a] if a in index else _plan_add(P, a)) for j, a in enumerate(row) if a]
-                        for row in rows]
+                        for row in ptrs.tolist()]
     for k in nidx:
         if P.srcs[k] is None:
             _plan_srcs(P, k)
@@ -735,11 +749,35 @@ def _plan_layout(P: _PlanTable, k: int) -> tuple:
 
 
 def _plan_hn(galloc: ggml_gallocr, P: _PlanTable, k: int) -> hash_node:
-    """gallocr_hash_get of row ``k``'s tensor, kept in its row."""
+    """gallocr_hash_get of row ``k``'s tensor, kept in its row. The plan's hash set was emptied when it began and
+    every tensor the plan looks up has a row, inserted here once: ggml_hash_find_or_insert's probe runs over the
+    slots the plan has taken (``P.taken``, slot -> address, in insertion order), the same slots the probe over the
+    set's arrays would give, and the arrays get them all at once when the plan ends (``_plan_hash_flush``)."""
     hn = P.hns[k]
     if hn is None:
-        hn = P.hns[k] = gallocr_hash_get(galloc, P.tensors[k])
+        addr = P.addrs[k]
+        size, taken = P.hsize, P.taken
+        i = h = (addr >> 4) % size       # ggml_hash: the low 4 bits of a tensor pointer are always zero
+        while i in taken:
+            i = (i + 1) % size
+            if i == h:
+                raise GGMLError("ggml_hash_find_or_insert: hash set is full")
+        taken[i] = addr
+        # (a slot inserted just now has no node yet: hash_values is emptied whenever the hash set is reset)
+        hn = P.hns[k] = galloc.hash_values[i] = hash_node()
+        galloc._slot[addr] = hn
     return hn
+
+
+def _plan_hash_flush(galloc: ggml_gallocr, P: _PlanTable) -> None:
+    """Write the slots the plan inserted (``_plan_hn``) into the hash set's keys and used bits."""
+    taken = P.taken
+    if not taken:
+        return
+    hs = galloc.hash_set
+    slots = np.fromiter(taken.keys(), np.int64, len(taken))
+    hs.keys[slots] = np.fromiter(taken.values(), np.uint64, len(taken))
+    np.bitwise_or.at(hs.used, slots >> 5, (np.int64(1) << (slots & 31)).astype(np.uint32))
 
 
 def _plan_size(galloc: ggml_gallocr, P: _PlanTable, buffer_id: int, k: int) -> int:
@@ -899,7 +937,10 @@ class _PlanRecordLater:
 def gallocr_last_alloc_update(galloc: ggml_gallocr, **fields) -> None:
     """ggviz: ``galloc.last_alloc`` with ``fields`` replaced (a new dict, or a new record-to-be)."""
     la = galloc._last_alloc
-    galloc._last_alloc = la.with_head(**fields) if type(la) is _PlanRecordLater else dict(la, **fields)
+    galloc._last_alloc = new = la.with_head(**fields) if type(la) is _PlanRecordLater else dict(la, **fields)
+    c = getattr(galloc, "_slots_cache", None)
+    if c is not None and c[1] is la:            # (the plan's slot arrays stay the plan's)
+        galloc._slots_cache = (c[0], new) + c[2:]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1101,7 +1142,17 @@ def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, 
             allocate(galloc, P, pk, buffer_id)
 
         # allocate node
-        allocate(galloc, P, k, buffer_id)
+        # (gallocr_allocate_node's first steps here: the hash_node, then a view is noted, a tensor with data, a
+        # buffer or already allocated is left as it is -- ~40 % of the nodes are views)
+        if buffer_id < 0:
+            GGML_ASSERT(False, "buffer_id >= 0")
+        hn = hns[k] or _plan_hn(galloc, P, k)
+        if vs[k]:
+            if not has_rec[k]:
+                has_rec[k] = True
+                _note(galloc, P, (3, k, i))
+        elif not (data[k] or buf[k] or hn.allocated):
+            allocate(galloc, P, k, buffer_id)
 
         # update parents
         for _, pk in srcs_k:
@@ -1219,7 +1270,11 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
                 la.buffer_id = hn.buffer_id
                 la.addr = hn.addr
                 la.size_max = _plan_size(galloc, P, hn.buffer_id, k)
+        slots = _plan_slot_arrays(P)
     finally:
+        P = galloc._plan
+        if P is not None:
+            _plan_hash_flush(galloc, P)
         galloc._plan = None      # (the plan is made, or failed)
 
     # reallocate buffers if needed
@@ -1260,6 +1315,8 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
     )
     galloc.last_alloc = (dict(head, tensors=list(P.recs.values())) if P.recs is not None else
                          _PlanRecordLater(head, P))
+    if slots is not None:
+        galloc._slots_cache = (galloc.node_allocs, galloc._last_alloc, graph.n_nodes) + slots
     if trace.active:
         trace.emit("alloc.reserve", galloc=id(galloc), n_nodes=graph.n_nodes, n_leafs=graph.n_leafs,
                    chunk_sizes=head["chunk_sizes"], reallocated=reallocated, no_alloc=no_alloc)
@@ -1356,6 +1413,34 @@ def _plan_fits(galloc: ggml_gallocr, graph) -> bool:
 _SLOTS = 1 + C.GGML_MAX_SRC
 
 
+def _plan_slot_arrays(P: _PlanTable):
+    """``_plan_slots``' arrays made from the plan's table as the reserve ends (rows' buffer ids and sizes gathered
+    by each node's own row and its sources' rows, invalid where C writes an invalid tensor_alloc: a view, a tensor
+    with data, a NULL source) instead of read back from the ~11,000 tensor_alloc objects when the plan is first
+    checked; None when the table is not the plain case (a buffer type with its own alloc size, a type without
+    traits, a source outside the graph, a tensor twice in it)."""
+    m = P.m0
+    if not m or not P.plain or len(P.addrs) != m or type(P.nidx) is not range:
+        return None
+    n = len(P.nidx)
+    nl = m - n
+    q = P.q
+    rbid = np.fromiter((hn.buffer_id if hn is not None else 0 for hn in P.hns), np.int64, m)
+    rsz = np.array(P.nbytes, np.int64)
+    valid = (q[:, _Q_VIEW_SRC] == 0) & (q[:, _Q_DATA] == 0)
+    addrs = np.array(P.addrs, np.int64)
+    order = np.argsort(addrs)
+    sa = addrs[order]
+    srcs = q[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC].astype(np.int64)
+    present = srcs != 0
+    pos = np.minimum(np.searchsorted(sa, srcs), m - 1)
+    rows = np.empty((n, _SLOTS), np.int64)
+    rows[:, 0] = np.arange(nl, m)
+    rows[:, 1:] = np.where(present, order[pos], 0)
+    ok = np.concatenate([np.ones((n, 1), bool), present], axis=1) & valid[rows]
+    return np.where(ok, rbid[rows], -1), np.where(ok, rsz[rows], 0)
+
+
 def _plan_slots(galloc: ggml_gallocr):
     """(buffer ids, size_max) of every node's dst and src slots in the current plan, n_nodes x (1 + GGML_MAX_SRC)."""
     na, rec, n = galloc.node_allocs, galloc._last_alloc, galloc.n_nodes
@@ -1376,6 +1461,25 @@ for _t, _tr in C.TYPE_TRAITS.items():
         _TRAITS_BS[_t], _TRAITS_TS[_t] = _tr[1], _tr[2]
 
 
+def _graph_words(galloc: ggml_gallocr, graph):
+    """The graph's leafs then nodes, their struct words (one gather), addresses and the addresses sorted (order,
+    sorted): read once per ``gallocr_alloc_graph`` for its plan check (``_plan_fits_arrays``) and its placing
+    (``_alloc_graph_tensors_arrays``) -- neither the check nor a reserve writes a struct in between. None for an
+    empty graph."""
+    c = getattr(galloc, "_graph_words_cache", None)
+    if c is not None and c[0] is graph:
+        return c[1]
+    n, nl = graph.n_nodes, graph.n_leafs
+    T = list(graph.leafs[:nl]) + list(graph.nodes[:n])
+    if not T:
+        return None
+    m = len(T)
+    W = np.concatenate([t.raw for t in T]).view(np.int64).reshape(m, C.GGML_TENSOR_SIZE // 8)
+    addrs = np.fromiter((t.addr for t in T), np.int64, m)
+    order = np.argsort(addrs)
+    return T, W, addrs, order, addrs[order]
+
+
 def _plan_fits_arrays(galloc: ggml_gallocr, graph):
     """``_plan_fits`` over all slots at once: each tensor's size (0 with data or a view source, else ggml_nbytes)
     from the struct words of the graph's nodes and leafs, against the plan's slots (``_plan_slots``). None when it
@@ -1383,15 +1487,12 @@ def _plan_fits_arrays(galloc: ggml_gallocr, graph):
     type without traits."""
     if any(bt.iface.get_alloc_size is not None for bt in galloc.bufts):
         return None
-    n = graph.n_nodes
-    T = list(graph.nodes[:n]) + list(graph.leafs)
-    if not T:
+    n, nl = graph.n_nodes, graph.n_leafs
+    G = _graph_words(galloc, graph)
+    if G is None:
         return True
-    W = np.concatenate([t.raw for t in T]).view(np.int64).reshape(len(T), C.GGML_TENSOR_SIZE // 8)
-    addrs = np.fromiter((t.addr for t in T), np.int64, len(T))
-    order = np.argsort(addrs)
-    sa = addrs[order]
-    srcs = W[:n, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
+    _, W, _, order, sa = G
+    srcs = W[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
     pos = np.minimum(np.searchsorted(sa, srcs), len(sa) - 1)
     present = srcs != 0
     found = sa[pos] == srcs
@@ -1408,7 +1509,7 @@ def _plan_fits_arrays(galloc: ggml_gallocr, graph):
     size = np.where(placed | (ne <= 0).any(axis=1), 0, nbytes)
     bid, smax = _plan_slots(galloc)
     # each node as itself, then as the source of each of its consumers (gallocr_node_needs_realloc)
-    rows = np.concatenate([np.arange(n)[:, None], np.where(present, order[pos], 0)], axis=1)
+    rows = np.concatenate([nl + np.arange(n)[:, None], np.where(present, order[pos], 0)], axis=1)
     checked = np.concatenate([np.ones((n, 1), bool), present], axis=1)
     bad = checked & ((~placed[rows] & (bid < 0)) | (smax < size[rows]))
     return not bad.any()
@@ -1434,28 +1535,33 @@ def gallocr_needs_realloc(galloc: ggml_gallocr, graph) -> bool:
 
 
 def gallocr_alloc_graph(galloc: ggml_gallocr, graph) -> bool:
-    """Give every tensor of ``graph`` its memory from the plan (planning again first if the graph does not fit)."""
-    if gallocr_needs_realloc(galloc, graph):
-        if galloc.n_buffers == 1:
-            # reallocating buffers automatically
-            if not gallocr_reserve(galloc, graph):
+    """Give every tensor of ``graph`` its memory from the plan (planning again first if the graph does not fit).
+    (ggviz: the graph's struct words are read once for the check and the placing, ``_graph_words``.)"""
+    galloc._graph_words_cache = (graph, _graph_words(galloc, graph)) if not trace.active else None
+    try:
+        if gallocr_needs_realloc(galloc, graph):
+            if galloc.n_buffers == 1:
+                # reallocating buffers automatically
+                if not gallocr_reserve(galloc, graph):
+                    return False
+            else:
+                # cannot reallocate multi buffer graph automatically, call reserve
                 return False
-        else:
-            # cannot reallocate multi buffer graph automatically, call reserve
-            return False
 
-    # reset buffers
-    for i in range(galloc.n_buffers):
-        if galloc.buffers[i] is not None:
-            vbuffer_reset(galloc.buffers[i])
+        # reset buffers
+        for i in range(galloc.n_buffers):
+            if galloc.buffers[i] is not None:
+                vbuffer_reset(galloc.buffers[i])
 
-    # allocate the graph tensors from the previous assignments
-    if trace.active:
-        # (a trace listener sees every placement made by ggml's own calls)
-        _alloc_graph_tensors(galloc, graph)
-    elif not _alloc_graph_tensors_arrays(galloc, graph):
-        _alloc_graph_tensors_fast(galloc, graph)
-    return True
+        # allocate the graph tensors from the previous assignments
+        if trace.active:
+            # (a trace listener sees every placement made by ggml's own calls)
+            _alloc_graph_tensors(galloc, graph)
+        elif not _alloc_graph_tensors_arrays(galloc, graph):
+            _alloc_graph_tensors_fast(galloc, graph)
+        return True
+    finally:
+        galloc._graph_words_cache = None
 
 
 def _plan_places(galloc: ggml_gallocr):
@@ -1486,14 +1592,11 @@ def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
     if any(bt.iface.get_alloc_size is not None for bt in galloc.bufts):
         return False
     n, nl = graph.n_nodes, graph.n_leafs
-    T = list(graph.leafs[:nl]) + list(graph.nodes[:n])
-    if not T or galloc.n_nodes != n or galloc.n_leafs != nl:
+    G = _graph_words(galloc, graph)
+    if G is None or galloc.n_nodes != n or galloc.n_leafs != nl:
         return False
+    T, W, addrs, order, sa = G
     m = len(T)
-    W = np.concatenate([t.raw for t in T]).view(np.int64).reshape(m, C.GGML_TENSOR_SIZE // 8)
-    addrs = np.fromiter((t.addr for t in T), np.int64, m)
-    order = np.argsort(addrs)
-    sa = addrs[order]
     if m > 1 and (sa[1:] == sa[:-1]).any():
         return False                                  # (a tensor twice in the graph)
     # every source a leaf or an earlier node
@@ -1743,7 +1846,7 @@ class gallocr_plan:
     allocations, the dynamic allocators' chunks, the plain-data record (``last_alloc``) -- and the buffers it
     points into. A context that keeps several allocated graphs (llama's graph cache) puts a graph's plan back when
     it computes that graph again, so that the allocator reports the plan the graph really runs with."""
-    __slots__ = ("node_allocs", "n_nodes", "leaf_allocs", "n_leafs", "chunks", "last_alloc", "buffers")
+    __slots__ = ("node_allocs", "n_nodes", "leaf_allocs", "n_leafs", "chunks", "last_alloc", "buffers", "slots")
 
 
 def gallocr_save_plan(galloc: ggml_gallocr) -> gallocr_plan:
@@ -1754,6 +1857,8 @@ def gallocr_save_plan(galloc: ggml_gallocr) -> gallocr_plan:
     # dyn_tallocr_reset replaces the chunk list, but the chunks themselves are mutated while planning: copy them
     p.chunks = [[_chunk_copy(ch) for ch in ta.chunks] for ta in galloc.buf_tallocs]
     p.last_alloc = galloc._last_alloc           # (as it is: made when first read)
+    c = getattr(galloc, "_slots_cache", None)
+    p.slots = c if c is not None and c[0] is p.node_allocs and c[1] is p.last_alloc and c[2] == p.n_nodes else None
     p.buffers = list(galloc.buffers)
     galloc._plan_shared = True
     return p
@@ -1779,6 +1884,8 @@ def gallocr_restore_plan(galloc: ggml_gallocr, plan: gallocr_plan) -> None:
     for ta, chunks in zip(galloc.buf_tallocs, plan.chunks):
         ta.chunks = chunks
     galloc._last_alloc = plan.last_alloc
+    if plan.slots is not None:
+        galloc._slots_cache = plan.slots
     galloc._plan_shared = False
 
 
