@@ -73,35 +73,6 @@ def srcs_of(node: Tensor) -> list:
 
 
 
-def nodes_words(nodes) -> tuple:
-    """ggviz: each node's view_src, op, flags and src[] pointers (a list of GGML_MAX_SRC ints), read from the
-    structs at once where they lie in the first node's context arena (a graph's nodes do), a node elsewhere from
-    its own words: one gather instead of four reads per node."""
-    got = structs_in_arena(nodes)
-    if got is None:
-        return ([t._q.item(_Q_VIEW_SRC) for t in nodes], [t._w.item(_W_OP) for t in nodes],
-                [t._w.item(_W_FLAGS) for t in nodes], [t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for t in nodes])
-    words, inside, _, _ = got
-    w32 = words.view(np.int32)
-    vss, ops, flags = words[:, _Q_VIEW_SRC].tolist(), w32[:, _W_OP].tolist(), w32[:, _W_FLAGS].tolist()
-    srcs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
-    for k in np.flatnonzero(~inside).tolist():
-        t = nodes[k]
-        vss[k], ops[k], flags[k] = t._q.item(_Q_VIEW_SRC), t._w.item(_W_OP), t._w.item(_W_FLAGS)
-        srcs[k] = t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
-    return vss, ops, flags, srcs
-
-
-def _is_view(t: Tensor) -> bool:
-    # ggml_impl_is_view
-    return t.view_src is not None
-
-
-def _are_same_layout(a: Tensor, b: Tensor) -> bool:
-    # ggml_are_same_layout (ggml-impl.h): same type, ne and nb
-    return a.type == b.type and a.shape == b.shape and a.strides == b.strides
-
-
 # ==================================================================================================
 # tallocr: a bump allocator over one buffer
 # ==================================================================================================
@@ -1461,23 +1432,72 @@ for _t, _tr in C.TYPE_TRAITS.items():
         _TRAITS_BS[_t], _TRAITS_TS[_t] = _tr[1], _tr[2]
 
 
+class _GraphWords:
+    """The graph's leafs then nodes (``T``), their struct words (``W``, int64 rows), addresses and the addresses
+    sorted (``order``, ``sa``), with what both the plan check and the placing derive from them (each node's source
+    pointers found among the addresses, each tensor's ggml_nbytes) made once."""
+    __slots__ = ("T", "W", "addrs", "order", "sa", "nl", "_srcs", "_nbytes")
+
+    def srcs(self):
+        """(srcs, present, pos, row): each node's source pointers, which are non-NULL, where each falls in ``sa``
+        and the row found there."""
+        if self._srcs is None:
+            srcs = self.W[self.nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
+            pos = np.minimum(np.searchsorted(self.sa, srcs), len(self.sa) - 1)
+            self._srcs = (srcs, srcs != 0, pos, self.order[pos])
+        return self._srcs
+
+    def nbytes(self):
+        """ggml_nbytes of every row, None when a type has no traits."""
+        if self._nbytes is None:
+            W = self.W
+            types = W[:, 0] & 0xFFFFFFFF
+            if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
+                self._nbytes = False
+            else:
+                bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
+                ne, nb = W[:, 2:6], W[:, 6:10]
+                first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs)
+                self._nbytes = np.where((ne <= 0).any(axis=1), 0, first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1))
+        return self._nbytes if self._nbytes is not False else None
+
+
+def _gather_words(ts: list, addrs: np.ndarray) -> np.ndarray:
+    """The struct words of ``ts`` (uint64 rows): at once from the first one's context arena for those that lie
+    there (a graph's nodes; the weights among the leafs lie in the model's), the others from their own bytes."""
+    nw = C.GGML_TENSOR_SIZE // 8
+    got = structs_in_arena(ts, addrs)
+    if got is None:
+        return np.concatenate([t.raw for t in ts]).view(np.uint64).reshape(len(ts), nw)
+    words, inside = got[0], got[1]
+    out = np.flatnonzero(~inside).tolist()
+    if out:
+        words[out] = np.concatenate([ts[k].raw for k in out]).view(np.uint64).reshape(len(out), nw)
+    return words
+
+
 def _graph_words(galloc: ggml_gallocr, graph):
-    """The graph's leafs then nodes, their struct words (one gather), addresses and the addresses sorted (order,
-    sorted): read once per ``gallocr_alloc_graph`` for its plan check (``_plan_fits_arrays``) and its placing
-    (``_alloc_graph_tensors_arrays``) -- neither the check nor a reserve writes a struct in between. None for an
-    empty graph."""
+    """The graph's ``_GraphWords``: read once per ``gallocr_alloc_graph`` for its plan check (``_plan_fits_arrays``)
+    and its placing (``_alloc_graph_tensors_arrays``) -- neither the check nor a reserve writes a struct in between.
+    None for an empty graph."""
     c = getattr(galloc, "_graph_words_cache", None)
     if c is not None and c[0] is graph:
         return c[1]
     n, nl = graph.n_nodes, graph.n_leafs
-    T = list(graph.leafs[:nl]) + list(graph.nodes[:n])
-    if not T:
+    leafs, nodes = list(graph.leafs[:nl]), list(graph.nodes[:n])
+    m = nl + n
+    if not m:
         return None
-    m = len(T)
-    W = np.concatenate([t.raw for t in T]).view(np.int64).reshape(m, C.GGML_TENSOR_SIZE // 8)
-    addrs = np.fromiter((t.addr for t in T), np.int64, m)
-    order = np.argsort(addrs)
-    return T, W, addrs, order, addrs[order]
+    G = _GraphWords()
+    G.T = leafs + nodes
+    G.addrs = addrs = np.fromiter((t.addr for t in G.T), np.int64, m)
+    parts = [_gather_words(ts, addrs[lo:lo + len(ts)]) for ts, lo in ((leafs, 0), (nodes, nl)) if ts]
+    G.W = (parts[0] if len(parts) == 1 else np.concatenate(parts)).view(np.int64)
+    G.order = np.argsort(addrs)
+    G.sa = addrs[G.order]
+    G.nl = nl
+    G._srcs = G._nbytes = None
+    return G
 
 
 def _plan_fits_arrays(galloc: ggml_gallocr, graph):
@@ -1491,28 +1511,26 @@ def _plan_fits_arrays(galloc: ggml_gallocr, graph):
     G = _graph_words(galloc, graph)
     if G is None:
         return True
-    _, W, _, order, sa = G
-    srcs = W[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
-    pos = np.minimum(np.searchsorted(sa, srcs), len(sa) - 1)
-    present = srcs != 0
-    found = sa[pos] == srcs
-    if (present & ~found).any():
+    W, sa = G.W, G.sa
+    srcs, present, pos, row = G.srcs()
+    if (present & (sa[pos] != srcs)).any():
         return None
-    types = W[:, 0] & 0xFFFFFFFF
-    if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
+    nbytes = G.nbytes()
+    if nbytes is None:
         return None
-    bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
-    ne, nb = W[:, 2:6], W[:, 6:10]
-    first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs)
-    nbytes = first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
-    placed = (W[:, _Q_DATA] != 0) | (W[:, _Q_VIEW_SRC] != 0)
-    size = np.where(placed | (ne <= 0).any(axis=1), 0, nbytes)
+    # each tensor's size; _UNCHECKED for one with data or a view source (size 0: no slot is smaller)
+    size = np.where((W[:, _Q_DATA] != 0) | (W[:, _Q_VIEW_SRC] != 0), _UNCHECKED, nbytes)
     bid, smax = _plan_slots(galloc)
-    # each node as itself, then as the source of each of its consumers (gallocr_node_needs_realloc)
-    rows = np.concatenate([nl + np.arange(n)[:, None], np.where(present, order[pos], 0)], axis=1)
-    checked = np.concatenate([np.ones((n, 1), bool), present], axis=1)
-    bad = checked & ((~placed[rows] & (bid < 0)) | (smax < size[rows]))
+    # each node as itself, then as the source of each of its consumers (gallocr_node_needs_realloc); a NULL source
+    # slot is not checked
+    sz = np.empty((n, _SLOTS), np.int64)
+    sz[:, 0] = size[nl:nl + n]
+    sz[:, 1:] = np.where(present, size[row], _UNCHECKED)
+    bad = (sz != _UNCHECKED) & ((bid < 0) | (smax < sz))
     return not bad.any()
+
+
+_UNCHECKED = np.iinfo(np.int64).min
 
 
 def _realloc_reason(galloc: ggml_gallocr, graph) -> str | None:
@@ -1595,15 +1613,12 @@ def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
     G = _graph_words(galloc, graph)
     if G is None or galloc.n_nodes != n or galloc.n_leafs != nl:
         return False
-    T, W, addrs, order, sa = G
+    T, W, addrs, order, sa = G.T, G.W, G.addrs, G.order, G.sa
     m = len(T)
     if m > 1 and (sa[1:] == sa[:-1]).any():
         return False                                  # (a tensor twice in the graph)
     # every source a leaf or an earlier node
-    srcs = W[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
-    present = srcs != 0
-    pos = np.minimum(np.searchsorted(sa, srcs), m - 1)
-    row = order[pos]
+    srcs, present, pos, row = G.srcs()
     if (present & ((sa[pos] != srcs) | (row >= nl + np.arange(n)[:, None]))).any():
         return False
     vs, data, buf = W[:, _Q_VIEW_SRC], W[:, _Q_DATA], W[:, _Q_BUFFER]
@@ -1611,7 +1626,7 @@ def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
     if (plain & (buf != 0)).any():
         return False                                  # (backend_tensor_alloc refuses a tensor with a buffer)
     new_buf, new_data = buf.copy(), data.copy()
-    if not _place_planned(galloc, W, np.flatnonzero(plain), nl, n, new_buf, new_data):
+    if not _place_planned(galloc, G, np.flatnonzero(plain), nl, n, new_buf, new_data):
         return False
     if not _place_views(W, sa, order, np.flatnonzero((vs != 0) & (buf == 0)), new_buf, new_data):
         return False
@@ -1619,7 +1634,7 @@ def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
     return True
 
 
-def _place_planned(galloc, W, todo, nl, n, new_buf, new_data) -> bool:
+def _place_planned(galloc, G, todo, nl, n, new_buf, new_data) -> bool:
     """_alloc_graph_tensors_arrays' planned tensors (rows ``todo`` of the table: leafs, then nodes): chunk base +
     offset of their own slot into ``new_buf`` / ``new_data``; False when one is not the plain case."""
     if not todo.size:
@@ -1644,7 +1659,13 @@ def _place_planned(galloc, W, todo, nl, n, new_buf, new_data) -> bool:
     new_data[todo] = info[inv, 1] + offs[todo].astype(np.int64)
     # the leafs go through gallocr_init_tensor: their alloc size fits the slot (C's assert) and the chunk
     lv = todo[todo < nl]
-    if lv.size:
+    if lv.size and G.nbytes() is not None:
+        nbytes = G.nbytes()[lv]
+        li = np.searchsorted(todo, lv)
+        if ((nbytes > smax[lv]) | (new_data[lv] + nbytes > info[inv[li], 1] + info[inv[li], 2])).any():
+            return False
+    elif lv.size:
+        W = G.W
         types = W[lv, 0] & 0xFFFFFFFF
         if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
             return False
