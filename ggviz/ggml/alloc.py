@@ -33,8 +33,8 @@ from . import consts as C
 from . import memory
 from .graph import GGML_HASHSET_FULL, HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import (_Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor,
-                     structs_in_arena, tensor_at)
+from .tensor import (_Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, arena_rows,
+                     tensor_at)
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -585,16 +585,14 @@ class _PlanTable:
 def _plan_table(galloc: ggml_gallocr, graph) -> _PlanTable:
     P = _PlanTable()
     nl, nn = graph.n_leafs, graph.n_nodes
-    T = list(graph.leafs[:nl]) + list(graph.nodes[:nn])
+    T, addrs_np, q = _struct_rows(galloc, "_plan_scratch", list(graph.leafs[:nl]), list(graph.nodes[:nn]))
     m = len(T)
-    addrs = [t.addr for t in T]
+    addrs = addrs_np.tolist()
     index = dict(zip(addrs, range(m)))
     if len(index) == m:
         lidx, nidx = range(nl), range(nl, m)
     else:                                   # (a tensor twice in the graph: one row, the last)
         lidx, nidx = [index[a] for a in addrs[:nl]], [index[a] for a in addrs[nl:]]
-    nw = C.GGML_TENSOR_SIZE // 8
-    q = (np.concatenate([t.raw for t in T]).view(np.uint64).reshape(m, nw) if m else np.zeros((0, nw), np.uint64))
     w32 = q.view(np.int32)
     P.tensors, P.addrs, P.index, P.m0, P.q, P.lidx, P.nidx = T, addrs, index, m, q, lidx, nidx
     vs = P.vs = q[:, _Q_VIEW_SRC].tolist()
@@ -620,7 +618,6 @@ def _plan_table(galloc: ggml_gallocr, graph) -> _PlanTable:
     ptrs = q[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
     ii, jj = np.nonzero(ptrs)
     a = ptrs[ii, jj].astype(np.int64)
-    addrs_np = np.array(addrs, np.int64)
     order = np.argsort(addrs_np)
     sa = addrs_np[order]
     pos = np.minimum(np.searchsorted(sa, a), max(m - 1, 0))
@@ -878,7 +875,8 @@ class _PlanRecordLater:
 
     def __init__(self, head: dict, P: _PlanTable):
         self.head = head
-        self.names_raw = np.ascontiguousarray(P.q.view(np.uint8).reshape(len(P.q), C.GGML_TENSOR_SIZE)[:, _NAME_BYTES])
+        # (a copy: the plan's words lie in a scratch array the next plan overwrites)
+        self.names_raw = P.q.view(np.uint8).reshape(len(P.q), C.GGML_TENSOR_SIZE)[:, _NAME_BYTES].copy()
         self.extra_names, self.names = P.extra_names, None
         self.addrs, self.ops, self.flags, self.offs, self.vsi = P.addrs, P.ops, P.flags, P.offs, P.vsi
         self.log, self.bounds = P.log, P.bounds
@@ -1462,18 +1460,50 @@ class _GraphWords:
         return self._nbytes if self._nbytes is not False else None
 
 
-def _gather_words(ts: list, addrs: np.ndarray) -> np.ndarray:
-    """The struct words of ``ts`` (uint64 rows): at once from the first one's context arena for those that lie
-    there (a graph's nodes; the weights among the leafs lie in the model's), the others from their own bytes."""
+def _scratch_rows(galloc: ggml_gallocr, name: str, m: int, dtype=np.uint64) -> np.ndarray:
+    """``m`` rows of GGML_TENSOR_SIZE / 8 words from the allocator's scratch array ``name``, grown when too small:
+    the gathers of every plan and every alloc_graph go into memory the process has already touched (a fresh
+    ~400 KB array costs its page faults each time, more than the gather itself)."""
+    a = getattr(galloc, name, None)
+    if a is None or len(a) < m:
+        a = np.empty((max(m, 64) + m // 4, C.GGML_TENSOR_SIZE // 8), dtype)
+        setattr(galloc, name, a)
+    return a[:m]
+
+
+_WORD_COLS = np.arange(C.GGML_TENSOR_SIZE // 8)
+
+
+def _gather_words(galloc: ggml_gallocr, ts: list, addrs: np.ndarray, out: np.ndarray) -> None:
+    """The struct words of ``ts`` into ``out`` (uint64 rows): at once from the first one's context arena for those
+    that lie there (a graph's nodes; the weights among the leafs lie in the model's), each row's word indices made
+    in a scratch array too; the others from their own bytes."""
     nw = C.GGML_TENSOR_SIZE // 8
-    got = structs_in_arena(ts, addrs)
+    n = len(ts)
+    got = arena_rows(ts, addrs)
     if got is None:
-        return np.concatenate([t.raw for t in ts]).view(np.uint64).reshape(len(ts), nw)
-    words, inside = got[0], got[1]
-    out = np.flatnonzero(~inside).tolist()
-    if out:
-        words[out] = np.concatenate([ts[k].raw for k in out]).view(np.uint64).reshape(len(out), nw)
-    return words
+        out[:] = np.concatenate([t.raw for t in ts]).view(np.uint64).reshape(n, nw)
+        return
+    arena, rows, inside, _ = got
+    idx = _scratch_rows(galloc, "_index_scratch", n, np.intp)
+    np.add(rows[:, None], _WORD_COLS, out=idx)
+    np.take(arena, idx, out=out, mode="clip")          # (every index is in the arena: "clip" does not buffer)
+    rest = np.flatnonzero(~inside).tolist()
+    if rest:
+        out[rest] = np.concatenate([ts[k].raw for k in rest]).view(np.uint64).reshape(len(rest), nw)
+
+
+def _struct_rows(galloc: ggml_gallocr, name: str, leafs: list, nodes: list):
+    """(addresses, struct words) of ``leafs + nodes``, the words in the scratch array ``name``."""
+    nl, m = len(leafs), len(leafs) + len(nodes)
+    T = leafs + nodes
+    addrs = np.fromiter((t.addr for t in T), np.int64, m)
+    W = _scratch_rows(galloc, name, m)
+    if nl:
+        _gather_words(galloc, leafs, addrs[:nl], W[:nl])
+    if m > nl:
+        _gather_words(galloc, nodes, addrs[nl:], W[nl:])
+    return T, addrs, W
 
 
 def _graph_words(galloc: ggml_gallocr, graph):
@@ -1489,10 +1519,8 @@ def _graph_words(galloc: ggml_gallocr, graph):
     if not m:
         return None
     G = _GraphWords()
-    G.T = leafs + nodes
-    G.addrs = addrs = np.fromiter((t.addr for t in G.T), np.int64, m)
-    parts = [_gather_words(ts, addrs[lo:lo + len(ts)]) for ts, lo in ((leafs, 0), (nodes, nl)) if ts]
-    G.W = (parts[0] if len(parts) == 1 else np.concatenate(parts)).view(np.int64)
+    G.T, addrs, W = _struct_rows(galloc, "_graph_scratch", leafs, nodes)
+    G.addrs, G.W = addrs, W.view(np.int64)
     G.order = np.argsort(addrs)
     G.sa = addrs[G.order]
     G.nl = nl
