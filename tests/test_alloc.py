@@ -893,7 +893,7 @@ def test_plan_table_reads_what_each_struct_holds():
         assert P.vsi[k] == (P.index[t.view_src.addr] if t.view_src is not None else -1), t.name
         assert P.nbytes[k] == (gg.nbytes(t) if k < P.m0 else -1), t.name
         assert A._plan_size(galloc, P, 0, k) == gg.nbytes(t), t.name
-        assert A._plan_layout(P, k) == (t.type, t.ne.tolist() + t.nb.tolist()), t.name
+        assert A._plan_layout(P, k) == (t.type, t.ne.tolist() + t.nb.tolist()), t.name     # (none negative)
         want = [(j, P.index[x.addr]) for j, x in enumerate(t.src) if x is not None]
         assert (P.srcs[k] if k in P.nidx else A._plan_srcs(P, k)) == want, t.name
     assert P.srcs[5][:3] == [(0, P.index[r.src[0].addr]), (1, P.index[r.src[1].addr]), (2, 1)]

@@ -468,8 +468,11 @@ class ggml_gallocr:
         # ggviz: the plan lists (node_allocs / leaf_allocs) are also held by a saved plan (gallocr_save_plan): the
         # next reserve makes new lists instead of overwriting these in place
         self._plan_shared = False
-        # ggviz: while a plan is made, its tensor table (_PlanTable)
+        # ggviz: while a plan is made, its tensor table (_PlanTable); during gallocr_alloc_graph, the graph's words
+        # (_graph_words); the struct-word scratch arrays the gathers fill (_scratch_rows)
         self._plan = None
+        self._graph_words_cache = None
+        self._plan_scratch = self._graph_scratch = self._index_scratch = None
 
     @property
     def last_alloc(self) -> dict | None:
@@ -531,6 +534,7 @@ def gallocr_free(galloc: ggml_gallocr | None) -> None:
     galloc._slot = {}
     galloc.node_allocs = []
     galloc.leaf_allocs = []
+    galloc._plan_scratch = galloc._graph_scratch = galloc._index_scratch = None     # (ggviz: _scratch_rows)
 
 
 def gallocr_hash_get(galloc: ggml_gallocr, t: Tensor) -> hash_node:
@@ -708,12 +712,12 @@ def _plan_names(P) -> list:
 
 
 def _plan_layout(P: _PlanTable, k: int) -> tuple:
-    # ggml_are_same_layout's fields: type, ne[], nb[]
+    # ggml_are_same_layout's fields: type, ne[], nb[] (as the struct's 64-bit words)
     if k < P.m0:
-        r = P.q[k, :10].view(np.int64).tolist()
+        r = P.q[k, :10].tolist()
         return r[0] & 0xFFFFFFFF, r[2:10]
     t = P.tensors[k]
-    return t.type, t.ne.tolist() + t.nb.tolist()
+    return t.type, [x & 0xFFFFFFFFFFFFFFFF for x in t.ne.tolist() + t.nb.tolist()]
 
 
 def _plan_hn(galloc: ggml_gallocr, P: _PlanTable, k: int) -> hash_node:
