@@ -19,7 +19,9 @@ Function names are C's without the ``ggml_`` prefix, static ones included (``ggm
 ``dyn_tallocr_alloc``, ``ggml_gallocr_allocate_node`` is ``gallocr_allocate_node``), so a grep for the C name finds
 the Python. ggviz: trace events (``alloc.alloc``, ``alloc.reuse``, ``alloc.free``,
 ``alloc.view``, ``alloc.needs_realloc``, ``alloc.reserve``) and ``galloc.last_alloc``, a plain-data record of the
-last plan (per tensor: chunk, offset, size, the node index where it was allocated and freed, what it reused).
+last plan (per tensor: chunk, offset, size, the node index where it was allocated and freed, what it reused),
+made from the plan's log of notes when first read. A plan reads each tensor's struct once, into its tensor table
+(``_PlanTable``), and works on the table's rows.
 """
 from __future__ import annotations
 
