@@ -585,15 +585,14 @@ class _PlanTable:
     as its event, as it happens."""
     __slots__ = ("tensors", "addrs", "index", "m0", "q", "vs", "vsi", "data", "buf", "ops", "flags", "offs", "srcs",
                  "hns", "nbytes", "plain", "own_sizes", "lidx", "nidx", "names", "extra_names", "has_rec", "log",
-                 "bounds", "recs", "taken", "hsize")
+                 "bounds", "recs", "taken", "hsize", "srow")
 
 
 def _plan_table(galloc: ggml_gallocr, graph) -> _PlanTable:
     P = _PlanTable()
     nl, nn = graph.n_leafs, graph.n_nodes
-    T, addrs_np, q = _struct_rows(galloc, "_plan_scratch", list(graph.leafs[:nl]), list(graph.nodes[:nn]))
+    T, addrs_np, q, addrs = _struct_rows(galloc, "_plan_scratch", list(graph.leafs[:nl]), list(graph.nodes[:nn]))
     m = len(T)
-    addrs = addrs_np.tolist()
     index = dict(zip(addrs, range(m)))
     if len(index) == m:
         lidx, nidx = range(nl), range(nl, m)
@@ -613,27 +612,41 @@ def _plan_table(galloc: ggml_gallocr, graph) -> _PlanTable:
     P.nbytes = _nbytes_rows(q)
     P.own_sizes = [None if bt is not None and bt.iface.get_alloc_size is None else {} for bt in galloc.bufts]
     P.plain = not any(o is not None for o in P.own_sizes) and (min(P.nbytes) >= 0 if m else True)
-    P.vsi = [-1] * m
     P.srcs = [None] * m
     P.names = None
-    for k in np.flatnonzero(q[:, _Q_VIEW_SRC]).tolist():
-        v = index.get(vs[k])
-        P.vsi[k] = v if v is not None else _plan_add(P, vs[k])
-    # each node's (j, row) of its non-NULL sources: the pointers found among the rows' sorted addresses at once,
-    # cut into one list per node (np.nonzero gives them node by node, j ascending: enumerate's order)
+    P.srow = None
+    # the rows' addresses sorted, to find view sources and sources among them at once (a tensor twice in the graph
+    # has one row, index's: then they are looked up one by one)
+    order = np.argsort(addrs_np)
+    sa = addrs_np[order]
+    unique = len(index) == m
+    last = max(m - 1, 0)
+    # each view's view source row
+    views = np.flatnonzero(q[:, _Q_VIEW_SRC])
+    want = q[views, _Q_VIEW_SRC].astype(np.int64)
+    vpos = np.minimum(np.searchsorted(sa, want), last)
+    if unique and (sa[vpos] == want).all():
+        vsi = np.full(m, -1, np.int64)
+        vsi[views] = order[vpos]
+        P.vsi = vsi.tolist()
+    else:                                   # (a view source that is no leaf or node of the graph: a row of its own)
+        P.vsi = [-1] * m
+        for k in views.tolist():
+            v = index.get(vs[k])
+            P.vsi[k] = v if v is not None else _plan_add(P, vs[k])
+    # each node's (j, row) of its non-NULL sources, cut into one list per node (np.nonzero gives them node by node,
+    # j ascending: enumerate's order); ``srow``: the same as a matrix (-1: NULL), for _plan_slot_arrays
     ptrs = q[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
     ii, jj = np.nonzero(ptrs)
     a = ptrs[ii, jj].astype(np.int64)
-    order = np.argsort(addrs_np)
-    sa = addrs_np[order]
-    pos = np.minimum(np.searchsorted(sa, a), max(m - 1, 0))
-    if len(index) == m and (not len(a) or (sa[pos] == a).all()):
-        pairs = list(zip(jj.tolist(), order[pos].tolist()))
-        out, p = [], 0
-        for c in np.bincount(ii, minlength=nn).tolist():
-            out.append(pairs[p:p + c])
-            p += c
-        P.srcs[nl:m] = out
+    pos = np.minimum(np.searchsorted(sa, a), last)
+    if unique and len(P.addrs) == m and (sa[pos] == a).all():
+        rows = order[pos]
+        pairs = list(zip(jj.tolist(), rows.tolist()))
+        cut = [0] + np.cumsum(np.bincount(ii, minlength=nn)).tolist()
+        P.srcs[nl:m] = [pairs[lo:hi] for lo, hi in zip(cut, cut[1:])]
+        P.srow = np.full((nn, C.GGML_MAX_SRC), -1, np.int64)
+        P.srow[ii, jj] = rows
     else:                                   # (a source that is no leaf or node of the graph: a row of its own)
         P.srcs[nl:m] = [[(j, index[a] if a in index else _plan_add(P, a)) for j, a in enumerate(row) if a]
                         for row in ptrs.tolist()]
@@ -1395,7 +1408,7 @@ def _plan_slot_arrays(P: _PlanTable):
     checked; None when the table is not the plain case (a buffer type with its own alloc size, a type without
     traits, a source outside the graph, a tensor twice in it)."""
     m = P.m0
-    if not m or not P.plain or len(P.addrs) != m or type(P.nidx) is not range:
+    if not m or not P.plain or len(P.addrs) != m or type(P.nidx) is not range or P.srow is None:
         return None
     n = len(P.nidx)
     nl = m - n
@@ -1403,15 +1416,10 @@ def _plan_slot_arrays(P: _PlanTable):
     rbid = np.fromiter((hn.buffer_id if hn is not None else 0 for hn in P.hns), np.int64, m)
     rsz = np.array(P.nbytes, np.int64)
     valid = (q[:, _Q_VIEW_SRC] == 0) & (q[:, _Q_DATA] == 0)
-    addrs = np.array(P.addrs, np.int64)
-    order = np.argsort(addrs)
-    sa = addrs[order]
-    srcs = q[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC].astype(np.int64)
-    present = srcs != 0
-    pos = np.minimum(np.searchsorted(sa, srcs), m - 1)
+    present = P.srow >= 0
     rows = np.empty((n, _SLOTS), np.int64)
     rows[:, 0] = np.arange(nl, m)
-    rows[:, 1:] = np.where(present, order[pos], 0)
+    rows[:, 1:] = np.where(present, P.srow, 0)
     ok = np.concatenate([np.ones((n, 1), bool), present], axis=1) & valid[rows]
     return np.where(ok, rbid[rows], -1), np.where(ok, rsz[rows], 0)
 
@@ -1500,16 +1508,18 @@ def _gather_words(galloc: ggml_gallocr, ts: list, addrs: np.ndarray, out: np.nda
 
 
 def _struct_rows(galloc: ggml_gallocr, name: str, leafs: list, nodes: list):
-    """(addresses, struct words) of ``leafs + nodes``, the words in the scratch array ``name``."""
+    """(tensors, addresses, struct words) of ``leafs + nodes``, the words in the scratch array ``name`` (and the
+    addresses as a list, ``_plan_table``'s)."""
     nl, m = len(leafs), len(leafs) + len(nodes)
     T = leafs + nodes
-    addrs = np.fromiter((t.addr for t in T), np.int64, m)
+    addr_list = [t.addr for t in T]
+    addrs = np.array(addr_list, np.int64) if m else np.zeros(0, np.int64)
     W = _scratch_rows(galloc, name, m)
     if nl:
         _gather_words(galloc, leafs, addrs[:nl], W[:nl])
     if m > nl:
         _gather_words(galloc, nodes, addrs[nl:], W[nl:])
-    return T, addrs, W
+    return T, addrs, W, addr_list
 
 
 def _graph_words(galloc: ggml_gallocr, graph):
@@ -1525,7 +1535,7 @@ def _graph_words(galloc: ggml_gallocr, graph):
     if not m:
         return None
     G = _GraphWords()
-    G.T, addrs, W = _struct_rows(galloc, "_graph_scratch", leafs, nodes)
+    G.T, addrs, W, _ = _struct_rows(galloc, "_graph_scratch", leafs, nodes)
     G.addrs, G.W = addrs, W.view(np.int64)
     G.order = np.argsort(addrs)
     G.sa = addrs[G.order]
