@@ -861,25 +861,44 @@ def test_inplace_reuse_is_bitwise_transparent(name):
         gg.free(shared_ctx)
 
 
-def test_nodes_words_reads_what_each_struct_holds():
-    """gallocr_alloc_graph_impl reads its nodes' view_src, op, flags and src[] from one gather of their structs
-    (A.nodes_words): the same values the structs hold, field by field, for nodes in the first node's arena and for
-    one in another context (read from its own words), a view, an input, a node with three sources."""
+def test_plan_table_reads_what_each_struct_holds():
+    """gallocr's planning reads each tensor's struct once, into its plan table (A._plan_table: one gather of the
+    leafs' and nodes' structs, then a row read from its own struct for a source or view source outside the graph's
+    leafs and nodes): every row holds what the tensor's struct holds, field by field -- view_src and its row, data,
+    buffer, op, flags, view_offs, the non-NULL sources as (j, row), ggml_nbytes, name, the layout ggml compares --
+    for a view, an input, a node in another context, a node with three sources, sources outside the graph."""
     ctx = gg.init(1 << 20, no_alloc=True)
     other = gg.init(1 << 16, no_alloc=True)
     a = gg.new_tensor_2d(ctx, gg.GGML_TYPE_F32, 8, 4)
     b = gg.new_tensor_2d(ctx, gg.GGML_TYPE_F32, 8, 4)
     gg.set_input(a)
+    gg.set_name(a, "a_input")
     s = gg.add(ctx, a, b)
     v = gg.view_2d(ctx, s, 4, 4, s.nb[1], 16)
     c = gg.cpy(other, v, gg.new_tensor_2d(other, gg.GGML_TYPE_F32, 4, 4))     # a node outside ctx's arena
     r = gg.rope_ext(ctx, gg.reshape_3d(ctx, s, 8, 1, 4), gg.new_tensor_1d(ctx, gg.GGML_TYPE_I32, 4), b, 8, 0, 512,
                     10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
-    nodes = [a, s, v, c, r]
-    vss, ops, flags, srcs = A.nodes_words(nodes)
-    assert vss == [t._q.item(29) for t in nodes] and vss[2] == s.addr and vss[1] == 0
-    assert ops == [t.op for t in nodes] and ops[3] == gg.GGML_OP_CPY
-    assert flags == [t.flags for t in nodes] and flags[0] & gg.GGML_TENSOR_FLAG_INPUT
-    assert srcs == [[x.addr if x is not None else 0 for x in t.src] for t in nodes]
-    assert srcs[4][:3] == [r.src[0].addr, r.src[1].addr, b.addr]
-    assert A.nodes_words([]) == ([], [], [], [])
+    # (r's first two sources and c's destination are neither leafs nor nodes here: rows of their own)
+    graph = SimpleNamespace(leafs=[a, b], n_leafs=2, nodes=[s, v, c, r], n_nodes=4)
+    galloc = A.gallocr_new(viz_buft())
+    P = A._plan_table(galloc, graph)
+    rows = P.tensors
+    assert rows[:6] == [a, b, s, v, c, r] and len(rows) == 9 and P.m0 == 6
+    assert {r.src[0].addr, r.src[1].addr, c.src[1].addr} == {t.addr for t in rows[6:]}
+    assert P.addrs == [t.addr for t in rows] and P.index == {t.addr: k for k, t in enumerate(rows)}
+    assert list(P.lidx) == [0, 1] and list(P.nidx) == [2, 3, 4, 5]
+    for k, t in enumerate(rows):
+        assert P.vs[k] == t._q.item(29) and P.data[k] == t.data and P.buf[k] == t._q.item(1), t.name
+        assert P.ops[k] == t.op and P.flags[k] == t.flags and P.offs[k] == t.view_offs, t.name
+        assert P.vsi[k] == (P.index[t.view_src.addr] if t.view_src is not None else -1), t.name
+        assert P.nbytes[k] == (gg.nbytes(t) if k < P.m0 else -1), t.name
+        assert A._plan_size(galloc, P, 0, k) == gg.nbytes(t), t.name
+        assert A._plan_layout(P, k) == (t.type, t.ne.tolist() + t.nb.tolist()), t.name     # (none negative)
+        want = [(j, P.index[x.addr]) for j, x in enumerate(t.src) if x is not None]
+        assert (P.srcs[k] if k in P.nidx else A._plan_srcs(P, k)) == want, t.name
+    assert P.srcs[5][:3] == [(0, P.index[r.src[0].addr]), (1, P.index[r.src[1].addr]), (2, 1)]
+    assert A._plan_names(P) == [t.name for t in rows] and A._plan_names(P)[0] == "a_input"
+    assert P.vsi[3] == 2 and P.flags[0] & gg.GGML_TENSOR_FLAG_INPUT and P.ops[4] == gg.GGML_OP_CPY
+    assert not P.plain                          # (rows read from their own structs: sizes asked of the tensor)
+    empty = A._plan_table(galloc, SimpleNamespace(leafs=[], n_leafs=0, nodes=[], n_nodes=0))
+    assert empty.addrs == [] and empty.srcs == [] and empty.plain

@@ -609,9 +609,15 @@ def test_the_allocator_plan_check_over_arrays_equals_ggmls_loop(model):
             else:
                 obj.data = v
     assert both() == (True, True)
-    ga._plan_slots(galloc)
+    old = ga._plan_slots(galloc)
     assert ga.gallocr_reserve_n(galloc, g, s.node_backend_ids, s.leaf_backend_ids)
-    assert galloc._slots_cache is None
+    # the reserve's own arrays (made from its tensor table as it ends) are the new plan's, the ones read back from
+    # its tensor_alloc lists
+    c = galloc._slots_cache
+    assert c is not None and c[0] is galloc.node_allocs and c[1] is galloc._last_alloc and c[3] is not old[0]
+    galloc._slots_cache = None
+    bid, smax = ga._plan_slots(galloc)
+    assert np.array_equal(c[3], bid) and np.array_equal(c[4], smax)
 
 
 def test_placing_over_arrays_equals_the_loops(model, monkeypatch):

@@ -19,7 +19,9 @@ Function names are C's without the ``ggml_`` prefix, static ones included (``ggm
 ``dyn_tallocr_alloc``, ``ggml_gallocr_allocate_node`` is ``gallocr_allocate_node``), so a grep for the C name finds
 the Python. ggviz: trace events (``alloc.alloc``, ``alloc.reuse``, ``alloc.free``,
 ``alloc.view``, ``alloc.needs_realloc``, ``alloc.reserve``) and ``galloc.last_alloc``, a plain-data record of the
-last plan (per tensor: chunk, offset, size, the node index where it was allocated and freed, what it reused).
+last plan (per tensor: chunk, offset, size, the node index where it was allocated and freed, what it reused),
+made from the plan's log of notes when first read. A plan reads each tensor's struct once, into its tensor table
+(``_PlanTable``), and works on the table's rows.
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ from . import consts as C
 from . import memory
 from .graph import GGML_HASHSET_FULL, HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import (_Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor,
-                     structs_in_arena, tensor_at)
+from .tensor import (_Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, arena_rows,
+                     tensor_at)
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -71,35 +73,6 @@ def srcs_of(node: Tensor) -> list:
     return [(j, tensor_at(a)) for j, a in enumerate(node._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()) if a]
 
 
-
-
-def nodes_words(nodes) -> tuple:
-    """ggviz: each node's view_src, op, flags and src[] pointers (a list of GGML_MAX_SRC ints), read from the
-    structs at once where they lie in the first node's context arena (a graph's nodes do), a node elsewhere from
-    its own words: one gather instead of four reads per node."""
-    got = structs_in_arena(nodes)
-    if got is None:
-        return ([t._q.item(_Q_VIEW_SRC) for t in nodes], [t._w.item(_W_OP) for t in nodes],
-                [t._w.item(_W_FLAGS) for t in nodes], [t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist() for t in nodes])
-    words, inside, _, _ = got
-    w32 = words.view(np.int32)
-    vss, ops, flags = words[:, _Q_VIEW_SRC].tolist(), w32[:, _W_OP].tolist(), w32[:, _W_FLAGS].tolist()
-    srcs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
-    for k in np.flatnonzero(~inside).tolist():
-        t = nodes[k]
-        vss[k], ops[k], flags[k] = t._q.item(_Q_VIEW_SRC), t._w.item(_W_OP), t._w.item(_W_FLAGS)
-        srcs[k] = t._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()
-    return vss, ops, flags, srcs
-
-
-def _is_view(t: Tensor) -> bool:
-    # ggml_impl_is_view
-    return t.view_src is not None
-
-
-def _are_same_layout(a: Tensor, b: Tensor) -> bool:
-    # ggml_are_same_layout (ggml-impl.h): same type, ne and nb
-    return a.type == b.type and a.shape == b.shape and a.strides == b.strides
 
 
 # ==================================================================================================
@@ -487,20 +460,35 @@ class ggml_gallocr:
         self.n_nodes = 0
         self.leaf_allocs: list[leaf_alloc] = []    # [n_leafs]
         self.n_leafs = 0
-        # ggviz: plain-data record of the last plan, and the bookkeeping that builds it
-        self.last_alloc: dict | None = None
+        # ggviz: plain-data record of the last plan (made when first read: last_alloc), and the planning's state
+        self._last_alloc = None
         self._phase = "leafs"
         self._index = -1
-        self._rec: dict[int, dict] = {}
-        # ggviz: address -> its hash_node, for the addresses inserted since the hash set's last reset (the graph
-        # allocator looks each tensor up ~10 times; the open-addressing probe stays what places it)
+        # ggviz: address -> its hash_node, for the addresses inserted since the hash set's last reset (the
+        # open-addressing probe stays what places it)
         self._slot: dict[int, hash_node] = {}
         # ggviz: the plan lists (node_allocs / leaf_allocs) are also held by a saved plan (gallocr_save_plan): the
         # next reserve makes new lists instead of overwriting these in place
         self._plan_shared = False
-        # ggviz: while a plan is made, each tensor's alloc size (_alloc_size) and each node's sources (srcs_of)
-        self._sizes: dict | None = None
-        self._node_srcs: list | None = None
+        # ggviz: while a plan is made, its tensor table (_PlanTable); during gallocr_alloc_graph, the graph's words
+        # (_graph_words); the struct-word scratch arrays the gathers fill (_scratch_rows)
+        self._plan = None
+        self._graph_words_cache = None
+        self._plan_scratch = self._graph_scratch = self._index_scratch = None
+
+    @property
+    def last_alloc(self) -> dict | None:
+        """ggviz: the last plan as plain data (n_nodes, n_leafs, hash_size, chunk_sizes, reallocated, and per
+        tensor a record: chunk, offset, size, the node index where it was allocated and freed, what it reused),
+        made on its first read from the plan's log (``_PlanRecordLater``)."""
+        la = self._last_alloc
+        if type(la) is _PlanRecordLater:
+            la = self._last_alloc = la.make()
+        return la
+
+    @last_alloc.setter
+    def last_alloc(self, value) -> None:
+        self._last_alloc = value
 
     def __repr__(self):
         return (f"<ggml_gallocr n_buffers={self.n_buffers} sizes="
@@ -548,6 +536,7 @@ def gallocr_free(galloc: ggml_gallocr | None) -> None:
     galloc._slot = {}
     galloc.node_allocs = []
     galloc.leaf_allocs = []
+    galloc._plan_scratch = galloc._graph_scratch = galloc._index_scratch = None     # (ggviz: _scratch_rows)
 
 
 def gallocr_hash_get(galloc: ggml_gallocr, t: Tensor) -> hash_node:
@@ -577,45 +566,237 @@ def gallocr_is_allocated(galloc: ggml_gallocr, t: Tensor) -> bool:
             or gallocr_is_own(galloc, t))      # tensor will be allocated by galloc
 
 
-def _alloc_size(galloc: ggml_gallocr, buffer_id: int, t: Tensor) -> int:
-    """ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t), asked once per tensor and buffer id while a
-    plan is made (``galloc._sizes``, dropped when it ends): a planned tensor's size is asked when it is allocated,
-    freed, reused, and again for every node_alloc slot that holds it, and nothing changes its shape meanwhile."""
-    sizes = galloc._sizes
-    if sizes is None:
-        return B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], t)
-    e = sizes.get(t.addr)
-    if e is not None and e[0] == buffer_id:
-        return e[1]
-    size = B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], t)
-    sizes[t.addr] = (buffer_id, size)
-    return size
+# ---- ggviz: the plan's tensor table ------------------------------------------------------------------
+
+_NAME_BYTES = slice(256, 256 + C.GGML_MAX_NAME)      # char name[GGML_MAX_NAME] in struct ggml_tensor
+
+
+class _PlanTable:
+    """ggviz: what one plan reads of its tensors, read when it starts. Rows: the graph's leafs, its nodes, then any
+    source or view source that is neither (``index``: address -> row); per row the struct words the planning tests
+    -- view_src (``vs``, and its row ``vsi``), data, buffer, op, flags, view_offs, the sources as ``(j, row)``
+    (``srcs``, nodes), ggml_nbytes -- gathered from one copy of the structs (``q``), and the row's hash_node once it
+    was looked up (``hns``). Nothing a plan does writes a tensor struct, so the words hold until it ends: the
+    allocator reads each tensor's fields once per plan instead of once per use.
+
+    The plan's record (``last_alloc["tensors"]``) is a log of the notes the planning makes (``log``: tuples), turned
+    into the record dicts when it is first read (``_PlanRecordLater``) from the rows' names, ops and flags as the
+    plan saw them; with a trace listener (``recs``) each note also updates the records as it is made and is emitted
+    as its event, as it happens."""
+    __slots__ = ("tensors", "addrs", "index", "m0", "q", "vs", "vsi", "data", "buf", "ops", "flags", "offs", "srcs",
+                 "hns", "nbytes", "plain", "own_sizes", "lidx", "nidx", "names", "extra_names", "has_rec", "log",
+                 "bounds", "recs", "taken", "hsize", "srow")
+
+
+def _plan_table(galloc: ggml_gallocr, graph) -> _PlanTable:
+    P = _PlanTable()
+    nl, nn = graph.n_leafs, graph.n_nodes
+    T, addrs_np, q, addrs = _struct_rows(galloc, "_plan_scratch", list(graph.leafs[:nl]), list(graph.nodes[:nn]))
+    m = len(T)
+    index = dict(zip(addrs, range(m)))
+    if len(index) == m:
+        lidx, nidx = range(nl), range(nl, m)
+    else:                                   # (a tensor twice in the graph: one row, the last)
+        lidx, nidx = [index[a] for a in addrs[:nl]], [index[a] for a in addrs[nl:]]
+    w32 = q.view(np.int32)
+    P.tensors, P.addrs, P.index, P.m0, P.q, P.lidx, P.nidx = T, addrs, index, m, q, lidx, nidx
+    vs = P.vs = q[:, _Q_VIEW_SRC].tolist()
+    P.data, P.buf, P.offs = q[:, _Q_DATA].tolist(), q[:, _Q_BUFFER].tolist(), q[:, _Q_VIEW_OFFS].tolist()
+    P.ops, P.flags = w32[:, _W_OP].tolist(), w32[:, _W_FLAGS].tolist()
+    P.hns = [None] * m
+    P.taken, P.hsize = {}, galloc.hash_set.size
+    P.has_rec = [False] * m
+    P.extra_names = []
+    P.log = []
+    P.bounds = [0, 0]
+    P.nbytes = _nbytes_rows(q)
+    P.own_sizes = [None if bt is not None and bt.iface.get_alloc_size is None else {} for bt in galloc.bufts]
+    P.plain = not any(o is not None for o in P.own_sizes) and (min(P.nbytes) >= 0 if m else True)
+    P.srcs = [None] * m
+    P.names = None
+    P.srow = None
+    # the rows' addresses sorted, to find view sources and sources among them at once (a tensor twice in the graph
+    # has one row, index's: then they are looked up one by one)
+    order = np.argsort(addrs_np)
+    sa = addrs_np[order]
+    unique = len(index) == m
+    last = max(m - 1, 0)
+    # each view's view source row
+    views = np.flatnonzero(q[:, _Q_VIEW_SRC])
+    want = q[views, _Q_VIEW_SRC].astype(np.int64)
+    vpos = np.minimum(np.searchsorted(sa, want), last)
+    if unique and (sa[vpos] == want).all():
+        vsi = np.full(m, -1, np.int64)
+        vsi[views] = order[vpos]
+        P.vsi = vsi.tolist()
+    else:                                   # (a view source that is no leaf or node of the graph: a row of its own)
+        P.vsi = [-1] * m
+        for k in views.tolist():
+            v = index.get(vs[k])
+            P.vsi[k] = v if v is not None else _plan_add(P, vs[k])
+    # each node's (j, row) of its non-NULL sources, cut into one list per node (np.nonzero gives them node by node,
+    # j ascending: enumerate's order); ``srow``: the same as a matrix (-1: NULL), for _plan_slot_arrays
+    ptrs = q[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
+    ii, jj = np.nonzero(ptrs)
+    a = ptrs[ii, jj].astype(np.int64)
+    pos = np.minimum(np.searchsorted(sa, a), last)
+    if unique and len(P.addrs) == m and (sa[pos] == a).all():
+        rows = order[pos]
+        pairs = list(zip(jj.tolist(), rows.tolist()))
+        cut = [0] + np.cumsum(np.bincount(ii, minlength=nn)).tolist()
+        P.srcs[nl:m] = [pairs[lo:hi] for lo, hi in zip(cut, cut[1:])]
+        P.srow = np.full((nn, C.GGML_MAX_SRC), -1, np.int64)
+        P.srow[ii, jj] = rows
+    else:                                   # (a source that is no leaf or node of the graph: a row of its own)
+        P.srcs[nl:m] = [[(j, index[a] if a in index else _plan_add(P, a)) for j, a in enumerate(row) if a]
+                        for row in ptrs.tolist()]
+    for k in nidx:
+        if P.srcs[k] is None:
+            _plan_srcs(P, k)
+    P.names = _plan_names(P) if trace.active else None
+    P.recs = {} if trace.active else None
+    return P
+
+
+def _nbytes_rows(q: np.ndarray) -> list:
+    """ggml_nbytes of each struct row of ``q`` (uint64 words), -1 where the type has no traits (asked of the
+    tensor when needed: ggml_nbytes' own error)."""
+    if not len(q):
+        return []
+    i64 = q.view(np.int64)
+    types = i64[:, 0] & 0xFFFFFFFF
+    known = types < len(_TRAITS_BS)
+    types = np.where(known, types, 0)
+    bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
+    known &= bs != 0
+    ne, nb = i64[:, 2:6], i64[:, 6:10]
+    first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // np.maximum(bs, 1))
+    n = first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
+    n = np.where((ne <= 0).any(axis=1), 0, n)
+    return np.where(known, n, -1).tolist()
+
+
+def _plan_add(P: _PlanTable, addr: int) -> int:
+    """A row for the tensor at ``addr`` (a source or view source outside the graph's leafs and nodes), read from its
+    own struct."""
+    t = tensor_at(addr)
+    k = len(P.addrs)
+    q, w = t._q, t._w
+    P.tensors.append(t)
+    P.addrs.append(addr)
+    P.index[addr] = k
+    P.vs.append(q.item(_Q_VIEW_SRC))
+    P.data.append(q.item(_Q_DATA))
+    P.buf.append(q.item(_Q_BUFFER))
+    P.offs.append(q.item(_Q_VIEW_OFFS))
+    P.ops.append(w.item(_W_OP))
+    P.flags.append(w.item(_W_FLAGS))
+    P.hns.append(None)
+    P.has_rec.append(False)
+    P.nbytes.append(-1)
+    P.plain = False
+    P.srcs.append(None)
+    P.vsi.append(-1)
+    name = t.name
+    P.extra_names.append(name)
+    if P.names is not None:
+        P.names.append(name)
+    vs = P.vs[k]
+    if vs:
+        v = P.index.get(vs)
+        P.vsi[k] = v if v is not None else _plan_add(P, vs)
+    return k
+
+
+def _plan_srcs(P: _PlanTable, k: int) -> list:
+    """Row ``k``'s ``(j, row)`` of its non-NULL sources (srcs_of), made when first asked for a row that is no node."""
+    s = P.srcs[k]
+    if s is None:
+        ptrs = (P.q[k, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC] if k < P.m0 else
+                P.tensors[k]._q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC]).tolist()
+        index = P.index
+        s = P.srcs[k] = [(j, index[a] if a in index else _plan_add(P, a)) for j, a in enumerate(ptrs) if a]
+    return s
+
+
+def _plan_names(P) -> list:
+    """Every row's name (the struct's name[] up to its NUL, as Tensor.name reads it)."""
+    raw = np.ascontiguousarray(P.q.view(np.uint8).reshape(len(P.q), C.GGML_TENSOR_SIZE)[:, _NAME_BYTES])
+    names = [s.partition(b"\0")[0].decode("utf-8", "replace") for s in raw.view(f"S{C.GGML_MAX_NAME}").ravel().tolist()]
+    return names + P.extra_names
+
+
+def _plan_layout(P: _PlanTable, k: int) -> tuple:
+    # ggml_are_same_layout's fields: type, ne[], nb[] (as the struct's 64-bit words)
+    if k < P.m0:
+        r = P.q[k, :10].tolist()
+        return r[0] & 0xFFFFFFFF, r[2:10]
+    t = P.tensors[k]
+    return t.type, [x & 0xFFFFFFFFFFFFFFFF for x in t.ne.tolist() + t.nb.tolist()]
+
+
+def _plan_hn(galloc: ggml_gallocr, P: _PlanTable, k: int) -> hash_node:
+    """gallocr_hash_get of row ``k``'s tensor, kept in its row. The plan's hash set was emptied when it began and
+    every tensor the plan looks up has a row, inserted here once: ggml_hash_find_or_insert's probe runs over the
+    slots the plan has taken (``P.taken``, slot -> address, in insertion order), the same slots the probe over the
+    set's arrays would give, and the arrays get them all at once when the plan ends (``_plan_hash_flush``)."""
+    hn = P.hns[k]
+    if hn is None:
+        addr = P.addrs[k]
+        size, taken = P.hsize, P.taken
+        i = h = (addr >> 4) % size       # ggml_hash: the low 4 bits of a tensor pointer are always zero
+        while i in taken:
+            i = (i + 1) % size
+            if i == h:
+                raise GGMLError("ggml_hash_find_or_insert: hash set is full")
+        taken[i] = addr
+        # (a slot inserted just now has no node yet: hash_values is emptied whenever the hash set is reset)
+        hn = P.hns[k] = galloc.hash_values[i] = hash_node()
+        galloc._slot[addr] = hn
+    return hn
+
+
+def _plan_hash_flush(galloc: ggml_gallocr, P: _PlanTable) -> None:
+    """Write the slots the plan inserted (``_plan_hn``) into the hash set's keys and used bits."""
+    taken = P.taken
+    if not taken:
+        return
+    hs = galloc.hash_set
+    slots = np.fromiter(taken.keys(), np.int64, len(taken))
+    hs.keys[slots] = np.fromiter(taken.values(), np.uint64, len(taken))
+    np.bitwise_or.at(hs.used, slots >> 5, (np.int64(1) << (slots & 31)).astype(np.uint32))
+
+
+def _plan_size(galloc: ggml_gallocr, P: _PlanTable, buffer_id: int, k: int) -> int:
+    """ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], tensor): ggml_nbytes from the table for a buffer type
+    without a get_alloc_size of its own, else the buffer type's answer, asked once per tensor and buffer id in a plan
+    (nothing changes a planned tensor's shape meanwhile)."""
+    own = P.own_sizes[buffer_id]
+    if own is None:
+        n = P.nbytes[k]
+        if n < 0:
+            n = P.nbytes[k] = B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], P.tensors[k])
+        return n
+    n = own.get(k)
+    if n is None:
+        n = own[k] = B.backend_buft_get_alloc_size(galloc.bufts[buffer_id], P.tensors[k])
+    return n
 
 
 # ---- ggviz: the plan record and trace events ---------------------------------------------------------
+#
+# A note is a tuple appended to the plan's log, (kind, row, ...):
+#   (0, k, buffer_id, chunk, offset, size, alloc_size, node)       allocated
+#   (1, k, parent, buffer_id, chunk, offset, size, alloc_size, node, via)   took over parent's memory (via: the
+#                                                                  view of parent it reads, or -1)
+#   (2, k, chunk, offset, size, extra, node)                       freed (extra: the tail of a larger parent)
+#   (3, k, node)                                                   a view noted
+# ``node``: the node index on the plan's axis (-1: leafs and graph inputs, placed before node 0 runs).
 
 _REC_TEMPLATE = dict(name=None, addr=None, op=None, phase=None, buffer_id=None, chunk=None, offset=None, size=0,
                      alloc_size=0, alloc_node=None, free_node=None, reused_from=None, reused_by=None, view_src=None,
                      view_offs=0, extra_freed=0, output=False, input=False)
-
-
-def _new_record(galloc, t: Tensor) -> dict:
-    """A tensor's first record: a copy of the template (keys in its order), then the tensor's own values."""
-    rec = _REC_TEMPLATE.copy()
-    w = t._w
-    flags = w.item(_W_FLAGS)
-    addr = t.addr
-    rec["name"], rec["addr"], rec["op"], rec["phase"] = t.name, addr, w.item(_W_OP), galloc._phase
-    rec["output"] = bool(flags & C.GGML_TENSOR_FLAG_OUTPUT)
-    rec["input"] = bool(flags & C.GGML_TENSOR_FLAG_INPUT)
-    galloc._rec[addr] = rec
-    return rec
-
-
-def _record(galloc, t: Tensor, **fields) -> dict:
-    rec = galloc._rec.get(t.addr) or _new_record(galloc, t)
-    rec.update(fields)
-    return rec
+_PHASES = ("leafs", "inputs", "nodes")
 
 
 def _node_index(galloc) -> int:
@@ -623,86 +804,145 @@ def _node_index(galloc) -> int:
     return galloc._index if galloc._phase == "nodes" else -1
 
 
-# (the notes below write their fields into the record one by one -- the keys exist, in the template's order --
-# rather than through _record's keywords: a plan writes ~1,500 of them)
-
-def _note_alloc(galloc, node, hn, size, padded):
-    rec = galloc._rec.get(node.addr) or _new_record(galloc, node)
-    a = hn.addr
-    rec["buffer_id"], rec["chunk"], rec["offset"] = hn.buffer_id, a.chunk, a.offset
-    rec["size"], rec["alloc_size"], rec["alloc_node"] = size, padded, _node_index(galloc)
-    if trace.active:
-        trace.emit("alloc.alloc", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
-                   node=_node_index(galloc), name=node.name, addr=node.addr, buffer_id=hn.buffer_id,
-                   chunk=hn.addr.chunk, offset=hn.addr.offset, size=size, alloc_size=padded)
+def _rec_new(recs: dict, P, k: int, phase: str) -> dict:
+    """A tensor's first record: a copy of the template (keys in its order), then the tensor's own values."""
+    rec = _REC_TEMPLATE.copy()
+    flags = P.flags[k]
+    rec["name"], rec["addr"], rec["op"], rec["phase"] = P.names[k], P.addrs[k], P.ops[k], phase
+    rec["output"] = bool(flags & C.GGML_TENSOR_FLAG_OUTPUT)
+    rec["input"] = bool(flags & C.GGML_TENSOR_FLAG_INPUT)
+    recs[k] = rec
+    return rec
 
 
-def _note_reuse(galloc, node, parent, hn, size, via=None):
-    """``node`` takes over ``parent``'s memory (``via``: the view of ``parent`` it actually reads, if any)."""
-    recs = galloc._rec
-    p_rec = recs.get(parent.addr) or _new_record(galloc, parent)        # (the parent's record first, as before)
-    rec = recs.get(node.addr) or _new_record(galloc, node)
-    p_rec["reused_by"], p_rec["free_node"] = rec["name"], _node_index(galloc)
-    padded = aligned_offset(0, size, galloc.buf_tallocs[hn.buffer_id].alignment)
-    a = hn.addr
-    rec["buffer_id"], rec["chunk"], rec["offset"] = hn.buffer_id, a.chunk, a.offset
-    rec["size"], rec["alloc_size"], rec["alloc_node"] = size, padded, _node_index(galloc)
-    rec["reused_from"] = p_rec["name"]
-    if trace.active:
-        trace.emit("alloc.reuse", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
-                   node=_node_index(galloc), name=node.name, addr=node.addr, parent=parent.name,
-                   parent_addr=parent.addr, via=via.name if via is not None else None, buffer_id=hn.buffer_id,
-                   chunk=hn.addr.chunk, offset=hn.addr.offset, size=size)
-
-
-def _note_free(galloc, node, addr, size, extra=False):
-    rec = galloc._rec.get(node.addr) or _new_record(galloc, node)
-    if extra:
-        rec["extra_freed"] += size
+def _apply_note(recs: dict, P, e: tuple, phase: str) -> None:
+    """One note into the records (``recs``: row -> record, in the order the records were made)."""
+    kind, k = e[0], e[1]
+    if kind == 0:
+        rec = recs.get(k) or _rec_new(recs, P, k, phase)
+        rec["buffer_id"], rec["chunk"], rec["offset"] = e[2], e[3], e[4]
+        rec["size"], rec["alloc_size"], rec["alloc_node"] = e[5], e[6], e[7]
+    elif kind == 1:
+        pk = e[2]
+        p_rec = recs.get(pk) or _rec_new(recs, P, pk, phase)       # (the parent's record first)
+        rec = recs.get(k) or _rec_new(recs, P, k, phase)
+        p_rec["reused_by"], p_rec["free_node"] = rec["name"], e[8]
+        rec["buffer_id"], rec["chunk"], rec["offset"] = e[3], e[4], e[5]
+        rec["size"], rec["alloc_size"], rec["alloc_node"] = e[6], e[7], e[8]
+        rec["reused_from"] = p_rec["name"]
+    elif kind == 2:
+        rec = recs.get(k) or _rec_new(recs, P, k, phase)
+        if e[5]:
+            rec["extra_freed"] += e[4]
+        else:
+            rec["free_node"] = e[6]
     else:
-        rec["free_node"] = _node_index(galloc)
-    if trace.active:
-        trace.emit("alloc.free", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
-                   node=_node_index(galloc), name=node.name, addr=node.addr, chunk=addr.chunk, offset=addr.offset,
-                   size=size, extra=extra)
+        if k in recs:
+            return
+        v = P.vsi[k]
+        view_offs = P.offs[k]
+        # where the source was planned (None when it is external: already has data, or not planned yet)
+        src_rec = recs.get(v)
+        rec = _rec_new(recs, P, k, phase)
+        if src_rec is not None:
+            rec["view_src"] = src_rec["name"]
+            rec["buffer_id"], rec["chunk"] = src_rec["buffer_id"], src_rec["chunk"]
+            rec["offset"] = src_rec["offset"] + view_offs if src_rec["offset"] is not None else None
+        else:
+            rec["view_src"] = P.names[v]
+        rec["view_offs"] = view_offs
+        rec["alloc_node"] = e[2]
 
 
-def _note_view(galloc, node):
-    recs = galloc._rec
-    if node.addr in recs:
-        return
-    q = node._q
-    src = tensor_at(q.item(_Q_VIEW_SRC))
-    view_offs = q.item(_Q_VIEW_OFFS)
-    # where the source was planned (None when it is external: already has data, or not planned yet)
-    src_rec = recs.get(src.addr)
-    rec = _new_record(galloc, node)
-    if src_rec is not None:
-        rec["view_src"] = src_rec["name"]
-        rec["buffer_id"], rec["chunk"] = src_rec["buffer_id"], src_rec["chunk"]
-        rec["offset"] = src_rec["offset"] + view_offs if src_rec["offset"] is not None else None
+def _note(galloc, P: _PlanTable, e: tuple) -> None:
+    P.log.append(e)
+    if P.recs is not None:
+        # a trace listener: the records as they go, and the note as its event
+        _apply_note(P.recs, P, e, galloc._phase)
+        _emit_note(galloc, P, e)
+
+
+def _emit_note(galloc, P: _PlanTable, e: tuple) -> None:
+    kind, k = e[0], e[1]
+    names, addrs = P.names, P.addrs
+    head = dict(galloc=id(galloc), phase=galloc._phase, index=galloc._index)
+    if kind == 0:
+        trace.emit("alloc.alloc", **head, node=e[7], name=names[k], addr=addrs[k], buffer_id=e[2], chunk=e[3],
+                   offset=e[4], size=e[5], alloc_size=e[6])
+    elif kind == 1:
+        pk, via = e[2], e[9]
+        trace.emit("alloc.reuse", **head, node=e[8], name=names[k], addr=addrs[k], parent=names[pk],
+                   parent_addr=addrs[pk], via=names[via] if via >= 0 else None, buffer_id=e[3], chunk=e[4],
+                   offset=e[5], size=e[6])
+    elif kind == 2:
+        trace.emit("alloc.free", **head, node=e[6], name=names[k], addr=addrs[k], chunk=e[2], offset=e[3],
+                   size=e[4], extra=e[5])
     else:
-        rec["view_src"] = src.name
-    rec["view_offs"] = view_offs
-    rec["alloc_node"] = _node_index(galloc)
-    if trace.active:
-        trace.emit("alloc.view", galloc=id(galloc), phase=galloc._phase, index=galloc._index,
-                   node=_node_index(galloc), name=node.name, addr=node.addr, view_src=src.name,
-                   view_src_addr=src.addr, view_offs=view_offs, chunk=rec["chunk"], offset=rec["offset"])
+        v = P.vsi[k]
+        rec = P.recs[k]
+        trace.emit("alloc.view", **head, node=e[2], name=names[k], addr=addrs[k], view_src=names[v],
+                   view_src_addr=addrs[v], view_offs=P.offs[k], chunk=rec["chunk"], offset=rec["offset"])
+
+
+class _PlanRecordLater:
+    """ggviz: a plan's ``last_alloc`` before its first read: the head fields and the plan's log of notes with the
+    rows' names, addresses, ops, flags, view sources and view offsets as the plan read them (no tensor is read
+    again: the graph's memory may hold other tensors by then). ``make`` replays the log into the record dicts, each
+    note as ``_apply_note`` applies it while a listener records, so both give the same records."""
+    __slots__ = ("head", "names_raw", "extra_names", "names", "addrs", "ops", "flags", "offs", "vsi", "log",
+                 "bounds", "made")
+
+    def __init__(self, head: dict, P: _PlanTable):
+        self.head = head
+        # (a copy: the plan's words lie in a scratch array the next plan overwrites)
+        self.names_raw = P.q.view(np.uint8).reshape(len(P.q), C.GGML_TENSOR_SIZE)[:, _NAME_BYTES].copy()
+        self.extra_names, self.names = P.extra_names, None
+        self.addrs, self.ops, self.flags, self.offs, self.vsi = P.addrs, P.ops, P.flags, P.offs, P.vsi
+        self.log, self.bounds = P.log, P.bounds
+        self.made = None
+
+    def with_head(self, **fields) -> "_PlanRecordLater":
+        other = object.__new__(_PlanRecordLater)
+        for s in _PlanRecordLater.__slots__:
+            setattr(other, s, getattr(self, s))
+        other.head = dict(self.head, **fields)
+        other.made = None
+        return other
+
+    def make(self) -> dict:
+        if self.made is None:
+            self.names = [s.partition(b"\0")[0].decode("utf-8", "replace")
+                          for s in self.names_raw.view(f"S{C.GGML_MAX_NAME}").ravel().tolist()] + self.extra_names
+            recs: dict = {}
+            log, (b1, b2) = self.log, self.bounds
+            for lo, hi, phase in ((0, b1, "leafs"), (b1, b2, "inputs"), (b2, len(log), "nodes")):
+                for p in range(lo, hi):
+                    _apply_note(recs, self, log[p], phase)
+            self.made = dict(self.head, tensors=list(recs.values()))
+        return self.made
+
+
+def gallocr_last_alloc_update(galloc: ggml_gallocr, **fields) -> None:
+    """ggviz: ``galloc.last_alloc`` with ``fields`` replaced (a new dict, or a new record-to-be)."""
+    la = galloc._last_alloc
+    galloc._last_alloc = new = la.with_head(**fields) if type(la) is _PlanRecordLater else dict(la, **fields)
+    c = getattr(galloc, "_slots_cache", None)
+    if c is not None and c[1] is la:            # (the plan's slot arrays stay the plan's)
+        galloc._slots_cache = (c[0], new) + c[2:]
 
 
 # ---------------------------------------------------------------------------------------------------
 
-def gallocr_free_extra_space(galloc: ggml_gallocr, node: Tensor, parent: Tensor) -> None:
-    """Free the extra space at the end if the new tensor is smaller (in-place reuse of a larger parent)."""
-    hn = gallocr_hash_get(galloc, node)
-    p_hn = gallocr_hash_get(galloc, parent)
+def gallocr_free_extra_space(galloc: ggml_gallocr, P: _PlanTable, k: int, pk: int) -> None:
+    """Free the extra space at the end if the new tensor (row ``k``) is smaller than the parent (row ``pk``) whose
+    memory it took over."""
+    hn, p_hn = P.hns[k], P.hns[pk]
 
-    parent_size = _alloc_size(galloc, p_hn.buffer_id, parent)
-    node_size = _alloc_size(galloc, hn.buffer_id, node)
+    parent_size = _plan_size(galloc, P, p_hn.buffer_id, pk)
+    node_size = _plan_size(galloc, P, hn.buffer_id, k)
 
     if not (parent_size >= node_size):      # (the message is only formatted when it fails)
-        GGML_ASSERT(False, f"{parent.name!r} is smaller than {node.name!r} reusing it")
+        GGML_ASSERT(False, f"{P.tensors[pk].name!r} is smaller than {P.tensors[k].name!r} reusing it")
 
     # note: we want after the freeing the chunks to continue to be aligned
     p_alloc = galloc.buf_tallocs[p_hn.buffer_id]
@@ -713,89 +953,98 @@ def gallocr_free_extra_space(galloc: ggml_gallocr, node: Tensor, parent: Tensor)
         p_addr = buffer_address(p_hn.addr.chunk, p_hn.addr.offset + node_size)
         extra_size = parent_size - node_size
         dyn_tallocr_free_bytes(p_alloc, p_addr, extra_size)
-        _note_free(galloc, node, p_addr, extra_size, extra=True)
+        _note(galloc, P, (2, k, p_addr.chunk, p_addr.offset, extra_size, True, _node_index(galloc)))
 
 
-def gallocr_allocate_node(galloc: ggml_gallocr, node: Tensor, buffer_id: int, srcs=None) -> None:
-    """(ggviz: ``srcs``, the node's ``srcs_of`` when the caller has it; the struct's words are read directly:
-    ``view_src``, ``data`` and ``buffer`` are tested for NULL, the same tests as C's)"""
+def gallocr_allocate_node(galloc: ggml_gallocr, P: _PlanTable, k: int, buffer_id: int) -> None:
+    """(ggviz: the tensor as its row ``k`` of the plan's table; ``view_src``, ``data`` and ``buffer`` are tested for
+    NULL from the row, the same tests as C's)"""
     if buffer_id < 0:
         GGML_ASSERT(False, "buffer_id >= 0")
-    hn = galloc._slot.get(node.addr) or gallocr_hash_get(galloc, node)
-    q = node._q
-    is_view = q.item(_Q_VIEW_SRC) != 0
+    hn = P.hns[k] or _plan_hn(galloc, P, k)
 
+    if P.vs[k]:
+        if not P.has_rec[k]:
+            P.has_rec[k] = True
+            _note(galloc, P, (3, k, _node_index(galloc)))
+        return
     # (not ggml_gallocr_is_allocated: no data set externally, no external buffer, not allocated by galloc)
-    if not is_view and not (q.item(_Q_DATA) or q.item(_Q_BUFFER) or hn.allocated):
-        hn.allocated = True
-        assert hn.addr.offset == 0
+    if P.data[k] or P.buf[k] or hn.allocated:
+        return
+    hn.allocated = True
+    assert hn.addr.offset == 0
 
-        # try to reuse a parent's buffer (inplace)
-        if node._w.item(_W_OP) in _INPLACE_OPS:         # (ggml_op_can_inplace)
-            slot = galloc._slot
-            for i, parent in (srcs_of(node) if srcs is None else srcs):
+    # try to reuse a parent's buffer (inplace)
+    if P.ops[k] in _INPLACE_OPS:         # (ggml_op_can_inplace)
+        flags, vsi = P.flags, P.vsi
+        for _, pk in (P.srcs[k] if P.srcs[k] is not None else _plan_srcs(P, k)):
 
-                # if the node's data is external, then we cannot re-use it
-                # (gallocr_is_own; the hash_node is gallocr_hash_get's for p_hn below)
-                p_hn = slot.get(parent.addr) or gallocr_hash_get(galloc, parent)
-                if not p_hn.allocated:
-                    continue
+            # if the node's data is external, then we cannot re-use it (gallocr_is_own)
+            p_hn = P.hns[pk] or _plan_hn(galloc, P, pk)
+            if not p_hn.allocated:
+                continue
 
-                # outputs cannot be reused
-                if (parent.flags & C.GGML_TENSOR_FLAG_OUTPUT or
-                        (parent.view_src is not None and parent.view_src.flags & C.GGML_TENSOR_FLAG_OUTPUT)):
-                    continue
+            # outputs cannot be reused
+            v = vsi[pk]
+            if flags[pk] & C.GGML_TENSOR_FLAG_OUTPUT or (v >= 0 and flags[v] & C.GGML_TENSOR_FLAG_OUTPUT):
+                continue
 
-                if not _are_same_layout(node, parent):
-                    continue
+            if _plan_layout(P, k) != _plan_layout(P, pk):      # (ggml_are_same_layout)
+                continue
 
-                if p_hn.n_children == 1 and p_hn.n_views == 0:
-                    if _is_view(parent):
-                        view_src = parent.view_src
-                        view_src_hn = gallocr_hash_get(galloc, view_src)
-                        if view_src_hn.n_views == 1 and view_src_hn.n_children == 0 and view_src.data == parent.data:
-                            # reusing view parent (and with it its view_src) for node
-                            assert view_src_hn.addr == p_hn.addr
-                            hn.buffer_id = p_hn.buffer_id
-                            hn.addr = p_hn.addr
-                            p_hn.allocated = False   # avoid freeing the parent
-                            view_src_hn.allocated = False
-                            _note_reuse(galloc, node, view_src, hn,
-                                        _alloc_size(galloc, hn.buffer_id, node), via=parent)
-                            gallocr_free_extra_space(galloc, node, view_src)
-                            return
-                    else:
-                        # reusing parent for node
+            if p_hn.n_children == 1 and p_hn.n_views == 0:
+                if v >= 0:                                      # (ggml_impl_is_view(parent))
+                    view_src_hn = P.hns[v] or _plan_hn(galloc, P, v)
+                    if view_src_hn.n_views == 1 and view_src_hn.n_children == 0 and P.data[v] == P.data[pk]:
+                        # reusing view parent (and with it its view_src) for node
+                        assert view_src_hn.addr == p_hn.addr
                         hn.buffer_id = p_hn.buffer_id
                         hn.addr = p_hn.addr
                         p_hn.allocated = False   # avoid freeing the parent
-                        _note_reuse(galloc, node, parent, hn,
-                                    _alloc_size(galloc, hn.buffer_id, node))
-                        gallocr_free_extra_space(galloc, node, parent)
+                        view_src_hn.allocated = False
+                        _note_reuse(galloc, P, k, v, hn, pk)
+                        gallocr_free_extra_space(galloc, P, k, v)
                         return
-        # allocate tensor from the buffer
-        alloc = galloc.buf_tallocs[buffer_id]
-        size = _alloc_size(galloc, buffer_id, node)
-        hn.buffer_id = buffer_id
-        hn.addr = dyn_tallocr_alloc(alloc, size, node)
-        _note_alloc(galloc, node, hn, size, aligned_offset(0, size, alloc.alignment))
-    elif is_view:
-        _note_view(galloc, node)
+                else:
+                    # reusing parent for node
+                    hn.buffer_id = p_hn.buffer_id
+                    hn.addr = p_hn.addr
+                    p_hn.allocated = False   # avoid freeing the parent
+                    _note_reuse(galloc, P, k, pk, hn, -1)
+                    gallocr_free_extra_space(galloc, P, k, pk)
+                    return
+    # allocate tensor from the buffer
+    alloc = galloc.buf_tallocs[buffer_id]
+    size = _plan_size(galloc, P, buffer_id, k)
+    hn.buffer_id = buffer_id
+    hn.addr = a = dyn_tallocr_alloc(alloc, size)
+    P.has_rec[k] = True
+    _note(galloc, P, (0, k, buffer_id, a.chunk, a.offset, size, aligned_offset(0, size, alloc.alignment),
+                      _node_index(galloc)))
 
 
-def gallocr_free_node(galloc: ggml_gallocr, node: Tensor) -> None:
+def _note_reuse(galloc, P: _PlanTable, k: int, pk: int, hn: hash_node, via: int) -> None:
+    size = _plan_size(galloc, P, hn.buffer_id, k)
+    padded = aligned_offset(0, size, galloc.buf_tallocs[hn.buffer_id].alignment)
+    P.has_rec[k] = P.has_rec[pk] = True
+    a = hn.addr
+    _note(galloc, P, (1, k, pk, hn.buffer_id, a.chunk, a.offset, size, padded, _node_index(galloc), via))
+
+
+def gallocr_free_node(galloc: ggml_gallocr, P: _PlanTable, k: int) -> None:
     # graph outputs are never freed
-    if node.flags & C.GGML_TENSOR_FLAG_OUTPUT:
+    if P.flags[k] & C.GGML_TENSOR_FLAG_OUTPUT:
         return
 
-    hn = galloc._slot.get(node.addr) or gallocr_hash_get(galloc, node)
+    hn = P.hns[k] or _plan_hn(galloc, P, k)
     buffer_id = hn.buffer_id
     alloc = galloc.buf_tallocs[buffer_id]
-    size = _alloc_size(galloc, buffer_id, node)
+    size = _plan_size(galloc, P, buffer_id, k)
 
     dyn_tallocr_free_bytes(alloc, hn.addr, size)
     hn.allocated = False
-    _note_free(galloc, node, hn.addr, size)
+    P.has_rec[k] = True
+    _note(galloc, P, (2, k, hn.addr.chunk, hn.addr.offset, size, False, _node_index(galloc)))
 
 
 def get_node_buffer_id(node_buffer_ids, i: int) -> int:
@@ -803,107 +1052,110 @@ def get_node_buffer_id(node_buffer_ids, i: int) -> int:
 
 
 def gallocr_alloc_graph_impl(galloc: ggml_gallocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> None:
-    """Plan the graph: every tensor's (buffer id, chunk, offset), kept in the hash table."""
+    """Plan the graph: every tensor's (buffer id, chunk, offset), kept in the hash table. (ggviz: the plan's tensor
+    table, ``_PlanTable``, is left in ``galloc._plan`` for the rest of the reserve.)"""
     # clear hash tables
     galloc.hash_set.reset()
     # ggviz: a slot's hash_node is made when the slot is first used (C zeroes the whole array; a used slot starts
     # from a fresh node either way)
     galloc.hash_values = {}
     galloc._slot = {}
-    galloc._rec = {}
+    P = galloc._plan = _plan_table(galloc, graph)
+    hns, vs, data, buf, flags, ops, vsi, srcs = P.hns, P.vs, P.data, P.buf, P.flags, P.ops, P.vsi, P.srcs
+    allocate = gallocr_allocate_node
 
     # allocate leafs
     # these may be tensors that the application is not using in the graph, but may still want to allocate for other purposes
     galloc._phase = "leafs"
-    for i, leaf in enumerate(graph.leafs):
-        q = leaf._q
-        if not q.item(_Q_VIEW_SRC) and (q.item(_Q_DATA) or q.item(_Q_BUFFER)):
+    for i, k in enumerate(P.lidx):
+        if not vs[k] and (data[k] or buf[k]):
             # (a leaf with data or a buffer of its own -- the weights: gallocr_allocate_node would only find or
             # insert its hash slot; the buffer id check first, as there)
             if get_node_buffer_id(leaf_buffer_ids, i) < 0:
                 GGML_ASSERT(False, "buffer_id >= 0")
-            gallocr_hash_get(galloc, leaf)
+            hns[k] or _plan_hn(galloc, P, k)
             continue
         galloc._index = i
-        gallocr_allocate_node(galloc, leaf, get_node_buffer_id(leaf_buffer_ids, i))
+        allocate(galloc, P, k, get_node_buffer_id(leaf_buffer_ids, i))
 
-    # ggviz: each node's sources (srcs_of), view source, op and flags, read from the structs at once for the three
-    # loops below (nothing in them writes a struct)
-    nodes = graph.nodes
-    vss, ops, flagss, src_ptrs = nodes_words(nodes)
-    node_srcs = galloc._node_srcs = [[(j, tensor_at(a)) for j, a in enumerate(row) if a] for row in src_ptrs]
-    hash_get = gallocr_hash_get
-    slot = galloc._slot          # (gallocr_hash_get's first lookup: a tensor found before since the reset)
-    rec = galloc._rec
     INPUT = C.GGML_TENSOR_FLAG_INPUT
+    NONE = C.GGML_OP_NONE
 
     # count number of children and views
     # allocate other graph inputs and leafs first to avoid overwriting them
     galloc._phase = "inputs"
-    for i in range(graph.n_nodes):
+    P.bounds[0] = len(P.log)
+    for i, k in enumerate(P.nidx):
         galloc._index = i
-        node = nodes[i]
 
         # TODO: better way to add external dependencies
         # GGML_OP_NONE does not appear normally in the graph nodes, but is used by ggml-backend to add dependencies to
         # control when some tensors are allocated and freed. in this case, the dependencies are in `src`, but the node
         # itself is never used and should not be considered a dependency
-        vs = vss[i]
-        if vs and ops[i] != C.GGML_OP_NONE:
-            (slot.get(vs) or hash_get(galloc, tensor_at(vs))).n_views += 1
+        if vs[k] and ops[k] != NONE:
+            v = vsi[k]
+            (hns[v] or _plan_hn(galloc, P, v)).n_views += 1
 
-        if flagss[i] & INPUT:
-            gallocr_allocate_node(galloc, nodes[i], get_node_buffer_id(node_buffer_ids, i))
+        if flags[k] & INPUT:
+            allocate(galloc, P, k, get_node_buffer_id(node_buffer_ids, i))
 
-        for j, src in node_srcs[i]:
-            (slot.get(src.addr) or hash_get(galloc, src)).n_children += 1
+        for _, s in srcs[k]:
+            (hns[s] or _plan_hn(galloc, P, s)).n_children += 1
 
             # allocate explicit inputs
-            if src._w.item(_W_FLAGS) & INPUT:
-                gallocr_allocate_node(galloc, src, get_node_buffer_id(node_buffer_ids, i))
+            if flags[s] & INPUT:
+                allocate(galloc, P, s, get_node_buffer_id(node_buffer_ids, i))
 
     # allocate tensors
     galloc._phase = "nodes"
-    for i in range(graph.n_nodes):
+    P.bounds[1] = len(P.log)
+    has_rec = P.has_rec
+    for i, k in enumerate(P.nidx):
         galloc._index = i
-        node = nodes[i]
         buffer_id = node_buffer_ids[i] if node_buffer_ids is not None else 0     # (get_node_buffer_id)
-        srcs_j = node_srcs[i]
+        srcs_k = srcs[k]
 
         # allocate parents (only leafs need to be allocated at this point)
-        for _, parent in srcs_j:
+        for _, pk in srcs_k:
             # (the calls gallocr_allocate_node would return from without a change are not made: a parent galloc
             # has allocated -- an earlier node, nearly always --, a view it has noted, a tensor with data or a
             # buffer of its own -- the weights; the counting above made every parent's hash_node)
-            hn = slot.get(parent.addr)
-            if hn is not None and hn.allocated:
+            if hns[pk].allocated:
                 continue
-            q = parent._q
-            if q.item(_Q_VIEW_SRC):
-                if parent.addr in rec:
+            if vs[pk]:
+                if has_rec[pk]:
                     continue
-            elif q.item(_Q_DATA) or q.item(_Q_BUFFER):
+            elif data[pk] or buf[pk]:
                 continue
-            gallocr_allocate_node(galloc, parent, buffer_id)
+            allocate(galloc, P, pk, buffer_id)
 
         # allocate node
-        gallocr_allocate_node(galloc, node, buffer_id, srcs_j)
+        # (gallocr_allocate_node's first steps here: the hash_node, then a view is noted, a tensor with data, a
+        # buffer or already allocated is left as it is -- ~40 % of the nodes are views)
+        if buffer_id < 0:
+            GGML_ASSERT(False, "buffer_id >= 0")
+        hn = hns[k] or _plan_hn(galloc, P, k)
+        if vs[k]:
+            if not has_rec[k]:
+                has_rec[k] = True
+                _note(galloc, P, (3, k, i))
+        elif not (data[k] or buf[k] or hn.allocated):
+            allocate(galloc, P, k, buffer_id)
 
         # update parents
-        for _, parent in srcs_j:
-            p_hn = slot.get(parent.addr) or hash_get(galloc, parent)
+        for _, pk in srcs_k:
+            p_hn = hns[pk]
             p_hn.n_children -= 1
 
             if p_hn.n_children == 0 and p_hn.n_views == 0:
-                vs = parent._q.item(_Q_VIEW_SRC)
-                if vs:
-                    view_src = tensor_at(vs)
-                    view_src_hn = slot.get(vs) or hash_get(galloc, view_src)
+                if vs[pk]:
+                    v = vsi[pk]
+                    view_src_hn = hns[v] or _plan_hn(galloc, P, v)
                     view_src_hn.n_views -= 1
                     if view_src_hn.n_views == 0 and view_src_hn.n_children == 0 and view_src_hn.allocated:
-                        gallocr_free_node(galloc, view_src)
+                        gallocr_free_node(galloc, P, v)
                 elif p_hn.allocated:
-                    gallocr_free_node(galloc, parent)
+                    gallocr_free_node(galloc, P, pk)
 
 
 def _invalid_alloc(ta: tensor_alloc) -> None:
@@ -918,9 +1170,10 @@ def _invalid_alloc(ta: tensor_alloc) -> None:
 _INVALID_SRC_ALLOC = tensor_alloc(-1, GGML_BUFFER_ADDRESS_INVALID, 0)
 
 
-def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
+def _set_node_allocs(galloc: ggml_gallocr, graph, P: _PlanTable) -> None:
     """gallocr_reserve_n_impl's "set the node_allocs from the hash table": each node's and each of its sources'
-    tensor_alloc (buffer id, address, size), or an invalid one for a view, a tensor with data or a NULL source."""
+    tensor_alloc (buffer id, address, size), or an invalid one for a view, a tensor with data or a NULL source.
+    (ggviz: each tensor's words, sources, hash_node and size from the plan's table ``P``.)"""
     # ggviz: every field of every tensor_alloc is written below, so a fresh plan's structs are made with their values
     # (object.__new__ and the slots set: no __init__ frame for the ~4,000 of a 1,000-node graph); the invalid
     # source slots are all _INVALID_SRC_ALLOC (the values C writes there)
@@ -934,17 +1187,9 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
     INVALID_SRC = _INVALID_SRC_ALLOC
     null_srcs = [INVALID_SRC] * C.GGML_MAX_SRC
     new = object.__new__
-    slot = galloc._slot               # (gallocr_hash_get's first lookup: every planned tensor is there)
-    nodes = graph.nodes
-    # each node's (j, src[j]) for its non-NULL sources: those the planning read (gallocr_alloc_graph_impl), the
-    # NULL slots being invalid ones
-    node_srcs = galloc._node_srcs
-    if node_srcs is None or len(node_srcs) != n_nodes:
-        node_srcs = [srcs_of(node) for node in nodes[:n_nodes]]
-    # (_alloc_size's cache read here, where ~2,000 sizes are asked: the call only for a size not asked yet)
-    sizes = galloc._sizes if galloc._sizes is not None else {}
-    for i in range(n_nodes):
-        node = nodes[i]
+    hns, vs, data, srcs = P.hns, P.vs, P.data, P.srcs
+    sizes = P.nbytes if P.plain else None
+    for i, k in enumerate(P.nidx):
         if fresh:
             na = new(node_alloc)
             na.dst = ta = new(tensor_alloc)
@@ -955,30 +1200,25 @@ def _set_node_allocs(galloc: ggml_gallocr, graph) -> None:
             ta = na.dst
             old = na.src
         na.src = src_tas = null_srcs.copy()
-        q = node._q
-        if q.item(_Q_VIEW_SRC) or q.item(_Q_DATA):
+        if vs[k] or data[k]:
             ta.buffer_id, ta.addr, ta.size_max = -1, INVALID, 0          # (_invalid_alloc)
         else:
-            hn = slot.get(node.addr) or gallocr_hash_get(galloc, node)
+            hn = hns[k] or _plan_hn(galloc, P, k)
             ta.buffer_id = bid = hn.buffer_id
             ta.addr = hn.addr
-            e = sizes.get(node.addr)
-            ta.size_max = e[1] if e is not None and e[0] == bid else _alloc_size(galloc, bid, node)
+            ta.size_max = sizes[k] if sizes is not None else _plan_size(galloc, P, bid, k)
         # node->src[j] for every j: NULL, a view or a tensor with data gets an invalid tensor_alloc
-        for j, src in node_srcs[i]:
-            sq = src._q
-            if sq.item(_Q_VIEW_SRC) or sq.item(_Q_DATA):
+        for j, s in srcs[k]:
+            if vs[s] or data[s]:
                 continue
             ta = old[j] if old is not None else INVALID_SRC
             if ta is INVALID_SRC:
                 ta = new(tensor_alloc)
             src_tas[j] = ta
-            addr = src.addr
-            hn = slot.get(addr) or gallocr_hash_get(galloc, src)
+            hn = hns[s] or _plan_hn(galloc, P, s)
             ta.buffer_id = bid = hn.buffer_id
             ta.addr = hn.addr
-            e = sizes.get(addr)
-            ta.size_max = e[1] if e is not None and e[0] == bid else _alloc_size(galloc, bid, src)
+            ta.size_max = sizes[s] if sizes is not None else _plan_size(galloc, P, bid, s)
 
 
 def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_buffer_ids, no_alloc: bool) -> bool:
@@ -996,31 +1236,34 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
     for i in range(galloc.n_buffers):
         dyn_tallocr_reset(galloc.buf_tallocs[i])
 
-    galloc._sizes = {}               # (ggviz: the plan's alloc sizes, _alloc_size; dropped below)
     try:
         # allocate in hash table
         gallocr_alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
+        P = galloc._plan
 
         # set the node_allocs from the hash table
-        _set_node_allocs(galloc, graph)
+        _set_node_allocs(galloc, graph, P)
         if galloc.n_leafs < graph.n_leafs or galloc._plan_shared:
             galloc.leaf_allocs = [leaf_alloc() for _ in range(graph.n_leafs)]
         galloc.n_leafs = graph.n_leafs
         galloc._plan_shared = False
-        slot = galloc._slot
         leaf_allocs = galloc.leaf_allocs
-        for i, leaf in enumerate(graph.leafs):
-            hn = slot.get(leaf.addr) or gallocr_hash_get(galloc, leaf)
+        hns, vs, data = P.hns, P.vs, P.data
+        for i, k in enumerate(P.lidx):
+            hn = hns[k] or _plan_hn(galloc, P, k)
             la = leaf_allocs[i].leaf
-            q = leaf._q
-            if q.item(_Q_VIEW_SRC) or q.item(_Q_DATA):       # (leaf->view_src != NULL || leaf->data != NULL)
+            if vs[k] or data[k]:       # (leaf->view_src != NULL || leaf->data != NULL)
                 _invalid_alloc(la)
             else:
                 la.buffer_id = hn.buffer_id
                 la.addr = hn.addr
-                la.size_max = _alloc_size(galloc, hn.buffer_id, leaf)
+                la.size_max = _plan_size(galloc, P, hn.buffer_id, k)
+        slots = _plan_slot_arrays(P)
     finally:
-        galloc._sizes = galloc._node_srcs = None      # (the plan is made, or failed)
+        P = galloc._plan
+        if P is not None:
+            _plan_hash_flush(galloc, P)
+        galloc._plan = None      # (the plan is made, or failed)
 
     # reallocate buffers if needed
     reallocated = []
@@ -1052,17 +1295,19 @@ def gallocr_reserve_n_impl(galloc: ggml_gallocr, graph, node_buffer_ids, leaf_bu
                 if galloc.buffers[i] is None:
                     return False
 
-    # ggviz: the plan as plain data
-    galloc.last_alloc = dict(
+    # ggviz: the plan as plain data (its tensors' records made when first read, unless a listener has them now)
+    head = dict(
         n_nodes=graph.n_nodes, n_leafs=graph.n_leafs, hash_size=galloc.hash_set.size,
         chunk_sizes=[[ch.max_size for ch in galloc.buf_tallocs[i].chunks] for i in range(galloc.n_buffers)],
         reallocated=reallocated,
-        tensors=list(galloc._rec.values()),
     )
-    galloc._rec = {}
+    galloc.last_alloc = (dict(head, tensors=list(P.recs.values())) if P.recs is not None else
+                         _PlanRecordLater(head, P))
+    if slots is not None:
+        galloc._slots_cache = (galloc.node_allocs, galloc._last_alloc, graph.n_nodes) + slots
     if trace.active:
         trace.emit("alloc.reserve", galloc=id(galloc), n_nodes=graph.n_nodes, n_leafs=graph.n_leafs,
-                   chunk_sizes=galloc.last_alloc["chunk_sizes"], reallocated=reallocated, no_alloc=no_alloc)
+                   chunk_sizes=head["chunk_sizes"], reallocated=reallocated, no_alloc=no_alloc)
     return True
 
 
@@ -1156,9 +1401,32 @@ def _plan_fits(galloc: ggml_gallocr, graph) -> bool:
 _SLOTS = 1 + C.GGML_MAX_SRC
 
 
+def _plan_slot_arrays(P: _PlanTable):
+    """``_plan_slots``' arrays made from the plan's table as the reserve ends (rows' buffer ids and sizes gathered
+    by each node's own row and its sources' rows, invalid where C writes an invalid tensor_alloc: a view, a tensor
+    with data, a NULL source) instead of read back from the ~11,000 tensor_alloc objects when the plan is first
+    checked; None when the table is not the plain case (a buffer type with its own alloc size, a type without
+    traits, a source outside the graph, a tensor twice in it)."""
+    m = P.m0
+    if not m or not P.plain or len(P.addrs) != m or type(P.nidx) is not range or P.srow is None:
+        return None
+    n = len(P.nidx)
+    nl = m - n
+    q = P.q
+    rbid = np.fromiter((hn.buffer_id if hn is not None else 0 for hn in P.hns), np.int64, m)
+    rsz = np.array(P.nbytes, np.int64)
+    valid = (q[:, _Q_VIEW_SRC] == 0) & (q[:, _Q_DATA] == 0)
+    present = P.srow >= 0
+    rows = np.empty((n, _SLOTS), np.int64)
+    rows[:, 0] = np.arange(nl, m)
+    rows[:, 1:] = np.where(present, P.srow, 0)
+    ok = np.concatenate([np.ones((n, 1), bool), present], axis=1) & valid[rows]
+    return np.where(ok, rbid[rows], -1), np.where(ok, rsz[rows], 0)
+
+
 def _plan_slots(galloc: ggml_gallocr):
     """(buffer ids, size_max) of every node's dst and src slots in the current plan, n_nodes x (1 + GGML_MAX_SRC)."""
-    na, rec, n = galloc.node_allocs, galloc.last_alloc, galloc.n_nodes
+    na, rec, n = galloc.node_allocs, galloc._last_alloc, galloc.n_nodes
     c = getattr(galloc, "_slots_cache", None)
     if c is not None and c[0] is na and c[1] is rec and c[2] == n:
         return c[3], c[4]
@@ -1176,6 +1444,106 @@ for _t, _tr in C.TYPE_TRAITS.items():
         _TRAITS_BS[_t], _TRAITS_TS[_t] = _tr[1], _tr[2]
 
 
+class _GraphWords:
+    """The graph's leafs then nodes (``T``), their struct words (``W``, int64 rows), addresses and the addresses
+    sorted (``order``, ``sa``), with what both the plan check and the placing derive from them (each node's source
+    pointers found among the addresses, each tensor's ggml_nbytes) made once."""
+    __slots__ = ("T", "W", "addrs", "order", "sa", "nl", "_srcs", "_nbytes")
+
+    def srcs(self):
+        """(srcs, present, pos, row): each node's source pointers, which are non-NULL, where each falls in ``sa``
+        and the row found there."""
+        if self._srcs is None:
+            srcs = self.W[self.nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
+            pos = np.minimum(np.searchsorted(self.sa, srcs), len(self.sa) - 1)
+            self._srcs = (srcs, srcs != 0, pos, self.order[pos])
+        return self._srcs
+
+    def nbytes(self):
+        """ggml_nbytes of every row, None when a type has no traits."""
+        if self._nbytes is None:
+            W = self.W
+            types = W[:, 0] & 0xFFFFFFFF
+            if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
+                self._nbytes = False
+            else:
+                bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
+                ne, nb = W[:, 2:6], W[:, 6:10]
+                first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs)
+                self._nbytes = np.where((ne <= 0).any(axis=1), 0, first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1))
+        return self._nbytes if self._nbytes is not False else None
+
+
+def _scratch_rows(galloc: ggml_gallocr, name: str, m: int, dtype=np.uint64) -> np.ndarray:
+    """``m`` rows of GGML_TENSOR_SIZE / 8 words from the allocator's scratch array ``name``, grown when too small:
+    the gathers of every plan and every alloc_graph go into memory the process has already touched (a fresh
+    ~400 KB array costs its page faults each time, more than the gather itself)."""
+    a = getattr(galloc, name, None)
+    if a is None or len(a) < m:
+        a = np.empty((max(m, 64) + m // 4, C.GGML_TENSOR_SIZE // 8), dtype)
+        setattr(galloc, name, a)
+    return a[:m]
+
+
+_WORD_COLS = np.arange(C.GGML_TENSOR_SIZE // 8)
+
+
+def _gather_words(galloc: ggml_gallocr, ts: list, addrs: np.ndarray, out: np.ndarray) -> None:
+    """The struct words of ``ts`` into ``out`` (uint64 rows): at once from the first one's context arena for those
+    that lie there (a graph's nodes; the weights among the leafs lie in the model's), each row's word indices made
+    in a scratch array too; the others from their own bytes."""
+    nw = C.GGML_TENSOR_SIZE // 8
+    n = len(ts)
+    got = arena_rows(ts, addrs)
+    if got is None:
+        out[:] = np.concatenate([t._q for t in ts]).reshape(n, nw)
+        return
+    arena, rows, inside, _ = got
+    idx = _scratch_rows(galloc, "_index_scratch", n, np.intp)
+    np.add(rows[:, None], _WORD_COLS, out=idx)
+    np.take(arena, idx, out=out, mode="clip")          # (every index is in the arena: "clip" does not buffer)
+    rest = np.flatnonzero(~inside).tolist()
+    if rest:
+        out[rest] = np.concatenate([ts[k]._q for k in rest]).reshape(len(rest), nw)
+
+
+def _struct_rows(galloc: ggml_gallocr, name: str, leafs: list, nodes: list):
+    """(tensors, addresses, struct words) of ``leafs + nodes``, the words in the scratch array ``name`` (and the
+    addresses as a list, ``_plan_table``'s)."""
+    nl, m = len(leafs), len(leafs) + len(nodes)
+    T = leafs + nodes
+    addr_list = [t.addr for t in T]
+    addrs = np.array(addr_list, np.int64) if m else np.zeros(0, np.int64)
+    W = _scratch_rows(galloc, name, m)
+    if nl:
+        _gather_words(galloc, leafs, addrs[:nl], W[:nl])
+    if m > nl:
+        _gather_words(galloc, nodes, addrs[nl:], W[nl:])
+    return T, addrs, W, addr_list
+
+
+def _graph_words(galloc: ggml_gallocr, graph):
+    """The graph's ``_GraphWords``: read once per ``gallocr_alloc_graph`` for its plan check (``_plan_fits_arrays``)
+    and its placing (``_alloc_graph_tensors_arrays``) -- neither the check nor a reserve writes a struct in between.
+    None for an empty graph."""
+    c = getattr(galloc, "_graph_words_cache", None)
+    if c is not None and c[0] is graph:
+        return c[1]
+    n, nl = graph.n_nodes, graph.n_leafs
+    leafs, nodes = list(graph.leafs[:nl]), list(graph.nodes[:n])
+    m = nl + n
+    if not m:
+        return None
+    G = _GraphWords()
+    G.T, addrs, W, _ = _struct_rows(galloc, "_graph_scratch", leafs, nodes)
+    G.addrs, G.W = addrs, W.view(np.int64)
+    G.order = np.argsort(addrs)
+    G.sa = addrs[G.order]
+    G.nl = nl
+    G._srcs = G._nbytes = None
+    return G
+
+
 def _plan_fits_arrays(galloc: ggml_gallocr, graph):
     """``_plan_fits`` over all slots at once: each tensor's size (0 with data or a view source, else ggml_nbytes)
     from the struct words of the graph's nodes and leafs, against the plan's slots (``_plan_slots``). None when it
@@ -1183,35 +1551,30 @@ def _plan_fits_arrays(galloc: ggml_gallocr, graph):
     type without traits."""
     if any(bt.iface.get_alloc_size is not None for bt in galloc.bufts):
         return None
-    n = graph.n_nodes
-    T = list(graph.nodes[:n]) + list(graph.leafs)
-    if not T:
+    n, nl = graph.n_nodes, graph.n_leafs
+    G = _graph_words(galloc, graph)
+    if G is None:
         return True
-    W = np.concatenate([t._q for t in T]).view(np.int64).reshape(len(T), C.GGML_TENSOR_SIZE // 8)
-    addrs = np.fromiter((t.addr for t in T), np.int64, len(T))
-    order = np.argsort(addrs)
-    sa = addrs[order]
-    srcs = W[:n, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
-    pos = np.minimum(np.searchsorted(sa, srcs), len(sa) - 1)
-    present = srcs != 0
-    found = sa[pos] == srcs
-    if (present & ~found).any():
+    W, sa = G.W, G.sa
+    srcs, present, pos, row = G.srcs()
+    if (present & (sa[pos] != srcs)).any():
         return None
-    types = W[:, 0] & 0xFFFFFFFF
-    if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
+    nbytes = G.nbytes()
+    if nbytes is None:
         return None
-    bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
-    ne, nb = W[:, 2:6], W[:, 6:10]
-    first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs)
-    nbytes = first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
-    placed = (W[:, _Q_DATA] != 0) | (W[:, _Q_VIEW_SRC] != 0)
-    size = np.where(placed | (ne <= 0).any(axis=1), 0, nbytes)
+    # each tensor's size; _UNCHECKED for one with data or a view source (size 0: no slot is smaller)
+    size = np.where((W[:, _Q_DATA] != 0) | (W[:, _Q_VIEW_SRC] != 0), _UNCHECKED, nbytes)
     bid, smax = _plan_slots(galloc)
-    # each node as itself, then as the source of each of its consumers (gallocr_node_needs_realloc)
-    rows = np.concatenate([np.arange(n)[:, None], np.where(present, order[pos], 0)], axis=1)
-    checked = np.concatenate([np.ones((n, 1), bool), present], axis=1)
-    bad = checked & ((~placed[rows] & (bid < 0)) | (smax < size[rows]))
+    # each node as itself, then as the source of each of its consumers (gallocr_node_needs_realloc); a NULL source
+    # slot is not checked
+    sz = np.empty((n, _SLOTS), np.int64)
+    sz[:, 0] = size[nl:nl + n]
+    sz[:, 1:] = np.where(present, size[row], _UNCHECKED)
+    bad = (sz != _UNCHECKED) & ((bid < 0) | (smax < sz))
     return not bad.any()
+
+
+_UNCHECKED = np.iinfo(np.int64).min
 
 
 def _realloc_reason(galloc: ggml_gallocr, graph) -> str | None:
@@ -1234,34 +1597,39 @@ def gallocr_needs_realloc(galloc: ggml_gallocr, graph) -> bool:
 
 
 def gallocr_alloc_graph(galloc: ggml_gallocr, graph) -> bool:
-    """Give every tensor of ``graph`` its memory from the plan (planning again first if the graph does not fit)."""
-    if gallocr_needs_realloc(galloc, graph):
-        if galloc.n_buffers == 1:
-            # reallocating buffers automatically
-            if not gallocr_reserve(galloc, graph):
+    """Give every tensor of ``graph`` its memory from the plan (planning again first if the graph does not fit).
+    (ggviz: the graph's struct words are read once for the check and the placing, ``_graph_words``.)"""
+    galloc._graph_words_cache = (graph, _graph_words(galloc, graph)) if not trace.active else None
+    try:
+        if gallocr_needs_realloc(galloc, graph):
+            if galloc.n_buffers == 1:
+                # reallocating buffers automatically
+                if not gallocr_reserve(galloc, graph):
+                    return False
+            else:
+                # cannot reallocate multi buffer graph automatically, call reserve
                 return False
-        else:
-            # cannot reallocate multi buffer graph automatically, call reserve
-            return False
 
-    # reset buffers
-    for i in range(galloc.n_buffers):
-        if galloc.buffers[i] is not None:
-            vbuffer_reset(galloc.buffers[i])
+        # reset buffers
+        for i in range(galloc.n_buffers):
+            if galloc.buffers[i] is not None:
+                vbuffer_reset(galloc.buffers[i])
 
-    # allocate the graph tensors from the previous assignments
-    if trace.active:
-        # (a trace listener sees every placement made by ggml's own calls)
-        _alloc_graph_tensors(galloc, graph)
-    elif not _alloc_graph_tensors_arrays(galloc, graph):
-        _alloc_graph_tensors_fast(galloc, graph)
-    return True
+        # allocate the graph tensors from the previous assignments
+        if trace.active:
+            # (a trace listener sees every placement made by ggml's own calls)
+            _alloc_graph_tensors(galloc, graph)
+        elif not _alloc_graph_tensors_arrays(galloc, graph):
+            _alloc_graph_tensors_fast(galloc, graph)
+        return True
+    finally:
+        galloc._graph_words_cache = None
 
 
 def _plan_places(galloc: ggml_gallocr):
     """(buffer id, chunk, offset, size_max) of every node's dst slot and of every leaf's slot in the current plan,
     as arrays (offsets as uint64: SIZE_MAX marks no place), kept with the plan as ``_plan_slots`` keeps its."""
-    na, la, rec, n, nl = galloc.node_allocs, galloc.leaf_allocs, galloc.last_alloc, galloc.n_nodes, galloc.n_leafs
+    na, la, rec, n, nl = galloc.node_allocs, galloc.leaf_allocs, galloc._last_alloc, galloc.n_nodes, galloc.n_leafs
     c = getattr(galloc, "_places_cache", None)
     if c is not None and c[0] is na and c[1] is la and c[2] is rec and c[3] == (n, nl):
         return c[4]
@@ -1286,21 +1654,15 @@ def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
     if any(bt.iface.get_alloc_size is not None for bt in galloc.bufts):
         return False
     n, nl = graph.n_nodes, graph.n_leafs
-    T = list(graph.leafs[:nl]) + list(graph.nodes[:n])
-    if not T or galloc.n_nodes != n or galloc.n_leafs != nl:
+    G = _graph_words(galloc, graph)
+    if G is None or galloc.n_nodes != n or galloc.n_leafs != nl:
         return False
+    T, W, addrs, order, sa = G.T, G.W, G.addrs, G.order, G.sa
     m = len(T)
-    W = np.concatenate([t._q for t in T]).view(np.int64).reshape(m, C.GGML_TENSOR_SIZE // 8)
-    addrs = np.fromiter((t.addr for t in T), np.int64, m)
-    order = np.argsort(addrs)
-    sa = addrs[order]
     if m > 1 and (sa[1:] == sa[:-1]).any():
         return False                                  # (a tensor twice in the graph)
     # every source a leaf or an earlier node
-    srcs = W[nl:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC]
-    present = srcs != 0
-    pos = np.minimum(np.searchsorted(sa, srcs), m - 1)
-    row = order[pos]
+    srcs, present, pos, row = G.srcs()
     if (present & ((sa[pos] != srcs) | (row >= nl + np.arange(n)[:, None]))).any():
         return False
     vs, data, buf = W[:, _Q_VIEW_SRC], W[:, _Q_DATA], W[:, _Q_BUFFER]
@@ -1308,7 +1670,7 @@ def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
     if (plain & (buf != 0)).any():
         return False                                  # (backend_tensor_alloc refuses a tensor with a buffer)
     new_buf, new_data = buf.copy(), data.copy()
-    if not _place_planned(galloc, W, np.flatnonzero(plain), nl, n, new_buf, new_data):
+    if not _place_planned(galloc, G, np.flatnonzero(plain), nl, n, new_buf, new_data):
         return False
     if not _place_views(W, sa, order, np.flatnonzero((vs != 0) & (buf == 0)), new_buf, new_data):
         return False
@@ -1316,7 +1678,7 @@ def _alloc_graph_tensors_arrays(galloc: ggml_gallocr, graph) -> bool:
     return True
 
 
-def _place_planned(galloc, W, todo, nl, n, new_buf, new_data) -> bool:
+def _place_planned(galloc, G, todo, nl, n, new_buf, new_data) -> bool:
     """_alloc_graph_tensors_arrays' planned tensors (rows ``todo`` of the table: leafs, then nodes): chunk base +
     offset of their own slot into ``new_buf`` / ``new_data``; False when one is not the plain case."""
     if not todo.size:
@@ -1341,7 +1703,13 @@ def _place_planned(galloc, W, todo, nl, n, new_buf, new_data) -> bool:
     new_data[todo] = info[inv, 1] + offs[todo].astype(np.int64)
     # the leafs go through gallocr_init_tensor: their alloc size fits the slot (C's assert) and the chunk
     lv = todo[todo < nl]
-    if lv.size:
+    if lv.size and G.nbytes() is not None:
+        nbytes = G.nbytes()[lv]
+        li = np.searchsorted(todo, lv)
+        if ((nbytes > smax[lv]) | (new_data[lv] + nbytes > info[inv[li], 1] + info[inv[li], 2])).any():
+            return False
+    elif lv.size:
+        W = G.W
         types = W[lv, 0] & 0xFFFFFFFF
         if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
             return False
@@ -1543,7 +1911,7 @@ class gallocr_plan:
     allocations, the dynamic allocators' chunks, the plain-data record (``last_alloc``) -- and the buffers it
     points into. A context that keeps several allocated graphs (llama's graph cache) puts a graph's plan back when
     it computes that graph again, so that the allocator reports the plan the graph really runs with."""
-    __slots__ = ("node_allocs", "n_nodes", "leaf_allocs", "n_leafs", "chunks", "last_alloc", "buffers")
+    __slots__ = ("node_allocs", "n_nodes", "leaf_allocs", "n_leafs", "chunks", "last_alloc", "buffers", "slots")
 
 
 def gallocr_save_plan(galloc: ggml_gallocr) -> gallocr_plan:
@@ -1553,7 +1921,9 @@ def gallocr_save_plan(galloc: ggml_gallocr) -> gallocr_plan:
     p.leaf_allocs, p.n_leafs = galloc.leaf_allocs, galloc.n_leafs
     # dyn_tallocr_reset replaces the chunk list, but the chunks themselves are mutated while planning: copy them
     p.chunks = [[_chunk_copy(ch) for ch in ta.chunks] for ta in galloc.buf_tallocs]
-    p.last_alloc = galloc.last_alloc
+    p.last_alloc = galloc._last_alloc           # (as it is: made when first read)
+    c = getattr(galloc, "_slots_cache", None)
+    p.slots = c if c is not None and c[0] is p.node_allocs and c[1] is p.last_alloc and c[2] == p.n_nodes else None
     p.buffers = list(galloc.buffers)
     galloc._plan_shared = True
     return p
@@ -1578,7 +1948,9 @@ def gallocr_restore_plan(galloc: ggml_gallocr, plan: gallocr_plan) -> None:
     galloc.leaf_allocs, galloc.n_leafs = plan.leaf_allocs, plan.n_leafs
     for ta, chunks in zip(galloc.buf_tallocs, plan.chunks):
         ta.chunks = chunks
-    galloc.last_alloc = plan.last_alloc
+    galloc._last_alloc = plan.last_alloc
+    if plan.slots is not None:
+        galloc._slots_cache = plan.slots
     galloc._plan_shared = False
 
 

@@ -2094,7 +2094,7 @@ def backend_sched_reserve_again(sched, measure_graph, st: backend_sched_reserve_
     else:
         A.gallocr_restore_plan(sched.galloc, st.plan)
         # what gallocr_reserve_n's record says of a plan that fits the buffers as they are: nothing reallocated
-        sched.galloc.last_alloc = dict(sched.galloc.last_alloc, reallocated=[])
+        A.gallocr_last_alloc_update(sched.galloc, reallocated=[])
         ok = True
     st.plan = None
     if not ok:

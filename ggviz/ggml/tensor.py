@@ -230,11 +230,24 @@ def arena_structs(arena: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return structs[rows]
 
 
-def structs_in_arena(tensors):
+def structs_in_arena(tensors, addrs=None):
     """ggviz: the struct words of ``tensors`` read at once where they lie in the first one's context arena (a
     graph's nodes do): (words, inside, arena, base) -- ``inside`` marks the tensors found there (the others' rows
     are the arena's first struct: read those from the tensor), ``arena`` the context's memory as uint64 words,
-    ``base`` its address. None: no arena to read (the caller reads each tensor)."""
+    ``base`` its address. None: no arena to read (the caller reads each tensor). ``addrs``: the tensors'
+    addresses as an int64 array, when the caller has them."""
+    got = arena_rows(tensors, addrs)
+    if got is None:
+        return None
+    arena, rows, inside, base = got
+    return arena_structs(arena, rows), inside, arena, base
+
+
+def arena_rows(tensors, addrs=None):
+    """ggviz: where the structs of ``tensors`` start in the first one's context arena: (arena, rows, inside, base)
+    -- ``arena`` the context's memory as uint64 words, ``rows`` each struct's first word there (0 for one not
+    there), ``inside`` which are there, ``base`` the arena's address; None: no arena. ``addrs``: the tensors'
+    addresses as an int64 array, when the caller has them."""
     n = len(tensors)
     ctx = tensors[0].ctx if n else None
     buf = getattr(ctx, "mem_buffer", None) if ctx is not None else None
@@ -242,9 +255,9 @@ def structs_in_arena(tensors):
         return None
     arena = buf[:ctx.used_mem() // 8 * 8].view(np.uint64)
     base = buf.ctypes.data
-    off = np.fromiter((t.addr for t in tensors), np.int64, n) - base
+    off = (np.fromiter((t.addr for t in tensors), np.int64, n) if addrs is None else addrs) - base
     inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
-    return arena_structs(arena, np.where(inside, off // 8, 0)), inside, arena, base
+    return arena, np.where(inside, off // 8, 0), inside, base
 
 
 def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
