@@ -563,11 +563,28 @@ class _FastTraceExpander:
 
 def _graph_signature(cgraph):
     """Bytes that change whenever the graph's nodes change: the arena of the graph's context (all node structs,
-    with their data pointers, shapes, strides, op params and src pointers, live there)."""
+    with their data pointers, shapes, strides, op params and src pointers, live there) -- a view of it (as words
+    where it is whole words: compared without a bytes copy of ~480 KB at every plan)."""
     ctx = cgraph.ctx
     if ctx is None:
         return None
-    return ctx.mem_buffer[:ctx.used_mem()].tobytes()
+    used = ctx.used_mem()
+    b = ctx.mem_buffer[:used]
+    return b.view(np.uint64) if used % 8 == 0 else b
+
+
+def _same_signature(kept, sig) -> bool:
+    return kept.dtype == sig.dtype and kept.shape == sig.shape and bool((kept == sig).all())
+
+
+def _keep_signature(cache, sig):
+    """A copy of the view ``sig`` to keep with a program: into the graph's last kept one where it has the size
+    (no new pages), else new."""
+    old = cache[0] if cache is not None else None
+    if old is not None and old.dtype == sig.dtype and old.shape == sig.shape:
+        np.copyto(old, sig)
+        return old
+    return sig.copy()
 
 
 def plan_graph(cgraph, n_threads: int):
@@ -580,7 +597,7 @@ def plan_graph(cgraph, n_threads: int):
     cache = getattr(cgraph, "_ggviz_fast", None)
     if cache is not None and getattr(cgraph, "ctx", None) is not None:
         sig = _graph_signature(cgraph)
-        if cache[0] == sig and cache[2] == cgraph.n_nodes:
+        if cache[2] == cgraph.n_nodes and _same_signature(cache[0], sig):
             return cache[1]
     if not _has_repacked_mul_mat(cgraph):
         return None
@@ -612,7 +629,7 @@ def plan_graph(cgraph, n_threads: int):
         if sig is None:
             sig = _graph_signature(cgraph)
         try:
-            cgraph._ggviz_fast = (sig, fg, cgraph.n_nodes)
+            cgraph._ggviz_fast = (_keep_signature(cache, sig), fg, cgraph.n_nodes)
         except AttributeError:
             pass
     return fg
@@ -846,17 +863,19 @@ class _Topo:
         # they are part of the key (not the tensor's address: a freed weight's struct address comes back)
         RW = repack.RepackedWeight
         extras = list(map(_py_extra, T))
-        rw = tuple((j, extras[j].ptrs) for j in itertools.compress(range(len(T)), map(is_not, extras, _NONES))
-                   if type(extras[j]) is RW)
-        self.rw = rw                  # (table position, repacked blocks) of each repacked weight
-        self.key = (self.n_nodes, n_in, len(T), refs.tobytes(), rw, repack.in_use(), cpu_feats.variant_lanes(),
-                    mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
+        rw_at = [j for j in itertools.compress(range(len(T)), map(is_not, extras, _NONES)) if type(extras[j]) is RW]
+        rw_ptrs = [extras[j].ptrs for j in rw_at]
+        self.rw = rw = tuple(zip(rw_at, rw_ptrs))     # (table position, repacked blocks) of each repacked weight
+        # (the references as int16 where the table allows: the key is hashed at each plan, a quarter of the bytes)
+        small = np.int16 if len(T) < 2 ** 15 else np.int64
+        self.key = (self.n_nodes, n_in, len(T), refs.astype(small).tobytes(), rw, repack.in_use(),
+                    cpu_feats.variant_lanes(), mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
         # each tensor's class of equal masked words (equal ids: equal Wm rows), -1 appended for NULL, and whether
         # it is a repacked weight (which no word tells: its ``extra`` is its type's shared traits): the keys of the
         # groups of equal rows and plans (_derive), 12 small ints a node instead of its and its sources' 504 words
         self.wid = np.append(_row_classes(Wm), -1)
         self.is_rw = np.zeros(len(T) + 1, np.int64)
-        self.is_rw[[j for j, _ in rw]] = 1
+        self.is_rw[rw_at] = 1
 
 
 _py_extra = operator.attrgetter("py_extra")
@@ -1007,11 +1026,13 @@ def _memo_store(topo, fg, slots) -> None:
                               _name_words(topo.Wz, np.asarray(fg.node_index, np.int64))))
 
 
-def _memo_put(key, m) -> None:
+def _memo_put(key, m, equal=()) -> None:
     """Remember ``m`` first among the programs of its topology (one per set of shapes: a prompt's and a decode
-    step's graphs can share a topology), at most SHAPES_PER_TOPO of them, MEMO_SIZE topologies."""
+    step's graphs can share a topology), at most SHAPES_PER_TOPO of them, MEMO_SIZE topologies. ``equal``: those
+    already known to have its words (_derive compared them), replaced without a second comparison."""
     with _memo_lock:
-        same = [o for o in _memo.get(key, ()) if not np.array_equal(o.Wm, m.Wm)]
+        same = [o for o in _memo.get(key, ())
+                if not any(o is e for e in equal) and not np.array_equal(o.Wm, m.Wm)]
         _memo[key] = [m] + same[:SHAPES_PER_TOPO - 1]
         _memo.move_to_end(key)
         while len(_memo) > MEMO_SIZE:
@@ -1145,9 +1166,9 @@ def _derive(cgraph, topo):
         P[copies, _DESC_END:] = P[src, _DESC_END:]
         P[copies[mmq], _MMQ_PTRS] = prev.P[copies[mmq], _MMQ_PTRS]     # each its own weight's repacked blocks
         F[copies] = F[src]
-        for k, r in zip(copies.tolist(), src.tolist()):
-            row_ws[k] = row_ws[r]
-            descs[k] = descs[r]
+        at = rep.tolist()                   # (each row's built one: itself or the one it copies)
+        row_ws = [row_ws[r] for r in at]
+        descs = [descs[r] for r in at]
     keep = np.flatnonzero(~rebuild)
     # (the rows taken over)
     if not _rows_have_data(W, refs, idx[keep]) or not _set_fa_masks(P, W, refs, idx):
@@ -1160,7 +1181,7 @@ def _derive(cgraph, topo):
     fg._set_meta(topo.addrs[idx], descs)
     fg.row_ws = row_ws
     fg.plan_from = (prev.plan_nodes,) + _plan_groups(topo, node_changed)
-    _memo_put(topo.key, _Memo(topo.Wm, fg, m.slots, m.fused, nw))
+    _memo_put(topo.key, _Memo(topo.Wm, fg, m.slots, m.fused, nw), [o for o, d in zip(cands, diffs) if not d.any()])
     return fg
 
 
@@ -1178,7 +1199,7 @@ def _fusions_hold(cgraph, topo, m, idx):
         nxt = np.minimum(ri + 1, n - 1)
         has_next = ri + 1 < n
         mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
-        uses = [cgraph.use_count(nodes[i]) == 1 for i in ri.tolist()]
+        uses = _use_counts(cgraph, topo, ri) == 1
         kr = np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
                        mrefs[:, 0] == ri, mrefs[:, 1] == ri, uses, m.fused[rms]], axis=1).astype(np.int64)
         rms_key[rms] = kr
@@ -1186,6 +1207,21 @@ def _fusions_hold(cgraph, topo, m, idx):
             if (can_fuse_rms_norm_mul(cgraph, int(idx[k])) is not None) != bool(m.fused[k]):
                 return None
     return rms_key
+
+
+def _use_counts(cgraph, topo, rows) -> np.ndarray:
+    """ggml_node_get_use_count of the graph's nodes ``rows`` (positions in ``topo``): each node's slot in the
+    visited hash set where ggml_hash_find finds it at its hash (the common case), read at once; a node whose probe
+    goes further is asked one by one (``CGraph.use_count``)."""
+    hs, uc = cgraph.visited_hash_set, cgraph.use_counts
+    a = topo.addrs[rows]
+    pos = ((a >> np.uint64(4)) % np.uint64(hs.size)).astype(np.int64)
+    used = ((hs.used[pos >> 5] >> (pos & 31).astype(hs.used.dtype)) & 1).astype(bool)
+    hit = used & (hs.keys[pos] == a)
+    out = np.where(hit, uc[pos], 0).astype(np.int64)
+    for j in np.flatnonzero(used & ~hit).tolist():
+        out[j] = cgraph.use_count(topo.T[int(rows[j])])
+    return out
 
 
 def _plan_groups(topo, node_changed):
@@ -1364,7 +1400,7 @@ def _build_by_class(cgraph, topo):
         nxt = np.minimum(rms + 1, n - 1)
         has_next = rms + 1 < n
         mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
-        uses = [cgraph.use_count(nodes[i]) == 1 if cgraph.use_counts is not None else -1 for i in rms.tolist()]
+        uses = (_use_counts(cgraph, topo, rms) == 1) if cgraph.use_counts is not None else np.full(len(rms), -1)
         kr = np.concatenate([wid[rms, None], wid[refs[rms]],
                              np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
                                        mrefs[:, 0] == rms, mrefs[:, 1] == rms, uses], axis=1)], axis=1)
@@ -1424,9 +1460,9 @@ def _build_by_class(cgraph, topo):
                 return None
         if not _rows_have_data(W, refs, idx[copies]):        # (the copied rows)
             return None
-        for k, r in zip(copies.tolist(), src.tolist()):
-            row_ws[k] = row_ws[r]
-            descs[k] = descs[r]
+        at = rep.tolist()                                   # (each row's built one: itself or the one it copies)
+        row_ws = [row_ws[r] for r in at]
+        descs = [descs[r] for r in at]
     if not _set_fa_masks(P, W, refs, idx):
         return None
     names = _row_names(W, idx)
