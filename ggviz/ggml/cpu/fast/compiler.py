@@ -40,7 +40,6 @@ from ...tensor import (
     op_desc,
     _registry_refs,
     arena_structs,
-    tensor_at,
 )
 from .. import cpu_feats, mul_mat, repack
 from .. import ops as cpu_ops
@@ -1191,7 +1190,7 @@ def _fusions_hold(cgraph, topo, m, idx):
     MUL's operand positions and the norm's use count: rows equal in all of them fuse alike, and one of each is
     asked. Returns those keys per row (k_n x 7, zeros for the other rows: their op tells them apart), or None when
     a fusion changed."""
-    n, nodes, wid, refs = topo.n_nodes, cgraph.nodes, topo.wid, topo.refs
+    n, wid, refs = topo.n_nodes, topo.wid, topo.refs
     rms = np.flatnonzero(m.P[:, OP] == OP_RMS_NORM)
     rms_key = np.zeros((len(idx), 7), np.int64)
     if rms.size:
