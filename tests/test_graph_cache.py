@@ -276,17 +276,30 @@ def test_split_hash_slots_follow_ggmls_insertion_order(model):
     """Pass 1 finds (and inserts) the hash slots of a graph's leafs and then its nodes in one go (sched._hash_ids):
     every slot is the one ggml's loops give -- the scheduler's pins first, then each leaf, then each node, inserted
     one by one into an empty hash set of the same size (ggml_hash_find, linear probing) -- for the reserve's graphs
-    and a prompt's."""
+    and a prompt's, whether the passes ran or the split memo's results were moved to other pins' slots
+    (sched._split_memo_move)."""
     from ggviz.ggml import sched as gs
     from ggviz.ggml.graph import HashSet
 
     ctx = _ctx(model)
     checked = []
     real = gs._assign_backends
+    real_move = gs._split_memo_move
+    graphs = {}
+    real_split = gs.backend_sched_split_graph
+
+    def split(sched, graph):
+        graphs[id(sched)] = graph
+        return real_split(sched, graph)
 
     def check(sched, nodes, leafs, *a):
         pre = dict(sched._slot)                       # the pins (set_tensor_backend before the split)
-        out = real(sched, nodes, leafs, *a)
+        if nodes is None:                             # (_split_memo_move(sched, memo, unpin))
+            gf = graphs[id(sched)]
+            nodes, leafs = gf.nodes, gf.leafs
+            out = real_move(sched, *a)
+        else:
+            out = real(sched, nodes, leafs, *a)
         hs = sched.hash_set
         ref = HashSet(hs.size, np.zeros_like(hs.used), np.zeros_like(hs.keys))
         want = {}
@@ -303,6 +316,8 @@ def test_split_hash_slots_follow_ggmls_insertion_order(model):
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(gs, "_assign_backends", check)
+        m.setattr(gs, "_split_memo_move", lambda sched, *a: check(sched, None, None, *a))
+        m.setattr(gs, "backend_sched_split_graph", split)
         ctx.sched_need_reserve = True
         ctx.sched_reserve()
         _decode(ctx, TOKS[:6], 0, 0)

@@ -146,8 +146,8 @@ def test_token_generation_reserve_splits_what_the_probe_split(model, monkeypatch
     """With flash attention AUTO the tg reserve reserves the probe's graph again (not rebuilt, one backend): the
     build's scheduler pins (graph_get_cb's norms, cause "usr") are made again, as llama.cpp's rebuild makes them, so
     its split -- every tensor's backend and cause, the split graph's backend ids -- is the probe's. It takes passes
-    1-4 from the probe's split memo (and the third reserve from the first's): the same result as the passes run
-    with the memo off."""
+    1-4 from the probe's split memo; the pp reserves (a copy of the probe's graph, without the pins) take it too,
+    moved to the copy and unpinned (sched._split_memo_move): the same result as the passes run with the memo off."""
     from ggviz.ggml import sched as gs
     from ggviz.llama.context_pool import context_pool_clear
 
@@ -165,7 +165,8 @@ def test_token_generation_reserve_splits_what_the_probe_split(model, monkeypatch
         cp = llama.context_default_params()
         cp.n_ctx, cp.n_threads, cp.n_threads_batch = 512, 1, 1
         ctx = llama.init_from_model(model, cp)
-        out = (seen, ctx.sched.n_split_memo, ctx.reserve_log, ctx.compute_buffer_sizes(), ctx.flash_attn)
+        out = (seen, (ctx.sched.n_split_memo, ctx.sched.n_split_memo_moved), ctx.reserve_log,
+               ctx.compute_buffer_sizes(), ctx.flash_attn)
         llama.free(ctx)
         context_pool_clear(model)
         monkeypatch.undo()
@@ -178,5 +179,5 @@ def test_token_generation_reserve_splits_what_the_probe_split(model, monkeypatch
     probe, pp, tg, pp2 = memo[0]
     assert sum(c == "usr" for _, _, c in probe[0]) > 0       # the 1-token graph pins its norms (n_tokens < 32)
     assert tg == probe and pp2 == pp and not any(c == "usr" for _, _, c in pp[0])
-    assert memo[1] == 2 and passes[1] == 0
+    assert memo[1] == (3, 2) and passes[1] == (0, 0)
     assert memo[0] == passes[0] and memo[2:] == passes[2:]

@@ -45,6 +45,7 @@ import array
 import os
 import sys
 import time
+from itertools import compress
 
 import numpy as np
 
@@ -178,6 +179,7 @@ class ggml_backend_sched:
         self._queries: list | None = None
         self._buft_ok: dict = {}            # ggviz: (backend index, id(buft)) -> (buft, supports_buft)
         self.n_split_memo = 0
+        self.n_split_memo_moved = 0         # ggviz: of those, how many were moved to other pins' slots (one backend)
 
     @property
     def last_plan(self) -> dict | None:
@@ -481,20 +483,21 @@ def backend_sched_split_graph(sched, graph: CGraph) -> None:
     tbid = sched.hv_tensor_backend_ids
     cpu_id = sched.n_backends - 1
 
-    memo = None if trace.active else _split_memo_match(sched, graph)
-    matched = memo is not None
+    hit = None if trace.active else _split_memo_match(sched, graph)
+    matched = hit is not None
     if matched:
         # ggviz: passes 1-4 of this graph as its last split left them (see _SplitMemo: the same graph, only shapes
-        # changed, which the backends' answers do not depend on)
-        hid, isview = _split_memo_apply(sched, memo)
+        # changed, which the backends' answers do not depend on; with one backend, other pins: moved to their slots)
+        memo = hit[0]
+        hid, isview = _split_memo_apply(sched, memo, hit[1])
         srcs = None
     else:
         pre = _split_memo_begin(sched)
         try:
-            hid, isview, srcs = _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id)
+            hid, isview, srcs, plain = _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id)
         finally:
             queries, sched._queries = sched._queries, None
-        memo = _split_memo_end(sched, graph, pre, queries, hid, isview)
+        memo = _split_memo_end(sched, graph, pre, queries, hid, isview, plain)
 
     # pass 5: split graph, find tensors that need to be copied
     _pass(sched, "5", "split the graph, find the tensors that need to be copied")
@@ -749,15 +752,60 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
 # and hash slots: they are put back instead of computed. (Backends answer from the op and its direct sources, as
 # ggml's do.) Anything else -- another node list, another field changed, a tensor outside the graph's arena
 # changed, another answer, a trace listener (the views read the passes' events) -- runs the passes.
+#
+# Other pins, one backend. llama's graph callback pins each layer's "norm" below 32 tokens (cause "usr"), so a
+# prompt's graph derived from the pp reserve's starts from other tables than the reserve's split did. With one
+# backend (sched.n_backends == 1) a pin changes nothing but its own tensor's cause, under the conditions checked
+# below (_memo_form, _pins_agree) -- walking ggml's passes (_assign_backends) with pins P (now) against the
+# memo's run with pins Q, every pin to backend 0 and the tables holding nothing else:
+#   pass 1   backend_id_from_cur reads only its own tensor (struct, buffers, the backends' answers about it) and
+#            writes only its own slot: a tensor in neither P nor Q gets what it got in the memo's run. A tensor of
+#            Q not in P must be a node pass 1 leaves at -1 without asking (_node_words' ``plain``: no buffer, no
+#            input flag, no weight source), so it is -1 after pass 1 as in any run without its pin.
+#   2.1/2.2  skipped with one backend (the CPU is the only backend and they skip it).
+#   2.3/2.4  walk the non-view nodes; cur_backend_id becomes 0 at the first assigned one and stays 0 (no other
+#            id exists). So if any non-view node is assigned when 2.3 starts, after 2.4 every non-view node the
+#            backend supports is assigned: those assigned before keep their cause, the others get (0, "2.sup")
+#            -- whether in 2.3 or 2.4, and wherever the pins are. Required: a non-view node assigned in pass 1 in
+#            the memo's run, not pinned in either (an "anchor"; assigned in pass 1 now too, see pass 1).
+#            Then a node of Q not in P, non-view and supported (the device is asked now, as the passes would),
+#            gets (0, "2.sup"); a node of P not in Q is assigned before pass 3 both ways when the memo's run gave
+#            it a pass-1 cause or "2.sup" (a supported node is assigned by 2.x there, so "2.sup" is not pass 4's).
+#   3        with one backend an assigned node has no higher-priority backend (range(0)), and an unassigned non-view
+#            node is one the backend does not support (see 2.x): the supports_op answer is no, nothing is read or
+#            inserted. Pass 3 changes nothing, both ways.
+#   4        reads only backend ids, view sources and sources, and writes only slots still at -1: with the ids equal
+#            when it starts (above: every tensor's id is the memo's, the pins' 0 included), it writes the same ids
+#            and causes, and inserts the same tensors (sources and view sources not in the graph) in the same order.
+#   5        reads the ids (equal) and the graph: the memo's pass-5 record holds.
+# So: every tensor gets the memo's backend and cause, but a tensor of P ((0, "usr")) and one of Q not in P
+# ((0, "2.sup")). What does change is the hash slots: P's tensors were inserted first (set_tensor_backend), then
+# the leafs, the nodes (pass 1's _hash_ids), then the tensors pass 4 met (in the memo's insertion order) -- and
+# with linear probing the slots depend on which keys came first. So the memo's results are written per tensor
+# into the slots a split gives now (_split_memo_move, inserting in that order). Anything the conditions cannot
+# check (several backends, a pin on a leaf or a view, tables with more than pins, copies, a memo of another
+# scheduler) runs the passes.
+#
+# A graph copied into a new arena (llama.graph_copy) inherits its source's memos, every pointer into the old arena
+# moved as the copy moves them (split_memo_copy): the same structs, words and answers at the new addresses.
 
 _TENSOR_WORDS = C.GGML_TENSOR_SIZE // 8
 _SHAPE_WORDS = np.zeros(_TENSOR_WORDS, bool)
 _SHAPE_WORDS[2:10] = True                    # ne[4], nb[4]: words 2..9 of struct ggml_tensor
+_UNSET = object()
 
 
 class _SplitMemo:
-    __slots__ = ("key", "addrs", "arena", "rows", "words", "ext", "ext_bytes", "pre", "post", "queries", "hid",
-                 "isview", "pass5")
+    __slots__ = ("key", "addrs", "rows", "words", "ext", "ext_bytes", "pre", "post", "queries", "hid",
+                 "isview", "pass5", "n_leafs", "plain", "form")
+
+
+class _MemoForm:
+    """A split memo's results by tensor address, not by hash slot (for other pins on one backend: see above):
+    ``pins`` the memo's run started with (addresses, in order), ``order`` every tensor the passes inserted (leafs,
+    nodes, then the others, in their order), ``tb`` / ``cause`` what each got, ``nodes`` the node addresses, and the
+    nodes a pin may be put on (``pinnable``), taken off (``unpinnable``), the ``anchors``."""
+    __slots__ = ("pins", "order", "tb", "cause", "has_cause", "home", "nodes", "pinnable", "unpinnable", "anchors")
 
 
 def _tables(sched) -> tuple:
@@ -783,6 +831,20 @@ def _tables_equal(sched, t: tuple) -> bool:
     return np.array_equal(hs.keys[u], t[1][u])
 
 
+def _pins_of(size: int, used, keys, slot, tbid, causes, copies):
+    """The tensors pinned to backend 0 (addresses, in insertion order) if the tables hold those pins and nothing
+    else -- each used slot a pinned tensor's, cause "usr", every other id -1, no copy -- else None."""
+    n = len(slot)
+    if len(causes) != n or int(np.unpackbits(used.view(np.uint8)).sum()) != n:
+        return None
+    for a, i in slot.items():
+        if tbid[i] != 0 or causes.get(i) != "usr" or keys.item(i) != a:
+            return None
+    if tbid.count(-1) != len(tbid) - n or copies.count(None) != len(copies):
+        return None
+    return list(slot)
+
+
 def _sched_key(sched) -> tuple:
     return (id(sched), tuple(id(b) for b in sched.backends), tuple(id(b) for b in sched.bufts), sched.op_offload,
             sched.n_copies, sched.hash_set.size)
@@ -804,7 +866,7 @@ def _split_memo_begin(sched):
     return _tables(sched)
 
 
-def _split_memo_end(sched, graph, pre, queries, hid, isview):
+def _split_memo_end(sched, graph, pre, queries, hid, isview, plain):
     """After passes 1-4: remember, on the graph, what they started from, read and left. Returns the memo (pass 5
     adds its splits when it made no copies), or None."""
     if pre is None or queries is None:
@@ -830,11 +892,13 @@ def _split_memo_end(sched, graph, pre, queries, hid, isview):
     m.pre, m.post = pre, _tables(sched)
     m.queries, m.hid, m.isview = queries, list(hid), list(isview)
     m.pass5 = None
+    m.n_leafs, m.plain = len(graph.leafs), plain
+    m.form = _UNSET                          # (made when first needed: _memo_form)
     # (two per graph: llama's reserve splits the tg graph with the build's pins and again without, and its
     # first decode splits it with them)
     try:
-        graph._ggviz_split_memo = [m] + [o for o in getattr(graph, "_ggviz_split_memo", ())[:1]
-                                         if o.key != m.key or not _same_tables(o.pre, m.pre)]
+        graph._ggviz_split_memo = [m] + [o for o in (getattr(graph, "_ggviz_split_memo", None) or ())[:1]
+                                         if o.key != m.key or o.pre is None or not _same_tables(o.pre, m.pre)]
     except AttributeError:
         pass
     return m
@@ -846,20 +910,114 @@ def _same_tables(a: tuple, b: tuple) -> bool:
 
 
 def _split_memo_match(sched, graph):
-    """A split memo of the graph for which passes 1-4 would give what they gave it (see above), else None."""
+    """A split memo of the graph for which passes 1-4 would give what they gave it (see above), as ``(memo,
+    None)`` -- its tables put back as they are -- or ``(memo, unpin)`` -- its results moved to the slots of this
+    split's pins (one backend; ``unpin``: the memo's pins not pinned now) -- else None."""
     memos = getattr(graph, "_ggviz_split_memo", None)
     if not memos:
         return None
     key = _sched_key(sched)
     addrs = None
     for m in memos:
-        if m.key != key or not _tables_equal(sched, m.pre):
+        if m.pre is None or m.key != key or not _tables_equal(sched, m.pre):
             continue
         if addrs is None:
             addrs = [t.addr for t in list(graph.leafs) + list(graph.nodes)]
         if addrs == m.addrs and _memo_holds(sched, graph, m):
-            return m
+            return m, None
+    if sched.n_backends != 1:
+        return None
+    pins = None
+    for m in memos:
+        if m.key != key:
+            continue
+        form = _memo_form(m)
+        if form is None:
+            continue
+        if pins is None:
+            hs = sched.hash_set
+            pins = _pins_of(hs.size, hs.used, hs.keys, sched._slot, sched.hv_tensor_backend_ids, sched.causes,
+                            sched.hv_tensor_copies)
+            if pins is None:
+                return None
+        unpin = _pins_agree(form, pins)
+        if unpin is None:
+            continue
+        if addrs is None:
+            addrs = [t.addr for t in list(graph.leafs) + list(graph.nodes)]
+        if addrs != m.addrs or not _memo_holds(sched, graph, m):
+            continue
+        # a node pinned in the memo's run and not now: the passes ask the backend (2.3/2.4); it must say yes
+        if all(_supports(sched, 0, tensor_at(a)) for a in unpin):
+            return m, unpin
     return None
+
+
+def _memo_form(m):
+    """The memo's _MemoForm, made on first use; None where it cannot serve other pins (see above)."""
+    f = m.form
+    if f is _UNSET:
+        f = m.form = _make_form(m)
+    return f
+
+
+def _make_form(m):
+    if m.pre is None or len(m.key[1]) != 1:
+        return None
+    size = m.key[-1]
+    pins = _pins_of(size, *m.pre)
+    if pins is None:
+        return None
+    used, keys, slot, tbid, causes, copies = m.post
+    if copies.count(None) != len(copies):
+        return None
+    addrs = m.addrs
+    seen = set(addrs)
+    nodes = addrs[m.n_leafs:]
+    if len(seen) != len(addrs) or not set(pins) <= set(nodes) or not seen <= slot.keys():
+        return None
+    # (slot keeps insertion order: the pins, the leafs, the nodes, then what pass 4 inserted)
+    order = addrs + [a for a in slot if a not in seen]
+    at = [slot[a] for a in order]
+    f = _MemoForm()
+    f.pins, f.order, f.nodes = tuple(pins), order, nodes
+    f.tb = [tbid[i] for i in at]
+    f.cause = [causes.get(i) for i in at]
+    f.has_cause = [c is not None for c in f.cause]
+    f.home = _home_slots(order, size)
+    f.pinnable, f.unpinnable, f.anchors = set(), set(), []
+    pinned = set(pins)
+    n0 = m.n_leafs
+    for k, a in enumerate(nodes):
+        if m.isview[k]:
+            continue
+        c = f.cause[n0 + k]
+        if a in pinned:
+            f.pinnable.add(a)
+            if m.plain[k]:
+                f.unpinnable.add(a)
+        elif f.tb[n0 + k] == 0 and c is not None:
+            if c.startswith("1."):
+                f.anchors.append(a)
+                f.pinnable.add(a)
+            elif c == "2.sup":
+                f.pinnable.add(a)
+    return f
+
+
+def _pins_agree(form, pins):
+    """The memo's pins that are not pinned now (each must be a plain non-view node), if the pins ``pins`` now
+    are all where a pin changes only its own cause, and an anchor is left unpinned; else None (see above)."""
+    pinnable = form.pinnable
+    now = set(pins)
+    if not all(a in pinnable for a in pins):
+        return None
+    unpin = [a for a in form.pins if a not in now]
+    if not all(a in form.unpinnable for a in unpin):
+        return None
+    if not any(a not in now for a in form.anchors):
+        return None
+    return unpin
 
 
 def _memo_holds(sched, graph, m) -> bool:
@@ -884,17 +1042,27 @@ def _memo_holds(sched, graph, m) -> bool:
         inside = (refs >= 0) & (refs < arena.size * 8) & (refs % 8 == 0)
         hit = reshaped | (inside & at[np.where(inside, refs // 8, 0)]).any(axis=1)
         affected = set((m.rows[hit] * 8 + base).tolist())
+        backends = sched.backends
         for addr, b, offload, answer in m.queries:
             if addr in affected:
-                t = tensor_at(addr)
-                now = (B.backend_offload_op if offload else B.backend_supports_op)(sched.backends[b], t)
+                if offload:
+                    now = B.backend_offload_op(backends[b], tensor_at(addr))
+                else:
+                    dev = backends[b].device           # (as _supports asks)
+                    now = bool(dev.iface.supports_op(dev, tensor_at(addr)))
                 if now != answer:
                     return False
+        # every answer the memo holds is the backends' answer about these structs too: the memo now describes them
+        # (the next split of this shape reads no answer again)
+        m.words = words
     return True
 
 
-def _split_memo_apply(sched, m):
-    """Put passes 1-4's results back (in place: the split holds references to these tables)."""
+def _split_memo_apply(sched, m, unpin=None):
+    """Put passes 1-4's results back (in place: the split holds references to these tables); with ``unpin`` not
+    None, moved to this split's slots (_split_memo_move)."""
+    if unpin is not None:
+        return _split_memo_move(sched, m, unpin)
     used, keys, slot, tbid, causes, copies = m.post
     hs = sched.hash_set
     hs.used[...] = used
@@ -910,9 +1078,130 @@ def _split_memo_apply(sched, m):
     return list(m.hid), list(m.isview)
 
 
+def _split_memo_move(sched, m, unpin):
+    """The memo's results written into the slots this split gives its tensors (one backend, other pins: see
+    above): the tensors the passes insert, in their order, after the pins already there; each gets the memo's
+    backend and cause but the pins (kept: (0, "usr")) and the memo's pins not pinned now ((0, "2.sup"))."""
+    f = m.form
+    slot = sched._slot
+    pins = list(slot)
+    pinned = set(pins)
+    order = f.order
+    keep = [a not in pinned for a in order] if pins else None
+    new = list(compress(order, keep)) if pins else order
+    pos = _insert_in_order(sched, new, f.home[np.array(keep, bool)] if pins else f.home)
+    if pins:                                     # (each tensor's slot, in the form's order)
+        it = iter(pos)
+        pos = [next(it) if k else slot[a] for a, k in zip(order, keep)]
+    tbid, causes = sched.hv_tensor_backend_ids, sched.causes
+    for i, b in zip(pos, f.tb):
+        tbid[i] = b
+    causes.update(compress(zip(pos, f.cause), f.has_cause))
+    for a in pins:
+        i = slot[a]
+        tbid[i] = 0
+        causes[i] = "usr"
+    for a in unpin:
+        i = slot[a]
+        tbid[i] = 0
+        causes[i] = "2.sup"
+    sched.n_split_memo += 1
+    sched.n_split_memo_moved += 1
+    return pos[m.n_leafs:len(m.addrs)], list(m.isview)      # (the order starts with the leafs and nodes)
+
+
+# the keys placed at their home slots at once when no two share one and none is taken (False: always inserted one
+# by one, in order; tests compare the two)
+PLACE_AT_ONCE = True
+
+
+def _home_slots(addrs, size: int) -> np.ndarray:
+    """ggml_hash: ``(addr >> 4) % size`` of each address."""
+    return (np.fromiter(addrs, np.int64, len(addrs)) >> 4) % size
+
+
+def _insert_in_order(sched, addrs, home=None) -> list:
+    """ggml_hash_find_or_insert of each address (none in the set yet), in order, recorded in ``sched._slot``;
+    returns their slots. Where every home slot ``(addr >> 4) % size`` (``home``: computed already) is distinct and
+    free, linear probing moves no key along: each lands at its home whatever the order, and they are placed at
+    once."""
+    if not addrs:
+        return []
+    hs = sched.hash_set
+    slot = sched._slot
+    if PLACE_AT_ONCE:
+        if home is None:
+            home = _home_slots(addrs, hs.size)
+        mask = np.unpackbits(hs.used.view(np.uint8), bitorder="little").view(bool)
+        n0 = int(np.count_nonzero(mask))
+        if not mask[home].any():
+            mask[home] = True
+            if int(np.count_nonzero(mask)) == n0 + len(addrs):       # (none free twice: the homes are distinct)
+                hs.keys[home] = addrs
+                hs.used[:] = np.packbits(mask, bitorder="little").view(hs.used.dtype)
+                pos = home.tolist()
+                slot.update(zip(addrs, pos))
+                return pos
+    find_or_insert = hs.find_or_insert
+    pos = []
+    for addr in addrs:
+        i = find_or_insert(addr)
+        if i == GGML_HASHSET_FULL:
+            raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
+        slot[addr] = i
+        pos.append(i)
+    return pos
+
+
+def split_memo_copy(src, dst, lo: int, hi: int, delta: int, ptr_words) -> None:
+    """ggviz: ``dst``, a copy of the graph ``src`` whose structs were moved from the arena [lo, hi) by ``delta``
+    (llama.graph_copy: each pointer into that arena in the struct words ``ptr_words`` moved, the rest byte for
+    byte), inherits ``src``'s split memos that can serve other pins (_memo_form), moved the same way: addresses,
+    the struct words compared, the recorded answers' tensors. Their tables are by address only (the hash slots
+    of the copy's tensors are others), so they serve through _split_memo_move."""
+    out = []
+
+    def mv(addrs):
+        a = np.fromiter(addrs, np.int64)
+        a[(a >= lo) & (a < hi)] += delta
+        return a.tolist()
+
+    for m in getattr(src, "_ggviz_split_memo", None) or ():
+        f = _memo_form(m)
+        if f is None:
+            continue
+        r = _SplitMemo()
+        r.key, r.rows, r.ext, r.ext_bytes = m.key, m.rows, m.ext, m.ext_bytes
+        r.isview, r.pass5, r.n_leafs, r.plain = m.isview, m.pass5, m.n_leafs, m.plain
+        w = m.words.copy()
+        cols = w[:, ptr_words]
+        cols[(cols >= np.uint64(lo)) & (cols < np.uint64(hi))] += np.uint64(delta % (1 << 64))
+        w[:, ptr_words] = cols
+        r.words = w
+        r.pre = r.post = r.hid = None
+        q = list(zip(*m.queries)) if m.queries else [(), (), (), ()]
+        r.queries = list(zip(mv(q[0]), q[1], q[2], q[3]))
+        g = r.form = _MemoForm()
+        order = mv(f.order)
+        g.order, g.tb, g.cause, g.has_cause = order, f.tb, f.cause, f.has_cause
+        g.home = _home_slots(order, m.key[-1])
+        r.addrs = order[:len(m.addrs)]           # (the order starts with the leafs and nodes)
+        g.nodes = r.addrs[m.n_leafs:]
+        g.pins = tuple(mv(f.pins))
+        g.pinnable, g.unpinnable = set(mv(f.pinnable)), set(mv(f.unpinnable))
+        g.anchors = mv(f.anchors)
+        out.append(r)
+    if out:
+        try:
+            dst._ggviz_split_memo = out
+        except AttributeError:
+            pass
+
+
 def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
     """Passes 1-4 of backend_sched_split_graph: every node and leaf gets its backend (and cause). Returns each
-    node's hash slot and whether it is a view op (pass 5 reads them)."""
+    node's hash slot and whether it is a view op (pass 5 reads them), its source pointers and whether pass 1 left
+    it unassigned without asking (``_node_words``: the split memo keeps that)."""
     # pass 1: assign backends to ops with pre-allocated inputs
     _pass(sched, "1", "assign backends to ops with pre-allocated inputs (weights, KV cache), graph inputs")
     # ggviz: the leafs' hash slots, then the nodes', found (and inserted) in the order the loops below ask for them
@@ -1004,7 +1293,7 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
 
     # pass 4: assign backends to remaining src from dst and view_src
     _assign_pass4(sched, nodes, hid, tbid, vss, srcs)
-    return hid, isview, srcs
+    return hid, isview, srcs, unplaced
 
 
 def _node_words(nodes) -> tuple:

@@ -19,7 +19,9 @@ word for word, relative to each arena's base):
   (``CGraph.inserts``); the copy inserts the moved keys in the same order, each with its use count. Where no two
   keys share a home slot the order cannot matter (no key is moved along) and they are placed at once;
 * new Tensor handles for the copied structs, the GraphResult's tensors (inputs, logits, the recorded dims, the
-  fused nodes, the norms) mapped to them.
+  fused nodes, the norms) mapped to them;
+* the source's split memos (ggml.sched's: what the scheduler's passes 1-4 made of it), moved the same way
+  (``sched.split_memo_copy``), so the copy's split is not the passes again.
 
 ``copy_graph`` returns None where it cannot vouch for that (a graph without its insert record, with gradients, not
 evaluated left to right, an arena not laid out as a builder's, a replay that does not find the build's keys):
@@ -33,6 +35,7 @@ import numpy as np
 
 from .. import ggml
 from ..ggml import consts as C
+from ..ggml import sched as gs
 from ..ggml.graph import CGraph, GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT, _layout
 from ..ggml.context import Object
 from ..ggml.tensor import _Q_SRC, _Q_VIEW_SRC, tensor_in_arena
@@ -121,6 +124,8 @@ def copy_graph(res: GraphResult, mem_buffer=None) -> GraphResult | None:
     if not _replay_hash_set(gf, cg, lo, hi, delta):
         new.free()
         return None
+    # the source's split memos, moved as the structs were: the copy's split takes its passes 1-4 from them
+    gs.split_memo_copy(gf, cg, lo, hi, delta, _PTR_WORDS)
     return _remap(res, new, cg, tmap)
 
 
