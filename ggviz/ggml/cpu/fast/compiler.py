@@ -612,12 +612,11 @@ def plan_graph(cgraph, n_threads: int):
         # its graph -- a CPU-only model's -- is asked through its tensor table's op words)
         root = getattr(cgraph, "view_of", None)
         nodes = cgraph.nodes
-        if root is None or (len(nodes) == len(root.nodes) and all(map(operator.is_, nodes, root.nodes))):
+        whole = root is None or (len(nodes) == len(root.nodes) and all(map(operator.is_, nodes, root.nodes)))
+        if whole or not _powerinfer_graph(cgraph):
             topo = _topo_of(cgraph)
             if topo is not None and topo.powerinfer:
                 topo = False
-        elif not _powerinfer_graph(cgraph):
-            topo = _topo_of(cgraph)
         if topo and not trace.active:
             fg = _derive(cgraph, topo)
     if fg is None and topo and not trace.active:
@@ -814,6 +813,10 @@ class _Topo:
         # (room for the tensors referenced from outside too: a decode graph's table is ~1.4x its nodes and leafs; a
         # scratch grown below copies what it holds)
         W = _gather_words(_table_scratch(2 * n_in + 64), 0, T, addrs)
+        ops = W[:len(nodes)].view(np.int32)[:, _W32_OP]
+        self.powerinfer = bool(((ops == GGML_OP_MUL_MAT_SPARSE) | (ops == GGML_OP_AXPY)).any())   # (its ops)
+        if self.powerinfer:
+            return                    # (a PowerInfer graph: never derived nor remembered, so no table to finish)
         ref = W[:, _W_SRC:_W_SRC + _NREF]
         # each reference as a table position: looked up among the graph's own tensors by address (the ~70 % of
         # slots that are NULL left out of the search), then the tensors outside the graph appended
@@ -846,8 +849,6 @@ class _Topo:
         self.T, self.W, self.refs = T, W, refs
         self.n_nodes, self.n_in = len(nodes), n_in
         self.addrs = addrs                        # the nodes' and leafs' struct addresses (the rows' trace meta)
-        ops = W[:self.n_nodes].view(np.int32)[:, _W32_OP]
-        self.powerinfer = bool(((ops == GGML_OP_MUL_MAT_SPARSE) | (ops == GGML_OP_AXPY)).any())   # (its ops)
         # the masked words: the columns but src / view_src and name (zero there: left out), data as set / unset,
         # buffer as its buffer type
         Wm = W[:, _WM_COLS]
