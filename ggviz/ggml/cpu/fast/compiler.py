@@ -832,9 +832,10 @@ class _Topo:
         if not found.all():
             flat = rq[~found]
             ext_addrs, first, inv = np.unique(flat, return_index=True, return_inverse=True)
+            by_first = np.argsort(first)                    # in order of first reference
             rank = np.empty(len(first), np.int64)
-            rank[np.argsort(first, kind="stable")] = np.arange(len(first))   # in order of first reference
-            ext = ext_addrs[np.argsort(rank, kind="stable")]
+            rank[by_first] = np.arange(len(first))
+            ext = ext_addrs[by_first]
             T += _tensors_at(ext.tolist())
             W = _words_into(_table_scratch(len(T) + 1, keep=n_in), n_in, T[n_in:])
             q = refs[nz]
