@@ -425,6 +425,56 @@ def test_first_program_built_by_classes_equals_a_row_by_row_build(model, which, 
     llama.free(ctx)
 
 
+def test_a_changed_graph_is_derived_or_built_as_a_fresh_build(model):
+    """What the cheaper plan of a new shape reads (fast/compiler.py: the tensor table's words gathered from the
+    arenas, the rows' names kept while their name words are, the norms' use counts read from the hash set at once,
+    the plan's node loop per group, the program kept on the graph against a view of its arena) tells a changed graph
+    from the one it derives from: a node renamed (a derived program with the new name), an RMS_NORM read twice (its
+    MUL fusion refused: the program is built, not derived), then undone (fused again) -- every program and
+    plan equal to a fresh row-by-row build's and ggml_graph_plan's per-node loop."""
+    from ggviz.ggml.cpu import ggml_cpu
+    from ggviz.ggml.cpu.fast import compiler
+    from ggviz.ggml.cpu.fast.program import OP, OP_RMS_NORM, SUBOP
+    compiler._memo.clear()
+    ctx = _ctx(model)
+    _decode(ctx, TOKS[:6], 0, 0)
+    _decode(ctx, [TOKS[6]], 0, 6)
+    g = ctx.sched.splits[0].graph
+    fg = g._ggviz_fast[1]
+    assert _programs_as_built(ctx) == 1                  # (the decode step: derived from the prompt's program)
+
+    def replan():
+        plan = ggml_cpu.graph_plan(g, 2)
+        assert plan.extra is g._ggviz_fast[1]
+        _programs_as_built(ctx)
+        return plan.extra
+
+    assert replan() is fg                               # unchanged: the kept program
+    # a renamed node: the same words but for the name -> derived, its row named as the graph now names it
+    k = fg.names.index(next(n for n in fg.names if n.startswith("Qcur")))
+    node = g.nodes[fg.node_index[k]]
+    old_name = node.name
+    ggml.set_name(node, "renamed-for-the-test")
+    got = replan()
+    assert got is not fg and got.plan_from is not None and got.names[k] == "renamed-for-the-test"
+    ggml.set_name(node, old_name)
+    # an RMS_NORM fused with its MUL now read twice: ggml's fusion test refuses -> not derived (the fusion changed),
+    # built by classes with the norm and the MUL as two rows
+    fused = [j for j in range(len(got)) if got.P[j, OP] == OP_RMS_NORM and got.P[j, SUBOP] == 1]
+    assert fused
+    norm = g.nodes[got.node_index[fused[0]]]
+    slot = g.visited_hash_set.find(norm.addr)
+    g.use_counts[slot] += 1
+    try:
+        built = replan()
+        assert built.plan_from is None and built.plan_groups is not None and len(built) == len(got) + 1
+    finally:
+        g.use_counts[slot] -= 1
+    again = replan()                # (fused again: built, as the program remembered for these words is the unfused)
+    assert len(again) == len(got) and again.names == fg.names
+    llama.free(ctx)
+
+
 def test_cache_is_bounded_and_cleared_by_a_new_reserve(model):
     ctx = _ctx(model)
     ctx.graph_cache_size = 2

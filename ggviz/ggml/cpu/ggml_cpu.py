@@ -173,25 +173,18 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
             # (or their sources') changed are planned here, the others planned as they were there; of the changed
             # ones, a node whose own and whose sources' words equal an earlier one's (``reps``: that one) takes its
             # answers, which are functions of those words
-            per_node, node_ws = list(seed[0]), list(seed[1])
-            todo, reps = prog.plan_from[1], prog.plan_from[2]
+            per_node, node_ws = _plan_by_groups(nodes, n_threads, seed, *prog.plan_from[1:])
         elif prog is not None and prog.plan_groups is not None and len(prog.plan_groups[0]) == len(nodes):
             # ggviz: a program built by classes of equal rows (fast/compiler.py: _build_by_class): every node is
             # planned, but a node whose own and whose sources' words equal an earlier one's takes its answers
-            per_node, node_ws = [0] * len(nodes), [0] * len(nodes)
-            todo, reps = prog.plan_groups
+            per_node, node_ws = _plan_by_groups(nodes, n_threads, None, *prog.plan_groups)
         else:
             per_node, node_ws = [0] * len(nodes), [0] * len(nodes)
-            todo = reps = range(len(nodes))
-        for i, r in zip(todo, reps):
-            if r != i:
-                per_node[i], node_ws[i] = per_node[r], node_ws[r]
-                continue
-            node = nodes[i]
-            n_tasks = get_n_tasks(node, n_threads)
-            per_node[i] = n_tasks
-            extra = traits.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
-            node_ws[i] = extra if extra is not None else node_work_size(node, n_tasks, n_threads)
+            for i, node in enumerate(nodes):
+                n_tasks = get_n_tasks(node, n_threads)
+                per_node[i] = n_tasks
+                extra = traits.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
+                node_ws[i] = extra if extra is not None else node_work_size(node, n_tasks, n_threads)
         max_tasks = max(per_node, default=1)          # (n_tasks >= 1)
         work_size = max(node_ws, default=0)
         if prog is not None:
@@ -208,6 +201,25 @@ def graph_plan(cgraph: CGraph, n_threads: int, threadpool=None) -> Cplan:
     if trace.active:
         trace.emit("cpu.plan", graph=graph_key(cgraph), n_threads=plan.n_threads, work_size=work_size, n_tasks=per_node)
     return plan
+
+
+def _plan_by_groups(nodes, n_threads: int, seed, todo, reps, heads):
+    """ggviz: ggml_graph_plan's per-node answers (n_tasks, work size) for a compiled program that knows which nodes
+    to plan (``todo``: the others keep ``seed``'s answers, or 0 without one) and, for each, the node whose answers
+    it takes (``reps``; ``heads``: those, planned here -- the answers are functions of a node's and its sources'
+    words, equal in a group). Lists, as the loop's."""
+    n = len(nodes)
+    per_node = np.array(seed[0], np.int64) if seed is not None else np.zeros(n, np.int64)
+    node_ws = np.array(seed[1], np.int64) if seed is not None else np.zeros(n, np.int64)
+    for i in heads.tolist():
+        node = nodes[i]
+        n_tasks = get_n_tasks(node, n_threads)
+        per_node[i] = n_tasks
+        extra = traits.extra_work_size(n_threads, node)       # ggml_cpu_extra_work_size first
+        node_ws[i] = extra if extra is not None else node_work_size(node, n_tasks, n_threads)
+    per_node[todo] = per_node[reps]
+    node_ws[todo] = node_ws[reps]
+    return per_node.tolist(), node_ws.tolist()
 
 
 def _dispatch():

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import os
 import threading
 import time
 from collections import OrderedDict
+from operator import is_not
 
 import numpy as np
 
@@ -36,7 +38,8 @@ from ...tensor import (
     nelements,
     nrows,
     op_desc,
-    tensor_at,
+    _registry_refs,
+    arena_structs,
 )
 from .. import cpu_feats, mul_mat, repack
 from .. import ops as cpu_ops
@@ -158,7 +161,9 @@ class FastGraph:
         self.P, self.F = P, F
         self.node_index = node_index          # program row -> graph node index
         self.names = names
-        self.meta = meta or [(0, "")] * len(names)     # program row -> (node addr, op description), for the trace
+        self._meta = meta or [(0, "")] * len(names)    # program row -> (node addr, op description), for the trace
+        self._meta_parts = None               # or (node addrs, op descriptions), zipped when first read (meta)
+        self._descs = None                    # (the op descriptions of a derived or class-built program)
         self.n_nodes = n_nodes                # the graph's node count (a "final" barrier follows node n_nodes)
         self._log = None                      # the trace log of the compute in flight (trace_begin/trace_end)
         self._log_cap = 0
@@ -195,6 +200,20 @@ class FastGraph:
 
     def __len__(self):
         return self.P.shape[0]
+
+    @property
+    def meta(self) -> list:
+        """Program row -> (node addr, op description): what the trace shows of each row. A derived or class-built
+        program holds its two columns and zips them when somebody reads them (the trace expander, the tests)."""
+        if self._meta_parts is not None:
+            addrs, descs = self._meta_parts
+            self._meta = list(zip(addrs.tolist(), descs))
+            self._meta_parts = None
+        return self._meta
+
+    def _set_meta(self, addrs, descs) -> None:
+        self._meta_parts = (addrs, descs)
+        self._descs = descs
 
     def set_profiling(self, on: bool):
         self.timings = np.zeros(len(self) if on else 0, np.int64)
@@ -543,11 +562,28 @@ class _FastTraceExpander:
 
 def _graph_signature(cgraph):
     """Bytes that change whenever the graph's nodes change: the arena of the graph's context (all node structs,
-    with their data pointers, shapes, strides, op params and src pointers, live there)."""
+    with their data pointers, shapes, strides, op params and src pointers, live there) -- a view of it (as words
+    where it is whole words: compared without a bytes copy of ~480 KB at every plan)."""
     ctx = cgraph.ctx
     if ctx is None:
         return None
-    return ctx.mem_buffer[:ctx.used_mem()].tobytes()
+    used = ctx.used_mem()
+    b = ctx.mem_buffer[:used]
+    return b.view(np.uint64) if used % 8 == 0 else b
+
+
+def _same_signature(kept, sig) -> bool:
+    return kept.dtype == sig.dtype and kept.shape == sig.shape and bool((kept == sig).all())
+
+
+def _keep_signature(cache, sig):
+    """A copy of the view ``sig`` to keep with a program: into the graph's last kept one where it has the size
+    (no new pages), else new."""
+    old = cache[0] if cache is not None else None
+    if old is not None and old.dtype == sig.dtype and old.shape == sig.shape:
+        np.copyto(old, sig)
+        return old
+    return sig.copy()
 
 
 def plan_graph(cgraph, n_threads: int):
@@ -560,7 +596,7 @@ def plan_graph(cgraph, n_threads: int):
     cache = getattr(cgraph, "_ggviz_fast", None)
     if cache is not None and getattr(cgraph, "ctx", None) is not None:
         sig = _graph_signature(cgraph)
-        if cache[0] == sig and cache[2] == cgraph.n_nodes:
+        if cache[2] == cgraph.n_nodes and _same_signature(cache[0], sig):
             return cache[1]
     if not _has_repacked_mul_mat(cgraph):
         return None
@@ -569,12 +605,19 @@ def plan_graph(cgraph, n_threads: int):
     fg = None
     topo = False                                        # (not worked out: no derivation)
     parent = getattr(cgraph, "view_parent", None)
-    if DERIVE and (parent is None or getattr(parent, "view_of", None) is None) and not _powerinfer_graph(cgraph):
+    if DERIVE and (parent is None or getattr(parent, "view_of", None) is None):
         # (a whole graph or a scheduler's split: not the eval callback's segments, one-off views of a split; not a
         # PowerInfer graph, whose sparse rows read settings outside the tensors' structs -- the context's hybrid
-        # flag, the device's row split -- that the topology key does not hold)
-        topo = _topo_of(cgraph)
-        if topo is not None and not trace.active:
+        # flag, the device's row split -- that the topology key does not hold. A graph, or a split that is all of
+        # its graph -- a CPU-only model's -- is asked through its tensor table's op words)
+        root = getattr(cgraph, "view_of", None)
+        nodes = cgraph.nodes
+        whole = root is None or (len(nodes) == len(root.nodes) and all(map(operator.is_, nodes, root.nodes)))
+        if whole or not _powerinfer_graph(cgraph):
+            topo = _topo_of(cgraph)
+            if topo is not None and topo.powerinfer:
+                topo = False
+        if topo and not trace.active:
             fg = _derive(cgraph, topo)
     if fg is None and topo and not trace.active:
         fg = _build_by_class(cgraph, topo)
@@ -584,7 +627,7 @@ def plan_graph(cgraph, n_threads: int):
         if sig is None:
             sig = _graph_signature(cgraph)
         try:
-            cgraph._ggviz_fast = (sig, fg, cgraph.n_nodes)
+            cgraph._ggviz_fast = (_keep_signature(cache, sig), fg, cgraph.n_nodes)
         except AttributeError:
             pass
     return fg
@@ -736,6 +779,10 @@ _memo: OrderedDict = OrderedDict()
 _memo_lock = threading.Lock()
 _NW = C.GGML_TENSOR_SIZE // 8                       # 42 words a struct
 _W_BUF, _W_SRC, _W_VIEW_SRC, _W_DATA, _W_NAME = 1, 19, 29, 31, 32
+# the columns of the masked words (_Topo.Wm): all but src[] / view_src and name, which the masking zeroed (left out:
+# half the words to copy, compare and hash); data (as set / unset) is column _WM_DATA there, buffer column _W_BUF
+_WM_COLS = np.r_[0:_W_SRC, _W_VIEW_SRC + 1:_W_NAME, _W_NAME + 8:_NW]
+_WM_DATA = int(np.flatnonzero(_WM_COLS == _W_DATA)[0])
 _NREF = C.GGML_MAX_SRC + 1                          # src[] and view_src
 # A repacked MUL_MAT's row holds its weight's repacked blocks, which no word tells apart (a repacked weight's
 # ``extra`` is its type's traits, shared): it is copied from an equal row all but those (MMQ_QS .. MMQ_M), which stay
@@ -745,7 +792,11 @@ _NREF = C.GGML_MAX_SRC + 1                          # src[] and view_src
 _MMQ_PTRS = slice(MMQ_QS, MMQ_M + 1)
 _W32_OP, _W32_FLAGS = 20, 37                        # op and flags as int32 words of the struct
 _EMPTY_OPS = np.array(sorted(EMPTY_OPS), np.int64)
+_EMPTY_LUT = np.zeros(int(_EMPTY_OPS.max()) + 1, bool)      # op -> a view op (is_empty's first test)
+_EMPTY_LUT[_EMPTY_OPS] = True
 _DESC_END = S2 + NB3 + 1                            # the descriptor columns: DST .. S2's nb[3]
+_DESC_WORDS = np.array([_W_DATA, 2, 3, 4, 5, 6, 7, 8, 9])  # a descriptor's words: data, ne[0..3], nb[0..3]
+assert (S0 - DST, S1 - S0, S2 - S1, _DESC_END - S2) == (len(_DESC_WORDS),) * 4 and (DATA, NE0, NB3) == (0, 1, 8)
 
 
 class _Topo:
@@ -758,36 +809,51 @@ class _Topo:
         nodes, leafs = cgraph.nodes, cgraph.leafs
         T = list(nodes) + list(leafs)
         n_in = len(T)
-        W = _words_into(_table_scratch(n_in + 1), 0, T)
         addrs = np.fromiter((t.addr for t in T), np.uint64, n_in)
+        # (room for the tensors referenced from outside too: a decode graph's table is ~1.4x its nodes and leafs; a
+        # scratch grown below copies what it holds)
+        W = _gather_words(_table_scratch(2 * n_in + 64), 0, T, addrs)
+        ops = W[:len(nodes)].view(np.int32)[:, _W32_OP]
+        self.powerinfer = bool(((ops == GGML_OP_MUL_MAT_SPARSE) | (ops == GGML_OP_AXPY)).any())   # (its ops)
+        if self.powerinfer:
+            return                    # (a PowerInfer graph: never derived nor remembered, so no table to finish)
         ref = W[:, _W_SRC:_W_SRC + _NREF]
+        # each reference as a table position: looked up among the graph's own tensors by address (the ~70 % of
+        # slots that are NULL left out of the search), then the tensors outside the graph appended
+        refs = np.full(ref.shape, -1, np.int64)
+        nz = ref != 0
+        rq = ref[nz]
         order = np.argsort(addrs, kind="stable")
         sa = addrs[order]
-        pos = np.minimum(np.searchsorted(sa, ref), max(n_in - 1, 0))
-        found = (sa[pos] == ref) if n_in else np.zeros(ref.shape, bool)
-        outside = ~found & (ref != 0)
-        refs = np.where(found, order[pos] if n_in else 0, -1)
-        if outside.any():
-            flat = ref[outside]
-            _, first = np.unique(flat, return_index=True)
-            ext_addrs = flat[np.sort(first)]                    # in order of first reference
-            T += [tensor_at(a) for a in ext_addrs.tolist()]
+        pos = np.minimum(np.searchsorted(sa, rq), max(n_in - 1, 0))
+        found = (sa[pos] == rq) if n_in else np.zeros(rq.shape, bool)
+        if n_in:
+            refs[nz] = np.where(found, order[pos], -1)
+        if not found.all():
+            flat = rq[~found]
+            ext_addrs, first, inv = np.unique(flat, return_index=True, return_inverse=True)
+            by_first = np.argsort(first)                    # in order of first reference
+            rank = np.empty(len(first), np.int64)
+            rank[by_first] = np.arange(len(first))
+            ext = ext_addrs[by_first]
+            T += _tensors_at(ext.tolist())
             W = _words_into(_table_scratch(len(T) + 1, keep=n_in), n_in, T[n_in:])
-            sorter = np.argsort(ext_addrs)
-            at = sorter[np.minimum(np.searchsorted(ext_addrs, ref, sorter=sorter), len(ext_addrs) - 1)]
-            refs = np.where(outside, n_in + at, refs)
+            q = refs[nz]
+            q[~found] = n_in + rank[inv.ravel()]
+            refs[nz] = q
         W = _table_scratch(len(T) + 1, keep=len(T))[:len(T) + 1]
         W[len(T)] = 0
         # the words with a zero row after the last tensor's (index -1: a NULL reference reads zeros), as int64 (the
         # thread's scratch: a table lives while its graph is planned; what is kept -- Wm, the memo's -- is copied)
         self.Wz = W.view(np.int64)
         W = W[:len(T)]
-        self.T, self.W, self.refs = T, W, refs.astype(np.int64)
+        self.T, self.W, self.refs = T, W, refs
         self.n_nodes, self.n_in = len(nodes), n_in
-        Wm = W.copy()
-        Wm[:, _W_SRC:_W_SRC + _NREF] = 0
-        Wm[:, _W_NAME:_W_NAME + 8] = 0
-        Wm[:, _W_DATA] = W[:, _W_DATA] != 0
+        self.addrs = addrs                        # the nodes' and leafs' struct addresses (the rows' trace meta)
+        # the masked words: the columns but src / view_src and name (zero there: left out), data as set / unset,
+        # buffer as its buffer type
+        Wm = W[:, _WM_COLS]
+        Wm[:, _WM_DATA] = W[:, _W_DATA] != 0
         bufs = W[:, _W_BUF]
         for b in np.unique(bufs).tolist():
             if b:
@@ -797,16 +863,56 @@ class _Topo:
         # a repacked weight's row holds the addresses of its repacked blocks (tensor->extra's, not the struct's):
         # they are part of the key (not the tensor's address: a freed weight's struct address comes back)
         RW = repack.RepackedWeight
-        rw = tuple((j, t.py_extra.ptrs) for j, t in enumerate(T) if type(t.py_extra) is RW)
-        self.rw = rw                  # (table position, repacked blocks) of each repacked weight
-        self.key = (self.n_nodes, n_in, len(T), refs.tobytes(), rw, repack.in_use(), cpu_feats.variant_lanes(),
-                    mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
+        extras = list(map(_py_extra, T))
+        rw_at = [j for j in itertools.compress(range(len(T)), map(is_not, extras, _NONES)) if type(extras[j]) is RW]
+        rw_ptrs = [extras[j].ptrs for j in rw_at]
+        self.rw = rw = tuple(zip(rw_at, rw_ptrs))     # (table position, repacked blocks) of each repacked weight
+        # (the references as int16 where the table allows: the key is hashed at each plan, a quarter of the bytes)
+        small = np.int16 if len(T) < 2 ** 15 else np.int64
+        self.key = (self.n_nodes, n_in, len(T), refs.astype(small).tobytes(), rw, repack.in_use(),
+                    cpu_feats.variant_lanes(), mul_mat.USE_LLAMAFILE, cpu_ops.FA_S_FMA, cpu_ops.FA_REDUCE_FMA)
         # each tensor's class of equal masked words (equal ids: equal Wm rows), -1 appended for NULL, and whether
         # it is a repacked weight (which no word tells: its ``extra`` is its type's shared traits): the keys of the
         # groups of equal rows and plans (_derive), 12 small ints a node instead of its and its sources' 504 words
         self.wid = np.append(_row_classes(Wm), -1)
         self.is_rw = np.zeros(len(T) + 1, np.int64)
-        self.is_rw[[j for j, _ in rw]] = 1
+        self.is_rw[rw_at] = 1
+
+
+_py_extra = operator.attrgetter("py_extra")
+_NONES = itertools.repeat(None)
+
+
+def _tensors_at(addrs: list) -> list:
+    """tensor_at of each address (ValueError: no live tensor there), one lookup of the registry's weak references
+    for all of them."""
+    if not addrs:
+        return []
+    try:
+        refs = operator.itemgetter(*addrs)(_registry_refs)
+    except KeyError:
+        raise ValueError("no ggml_tensor at one of the referenced addresses") from None
+    ts = [r() for r in refs] if len(addrs) > 1 else [refs()]
+    if any(t is None for t in ts):
+        raise ValueError("no ggml_tensor at one of the referenced addresses")
+    return ts
+
+
+def _gather_words(buf, at: int, T, addrs) -> np.ndarray:
+    """The struct words of tensors ``T`` (their struct addresses ``addrs``) written to rows ``at`` .. of ``buf``;
+    returns ``buf[:at + len(T)]``. Those whose structs lie in the first one's context arena (a graph's nodes do)
+    are read from it in one gather, instead of a copy per tensor; the others one by one."""
+    n = len(T)
+    got = _structs_in(T[0].ctx, addrs) if n else None
+    if got is None:
+        return _words_into(buf, at, T)
+    rows, inside = got
+    out = buf[at:at + n]
+    for a in range(0, n, _GATHER_ROWS):
+        out[a:a + _GATHER_ROWS] = rows(a, a + _GATHER_ROWS)
+    for j in np.flatnonzero(~inside).tolist():
+        out[j] = T[j].raw.view(np.uint64)
+    return buf[:at + n]
 
 
 _scratch = threading.local()
@@ -833,6 +939,25 @@ def _words_into(buf, at: int, T) -> np.ndarray:
     return buf[:at + len(T)]
 
 
+# tensors whose words one gather reads (~86 KB: the gather's temporary stays below malloc's mmap threshold, so a
+# fresh process takes its pages from the heap once, not ~80 new pages for a decode graph's nodes at once)
+_GATHER_ROWS = 256
+
+
+def _structs_in(ctx, addrs):
+    """The struct words of the tensors at ``addrs`` in context ``ctx``'s arena, and which of them lie there:
+    (rows, inside) -- ``rows(a, b)`` gathers those of tensors a .. b-1 (the rows of tensors outside the arena are
+    its first struct's) --, or None (no arena)."""
+    buf = getattr(ctx, "mem_buffer", None) if ctx is not None else None
+    if buf is None or ctx.used_mem() < C.GGML_TENSOR_SIZE:
+        return None
+    arena = buf[:ctx.used_mem() // 8 * 8].view(np.uint64)
+    off = addrs.astype(np.int64) - buf.ctypes.data
+    inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
+    at = np.where(inside, off // 8, 0)
+    return (lambda a, b: arena_structs(arena, at[a:b])), inside
+
+
 _ROW_HASH = np.random.default_rng(0x6767).integers(1, 2 ** 63, size=64, dtype=np.uint64) | np.uint64(1)
 
 
@@ -846,7 +971,10 @@ def _classes(A) -> tuple:
     h = A.dot(_ROW_HASH[:A.shape[1]])         # (integer dot, no BLAS: wraps modulo 2**64; no rows x words temporary)
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.ravel()
-    if not (A == A[first[inv]]).all():
+    rep = first[inv]
+    # (compared a block of rows at a time: temporaries below malloc's mmap threshold, pages reused, not faulted in)
+    step = max(1, 8192 // A.shape[1])
+    if not all((A[a:a + step] == A[rep[a:a + step]]).all() for a in range(0, len(A), step)):
         _, first, inv = np.unique(A.view(np.dtype((np.void, A.shape[1] * 8))).ravel(), return_index=True,
                                   return_inverse=True)
         inv = inv.ravel()
@@ -868,12 +996,15 @@ class _Memo:
     """What a program's derivation reads of it (not the FastGraph: its sync words, thread policy and trace log stay
     with the graph that has it): its rows, their nodes, descriptor tensors (positions in the tensor table) and
     work sizes, and its plans (``plan_nodes``: filled by ggml_graph_plan after the compile)."""
-    __slots__ = ("Wm", "P", "F", "node_index", "meta", "row_ws", "plan_nodes", "slots", "fused")
+    __slots__ = ("Wm", "P", "F", "node_index", "descs", "row_ws", "plan_nodes", "slots", "fused", "names",
+                 "name_words")
 
-    def __init__(self, Wm, fg, slots, fused):
+    def __init__(self, Wm, fg, slots, fused, name_words):
         self.Wm, self.slots, self.fused = Wm, slots, fused
-        self.P, self.F, self.node_index, self.meta = fg.P, fg.F, fg.node_index, fg.meta
+        self.P, self.F, self.node_index = fg.P, fg.F, fg.node_index
+        self.descs = fg._descs if fg._descs is not None else [d for _, d in fg.meta]
         self.row_ws, self.plan_nodes = fg.row_ws, fg.plan_nodes
+        self.names, self.name_words = fg.names, name_words      # the rows' names and their name words
 
 
 def _topo_of(cgraph):
@@ -892,28 +1023,38 @@ def _memo_store(topo, fg, slots) -> None:
                        np.int64).reshape(len(fg), 4)
     except KeyError:            # a row describes a tensor outside the table: not derivable, not remembered
         return
-    _memo_put(topo.key, _Memo(topo.Wm, fg, ids, (fg.P[:, OP] == OP_RMS_NORM) & (fg.P[:, SUBOP] == 1)))
+    _memo_put(topo.key, _Memo(topo.Wm, fg, ids, (fg.P[:, OP] == OP_RMS_NORM) & (fg.P[:, SUBOP] == 1),
+                              _name_words(topo.Wz, np.asarray(fg.node_index, np.int64))))
 
 
-def _memo_put(key, m) -> None:
+def _memo_put(key, m, equal=()) -> None:
     """Remember ``m`` first among the programs of its topology (one per set of shapes: a prompt's and a decode
-    step's graphs can share a topology), at most SHAPES_PER_TOPO of them, MEMO_SIZE topologies."""
+    step's graphs can share a topology), at most SHAPES_PER_TOPO of them, MEMO_SIZE topologies. ``equal``: those
+    already known to have its words (_derive compared them), replaced without a second comparison."""
     with _memo_lock:
-        same = [o for o in _memo.get(key, ()) if not np.array_equal(o.Wm, m.Wm)]
+        same = [o for o in _memo.get(key, ())
+                if not any(o is e for e in equal) and not np.array_equal(o.Wm, m.Wm)]
         _memo[key] = [m] + same[:SHAPES_PER_TOPO - 1]
         _memo.move_to_end(key)
         while len(_memo) > MEMO_SIZE:
             _memo.popitem(last=False)
 
 
+def _empty_rows(Wr) -> np.ndarray:
+    """ggml_cpu's is_empty for the struct words ``Wr`` (one row each): a view op, not computed, or no elements."""
+    w32 = Wr.view(np.int32)
+    ops = w32[:, _W32_OP]
+    inr = (ops >= 0) & (ops < len(_EMPTY_LUT))
+    view = _EMPTY_LUT[np.where(inr, ops, 0)] & inr
+    return view | ((w32[:, _W32_FLAGS] & C.GGML_TENSOR_FLAG_COMPUTE) == 0) | (Wr[:, 2:6] == 0).any(axis=1)
+
+
 def _set_descriptors(P, rows, W, slots) -> None:
     """Rows ``rows`` of ``P``: the DST / S0 / S1 / S2 descriptors (data, ne, nb) from the struct words of the
     tensors in ``slots`` (one row of 4 table positions each; a NULL slot reads the zero row) -- the words read, not
     whole structs."""
-    for c, col in enumerate((DST, S0, S1, S2)):
-        at = slots[:, c]
-        P[rows, col + DATA] = W[at, _W_DATA]
-        P[rows, col + NE0:col + NB3 + 1] = W[at, 2:10]
+    D = W[:, _DESC_WORDS]                       # (each tensor's data, ne, nb: a descriptor's order)
+    P[rows, DST:_DESC_END] = D[slots].reshape(len(slots), 4 * len(_DESC_WORDS))
 
 
 def _rows_have_data(W, refs, nodes) -> bool:
@@ -937,6 +1078,11 @@ def _set_fa_masks(P, W, refs, idx) -> bool:
             return False
         P[masked, FA_MASK] = mdata
     return True
+
+
+def _name_words(W, idx) -> np.ndarray:
+    """The rows' name words (a copy: what a remembered program's names were read from)."""
+    return W[idx, _W_NAME:_W_NAME + 8]
 
 
 def _row_names(W, idx) -> list:
@@ -973,12 +1119,9 @@ def _derive(cgraph, topo):
     is_row[idx[m.fused] + 1] = True
     other = np.flatnonzero(node_changed & ~is_row)
     if other.size:
-        w32 = W[other].view(np.int32)
-        empty = (np.isin(w32[:, _W32_OP], _EMPTY_OPS) | ((w32[:, _W32_FLAGS] & C.GGML_TENSOR_FLAG_COMPUTE) == 0)
-                 | (W[other, 2:6] == 0).any(axis=1))
-        if not empty.all():
+        if not _empty_rows(W[other]).all():
             return None
-    wid, T = topo.wid, topo.T
+    wid = topo.wid
     rms_key = _fusions_hold(cgraph, topo, m, idx)
     if rms_key is None:
         return None
@@ -986,8 +1129,8 @@ def _derive(cgraph, topo):
     # the descriptors from this graph's structs (a NULL slot reads the zero row)
     _set_descriptors(P, slice(None), W, m.slots)
     row_ws = list(prev.row_ws)
+    descs = list(prev.descs)
     slots = {}
-    meta = list(prev.meta)
     rb = np.flatnonzero(rebuild)
     # rows whose node's and sources' words (pointers masked: topo.Wm) are equal are equal but for their descriptors:
     # one row of each such group is built, the others take its columns (a new batch shape changes every row, and a
@@ -1012,7 +1155,7 @@ def _derive(cgraph, topo):
             if skip != int(m.fused[k]) or sparse_ws is not None:
                 return None
             row_ws[k] = ws
-            meta[k] = (nodes[i].addr, op_desc(nodes[i]))
+            descs[k] = op_desc(nodes[i])
     except _Unsupported:
         return None
     if copies.size:
@@ -1024,20 +1167,22 @@ def _derive(cgraph, topo):
         P[copies, _DESC_END:] = P[src, _DESC_END:]
         P[copies[mmq], _MMQ_PTRS] = prev.P[copies[mmq], _MMQ_PTRS]     # each its own weight's repacked blocks
         F[copies] = F[src]
-        for k, r in zip(copies.tolist(), src.tolist()):
-            row_ws[k] = row_ws[r]
-            meta[k] = (nodes[int(idx[k])].addr, meta[r][1])
+        at = rep.tolist()                   # (each row's built one: itself or the one it copies)
+        row_ws = [row_ws[r] for r in at]
+        descs = [descs[r] for r in at]
     keep = np.flatnonzero(~rebuild)
     # (the rows taken over)
     if not _rows_have_data(W, refs, idx[keep]) or not _set_fa_masks(P, W, refs, idx):
         return None
-    names = _row_names(W, idx)
-    for k in keep.tolist():
-        meta[k] = (T[int(idx[k])].addr, meta[k][1])
-    fg = FastGraph(P, F, list(prev.node_index), names, max(row_ws, default=0), meta, n)
+    # the rows' names: the remembered ones while their name words are (a new shape of the same graph, another
+    # context's graph of the model: the same names)
+    nw = _name_words(W, idx)
+    names = prev.names if np.array_equal(nw, prev.name_words) else _row_names(W, idx)
+    fg = FastGraph(P, F, list(prev.node_index), names, max(row_ws, default=0), None, n)
+    fg._set_meta(topo.addrs[idx], descs)
     fg.row_ws = row_ws
     fg.plan_from = (prev.plan_nodes,) + _plan_groups(topo, node_changed)
-    _memo_put(topo.key, _Memo(topo.Wm, fg, m.slots, m.fused))
+    _memo_put(topo.key, _Memo(topo.Wm, fg, m.slots, m.fused, nw), [o for o, d in zip(cands, diffs) if not d.any()])
     return fg
 
 
@@ -1047,7 +1192,7 @@ def _fusions_hold(cgraph, topo, m, idx):
     MUL's operand positions and the norm's use count: rows equal in all of them fuse alike, and one of each is
     asked. Returns those keys per row (k_n x 7, zeros for the other rows: their op tells them apart), or None when
     a fusion changed."""
-    n, nodes, wid, refs = topo.n_nodes, cgraph.nodes, topo.wid, topo.refs
+    n, wid, refs = topo.n_nodes, topo.wid, topo.refs
     rms = np.flatnonzero(m.P[:, OP] == OP_RMS_NORM)
     rms_key = np.zeros((len(idx), 7), np.int64)
     if rms.size:
@@ -1055,7 +1200,7 @@ def _fusions_hold(cgraph, topo, m, idx):
         nxt = np.minimum(ri + 1, n - 1)
         has_next = ri + 1 < n
         mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
-        uses = [cgraph.use_count(nodes[i]) == 1 for i in ri.tolist()]
+        uses = _use_counts(cgraph, topo, ri) == 1
         kr = np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
                        mrefs[:, 0] == ri, mrefs[:, 1] == ri, uses, m.fused[rms]], axis=1).astype(np.int64)
         rms_key[rms] = kr
@@ -1065,18 +1210,34 @@ def _fusions_hold(cgraph, topo, m, idx):
     return rms_key
 
 
+def _use_counts(cgraph, topo, rows) -> np.ndarray:
+    """ggml_node_get_use_count of the graph's nodes ``rows`` (positions in ``topo``): each node's slot in the
+    visited hash set where ggml_hash_find finds it at its hash (the common case), read at once; a node whose probe
+    goes further is asked one by one (``CGraph.use_count``)."""
+    hs, uc = cgraph.visited_hash_set, cgraph.use_counts
+    a = topo.addrs[rows]
+    pos = ((a >> np.uint64(4)) % np.uint64(hs.size)).astype(np.int64)
+    used = ((hs.used[pos >> 5] >> (pos & 31).astype(hs.used.dtype)) & 1).astype(bool)
+    hit = used & (hs.keys[pos] == a)
+    out = np.where(hit, uc[pos], 0).astype(np.int64)
+    for j in np.flatnonzero(used & ~hit).tolist():
+        out[j] = cgraph.use_count(topo.T[int(rows[j])])
+    return out
+
+
 def _plan_groups(topo, node_changed):
     """The nodes ggml_graph_plan's loop plans again for a derived program (those whose struct words or whose
     sources' changed) and, for each, the first of them with equal words of its own, of its sources and view source
     and the same repacked-ness of its weight: ggml_get_n_tasks, ggml_cpu_extra_work_size and the op's work size
     read those alone, so the loop computes that one and the others take its answers (a decode graph's 30 layers
-    repeat the same nodes)."""
+    repeat the same nodes). Returns (those nodes, the first of each one's group, the groups' firsts) as arrays."""
     todo = np.flatnonzero(node_changed)
     if not todo.size:
-        return [], []
+        return todo, todo, todo
     r = topo.refs[todo]
     keys = np.concatenate([topo.wid[todo, None], topo.wid[r], topo.is_rw[r[:, :1]]], axis=1)
-    return todo.tolist(), todo[_first_of_class(keys)].tolist()
+    inv, first = _classes(keys)
+    return todo, todo[first[inv]], todo[np.sort(first)]
 
 
 def _build_row(P, F, k, cgraph, nodes, i, slots):
@@ -1231,10 +1392,8 @@ def _build_by_class(cgraph, topo):
     W = topo.Wz
     wid, refs_all = topo.wid, topo.refs
     refs = refs_all[:n]
-    w32 = W[:n].view(np.int32)
-    ops = w32[:, _W32_OP]
-    empty = (np.isin(ops, _EMPTY_OPS) | ((w32[:, _W32_FLAGS] & C.GGML_TENSOR_FLAG_COMPUTE) == 0)
-             | (W[:n, 2:6] == 0).any(axis=1))
+    ops = W[:n].view(np.int32)[:, _W32_OP]
+    empty = _empty_rows(W[:n])
     # ggml-cpu's RMS_NORM + MUL fusion, one test per class of the words it reads (as _fusions_hold)
     fused = np.zeros(n, bool)
     rms = np.flatnonzero(~empty & (ops == C.GGML_OP_RMS_NORM))
@@ -1242,7 +1401,7 @@ def _build_by_class(cgraph, topo):
         nxt = np.minimum(rms + 1, n - 1)
         has_next = rms + 1 < n
         mrefs = np.where(has_next[:, None], refs[nxt, :2], -1)
-        uses = [cgraph.use_count(nodes[i]) == 1 if cgraph.use_counts is not None else -1 for i in rms.tolist()]
+        uses = (_use_counts(cgraph, topo, rms) == 1) if cgraph.use_counts is not None else np.full(len(rms), -1)
         kr = np.concatenate([wid[rms, None], wid[refs[rms]],
                              np.stack([np.where(has_next, wid[nxt], -2), wid[mrefs[:, 0]], wid[mrefs[:, 1]],
                                        mrefs[:, 0] == rms, mrefs[:, 1] == rms, uses], axis=1)], axis=1)
@@ -1273,9 +1432,8 @@ def _build_by_class(cgraph, topo):
     P = np.zeros((k_n, NCOL), np.int64)
     F = np.zeros((k_n, NFCOL), np.float64)
     row_ws = [0] * k_n
-    meta = [None] * k_n
+    descs = [None] * k_n
     built = {}
-    T = topo.T
     try:
         for k in first.tolist():
             i = int(idx[k])
@@ -1283,7 +1441,7 @@ def _build_by_class(cgraph, topo):
             if skip != int(f_row[k]) or sparse_ws is not None:
                 return None
             row_ws[k] = ws
-            meta[k] = (T[i].addr, op_desc(nodes[i]))
+            descs[k] = op_desc(nodes[i])
     except _Unsupported:
         return None
     copies = np.flatnonzero(rep != np.arange(k_n))
@@ -1303,17 +1461,17 @@ def _build_by_class(cgraph, topo):
                 return None
         if not _rows_have_data(W, refs, idx[copies]):        # (the copied rows)
             return None
-        addrs = [T[i].addr for i in idx[copies].tolist()]
-        for k, r, a in zip(copies.tolist(), src.tolist(), addrs):
-            row_ws[k] = row_ws[r]
-            meta[k] = (a, meta[r][1])
+        at = rep.tolist()                                   # (each row's built one: itself or the one it copies)
+        row_ws = [row_ws[r] for r in at]
+        descs = [descs[r] for r in at]
     if not _set_fa_masks(P, W, refs, idx):
         return None
     names = _row_names(W, idx)
-    fg = FastGraph(P, F, idx.tolist(), names, max(row_ws, default=0), meta, n)
+    fg = FastGraph(P, F, idx.tolist(), names, max(row_ws, default=0), None, n)
+    fg._set_meta(topo.addrs[idx], descs)
     fg.row_ws = row_ws
     fg.plan_groups = _plan_groups(topo, np.ones(n, bool))
-    _memo_put(topo.key, _Memo(topo.Wm, fg, slots, f_row.copy()))
+    _memo_put(topo.key, _Memo(topo.Wm, fg, slots, f_row.copy(), _name_words(W, idx)))
     return fg
 
 
