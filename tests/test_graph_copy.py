@@ -12,27 +12,15 @@
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ggviz import ggml, llama, trace
 from ggviz.llama import context_pool, graph_copy
+from tests.models import load_model as _model
 
-MODELS = Path(os.environ.get("GGVIZ_MODELS") or Path(__file__).resolve().parents[1] / "data" / "models")
 _ctxs: dict = {}
-_models: dict = {}
-
-
-def _model(which):
-    if which not in _models:
-        path = MODELS / ("gemma-3-270m-q4_k_m.gguf" if which == "gemma3" else "SmolLM2-135M-Instruct.Q4_1.gguf")
-        if not path.exists():
-            pytest.skip(f"no model {path.name}")
-        _models[which] = llama.model_load_from_file(str(path), llama.model_default_params())
-    return _models[which]
 
 
 def _ctx(which, fa):

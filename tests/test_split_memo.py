@@ -14,8 +14,6 @@ graph (split_memo_copy, llama/graph_copy.py), against the real passes.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,18 +26,7 @@ from ggviz.ggml import blas
 from ggviz.ggml import sched as S
 from ggviz.ggml.cpu import cpu_backend
 from ggviz.llama.context_pool import context_pool_clear
-
-MODELS = Path(os.environ.get("GGVIZ_MODELS") or Path(__file__).resolve().parents[1] / "data" / "models")
-_models: dict = {}
-
-
-def _model(which):
-    if which not in _models:
-        path = MODELS / ("gemma-3-270m-q4_k_m.gguf" if which == "gemma3" else "SmolLM2-135M-Instruct.Q4_1.gguf")
-        if not path.exists():
-            pytest.skip(f"no model {path.name}")
-        _models[which] = llama.model_load_from_file(str(path), llama.model_default_params())
-    return _models[which]
+from tests.models import load_model as _model
 
 
 def _state(sched, graph) -> dict:

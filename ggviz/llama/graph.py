@@ -770,6 +770,17 @@ def _leaf_words(leafs) -> np.ndarray:
     return out
 
 
+def _contiguous_nb_rows(typ, ne):
+    """_contiguous_nb over rows: nb[4] of contiguous tensors of types ``typ`` and dims ``ne`` ((k, >= 3)), or None
+    for a type ggml does not have."""
+    ts, bs = _TS[typ], _BS[typ]
+    if (bs == 0).any():
+        return None
+    nb1 = ts * ne[:, 0] // bs
+    nb2 = nb1 * ne[:, 1]
+    return np.stack((ts, nb1, nb2, nb2 * ne[:, 2]), 1)
+
+
 def _nbytes_rows(typ, V):
     """ggml_nbytes of each row's tensor (types ``typ``, shapes ``V``: (k, 8))."""
     ts, bs = _TS[typ], _BS[typ]
@@ -856,13 +867,10 @@ def _recorded_arrays(g, rec, old, new, new_kv):
     V[~rchg] = O[R[~rchg]]                            # (unchanged dims: the struct as it is)
     cont = np.flatnonzero(rchg & ~is_view)
     if cont.size:
-        tc = g.typ[R[cont]]
-        ts, bs = _TS[tc], _BS[tc]
-        if (bs == 0).any():
+        nb = _contiguous_nb_rows(g.typ[R[cont]], V[cont])
+        if nb is None:
             return None
-        nb1 = ts * V[cont, 0] // bs
-        nb2 = nb1 * V[cont, 1]
-        V[cont, 4:] = np.stack((ts, nb1, nb2, nb2 * V[cont, 2]), 1)
+        V[cont, 4:] = nb
     return R, V, rchg, is_view
 
 
@@ -987,13 +995,10 @@ def _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv) -> bool:
     Y = X.reshape(-1)[p].reshape(m, 8)                # every dim (the contiguous nodes' strides: not yet)
     contig = np.flatnonzero((kind == _K_SAME) | (kind == _K_MUL_MAT) | (kind == _K_GET_ROWS) | (kind == _K_FA))
     if contig.size:
-        tc = typ[contig]
-        ts, bs = _TS[tc], _BS[tc]
-        if (bs == 0).any():
+        nb = _contiguous_nb_rows(typ[contig], Y[contig])
+        if nb is None:
             return None
-        nb1 = ts * Y[contig, 0] // bs
-        nb2 = nb1 * Y[contig, 1]
-        Y[contig, 4:] = np.stack((ts, nb1, nb2, nb2 * Y[contig, 2]), 1)
+        Y[contig, 4:] = nb
     F = Y.reshape(-1)[p].reshape(m, 8)                # ... and every stride
     if _checks_fail(g, kind, F):
         return None
