@@ -328,8 +328,9 @@ def _enter(cg: CGraph, node: Tensor, compute: bool, pos: int | None = None):
     cg.inserts.append(pos)
     if trace.active:
         trace.emit("graph.visit", graph=graph_key(cg), addr=addr, name=node.name, hash_pos=pos, hit=False)
-    # node->src[k] for k in the graph's order, the pointer array read from the struct in one go
-    addrs = _unpack_srcs(node._q, _SRC_OFFS)
+    # node->src[k] for k in the graph's order, the pointer array read from the struct in one go; the NULL ones
+    # (ggml's loop skips them: most of a node's GGML_MAX_SRC slots) left out here, in C, not by the frame's loop
+    addrs = tuple(filter(None, _unpack_srcs(node._q, _SRC_OFFS)))
     if cg.order == GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT:
         addrs = addrs[::-1]
     return [True, node, addrs, 0, pos, compute]
@@ -452,7 +453,7 @@ def _visit_frames(cg: CGraph, r: list) -> int:
                     used[sp >> 5] = used.item(sp >> 5) | (1 << (sp & 31))
                     use_counts[sp] = 0
                     inserts.append(sp)
-                    src_addrs = _unpack_srcs(src._q, _SRC_OFFS)
+                    src_addrs = tuple(filter(None, _unpack_srcs(src._q, _SRC_OFFS)))   # (as _enter's)
                     if rtl:
                         src_addrs = src_addrs[::-1]
                     push = [True, src, src_addrs, 0, sp, compute]
