@@ -487,12 +487,19 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
             nb = list(map(_index_all, nb))
         except TypeError:
             raise GGMLError(f"{fn}: the strides nb must be integers, got {list(nb)}") from None
-        if nb and (min(nb) < 0 or max(nb) > INT64_MAX):
+        if len(nb) == C.GGML_MAX_DIMS:         # (every caller's: the checks below with the strides unpacked)
+            nb0, nb1, nb2, nb3 = nb
+            x = nb0 | nb1 | nb2 | nb3             # (min and max in one go, as for ne)
+            if x < 0 or x > INT64_MAX:
+                raise GGMLError(f"{fn}: the strides nb={nb} must be in 0..INT64_MAX (a size_t in ggml)")
+        elif nb and (min(nb) < 0 or max(nb) > INT64_MAX):
             raise GGMLError(f"{fn}: the strides nb={nb} must be in 0..INT64_MAX (a size_t in ggml)")
+        elif data_size:
+            nb0, nb1, nb2, nb3 = nb[0], nb[1], nb[2], nb[3]      # (fewer: the IndexError it always raised)
         if data_size:                             # an empty view reaches no byte
             # ggml_nbytes with these strides: the last byte the view can reach, + 1
-            extent = (ne0 * nb[0] // bs if bs > 1 else ts + (ne0 - 1) * nb[0]) \
-                + (ne1 - 1) * nb[1] + (ne2 - 1) * nb[2] + (ne3 - 1) * nb[3]
+            extent = (ne0 * nb0 // bs if bs > 1 else ts + (ne0 - 1) * nb0) \
+                + (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
             if offs + extent > src_size:
                 raise GGMLError(
                     f"{fn}: a view of {view_src.name!r} with ne={ne}, nb={nb} at offset {offs} reaches "

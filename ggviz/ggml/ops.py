@@ -629,7 +629,7 @@ def _view_impl(ctx, a, ne, offset, nb, fn):
     0)`` of a 16-float tensor, and a negative offset), in new_tensor_impl, before anything is written."""
     if nb is not None:
         try:
-            nb = [operator.index(x) for x in nb]
+            nb = list(map(operator.index, nb))     # (a C loop: no comprehension frame)
         except TypeError:
             raise GGMLError(f"ggml_{fn}: the strides must be integers, got {list(nb)}") from None
         nb = [type_size(a.type)] + nb

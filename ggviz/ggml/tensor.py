@@ -45,6 +45,7 @@ _name_pack = [struct.Struct(f"{n}s").pack_into for n in range(C.GGML_MAX_NAME + 
 # word indices into the struct viewed as int32 (w) / uint64 (q)
 _W_TYPE, _Q_BUFFER, _W_OP, _W_FLAGS = 0, 1, 20, 37
 _Q_SRC, _Q_VIEW_SRC, _Q_VIEW_OFFS, _Q_DATA, _Q_EXTRA = 19, 29, 30, 31, 40
+_unpack_ne_nb = struct.Struct("<8q").unpack_from          # ne[4], nb[4]: bytes 16..79 of the struct
 
 # address -> Tensor: ggml hands out pointers, ggviz needs the object behind them. Weak, so that a context nobody
 # references any more (its tensors included) is collected and its arena released, as ggml_free would.
@@ -429,8 +430,10 @@ def is_permuted(t) -> bool:
 
 
 def _is_contiguous_m_n(t, m: int, n: int) -> bool:
-    ne, nb = t.ne.tolist(), t.nb.tolist()
-    _, bs, ts, _ = _traits(t.type)
+    # ne and nb (words 2..9 of the struct, int64_t as .ne / .nb read them) unpacked in one go, not two views' tolist
+    ne_nb = _unpack_ne_nb(t._q, 16)
+    ne, nb = ne_nb[:4], ne_nb[4:]
+    _, bs, ts, _ = _traits(t._w.item(_W_TYPE))
     next_nb = ts
     if ne[0] != bs and nb[0] != next_nb:
         return False
