@@ -32,6 +32,7 @@ INT64_MAX = (1 << 63) - 1
 # padding bytes and buffer: zero), ne[4], nb[4], op/op_params/flags/src[10] (zero), view_src, view_offs, data,
 # name/extra/padding (zero) -- the zero words as pad bytes, which struct writes as zeros: 13 values to pack
 _OBJECT_HEADER = struct.Struct("<3Qi")
+_pack_ptr = struct.Struct("<Q").pack_into
 _TENSOR_STRUCT = struct.Struct("<i12x8q152x3Q80x")
 assert _OBJECT_HEADER.size + 4 == C.GGML_OBJECT_SIZE and _TENSOR_STRUCT.size == C.GGML_TENSOR_SIZE
 _ALIGN_M1 = C.GGML_MEM_ALIGN - 1
@@ -241,15 +242,13 @@ class Context:
             raise ContextOutOfMemory(
                 f"ggml_new_object: not enough space in the context's memory pool (needed {need}, available "
                 f"{self.mem_size}) while adding a tensor object of {_TSZ + obj_alloc_size} bytes")
-        objects = self.objects
-        mark = (len(objects), self.n_objects, cur_end,
-                _unpack_object(self._mv, cur_end)[0])
+        objects, mv, base = self.objects, self._mv, self._base
+        mark = (len(objects), self.n_objects, cur_end, _unpack_object(mv, cur_end)[0])
         try:
             offs = cur_end + _OSZ          # obj->offs
-            addr = self._base + offs
+            addr = base + offs
             # the header {offs, size, next = NULL, type} (its 4 padding bytes keep what they held: not written, as
             # in C), then the struct: zero but for type, ne, nb, view_src, view_offs and data
-            mv = self._mv
             _OBJECT_HEADER.pack_into(mv, cur_end, offs, size_needed, 0, _OBJ_TENSOR)
             _TENSOR_STRUCT.pack_into(mv, offs, type_, ne0, ne1, ne2, ne3, *nb,
                                      0 if view_src is None else view_src.addr, view_offs,
@@ -257,8 +256,8 @@ class Context:
             obj = _new_object(Object)          # (Object(cur_end, self) without its __init__ frame)
             obj.hdr_offs, obj.ctx, obj.payload = cur_end, self, None
             if objects:
-                # obj_cur->next = obj_new (a real pointer)
-                self._u64[(objects[-1].hdr_offs >> 3) + 2] = self._base + cur_end
+                # obj_cur->next = obj_new (a real pointer; the header's third word, packed into the arena's bytes)
+                _pack_ptr(mv, objects[-1].hdr_offs + 16, base + cur_end)
             objects.append(obj)
             self._end = need
             t = tensor_in_arena(self, offs, addr)
@@ -427,10 +426,11 @@ def _check_new_tensor(fn: str, type_: int, n_dims: int, ne, view_src, view_offs,
         n_dims = _index(n_dims, fn, "n_dims")
     if not 1 <= n_dims <= C.GGML_MAX_DIMS:
         raise GGMLError(f"{fn}: n_dims must be in 1..{C.GGML_MAX_DIMS}, got {n_dims}")
-    if len(ne) < n_dims:
-        raise GGMLError(f"{fn}: n_dims is {n_dims} but ne has {len(ne)} values")
+    n_ne = len(ne)
+    if n_ne < n_dims:
+        raise GGMLError(f"{fn}: n_dims is {n_dims} but ne has {n_ne} values")
     try:
-        ne = list(map(_index_all, ne[:n_dims]))
+        ne = list(map(_index_all, ne if n_ne == n_dims else ne[:n_dims]))     # (the callers' ne: no slice)
     except TypeError:
         raise GGMLError(f"{fn}: ne must hold integers, got {list(ne[:n_dims])}") from None
     ne4 = ne + _ONES[n_dims] if n_dims < C.GGML_MAX_DIMS else ne

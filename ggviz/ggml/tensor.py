@@ -261,6 +261,9 @@ def arena_rows(tensors, addrs=None):
     return arena, np.where(inside, off // 8, 0), inside, base
 
 
+_TSZ_W, _TSZ_Q = C.GGML_TENSOR_SIZE // 4, C.GGML_TENSOR_SIZE // 8     # (the struct's 32- and 64-bit words)
+
+
 def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
     """ggviz: ``Tensor(ctx.mem_buffer[offs:offs + 336], ctx, addr)`` for a struct at an 8-byte aligned ``offs`` of
     a context's arena, its fields sliced out of the arena's typed views (``ctx._i32`` / ``ctx._u64`` /
@@ -271,8 +274,8 @@ def tensor_in_arena(ctx, offs: int, addr: int) -> Tensor:
     t._raw = None                            # (made when first read)
     t.addr = addr
     w, q = offs >> 2, offs >> 3
-    t._w = ctx._i32[w:w + C.GGML_TENSOR_SIZE // 4]
-    t._q = ctx._u64[q:q + C.GGML_TENSOR_SIZE // 8]
+    t._w = ctx._i32[w:w + _TSZ_W]
+    t._q = ctx._u64[q:q + _TSZ_Q]
     t.ne = ctx._i64[q + 2:q + 6]
     t._nb = t._op_params = None              # (made when first read)
     t.ctx = ctx

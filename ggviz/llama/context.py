@@ -761,7 +761,7 @@ class LlamaContext(context_pool.GraphCache):
 
     def build_graph(self, n_tokens: int, n_outputs: int, n_kv: int):
         b = arch_models.graph_builder(self.model.arch)(self.model, self.kv, self, n_tokens, n_outputs, n_kv,
-                              cb_name=functools.partial(self._graph_cb, n_tokens=n_tokens))
+                              cb_name=functools.partial(self._graph_cb, n_tokens))
         self._build_pins = pins = []
         self._build_norms = norms = []
         try:
@@ -837,10 +837,12 @@ class LlamaContext(context_pool.GraphCache):
                     pins.append((cur, backend))
         return pins
 
-    def _graph_cb(self, cur, name: str, il: int, n_tokens: int) -> None:
+    def _graph_cb(self, n_tokens: int, cur, name: str, il: int) -> None:
         """llama_context::graph_get_cb (after naming): "norm may be automatically assigned to the backend of the
         previous layer, increasing data transfer between backends" -- so for small batches (or a full offload) each
-        layer's norm is pinned to its layer's device (``ggml_backend_sched_set_tensor_backend``: cause "usr")."""
+        layer's norm is pinned to its layer's device (``ggml_backend_sched_set_tensor_backend``: cause "usr").
+        (``n_tokens`` first: the build's partial binds it positionally, a call without a keyword dict to merge --
+        it runs for each of a build's ~700 named tensors.)"""
         if name != "norm" or il == -1:       # (the cheap tests first: this runs for every named tensor)
             return
         if self._build_norms is not None:
