@@ -16,7 +16,9 @@ from .tensor import (
     _Q_SRC,
     _name_pack,
     _name_unpack,
+    _unpack_ne_nb,
     _W_OP,
+    _W_TYPE,
     Tensor,
     are_same_shape,
     can_mul_mat,
@@ -157,7 +159,8 @@ def set_param(t: Tensor) -> None:
 def view_tensor(ctx, src: Tensor, fn: str = "ggml_view_tensor") -> Tensor:
     # the strides are src's (ggml copies them after ggml_new_tensor_impl): passed in, so the view's real extent is
     # checked against its source before anything is written (see Context.new_tensor_impl)
-    result = ctx.new_tensor_impl(src.type, C.GGML_MAX_DIMS, src.ne.tolist(), src, 0, src.nb.tolist(), fn)
+    ne_nb = _unpack_ne_nb(src._q, 16)          # (src's ne and nb, words 2..9, in one unpack)
+    result = ctx.new_tensor_impl(src._w.item(_W_TYPE), C.GGML_MAX_DIMS, ne_nb[:4], src, 0, ne_nb[4:], fn)
     _name_after(result, src, b" (view)")
     return result
 

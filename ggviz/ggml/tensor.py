@@ -468,7 +468,10 @@ def is_contiguous_2(t) -> bool:
 
 
 def is_contiguous_rows(t) -> bool:
-    return t.ne[0] == blck_size(t.type) or t.nb[0] == type_size(t.type)
+    # ne[0] and nb[0] read as the struct's words 2 and 6 (Python ints, no NumPy scalars), the type's traits once
+    _, bs, ts, _ = _traits(t._w.item(_W_TYPE))
+    q = t._q
+    return q.item(2) == bs or q.item(6) == ts
 
 
 def is_contiguously_allocated(t) -> bool:
