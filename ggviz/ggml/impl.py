@@ -69,7 +69,8 @@ def last_log_error() -> str:
 # ---------------------------------------------------------------- type traits (ggml.c: type_traits[])
 
 def _traits(type_):
-    tr = C.TYPE_TRAITS.get(int(type_))
+    # (a Python int -- what the struct's words read as -- looked up as it is: no int() call, ~1,000 a graph build)
+    tr = C.TYPE_TRAITS.get(type_ if type(type_) is int else int(type_))
     if tr is None or tr[2] == 0:
         raise ValueError(f"ggml type {type_} is not a supported ggml_type")
     return tr
