@@ -107,7 +107,8 @@ def new_tensor_4d(ctx, type, ne0, ne1, ne2, ne3):
 
 
 def dup_tensor(ctx, src: Tensor) -> Tensor:
-    return ctx.new_tensor_impl(src.type, C.GGML_MAX_DIMS, src.shape)
+    # (src's type word and ne as a list: what new_tensor_impl takes, without the shape property's tuple)
+    return ctx.new_tensor_impl(src._w.item(_W_TYPE), C.GGML_MAX_DIMS, src.ne.tolist())
 
 
 def set_name(t: Tensor, name: str) -> Tensor:
@@ -397,9 +398,11 @@ def mul_mat(ctx, a, b):
     # ggml_can_mul_mat and !ggml_is_transposed(a), on ne read once (a graph build makes ~200)
     a0, a1, a2, a3 = a.ne.tolist()
     b0, b1, b2, b3 = b.ne.tolist()
-    _require(a0 == b0 and (a2 == 0 or b2 % a2 == 0) and (a3 == 0 or b3 % a3 == 0), "mul_mat",
-             "shapes do not match: need a.ne[0] == b.ne[0] and b.ne[2], b.ne[3] multiples of a's", a, b)
-    _require(not is_transposed(a), "mul_mat", "a must not be transposed (nb[0] > nb[1])", a)
+    ok = a0 == b0 and (a2 == 0 or b2 % a2 == 0) and (a3 == 0 or b3 % a3 == 0)
+    if not ok or is_transposed(a):          # (the messages only when one fails)
+        _require(ok, "mul_mat", "shapes do not match: need a.ne[0] == b.ne[0] and b.ne[2], b.ne[3] multiples of "
+                 "a's", a, b)
+        _require(False, "mul_mat", "a must not be transposed (nb[0] > nb[1])", a)
     r = ctx.new_tensor_impl(C.GGML_TYPE_F32, 4, [a1, b1, b2, b3], None, 0)
     _set_op(r, C.GGML_OP_MUL_MAT, a, b)
     return r
@@ -708,20 +711,29 @@ def get_rows(ctx, a, b):
     return r
 
 
+_F32_F16, _I64_I32 = (C.GGML_TYPE_F32, C.GGML_TYPE_F16), (C.GGML_TYPE_I64, C.GGML_TYPE_I32)
+
+
 def set_rows(ctx, a, b, c):
     """ggml_set_rows: write rows of b into a at the row indices c; returns a view of a."""
     a0, _, a2, a3 = a.ne.tolist()
     b0, b1, b2, b3 = b.ne.tolist()
     c0, c1, c2, c3 = c.ne.tolist()
-    _require(a0 == b0, "set_rows", "a.ne[0] must equal b.ne[0]", a, b)
-    _require(a2 == b2 and a3 == b3, "set_rows", "a and b must agree in ne[2], ne[3]", a, b)
-    _require(b1 == c0, "set_rows", "b.ne[1] must equal the number of indices c.ne[0]", b, c)
+    b_type, c_type = b._w.item(_W_TYPE), c._w.item(_W_TYPE)
     # (x % 0 is 0 for NumPy's int64, which these were compared as)
-    _require((c1 == 0 or b2 % c1 == 0) and (c2 == 0 or b3 % c2 == 0), "set_rows", "c must broadcast over b", b, c)
-    _require(c3 == 1, "set_rows", "c.ne[3] must be 1", c)
-    _require(b.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16), "set_rows", "b must be F32 or F16", b)
-    _require(c.type in (C.GGML_TYPE_I64, C.GGML_TYPE_I32), "set_rows", "indices c must be I64 or I32", c)
-    _require(is_contiguous_rows(a) and is_contiguous_rows(b), "set_rows", "rows must be contiguous", a, b)
+    if not (a0 == b0 and a2 == b2 and a3 == b3 and b1 == c0 and (c1 == 0 or b2 % c1 == 0)
+            and (c2 == 0 or b3 % c2 == 0) and c3 == 1 and b_type in _F32_F16 and c_type in _I64_I32
+            and is_contiguous_rows(a) and is_contiguous_rows(b)):
+        # the checks one by one (a _require call each) only when one fails: the first failing one's message
+        _require(a0 == b0, "set_rows", "a.ne[0] must equal b.ne[0]", a, b)
+        _require(a2 == b2 and a3 == b3, "set_rows", "a and b must agree in ne[2], ne[3]", a, b)
+        _require(b1 == c0, "set_rows", "b.ne[1] must equal the number of indices c.ne[0]", b, c)
+        _require((c1 == 0 or b2 % c1 == 0) and (c2 == 0 or b3 % c2 == 0), "set_rows", "c must broadcast over b",
+                 b, c)
+        _require(c3 == 1, "set_rows", "c.ne[3] must be 1", c)
+        _require(b_type in _F32_F16, "set_rows", "b must be F32 or F16", b)
+        _require(c_type in _I64_I32, "set_rows", "indices c must be I64 or I32", c)
+        _require(False, "set_rows", "rows must be contiguous", a, b)
     r = view_tensor(ctx, a)
     # order is ggml's (legacy): src0 = the rows, src1 = the indices, src2 = the destination
     _set_op(r, C.GGML_OP_SET_ROWS, b, c, a)
