@@ -779,19 +779,31 @@ def flash_attn_ext(ctx, q, k, v, mask, scale, max_bias, logit_softcap):
     mask [n_kv, >= n_tokens, ne2 | n_head, ne3 | ...] F16 (optional). The result is permuted as ggml's:
     [DV, n_head, n_tokens, ne3] F32. op_params: scale, max_bias, logit_softcap (floats 0..2), the precision
     (int 3, ``flash_attn_ext_set_prec``) and n_kv_max (int 4, ``flash_attn_ext_set_n_kv_max``)."""
-    _require(can_mul_mat(k, q), "flash_attn_ext",
-             "shapes do not match: need k.ne[0] == q.ne[0] and q.ne[2], q.ne[3] multiples of k's", k, q)
-    _require(q.ne[3] == k.ne[3] and q.ne[3] == v.ne[3], "flash_attn_ext", "q, k, v must have the same ne[3]", q, k, v)
-    if mask is not None:
-        _require(mask.type == C.GGML_TYPE_F16, "flash_attn_ext", "mask must be F16", mask)
-        _require(is_contiguous(mask), "flash_attn_ext", "mask must be contiguous", mask)
-        _require(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0, "flash_attn_ext",
-                 "mask must broadcast over q in ne[2], ne[3]", q, mask)
+    q0, q1, q2, q3 = q.ne.tolist()
+    k0, _, k2, k3 = k.ne.tolist()
+    v0, _, _, v3 = v.ne.tolist()
+    ok = k0 == q0 and (k2 == 0 or q2 % k2 == 0) and (k3 == 0 or q3 % k3 == 0) and q3 == k3 and q3 == v3
+    if ok and mask is not None:
+        _, _, m2, m3 = mask.ne.tolist()
+        # (a zero divisor goes the checks' way below: x % 0 is 0 for NumPy's int64, an error for Python's)
+        ok = (mask._w.item(_W_TYPE) == C.GGML_TYPE_F16 and is_contiguous(mask) and m2 != 0 and m3 != 0
+              and q2 % m2 == 0 and q3 % m3 == 0)
+    if not ok:
+        # the checks one by one, with their messages, only when one fails
+        _require(can_mul_mat(k, q), "flash_attn_ext",
+                 "shapes do not match: need k.ne[0] == q.ne[0] and q.ne[2], q.ne[3] multiples of k's", k, q)
+        _require(q.ne[3] == k.ne[3] and q.ne[3] == v.ne[3], "flash_attn_ext", "q, k, v must have the same ne[3]",
+                 q, k, v)
+        if mask is not None:
+            _require(mask.type == C.GGML_TYPE_F16, "flash_attn_ext", "mask must be F16", mask)
+            _require(is_contiguous(mask), "flash_attn_ext", "mask must be contiguous", mask)
+            _require(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0, "flash_attn_ext",
+                     "mask must broadcast over q in ne[2], ne[3]", q, mask)
     if max_bias > 0.0:
         _require(mask is not None, "flash_attn_ext", "max_bias (ALiBi) needs a mask", q)
     params = _f32_params(scale, max_bias, logit_softcap, op="flash_attn_ext")
     # permute(0, 2, 1, 3): the heads of a token are next to each other, ready for the output projection
-    ne = [int(v.ne[0]), int(q.ne[2]), int(q.ne[1]), int(q.ne[3])]
+    ne = [v0, q2, q1, q3]
     r = new_tensor(ctx, C.GGML_TYPE_F32, 4, ne)
     set_op_params(r, params)
     _set_op(r, C.GGML_OP_FLASH_ATTN_EXT, q, k, v, mask)
@@ -844,17 +856,22 @@ def prec_set_acc(a, prec: int) -> bool:
 
 def _rope_impl(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
                beta_fast, beta_slow, inplace):
-    _require((mode & 1) == 0, "rope", "mode & 1 == 1 is no longer supported", a)
-    _require(is_vector(b), "rope", "positions b must be a vector", b)
-    _require(b.type == C.GGML_TYPE_I32, "rope", "positions b must be I32", b)
     mrope = bool(mode & C.GGML_ROPE_TYPE_MROPE)
-    if mrope:
-        _require(a.ne[2] * 4 == b.ne[0], "rope", "mrope expects 4 positions per token", a, b)
-    else:
-        _require(a.ne[2] == b.ne[0], "rope", "need one position per token: a.ne[2] == b.ne[0]", a, b)
-    if c is not None:
-        _require(c.type == C.GGML_TYPE_F32, "rope", "freq factors c must be F32", c)
-        _require(c.ne[0] >= n_dims // 2, "rope", "freq factors c must hold n_dims/2 values", c)
+    b0, b1, b2, b3 = b.ne.tolist()
+    if not ((mode & 1) == 0 and b1 == 1 and b2 == 1 and b3 == 1 and b._w.item(_W_TYPE) == C.GGML_TYPE_I32
+            and a.ne.item(2) * (4 if mrope else 1) == b0
+            and (c is None or (c._w.item(_W_TYPE) == C.GGML_TYPE_F32 and c.ne.item(0) >= n_dims // 2))):
+        # the checks one by one (with their messages, on NumPy's scalars as ever) only when one fails
+        _require((mode & 1) == 0, "rope", "mode & 1 == 1 is no longer supported", a)
+        _require(is_vector(b), "rope", "positions b must be a vector", b)
+        _require(b.type == C.GGML_TYPE_I32, "rope", "positions b must be I32", b)
+        if mrope:
+            _require(a.ne[2] * 4 == b.ne[0], "rope", "mrope expects 4 positions per token", a, b)
+        else:
+            _require(a.ne[2] == b.ne[0], "rope", "need one position per token: a.ne[2] == b.ne[0]", a, b)
+        if c is not None:
+            _require(c.type == C.GGML_TYPE_F32, "rope", "freq factors c must be F32", c)
+            _require(c.ne[0] >= n_dims // 2, "rope", "freq factors c must hold n_dims/2 values", c)
     secs = list(sections) if (mrope and sections) else [0, 0, 0, 0]
     params = _pack("rope", "<5i6f4i", 0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale, ext_factor,
                    attn_factor, beta_fast, beta_slow, *secs)
