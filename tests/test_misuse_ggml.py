@@ -149,6 +149,103 @@ def test_bad_call_is_refused_and_changes_nothing(call, pattern):
         gg.free(ctx)
 
 
+# Op checks on their operands (made first; the refused call must change nothing after them): each is
+# (id, operands {name: (type, ne) or a callable of ctx}, the call, the message pattern, or None: accepted). The ops
+# test every condition at once and fall back to the checks one by one only when one fails: the message is the
+# first failing check's, as when each was asked in turn.
+_MASK_T = lambda ctx: gg.transpose(ctx, gg.new_tensor_2d(ctx, F16, 4, 256))  # noqa: E731 - a non-contiguous mask
+_ROPE = (4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+_FA_QKV = {"q": (F32, [64, 4, 9]), "k": (F16, [64, 256, 3]), "v": (F16, [64, 256, 3])}
+OP_CHECKS = [
+    ("set_rows_ok", {"a": (F16, [64, 10]), "b": (F32, [64, 3]), "c": (I64, [3])},
+     lambda ctx, o: gg.set_rows(ctx, o["a"], o["b"], o["c"]), None),
+    ("set_rows_ne0", {"a": (F16, [64, 10]), "b": (F32, [32, 3]), "c": (I64, [3])},
+     lambda ctx, o: gg.set_rows(ctx, o["a"], o["b"], o["c"]), r"ggml_set_rows: a.ne\[0\] must equal b.ne\[0\]"),
+    ("set_rows_ne2", {"a": (F16, [64, 10, 2]), "b": (F32, [64, 3]), "c": (I64, [3])},
+     lambda ctx, o: gg.set_rows(ctx, o["a"], o["b"], o["c"]), r"a and b must agree in ne\[2\], ne\[3\]"),
+    ("set_rows_n_indices", {"a": (F16, [64, 10]), "b": (F32, [64, 3]), "c": (I64, [4])},
+     lambda ctx, o: gg.set_rows(ctx, o["a"], o["b"], o["c"]), r"b.ne\[1\] must equal the number of indices"),
+    ("set_rows_broadcast", {"a": (F16, [64, 10, 3]), "b": (F32, [64, 3, 3]), "c": (I64, [3, 2])},
+     lambda ctx, o: gg.set_rows(ctx, o["a"], o["b"], o["c"]), r"c must broadcast over b"),
+    ("set_rows_c_ne3", {"a": (F16, [64, 10]), "b": (F32, [64, 3]), "c": (I64, [3, 1, 1, 2])},
+     lambda ctx, o: gg.set_rows(ctx, o["a"], o["b"], o["c"]), r"c.ne\[3\] must be 1"),
+    ("set_rows_b_type", {"a": (F16, [64, 10]), "b": (I32, [64, 3]), "c": (I64, [3])},
+     lambda ctx, o: gg.set_rows(ctx, o["a"], o["b"], o["c"]), r"b must be F32 or F16"),
+    ("set_rows_c_type", {"a": (F16, [64, 10]), "b": (F32, [64, 3]), "c": (F32, [3])},
+     lambda ctx, o: gg.set_rows(ctx, o["a"], o["b"], o["c"]), r"indices c must be I64 or I32"),
+    ("set_rows_rows", {"a": (F16, [64, 10]), "b": lambda ctx: gg.transpose(ctx, gg.new_tensor_2d(ctx, F32, 3, 64)),
+                       "c": (I64, [3])},
+     lambda ctx, o: gg.set_rows(ctx, o["a"], o["b"], o["c"]), r"ggml_set_rows: rows must be contiguous"),
+    ("mul_mat_ok", {"a": (F32, [64, 10]), "b": (F32, [64, 3])}, lambda ctx, o: gg.mul_mat(ctx, o["a"], o["b"]), None),
+    ("mul_mat_shape", {"a": (F32, [64, 10]), "b": (F32, [32, 3])},
+     lambda ctx, o: gg.mul_mat(ctx, o["a"], o["b"]), r"ggml_mul_mat: shapes do not match"),
+    ("mul_mat_transposed", {"a": lambda ctx: gg.transpose(ctx, gg.new_tensor_2d(ctx, F32, 10, 64)),
+                            "b": (F32, [64, 3])},
+     lambda ctx, o: gg.mul_mat(ctx, o["a"], o["b"]), r"ggml_mul_mat: a must not be transposed"),
+    ("mul_mat_both", {"a": lambda ctx: gg.transpose(ctx, gg.new_tensor_2d(ctx, F32, 10, 64)), "b": (F32, [32, 3])},
+     lambda ctx, o: gg.mul_mat(ctx, o["a"], o["b"]), r"ggml_mul_mat: shapes do not match"),
+    ("rope_ok", {"a": (F32, [64, 9, 4]), "b": (I32, [4]), "c": (F32, [32])},
+     lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], o["c"], 64, 2, *_ROPE), None),
+    ("rope_mode_1", {"a": (F32, [64, 9, 4]), "b": (I32, [4])},
+     lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], None, 64, 1, *_ROPE), r"mode & 1 == 1 is no longer supported"),
+    ("rope_positions_not_a_vector", {"a": (F32, [64, 9, 4]), "b": (I32, [4, 2])},
+     lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], None, 64, 0, *_ROPE), r"positions b must be a vector"),
+    ("rope_positions_type", {"a": (F32, [64, 9, 4]), "b": (F32, [4])},
+     lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], None, 64, 0, *_ROPE), r"positions b must be I32"),
+    ("rope_one_position_per_token", {"a": (F32, [64, 9, 4]), "b": (I32, [5])},
+     lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], None, 64, 0, *_ROPE), r"need one position per token"),
+    ("rope_mrope_ok", {"a": (F32, [64, 9, 4]), "b": (I32, [16])},
+     lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], None, 64, 8, *_ROPE), None),
+    ("rope_mrope_positions", {"a": (F32, [64, 9, 4]), "b": (I32, [4])},
+     lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], None, 64, 8, *_ROPE), r"mrope expects 4 positions per token"),
+    ("rope_freq_factors_type", {"a": (F32, [64, 9, 4]), "b": (I32, [4]), "c": (F16, [32])},
+     lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], o["c"], 64, 0, *_ROPE), r"freq factors c must be F32"),
+    ("rope_freq_factors_size", {"a": (F32, [64, 9, 4]), "b": (I32, [4]), "c": (F32, [16])},
+     lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], o["c"], 64, 0, *_ROPE), r"freq factors c must hold n_dims/2"),
+    ("flash_attn_ok", dict(_FA_QKV, m=(F16, [256, 4])),
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], o["m"], 0.125, 0.0, 0.0), None),
+    ("flash_attn_empty_mask_dim", dict(_FA_QKV, m=(F16, [256, 4, 0])),      # (x % 0 is 0 for NumPy's int64)
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], o["m"], 0.125, 0.0, 0.0), None),
+    ("flash_attn_shape", dict(_FA_QKV, q=(F32, [32, 4, 9])),
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], None, 0.125, 0.0, 0.0),
+     r"ggml_flash_attn_ext: shapes do not match"),
+    ("flash_attn_heads", dict(_FA_QKV, q=(F32, [64, 4, 8])),
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], None, 0.125, 0.0, 0.0),
+     r"ggml_flash_attn_ext: shapes do not match"),
+    ("flash_attn_ne3", {"q": (F32, [64, 4, 9, 2]), "k": (F16, [64, 256, 3, 2]), "v": (F16, [64, 256, 3])},
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], None, 0.125, 0.0, 0.0),
+     r"q, k, v must have the same ne\[3\]"),
+    ("flash_attn_mask_type", dict(_FA_QKV, m=(F32, [256, 4])),
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], o["m"], 0.125, 0.0, 0.0), r"mask must be F16"),
+    ("flash_attn_mask_contiguous", dict(_FA_QKV, m=_MASK_T),
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], o["m"], 0.125, 0.0, 0.0),
+     r"mask must be contiguous"),
+    ("flash_attn_mask_broadcast", dict(_FA_QKV, m=(F16, [256, 4, 2])),
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], o["m"], 0.125, 0.0, 0.0),
+     r"mask must broadcast over q in ne\[2\], ne\[3\]"),
+    ("flash_attn_alibi_without_mask", dict(_FA_QKV),
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], None, 0.125, 8.0, 0.0),
+     r"max_bias \(ALiBi\) needs a mask"),
+]
+
+
+@pytest.mark.parametrize("operands,call,pattern", [c[1:] for c in OP_CHECKS], ids=[c[0] for c in OP_CHECKS])
+def test_op_checks_refuse_with_the_first_failing_message(operands, call, pattern):
+    ctx = gg.init(SIZE, None, True)
+    try:
+        o = {k: (v(ctx) if callable(v) else gg.new_tensor(ctx, v[0], len(v[1]), v[1])) for k, v in operands.items()}
+        snap = _snapshot(ctx)
+        if pattern is None:
+            r = call(ctx, o)
+            assert ctx.n_objects == snap[3] + 1 and r.op != gg.GGML_OP_NONE
+        else:
+            with pytest.raises(gg.GGMLError, match=pattern):
+                call(ctx, o)
+            _assert_unchanged(ctx, snap)
+    finally:
+        gg.free(ctx)
+
+
 def _valid_calls(ctx, a):
     """A few valid calls after the bad ones: views, a graph, a compute through the views."""
     v = gg.set_name(gg.view_2d(ctx, a, 4, 2, 32, 16), "v")        # rows a[4:8], a[12:16]
