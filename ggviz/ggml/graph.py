@@ -366,14 +366,13 @@ def _settled(src: Tensor, compute: bool) -> bool:
     it: a weight, a norm or a residual read again). False: a source of it other than a leaf still lacks the compute
     flag (the call recurses: the caller makes it)."""
     if compute:
-        for a in _unpack_srcs(src._q, _SRC_OFFS):
-            if a:
-                s = tensor_at(a)
-                if not (s._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_COMPUTE) and (
-                        s._w.item(_W_OP) != C.GGML_OP_NONE or any(_unpack_srcs(s._q, _SRC_OFFS))):
-                    # (a source without the flag is visited again, which changes nothing for a leaf -- op NONE,
-                    # no sources: it never gets the flag and has nothing to visit -- and may for anything else)
-                    return False
+        for a in filter(None, _unpack_srcs(src._q, _SRC_OFFS)):      # (its non-NULL sources)
+            s = tensor_at(a)
+            if not (s._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_COMPUTE) and (
+                    s._w.item(_W_OP) != C.GGML_OP_NONE or any(_unpack_srcs(s._q, _SRC_OFFS))):
+                # (a source without the flag is visited again, which changes nothing for a leaf -- op NONE,
+                # no sources: it never gets the flag and has nothing to visit -- and may for anything else)
+                return False
         w = src._w
         if w.item(_W_OP) != C.GGML_OP_NONE:
             w[_W_FLAGS] = w.item(_W_FLAGS) | C.GGML_TENSOR_FLAG_COMPUTE

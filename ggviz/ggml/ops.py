@@ -941,14 +941,19 @@ def relu_inplace(ctx, a):
 
 
 def _glu(ctx, a, b, gop, swapped):
-    _require(is_contiguous_1(a), "glu", "a must be contiguous in dims >= 1", a)
-    if b is not None:
-        _require(is_contiguous_1(b), "glu", "b must be contiguous in dims >= 1", b)
-        _require(are_same_shape(a, b), "glu", "a and b must have the same shape", a, b)
-        _require(a.type == b.type, "glu", "a and b must have the same type", a, b)
-    ne = a.shape if b is not None else (int(a.ne[0]) // 2,) + a.shape[1:]
+    a_type, ne = a._w.item(_W_TYPE), a.ne.tolist()
+    if not is_contiguous_1(a) or (b is not None and not (
+            is_contiguous_1(b) and b.ne.tolist() == ne and b._w.item(_W_TYPE) == a_type)):
+        # the checks one by one, with their messages, only when one fails
+        _require(is_contiguous_1(a), "glu", "a must be contiguous in dims >= 1", a)
+        if b is not None:
+            _require(is_contiguous_1(b), "glu", "b must be contiguous in dims >= 1", b)
+            _require(are_same_shape(a, b), "glu", "a and b must have the same shape", a, b)
+            _require(a.type == b.type, "glu", "a and b must have the same type", a, b)
+    if b is None:
+        ne[0] //= 2
     params = _pack("glu", "<2i", gop, int(swapped))
-    r = ctx.new_tensor_impl(a.type, C.GGML_MAX_DIMS, ne, None, 0)
+    r = ctx.new_tensor_impl(a_type, C.GGML_MAX_DIMS, ne, None, 0)
     set_op_params(r, params)
     _set_op(r, C.GGML_OP_GLU, a, b)
     return r
