@@ -701,11 +701,9 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
             node_ids[len(gc_nodes)] = split.backend_id
             gc_nodes.append(input_cpy)
 
-        # the split's nodes and their backends, appended as slices (a split is most of a graph: ~1,000 nodes)
-        i_start, i_end = split.i_start, split.i_end
-        n0 = len(gc_nodes)
-        node_ids[n0:n0 + i_end - i_start] = array.array("i", [tbid[h] for h in hid[i_start:i_end]])
-        gc_nodes += nodes[i_start:i_end]
+        for j in range(split.i_start, split.i_end):
+            node_ids[len(gc_nodes)] = tbid[hid[j]]
+            gc_nodes.append(nodes[j])
 
     if sched.n_copies > 1:
         # add input copies as leafs so that they are allocated first
@@ -727,10 +725,9 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
                     gc_leafs.append(input_cpy)
 
     # add leafs from the original graph
-    # (their hash ids asked in order, as the loop of hash_id calls would: _hash_ids; backends and tensors as slices)
-    n0 = len(gc_leafs)
-    leaf_ids[n0:n0 + len(leafs)] = array.array("i", [tbid[h] for h in _hash_ids(sched, leafs)])
-    gc_leafs += leafs
+    for leaf in leafs:
+        leaf_ids[len(gc_leafs)] = tbid[_hash_id(sched, leaf)]
+        gc_leafs.append(leaf)
 
     sched.graph.nodes = gc_nodes
     sched.graph.leafs = gc_leafs
