@@ -328,9 +328,17 @@ def _supports(sched, b: int, op: Tensor) -> bool:
     """ggml_backend_supports_op(sched->backends[b], op), the answer recorded while a split records its memo.
     (ggml_backend_supports_op -> ggml_backend_dev_supports_op -> the device's supports_op, called straight.)"""
     dev = sched.backends[b].device
-    r = bool(dev.iface.supports_op(dev, op))
-    if sched._queries is not None:
-        sched._queries.append((op.addr, b, False, r))
+    qs = sched._queries
+    if qs is None:
+        return bool(dev.iface.supports_op(dev, op))
+    # (recording: with the shapes the answer read, where the device says -- ggml_backend_device_i.supports_op_reads)
+    f = dev.iface.supports_op_reads
+    if f is None:
+        r, reads = bool(dev.iface.supports_op(dev, op)), None
+    else:
+        r, reads = f(dev, op)
+        r = bool(r)
+    qs.append((op.addr, b, False, r, reads))
     return r
 
 
@@ -350,7 +358,7 @@ def _offloads(sched, b: int, op: Tensor) -> bool:
     """ggml_backend_offload_op(sched->backends[b], op), recorded as ``_supports``."""
     r = B.backend_offload_op(sched.backends[b], op)
     if sched._queries is not None:
-        sched._queries.append((op.addr, b, True, r))
+        sched._queries.append((op.addr, b, True, r, None))
     return r
 
 
@@ -750,7 +758,8 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
 # of its last split except ne/nb, split against the same starting tables, with every recorded supports_op /
 # offload_op answer about a reshaped tensor or a consumer of one still the same, gets the same backends, causes
 # and hash slots: they are put back instead of computed. (Backends answer from the op and its direct sources, as
-# ggml's do.) Anything else -- another node list, another field changed, a tensor outside the graph's arena
+# ggml's do. A device that says which shapes an answer reads -- ggml_backend_device_i.supports_op_reads; the
+# CPU's read one for a few ops only -- is asked again only where one of those changed.) Anything else -- another node list, another field changed, a tensor outside the graph's arena
 # changed, another answer, a trace listener (the views read the passes' events) -- runs the passes.
 #
 # Other pins, one backend. llama's graph callback pins each layer's "norm" below 32 tokens (cause "usr"), so a
@@ -796,7 +805,7 @@ _UNSET = object()
 
 
 class _SplitMemo:
-    __slots__ = ("key", "addrs", "rows", "words", "ext", "ext_bytes", "pre", "post", "queries", "hid",
+    __slots__ = ("key", "addrs", "rows", "words", "ext", "ext_bytes", "pre", "post", "queries", "reads", "hid",
                  "isview", "pass5", "n_leafs", "plain", "form")
 
 
@@ -891,6 +900,7 @@ def _split_memo_end(sched, graph, pre, queries, hid, isview, plain):
     m.ext_bytes = b"".join(t.raw.tobytes() for t in ext)
     m.pre, m.post = pre, _tables(sched)
     m.queries, m.hid, m.isview = queries, list(hid), list(isview)
+    m.reads = None                           # (made when first needed: _query_reads)
     m.pass5 = None
     m.n_leafs, m.plain = len(graph.leafs), plain
     m.form = _UNSET                          # (made when first needed: _memo_form)
@@ -1034,28 +1044,50 @@ def _memo_holds(sched, graph, m) -> bool:
     reshaped = diff.any(axis=1)
     if reshaped.any():
         base = graph.ctx.mem_buffer.ctypes.data
-        # the reshaped tensors and those that read one (a backend's answer may look at its sources' shapes): a
-        # reference is an arena word offset, looked up in a table of the reshaped structs' first words
-        at = np.zeros(arena.size, bool)
-        at[m.rows[reshaped]] = True
-        refs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC + 1].view(np.int64) - base      # src[] and view_src
-        inside = (refs >= 0) & (refs < arena.size * 8) & (refs % 8 == 0)
-        hit = reshaped | (inside & at[np.where(inside, refs // 8, 0)]).any(axis=1)
-        affected = set((m.rows[hit] * 8 + base).tolist())
+        rows = m.rows[reshaped]
+        shaped = set((rows * 8 + base).tolist())        # the reshaped structs' addresses
+        reads = m.reads
+        if reads is None:
+            reads = m.reads = _query_reads(m.queries)
+        affected = None
         backends = sched.backends
-        for addr, b, offload, answer in m.queries:
-            if addr in affected:
-                if offload:
-                    now = B.backend_offload_op(backends[b], tensor_at(addr))
-                else:
-                    dev = backends[b].device           # (as _supports asks)
-                    now = bool(dev.iface.supports_op(dev, tensor_at(addr)))
-                if now != answer:
-                    return False
+        queries = m.queries
+        for k, r in reads:
+            addr, b, offload, answer, _ = queries[k]
+            if r is None:
+                # an answer the device does not say it reads no shape for: asked again if the op or a tensor it
+                # reads (a source, its view source) was reshaped -- a reference is an arena word offset, looked up
+                # in a table of the reshaped structs' first words
+                if affected is None:
+                    at = np.zeros(arena.size, bool)
+                    at[rows] = True
+                    refs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC + 1].view(np.int64) - base   # src[], view_src
+                    inside = (refs >= 0) & (refs < arena.size * 8) & (refs % 8 == 0)
+                    hit = reshaped | (inside & at[np.where(inside, refs // 8, 0)]).any(axis=1)
+                    affected = set((m.rows[hit] * 8 + base).tolist())
+                if addr not in affected:
+                    continue
+            elif shaped.isdisjoint(r):
+                continue                               # (none of the shapes it reads changed)
+            if offload:
+                now = B.backend_offload_op(backends[b], tensor_at(addr))
+            else:
+                dev = backends[b].device               # (as _supports asks)
+                now = bool(dev.iface.supports_op(dev, tensor_at(addr)))
+            if now != answer:
+                return False
         # every answer the memo holds is the backends' answer about these structs too: the memo now describes them
         # (the next split of this shape reads no answer again)
         m.words = words
     return True
+
+
+def _query_reads(queries) -> list:
+    """The recorded answers that may have read a shape (_memo_holds asks only those again): ``(k, reads)`` for each
+    query ``k`` whose device said its answer read the shapes of the tensors ``reads`` (addresses; answers that read
+    none are left out), or with ``reads`` None -- an offload_op answer, or a device that does not say
+    (ggml_backend_device_i.supports_op_reads): any shape of the op and its sources."""
+    return [(k, q[4]) for k, q in enumerate(queries) if q[4] is None or q[4]]
 
 
 def _split_memo_apply(sched, m, unpin=None):
@@ -1179,8 +1211,9 @@ def split_memo_copy(src, dst, lo: int, hi: int, delta: int, ptr_words) -> None:
         w[:, ptr_words] = cols
         r.words = w
         r.pre = r.post = r.hid = None
-        q = list(zip(*m.queries)) if m.queries else [(), (), (), ()]
-        r.queries = list(zip(mv(q[0]), q[1], q[2], q[3]))
+        q = list(zip(*m.queries)) if m.queries else [(), (), (), (), ()]
+        r.queries = list(zip(mv(q[0]), q[1], q[2], q[3], [rd if not rd else tuple(mv(rd)) for rd in q[4]]))
+        r.reads = None
         g = r.form = _MemoForm()
         order = mv(f.order)
         g.order, g.tb, g.cause, g.has_cause = order, f.tb, f.cause, f.has_cause

@@ -472,6 +472,17 @@ class ExtraBufferType:
                 return s1._w.item(_W_TYPE) == GGML_TYPE_F32
         return False
 
+    def supports_op_reads(self, dev, op: Tensor):
+        """ggviz: ``supports_op``'s answer and the tensors whose shape it read (ggml_backend_device_i
+        .supports_op_reads): a MUL_MAT's weight when it has a buffer (n_dims, get_optimal_repack_type); the rest
+        reads op codes, types and buffers only."""
+        r = self.supports_op(dev, op)
+        if op._w.item(_W_OP) == C.GGML_OP_MUL_MAT:
+            a = op._q.item(_Q_SRC)
+            if tensor_at(a)._q.item(_Q_BUFFER):
+                return r, (a,)
+        return r, ()
+
     def get_tensor_traits(self, op: Tensor):
         if op.op == C.GGML_OP_MUL_MAT:
             s0 = op.src[0]
