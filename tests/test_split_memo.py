@@ -15,9 +15,12 @@ graph (split_memo_copy, llama/graph_copy.py), against the real passes.
   contexts' graphs, an answer said to read no shape is the same with the shapes scrambled and at every shape split
   (oracle: supports_op itself); an OUT_PROD whose answer reads its sources' ne[2] is asked again and, mismatched,
   turns the memo down.
+* _insert_in_order's linear probing over a byte per slot against ggml_hash_find_or_insert one key after the other
+  (collisions, used slots, across the table's end; a full set).
 """
 from __future__ import annotations
 
+import sys
 
 import numpy as np
 import pytest
@@ -242,7 +245,8 @@ def test_colliding_home_slots_are_inserted_in_the_passes_order(monkeypatch):
 
     def spy(sched, addrs, home=None):
         hs = sched.hash_set
-        seen.append(len({(a >> 4) % hs.size for a in addrs}) < len(addrs))
+        if sys._getframe(1).f_code.co_name == "_split_memo_move":      # (pass 1's _hash_ids inserts this way too)
+            seen.append(len({(a >> 4) % hs.size for a in addrs}) < len(addrs))
         return real(sched, addrs, home)
 
     monkeypatch.setattr(S, "_insert_in_order", spy)
@@ -392,3 +396,42 @@ def test_an_answer_that_reads_a_shape_is_asked_again(monkeypatch):
     for t in (a, b, p, z):
         reshape(t, 2)
     assert match() == (m, None) and set(asked) == {p.addr, z.addr}
+
+
+def test_keys_inserted_in_order_as_find_or_insert_does(monkeypatch):
+    """_insert_in_order (pass 1's _hash_ids, the moved memo) against ggml_hash_find_or_insert one key after the
+    other: keys whose home slots collide with each other, with used slots and across the table's end, land where
+    the one-by-one insertion puts them; a set too small raises and is left as it was."""
+    cpu = _cpu()
+    rng = np.random.default_rng(7)
+
+    def tables(at_once, pre, addrs):
+        monkeypatch.setattr(S, "PLACE_AT_ONCE", at_once)
+        sched = S.backend_sched_new([cpu], None, 1, 64, False, True)
+        size = sched.hash_set.size
+        for a in pre:
+            sched._slot[a] = sched.hash_set.find_or_insert(a)
+        pos = S._insert_in_order(sched, list(addrs))
+        hs = sched.hash_set
+        u = S._used_slots(hs, hs.used)
+        return size, (pos, hs.used.tolist(), hs.keys[u].tolist(), list(sched._slot.items()))
+
+    size, _ = tables(False, [], [])
+    for trial in range(20):
+        homes = rng.integers(0, size, 40)
+        homes[:6] = [size - 1, size - 1, size - 2, 0, 0, 1]            # (a cluster across the end)
+        keys = [(int(h) + size * k) << 4 for k, h in enumerate(homes.tolist(), 1)]
+        pre = [(int(h) + size * 1000 * (k + 1)) << 4 for k, h in enumerate(rng.integers(0, size, 20).tolist())]
+        pre += [(size - 1 + size * 5000) << 4]
+        keys = [k for k in dict.fromkeys(keys) if k not in pre]
+        _, want = tables(False, pre, keys)
+        _, got = tables(True, pre, keys)
+        assert got == want, trial
+    # more keys than free slots: GGMLError, nothing inserted
+    monkeypatch.setattr(S, "PLACE_AT_ONCE", True)
+    sched = S.backend_sched_new([cpu], None, 1, 64, False, True)
+    hs = sched.hash_set
+    before = (hs.used.copy(), hs.keys.copy())
+    with pytest.raises(gg.GGMLError, match="hash set is full"):
+        S._insert_in_order(sched, [(k + 1) << 4 for k in range(size + 1)])
+    assert np.array_equal(hs.used, before[0]) and np.array_equal(hs.keys, before[1]) and not sched._slot
