@@ -372,9 +372,17 @@ def _offloads(sched, b: int, op: Tensor) -> bool:
 
 
 def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
-    buffer = _buffer_of(tensor)
-    if buffer is None:
+    q = tensor._q
+    vs = q.item(_Q_VIEW_SRC)
+    return _backend_from_buffer_at(sched, tensor_at(vs)._q.item(_Q_BUFFER) if vs else q.item(_Q_BUFFER), tensor, op)
+
+
+def _backend_from_buffer_at(sched, buf: int, tensor: Tensor, op: Tensor) -> int:
+    """backend_sched_backend_from_buffer with ``buf``, the address of the tensor's buffer (its view source's for
+    a view: ``tensor->view_src ? tensor->view_src->buffer : tensor->buffer``), read already."""
+    if not buf:
         return -1
+    buffer = B.buffer_at(buf)
     # find highest prio backend that supports the buffer type and the op
     # (_supports_buft's cache read inline: pass 1 asks this for every weight and every op on one, ~800 a graph)
     buft = buffer.buft
@@ -390,67 +398,91 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
     return -1
 
 
-def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
-    """The backend that should be used for the node based on the current locations (pass 1)."""
+def _cause_at(sched, t: Tensor, h, cause: str, backend_id: int) -> None:
+    """SET_CAUSE with ``h``, the tensor's hash slot, known (None: looked up)."""
+    if h is None or trace.active:
+        SET_CAUSE(sched, t, cause, backend_id)
+    else:
+        sched.causes[h] = cause
+
+
+_WEIGHTS = B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+_NO_WEIGHTS_TEST = (C.GGML_OP_ROPE, C.GGML_OP_FLASH_ATTN_EXT)
+
+
+def backend_sched_backend_id_from_cur(sched, tensor: Tensor, h: int | None = None) -> int:
+    """The backend that should be used for the node based on the current locations (pass 1). (``h``: the
+    tensor's hash slot, when the caller has it. Each struct word below is read once, the buffers' addresses passed
+    on: pass 1 asks this for ~800 tensors of a graph.)"""
     q = tensor._q
     # (a tensor with no buffer, neither its own nor its view source's -- most of a graph's nodes, views of them
     # included -- goes straight to the checks below: the three above it find no buffer and return -1 without
     # asking a backend)
     vs = q.item(_Q_VIEW_SRC)
-    if q.item(_Q_BUFFER) or (vs and tensor_at(vs)._q.item(_Q_BUFFER)):
+    own = q.item(_Q_BUFFER)
+    vbuf = tensor_at(vs)._q.item(_Q_BUFFER) if vs else 0
+    if own or vbuf:
         # assign pre-allocated nodes to their backend
-        cur_backend_id = backend_sched_backend_from_buffer(sched, tensor, tensor)
+        cur_backend_id = _backend_from_buffer_at(sched, vbuf if vs else own, tensor, tensor)
         if cur_backend_id != -1:
-            SET_CAUSE(sched, tensor, "1.dst", cur_backend_id)
+            _cause_at(sched, tensor, h, "1.dst", cur_backend_id)
             return cur_backend_id
 
         # view_src
-        if tensor.view_src is not None:
-            cur_backend_id = backend_sched_backend_from_buffer(sched, tensor.view_src, tensor)
+        if vs:
+            v = tensor_at(vs)
+            vq = v._q
+            vvs = vq.item(_Q_VIEW_SRC)
+            cur_backend_id = _backend_from_buffer_at(
+                sched, tensor_at(vvs)._q.item(_Q_BUFFER) if vvs else vbuf, v, tensor)
             if cur_backend_id != -1:
-                SET_CAUSE(sched, tensor, "1.vsrc", cur_backend_id)
+                _cause_at(sched, tensor, h, "1.vsrc", cur_backend_id)
                 return cur_backend_id
 
-        if tensor.buffer or (tensor.view_src is not None and tensor.view_src.buffer):
-            # since the tensor is pre-allocated, it cannot be moved to another backend
-            buffer = _buffer_of(tensor)
-            raise GGMLError(f"pre-allocated tensor ({tensor.name}) in a buffer ({B.backend_buffer_name(buffer)}) "
-                            f"that cannot run the operation ({op_desc(tensor)})")
+        # (own or vbuf: the tensor is pre-allocated, in its own buffer or its view source's)
+        # since the tensor is pre-allocated, it cannot be moved to another backend
+        buffer = _buffer_of(tensor)
+        raise GGMLError(f"pre-allocated tensor ({tensor.name}) in a buffer ({B.backend_buffer_name(buffer)}) "
+                        f"that cannot run the operation ({op_desc(tensor)})")
 
     # graph input
-    if tensor._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_INPUT:
+    w = tensor._w
+    if w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_INPUT:
         cur_backend_id = sched.n_backends - 1      # last backend (assumed CPU)
-        SET_CAUSE(sched, tensor, "1.inp", cur_backend_id)
+        _cause_at(sched, tensor, h, "1.inp", cur_backend_id)
         return cur_backend_id
 
     # operations with weights are preferably run on the same backend as the weights
-    allow = True
-    op = tensor._w.item(_W_OP)
     # skip ROPE since the rope freqs tensor is too small to choose a backend based on it
-    allow = allow and op != C.GGML_OP_ROPE
     # skip FLASH_ATTN_EXT since the sinks tensor is too small to choose a based based on it
-    allow = allow and op != C.GGML_OP_FLASH_ATTN_EXT
-
-    if allow:
+    if w.item(_W_OP) not in _NO_WEIGHTS_TEST:
         for i, a in enumerate(q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
             if not a:
                 continue
             src = tensor_at(a)
-            sb = src._q.item(_Q_BUFFER)
-            src_buf = B.buffer_at(sb) if sb else None
-            if src_buf is not None and src_buf.usage == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
-                src_backend_id = backend_sched_backend_from_buffer(sched, src, tensor)
+            sq = src._q
+            sb = sq.item(_Q_BUFFER)
+            if not sb:
+                continue
+            src_buf = B.buffer_at(sb)
+            if src_buf._w.item(B._W_BUF_USAGE) == _WEIGHTS:          # (src_buf->usage)
+                svs = sq.item(_Q_VIEW_SRC)
+                src_backend_id = _backend_from_buffer_at(sched, tensor_at(svs)._q.item(_Q_BUFFER) if svs else sb,
+                                                         src, tensor)
                 # check if a backend with higher prio wants to offload the op
                 # (with one backend there is no higher-prio backend to ask: is_host is not asked for nothing)
                 if (sched.op_offload and src_backend_id == sched.n_backends - 1 and src_backend_id > 0
                         and B.backend_buffer_is_host(src_buf)):
                     for b in range(src_backend_id):
                         if _supports(sched, b, tensor) and _offloads(sched, b, tensor):
-                            SET_CAUSE(sched, tensor, "1.off", b)
+                            _cause_at(sched, tensor, h, "1.off", b)
                             return b
-                SET_CAUSE(sched, tensor, f"1.wgt{i}", src_backend_id)
+                _cause_at(sched, tensor, h, _WGT_CAUSES[i], src_backend_id)
                 return src_backend_id
     return -1
+
+
+_WGT_CAUSES = tuple(f"1.wgt{i}" for i in range(C.GGML_MAX_SRC))
 
 
 def backend_sched_buffer_supported(sched, t: Tensor, backend_id: int) -> bool:
@@ -1272,14 +1304,14 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
     for leaf, h in zip(leafs, _hash_ids(sched, leafs)):
         # do not overwrite user assignments
         if tbid[h] == -1:
-            tbid[h] = backend_sched_backend_id_from_cur(sched, leaf)
+            tbid[h] = backend_sched_backend_id_from_cur(sched, leaf, h)
     hid = _hash_ids(sched, nodes)
     ops, vss, srcs, unplaced = _node_words(nodes)
     isview = [o in _VIEW_OPS for o in ops]                      # ggml_is_view_op
     for node, h, skip in zip(nodes, hid, unplaced):
         # do not overwrite user assignments
         if tbid[h] == -1 and not skip:
-            tbid[h] = backend_sched_backend_id_from_cur(sched, node)
+            tbid[h] = backend_sched_backend_id_from_cur(sched, node, h)
 
     # pass 2: expand current backend assignments
     # assign the same backend to adjacent nodes
