@@ -750,9 +750,10 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
             node_ids[len(gc_nodes)] = split.backend_id
             gc_nodes.append(input_cpy)
 
-        for j in range(split.i_start, split.i_end):
-            node_ids[len(gc_nodes)] = tbid[hid[j]]
-            gc_nodes.append(nodes[j])
+        # (the split's nodes and their ids in one slice each: node_ids is a C int array)
+        k, i0, i1 = len(gc_nodes), split.i_start, split.i_end
+        node_ids[k:k + i1 - i0] = array.array("i", [tbid[h] for h in hid[i0:i1]])
+        gc_nodes.extend(nodes[i0:i1])
 
     if sched.n_copies > 1:
         # add input copies as leafs so that they are allocated first
@@ -774,9 +775,15 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
                     gc_leafs.append(input_cpy)
 
     # add leafs from the original graph
+    # (hash_id(leaf): the slot pass 1 found, nearly always; their ids in one slice)
+    slot = sched._slot
+    k = len(gc_leafs)
+    ids = []
     for leaf in leafs:
-        leaf_ids[len(gc_leafs)] = tbid[_hash_id(sched, leaf)]
-        gc_leafs.append(leaf)
+        h = slot.get(leaf.addr)
+        ids.append(tbid[_hash_id(sched, leaf) if h is None else h])
+    leaf_ids[k:k + len(ids)] = array.array("i", ids)
+    gc_leafs.extend(leafs)
 
     sched.graph.nodes = gc_nodes
     sched.graph.leafs = gc_leafs
