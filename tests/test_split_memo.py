@@ -11,9 +11,16 @@ graph (split_memo_copy, llama/graph_copy.py), against the real passes.
   passes' order, the same slots as the passes; and the first-context cases with the at-once placement turned off.
 * Small graphs on one backend: pins added, removed, swapped.
 * Outside the conditions the passes run: two backends, no node assigned in pass 1, a pin on a leaf.
+* The answers asked again after a reshape (the device's supports_op_reads): for every leaf and node of the first
+  contexts' graphs, an answer said to read no shape is the same with the shapes scrambled and at every shape split
+  (oracle: supports_op itself); an OUT_PROD whose answer reads its sources' ne[2] is asked again and, mismatched,
+  turns the memo down.
+* _insert_in_order's linear probing over a byte per slot against ggml_hash_find_or_insert one key after the other
+  (collisions, used slots, across the table's end; a full set).
 """
 from __future__ import annotations
 
+import sys
 
 import numpy as np
 import pytest
@@ -238,7 +245,8 @@ def test_colliding_home_slots_are_inserted_in_the_passes_order(monkeypatch):
 
     def spy(sched, addrs, home=None):
         hs = sched.hash_set
-        seen.append(len({(a >> 4) % hs.size for a in addrs}) < len(addrs))
+        if sys._getframe(1).f_code.co_name == "_split_memo_move":      # (pass 1's _hash_ids inserts this way too)
+            seen.append(len({(a >> 4) % hs.size for a in addrs}) < len(addrs))
         return real(sched, addrs, home)
 
     monkeypatch.setattr(S, "_insert_in_order", spy)
@@ -278,3 +286,152 @@ def test_outside_the_conditions_the_passes_run(monkeypatch):
     g["gf"]._ggviz_split_memo = None
     got, want, took = _split_twice(sched, g["gf"], [g["norm"]], [g["norm"]], cpu, monkeypatch)
     assert took == (1, 0) and got == want
+
+
+# ---- which recorded answers are asked again (ggml_backend_device_i.supports_op_reads)
+
+_SCRAMBLED = np.array([3, 5, 7, 11, 1, 2, 4, 8], np.uint64)      # ne[4], nb[4] no tensor here has
+
+
+def _answer_scrambled(dev, t, others) -> bool:
+    """supports_op's answer for ``t`` with the shapes (ne/nb: struct words 2..9) of ``t`` and ``others``
+    replaced by nonsense, put back after."""
+    saved = [(u, u._q[2:10].copy()) for u in [t] + others]
+    try:
+        for u, _ in saved:
+            u._q[2:10] = _SCRAMBLED
+        return bool(dev.iface.supports_op(dev, t))
+    finally:
+        for u, w in saved:
+            u._q[2:10] = w
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("fa", [-1, 0], ids=["flash_attn", "no_flash_attn"])
+def test_answers_that_read_no_shape_hold_at_every_shape(which, fa, monkeypatch):
+    """Every leaf and node of every graph a first context splits (the probe's and tg's 1 token, the pp reserve's
+    512, prompts of 4 and 32 tokens derived from it, a step): the CPU device's supports_op_reads gives
+    supports_op's answer; where it says the answer read no shape, that answer is the same with the shapes of the
+    op, its sources and its view source scrambled, and the same at every shape the graph was split at; where it
+    names tensors, they are the op's sources."""
+    model = _model(which)
+    answers: dict = {}
+    shapes: dict = {}
+    named = []
+    real = S.backend_sched_split_graph
+
+    def split(sched, graph):
+        dev = sched.backends[-1].device
+        for kind, ts in (("leaf", graph.leafs), ("node", graph.nodes)):
+            for i, t in enumerate(ts):
+                r, reads = cpu_backend._cpu_dev_supports_op_reads(dev, t)
+                assert r == bool(dev.iface.supports_op(dev, t))
+                srcs = [s for s in t.src if s is not None] + ([t.view_src] if t.view_src is not None else [])
+                key = (kind, len(ts), i, t.name, t.op)
+                if reads == ():
+                    assert _answer_scrambled(dev, t, srcs) == r, (t.name, t.op)
+                    answers.setdefault(key, set()).add(r)
+                    shapes.setdefault(key, set()).add(tuple(t.ne.tolist()))
+                else:
+                    assert reads is not None and set(reads) <= {s.addr for s in srcs}, (t.name, reads)
+                    named.append((t.op, len(reads)))
+        return real(sched, graph)
+
+    monkeypatch.setattr(S, "backend_sched_split_graph", split)
+    for n_prompt in (4, 32):
+        _first_context(model, fa, n_prompt)
+    assert all(len(v) == 1 for v in answers.values())
+    # (the graphs were split at several shapes: most nodes were seen at 1, 4, 32 and 512 tokens)
+    assert sum(len(v) >= 3 for v in shapes.values()) > 200
+    # (what names a shape here: the MUL_MATs of repacked weights -- their weight, outside the graph's arena)
+    assert named and all(op == gg.GGML_OP_MUL_MAT and n == 1 for op, n in named), set(named)
+
+
+def test_an_answer_that_reads_a_shape_is_asked_again(monkeypatch):
+    """OUT_PROD of an F16 src0: the CPU supports it when src0 and src1 agree in ne[2] and ne[3]. Its memo names
+    both sources; reshaped with ne[2] still agreeing the answer is asked again and the memo serves, with src0's
+    ne[2] no longer matching it is asked again, no, and the memo does not serve; a node whose answer reads no
+    shape (the ADD after it) is not asked again."""
+    cpu = _cpu()
+    ctx = gg.init(1 << 20, no_alloc=True)
+    a = gg.new_tensor_3d(ctx, gg.GGML_TYPE_F16, 4, 3, 2)
+    b = gg.new_tensor_3d(ctx, gg.GGML_TYPE_F32, 5, 3, 2)
+    gg.set_input(a)
+    gg.set_input(b)
+    p = gg.out_prod(ctx, a, b)
+    z = gg.add(ctx, p, p)
+    gf = gg.new_graph(ctx)
+    gg.build_forward_expand(gf, z)
+    sched = S.backend_sched_new([cpu], None, 1, 64, False, True)
+    S.backend_sched_split_graph(sched, gf)
+    (m,) = gf._ggviz_split_memo
+    reads = {q[0]: q[4] for q in m.queries}
+    assert reads[p.addr] == (a.addr, b.addr) and reads[z.addr] == ()
+    asked = []
+    dev = cpu.device
+    real = dev.iface.supports_op
+    monkeypatch.setattr(dev.iface, "supports_op", lambda d, t: asked.append(t.addr) or real(d, t))
+
+    def reshape(t, ne2):
+        t._q[4] = ne2                                   # ne[2]
+        t._q[9] = int(t._q[8]) * ne2                    # nb[3]
+
+    def match():
+        S.backend_sched_reset(sched)
+        asked.clear()
+        return S._split_memo_match(sched, gf)
+
+    # ne[2] 2 -> 4 in both sources (and the result): asked again about the OUT_PROD only, still yes
+    for t in (a, b, p, z):
+        reshape(t, 4)
+    assert match() == (m, None) and asked == [p.addr]
+    # src0's ne[2] 4 -> 1 (src1 keeps 4: out_prod broadcasts): asked again, no -- the memo does not serve
+    reshape(a, 1)
+    assert bool(real(dev, p)) is False
+    assert match() is None and asked == [p.addr]
+    # without the device saying what it read, every answer about a reshaped tensor or a reader of one is asked
+    reshape(a, 4)
+    m.reads = None
+    m.queries = [q[:4] + (None,) for q in m.queries]
+    for t in (a, b, p, z):
+        reshape(t, 2)
+    assert match() == (m, None) and set(asked) == {p.addr, z.addr}
+
+
+def test_keys_inserted_in_order_as_find_or_insert_does(monkeypatch):
+    """_insert_in_order (pass 1's _hash_ids, the moved memo) against ggml_hash_find_or_insert one key after the
+    other: keys whose home slots collide with each other, with used slots and across the table's end, land where
+    the one-by-one insertion puts them; a set too small raises and is left as it was."""
+    cpu = _cpu()
+    rng = np.random.default_rng(7)
+
+    def tables(at_once, pre, addrs):
+        monkeypatch.setattr(S, "PLACE_AT_ONCE", at_once)
+        sched = S.backend_sched_new([cpu], None, 1, 64, False, True)
+        size = sched.hash_set.size
+        for a in pre:
+            sched._slot[a] = sched.hash_set.find_or_insert(a)
+        pos = S._insert_in_order(sched, list(addrs))
+        hs = sched.hash_set
+        u = S._used_slots(hs, hs.used)
+        return size, (pos, hs.used.tolist(), hs.keys[u].tolist(), list(sched._slot.items()))
+
+    size, _ = tables(False, [], [])
+    for trial in range(20):
+        homes = rng.integers(0, size, 40)
+        homes[:6] = [size - 1, size - 1, size - 2, 0, 0, 1]            # (a cluster across the end)
+        keys = [(int(h) + size * k) << 4 for k, h in enumerate(homes.tolist(), 1)]
+        pre = [(int(h) + size * 1000 * (k + 1)) << 4 for k, h in enumerate(rng.integers(0, size, 20).tolist())]
+        pre += [(size - 1 + size * 5000) << 4]
+        keys = [k for k in dict.fromkeys(keys) if k not in pre]
+        _, want = tables(False, pre, keys)
+        _, got = tables(True, pre, keys)
+        assert got == want, trial
+    # more keys than free slots: GGMLError, nothing inserted
+    monkeypatch.setattr(S, "PLACE_AT_ONCE", True)
+    sched = S.backend_sched_new([cpu], None, 1, 64, False, True)
+    hs = sched.hash_set
+    before = (hs.used.copy(), hs.keys.copy())
+    with pytest.raises(gg.GGMLError, match="hash set is full"):
+        S._insert_in_order(sched, [(k + 1) << 4 for k in range(size + 1)])
+    assert np.array_equal(hs.used, before[0]) and np.array_equal(hs.keys, before[1]) and not sched._slot

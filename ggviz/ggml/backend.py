@@ -759,6 +759,12 @@ class ggml_backend_device_i:
     event_new: Optional[Callable] = None                # (optional) events
     event_free: Optional[Callable] = None
     event_synchronize: Optional[Callable] = None
+    # ggviz (not in ggml): (dev, op) -> (supports_op's answer, the addresses of the tensors -- the op, its sources
+    # -- whose shape (ne/nb) that answer read, or None: any of them, the device does not say). The scheduler asks
+    # this instead of supports_op while it records a split memo; after a graph was reshaped, the memo asks the
+    # device again only about answers that read a changed shape (sched._memo_holds: what an answer reads besides
+    # shapes -- op codes, types, op params, buffers -- is unchanged there).
+    supports_op_reads: Optional[Callable] = None
 
 
 class ggml_backend_device:

@@ -218,8 +218,17 @@ def _find_or_insert(hs, addr: int) -> int:
 
 def _hash_ids(sched: ggml_backend_sched, tensors) -> list:
     """``hash_id(t)`` of each tensor, in order (so new ones are inserted in the slots C's loop gives them) -- pass
-    1 asks for a graph's ~1,300 leafs and nodes one after the other."""
+    1 asks for a graph's ~1,300 leafs and nodes one after the other. (The new ones go through _insert_in_order:
+    at once, or probed over a byte per slot -- ~0.3 us a key against ~0.8 through HashSet.find_or_insert.)"""
     slot = sched._slot
+    if PLACE_AT_ONCE and len(tensors) > 16:
+        # the tensors not in the set yet, inserted in their order (_insert_in_order: at once where no two share a
+        # home slot and none is taken -- linear probing then moves none of them -- else one by one)
+        addrs = [t.addr for t in tensors]
+        new = [a for a in addrs if a not in slot]
+        if len(set(new)) == len(new):
+            _insert_in_order(sched, new)
+            return [slot[a] for a in addrs]
     find_or_insert = sched.hash_set.find_or_insert
     out = []
     for t in tensors:
@@ -328,9 +337,17 @@ def _supports(sched, b: int, op: Tensor) -> bool:
     """ggml_backend_supports_op(sched->backends[b], op), the answer recorded while a split records its memo.
     (ggml_backend_supports_op -> ggml_backend_dev_supports_op -> the device's supports_op, called straight.)"""
     dev = sched.backends[b].device
-    r = bool(dev.iface.supports_op(dev, op))
-    if sched._queries is not None:
-        sched._queries.append((op.addr, b, False, r))
+    qs = sched._queries
+    if qs is None:
+        return bool(dev.iface.supports_op(dev, op))
+    # (recording: with the shapes the answer read, where the device says -- ggml_backend_device_i.supports_op_reads)
+    f = dev.iface.supports_op_reads
+    if f is None:
+        r, reads = bool(dev.iface.supports_op(dev, op)), None
+    else:
+        r, reads = f(dev, op)
+        r = bool(r)
+    qs.append((op.addr, b, False, r, reads))
     return r
 
 
@@ -350,14 +367,22 @@ def _offloads(sched, b: int, op: Tensor) -> bool:
     """ggml_backend_offload_op(sched->backends[b], op), recorded as ``_supports``."""
     r = B.backend_offload_op(sched.backends[b], op)
     if sched._queries is not None:
-        sched._queries.append((op.addr, b, True, r))
+        sched._queries.append((op.addr, b, True, r, None))
     return r
 
 
 def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
-    buffer = _buffer_of(tensor)
-    if buffer is None:
+    q = tensor._q
+    vs = q.item(_Q_VIEW_SRC)
+    return _backend_from_buffer_at(sched, tensor_at(vs)._q.item(_Q_BUFFER) if vs else q.item(_Q_BUFFER), tensor, op)
+
+
+def _backend_from_buffer_at(sched, buf: int, tensor: Tensor, op: Tensor) -> int:
+    """backend_sched_backend_from_buffer with ``buf``, the address of the tensor's buffer (its view source's for
+    a view: ``tensor->view_src ? tensor->view_src->buffer : tensor->buffer``), read already."""
+    if not buf:
         return -1
+    buffer = B.buffer_at(buf)
     # find highest prio backend that supports the buffer type and the op
     # (_supports_buft's cache read inline: pass 1 asks this for every weight and every op on one, ~800 a graph)
     buft = buffer.buft
@@ -373,67 +398,91 @@ def backend_sched_backend_from_buffer(sched, tensor: Tensor, op: Tensor) -> int:
     return -1
 
 
-def backend_sched_backend_id_from_cur(sched, tensor: Tensor) -> int:
-    """The backend that should be used for the node based on the current locations (pass 1)."""
+def _cause_at(sched, t: Tensor, h, cause: str, backend_id: int) -> None:
+    """SET_CAUSE with ``h``, the tensor's hash slot, known (None: looked up)."""
+    if h is None or trace.active:
+        SET_CAUSE(sched, t, cause, backend_id)
+    else:
+        sched.causes[h] = cause
+
+
+_WEIGHTS = B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+_NO_WEIGHTS_TEST = (C.GGML_OP_ROPE, C.GGML_OP_FLASH_ATTN_EXT)
+
+
+def backend_sched_backend_id_from_cur(sched, tensor: Tensor, h: int | None = None) -> int:
+    """The backend that should be used for the node based on the current locations (pass 1). (``h``: the
+    tensor's hash slot, when the caller has it. Each struct word below is read once, the buffers' addresses passed
+    on: pass 1 asks this for ~800 tensors of a graph.)"""
     q = tensor._q
     # (a tensor with no buffer, neither its own nor its view source's -- most of a graph's nodes, views of them
     # included -- goes straight to the checks below: the three above it find no buffer and return -1 without
     # asking a backend)
     vs = q.item(_Q_VIEW_SRC)
-    if q.item(_Q_BUFFER) or (vs and tensor_at(vs)._q.item(_Q_BUFFER)):
+    own = q.item(_Q_BUFFER)
+    vbuf = tensor_at(vs)._q.item(_Q_BUFFER) if vs else 0
+    if own or vbuf:
         # assign pre-allocated nodes to their backend
-        cur_backend_id = backend_sched_backend_from_buffer(sched, tensor, tensor)
+        cur_backend_id = _backend_from_buffer_at(sched, vbuf if vs else own, tensor, tensor)
         if cur_backend_id != -1:
-            SET_CAUSE(sched, tensor, "1.dst", cur_backend_id)
+            _cause_at(sched, tensor, h, "1.dst", cur_backend_id)
             return cur_backend_id
 
         # view_src
-        if tensor.view_src is not None:
-            cur_backend_id = backend_sched_backend_from_buffer(sched, tensor.view_src, tensor)
+        if vs:
+            v = tensor_at(vs)
+            vq = v._q
+            vvs = vq.item(_Q_VIEW_SRC)
+            cur_backend_id = _backend_from_buffer_at(
+                sched, tensor_at(vvs)._q.item(_Q_BUFFER) if vvs else vbuf, v, tensor)
             if cur_backend_id != -1:
-                SET_CAUSE(sched, tensor, "1.vsrc", cur_backend_id)
+                _cause_at(sched, tensor, h, "1.vsrc", cur_backend_id)
                 return cur_backend_id
 
-        if tensor.buffer or (tensor.view_src is not None and tensor.view_src.buffer):
-            # since the tensor is pre-allocated, it cannot be moved to another backend
-            buffer = _buffer_of(tensor)
-            raise GGMLError(f"pre-allocated tensor ({tensor.name}) in a buffer ({B.backend_buffer_name(buffer)}) "
-                            f"that cannot run the operation ({op_desc(tensor)})")
+        # (own or vbuf: the tensor is pre-allocated, in its own buffer or its view source's)
+        # since the tensor is pre-allocated, it cannot be moved to another backend
+        buffer = _buffer_of(tensor)
+        raise GGMLError(f"pre-allocated tensor ({tensor.name}) in a buffer ({B.backend_buffer_name(buffer)}) "
+                        f"that cannot run the operation ({op_desc(tensor)})")
 
     # graph input
-    if tensor._w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_INPUT:
+    w = tensor._w
+    if w.item(_W_FLAGS) & C.GGML_TENSOR_FLAG_INPUT:
         cur_backend_id = sched.n_backends - 1      # last backend (assumed CPU)
-        SET_CAUSE(sched, tensor, "1.inp", cur_backend_id)
+        _cause_at(sched, tensor, h, "1.inp", cur_backend_id)
         return cur_backend_id
 
     # operations with weights are preferably run on the same backend as the weights
-    allow = True
-    op = tensor._w.item(_W_OP)
     # skip ROPE since the rope freqs tensor is too small to choose a backend based on it
-    allow = allow and op != C.GGML_OP_ROPE
     # skip FLASH_ATTN_EXT since the sinks tensor is too small to choose a based based on it
-    allow = allow and op != C.GGML_OP_FLASH_ATTN_EXT
-
-    if allow:
+    if w.item(_W_OP) not in _NO_WEIGHTS_TEST:
         for i, a in enumerate(q[_Q_SRC:_Q_SRC + C.GGML_MAX_SRC].tolist()):
             if not a:
                 continue
             src = tensor_at(a)
-            sb = src._q.item(_Q_BUFFER)
-            src_buf = B.buffer_at(sb) if sb else None
-            if src_buf is not None and src_buf.usage == B.GGML_BACKEND_BUFFER_USAGE_WEIGHTS:
-                src_backend_id = backend_sched_backend_from_buffer(sched, src, tensor)
+            sq = src._q
+            sb = sq.item(_Q_BUFFER)
+            if not sb:
+                continue
+            src_buf = B.buffer_at(sb)
+            if src_buf._w.item(B._W_BUF_USAGE) == _WEIGHTS:          # (src_buf->usage)
+                svs = sq.item(_Q_VIEW_SRC)
+                src_backend_id = _backend_from_buffer_at(sched, tensor_at(svs)._q.item(_Q_BUFFER) if svs else sb,
+                                                         src, tensor)
                 # check if a backend with higher prio wants to offload the op
                 # (with one backend there is no higher-prio backend to ask: is_host is not asked for nothing)
                 if (sched.op_offload and src_backend_id == sched.n_backends - 1 and src_backend_id > 0
                         and B.backend_buffer_is_host(src_buf)):
                     for b in range(src_backend_id):
                         if _supports(sched, b, tensor) and _offloads(sched, b, tensor):
-                            SET_CAUSE(sched, tensor, "1.off", b)
+                            _cause_at(sched, tensor, h, "1.off", b)
                             return b
-                SET_CAUSE(sched, tensor, f"1.wgt{i}", src_backend_id)
+                _cause_at(sched, tensor, h, _WGT_CAUSES[i], src_backend_id)
                 return src_backend_id
     return -1
+
+
+_WGT_CAUSES = tuple(f"1.wgt{i}" for i in range(C.GGML_MAX_SRC))
 
 
 def backend_sched_buffer_supported(sched, t: Tensor, backend_id: int) -> bool:
@@ -701,9 +750,10 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
             node_ids[len(gc_nodes)] = split.backend_id
             gc_nodes.append(input_cpy)
 
-        for j in range(split.i_start, split.i_end):
-            node_ids[len(gc_nodes)] = tbid[hid[j]]
-            gc_nodes.append(nodes[j])
+        # (the split's nodes and their ids in one slice each: node_ids is a C int array)
+        k, i0, i1 = len(gc_nodes), split.i_start, split.i_end
+        node_ids[k:k + i1 - i0] = array.array("i", [tbid[h] for h in hid[i0:i1]])
+        gc_nodes.extend(nodes[i0:i1])
 
     if sched.n_copies > 1:
         # add input copies as leafs so that they are allocated first
@@ -725,9 +775,15 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
                     gc_leafs.append(input_cpy)
 
     # add leafs from the original graph
+    # (hash_id(leaf): the slot pass 1 found, nearly always; their ids in one slice)
+    slot = sched._slot
+    k = len(gc_leafs)
+    ids = []
     for leaf in leafs:
-        leaf_ids[len(gc_leafs)] = tbid[_hash_id(sched, leaf)]
-        gc_leafs.append(leaf)
+        h = slot.get(leaf.addr)
+        ids.append(tbid[_hash_id(sched, leaf) if h is None else h])
+    leaf_ids[k:k + len(ids)] = array.array("i", ids)
+    gc_leafs.extend(leafs)
 
     sched.graph.nodes = gc_nodes
     sched.graph.leafs = gc_leafs
@@ -750,7 +806,8 @@ def _split_finish(sched, graph, nodes, leafs, n_nodes, n_leafs, hid, tbid) -> No
 # of its last split except ne/nb, split against the same starting tables, with every recorded supports_op /
 # offload_op answer about a reshaped tensor or a consumer of one still the same, gets the same backends, causes
 # and hash slots: they are put back instead of computed. (Backends answer from the op and its direct sources, as
-# ggml's do.) Anything else -- another node list, another field changed, a tensor outside the graph's arena
+# ggml's do. A device that says which shapes an answer reads -- ggml_backend_device_i.supports_op_reads; the
+# CPU's read one for a few ops only -- is asked again only where one of those changed.) Anything else -- another node list, another field changed, a tensor outside the graph's arena
 # changed, another answer, a trace listener (the views read the passes' events) -- runs the passes.
 #
 # Other pins, one backend. llama's graph callback pins each layer's "norm" below 32 tokens (cause "usr"), so a
@@ -796,7 +853,7 @@ _UNSET = object()
 
 
 class _SplitMemo:
-    __slots__ = ("key", "addrs", "rows", "words", "ext", "ext_bytes", "pre", "post", "queries", "hid",
+    __slots__ = ("key", "addrs", "rows", "words", "ext", "ext_bytes", "pre", "post", "queries", "reads", "hid",
                  "isview", "pass5", "n_leafs", "plain", "form")
 
 
@@ -891,6 +948,7 @@ def _split_memo_end(sched, graph, pre, queries, hid, isview, plain):
     m.ext_bytes = b"".join(t.raw.tobytes() for t in ext)
     m.pre, m.post = pre, _tables(sched)
     m.queries, m.hid, m.isview = queries, list(hid), list(isview)
+    m.reads = None                           # (made when first needed: _query_reads)
     m.pass5 = None
     m.n_leafs, m.plain = len(graph.leafs), plain
     m.form = _UNSET                          # (made when first needed: _memo_form)
@@ -1034,28 +1092,50 @@ def _memo_holds(sched, graph, m) -> bool:
     reshaped = diff.any(axis=1)
     if reshaped.any():
         base = graph.ctx.mem_buffer.ctypes.data
-        # the reshaped tensors and those that read one (a backend's answer may look at its sources' shapes): a
-        # reference is an arena word offset, looked up in a table of the reshaped structs' first words
-        at = np.zeros(arena.size, bool)
-        at[m.rows[reshaped]] = True
-        refs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC + 1].view(np.int64) - base      # src[] and view_src
-        inside = (refs >= 0) & (refs < arena.size * 8) & (refs % 8 == 0)
-        hit = reshaped | (inside & at[np.where(inside, refs // 8, 0)]).any(axis=1)
-        affected = set((m.rows[hit] * 8 + base).tolist())
+        rows = m.rows[reshaped]
+        shaped = set((rows * 8 + base).tolist())        # the reshaped structs' addresses
+        reads = m.reads
+        if reads is None:
+            reads = m.reads = _query_reads(m.queries)
+        affected = None
         backends = sched.backends
-        for addr, b, offload, answer in m.queries:
-            if addr in affected:
-                if offload:
-                    now = B.backend_offload_op(backends[b], tensor_at(addr))
-                else:
-                    dev = backends[b].device           # (as _supports asks)
-                    now = bool(dev.iface.supports_op(dev, tensor_at(addr)))
-                if now != answer:
-                    return False
+        queries = m.queries
+        for k, r in reads:
+            addr, b, offload, answer, _ = queries[k]
+            if r is None:
+                # an answer the device does not say it reads no shape for: asked again if the op or a tensor it
+                # reads (a source, its view source) was reshaped -- a reference is an arena word offset, looked up
+                # in a table of the reshaped structs' first words
+                if affected is None:
+                    at = np.zeros(arena.size, bool)
+                    at[rows] = True
+                    refs = words[:, _Q_SRC:_Q_SRC + C.GGML_MAX_SRC + 1].view(np.int64) - base   # src[], view_src
+                    inside = (refs >= 0) & (refs < arena.size * 8) & (refs % 8 == 0)
+                    hit = reshaped | (inside & at[np.where(inside, refs // 8, 0)]).any(axis=1)
+                    affected = set((m.rows[hit] * 8 + base).tolist())
+                if addr not in affected:
+                    continue
+            elif shaped.isdisjoint(r):
+                continue                               # (none of the shapes it reads changed)
+            if offload:
+                now = B.backend_offload_op(backends[b], tensor_at(addr))
+            else:
+                dev = backends[b].device               # (as _supports asks)
+                now = bool(dev.iface.supports_op(dev, tensor_at(addr)))
+            if now != answer:
+                return False
         # every answer the memo holds is the backends' answer about these structs too: the memo now describes them
         # (the next split of this shape reads no answer again)
         m.words = words
     return True
+
+
+def _query_reads(queries) -> list:
+    """The recorded answers that may have read a shape (_memo_holds asks only those again): ``(k, reads)`` for each
+    query ``k`` whose device said its answer read the shapes of the tensors ``reads`` (addresses; answers that read
+    none are left out), or with ``reads`` None -- an offload_op answer, or a device that does not say
+    (ggml_backend_device_i.supports_op_reads): any shape of the op and its sources."""
+    return [(k, q[4]) for k, q in enumerate(queries) if q[4] is None or q[4]]
 
 
 def _split_memo_apply(sched, m, unpin=None):
@@ -1142,6 +1222,26 @@ def _insert_in_order(sched, addrs, home=None) -> list:
                 pos = home.tolist()
                 slot.update(zip(addrs, pos))
                 return pos
+            mask[home] = False
+            mask[np.unpackbits(hs.used.view(np.uint8), bitorder="little").view(bool)] = True
+        # linear probing, one key after the other as ggml_hash_find_or_insert does, over a byte per slot (none of
+        # these keys is in the set: a used slot is only passed over); the keys and the bitset written after
+        size = hs.size
+        if len(addrs) > size - n0:
+            raise GGMLError("ggml_backend_sched: hash set is full (graph_size too small for this graph)")
+        used = bytearray(mask.view(np.uint8))
+        pos = []
+        for a, i in zip(addrs, home.tolist()):
+            while used[i]:
+                i += 1
+                if i == size:
+                    i = 0
+            used[i] = 1
+            pos.append(i)
+        hs.keys[pos] = addrs
+        hs.used[:] = np.packbits(np.frombuffer(used, bool), bitorder="little").view(hs.used.dtype)
+        slot.update(zip(addrs, pos))
+        return pos
     find_or_insert = hs.find_or_insert
     pos = []
     for addr in addrs:
@@ -1179,8 +1279,9 @@ def split_memo_copy(src, dst, lo: int, hi: int, delta: int, ptr_words) -> None:
         w[:, ptr_words] = cols
         r.words = w
         r.pre = r.post = r.hid = None
-        q = list(zip(*m.queries)) if m.queries else [(), (), (), ()]
-        r.queries = list(zip(mv(q[0]), q[1], q[2], q[3]))
+        q = list(zip(*m.queries)) if m.queries else [(), (), (), (), ()]
+        r.queries = list(zip(mv(q[0]), q[1], q[2], q[3], [rd if not rd else tuple(mv(rd)) for rd in q[4]]))
+        r.reads = None
         g = r.form = _MemoForm()
         order = mv(f.order)
         g.order, g.tb, g.cause, g.has_cause = order, f.tb, f.cause, f.has_cause
@@ -1210,14 +1311,14 @@ def _assign_backends(sched, nodes, leafs, n_nodes, tbid, cpu_id):
     for leaf, h in zip(leafs, _hash_ids(sched, leafs)):
         # do not overwrite user assignments
         if tbid[h] == -1:
-            tbid[h] = backend_sched_backend_id_from_cur(sched, leaf)
+            tbid[h] = backend_sched_backend_id_from_cur(sched, leaf, h)
     hid = _hash_ids(sched, nodes)
     ops, vss, srcs, unplaced = _node_words(nodes)
     isview = [o in _VIEW_OPS for o in ops]                      # ggml_is_view_op
     for node, h, skip in zip(nodes, hid, unplaced):
         # do not overwrite user assignments
         if tbid[h] == -1 and not skip:
-            tbid[h] = backend_sched_backend_id_from_cur(sched, node)
+            tbid[h] = backend_sched_backend_id_from_cur(sched, node, h)
 
     # pass 2: expand current backend assignments
     # assign the same backend to adjacent nodes

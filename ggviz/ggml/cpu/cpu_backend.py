@@ -244,10 +244,21 @@ _CPU_OPS_CHECKED = frozenset((C.GGML_OP_CPY, C.GGML_OP_SET_ROWS, C.GGML_OP_MUL_M
 
 
 def _cpu_dev_supports_op(dev, op: Tensor) -> bool:
-    """ggml_backend_cpu_device_supports_op."""
+    """ggml_backend_cpu_device_supports_op (below, with what it reads)."""
+    return _cpu_dev_supports_op_reads(dev, op)[0]
+
+
+_NO_SHAPE = (True, ())
+
+
+def _cpu_dev_supports_op_reads(dev, op: Tensor):
+    """ggml_backend_cpu_device_supports_op's answer, and the tensors whose shape (ne/nb) it read (addresses:
+    ggml_backend_device_i.supports_op_reads) -- those of the extra buffer type that answers, else OUT_PROD's two
+    sources, CONV_2D's src[0] (is_contiguous), SSM_SCAN's src[3]; every other answer reads op codes, types, op
+    params and buffers only."""
     o = op._w.item(_W_OP)
     if o in EMPTY_OPS:                                 # ggml_op_is_empty
-        return True
+        return _NO_SHAPE
     # check extra buffer types
     # note: only the first sources are checked for extra buffer types to reduce overhead, increase if necessary
     srcs = op._q[_Q_SRC:_Q_SRC + 4].tolist()          # op->src[0..3], the pointers read in one go
@@ -261,33 +272,37 @@ def _cpu_dev_supports_op(dev, op: Tensor) -> bool:
                 buft = buffer_at(buf).buft
                 for b in extra:
                     if b is buft:                      # ggml_backend_cpu_is_extra_buffer_type
-                        return bool(buft.context.supports_op(dev, op))
+                        f = getattr(buft.context, "supports_op_reads", None)
+                        if f is None:
+                            return bool(buft.context.supports_op(dev, op)), None
+                        r, reads = f(dev, op)
+                        return bool(r), reads
     if o not in _CPU_OPS_CHECKED:                      # (the ops below; every other op is supported)
-        return True
+        return _NO_SHAPE
     src0, src1 = tensor_at(srcs[0]), tensor_at(srcs[1])
     if o in (C.GGML_OP_CPY, C.GGML_OP_SET_ROWS):
-        return op.type not in _CPU_NO_FROM_FLOAT
+        return op.type not in _CPU_NO_FROM_FLOAT, ()
     if o == C.GGML_OP_MUL_MAT:
-        return src1.type == C.GGML_TYPE_F32 or src1.type == VEC_DOT_TYPE.get(src0.type)
+        return src1.type == C.GGML_TYPE_F32 or src1.type == VEC_DOT_TYPE.get(src0.type), ()
     if o == C.GGML_OP_SOFT_MAX_BACK:
         if op.src[0].type != C.GGML_TYPE_F32 or op.src[1].type != C.GGML_TYPE_F32:
-            return False
+            return False, ()
         max_bias = float(op.op_params[1:2].view(np.float32)[0])
-        return max_bias == 0.0
+        return max_bias == 0.0, ()
     if o == C.GGML_OP_IM2COL_BACK:
-        return src0.type == C.GGML_TYPE_F32 and src1.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16)
+        return src0.type == C.GGML_TYPE_F32 and src1.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16), ()
     if o == C.GGML_OP_GET_ROWS_BACK:
-        return src0.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16)
+        return src0.type in (C.GGML_TYPE_F32, C.GGML_TYPE_F16), ()
     if o == C.GGML_OP_OUT_PROD:
         return ((src0.type == C.GGML_TYPE_F32
                  or ((src0.type == C.GGML_TYPE_F16 or is_quantized(src0.type))
                      and src0.ne[2] == src1.ne[2] and src0.ne[3] == src1.ne[3]))
-                and src1.type == C.GGML_TYPE_F32 and op.type == C.GGML_TYPE_F32)
+                and src1.type == C.GGML_TYPE_F32 and op.type == C.GGML_TYPE_F32), (srcs[0], srcs[1])
     if o == C.GGML_OP_CONV_2D:
-        return is_contiguous(op.src[0])
+        return is_contiguous(op.src[0]), (srcs[0],)
     if o == C.GGML_OP_SSM_SCAN:
-        return int(op.op_params[0]) == 1 or op.src[3].ne[0] == 1
-    return True
+        return int(op.op_params[0]) == 1 or op.src[3].ne[0] == 1, (srcs[3],)
+    return _NO_SHAPE
 
 
 def _cpu_dev_supports_buft(dev, buft) -> bool:
@@ -310,6 +325,7 @@ _cpu_device_i = ggml_backend_device_i(
     event_new=None,
     event_free=None,
     event_synchronize=None,
+    supports_op_reads=_cpu_dev_supports_op_reads,
 )
 
 

@@ -458,19 +458,29 @@ class ExtraBufferType:
     """``ggml::cpu::repack::extra_buffer_type`` (the buffer type's context)."""
 
     def supports_op(self, dev, op: Tensor) -> bool:
+        return self.supports_op_reads(dev, op)[0]
+
+    def supports_op_reads(self, dev, op: Tensor):
+        """``supports_op``'s answer, and (ggviz: ggml_backend_device_i.supports_op_reads) the tensors whose shape it
+        read: a MUL_MAT's weight when it has a buffer (n_dims, get_optimal_repack_type); the rest reads op codes,
+        types and buffers only."""
         # (op->src[0], op->src[1] and their buffers read from the structs' words: the split asks this of every
         # MUL_MAT node it places by its weight)
         if op._w.item(_W_OP) == C.GGML_OP_MUL_MAT:
             q = op._q
-            s0, s1 = tensor_at(q.item(_Q_SRC)), tensor_at(q.item(_Q_SRC + 1))
+            a0 = q.item(_Q_SRC)
+            s0, s1 = tensor_at(a0), tensor_at(q.item(_Q_SRC + 1))
             b0 = s0._q.item(_Q_BUFFER)
-            if (b0 and n_dims(s0) == 2 and backend.buffer_at(b0).buft is repack_buffer_type()
+            if not b0:
+                return False, ()
+            if (n_dims(s0) == 2 and backend.buffer_at(b0).buft is repack_buffer_type()
                     and get_optimal_repack_type(s0) is not None):
                 b1 = s1._q.item(_Q_BUFFER)
                 if b1 and not backend.backend_buft_is_host(backend.buffer_at(b1).buft):
-                    return False
-                return s1._w.item(_W_TYPE) == GGML_TYPE_F32
-        return False
+                    return False, (a0,)
+                return s1._w.item(_W_TYPE) == GGML_TYPE_F32, (a0,)
+            return False, (a0,)
+        return False, ()
 
     def get_tensor_traits(self, op: Tensor):
         if op.op == C.GGML_OP_MUL_MAT:
