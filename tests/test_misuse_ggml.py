@@ -204,8 +204,9 @@ OP_CHECKS = [
      lambda ctx, o: gg.rope_ext(ctx, o["a"], o["b"], o["c"], 64, 0, *_ROPE), r"freq factors c must hold n_dims/2"),
     ("flash_attn_ok", dict(_FA_QKV, m=(F16, [256, 4])),
      lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], o["m"], 0.125, 0.0, 0.0), None),
-    ("flash_attn_empty_mask_dim", dict(_FA_QKV, m=(F16, [256, 4, 0])),      # (x % 0 is 0 for NumPy's int64)
-     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], o["m"], 0.125, 0.0, 0.0), None),
+    ("flash_attn_empty_mask_dim", dict(_FA_QKV, m=(F16, [256, 4, 0])),      # (C: q->ne[2] % 0 traps)
+     lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], o["m"], 0.125, 0.0, 0.0),
+     r"ggml_flash_attn_ext: mask must broadcast over q"),
     ("flash_attn_shape", dict(_FA_QKV, q=(F32, [32, 4, 9])),
      lambda ctx, o: gg.flash_attn_ext(ctx, o["q"], o["k"], o["v"], None, 0.125, 0.0, 0.0),
      r"ggml_flash_attn_ext: shapes do not match"),

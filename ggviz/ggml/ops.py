@@ -785,7 +785,7 @@ def flash_attn_ext(ctx, q, k, v, mask, scale, max_bias, logit_softcap):
     ok = k0 == q0 and (k2 == 0 or q2 % k2 == 0) and (k3 == 0 or q3 % k3 == 0) and q3 == k3 and q3 == v3
     if ok and mask is not None:
         _, _, m2, m3 = mask.ne.tolist()
-        # (a zero divisor goes the checks' way below: x % 0 is 0 for NumPy's int64, an error for Python's)
+        # (an empty mask dim broadcasts over nothing: refused below, where C's q->ne[2] % 0 would trap)
         ok = (mask._w.item(_W_TYPE) == C.GGML_TYPE_F16 and is_contiguous(mask) and m2 != 0 and m3 != 0
               and q2 % m2 == 0 and q3 % m3 == 0)
     if not ok:
@@ -797,7 +797,8 @@ def flash_attn_ext(ctx, q, k, v, mask, scale, max_bias, logit_softcap):
         if mask is not None:
             _require(mask.type == C.GGML_TYPE_F16, "flash_attn_ext", "mask must be F16", mask)
             _require(is_contiguous(mask), "flash_attn_ext", "mask must be contiguous", mask)
-            _require(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0, "flash_attn_ext",
+            _, _, m2, m3 = mask.ne.tolist()
+            _require(m2 != 0 and m3 != 0 and q2 % m2 == 0 and q3 % m3 == 0, "flash_attn_ext",
                      "mask must broadcast over q in ne[2], ne[3]", q, mask)
     if max_bias > 0.0:
         _require(mask is not None, "flash_attn_ext", "max_bias (ALiBi) needs a mask", q)
