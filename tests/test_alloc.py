@@ -902,3 +902,23 @@ def test_plan_table_reads_what_each_struct_holds():
     assert not P.plain                          # (rows read from their own structs: sizes asked of the tensor)
     empty = A._plan_table(galloc, SimpleNamespace(leafs=[], n_leafs=0, nodes=[], n_nodes=0))
     assert empty.addrs == [] and empty.srcs == [] and empty.plain
+
+
+def test_nbytes_rows_is_ggml_nbytes_row_by_row():
+    """tensor.nbytes_rows (the allocator's plan table, its plan check and placing, and llama's derive_graph read
+    ggml_nbytes of many tensors at once through it) against ggml_nbytes of each tensor: block types, a permuted
+    (non-contiguous) view, a transposed one, an empty dim; -1 for a type without traits."""
+    from ggviz.ggml.tensor import nbytes_rows
+    ctx = gg.init(1 << 20, no_alloc=True)
+    try:
+        ts = [gg.new_tensor_2d(ctx, gg.GGML_TYPE_F32, 8, 4), gg.new_tensor_2d(ctx, gg.GGML_TYPE_Q4_1, 64, 3),
+              gg.new_tensor_3d(ctx, gg.GGML_TYPE_F16, 6, 5, 2), gg.new_tensor_2d(ctx, gg.GGML_TYPE_F32, 8, 0)]
+        ts += [gg.permute(ctx, ts[2], 2, 0, 1, 3), gg.transpose(ctx, ts[0])]
+        types = np.array([t.type for t in ts] + [9999], np.int64)
+        ne = np.array([t.ne.tolist() for t in ts] + [[1, 1, 1, 1]], np.int64)
+        nb = np.array([t.nb.tolist() for t in ts] + [[4, 4, 4, 4]], np.int64)
+        got = nbytes_rows(types, ne, nb).tolist()
+        assert got == [gg.nbytes(t) for t in ts] + [-1]
+        assert got[:4] == [128, 2 * 20 * 3, 6 * 5 * 2 * 2, 0]      # (hand-checked: Q4_1 is 20 bytes per 32)
+    finally:
+        gg.free(ctx)

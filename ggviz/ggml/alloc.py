@@ -36,7 +36,7 @@ from . import memory
 from .graph import GGML_HASHSET_FULL, HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
 from .tensor import (_Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, arena_rows,
-                     tensor_at)
+                     nbytes_rows, tensor_at)
 
 SIZE_MAX = (1 << 64) - 1
 INT64_MIN = -(1 << 63)
@@ -664,16 +664,7 @@ def _nbytes_rows(q: np.ndarray) -> list:
     if not len(q):
         return []
     i64 = q.view(np.int64)
-    types = i64[:, 0] & 0xFFFFFFFF
-    known = types < len(_TRAITS_BS)
-    types = np.where(known, types, 0)
-    bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
-    known &= bs != 0
-    ne, nb = i64[:, 2:6], i64[:, 6:10]
-    first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // np.maximum(bs, 1))
-    n = first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
-    n = np.where((ne <= 0).any(axis=1), 0, n)
-    return np.where(known, n, -1).tolist()
+    return nbytes_rows(i64[:, 0] & 0xFFFFFFFF, i64[:, 2:6], i64[:, 6:10]).tolist()
 
 
 def _plan_add(P: _PlanTable, addr: int) -> int:
@@ -1437,13 +1428,6 @@ def _plan_slots(galloc: ggml_gallocr):
     return bid, smax
 
 
-_TRAITS_BS = np.zeros(max(C.TYPE_TRAITS) + 1, np.int64)        # block size per type (0: no such type)
-_TRAITS_TS = np.zeros(max(C.TYPE_TRAITS) + 1, np.int64)        # type size
-for _t, _tr in C.TYPE_TRAITS.items():
-    if _tr is not None:
-        _TRAITS_BS[_t], _TRAITS_TS[_t] = _tr[1], _tr[2]
-
-
 class _GraphWords:
     """The graph's leafs then nodes (``T``), their struct words (``W``, int64 rows), addresses and the addresses
     sorted (``order``, ``sa``), with what both the plan check and the placing derive from them (each node's source
@@ -1460,18 +1444,11 @@ class _GraphWords:
         return self._srcs
 
     def nbytes(self):
-        """ggml_nbytes of every row, None when a type has no traits."""
+        """ggml_nbytes of every row, -1 for a type without traits."""
         if self._nbytes is None:
             W = self.W
-            types = W[:, 0] & 0xFFFFFFFF
-            if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
-                self._nbytes = False
-            else:
-                bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
-                ne, nb = W[:, 2:6], W[:, 6:10]
-                first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs)
-                self._nbytes = np.where((ne <= 0).any(axis=1), 0, first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1))
-        return self._nbytes if self._nbytes is not False else None
+            self._nbytes = nbytes_rows(W[:, 0] & 0xFFFFFFFF, W[:, 2:6], W[:, 6:10])
+        return self._nbytes
 
 
 def _scratch_rows(galloc: ggml_gallocr, name: str, m: int, dtype=np.uint64) -> np.ndarray:
@@ -1560,7 +1537,7 @@ def _plan_fits_arrays(galloc: ggml_gallocr, graph):
     if (present & (sa[pos] != srcs)).any():
         return None
     nbytes = G.nbytes()
-    if nbytes is None:
+    if (nbytes < 0).any():
         return None
     # each tensor's size; _UNCHECKED for one with data or a view source (size 0: no slot is smaller)
     size = np.where((W[:, _Q_DATA] != 0) | (W[:, _Q_VIEW_SRC] != 0), _UNCHECKED, nbytes)
@@ -1703,21 +1680,10 @@ def _place_planned(galloc, G, todo, nl, n, new_buf, new_data) -> bool:
     new_data[todo] = info[inv, 1] + offs[todo].astype(np.int64)
     # the leafs go through gallocr_init_tensor: their alloc size fits the slot (C's assert) and the chunk
     lv = todo[todo < nl]
-    if lv.size and G.nbytes() is not None:
+    if lv.size:
         nbytes = G.nbytes()[lv]
-        li = np.searchsorted(todo, lv)
-        if ((nbytes > smax[lv]) | (new_data[lv] + nbytes > info[inv[li], 1] + info[inv[li], 2])).any():
+        if (nbytes < 0).any():
             return False
-    elif lv.size:
-        W = G.W
-        types = W[lv, 0] & 0xFFFFFFFF
-        if (types >= len(_TRAITS_BS)).any() or (_TRAITS_BS[np.minimum(types, len(_TRAITS_BS) - 1)] == 0).any():
-            return False
-        bs, ts = _TRAITS_BS[types], _TRAITS_TS[types]
-        ne, nb = W[lv, 2:6], W[lv, 6:10]
-        nbytes = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs) + \
-            ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
-        nbytes = np.where((ne <= 0).any(axis=1), 0, nbytes)
         li = np.searchsorted(todo, lv)
         if ((nbytes > smax[lv]) | (new_data[lv] + nbytes > info[inv[li], 1] + info[inv[li], 2])).any():
             return False

@@ -384,6 +384,27 @@ def nbytes(t: Tensor) -> int:
     return n + (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
 
 
+# (block size, type size) per type for nbytes_rows; 0: no such type
+_ROWS_BS = np.zeros(max(C.TYPE_TRAITS) + 1, np.int64)
+_ROWS_TS = np.zeros(max(C.TYPE_TRAITS) + 1, np.int64)
+for _t, _tr in C.TYPE_TRAITS.items():
+    if _tr is not None:
+        _ROWS_BS[_t], _ROWS_TS[_t] = _tr[1], _tr[2]
+
+
+def nbytes_rows(types, ne, nb) -> np.ndarray:
+    """ggviz: ggml_nbytes of many tensors at once (``types``: (k,), ``ne`` / ``nb``: (k, 4) int64 words, as the
+    structs hold them), -1 for a type without traits (ggml_nbytes of one such tensor raises)."""
+    types = np.asarray(types, np.int64)
+    known = (types >= 0) & (types < len(_ROWS_BS))
+    t = np.where(known, types, 0)
+    bs, ts = _ROWS_BS[t], _ROWS_TS[t]
+    known &= bs != 0
+    first = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // np.maximum(bs, 1))
+    n = np.where((ne <= 0).any(axis=1), 0, first + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1))
+    return np.where(known, n, -1)
+
+
 def nbytes_pad(t: Tensor) -> int:
     return GGML_PAD(nbytes(t), C.GGML_MEM_ALIGN)
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import ggml
 from ..ggml.consts import GGML_TENSOR_SIZE
-from ..ggml.tensor import _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _name_pack, arena_structs, tensor_at
+from ..ggml.tensor import _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _name_pack, arena_structs, nbytes_rows, tensor_at
 
 
 @dataclass
@@ -781,15 +781,6 @@ def _contiguous_nb_rows(typ, ne):
     return np.stack((ts, nb1, nb2, nb2 * ne[:, 2]), 1)
 
 
-def _nbytes_rows(typ, V):
-    """ggml_nbytes of each row's tensor (types ``typ``, shapes ``V``: (k, 8))."""
-    ts, bs = _TS[typ], _BS[typ]
-    ne, nb = V[:, :4], V[:, 4:]
-    n = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // np.maximum(bs, 1))
-    n = n + ((ne[:, 1:] - 1) * nb[:, 1:]).sum(1)
-    return np.where((ne <= 0).any(1), 0, n)
-
-
 class _Graph:
     """The arrays _derive_arrays works on: the struct words of the nodes then the leafs (``W``), their addresses
     (``A``), old shapes (``O``: (m, 8)), types, the nodes' ops, their sources as rows (``sidx``, -1 for NULL)."""
@@ -1018,8 +1009,10 @@ def _derive_arrays(res, nodes, words, addrs, rec, old, new, new_kv) -> bool:
     rv = R[rchg & is_view]
     if rv.size:
         vs, ok = g.rows(g.W[rv, _Q_VIEW_SRC])
-        if not ok.all() or (g.W[rv, _Q_VIEW_OFFS].astype(np.int64) + _nbytes_rows(typ[rv], F[rv])
-                            > _nbytes_rows(typ[vs], F[vs])).any():
+        if not ok.all():
+            return None
+        vn, sn = nbytes_rows(typ[rv], F[rv, :4], F[rv, 4:]), nbytes_rows(typ[vs], F[vs, :4], F[vs, 4:])
+        if (vn < 0).any() or (sn < 0).any() or (g.W[rv, _Q_VIEW_OFFS].astype(np.int64) + vn > sn).any():
             return None
     # the writes: the changed shapes into the graph's arena at once (the nodes and the inputs lie there)
     ch = np.flatnonzero(rowchg)
