@@ -35,7 +35,7 @@ from . import consts as C
 from . import memory
 from .graph import GGML_HASHSET_FULL, HashSet, hash_set_new
 from .impl import GGML_ASSERT, GGML_PAD, GGMLError
-from .tensor import (_Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, arena_rows,
+from .tensor import (_Q_BUFFER, _Q_DATA, _Q_SRC, _Q_VIEW_OFFS, _Q_VIEW_SRC, _W_FLAGS, _W_OP, Tensor, gather_structs,
                      nbytes_rows, tensor_at)
 
 SIZE_MAX = (1 << 64) - 1
@@ -1462,28 +1462,6 @@ def _scratch_rows(galloc: ggml_gallocr, name: str, m: int, dtype=np.uint64) -> n
     return a[:m]
 
 
-_WORD_COLS = np.arange(C.GGML_TENSOR_SIZE // 8)
-
-
-def _gather_words(galloc: ggml_gallocr, ts: list, addrs: np.ndarray, out: np.ndarray) -> None:
-    """The struct words of ``ts`` into ``out`` (uint64 rows): at once from the first one's context arena for those
-    that lie there (a graph's nodes; the weights among the leafs lie in the model's), each row's word indices made
-    in a scratch array too; the others from their own bytes."""
-    nw = C.GGML_TENSOR_SIZE // 8
-    n = len(ts)
-    got = arena_rows(ts, addrs)
-    if got is None:
-        out[:] = np.concatenate([t._q for t in ts]).reshape(n, nw)
-        return
-    arena, rows, inside, _ = got
-    idx = _scratch_rows(galloc, "_index_scratch", n, np.intp)
-    np.add(rows[:, None], _WORD_COLS, out=idx)
-    np.take(arena, idx, out=out, mode="clip")          # (every index is in the arena: "clip" does not buffer)
-    rest = np.flatnonzero(~inside).tolist()
-    if rest:
-        out[rest] = np.concatenate([ts[k]._q for k in rest]).reshape(len(rest), nw)
-
-
 def _struct_rows(galloc: ggml_gallocr, name: str, leafs: list, nodes: list):
     """(tensors, addresses, struct words) of ``leafs + nodes``, the words in the scratch array ``name`` (and the
     addresses as a list, ``_plan_table``'s)."""
@@ -1493,9 +1471,9 @@ def _struct_rows(galloc: ggml_gallocr, name: str, leafs: list, nodes: list):
     addrs = np.array(addr_list, np.int64) if m else np.zeros(0, np.int64)
     W = _scratch_rows(galloc, name, m)
     if nl:
-        _gather_words(galloc, leafs, addrs[:nl], W[:nl])
+        gather_structs(leafs, addrs[:nl], W[:nl], _scratch_rows(galloc, "_index_scratch", nl, np.intp))
     if m > nl:
-        _gather_words(galloc, nodes, addrs[nl:], W[nl:])
+        gather_structs(nodes, addrs[nl:], W[nl:], _scratch_rows(galloc, "_index_scratch", len(nodes), np.intp))
     return T, addrs, W, addr_list
 
 

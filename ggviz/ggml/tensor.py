@@ -261,6 +261,30 @@ def arena_rows(tensors, addrs=None):
     return arena, np.where(inside, off // 8, 0), inside, base
 
 
+_WORD_COLS = np.arange(C.GGML_TENSOR_SIZE // 8)
+
+
+def gather_structs(tensors, addrs, out: np.ndarray, index: np.ndarray | None = None) -> None:
+    """ggviz: the struct words of ``tensors`` (their addresses ``addrs``, int64) into ``out`` (uint64 rows of
+    GGML_TENSOR_SIZE / 8 words): those whose structs lie in the first one's context arena (a graph's nodes do)
+    taken from it in one gather, the others from their own words. ``index``: an (n, words) intp array for the
+    gather's word indices (a caller's scratch: a fresh one of a ~1,500-tensor graph is ~500 KB of new pages,
+    more than the gather costs)."""
+    n = len(tensors)
+    got = arena_rows(tensors, addrs) if n else None
+    if got is None:
+        if n:
+            np.concatenate([t._q for t in tensors], out=out.reshape(-1))
+        return
+    arena, rows, inside, _ = got
+    idx = np.empty((n, len(_WORD_COLS)), np.intp) if index is None else index
+    np.add(rows[:, None], _WORD_COLS, out=idx)
+    np.take(arena, idx, out=out, mode="clip")          # (every index is in the arena: "clip" does not buffer)
+    rest = np.flatnonzero(~inside).tolist()
+    if rest:
+        out[rest] = np.concatenate([tensors[k]._q for k in rest]).reshape(len(rest), len(_WORD_COLS))
+
+
 _TSZ_W, _TSZ_Q = C.GGML_TENSOR_SIZE // 4, C.GGML_TENSOR_SIZE // 8     # (the struct's 32- and 64-bit words)
 
 

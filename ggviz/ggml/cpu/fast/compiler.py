@@ -39,7 +39,7 @@ from ...tensor import (
     nrows,
     op_desc,
     _registry_refs,
-    arena_structs,
+    gather_structs,
 )
 from .. import cpu_feats, mul_mat, repack
 from .. import ops as cpu_ops
@@ -901,17 +901,14 @@ def _tensors_at(addrs: list) -> list:
 def _gather_words(buf, at: int, T, addrs) -> np.ndarray:
     """The struct words of tensors ``T`` (their struct addresses ``addrs``) written to rows ``at`` .. of ``buf``;
     returns ``buf[:at + len(T)]``. Those whose structs lie in the first one's context arena (a graph's nodes do)
-    are read from it in one gather, instead of a copy per tensor; the others one by one."""
+    are read from it in one gather (tensor.gather_structs, its word indices in this thread's scratch), instead of
+    a copy per tensor; the others one by one."""
     n = len(T)
-    got = _structs_in(T[0].ctx, addrs) if n else None
-    if got is None:
-        return _words_into(buf, at, T)
-    rows, inside = got
-    out = buf[at:at + n]
-    for a in range(0, n, _GATHER_ROWS):
-        out[a:a + _GATHER_ROWS] = rows(a, a + _GATHER_ROWS)
-    for j in np.flatnonzero(~inside).tolist():
-        out[j] = T[j].raw.view(np.uint64)
+    if n:
+        idx = getattr(_scratch, "index", None)
+        if idx is None or len(idx) < n:
+            idx = _scratch.index = np.empty((2 * n, _NW), np.intp)
+        gather_structs(T, addrs.astype(np.int64), buf[at:at + n], idx[:n])
     return buf[:at + n]
 
 
@@ -937,25 +934,6 @@ def _words_into(buf, at: int, T) -> np.ndarray:
     if T:
         np.concatenate([t._q for t in T], out=buf[at:at + len(T)].reshape(-1))
     return buf[:at + len(T)]
-
-
-# tensors whose words one gather reads (~86 KB: the gather's temporary stays below malloc's mmap threshold, so a
-# fresh process takes its pages from the heap once, not ~80 new pages for a decode graph's nodes at once)
-_GATHER_ROWS = 256
-
-
-def _structs_in(ctx, addrs):
-    """The struct words of the tensors at ``addrs`` in context ``ctx``'s arena, and which of them lie there:
-    (rows, inside) -- ``rows(a, b)`` gathers those of tensors a .. b-1 (the rows of tensors outside the arena are
-    its first struct's) --, or None (no arena)."""
-    buf = getattr(ctx, "mem_buffer", None) if ctx is not None else None
-    if buf is None or ctx.used_mem() < C.GGML_TENSOR_SIZE:
-        return None
-    arena = buf[:ctx.used_mem() // 8 * 8].view(np.uint64)
-    off = addrs.astype(np.int64) - buf.ctypes.data
-    inside = (off >= 0) & (off % 8 == 0) & (off + C.GGML_TENSOR_SIZE <= arena.nbytes)
-    at = np.where(inside, off // 8, 0)
-    return (lambda a, b: arena_structs(arena, at[a:b])), inside
 
 
 _ROW_HASH = np.random.default_rng(0x6767).integers(1, 2 ** 63, size=64, dtype=np.uint64) | np.uint64(1)
